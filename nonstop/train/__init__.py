@@ -1,0 +1,1 @@
+"""Training-side tools: corpus preparation and tokenizer training."""

@@ -1,0 +1,105 @@
+"""Tests for the byte-level BPE tokenizer trainer (small, in-test corpus)."""
+
+from __future__ import annotations
+
+import json
+import random
+from pathlib import Path
+
+import pytest
+from tokenizers import Tokenizer
+
+from nonstop.train.corpus import load_heldout_sample
+from nonstop.train.tokenizer import (
+    BOS_TOKEN,
+    CHAT_TEMPLATE,
+    EOS_TOKEN,
+    PAD_TOKEN,
+    bytes_per_token,
+    save_tokenizer,
+    train_tokenizer,
+)
+
+TRAIN_TEXT = (
+    "The quick brown fox jumps over the lazy dog. "
+    "A list is a mutable sequence; a tuple is an immutable one. "
+    "Functions return values, and modules group related functions together.\n\n"
+) * 50
+
+ROUND_TRIP_CASES = [
+    "Hello, world!",
+    "",
+    " leading space and trailing space ",
+    "tabs\tand\nnewlines\r\nand  double  spaces\n\n\n",
+    "naïve café, Straße, Ελληνικά, русский, 日本語のテキスト, 한국어",
+    "emoji 🎉🐍 and combining e\u0301 and zero\u200bwidth",
+    "control \x00\x01\x7f bytes and a noncharacter \uffff",
+    "def f(*args, **kwargs):\n    return {'a': [1, 2, 3]}  # code\n",
+]
+
+
+@pytest.fixture(scope="module")
+def tokenizer() -> Tokenizer:
+    return train_tokenizer([TRAIN_TEXT], vocab_size=400)
+
+
+def test_special_tokens_have_ids_0_1_2(tokenizer: Tokenizer):
+    assert [tokenizer.token_to_id(t) for t in (BOS_TOKEN, EOS_TOKEN, PAD_TOKEN)] == [0, 1, 2]
+
+
+def test_vocab_size_and_merges(tokenizer: Tokenizer):
+    assert 3 + 256 < tokenizer.get_vocab_size() <= 400
+    # Common words are merged into single tokens.
+    assert len(tokenizer.encode(" the").ids) == 1
+
+
+@pytest.mark.parametrize("text", ROUND_TRIP_CASES)
+def test_round_trip_is_exact(tokenizer: Tokenizer, text: str):
+    ids = tokenizer.encode(text).ids
+    assert tokenizer.decode(ids) == text
+
+
+def test_round_trip_random_unicode(tokenizer: Tokenizer):
+    rng = random.Random(1234)
+    pools = [range(0x20, 0x7F), range(0x00, 0x20), range(0xA0, 0x800), range(0x3000, 0xD7FF), range(0x1F300, 0x1FAFF)]
+    for _ in range(200):
+        text = "".join(chr(rng.choice(rng.choice(pools))) for _ in range(rng.randrange(0, 60)))
+        assert tokenizer.decode(tokenizer.encode(text).ids) == text
+
+
+def test_special_tokens_are_recognised_in_text(tokenizer: Tokenizer):
+    ids = tokenizer.encode(f"{BOS_TOKEN}Hi{EOS_TOKEN}").ids
+    assert ids[0] == 0 and ids[-1] == 1
+    assert tokenizer.decode(ids) == "Hi"
+    assert tokenizer.decode(ids, skip_special_tokens=False) == f"{BOS_TOKEN}Hi{EOS_TOKEN}"
+
+
+def test_too_small_vocab_is_rejected():
+    with pytest.raises(ValueError):
+        train_tokenizer(["abc"], vocab_size=100)
+
+
+def test_save_writes_tokenizer_and_config(tokenizer: Tokenizer, tmp_path: Path):
+    save_tokenizer(tokenizer, tmp_path, model_max_length=256)
+    loaded = Tokenizer.from_file(str(tmp_path / "tokenizer.json"))
+    assert loaded.decode(loaded.encode(ROUND_TRIP_CASES[4]).ids) == ROUND_TRIP_CASES[4]
+    config = json.loads((tmp_path / "tokenizer_config.json").read_text(encoding="utf-8"))
+    assert (config["bos_token"], config["eos_token"], config["pad_token"]) == (BOS_TOKEN, EOS_TOKEN, PAD_TOKEN)
+    assert config["model_max_length"] == 256
+    assert config["chat_template"] == CHAT_TEMPLATE
+
+
+def test_chat_template_renders_role_lines():
+    jinja2 = pytest.importorskip("jinja2")
+    template = jinja2.Environment().from_string(CHAT_TEMPLATE)
+    messages = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi"}]
+    rendered = template.render(messages=messages, bos_token=BOS_TOKEN, add_generation_prompt=True)
+    assert rendered == "<|bos|><|system|>\nBe brief.\n<|user|>\nHi\n<|assistant|>\n"
+    assert not template.render(messages=messages, bos_token=BOS_TOKEN).endswith("<|assistant|>\n")
+
+
+def test_trains_on_heldout_sample_and_compresses_english():
+    sample = load_heldout_sample()
+    tokenizer = train_tokenizer([sample], vocab_size=1024)
+    assert tokenizer.decode(tokenizer.encode(sample).ids) == sample
+    assert bytes_per_token(tokenizer, [sample]) > 2.5
