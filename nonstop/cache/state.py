@@ -1,0 +1,161 @@
+"""Slot-based decode caches.
+
+A ``ModelCache`` holds ``num_slots`` sequences. A forward step processes a batch of rows, row b
+belonging to slot ``slots[b]`` and holding ``T`` new tokens at absolute positions
+``start[b] .. start[b]+T-1`` where ``start[b]`` is that slot's current length. Attention caches
+grow their token capacity on demand; KDA state has a fixed size per slot.
+
+Layout per layer (S = slots, C = token capacity):
+  GQA  : k, v        [S, C, Hkv, D]          model dtype
+  MLA  : latent      [S, C, kv_lora + rope]  model dtype (normalised c_kv | k_pe)
+  KDA  : recurrent   [S, H, dk, dv]          fp32
+         conv        [S, 3, H·dk, K-1]       model dtype (last K-1 raw q/k/v projections)
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from nonstop.config import ModelConfig
+
+
+@dataclass
+class StepBatch:
+    """Which slots a forward step touches and where its tokens sit.
+
+    slots: [B] long; start: [B] long (tokens already cached per row); T: new tokens per row.
+    """
+
+    slots: torch.Tensor
+    start: torch.Tensor
+    T: int
+
+    @property
+    def positions(self) -> torch.Tensor:
+        """[B, T] absolute positions of the new tokens."""
+        return self.start[:, None] + torch.arange(self.T, device=self.start.device)[None, :]
+
+    @property
+    def end(self) -> torch.Tensor:
+        return self.start + self.T
+
+    def attention_mask(self, key_len: int) -> torch.Tensor:
+        """[B, T, key_len] bool: query at position p sees keys 0..p (causal over cache + new tokens)."""
+        keys = torch.arange(key_len, device=self.start.device)
+        return keys[None, None, :] <= self.positions[:, :, None]
+
+
+class _TokenCache:
+    """Base for caches indexed by (slot, token position) with on-demand capacity growth."""
+
+    def __init__(self, shapes: dict[str, tuple[int, ...]], num_slots: int, capacity: int, dtype, device):
+        self.shapes = shapes
+        self.dtype = dtype
+        self.device = device
+        self.tensors = {k: torch.zeros(num_slots, capacity, *s, dtype=dtype, device=device) for k, s in shapes.items()}
+
+    @property
+    def capacity(self) -> int:
+        return next(iter(self.tensors.values())).shape[1]
+
+    def ensure_capacity(self, needed: int) -> None:
+        cap = self.capacity
+        if needed <= cap:
+            return
+        new_cap = max(needed, 2 * cap)
+        for k, t in self.tensors.items():
+            grown = torch.zeros(t.shape[0], new_cap, *t.shape[2:], dtype=t.dtype, device=t.device)
+            grown[:, :cap] = t
+            self.tensors[k] = grown
+
+    def write(self, batch: StepBatch, **values: torch.Tensor) -> None:
+        """Store values[name] [B, T, ...] at positions start..start+T-1 of each row's slot."""
+        self.ensure_capacity(int(batch.end.max()))
+        pos = batch.positions
+        slots = batch.slots[:, None].expand_as(pos)
+        for k, v in values.items():
+            self.tensors[k][slots, pos] = v.to(self.dtype)
+
+    def read(self, batch: StepBatch, name: str) -> torch.Tensor:
+        """[B, L, ...] with L = max end over the batch (rows past their own end hold stale data: mask them)."""
+        length = int(batch.end.max())
+        return self.tensors[name][batch.slots, :length]
+
+    def copy_slot(self, src: int, dst: int, length: int) -> None:
+        for t in self.tensors.values():
+            t[dst, :length] = t[src, :length]
+
+
+class KVCache(_TokenCache):
+    def __init__(self, num_slots, capacity, num_kv_heads, head_dim, dtype, device):
+        super().__init__({"k": (num_kv_heads, head_dim), "v": (num_kv_heads, head_dim)}, num_slots, capacity, dtype, device)
+
+
+class LatentCache(_TokenCache):
+    def __init__(self, num_slots, capacity, cache_dim, dtype, device):
+        super().__init__({"latent": (cache_dim,)}, num_slots, capacity, dtype, device)
+
+
+class KDAState:
+    """Recurrent state (fp32) and short-conv window per slot."""
+
+    def __init__(self, num_slots, num_heads, head_dim, conv_size, dtype, device):
+        channels = num_heads * head_dim
+        self.recurrent = torch.zeros(num_slots, num_heads, head_dim, head_dim, dtype=torch.float32, device=device)
+        self.conv = torch.zeros(num_slots, 3, channels, conv_size - 1, dtype=dtype, device=device)
+
+    def copy_slot(self, src: int, dst: int, length: int) -> None:
+        self.recurrent[dst] = self.recurrent[src]
+        self.conv[dst] = self.conv[src]
+
+
+class ModelCache:
+    """All layers' state for ``num_slots`` sequences, plus each slot's length."""
+
+    def __init__(self, cfg: ModelConfig, num_slots: int, capacity: int = 256, dtype=torch.float32, device="cpu"):
+        self.cfg = cfg
+        self.num_slots = num_slots
+        self.lengths = torch.zeros(num_slots, dtype=torch.long, device=device)
+        self.layers: list = []
+        for kind in cfg.attn_types:
+            if kind == "gqa":
+                g = cfg.gqa
+                self.layers.append(KVCache(num_slots, capacity, g.num_kv_heads, g.head_dim, dtype, device))
+            elif kind == "mla":
+                self.layers.append(LatentCache(num_slots, capacity, cfg.mla.cache_dim, dtype, device))
+            else:
+                k = cfg.kda
+                self.layers.append(KDAState(num_slots, k.num_heads, k.head_dim, k.conv_size, dtype, device))
+
+    def batch(self, slots, T: int) -> StepBatch:
+        slots = torch.as_tensor(slots, dtype=torch.long, device=self.lengths.device)
+        return StepBatch(slots=slots, start=self.lengths[slots].clone(), T=T)
+
+    def advance(self, batch: StepBatch, counts: torch.Tensor | None = None) -> None:
+        """Record that rows' tokens are now part of their sequences (all T unless ``counts`` [B] says fewer)."""
+        self.lengths[batch.slots] = batch.start + (batch.T if counts is None else counts)
+
+    def reset(self, slot: int) -> None:
+        """Free a slot: its length returns to 0 and its recurrent state to zeros."""
+        self.lengths[slot] = 0
+        for layer in self.layers:
+            if isinstance(layer, KDAState):
+                layer.recurrent[slot].zero_()
+                layer.conv[slot].zero_()
+
+    def copy_slot(self, src: int, dst: int) -> None:
+        length = int(self.lengths[src])
+        for layer in self.layers:
+            layer.copy_slot(src, dst, length)
+        self.lengths[dst] = length
+
+    def bytes_per_token(self) -> int:
+        """Attention-cache bytes added per token (all layers); KDA state is per sequence, see state_bytes."""
+        total = 0
+        for layer in self.layers:
+            if isinstance(layer, _TokenCache):
+                for t in layer.tensors.values():
+                    total += t[0, 0].numel() * t.element_size()
+        return total

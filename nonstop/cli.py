@@ -1,0 +1,37 @@
+"""``nonstop``: the command line. Each subcommand lives in ``nonstop/commands/`` and has --help."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from nonstop.commands import COMMANDS
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="nonstop",
+        description="nonstop: decode hybrid KDA/MLA/MoE models (Kimi K3 family) fast at low concurrency. "
+        "The default model is the bundled k3-nano, which runs offline on a CPU.",
+    )
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    for name, module in COMMANDS.items():
+        module.add_parser(sub)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.command is None:
+        parser.print_help()
+        return 2
+    from nonstop.commands.errors import user_errors
+
+    with user_errors():
+        return int(args.run(args) or 0)
+    return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

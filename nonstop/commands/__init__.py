@@ -1,0 +1,5 @@
+"""Subcommands of the ``nonstop`` CLI, one module each (``add_parser(subparsers)`` sets ``run``)."""
+
+from nonstop.commands import generate, info, synth
+
+COMMANDS = {"generate": generate, "info": info, "synth": synth}

@@ -1,0 +1,33 @@
+"""Arguments shared by several subcommands."""
+
+from __future__ import annotations
+
+import argparse
+
+
+def add_model_args(p: argparse.ArgumentParser, backend: bool = True) -> None:
+    p.add_argument("--model", "-m", default="k3-nano", help="checkpoint directory (HF config.json + safetensors), a bundled model (k3-nano, the default) or a preset name (random weights)")
+    p.add_argument("--dtype", default="auto", help="float32 | bfloat16 | float16 | auto (fp32 on CPU, bf16 on CUDA)")
+    p.add_argument("--device", default="cpu", help="cpu or cuda[:N]")
+    if backend:
+        p.add_argument("--backend", default="reference", choices=["reference", "superop", "megakernel"], help="executor: reference (plain torch), superop (Triton super-operators), megakernel (one persistent kernel)")
+
+
+def parse_token_ids(text: str) -> list[int]:
+    try:
+        ids = [int(t) for t in text.replace(",", " ").split()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"token ids must be integers separated by commas or spaces, got {text!r}") from None
+    if not ids:
+        raise argparse.ArgumentTypeError("give at least one token id")
+    return ids
+
+
+def positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {value}")
+    return value

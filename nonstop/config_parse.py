@@ -1,0 +1,473 @@
+"""Parse Hugging Face ``config.json`` dicts into ``ModelConfig`` (and slice them back).
+
+Defaults for optional fields follow the transformers config class of each family, so one JSON
+file means the same model here and there. Shape-defining fields are required.
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+
+from nonstop.config import (
+    ConfigError,
+    GQAConfig,
+    KDAConfig,
+    MLAConfig,
+    ModelConfig,
+    MoEConfig,
+    RopeConfig,
+)
+
+_MODEL_TYPE_FAMILY = {
+    "llama": "llama",
+    "deepseek_v3": "deepseek_v3",
+    "kimi_k2": "deepseek_v3",
+    "kimi_linear": "kimi_linear",
+    "kimi_k3": "kimi_k3",
+}
+
+# kimi_linear spells several DeepSeek fields differently; transformers accepts both.
+_KIMI_ALIASES = {
+    "num_experts": ("num_experts", "num_local_experts", "n_routed_experts"),
+    "num_experts_per_token": ("num_experts_per_token", "num_experts_per_tok"),
+    "num_shared_experts": ("num_shared_experts", "n_shared_experts"),
+    "num_expert_group": ("num_expert_group", "n_group"),
+    "moe_renormalize": ("moe_renormalize", "norm_topk_prob"),
+    "max_position_embeddings": ("max_position_embeddings", "model_max_length"),
+}
+_DEEPSEEK_ALIASES = {
+    "num_experts": ("n_routed_experts", "num_local_experts"),
+    "num_experts_per_token": ("num_experts_per_tok",),
+    "num_shared_experts": ("n_shared_experts",),
+    "num_expert_group": ("n_group",),
+    "moe_renormalize": ("norm_topk_prob",),
+    "max_position_embeddings": ("max_position_embeddings",),
+}
+
+_MISSING = object()
+
+
+class _Fields:
+    """Typed access to one config dict; errors name the field (with its path for nested dicts)."""
+
+    def __init__(self, raw: dict, where: str = "", aliases: dict | None = None):
+        self.raw = raw
+        self.where = where
+        self.aliases = aliases or {}
+
+    def _name(self, key: str) -> str:
+        return f"{self.where}{key}"
+
+    def _lookup(self, key: str):
+        names = self.aliases.get(key, (key,))
+        found = [(n, self.raw[n]) for n in names if n in self.raw]
+        values = {repr(v) for _, v in found}
+        if len(values) > 1:
+            listing = ", ".join(f"{self._name(n)}={v!r}" for n, v in found)
+            raise ConfigError(f"contradictory fields: {listing}")
+        return found[0][1] if found else _MISSING
+
+    def has(self, key: str) -> bool:
+        return self._lookup(key) not in (_MISSING, None)
+
+    def get(self, key: str, default=_MISSING, kind=None):
+        value = self._lookup(key)
+        if value is _MISSING or value is None:
+            if default is _MISSING:
+                raise ConfigError(f"missing required field {self._name(key)!r}")
+            return default
+        if kind is int:
+            if isinstance(value, bool) or not isinstance(value, int):
+                raise ConfigError(f"field {self._name(key)!r} must be an integer, got {value!r}")
+        elif kind is float:
+            if isinstance(value, bool) or not isinstance(value, (int, float)):
+                raise ConfigError(f"field {self._name(key)!r} must be a number, got {value!r}")
+            value = float(value)
+        elif kind is bool:
+            if not isinstance(value, bool):
+                raise ConfigError(f"field {self._name(key)!r} must be true or false, got {value!r}")
+        elif kind is str:
+            if not isinstance(value, str):
+                raise ConfigError(f"field {self._name(key)!r} must be a string, got {value!r}")
+        return value
+
+    def positive(self, key: str, default=_MISSING) -> int:
+        value = self.get(key, default, int)
+        if value <= 0:
+            raise ConfigError(f"field {self._name(key)!r} must be positive, got {value}")
+        return value
+
+
+def _require(cond: bool, message: str) -> None:
+    if not cond:
+        raise ConfigError(message)
+
+
+# ----------------------------------------------------------------------------- rope
+
+
+def _parse_rope(f: _Fields, dim: int, interleaved: bool, default_theta: float) -> RopeConfig:
+    params = f.raw.get("rope_parameters")
+    scaling = f.raw.get("rope_scaling")
+    merged: dict = {}
+    if isinstance(scaling, dict):
+        merged.update(scaling)
+    if isinstance(params, dict):
+        merged.update(params)
+    theta = merged.get("rope_theta", f.raw.get("rope_theta", default_theta))
+    kind = merged.get("rope_type", merged.get("type", "default")) or "default"
+    if kind not in ("default", "linear", "llama3", "yarn"):
+        raise ConfigError(f"unsupported rope type {kind!r} in field 'rope_scaling'/'rope_parameters'")
+    rf = _Fields(merged, "rope_parameters.")
+    factor = rf.get("factor", 1.0, float)
+    original = merged.get("original_max_position_embeddings")
+    if kind in ("llama3", "yarn") and original is None:
+        if kind == "yarn" and factor:
+            original = None  # derived below from max_position_embeddings / factor
+        else:
+            raise ConfigError("missing required field 'rope_parameters.original_max_position_embeddings'")
+    if kind == "yarn" and original is None:
+        original = int(f.get("max_position_embeddings", 4096, int) / factor)
+    return RopeConfig(
+        dim=dim,
+        theta=float(theta),
+        kind=kind,
+        interleaved=interleaved,
+        factor=factor,
+        original_max_position=original,
+        low_freq_factor=rf.get("low_freq_factor", 1.0, float),
+        high_freq_factor=rf.get("high_freq_factor", 4.0, float),
+        beta_fast=float(merged.get("beta_fast") or 32.0),
+        beta_slow=float(merged.get("beta_slow") or 1.0),
+        mscale=merged.get("mscale"),
+        mscale_all_dim=merged.get("mscale_all_dim"),
+        attention_factor=merged.get("attention_factor"),
+        truncate=bool(merged.get("truncate", True)),
+    )
+
+
+def yarn_mscale(factor: float, mscale: float = 1.0) -> float:
+    """YaRN magnitude correction m = 0.1·mscale·ln(factor) + 1 (1 when factor <= 1)."""
+    return 1.0 if factor <= 1 else 0.1 * mscale * math.log(factor) + 1.0
+
+
+# ----------------------------------------------------------------------------- pieces
+
+
+def _eos_ids(f: _Fields) -> tuple[int, ...]:
+    eos = f.raw.get("eos_token_id")
+    if eos is None:
+        return ()
+    if isinstance(eos, int):
+        return (eos,)
+    if isinstance(eos, list) and all(isinstance(e, int) for e in eos):
+        return tuple(eos)
+    raise ConfigError(f"field 'eos_token_id' must be an integer or a list of integers, got {eos!r}")
+
+
+def _mla(f: _Fields, family: str, rope: RopeConfig | None) -> MLAConfig:
+    heads = f.positive("num_attention_heads")
+    kv_heads = f.get("num_key_value_heads", heads, int)
+    _require(kv_heads == heads, f"MLA needs num_key_value_heads == num_attention_heads, got {kv_heads} and {heads}")
+    nope = f.positive("qk_nope_head_dim")
+    rope_dim = f.get("qk_rope_head_dim", 0, int)
+    _require(rope_dim >= 0, "field 'qk_rope_head_dim' must be >= 0")
+    q_lora = f.get("q_lora_rank", None, int)
+    _require(q_lora is None or q_lora > 0, "field 'q_lora_rank' must be positive or null")
+    scale = (nope + rope_dim) ** -0.5
+    if rope is not None and rope.kind == "yarn" and rope.mscale_all_dim:
+        m = yarn_mscale(rope.factor, rope.mscale_all_dim)
+        scale *= m * m
+    return MLAConfig(
+        num_heads=heads,
+        q_lora_rank=q_lora,
+        kv_lora_rank=f.positive("kv_lora_rank"),
+        qk_nope_head_dim=nope,
+        qk_rope_head_dim=rope_dim,
+        v_head_dim=f.positive("v_head_dim"),
+        use_rope=rope is not None,
+        output_gate=f.get("mla_use_output_gate", False, bool),
+        softmax_scale=scale,
+    )
+
+
+def _moe(f: _Fields, family: str) -> MoEConfig | None:
+    if not f.has("num_experts"):
+        return None
+    num_experts = f.positive("num_experts")
+    top_k = f.positive("num_experts_per_token")
+    _require(top_k <= num_experts, f"num_experts_per_token ({top_k}) exceeds num_experts ({num_experts})")
+    kimi = family in ("kimi_linear", "kimi_k3")
+    groups = f.get("num_expert_group", 1 if kimi else 8, int)
+    topk_groups = f.get("topk_group", 1 if kimi else 4, int)
+    _require(groups >= 1 and num_experts % groups == 0, f"num_experts ({num_experts}) must divide into num_expert_group ({groups}) groups")
+    _require(1 <= topk_groups <= groups, f"topk_group ({topk_groups}) must be between 1 and num_expert_group ({groups})")
+    if groups > 1:
+        _require(num_experts // groups >= 2, "grouped top-k needs at least 2 experts per group")
+        _require(top_k <= topk_groups * (num_experts // groups), f"num_experts_per_token ({top_k}) exceeds the experts of topk_group groups")
+    scoring = f.get("moe_router_activation_func", f.raw.get("scoring_func", "sigmoid"), str)
+    _require(scoring in ("sigmoid", "softmax"), f"field 'moe_router_activation_func' must be sigmoid or softmax, got {scoring!r}")
+    latent = f.get("routed_expert_hidden_size", None, int)
+    expert_format = "dense"
+    quant = f.raw.get("quantization_config")
+    if isinstance(quant, dict):
+        fmt = str(quant.get("format", quant.get("quant_method", "")))
+        if "mxfp4" in fmt:
+            expert_format = "mxfp4"
+        elif quant.get("quant_method") == "fp8" or quant.get("fmt") == "e4m3":
+            expert_format = "dense"  # fp8 block weights are dequantised at load
+        else:
+            raise ConfigError(f"unsupported quantization_config format {fmt!r}")
+    return MoEConfig(
+        num_experts=num_experts,
+        top_k=top_k,
+        intermediate_size=f.positive("moe_intermediate_size"),
+        num_shared_experts=f.get("num_shared_experts", 1 if kimi else 1, int),
+        scoring=scoring,
+        num_groups=groups,
+        topk_groups=topk_groups,
+        renormalize=f.get("moe_renormalize", True, bool),
+        routed_scaling_factor=f.get("routed_scaling_factor", 2.446 if kimi else 2.5, float),
+        latent_size=latent,
+        latent_norm=f.get("latent_moe_use_norm", False, bool) if latent else False,
+        expert_format=expert_format,
+    )
+
+
+def _mlp_types(f: _Fields, n: int, moe: MoEConfig | None) -> tuple[str, ...]:
+    if moe is None:
+        return ("dense",) * n
+    raw_types = f.raw.get("mlp_layer_types")
+    first_dense = f.get("first_k_dense_replace", 1 if "linear_attn_config" in f.raw or "layer_types" in f.raw else 3, int)
+    freq = f.get("moe_layer_freq", 1, int)
+    _require(freq >= 1, "field 'moe_layer_freq' must be >= 1")
+    derived = tuple("moe" if (i >= first_dense and i % freq == 0) else "dense" for i in range(n))
+    if raw_types is None:
+        return derived
+    _require(isinstance(raw_types, list) and len(raw_types) == n, f"field 'mlp_layer_types' must list {n} entries")
+    mapping = {"dense": "dense", "sparse": "moe"}
+    bad = [t for t in raw_types if t not in mapping]
+    _require(not bad, f"field 'mlp_layer_types' has unknown entries {bad}")
+    listed = tuple(mapping[t] for t in raw_types)
+    if "first_k_dense_replace" in f.raw and listed != derived:
+        raise ConfigError("contradictory fields: 'mlp_layer_types' disagrees with 'first_k_dense_replace'/'moe_layer_freq'")
+    return listed
+
+
+def _kimi_attn_types(f: _Fields, n: int) -> tuple[str, ...]:
+    lac = f.raw.get("linear_attn_config") or {}
+    from_lists = None
+    if "kda_layers" in lac or "full_attn_layers" in lac:
+        kda = lac.get("kda_layers")
+        full = lac.get("full_attn_layers")
+        _require(isinstance(kda, list) and isinstance(full, list), "linear_attn_config needs both 'kda_layers' and 'full_attn_layers' lists")
+        types: list[str | None] = [None] * n
+        for name, layers, kind in (("kda_layers", kda, "kda"), ("full_attn_layers", full, "mla")):
+            for layer in layers:
+                _require(isinstance(layer, int) and 1 <= layer <= n, f"linear_attn_config.{name}: layer {layer!r} outside 1..{n} (1-based)")
+                _require(types[layer - 1] is None, f"linear_attn_config: layer {layer} listed twice (kda_layers and full_attn_layers)")
+                types[layer - 1] = kind
+        missing = [i + 1 for i, t in enumerate(types) if t is None]
+        _require(not missing, f"linear_attn_config: layers {missing} are in neither kda_layers nor full_attn_layers")
+        from_lists = tuple(types)
+    raw_types = f.raw.get("layer_types")
+    from_types = None
+    if raw_types is not None:
+        _require(isinstance(raw_types, list) and len(raw_types) == n, f"field 'layer_types' must list {n} entries, got {raw_types!r}")
+        mapping = {"linear_attention": "kda", "full_attention": "mla"}
+        bad = [t for t in raw_types if t not in mapping]
+        _require(not bad, f"field 'layer_types' has unknown entries {bad}")
+        from_types = tuple(mapping[t] for t in raw_types)
+    if from_lists and from_types and from_lists != from_types:
+        raise ConfigError("contradictory fields: 'layer_types' disagrees with 'linear_attn_config.kda_layers/full_attn_layers'")
+    result = from_lists or from_types
+    if result is None:
+        raise ConfigError("missing required field 'linear_attn_config.kda_layers' (or 'layer_types')")
+    return result
+
+
+def _kda(f: _Fields) -> KDAConfig:
+    lac = f.raw.get("linear_attn_config") or {}
+    lf = _Fields(lac, "linear_attn_config.")
+
+    def pick(inner: str, flat: str, default=_MISSING):
+        a = lac.get(inner)
+        b = f.raw.get(flat)
+        if a is not None and b is not None and a != b:
+            raise ConfigError(f"contradictory fields: linear_attn_config.{inner}={a!r}, {flat}={b!r}")
+        if a is not None:
+            return lf.positive(inner)
+        if b is not None:
+            return f.positive(flat)
+        if default is _MISSING:
+            raise ConfigError(f"missing required field 'linear_attn_config.{inner}'")
+        return default
+
+    lower = lac.get("gate_lower_bound")
+    if lower is not None:
+        lower = lf.get("gate_lower_bound", kind=float)
+        _require(lower < 0, "field 'linear_attn_config.gate_lower_bound' must be negative")
+    return KDAConfig(
+        num_heads=pick("num_heads", "linear_num_heads"),
+        head_dim=pick("head_dim", "linear_head_dim"),
+        conv_size=pick("short_conv_kernel_size", "linear_conv_kernel_dim", 4),
+        gate_lower_bound=lower,
+        full_rank_output_gate=bool(lac.get("use_full_rank_gate", False)),
+    )
+
+
+# ----------------------------------------------------------------------------- families
+
+
+def _common(f: _Fields, family: str, n: int, attn_types, mlp_types, **extra) -> dict:
+    return dict(
+        family=family,
+        vocab_size=f.positive("vocab_size"),
+        hidden_size=f.positive("hidden_size"),
+        num_hidden_layers=n,
+        attn_types=tuple(attn_types),
+        mlp_types=tuple(mlp_types),
+        intermediate_size=f.positive("intermediate_size") if "dense" in mlp_types else f.get("intermediate_size", 0, int),
+        rms_norm_eps=f.get("rms_norm_eps", 1e-5 if family.startswith("kimi") else 1e-6, float),
+        tie_word_embeddings=f.get("tie_word_embeddings", False, bool),
+        max_position_embeddings=f.get("max_position_embeddings", 4096, int),
+        bos_token_id=f.get("bos_token_id", None, int),
+        eos_token_ids=_eos_ids(f),
+        pad_token_id=f.get("pad_token_id", None, int),
+        **extra,
+    )
+
+
+def _act(f: _Fields) -> dict:
+    act = f.get("hidden_act", "silu", str)
+    _require(act in ("silu", "situ"), f"field 'hidden_act' must be silu or situ, got {act!r}")
+    return dict(
+        hidden_act=act,
+        situ_beta=f.get("activation_situ_beta", 4.0, float),
+        situ_linear_beta=f.get("activation_situ_linear_beta", 25.0, float),
+    )
+
+
+def _parse_llama(raw: dict) -> ModelConfig:
+    f = _Fields(raw)
+    n = f.positive("num_hidden_layers")
+    heads = f.positive("num_attention_heads")
+    kv_heads = f.get("num_key_value_heads", heads, int)
+    _require(kv_heads > 0 and heads % kv_heads == 0, f"num_attention_heads ({heads}) must be a multiple of num_key_value_heads ({kv_heads})")
+    hidden = f.positive("hidden_size")
+    head_dim = f.get("head_dim", None, int)
+    if head_dim is None:
+        _require(hidden % heads == 0, f"hidden_size ({hidden}) is not divisible by num_attention_heads ({heads}); give 'head_dim'")
+        head_dim = hidden // heads
+    _require(head_dim % 2 == 0, f"head_dim ({head_dim}) must be even for RoPE")
+    bias = f.get("attention_bias", False, bool)
+    gqa = GQAConfig(num_heads=heads, num_kv_heads=kv_heads, head_dim=head_dim, bias=bias, out_bias=bias)
+    rope = _parse_rope(f, head_dim, interleaved=False, default_theta=10000.0)
+    return ModelConfig(
+        **_common(f, "llama", n, ("gqa",) * n, ("dense",) * n),
+        **_act(f),
+        mlp_bias=f.get("mlp_bias", False, bool),
+        rope=rope,
+        gqa=gqa,
+        hf=raw,
+    )
+
+
+def _parse_deepseek(raw: dict) -> ModelConfig:
+    f = _Fields(raw, aliases=_DEEPSEEK_ALIASES)
+    n = f.positive("num_hidden_layers")
+    rope_dim = f.get("qk_rope_head_dim", 0, int)
+    _require(rope_dim > 0 and rope_dim % 2 == 0, f"field 'qk_rope_head_dim' must be positive and even, got {rope_dim}")
+    rope = _parse_rope(f, rope_dim, interleaved=f.get("rope_interleave", True, bool), default_theta=10000.0)
+    moe = _moe(f, "deepseek_v3")
+    return ModelConfig(
+        **_common(f, "deepseek_v3", n, ("mla",) * n, _mlp_types(f, n, moe)),
+        **_act(f),
+        rope=rope,
+        mla=_mla(f, "deepseek_v3", rope),
+        moe=moe,
+        hf=raw,
+    )
+
+
+def _parse_kimi(raw: dict, text: dict, family: str) -> ModelConfig:
+    f = _Fields(text, "text_config." if family == "kimi_k3" else "", aliases=_KIMI_ALIASES)
+    n = f.positive("num_hidden_layers")
+    attn_types = _kimi_attn_types(f, n)
+    moe = _moe(f, family)
+    rope = None
+    if "mla" in attn_types and not f.get("mla_use_nope", True, bool):
+        rope_dim = f.positive("qk_rope_head_dim")
+        rope = _parse_rope(f, rope_dim, interleaved=f.get("rope_interleave", True, bool), default_theta=10000.0)
+    block = f.get("attn_res_block_size", None, int)
+    _require(block is None or block > 0, "field 'attn_res_block_size' must be positive")
+    common = _common(f, family, n, attn_types, _mlp_types(f, n, moe))
+    if family == "kimi_k3":
+        outer = _Fields(raw)
+        for key in ("bos_token_id", "pad_token_id"):
+            if outer.has(key):
+                common[key] = outer.get(key, kind=int)
+        if "eos_token_id" in raw:
+            common["eos_token_ids"] = _eos_ids(outer)
+        if "tie_word_embeddings" in raw:
+            common["tie_word_embeddings"] = outer.get("tie_word_embeddings", kind=bool)
+    if moe is not None and moe.latent_size is not None:
+        _require(moe.latent_size > 0, "field 'routed_expert_hidden_size' must be positive")
+    return ModelConfig(
+        **common,
+        **_act(f),
+        attn_res_block_size=block,
+        rope=rope,
+        mla=_mla(f, family, rope) if "mla" in attn_types else None,
+        kda=_kda(f) if "kda" in attn_types else None,
+        moe=moe,
+        weight_prefix="language_model.model." if family == "kimi_k3" else "model.",
+        lm_head_name="language_model.lm_head.weight" if family == "kimi_k3" else "lm_head.weight",
+        hf=raw,
+    )
+
+
+def parse_hf_config(raw: dict) -> ModelConfig:
+    if not isinstance(raw, dict):
+        raise ConfigError("config must be a JSON object")
+    model_type = raw.get("model_type")
+    if model_type is None:
+        raise ConfigError("missing required field 'model_type'")
+    family = _MODEL_TYPE_FAMILY.get(model_type)
+    if family is None:
+        raise ConfigError(f"unsupported model_type {model_type!r}; supported: {', '.join(sorted(_MODEL_TYPE_FAMILY))}")
+    if family == "llama":
+        return _parse_llama(raw)
+    if family == "deepseek_v3":
+        return _parse_deepseek(raw)
+    if family == "kimi_k3":
+        text = raw.get("text_config")
+        if not isinstance(text, dict):
+            raise ConfigError("missing required field 'text_config' (kimi_k3 keeps the language model config there)")
+        return _parse_kimi(raw, text, "kimi_k3")
+    return _parse_kimi(raw, raw, "kimi_linear")
+
+
+# ----------------------------------------------------------------------------- writing
+
+
+def _text_dict(raw: dict) -> dict:
+    return raw["text_config"] if raw.get("model_type") == "kimi_k3" else raw
+
+
+def to_hf_config(cfg: ModelConfig) -> dict:
+    """The family-format config.json dict of ``cfg`` (its source dict, sliced to its layer count)."""
+    raw = copy.deepcopy(cfg.hf)
+    text = _text_dict(raw)
+    n = cfg.num_hidden_layers
+    if text.get("num_hidden_layers") != n:
+        text["num_hidden_layers"] = n
+        for key in ("layer_types", "mlp_layer_types"):
+            if isinstance(text.get(key), list):
+                text[key] = text[key][:n]
+        lac = text.get("linear_attn_config")
+        if isinstance(lac, dict) and "kda_layers" in lac:
+            lac["kda_layers"] = [i + 1 for i in range(n) if cfg.attn_types[i] == "kda"]
+            lac["full_attn_layers"] = [i + 1 for i in range(n) if cfg.attn_types[i] == "mla"]
+    return raw

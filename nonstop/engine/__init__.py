@@ -1,0 +1,1 @@
+"""The user-facing engine: LLM API, sampling, requests, batching, speculative decoding."""

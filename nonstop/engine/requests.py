@@ -1,0 +1,124 @@
+"""Request state and outputs: token bookkeeping, incremental detokenisation, stop conditions."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+import torch
+
+from nonstop.engine.sampling import SamplingParams
+from nonstop.engine.tokenizer import Tokenizer
+
+
+@dataclass
+class RequestOutput:
+    """What ``LLM.generate`` returns per prompt.
+
+    token_ids: generated ids; logprobs: one {token_id: logprob} per generated token (when asked);
+    prompt_logprobs: None for the first prompt position, then one dict per position (when asked);
+    finish_reason: ``stop`` (eos, stop string or stop token) or ``length``; metrics: timings and counts.
+    """
+
+    request_id: str
+    prompt: str | None
+    prompt_token_ids: list[int]
+    text: str
+    token_ids: list[int]
+    logprobs: list[dict[int, float]] | None
+    prompt_logprobs: list[dict[int, float] | None] | None
+    finish_reason: str | None
+    metrics: dict = field(default_factory=dict)
+
+
+@dataclass
+class Request:
+    request_id: str
+    prompt: str | None
+    prompt_ids: list[int]
+    params: SamplingParams
+    eos_ids: frozenset[int]
+    output_ids: list[int] = field(default_factory=list)
+    logprobs: list[dict] | None = None
+    prompt_logprobs: list | None = None
+    text: str = ""
+    finish_reason: str | None = None
+    slot: int = -1
+    generator: torch.Generator | None = None
+    arrival: float = field(default_factory=time.perf_counter)
+    first_token_at: float | None = None
+    finished_at: float | None = None
+    extra_metrics: dict = field(default_factory=dict)
+
+    def __post_init__(self):
+        if self.params.logprobs is not None:
+            self.logprobs = []
+        if not self.params.greedy:
+            self.generator = torch.Generator()
+            self.generator.manual_seed(self.params.seed if self.params.seed is not None else torch.seed())
+
+    @property
+    def finished(self) -> bool:
+        return self.finish_reason is not None
+
+    @property
+    def all_ids(self) -> list[int]:
+        return self.prompt_ids + self.output_ids
+
+    def append(self, token: int, tokenizer: Tokenizer, logprob_row: dict | None = None) -> str:
+        """Add a generated token; returns the newly visible text and sets finish_reason if done."""
+        now = time.perf_counter()
+        if self.first_token_at is None:
+            self.first_token_at = now
+        self.output_ids.append(token)
+        if self.logprobs is not None and logprob_row is not None:
+            self.logprobs.append(logprob_row)
+        p = self.params
+        hit_eos = token in self.eos_ids and not p.ignore_eos
+        visible_ids = self.output_ids[:-1] if hit_eos or token in p.stop_token_ids else self.output_ids
+        full = tokenizer.decode(visible_ids)
+        if full.endswith("\ufffd"):  # an incomplete UTF-8 sequence: wait for the next token
+            full = self.text
+        new = full[len(self.text) :] if full.startswith(self.text) else full
+        self.text = full
+        for s in p.stop_strings:
+            at = self.text.find(s, max(0, len(self.text) - len(new) - len(s)))
+            if at >= 0:
+                new = new[: max(0, len(new) - (len(self.text) - at))]
+                self.text = self.text[:at]
+                self._finish("stop", now)
+                return new
+        if hit_eos or token in p.stop_token_ids:
+            self._finish("stop", now)
+        elif len(self.output_ids) >= p.max_tokens:
+            self._finish("length", now)
+        return new
+
+    def _finish(self, reason: str, now: float) -> None:
+        self.finish_reason = reason
+        self.finished_at = now
+
+    def output(self) -> RequestOutput:
+        end = self.finished_at or time.perf_counter()
+        first = self.first_token_at or end
+        n = len(self.output_ids)
+        decode_s = end - first
+        metrics = {
+            "prompt_tokens": len(self.prompt_ids),
+            "generated_tokens": n,
+            "time_to_first_token_s": first - self.arrival,
+            "decode_time_s": decode_s,
+            "decode_tokens_per_s": (n - 1) / decode_s if n > 1 and decode_s > 0 else None,
+            **self.extra_metrics,
+        }
+        return RequestOutput(
+            request_id=self.request_id,
+            prompt=self.prompt,
+            prompt_token_ids=list(self.prompt_ids),
+            text=self.text,
+            token_ids=list(self.output_ids),
+            logprobs=self.logprobs,
+            prompt_logprobs=self.prompt_logprobs,
+            finish_reason=self.finish_reason,
+            metrics=metrics,
+        )

@@ -1,0 +1,29 @@
+"""Build a ``CausalLM`` from a checkpoint or from random weights."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+from nonstop.config import ModelConfig
+from nonstop.model.stack import CausalLM
+from nonstop.weights.loader import load_state_dict
+from nonstop.weights.synth import random_state_dict
+
+
+def _assemble(cfg: ModelConfig, state: dict) -> CausalLM:
+    with torch.device("meta"):
+        model = CausalLM(cfg)
+    model.load_state_dict(state, strict=True, assign=True)
+    return model.eval().requires_grad_(False)
+
+
+def load_model(cfg: ModelConfig, model_dir: str | Path, dtype: torch.dtype = torch.float32, device="cpu", progress=None) -> CausalLM:
+    """``cfg``'s model with the weights of ``model_dir`` (memory-mapped read, no random init)."""
+    return _assemble(cfg, load_state_dict(cfg, model_dir, dtype, device, progress))
+
+
+def random_model(cfg: ModelConfig, dtype: torch.dtype = torch.float32, device="cpu", seed: int = 0) -> CausalLM:
+    """``cfg``'s model with the random weights ``nonstop synth`` would write for ``seed``."""
+    return _assemble(cfg, random_state_dict(cfg, dtype, device, seed))

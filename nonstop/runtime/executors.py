@@ -1,0 +1,54 @@
+"""The executor interface and the registry of backends.
+
+An executor runs ``forward(input_ids [B, T], cache, batch, last_only) -> fp32 logits`` for a loaded
+model; all executors must give the reference's tokens. ``stats`` reports per-step facts such as
+kernel launches.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from nonstop.cache.state import ModelCache, StepBatch
+from nonstop.model.stack import CausalLM
+
+
+class ReferenceExecutor:
+    """Every layer as plain torch ops — readable, the oracle for the others."""
+
+    name = "reference"
+
+    def __init__(self, model: CausalLM):
+        self.model = model
+        self.stats: dict = {}
+
+    def forward(self, input_ids: torch.Tensor, cache: ModelCache | None, batch: StepBatch | None, last_only: bool = False) -> torch.Tensor:
+        return self.model(input_ids, cache, batch, last_only=last_only)
+
+
+def _superop(model):
+    from nonstop.runtime.superop import SuperOpExecutor
+
+    return SuperOpExecutor(model)
+
+
+def _megakernel(model):
+    from nonstop.runtime.megakernel import MegakernelExecutor
+
+    return MegakernelExecutor(model)
+
+
+BACKENDS = {"reference": ReferenceExecutor, "superop": _superop, "megakernel": _megakernel}
+
+
+def make_executor(backend: str, model: CausalLM):
+    if backend not in BACKENDS:
+        raise ValueError(f"unknown backend {backend!r}; choose one of: {', '.join(BACKENDS)}")
+    try:
+        return BACKENDS[backend](model)
+    except ModuleNotFoundError as exc:
+        if exc.name and exc.name.startswith("nonstop.runtime"):
+            raise ValueError(f"backend {backend!r} is not available in this build") from None
+        if exc.name == "triton":
+            raise ValueError(f"backend {backend!r} needs Triton: pip install 'triton>=3.6' (or use backend='reference')") from None
+        raise

@@ -1,0 +1,1 @@
+"""Checkpoint I/O: safetensors by HF tensor name, synthetic checkpoints, quantised formats."""

@@ -1,0 +1,128 @@
+"""Load a safetensors checkpoint (single file or sharded with ``model.safetensors.index.json``) into
+a ``CausalLM`` by the HF tensor names of ``checkpoint_layout``.
+
+Every failure is a ``CheckpointError`` naming the tensor and the file: a missing tensor, an
+unexpected one, a wrong shape or dtype, a truncated or corrupt file, a shard the index names but
+that is not there.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+
+from nonstop.config import ModelConfig
+from nonstop.weights.errors import CheckpointError
+from nonstop.weights.layout import TensorSpec, checkpoint_layout, ignored_tensor
+from nonstop.weights.safetensors_file import SafetensorsFile
+
+INDEX = "model.safetensors.index.json"
+FP8 = (torch.float8_e4m3fn, torch.float8_e5m2)
+
+
+def checkpoint_files(model_dir: str | Path) -> dict[str, SafetensorsFile]:
+    """name -> open file for every tensor of the checkpoint in ``model_dir``."""
+    model_dir = Path(model_dir)
+    index_path = model_dir / INDEX
+    if index_path.exists():
+        try:
+            weight_map = json.loads(index_path.read_text())["weight_map"]
+        except (json.JSONDecodeError, KeyError, TypeError):
+            raise CheckpointError(f"{index_path}: corrupt index (expected a JSON object with 'weight_map')") from None
+        shard_names = sorted(set(weight_map.values()))
+        shards = {}
+        for s in shard_names:
+            if not (model_dir / s).exists():
+                first = next(n for n, f in weight_map.items() if f == s)
+                raise CheckpointError(f"{index_path}: shard {s!r} (holding e.g. {first!r}) is missing from {model_dir}")
+            shards[s] = SafetensorsFile(model_dir / s)
+        located = {}
+        for name, s in weight_map.items():
+            if name not in shards[s].entries:
+                raise CheckpointError(f"{index_path}: tensor {name!r} is listed in shard {s!r} but that file does not contain it")
+            located[name] = shards[s]
+        for s, f in shards.items():
+            for name in f.entries:
+                located.setdefault(name, f)
+        return located
+    files = sorted(model_dir.glob("*.safetensors"))
+    if not files:
+        raise CheckpointError(f"no safetensors checkpoint in {model_dir} (expected model.safetensors or {INDEX})")
+    located = {}
+    for path in files:
+        f = SafetensorsFile(path)
+        for name in f.entries:
+            if name in located:
+                raise CheckpointError(f"tensor {name!r} appears in both {located[name].path.name} and {path.name}")
+            located[name] = f
+    return located
+
+
+def _resolve(spec: TensorSpec, located: dict) -> tuple[str, ...]:
+    for names in (spec.names, *spec.aliases):
+        if all(n in located for n in names):
+            return names
+    missing = next(n for n in spec.names if n not in located)
+    where = sorted({f.path.name for f in located.values()})
+    raise CheckpointError(f"missing tensor {missing!r} (parameter {spec.param}) in {', '.join(where)}")
+
+
+def _fp8_scale_name(name: str) -> str:
+    return name[: -len(".weight")] + ".weight_scale_inv" if name.endswith(".weight") else name + "_scale_inv"
+
+
+def _dequantize_fp8(w: torch.Tensor, scale_inv: torch.Tensor, block: tuple[int, int]) -> torch.Tensor:
+    """DeepSeek/Kimi K2 fp8: w ≈ w_fp8 · scale_inv[i // block0, j // block1]."""
+    rows = scale_inv.float().repeat_interleave(block[0], 0)[: w.shape[0]]
+    return w.float() * rows.repeat_interleave(block[1], 1)[:, : w.shape[1]]
+
+
+def _read(name: str, spec: TensorSpec, located: dict, consumed: set, fp8_block) -> torch.Tensor:
+    f = located[name]
+    dtype, shape = f.meta(name)
+    if shape != spec.hf_shape:
+        raise CheckpointError(f"tensor {name!r} in {f.path.name} has shape {list(shape)}, expected {list(spec.hf_shape)} (parameter {spec.param})")
+    t = f.tensor(name)
+    if spec.kind == "u8":
+        if dtype != torch.uint8:
+            raise CheckpointError(f"tensor {name!r} in {f.path.name} has dtype {dtype}, expected torch.uint8 (packed MXFP4)")
+        return t
+    if dtype in FP8:
+        scale_name = _fp8_scale_name(name)
+        if scale_name not in located:
+            raise CheckpointError(f"tensor {name!r} in {f.path.name} is fp8 but its scale {scale_name!r} is missing")
+        consumed.add(scale_name)
+        return _dequantize_fp8(t, located[scale_name].tensor(scale_name), fp8_block)
+    if not dtype.is_floating_point:
+        raise CheckpointError(f"tensor {name!r} in {f.path.name} has dtype {dtype}, expected a floating-point dtype (parameter {spec.param})")
+    return t
+
+
+def load_state_dict(cfg: ModelConfig, model_dir: str | Path, dtype: torch.dtype, device="cpu", progress=None) -> dict[str, torch.Tensor]:
+    """Read every parameter of ``cfg`` from ``model_dir``: {internal param path: tensor on device}.
+
+    Float weights are cast to ``dtype``; router weights and biases, A_log and dt_bias stay fp32; packed
+    MXFP4 experts stay uint8. ``progress(done, total)`` is called after each parameter.
+    """
+    located = checkpoint_files(model_dir)
+    specs = checkpoint_layout(cfg)
+    resolved = [(spec, _resolve(spec, located)) for spec in specs]
+    consumed = {n for _, names in resolved for n in names}
+    fp8_scales = {_fp8_scale_name(n) for n in consumed}
+    unexpected = [n for n in located if n not in consumed and n not in fp8_scales and not ignored_tensor(cfg, n)]
+    if unexpected:
+        more = f" (and {len(unexpected) - 1} more)" if len(unexpected) > 1 else ""
+        raise CheckpointError(f"unexpected tensor {unexpected[0]!r} in {located[unexpected[0]].path.name}{more}: not part of a {cfg.family} model with this config")
+    quant = (cfg.hf.get("text_config", cfg.hf) if cfg.family == "kimi_k3" else cfg.hf).get("quantization_config") or {}
+    fp8_block = tuple(quant.get("weight_block_size", (128, 128)))
+    state = {}
+    for i, (spec, names) in enumerate(resolved):
+        parts = [_read(n, spec, located, consumed, fp8_block) for n in names]
+        t = torch.stack(parts) if len(names) > 1 or len(spec.names) > 1 else parts[0].reshape(spec.shape)
+        target = {"float": dtype, "fp32": torch.float32, "u8": torch.uint8}[spec.kind]
+        state[spec.param] = t.to(device=device, dtype=target, copy=True)
+        if progress is not None:
+            progress(i + 1, len(resolved))
+    return state

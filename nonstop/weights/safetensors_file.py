@@ -1,0 +1,95 @@
+"""A memory-mapped safetensors reader that validates the header against the file.
+
+Format: 8-byte little-endian header length N, N bytes of JSON {name: {dtype, shape, data_offsets}},
+then the data; offsets are relative to the end of the header. Every tensor is checked to lie inside
+the file and to have exactly numel × itemsize bytes, so a truncated or corrupt file is reported with
+the tensor it breaks.
+"""
+
+from __future__ import annotations
+
+import json
+import mmap
+import struct
+from pathlib import Path
+
+import torch
+
+from nonstop.weights.errors import CheckpointError
+
+DTYPES = {
+    "F64": torch.float64,
+    "F32": torch.float32,
+    "F16": torch.float16,
+    "BF16": torch.bfloat16,
+    "F8_E4M3": torch.float8_e4m3fn,
+    "F8_E5M2": torch.float8_e5m2,
+    "I64": torch.int64,
+    "I32": torch.int32,
+    "I16": torch.int16,
+    "I8": torch.int8,
+    "U8": torch.uint8,
+    "BOOL": torch.bool,
+}
+
+
+class SafetensorsFile:
+    def __init__(self, path: str | Path):
+        self.path = Path(path)
+        try:
+            size = self.path.stat().st_size
+            with open(self.path, "rb") as fh:
+                head = fh.read(8)
+                if len(head) < 8:
+                    raise CheckpointError(f"{self.path}: truncated or corrupt safetensors file ({size} bytes, no header)")
+                (n,) = struct.unpack("<Q", head)
+                if n > size - 8:
+                    raise CheckpointError(f"{self.path}: truncated or corrupt safetensors file (header of {n} bytes in a {size}-byte file)")
+                raw = fh.read(n)
+        except OSError as exc:
+            raise CheckpointError(f"{self.path}: cannot read ({exc.strerror})") from None
+        try:
+            header = json.loads(raw)
+        except (json.JSONDecodeError, UnicodeDecodeError):
+            raise CheckpointError(f"{self.path}: corrupt safetensors header (not JSON)") from None
+        if not isinstance(header, dict):
+            raise CheckpointError(f"{self.path}: corrupt safetensors header")
+        header.pop("__metadata__", None)
+        self.data_start = 8 + n
+        data_size = size - self.data_start
+        self.entries: dict[str, tuple[torch.dtype, tuple[int, ...], int, int]] = {}
+        for name, e in header.items():
+            try:
+                dtype = DTYPES[e["dtype"]]
+                shape = tuple(int(s) for s in e["shape"])
+                begin, end = (int(o) for o in e["data_offsets"])
+            except (KeyError, TypeError, ValueError):
+                raise CheckpointError(f"{self.path}: corrupt header entry for tensor {name!r}: {e!r}") from None
+            numel = 1
+            for s in shape:
+                numel *= s
+            nbytes = numel * torch.empty(0, dtype=dtype).element_size()
+            if end > data_size:
+                raise CheckpointError(f"{self.path}: truncated file: tensor {name!r} ends at byte {end} of the data but the file holds {data_size}")
+            if end - begin != nbytes or begin < 0:
+                raise CheckpointError(f"{self.path}: corrupt tensor {name!r}: {end - begin} bytes stored for shape {list(shape)} {e['dtype']}")
+            self.entries[name] = (dtype, shape, begin, end)
+        self._mmap = None
+
+    def names(self) -> list[str]:
+        return list(self.entries)
+
+    def meta(self, name: str) -> tuple[torch.dtype, tuple[int, ...]]:
+        dtype, shape, _, _ = self.entries[name]
+        return dtype, shape
+
+    def tensor(self, name: str) -> torch.Tensor:
+        """A tensor viewing the memory-mapped file (copy-on-write: the file is never modified)."""
+        dtype, shape, begin, end = self.entries[name]
+        if self._mmap is None:
+            with open(self.path, "rb") as fh:
+                self._mmap = mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_COPY)
+        if end == begin:
+            return torch.empty(shape, dtype=dtype)
+        flat = torch.frombuffer(self._mmap, dtype=dtype, count=(end - begin) // torch.empty(0, dtype=dtype).element_size(), offset=self.data_start + begin)
+        return flat.view(shape)

@@ -1,0 +1,170 @@
+"""Random-weight checkpoints in the exact HF layout of a config, at any scale.
+
+``write_checkpoint`` streams tensors shard by shard (memory stays at one shard), names and shapes
+from ``checkpoint_layout``, so the result loads in nonstop and - for llama, deepseek_v3 and
+kimi_linear - in transformers' ``from_pretrained``. ``random_state_dict`` gives the same weights
+in memory without touching the disk.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import shutil
+from pathlib import Path
+from typing import Callable, Iterator
+
+import torch
+
+from nonstop.config import ModelConfig
+from nonstop.weights.layout import TensorSpec, checkpoint_layout
+
+INIT_STD = 0.02
+TORCH_DTYPE_NAMES = {torch.float32: "float32", torch.bfloat16: "bfloat16", torch.float16: "float16"}
+
+
+def _random(spec: TensorSpec, shape: tuple[int, ...], dtype: torch.dtype, gen: torch.Generator) -> torch.Tensor:
+    init = spec.init
+    if init == "ones":
+        return torch.ones(shape, dtype=dtype)
+    if init == "zeros":
+        return torch.zeros(shape, dtype=dtype)
+    if init == "bias":  # small, so that it changes the expert choice now and then but not always
+        return torch.randn(shape, generator=gen) * 0.01
+    if init == "A_log":  # per-head decay rates exp(A) in [1, 16] (FLA's initialisation)
+        return torch.empty(shape).uniform_(1.0, 16.0, generator=gen).log()
+    if init == "dt_bias":  # softplus⁻¹ of dt in [1e-3, 1e-1], log-uniform
+        dt = torch.empty(shape).uniform_(math.log(1e-3), math.log(1e-1), generator=gen).exp()
+        return dt + torch.log(-torch.expm1(-dt))
+    if init == "mxfp4_packed":  # random E2M1 codes
+        return torch.randint(0, 256, shape, generator=gen, dtype=torch.uint8)
+    if init == "mxfp4_scale":  # 2^-9 .. 2^-5: weights of a few hundredths, like INIT_STD
+        return torch.randint(118, 123, shape, generator=gen, dtype=torch.uint8)
+    return (torch.randn(shape, generator=gen) * INIT_STD).to(dtype)
+
+
+def _target_dtype(spec: TensorSpec, dtype: torch.dtype) -> torch.dtype:
+    return {"float": dtype, "fp32": torch.float32, "u8": torch.uint8}[spec.kind]
+
+
+def iter_random_tensors(cfg: ModelConfig, dtype: torch.dtype, seed: int) -> Iterator[tuple[TensorSpec, str, torch.Tensor]]:
+    """(spec, HF name, tensor) for every on-disk tensor of ``cfg``, reproducibly for ``seed``."""
+    gen = torch.Generator().manual_seed(seed)
+    for spec in checkpoint_layout(cfg):
+        for name in spec.names:
+            yield spec, name, _random(spec, spec.hf_shape, _target_dtype(spec, dtype), gen).to(_target_dtype(spec, dtype))
+
+
+def random_state_dict(cfg: ModelConfig, dtype: torch.dtype = torch.float32, device="cpu", seed: int = 0) -> dict[str, torch.Tensor]:
+    """{internal param: tensor} with exactly the weights ``write_checkpoint(cfg, seed=seed)`` writes."""
+    parts: dict[str, list[torch.Tensor]] = {}
+    specs: dict[str, TensorSpec] = {}
+    for spec, _, t in iter_random_tensors(cfg, dtype, seed):
+        parts.setdefault(spec.param, []).append(t)
+        specs[spec.param] = spec
+    state = {}
+    for param, ts in parts.items():
+        spec = specs[param]
+        t = torch.stack(ts) if len(spec.names) > 1 else ts[0].reshape(spec.shape)
+        state[param] = t.to(device)
+    return state
+
+
+def bytes_to_unicode() -> dict[int, str]:
+    """GPT-2's reversible byte -> printable character map used by byte-level BPE: printable Latin-1
+    bytes map to themselves, the others to code points 256, 257, ... in byte order."""
+    printable = set(range(ord("!"), ord("~") + 1)) | set(range(ord("¡"), ord("¬") + 1)) | set(range(ord("®"), ord("ÿ") + 1))
+    mapping, extra = {}, 0
+    for b in range(256):
+        if b in printable:
+            mapping[b] = chr(b)
+        else:
+            mapping[b] = chr(256 + extra)
+            extra += 1
+    return mapping
+
+
+def write_byte_tokenizer(out_dir: Path) -> None:
+    """A byte-level tokenizer.json with token id = byte value (no merges), for random checkpoints."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+
+    vocab = {ch: b for b, ch in bytes_to_unicode().items()}
+    tok = Tokenizer(models.BPE(vocab=vocab, merges=[]))
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
+    tok.decoder = decoders.ByteLevel()
+    tok.save(str(out_dir / "tokenizer.json"))
+
+
+def _write_side_files(cfg: ModelConfig, out_dir: Path, dtype: torch.dtype, tokenizer_dir: Path | None) -> None:
+    hf = cfg.to_hf_dict()
+    hf["torch_dtype"] = TORCH_DTYPE_NAMES.get(dtype, str(dtype))
+    (out_dir / "config.json").write_text(json.dumps(hf, indent=2) + "\n")
+    gen = {k: v for k, v in (("bos_token_id", cfg.bos_token_id), ("pad_token_id", cfg.pad_token_id)) if v is not None}
+    if cfg.eos_token_ids:
+        gen["eos_token_id"] = cfg.eos_token_ids[0] if len(cfg.eos_token_ids) == 1 else list(cfg.eos_token_ids)
+    (out_dir / "generation_config.json").write_text(json.dumps(gen, indent=2) + "\n")
+    if tokenizer_dir is not None:
+        for name in ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"):
+            if (tokenizer_dir / name).exists():
+                shutil.copy(tokenizer_dir / name, out_dir / name)
+    elif cfg.vocab_size >= 256:
+        write_byte_tokenizer(out_dir)
+
+
+def write_checkpoint(
+    cfg: ModelConfig,
+    out_dir: str | Path,
+    seed: int = 0,
+    dtype: torch.dtype = torch.bfloat16,
+    max_shard_bytes: int = 4 << 30,
+    tokenizer_dir: Path | None = None,
+    progress: Callable[[int, int], None] | None = None,
+) -> Path:
+    """Write config.json, generation_config.json, a tokenizer (when one can be made) and random
+    weights (``model.safetensors``, or shards + ``model.safetensors.index.json``) to ``out_dir``."""
+    from safetensors.torch import save_file
+
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    _write_side_files(cfg, out_dir, dtype, tokenizer_dir)
+    total = sum(len(s.names) for s in checkpoint_layout(cfg))
+    shards: list[dict[str, torch.Tensor]] = [{}]
+    size = 0
+    temp_names = []
+    weight_map: dict[str, str] = {}
+    total_bytes = 0
+
+    def flush(final: bool) -> None:
+        nonlocal size
+        if not shards[-1]:
+            return
+        name = f"shard-{len(temp_names):05d}.tmp.safetensors"
+        save_file(shards[-1], str(out_dir / name), metadata={"format": "pt"})
+        temp_names.append((name, list(shards[-1])))
+        shards[-1] = {}
+        size = 0
+
+    for i, (_, name, t) in enumerate(iter_random_tensors(cfg, dtype, seed)):
+        nbytes = t.numel() * t.element_size()
+        if size and size + nbytes > max_shard_bytes:
+            flush(False)
+        shards[-1][name] = t.contiguous()
+        size += nbytes
+        total_bytes += nbytes
+        if progress is not None:
+            progress(i + 1, total)
+    flush(True)
+    for old in list(out_dir.glob("model*.safetensors")) + [out_dir / "model.safetensors.index.json"]:
+        if old.exists() and not old.name.endswith(".tmp.safetensors"):
+            old.unlink()
+    if len(temp_names) == 1:
+        (out_dir / temp_names[0][0]).rename(out_dir / "model.safetensors")
+    else:
+        n = len(temp_names)
+        for k, (tmp, names) in enumerate(temp_names):
+            final = f"model-{k + 1:05d}-of-{n:05d}.safetensors"
+            (out_dir / tmp).rename(out_dir / final)
+            weight_map.update({nm: final for nm in names})
+        index = {"metadata": {"total_size": total_bytes}, "weight_map": weight_map}
+        (out_dir / "model.safetensors.index.json").write_text(json.dumps(index, indent=2) + "\n")
+    return out_dir
