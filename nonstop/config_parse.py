@@ -167,9 +167,7 @@ def _eos_ids(f: _Fields) -> tuple[int, ...]:
 
 
 def _mla(f: _Fields, family: str, rope: RopeConfig | None) -> MLAConfig:
-    heads = f.positive("num_attention_heads")
-    kv_heads = f.get("num_key_value_heads", heads, int)
-    _require(kv_heads == heads, f"MLA needs num_key_value_heads == num_attention_heads, got {kv_heads} and {heads}")
+    heads = f.positive("num_attention_heads")  # num_key_value_heads is meaningless for MLA: one shared latent
     nope = f.positive("qk_nope_head_dim")
     rope_dim = f.get("qk_rope_head_dim", 0, int)
     _require(rope_dim >= 0, "field 'qk_rope_head_dim' must be >= 0")

@@ -1,0 +1,44 @@
+"""Shared fixtures: tiny odd-shaped configs of every family and transformers-made checkpoints.
+
+transformers routes kimi_linear through fla's Triton kernels when fla is importable, and those do not
+run on a CPU. It decides when its modeling module is imported, so we import that module once with
+fla hidden, then un-hide fla so the tests can still use fla's pure-torch naive references.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+_hidden = {name: sys.modules.get(name, None) for name in ("fla", "causal_conv1d")}
+for name in _hidden:
+    sys.modules[name] = None
+import transformers.models.kimi_linear.modeling_kimi_linear  # noqa: E402,F401
+
+for name, module in _hidden.items():
+    if module is None:
+        del sys.modules[name]
+    else:
+        sys.modules[name] = module
+
+import pytest  # noqa: E402
+import torch  # noqa: E402
+
+from tests.tiny_configs import TINY_CONFIGS, hf_model_from_dict  # noqa: E402
+
+
+@pytest.fixture(scope="session")
+def hf_checkpoints(tmp_path_factory):
+    """{name: (checkpoint dir, transformers model)} for every tiny transformers-backed config."""
+    out = {}
+    root = tmp_path_factory.mktemp("hf")
+    for name, raw in TINY_CONFIGS.items():
+        if name.startswith("kimi_k3"):
+            continue
+        torch.manual_seed(1234)
+        model = hf_model_from_dict(raw)
+        model.save_pretrained(root / name)
+        out[name] = (root / name, model)
+    return out

@@ -1,0 +1,63 @@
+"""The CLI: each command's help, the happy paths, and one clear line (exit 2) for user errors."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from nonstop.cli import main
+from tests.tiny_configs import KIMI_K3
+
+
+def test_every_command_has_help(capsys):
+    from nonstop.commands import COMMANDS
+
+    for name in COMMANDS:
+        with pytest.raises(SystemExit) as e:
+            main([name, "--help"])
+        assert e.value.code == 0
+        assert len(capsys.readouterr().out) > 100
+
+
+def test_synth_info_generate(tmp_path, capsys):
+    cfg = tmp_path / "config.json"
+    cfg.write_text(json.dumps(KIMI_K3))
+    out = tmp_path / "k3"
+    assert main(["synth", "--config", str(cfg), "--out", str(out), "--dtype", "float32", "--seed", "2"]) == 0
+    assert (out / "model.safetensors").exists() and (out / "tokenizer.json").exists()
+    assert main(["info", "--model", str(out)]) == 0
+    text = capsys.readouterr().out
+    assert "active" in text and "kda" in text and "mla" in text and "per decode token" in text
+    assert main(["generate", "--model", str(out), "--prompt-ids", "1,2,3", "-n", "4", "--ids"]) == 0
+    captured = capsys.readouterr()
+    assert "token ids:" in captured.out and "tokens/s" in captured.err
+
+
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["generate", "--model", "no-such-model"], "neither a checkpoint directory nor a known name"),
+        (["info", "--model", "/"], "config.json not found"),
+        (["synth", "--preset", "nope", "--out", "x"], "unknown preset"),
+        (["generate", "--model", "kimi-k3", "--temperature", "-1"], "temperature"),
+    ],
+)
+def test_user_errors_are_one_line(argv, message, capsys):
+    with pytest.raises(SystemExit) as e:
+        main(argv)
+    assert e.value.code == 2
+    err = capsys.readouterr().err
+    assert message in err and "Traceback" not in err
+
+
+def test_bad_checkpoint_is_a_clear_error(tmp_path, capsys):
+    cfg = tmp_path / "config.json"
+    cfg.write_text(json.dumps(KIMI_K3))
+    out = tmp_path / "k3"
+    main(["synth", "--config", str(cfg), "--out", str(out), "--dtype", "float32"])
+    data = (out / "model.safetensors").read_bytes()
+    (out / "model.safetensors").write_bytes(data[:-50])
+    with pytest.raises(SystemExit) as e:
+        main(["generate", "--model", str(out), "--prompt-ids", "1"])
+    assert e.value.code == 2 and "truncated" in capsys.readouterr().err
