@@ -3,11 +3,11 @@
 A ``ModelCache`` holds ``num_slots`` sequences. A forward step processes a batch of rows, row b
 belonging to slot ``slots[b]`` and holding ``T`` new tokens at absolute positions
 ``start[b] .. start[b]+T-1`` where ``start[b]`` is that slot's current length. Attention caches
-grow their token capacity on demand; KDA state has a fixed size per slot.
+store tokens in pages of a shared pool (``nonstop.cache.pages``); KDA state has a fixed size per slot.
 
-Layout per layer (S = slots, C = token capacity):
-  GQA  : k, v        [S, C, Hkv, D]          model dtype
-  MLA  : latent      [S, C, kv_lora + rope]  model dtype (normalised c_kv | k_pe)
+Layout per layer (S = slots, R = pool rows = pages · page_size; see ``PageTable.rows``):
+  GQA  : k, v        [R, Hkv, D]             model dtype
+  MLA  : latent      [R, kv_lora + rope]     model dtype (normalised c_kv | k_pe)
   KDA  : recurrent   [S, H, dk, dv]          fp32
          conv        [S, 3, H·dk, K-1]       model dtype (last K-1 raw q/k/v projections)
 """
@@ -18,7 +18,10 @@ from dataclasses import dataclass
 
 import torch
 
+from nonstop.cache.pages import PageTable
 from nonstop.config import ModelConfig
+
+DEFAULT_PAGE_SIZE = 16
 
 
 @dataclass
@@ -48,54 +51,70 @@ class StepBatch:
 
 
 class _TokenCache:
-    """Base for caches indexed by (slot, token position) with on-demand capacity growth."""
+    """Base for caches indexed by (slot, token position), stored in pages of a shared pool.
 
-    def __init__(self, shapes: dict[str, tuple[int, ...]], num_slots: int, capacity: int, dtype, device):
+    Each named tensor is a pool ``[num_pages * page_size, *shape]``; a ``PageTable`` (shared by all
+    layers of a ``ModelCache``) maps (slot, position) to a pool row. Pages are reserved on write and
+    returned when the slot is reset; the pool grows on demand.
+    """
+
+    def __init__(self, shapes: dict[str, tuple[int, ...]], num_slots: int, capacity: int, dtype, device, pages: PageTable | None = None):
         self.shapes = shapes
         self.dtype = dtype
         self.device = device
-        self.tensors = {k: torch.zeros(num_slots, capacity, *s, dtype=dtype, device=device) for k, s in shapes.items()}
+        if pages is None:
+            pages = PageTable(num_slots, DEFAULT_PAGE_SIZE, num_slots * -(-capacity // DEFAULT_PAGE_SIZE), device)
+        self.pages = pages
+        rows = pages.num_pages * pages.page_size
+        self.tensors = {k: torch.zeros(rows, *s, dtype=dtype, device=device) for k, s in shapes.items()}
 
     @property
     def capacity(self) -> int:
-        return next(iter(self.tensors.values())).shape[1]
+        """Token rows in the pool (all slots together)."""
+        return next(iter(self.tensors.values())).shape[0]
 
-    def ensure_capacity(self, needed: int) -> None:
-        cap = self.capacity
-        if needed <= cap:
-            return
-        new_cap = max(needed, 2 * cap)
+    def _fit_pool(self) -> None:
+        """Grow the pool tensors to the page table's page count (existing rows keep their place)."""
+        rows = self.pages.num_pages * self.pages.page_size
         for k, t in self.tensors.items():
-            grown = torch.zeros(t.shape[0], new_cap, *t.shape[2:], dtype=t.dtype, device=t.device)
-            grown[:, :cap] = t
-            self.tensors[k] = grown
+            if t.shape[0] < rows:
+                grown = torch.zeros(rows, *t.shape[1:], dtype=t.dtype, device=t.device)
+                grown[: t.shape[0]] = t
+                self.tensors[k] = grown
 
     def write(self, batch: StepBatch, **values: torch.Tensor) -> None:
         """Store values[name] [B, T, ...] at positions start..start+T-1 of each row's slot."""
-        self.ensure_capacity(int(batch.end.max()))
-        pos = batch.positions
-        slots = batch.slots[:, None].expand_as(pos)
+        self.pages.reserve_rows(batch.slots, batch.end)
+        self._fit_pool()
+        rows = self.pages.rows(batch.slots, batch.positions)
         for k, v in values.items():
-            self.tensors[k][slots, pos] = v.to(self.dtype)
+            self.tensors[k][rows] = v.to(self.dtype)
 
     def read(self, batch: StepBatch, name: str) -> torch.Tensor:
         """[B, L, ...] with L = max end over the batch (rows past their own end hold stale data: mask them)."""
         length = int(batch.end.max())
-        return self.tensors[name][batch.slots, :length]
+        positions = torch.arange(length, device=batch.slots.device)[None, :].expand(batch.slots.shape[0], length)
+        return self.tensors[name][self.pages.rows(batch.slots, positions)]
 
     def copy_slot(self, src: int, dst: int, length: int) -> None:
+        """Copy tokens 0..length-1 of ``src`` into ``dst`` (whose pages the caller has released)."""
+        self.pages.reserve(dst, length)
+        self._fit_pool()
+        positions = torch.arange(length, device=self.pages.table.device)[None, :]
+        src_rows = self.pages.rows(torch.tensor([src]), positions)[0]
+        dst_rows = self.pages.rows(torch.tensor([dst]), positions)[0]
         for t in self.tensors.values():
-            t[dst, :length] = t[src, :length]
+            t[dst_rows] = t[src_rows]
 
 
 class KVCache(_TokenCache):
-    def __init__(self, num_slots, capacity, num_kv_heads, head_dim, dtype, device):
-        super().__init__({"k": (num_kv_heads, head_dim), "v": (num_kv_heads, head_dim)}, num_slots, capacity, dtype, device)
+    def __init__(self, num_slots, capacity, num_kv_heads, head_dim, dtype, device, pages: PageTable | None = None):
+        super().__init__({"k": (num_kv_heads, head_dim), "v": (num_kv_heads, head_dim)}, num_slots, capacity, dtype, device, pages)
 
 
 class LatentCache(_TokenCache):
-    def __init__(self, num_slots, capacity, cache_dim, dtype, device):
-        super().__init__({"latent": (cache_dim,)}, num_slots, capacity, dtype, device)
+    def __init__(self, num_slots, capacity, cache_dim, dtype, device, pages: PageTable | None = None):
+        super().__init__({"latent": (cache_dim,)}, num_slots, capacity, dtype, device, pages)
 
 
 class KDAState:
@@ -112,34 +131,43 @@ class KDAState:
 
 
 class ModelCache:
-    """All layers' state for ``num_slots`` sequences, plus each slot's length."""
+    """All layers' state for ``num_slots`` sequences, plus each slot's length.
 
-    def __init__(self, cfg: ModelConfig, num_slots: int, capacity: int = 256, dtype=torch.float32, device="cpu"):
+    The attention layers share one ``PageTable`` (``page_size`` tokens per page, ``capacity`` tokens
+    per slot reserved up front in the pool; it grows on demand). ``batch`` reserves the pages a step
+    will write; ``reset`` returns a slot's pages.
+    """
+
+    def __init__(self, cfg: ModelConfig, num_slots: int, capacity: int = 256, dtype=torch.float32, device="cpu", page_size: int = DEFAULT_PAGE_SIZE):
         self.cfg = cfg
         self.num_slots = num_slots
         self.lengths = torch.zeros(num_slots, dtype=torch.long, device=device)
+        self.pages = PageTable(num_slots, page_size, num_slots * -(-capacity // page_size), device)
         self.layers: list = []
         for kind in cfg.attn_types:
             if kind == "gqa":
                 g = cfg.gqa
-                self.layers.append(KVCache(num_slots, capacity, g.num_kv_heads, g.head_dim, dtype, device))
+                self.layers.append(KVCache(num_slots, capacity, g.num_kv_heads, g.head_dim, dtype, device, self.pages))
             elif kind == "mla":
-                self.layers.append(LatentCache(num_slots, capacity, cfg.mla.cache_dim, dtype, device))
+                self.layers.append(LatentCache(num_slots, capacity, cfg.mla.cache_dim, dtype, device, self.pages))
             else:
                 k = cfg.kda
                 self.layers.append(KDAState(num_slots, k.num_heads, k.head_dim, k.conv_size, dtype, device))
 
     def batch(self, slots, T: int) -> StepBatch:
         slots = torch.as_tensor(slots, dtype=torch.long, device=self.lengths.device)
-        return StepBatch(slots=slots, start=self.lengths[slots].clone(), T=T)
+        batch = StepBatch(slots=slots, start=self.lengths[slots].clone(), T=T)
+        self.pages.reserve_rows(batch.slots, batch.end)
+        return batch
 
     def advance(self, batch: StepBatch, counts: torch.Tensor | None = None) -> None:
         """Record that rows' tokens are now part of their sequences (all T unless ``counts`` [B] says fewer)."""
         self.lengths[batch.slots] = batch.start + (batch.T if counts is None else counts)
 
     def reset(self, slot: int) -> None:
-        """Free a slot: its length returns to 0 and its recurrent state to zeros."""
+        """Free a slot: its length returns to 0, its pages to the pool and its recurrent state to zeros."""
         self.lengths[slot] = 0
+        self.pages.release(slot)
         for layer in self.layers:
             if isinstance(layer, KDAState):
                 layer.recurrent[slot].zero_()
@@ -147,6 +175,7 @@ class ModelCache:
 
     def copy_slot(self, src: int, dst: int) -> None:
         length = int(self.lengths[src])
+        self.pages.release(dst)
         for layer in self.layers:
             layer.copy_slot(src, dst, length)
         self.lengths[dst] = length
@@ -157,5 +186,5 @@ class ModelCache:
         for layer in self.layers:
             if isinstance(layer, _TokenCache):
                 for t in layer.tensors.values():
-                    total += t[0, 0].numel() * t.element_size()
+                    total += t[0].numel() * t.element_size()
         return total
