@@ -1,11 +1,19 @@
-"""EngineCore: requests in cache slots, prefill, and batched decode steps.
+"""EngineCore: requests in cache slots, chunked prefill, and decode steps (continuous batching).
 
-``add`` prefills a request into a free slot (its prompt in one forward) and samples its first token;
-``step`` decodes one token for every running request in one batched forward. Requests can join and
-leave between steps; a finished request frees its slot.
+``admit`` puts a request into a free slot; each ``step`` then decodes one token for every running
+request and prefills the next chunk(s) of waiting prompts, so requests join and leave between steps
+and a long prompt never stalls the running streams for more than one chunk. A finished, aborted or
+failed request frees its slot.
+
+Chunk boundaries depend only on the request (chunk k holds prompt tokens [k·N, (k+1)·N), N =
+``prefill_chunk``), and with ``batch_invariant`` every row runs in a forward of its own, so a request's
+tokens do not depend on what else is running (matmul kernels may sum in a different order for a
+different number of rows). ``add`` is admit + the whole prefill at once, returning the first text.
 """
 
 from __future__ import annotations
+
+import logging
 
 import torch
 
@@ -15,32 +23,43 @@ from nonstop.engine.requests import Request
 from nonstop.engine.sampling import sample, top_logprobs
 from nonstop.engine.tokenizer import Tokenizer
 
+log = logging.getLogger("nonstop.engine")
+
 
 class EngineCore:
-    def __init__(self, cfg: ModelConfig, executor, tokenizer: Tokenizer, num_slots: int, dtype: torch.dtype, device, max_len: int | None = None):
+    """Owns a ``ModelCache`` of ``num_slots`` slots and the requests in them.
+
+    prefill_chunk: prompt tokens per prefill forward and per step (None: whole prompts at once).
+    batch_invariant: one forward per row (unless the executor says ``batch_invariant`` itself).
+    isolate_errors: an exception in a forward or in sampling ends only the requests it touched
+    (finish_reason ``error``) instead of propagating.
+    """
+
+    def __init__(self, cfg: ModelConfig, executor, tokenizer: Tokenizer, num_slots: int, dtype: torch.dtype, device, max_len: int | None = None, prefill_chunk: int | None = None, batch_invariant: bool = False, isolate_errors: bool = False, page_size: int = 16):
+        if prefill_chunk is not None and prefill_chunk < 1:
+            raise ValueError(f"prefill_chunk must be >= 1 (or None for whole prompts), got {prefill_chunk}")
         self.cfg = cfg
         self.executor = executor
         self.tokenizer = tokenizer
         self.device = device
         self.max_len = max_len or cfg.max_position_embeddings
-        self.cache = ModelCache(cfg, num_slots, capacity=64, dtype=dtype, device=device)
+        self.prefill_chunk = prefill_chunk
+        self.split_rows = batch_invariant and not getattr(executor, "batch_invariant", False)
+        self.isolate_errors = isolate_errors
+        self.cache = ModelCache(cfg, num_slots, capacity=64, dtype=dtype, device=device, page_size=page_size)
         self.free_slots = list(range(num_slots))[::-1]
+        self.prefilling: list[Request] = []
         self.running: list[Request] = []
 
-    # ------------------------------------------------------------------ helpers
-    def _emit(self, req: Request, logits_row: torch.Tensor) -> str:
-        """Sample from logits [V] (fp32), record logprobs, and append to the request."""
-        token = sample(logits_row, req.params, req.generator)
-        row = None
-        if req.params.logprobs is not None:
-            row = top_logprobs(torch.log_softmax(logits_row.float(), -1), req.params.logprobs, token)
-        return req.append(token, self.tokenizer, row)
+    # ------------------------------------------------------------------ state
+    @property
+    def has_free_slot(self) -> bool:
+        return bool(self.free_slots)
 
-    def _release(self, req: Request) -> None:
-        if req.slot >= 0:
-            self.cache.reset(req.slot)
-            self.free_slots.append(req.slot)
-            req.slot = -1
+    @property
+    def active(self) -> list[Request]:
+        """Requests holding a slot (prefilling or decoding)."""
+        return self.prefilling + self.running
 
     def check_length(self, req: Request) -> None:
         total = len(req.prompt_ids) + req.params.max_tokens
@@ -48,57 +67,145 @@ class EngineCore:
             raise ValueError(f"prompt ({len(req.prompt_ids)} tokens) + max_tokens ({req.params.max_tokens}) exceeds the model's context of {self.max_len} tokens")
 
     # ------------------------------------------------------------------ API
-    @property
-    def has_free_slot(self) -> bool:
-        return bool(self.free_slots)
-
     @torch.inference_mode()
-    def add(self, req: Request) -> str:
-        """Prefill ``req`` into a free slot and sample its first token; returns its first text."""
+    def admit(self, req: Request) -> None:
+        """Give ``req`` a free slot; its prompt is prefilled by the coming ``step`` calls."""
         if not req.prompt_ids:
             raise ValueError("empty prompt: give at least one token")
         self.check_length(req)
+        if not self.free_slots:
+            raise RuntimeError("no free slot: wait for a request to finish (check has_free_slot)")
         req.slot = self.free_slots.pop()
+        req.prefilled = 0
         self.cache.reset(req.slot)
-        ids = torch.tensor([req.prompt_ids], dtype=torch.long, device=self.device)
-        batch = self.cache.batch([req.slot], ids.shape[1])
-        want_prompt = req.params.prompt_logprobs is not None
-        logits = self.executor.forward(ids, self.cache, batch, last_only=not want_prompt)
-        self.cache.advance(batch)
-        last = logits[0, -1] if want_prompt else logits[0]
-        if want_prompt:
-            lp = torch.log_softmax(logits[0, :-1].float(), -1)
-            k = req.params.prompt_logprobs
-            req.prompt_logprobs = [None] + [top_logprobs(lp[t], k, req.prompt_ids[t + 1]) for t in range(len(req.prompt_ids) - 1)]
-        text = self._emit(req, last)
-        if req.finished:
-            self._release(req)
-        else:
-            self.running.append(req)
+        self.prefilling.append(req)
+
+    @torch.inference_mode()
+    def add(self, req: Request) -> str:
+        """Admit ``req`` and prefill its whole prompt now; returns its first text."""
+        self.admit(req)
+        text = ""
+        while req in self.prefilling:
+            text = self._prefill_chunk(req)
         return text
 
     @torch.inference_mode()
     def step(self) -> list[tuple[Request, str]]:
-        """One decode step for every running request; returns (request, new text) pairs."""
-        if not self.running:
-            return []
-        reqs = list(self.running)
-        ids = torch.tensor([[r.output_ids[-1]] for r in reqs], dtype=torch.long, device=self.device)
-        batch = self.cache.batch([r.slot for r in reqs], 1)
-        logits = self.executor.forward(ids, self.cache, batch, last_only=True)
-        self.cache.advance(batch)
+        """Decode one token for every running request, then prefill the next prompt chunk(s).
+
+        Returns (request, new text) for every request that produced a token or ended (an errored
+        request comes back with finish_reason ``error`` and empty text).
+        """
         out = []
-        for r, row in zip(reqs, logits):
-            out.append((r, self._emit(r, row)))
-            if r.finished:
-                self.running.remove(r)
-                self._release(r)
+        if self.running:
+            out += self._decode(list(self.running))
+        for req in self._plan_prefill():
+            text = self._prefill_chunk(req)
+            if req.output_ids or req.finished:
+                out.append((req, text))
         return out
 
-    def abort(self, req: Request, reason: str = "abort") -> None:
+    @torch.inference_mode()
+    def abort(self, req: Request, reason: str = "abort", error: str | None = None) -> None:
         """Stop a request now (client gone, error) and free its slot."""
-        if req in self.running:
-            self.running.remove(req)
-        if req.finish_reason is None:
-            req.finish_reason = reason
+        for group in (self.running, self.prefilling):
+            if req in group:
+                group.remove(req)
+        req.stop(reason, error)
         self._release(req)
+
+    # ------------------------------------------------------------------ scheduling
+    def _plan_prefill(self) -> list[Request]:
+        """Prefilling requests (oldest first) whose next chunks fit this step's token budget
+        (``prefill_chunk`` tokens; always at least one chunk)."""
+        if self.prefill_chunk is None:
+            return list(self.prefilling)
+        chosen, used = [], 0
+        for req in self.prefilling:
+            n = min(self.prefill_chunk, len(req.prompt_ids) - req.prefilled)
+            if chosen and used + n > self.prefill_chunk:
+                break
+            chosen.append(req)
+            used += n
+        return chosen
+
+    def _row_groups(self, reqs: list[Request]) -> list[list[Request]]:
+        return [[r] for r in reqs] if self.split_rows else [reqs]
+
+    # ------------------------------------------------------------------ forwards
+    def _forward(self, reqs: list[Request], ids: list[list[int]], last_only: bool) -> torch.Tensor | None:
+        """One cached forward of ``ids`` [B][T] for the requests' slots; logits, or None if it failed
+        and the requests were ended (``isolate_errors``)."""
+        batch = self.cache.batch([r.slot for r in reqs], len(ids[0]))
+        try:
+            logits = self.executor.forward(torch.tensor(ids, dtype=torch.long, device=self.device), self.cache, batch, last_only=last_only)
+        except Exception as exc:
+            self._fail(reqs, exc)
+            return None
+        self.cache.advance(batch)
+        return logits
+
+    def _decode(self, reqs: list[Request]) -> list[tuple[Request, str]]:
+        out = []
+        for group in self._row_groups(reqs):
+            logits = self._forward(group, [[r.output_ids[-1]] for r in group], last_only=True)
+            for i, r in enumerate(group):
+                out.append((r, "" if logits is None else self._emit(r, logits[i])))
+        return out
+
+    def _prefill_chunk(self, req: Request) -> str:
+        """Run the next chunk of ``req``'s prompt; after the last chunk sample its first token."""
+        start = req.prefilled
+        end = len(req.prompt_ids) if self.prefill_chunk is None else min(len(req.prompt_ids), start + self.prefill_chunk)
+        final = end == len(req.prompt_ids)
+        want_prompt = req.params.prompt_logprobs is not None
+        logits = self._forward([req], [req.prompt_ids[start:end]], last_only=not want_prompt)
+        if logits is None:
+            return ""
+        req.prefilled = end
+        if want_prompt:
+            self._record_prompt_logprobs(req, logits[0], start, end)
+        if not final:
+            return ""
+        self.prefilling.remove(req)
+        self.running.append(req)
+        return self._emit(req, logits[0, -1] if want_prompt else logits[0])
+
+    def _record_prompt_logprobs(self, req: Request, logits: torch.Tensor, start: int, end: int) -> None:
+        """logits [T, V] of prompt positions start..end-1; position t scores prompt token t+1."""
+        if req.prompt_logprobs is None:
+            req.prompt_logprobs = [None]
+        lp = torch.log_softmax(logits.float(), -1)
+        k = req.params.prompt_logprobs
+        for t in range(start, min(end, len(req.prompt_ids) - 1)):
+            req.prompt_logprobs.append(top_logprobs(lp[t - start], k, req.prompt_ids[t + 1]))
+
+    # ------------------------------------------------------------------ tokens and slots
+    def _emit(self, req: Request, logits_row: torch.Tensor) -> str:
+        """Sample from logits [V] (fp32), record logprobs, append to the request; frees its slot when done."""
+        try:
+            token = sample(logits_row, req.params, req.generator)
+            row = None
+            if req.params.logprobs is not None:
+                row = top_logprobs(torch.log_softmax(logits_row.float(), -1), req.params.logprobs, token)
+            text = req.append(token, self.tokenizer, row)
+        except Exception as exc:
+            self._fail([req], exc)
+            return ""
+        if req.finished:
+            self.running.remove(req)
+            self._release(req)
+        return text
+
+    def _fail(self, reqs: list[Request], exc: Exception) -> None:
+        if not self.isolate_errors:
+            raise exc
+        log.exception("request(s) %s failed", ", ".join(r.request_id for r in reqs), exc_info=exc)
+        for r in reqs:
+            self.abort(r, "error", f"{type(exc).__name__}: {exc}")
+
+    def _release(self, req: Request) -> None:
+        if req.slot >= 0:
+            self.cache.reset(req.slot)
+            self.free_slots.append(req.slot)
+            req.slot = -1

@@ -63,9 +63,11 @@ class LLM:
     model: checkpoint directory (HF ``config.json`` + safetensors), a bundled model (``k3-nano``) or a
     preset name (random weights). dtype: ``auto`` (fp32 on CPU, bf16 on CUDA) or a torch dtype / name.
     backend: ``reference`` | ``superop`` | ``megakernel``. max_batch: sequences decoded together.
+    prefill_chunk: prompt tokens per prefill forward (None: whole prompts). batch_invariant: each
+    sequence in a forward of its own, so its tokens do not depend on the others (see ``EngineCore``).
     """
 
-    def __init__(self, model: str | Path = DEFAULT_MODEL, dtype=None, device: str = "cpu", backend: str = "reference", max_batch: int = 16, seed: int = 0, speculative: dict | None = None, progress: bool = False):
+    def __init__(self, model: str | Path = DEFAULT_MODEL, dtype=None, device: str = "cpu", backend: str = "reference", max_batch: int = 16, seed: int = 0, speculative: dict | None = None, progress: bool = False, prefill_chunk: int | None = None, batch_invariant: bool = False):
         from nonstop.model.build import load_model, random_model
 
         self.device = torch.device(device)
@@ -83,12 +85,14 @@ class LLM:
         self.backend = backend
         self.executor = make_executor(backend, self.model)
         self.max_batch = max_batch
+        self.prefill_chunk = prefill_chunk
+        self.batch_invariant = batch_invariant
         if speculative is not None:
             raise ValueError("speculative decoding is not available in this build")
         self._ids = itertools.count()
 
     # ------------------------------------------------------------------ requests
-    def make_request(self, prompt: str | None, prompt_ids: list[int] | None, params: SamplingParams) -> Request:
+    def make_request(self, prompt: str | None, prompt_ids: list[int] | None, params: SamplingParams, request_id: str | None = None) -> Request:
         if prompt_ids is None:
             if not isinstance(prompt, str):
                 raise TypeError(f"prompts must be strings, got {type(prompt).__name__}")
@@ -100,10 +104,11 @@ class LLM:
                 raise ValueError(f"token id {bad[0]} is outside the vocabulary (0..{self.cfg.vocab_size - 1})")
         if not prompt_ids:
             raise ValueError("empty prompt: give at least one token")
-        return Request(str(next(self._ids)), prompt, prompt_ids, params, self.eos_ids)
+        return Request(request_id or str(next(self._ids)), prompt, prompt_ids, params, self.eos_ids)
 
-    def new_core(self, num_slots: int) -> EngineCore:
-        return EngineCore(self.cfg, self.executor, self.tokenizer, num_slots, self.dtype, self.device)
+    def new_core(self, num_slots: int, isolate_errors: bool = False, max_len: int | None = None) -> EngineCore:
+        """An ``EngineCore`` with ``num_slots`` slots and this LLM's prefill chunk and batch invariance."""
+        return EngineCore(self.cfg, self.executor, self.tokenizer, num_slots, self.dtype, self.device, max_len=max_len, prefill_chunk=self.prefill_chunk, batch_invariant=self.batch_invariant, isolate_errors=isolate_errors)
 
     def generate(self, prompts=None, sampling: SamplingParams | list[SamplingParams] | None = None, prompt_token_ids=None) -> list[RequestOutput]:
         """Generate for each prompt (strings) or each token-id list; one RequestOutput per prompt, in order."""
@@ -126,9 +131,9 @@ class LLM:
         for req in requests:
             core.check_length(req)
         pending = list(requests)
-        while pending or core.running:
+        while pending or core.active:
             while pending and core.has_free_slot:
-                core.add(pending.pop(0))
+                core.admit(pending.pop(0))
             core.step()
         return [r.output() for r in requests]
 

@@ -17,7 +17,8 @@ class RequestOutput:
 
     token_ids: generated ids; logprobs: one {token_id: logprob} per generated token (when asked);
     prompt_logprobs: None for the first prompt position, then one dict per position (when asked);
-    finish_reason: ``stop`` (eos, stop string or stop token) or ``length``; metrics: timings and counts.
+    finish_reason: ``stop`` (eos, stop string or stop token), ``length``, ``abort`` (cancelled) or
+    ``error`` (then ``error`` says why); metrics: timings and counts.
     """
 
     request_id: str
@@ -29,6 +30,7 @@ class RequestOutput:
     prompt_logprobs: list[dict[int, float] | None] | None
     finish_reason: str | None
     metrics: dict = field(default_factory=dict)
+    error: str | None = None
 
 
 @dataclass
@@ -43,7 +45,9 @@ class Request:
     prompt_logprobs: list | None = None
     text: str = ""
     finish_reason: str | None = None
+    error: str | None = None
     slot: int = -1
+    prefilled: int = 0
     generator: torch.Generator | None = None
     arrival: float = field(default_factory=time.perf_counter)
     first_token_at: float | None = None
@@ -98,6 +102,13 @@ class Request:
         self.finish_reason = reason
         self.finished_at = now
 
+    def stop(self, reason: str, error: str | None = None) -> None:
+        """End the request from outside (``abort`` for a cancelled one, ``error`` with a message)."""
+        if self.finish_reason is None:
+            self._finish(reason, time.perf_counter())
+        if error is not None:
+            self.error = error
+
     def output(self) -> RequestOutput:
         end = self.finished_at or time.perf_counter()
         first = self.first_token_at or end
@@ -121,4 +132,5 @@ class Request:
             prompt_logprobs=self.prompt_logprobs,
             finish_reason=self.finish_reason,
             metrics=metrics,
+            error=self.error,
         )

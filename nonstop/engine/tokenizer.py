@@ -16,7 +16,9 @@ class Tokenizer:
     name = "base"
     chat_template: str | None = None
 
-    def encode(self, text: str) -> list[int]:
+    def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
+        """Token ids of ``text``; ``add_special_tokens=False`` leaves out BOS and the like (for text
+        rendered by a chat template, which writes its own)."""
         raise NotImplementedError
 
     def decode(self, ids: list[int]) -> str:
@@ -49,8 +51,8 @@ class HFTokenizer(Tokenizer):
         self.chat_template = self.config.get("chat_template")
         self.special_ids = {i for i, t in self.tok.get_added_tokens_decoder().items() if t.special}
 
-    def encode(self, text: str) -> list[int]:
-        ids = self.tok.encode(text, add_special_tokens=True).ids
+    def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
+        ids = self.tok.encode(text, add_special_tokens=add_special_tokens).ids
         bad = [i for i in ids if i >= self.vocab_size]
         if bad:
             raise TokenizerError(f"tokenizer produced id {bad[0]} outside the model's vocabulary of {self.vocab_size}")
@@ -71,7 +73,7 @@ class ByteTokenizer(Tokenizer):
     def __init__(self, vocab_size: int):
         self.vocab_size = vocab_size
 
-    def encode(self, text: str) -> list[int]:
+    def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
         ids = list(text.encode("utf-8"))
         if any(i >= self.vocab_size for i in ids):
             raise TokenizerError(
