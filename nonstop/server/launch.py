@@ -1,0 +1,28 @@
+"""Wire an ``LLM`` into a serving context and run the app with uvicorn."""
+
+from __future__ import annotations
+
+import logging
+
+from nonstop.engine.llm import LLM
+from nonstop.engine.loop import EngineLoop
+from nonstop.server.app import ServingContext, create_app
+from nonstop.server.translate import Limits
+
+
+def build_context(llm: LLM, served_names: list[str], max_batch: int = 16, max_waiting: int = 256, max_model_len: int | None = None, max_prompts: int = 16, max_body_bytes: int = 1 << 20) -> ServingContext:
+    """An engine loop with ``max_batch`` slots (errors isolated per request; prefill chunk and batch
+    invariance as ``llm`` was made with) and the server's limits."""
+    context = llm.cfg.max_position_embeddings
+    max_len = min(max_model_len or context, context)
+    core = llm.new_core(max_batch, isolate_errors=True, max_len=max_len)
+    engine = EngineLoop(core, max_waiting=max_waiting)
+    return ServingContext(llm=llm, engine=engine, served_names=served_names, limits=Limits(max_len=max_len, max_prompts=max_prompts, max_body_bytes=max_body_bytes))
+
+
+def serve(ctx: ServingContext, host: str = "127.0.0.1", port: int = 8000, log_level: str = "info") -> None:
+    """Run the server until interrupted (the engine thread starts and stops with the app)."""
+    import uvicorn
+
+    logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    uvicorn.run(create_app(ctx), host=host, port=port, log_level=log_level, timeout_graceful_shutdown=5)
