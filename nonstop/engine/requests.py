@@ -53,6 +53,7 @@ class Request:
     first_token_at: float | None = None
     finished_at: float | None = None
     extra_metrics: dict = field(default_factory=dict)
+    _sent: int = field(default=0, repr=False)  # characters of ``text`` already returned by ``append``
 
     def __post_init__(self):
         if self.params.logprobs is not None:
@@ -70,7 +71,11 @@ class Request:
         return self.prompt_ids + self.output_ids
 
     def append(self, token: int, tokenizer: Tokenizer, logprob_row: dict | None = None) -> str:
-        """Add a generated token; returns the newly visible text and sets finish_reason if done."""
+        """Add a generated token; returns the newly visible text and sets finish_reason if done.
+
+        The returned pieces concatenate to the final ``text``: while the request runs, a tail of text
+        that could be the start of a stop string is held back until it is known not to be one.
+        """
         now = time.perf_counter()
         if self.first_token_at is None:
             self.first_token_at = now
@@ -81,21 +86,19 @@ class Request:
         hit_eos = token in self.eos_ids and not p.ignore_eos
         visible_ids = self.output_ids[:-1] if hit_eos or token in p.stop_token_ids else self.output_ids
         full = tokenizer.decode(visible_ids)
-        if full.endswith("\ufffd"):  # an incomplete UTF-8 sequence: wait for the next token
-            full = self.text
-        new = full[len(self.text) :] if full.startswith(self.text) else full
-        self.text = full
-        for s in p.stop_strings:
-            at = self.text.find(s, max(0, len(self.text) - len(new) - len(s)))
-            if at >= 0:
-                new = new[: max(0, len(new) - (len(self.text) - at))]
-                self.text = self.text[:at]
-                self._finish("stop", now)
-                return new
-        if hit_eos or token in p.stop_token_ids:
+        if not full.endswith("\ufffd"):  # else an incomplete UTF-8 sequence: wait for the next token
+            self.text = full
+        stops = [at for at in (self.text.find(s) for s in p.stop_strings) if at >= 0]
+        if stops:
+            self.text = self.text[: min(stops)]
+            self._finish("stop", now)
+        elif hit_eos or token in p.stop_token_ids:
             self._finish("stop", now)
         elif len(self.output_ids) >= p.max_tokens:
             self._finish("length", now)
+        end = len(self.text) if self.finished else len(self.text) - _stop_prefix_len(self.text, p.stop_strings)
+        new = self.text[self._sent : end]
+        self._sent = max(self._sent, end)
         return new
 
     def _finish(self, reason: str, now: float) -> None:
@@ -134,3 +137,14 @@ class Request:
             metrics=metrics,
             error=self.error,
         )
+
+
+def _stop_prefix_len(text: str, stops: list[str]) -> int:
+    """Length of the longest end of ``text`` that is a proper prefix of a stop string (0 if none)."""
+    best = 0
+    for s in stops:
+        for k in range(min(len(s) - 1, len(text)), best, -1):
+            if text.endswith(s[:k]):
+                best = k
+                break
+    return best

@@ -58,3 +58,18 @@ def test_sampling_with_a_seed_is_reproducible(server):
     kw = dict(model=MODEL_NAME, prompt="Seeded", max_tokens=8, temperature=0.9, top_p=0.95, seed=7, logprobs=0)
     a, b = client.completions.create(**kw), client.completions.create(**kw)
     assert a.choices[0].logprobs.token_logprobs == b.choices[0].logprobs.token_logprobs
+
+
+def test_streamed_text_with_a_stop_string_equals_the_whole_text(server):
+    client = server.client()
+    base = dict(model=MODEL_NAME, max_tokens=24, temperature=0, extra_body={"ignore_eos": True})
+    for prompt in ("Stop strings", "Another prompt", "Third try"):
+        text = client.completions.create(prompt=prompt, **base).choices[0].text
+        if len(text) >= 6:
+            break
+    stop = text[3:5]
+    assert stop, "the random model produced too little visible text for this test"
+    whole = client.completions.create(prompt=prompt, stop=[stop], **base).choices[0]
+    pieces = list(client.completions.create(prompt=prompt, stop=[stop], stream=True, **base))
+    assert whole.text == text[: text.find(stop)] and whole.finish_reason == "stop"
+    assert "".join(c.choices[0].text for c in pieces) == whole.text
