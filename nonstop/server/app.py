@@ -44,9 +44,12 @@ class ServingContext:
         self.metrics = ServerMetrics(active=lambda: self.engine.num_active, waiting=lambda: self.engine.num_waiting)
 
 
+ROUTES = ("/v1/completions", "/v1/chat/completions", "/v1/models", "/health", "/metrics")
+
+
 class RequestCounter:
-    """ASGI middleware counting HTTP responses by path and status (pure ASGI, so streaming and
-    disconnect detection pass through untouched)."""
+    """ASGI middleware counting HTTP responses by route and status (pure ASGI, so streaming and
+    disconnect detection pass through untouched). Unknown paths count as ``other``."""
 
     def __init__(self, app, metrics: ServerMetrics):
         self.app, self.metrics = app, metrics
@@ -57,7 +60,7 @@ class RequestCounter:
 
         async def counting_send(message):
             if message["type"] == "http.response.start":
-                self.metrics.count_request(scope["path"], message["status"])
+                self.metrics.count_request(scope["path"] if scope["path"] in ROUTES else "other", message["status"])
             await send(message)
 
         await self.app(scope, receive, counting_send)
