@@ -5,12 +5,14 @@ or, when it has none, a plain default::
     user: Hello
     assistant:
 
-Templates run in jinja's sandbox with the variables HF templates expect (``messages``,
-``add_generation_prompt``, ``bos_token``, ``eos_token``, ``raise_exception``).
+Templates run in jinja's sandbox as transformers runs them (trim_blocks, lstrip_blocks, loop
+controls) with the names HF templates use (``messages``, ``add_generation_prompt``, ``bos_token``,
+``eos_token``, ``raise_exception``, ``strftime_now``).
 """
 
 from __future__ import annotations
 
+from datetime import datetime
 from functools import lru_cache
 
 
@@ -35,8 +37,9 @@ def _compile(template: str):
     def raise_exception(message):
         raise ChatTemplateError(message)
 
-    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
+    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True, extensions=["jinja2.ext.loopcontrols"])
     env.globals["raise_exception"] = raise_exception
+    env.globals["strftime_now"] = lambda fmt: datetime.now().strftime(fmt)
     return env.from_string(template)
 
 
