@@ -9,13 +9,13 @@ body (or an ``error`` event mid-stream); the server keeps serving.
 
 from __future__ import annotations
 
-import logging
 import time
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
+from starlette.background import BackgroundTask
 
 from nonstop.engine.llm import LLM
 from nonstop.engine.loop import EngineLoop
@@ -25,8 +25,6 @@ from nonstop.server.protocol import ChatCompletionBody, CompletionBody
 from nonstop.server.responses import Choice, ResponseBuilder, sse, usage
 from nonstop.server.submission import Submission
 from nonstop.server.translate import Limits, chat_request, check_model, completion_requests, new_id, parse_body
-
-log = logging.getLogger("nonstop.server")
 
 
 @dataclass
@@ -127,7 +125,8 @@ async def _respond(ctx: ServingContext, http: Request, requests, builder: Respon
     submission = Submission(ctx.engine, ctx.metrics, requests)
     submission.start()
     if stream:
-        return StreamingResponse(_stream(submission, builder, len(requests), include_usage, echoes), media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
+        # the background task also cancels when the client leaves before the stream's first chunk
+        return StreamingResponse(_stream(submission, builder, len(requests), include_usage, echoes), media_type="text/event-stream", headers={"Cache-Control": "no-cache"}, background=BackgroundTask(submission.cancel))
     choices = [Choice(i) for i in range(len(requests))]
     try:
         async for index, event in submission.events(http.is_disconnected):

@@ -107,7 +107,7 @@ def completion_requests(body: CompletionBody, llm: LLM, limits: Limits, call_id:
             ids = llm.tokenizer.encode(text) if text is not None else list(p)
         except ValueError as exc:
             raise bad_request(str(exc), param="prompt") from None
-        if not ids:
+        if not ids or text == "":
             raise bad_request("prompt is empty: give at least one character or token", param="prompt", code="empty_prompt")
         n = resolve_max_tokens(body.max_tokens, len(ids), limits, COMPLETION_DEFAULT_MAX_TOKENS, "max_tokens")
         try:
