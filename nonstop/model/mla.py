@@ -46,16 +46,32 @@ def mla_attend_naive(q_nope, q_pe, latent, k_pe, kv_b, mask, cfg: MLAConfig) -> 
     return torch.einsum("bnts,bsnv->btnv", probs, values)
 
 
-def mla_attend_absorbed(q_nope, q_pe, latent, k_pe, kv_b, mask, cfg: MLAConfig) -> torch.Tensor:
-    """Weight-absorbed MLA (decode form): q̃ = W_UKᵀ q_nope attends over the latents as one shared
-    MQA head of dim Lkv+R, and W_UV is applied to the attended latent. Same shapes as the naive form."""
-    w_uk, w_uv = split_kv_b(kv_b.float(), cfg)
-    q_lat = torch.einsum("btnp,npl->btnl", q_nope.float(), w_uk)
-    scores = torch.einsum("btnl,bsl->bnts", q_lat, latent.float())
+def absorb_query(q_nope: torch.Tensor, w_uk: torch.Tensor) -> torch.Tensor:
+    """q̃_h = W_UK,hᵀ q_nope,h: q_nope [..., N, P], W_UK [N, P, Lkv] -> [..., N, Lkv] (fp32)."""
+    return torch.einsum("...np,npl->...nl", q_nope.float(), w_uk.float())
+
+
+def latent_attention(q_lat, q_pe, latent, k_pe, mask, scale: float) -> torch.Tensor:
+    """Attention of absorbed queries over the cached latents (one shared MQA head of dim Lkv + R whose
+    value is the latent): q_lat [B,T,N,Lkv], q_pe [B,T,N,R], latent [B,S,Lkv], k_pe [B,S,R], mask [B,T,S]
+    -> attended latent [B,T,N,Lkv] (fp32)."""
+    scores = torch.einsum("btnl,bsl->bnts", q_lat.float(), latent.float())
     scores = scores + torch.einsum("btnr,bsr->bnts", q_pe.float(), k_pe.float())
-    probs = attention_probs(scores * cfg.softmax_scale, mask)
-    o_lat = torch.einsum("bnts,bsl->btnl", probs, latent.float())
-    return torch.einsum("btnl,nvl->btnv", o_lat, w_uv)
+    probs = attention_probs(scores * scale, mask)
+    return torch.einsum("bnts,bsl->btnl", probs, latent.float())
+
+
+def unabsorb_output(o_lat: torch.Tensor, w_uv: torch.Tensor) -> torch.Tensor:
+    """o_h = W_UV,h ō_h: o_lat [..., N, Lkv], W_UV [N, V, Lkv] -> [..., N, V] (fp32)."""
+    return torch.einsum("...nl,nvl->...nv", o_lat.float(), w_uv.float())
+
+
+def mla_attend_absorbed(q_nope, q_pe, latent, k_pe, kv_b, mask, cfg: MLAConfig) -> torch.Tensor:
+    """Weight-absorbed MLA (decode form): absorb W_UK into the query, attend over the latents, apply
+    W_UV after. Same shapes and result as the naive form."""
+    w_uk, w_uv = split_kv_b(kv_b, cfg)
+    o_lat = latent_attention(absorb_query(q_nope, w_uk), q_pe, latent, k_pe, mask, cfg.softmax_scale)
+    return unabsorb_output(o_lat, w_uv)
 
 
 class MLAAttention(nn.Module):

@@ -21,9 +21,13 @@ from nonstop.model.norms import RMSNorm
 from nonstop.weights import mxfp4
 
 
-def route(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, cfg: MoEConfig) -> tuple[torch.Tensor, torch.Tensor]:
-    """x [N, d], router weight [E, d], correction bias [E] -> (weights [N, k] fp32, expert ids [N, k])."""
-    logits = x.float() @ weight.float().t()
+def router_logits(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    """fp32 router logits: x [N, d], weight [E, d] -> [N, E]."""
+    return x.float() @ weight.float().t()
+
+
+def select_experts(logits: torch.Tensor, bias: torch.Tensor | None, cfg: MoEConfig) -> tuple[torch.Tensor, torch.Tensor]:
+    """logits [N, E] fp32, correction bias [E] -> (weights [N, k] fp32, expert ids [N, k])."""
     scores = torch.sigmoid(logits) if cfg.scoring == "sigmoid" else torch.softmax(logits, dim=-1)
     choice = scores if bias is None else scores + bias.float()
     if cfg.num_groups > 1:
@@ -38,6 +42,11 @@ def route(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, cfg:
     if cfg.renormalize:
         weights = weights / (weights.sum(-1, keepdim=True) + 1e-20)
     return weights * cfg.routed_scaling_factor, ids
+
+
+def route(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, cfg: MoEConfig) -> tuple[torch.Tensor, torch.Tensor]:
+    """x [N, d], router weight [E, d], correction bias [E] -> (weights [N, k] fp32, expert ids [N, k])."""
+    return select_experts(router_logits(x, weight), bias, cfg)
 
 
 class RoutedExperts(nn.Module):

@@ -1,0 +1,83 @@
+"""Check one super-op kind's Triton kernel against its plain-torch twin inside a real decode step.
+
+A tiny random model (odd shapes) prefills a few sequences of different lengths, then runs one step of
+B sequences × T tokens through the Program with the twins. Right before every op of the requested
+kind, the whole step state (activation buffers, caches, recurrent state) is cloned; the twin runs on
+one copy and the kernel on the other, whose outputs (non-accumulating writes and the cache rows the
+step appends) are first poisoned with NaN. All written buffers and all cache/state tensors must agree.
+"""
+
+from __future__ import annotations
+
+import copy
+
+import torch
+
+from nonstop.cache.state import ModelCache
+from nonstop.config import ModelConfig
+from nonstop.model.build import random_model
+from nonstop.program.lower import lower
+from nonstop.program.reference import REFERENCE, StepEnv
+
+
+def _clone_env(env: StepEnv) -> StepEnv:
+    return StepEnv({k: v.clone() for k, v in env.buf.items()}, copy.deepcopy(env.cache), env.batch)
+
+
+def _poison(op, env: StepEnv) -> None:
+    for name in op.writes:
+        if not op.attrs.get("accumulate", False) and env.buf[name].dtype.is_floating_point:
+            env.buf[name].fill_(float("nan"))
+    layer = op.attrs.get("cache_layer")
+    if layer is not None and hasattr(env.cache.layers[layer], "tensors"):
+        cache = env.cache.layers[layer]
+        cache._fit_pool()
+        rows = cache.pages.rows(env.batch.slots, env.batch.positions)
+        for t in cache.tensors.values():
+            t[rows] = float("nan")
+
+
+def _state_tensors(env: StepEnv) -> dict[str, torch.Tensor]:
+    out = {}
+    for i, layer in enumerate(env.cache.layers):
+        if hasattr(layer, "tensors"):
+            for k in layer.tensors:
+                out[f"L{i}.{k}"] = layer.read(env.batch, k)  # every row's tokens 0..end-1, through the page table
+        else:
+            out[f"L{i}.recurrent"] = layer.recurrent
+            out[f"L{i}.conv"] = layer.conv
+    return out
+
+
+def check_kernel(kind: str, raw_config: dict, kernel, dtype=torch.float32, B: int = 2, T: int = 1, prompt_lens=(5, 3, 7), seed: int = 0, rtol=None, atol=None, device="cpu") -> int:
+    """Run the comparison; returns how many ops of ``kind`` were checked (asserts on mismatch)."""
+    cfg = ModelConfig.from_hf_dict(raw_config)
+    model = random_model(cfg, dtype, device=device, seed=seed)
+    program = lower(model)
+    gen = torch.Generator().manual_seed(seed + 1)
+    cache = ModelCache(cfg, num_slots=len(prompt_lens) + 1, capacity=4, dtype=dtype, device=device)
+    for slot, n in enumerate(prompt_lens):  # realistic caches and states, via the reference model
+        ids = torch.randint(0, cfg.vocab_size, (1, n), generator=gen).to(device)
+        batch = cache.batch([slot], n)
+        model(ids, cache, batch)
+        cache.advance(batch)
+    slots = list(range(B - 1)) + [len(prompt_lens)]  # the last row starts a fresh sequence (start == 0)
+    batch = cache.batch(slots, T)
+    env = StepEnv(program.allocate(B * T, device), cache, batch)
+    env.buf["ids"].copy_(torch.randint(0, cfg.vocab_size, (B * T,), generator=gen))
+    tol = {"rtol": rtol, "atol": atol} if rtol is not None else ({"rtol": 2e-4, "atol": 2e-5} if dtype == torch.float32 else {"rtol": 2e-2, "atol": 2e-2})
+    checked = 0
+    for op in program.ops:
+        if op.kind == kind:
+            want, got = _clone_env(env), _clone_env(env)
+            REFERENCE[kind](op, want)
+            _poison(op, got)
+            kernel(op, got)
+            for name in op.writes:
+                torch.testing.assert_close(got.buf[name].float(), want.buf[name].float(), **tol, msg=lambda m: f"{op.name} -> {name}: {m}")
+            for name, t in _state_tensors(want).items():
+                torch.testing.assert_close(_state_tensors(got)[name].float(), t.float(), **tol, msg=lambda m: f"{op.name} state {name}: {m}")
+            checked += 1
+        REFERENCE[op.kind](op, env)
+    assert checked > 0, f"the config has no {kind} op"
+    return checked
