@@ -73,7 +73,7 @@ class _TokenCache:
         """Token rows in the pool (all slots together)."""
         return next(iter(self.tensors.values())).shape[0]
 
-    def _fit_pool(self) -> None:
+    def fit_pool(self) -> None:
         """Grow the pool tensors to the page table's page count (existing rows keep their place)."""
         rows = self.pages.num_pages * self.pages.page_size
         for k, t in self.tensors.items():
@@ -85,7 +85,7 @@ class _TokenCache:
     def write(self, batch: StepBatch, **values: torch.Tensor) -> None:
         """Store values[name] [B, T, ...] at positions start..start+T-1 of each row's slot."""
         self.pages.reserve_rows(batch.slots, batch.end)
-        self._fit_pool()
+        self.fit_pool()
         rows = self.pages.rows(batch.slots, batch.positions)
         for k, v in values.items():
             self.tensors[k][rows] = v.to(self.dtype)
@@ -99,7 +99,7 @@ class _TokenCache:
     def copy_slot(self, src: int, dst: int, length: int) -> None:
         """Copy tokens 0..length-1 of ``src`` into ``dst`` (whose pages the caller has released)."""
         self.pages.reserve(dst, length)
-        self._fit_pool()
+        self.fit_pool()
         positions = torch.arange(length, device=self.pages.table.device)[None, :]
         src_rows = self.pages.rows(torch.tensor([src]), positions)[0]
         dst_rows = self.pages.rows(torch.tensor([dst]), positions)[0]

@@ -31,7 +31,7 @@ def _poison(op, env: StepEnv) -> None:
     layer = op.attrs.get("cache_layer")
     if layer is not None and hasattr(env.cache.layers[layer], "tensors"):
         cache = env.cache.layers[layer]
-        cache._fit_pool()
+        cache.fit_pool()
         rows = cache.pages.rows(env.batch.slots, env.batch.positions)
         for t in cache.tensors.values():
             t[rows] = float("nan")
