@@ -164,6 +164,7 @@ class KDAAttention(nn.Module):
         self.o_norm = GatedRMSNorm(D, eps)
         self.o_proj = Linear(C, hidden)
         self.chunked: bool | None = None  # None: chunked for prefill (T > 1), recurrent for decode
+        self.chunk_size = 32  # chunked form's block length: same result; cost and memory per token grow with it
 
     def conv_weights(self) -> list[torch.Tensor]:
         return [w.squeeze(1) for w in (self.q_conv1d, self.k_conv1d, self.v_conv1d)]
@@ -208,8 +209,10 @@ class KDAAttention(nn.Module):
         g = self.gate(x)
         beta = torch.sigmoid(self.b_proj(x).float())
         chunked = self.chunked if self.chunked is not None else T > 1
-        core = kda_chunked if chunked else kda_recurrent
-        o, final = core(q, k, v, g, beta, recurrent)
+        if chunked:
+            o, final = kda_chunked(q, k, v, g, beta, recurrent, self.chunk_size)
+        else:
+            o, final = kda_recurrent(q, k, v, g, beta, recurrent)
         if state is not None:
             state.conv[batch.slots] = new_windows.to(state.conv.dtype)
             state.recurrent[batch.slots] = final
