@@ -4,7 +4,7 @@ A tiny random model (odd shapes) prefills a few sequences of different lengths, 
 B sequences × T tokens through the Program with the twins. Right before every op of the requested
 kind, the whole step state (activation buffers, caches, recurrent state) is cloned; the twin runs on
 one copy and the kernel on the other, whose outputs (non-accumulating writes and the cache rows the
-step appends) are first poisoned with NaN. All written buffers and all cache/state tensors must agree.
+step appends, when the twin writes them) are first poisoned with NaN. All written buffers and all cache/state tensors must agree.
 """
 
 from __future__ import annotations
@@ -24,14 +24,29 @@ def _clone_env(env: StepEnv) -> StepEnv:
     return StepEnv({k: v.clone() for k, v in env.buf.items()}, copy.deepcopy(env.cache), env.batch)
 
 
-def _poison(op, env: StepEnv) -> None:
+def _step_cache_rows(op, env: StepEnv) -> dict[str, torch.Tensor] | None:
+    """The pool rows this step's tokens occupy in the op's token cache: {tensor name: rows [B·T, ...]}."""
+    layer = op.attrs.get("cache_layer")
+    if layer is None or not hasattr(env.cache.layers[layer], "tensors"):
+        return None
+    cache = env.cache.layers[layer]
+    cache.fit_pool()
+    rows = cache.pages.rows(env.batch.slots, env.batch.positions)
+    return {k: t[rows] for k, t in cache.tensors.items()}
+
+
+def _writes_cache(op, before: StepEnv, after: StepEnv) -> bool:
+    """True if the twin changed the step's cache rows (an appending op, not a reader such as *_attn)."""
+    old, new = _step_cache_rows(op, before), _step_cache_rows(op, after)
+    return old is not None and any(not torch.equal(old[k].nan_to_num(), new[k].nan_to_num()) for k in old)
+
+
+def _poison(op, env: StepEnv, cache_rows: bool) -> None:
     for name in op.writes:
         if not op.attrs.get("accumulate", False) and env.buf[name].dtype.is_floating_point:
             env.buf[name].fill_(float("nan"))
-    layer = op.attrs.get("cache_layer")
-    if layer is not None and hasattr(env.cache.layers[layer], "tensors"):
-        cache = env.cache.layers[layer]
-        cache.fit_pool()
+    if cache_rows:
+        cache = env.cache.layers[op.attrs["cache_layer"]]
         rows = cache.pages.rows(env.batch.slots, env.batch.positions)
         for t in cache.tensors.values():
             t[rows] = float("nan")
@@ -71,7 +86,7 @@ def check_kernel(kind: str, raw_config: dict, kernel, dtype=torch.float32, B: in
         if op.kind == kind:
             want, got = _clone_env(env), _clone_env(env)
             REFERENCE[kind](op, want)
-            _poison(op, got)
+            _poison(op, got, cache_rows=_writes_cache(op, got, want))
             kernel(op, got)
             for name in op.writes:
                 torch.testing.assert_close(got.buf[name].float(), want.buf[name].float(), **tol, msg=lambda m: f"{op.name} -> {name}: {m}")
