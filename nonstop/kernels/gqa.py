@@ -1,0 +1,261 @@
+"""GQA super-ops (Llama: packed q|k|v with optional bias, NeoX or GPT-J RoPE incl. llama3 scaling).
+
+Twins: ``gqa_qkv_rope`` and ``gqa_attn`` in ``nonstop/program/reference.py``. Per row, H query heads
+and Hkv key/value heads of dim D, G = H / Hkv query heads per group:
+
+gqa_qkv_rope  [q | k | v] = W_qkv RMSNorm(x) (+ b); RoPE on q and k (pairs (i, i + D/2) or (2i, 2i+1));
+              k, v appended to the paged cache at the row's position; writes q [H·D]
+gqa_attn      o_h = Σ_j softmax_j(D^-½ q_h · k_j) v_j over keys j <= the row's position, k/v of the
+              head's group                                                              o [H·D]
+
+Tile functions: ``gqa_qkv_rope_tile``, ``gqa_attn_split_tile``, ``gqa_attn_combine_tile``.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from nonstop.kernels.attn_tiles import (
+    INTERPRET,
+    choose_split,
+    dot_precision,
+    gemv_rows,
+    merge_splits,
+    mm,
+    online_softmax_step,
+    pool_rows,
+    pow2,
+    rope_pair_channels,
+    rope_rotate,
+    row_positions,
+    row_rstd,
+    store_partial,
+    workspace,
+)
+
+ON_GPU_BLOCK_K = 256
+PAIRS_PER_TILE = 16  # RoPE pairs per qkv tile: 2·16 output channels of one head
+ATTN_BLOCK_M = 64  # max query (row, head) items of one KV group per split tile
+ATTN_BLOCK_S = 64
+NUM_STAGES = 3
+
+# ----------------------------------------------------------------------------- gqa_qkv_rope
+
+
+@triton.jit
+def gqa_qkv_rope_tile(tile, x_ptr, x_stride, norm_ptr, w_ptr, w_stride, bias_ptr, inv_freq_ptr, magnitude,
+                      q_ptr, q_stride, k_ptr, v_ptr, kv_stride,
+                      slots_ptr, start_ptr, table_ptr, table_stride, page_size,
+                      R, T, K, H, HKV, D, eps,
+                      HAS_NORM: tl.constexpr, HAS_BIAS: tl.constexpr, INTERLEAVED: tl.constexpr,
+                      BLOCK_R: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_K: tl.constexpr,
+                      NUM_STAGES: tl.constexpr, DOT_F32: tl.constexpr, PREC: tl.constexpr):
+    """Tile (j, pb) = (tile // PB, tile % PB), PB = cdiv(D/2, BLOCK_P): RoPE pairs [pb·BLOCK_P, +BLOCK_P) of
+    packed head j (q heads 0..H-1, then k heads, then v heads), for all R rows. Both channels of each pair
+    are projected here, so the rotation needs nothing from other tiles (v heads are not rotated). q goes to
+    the q buffer, k and v to the cache rows of the rows' positions. Tiles: (H + 2·Hkv)·PB."""
+    DT: tl.constexpr = w_ptr.dtype.element_ty
+    HALF = D // 2
+    n_pb = tl.cdiv(HALF, BLOCK_P)
+    j = tile // n_pb
+    i = tile % n_pb * BLOCK_P + tl.arange(0, BLOCK_P)
+    imask = i < HALF
+    first, second = rope_pair_channels(i, HALF, INTERLEAVED)
+    rows = tl.arange(0, BLOCK_R)
+    rmask = rows < R
+    rstd = tl.zeros([BLOCK_R], dtype=tl.float32) + 1.0
+    if HAS_NORM:
+        rstd = row_rstd(x_ptr, x_stride, R, K, eps, BLOCK_R, BLOCK_K)
+    base = j * D
+    a = gemv_rows(x_ptr, x_stride, R, K, rstd, norm_ptr, w_ptr, w_stride, base + first, imask, HAS_NORM, BLOCK_R, BLOCK_K, NUM_STAGES, DOT_F32, PREC)
+    b = gemv_rows(x_ptr, x_stride, R, K, rstd, norm_ptr, w_ptr, w_stride, base + second, imask, HAS_NORM, BLOCK_R, BLOCK_K, NUM_STAGES, DOT_F32, PREC)
+    if HAS_BIAS:
+        a += tl.load(bias_ptr + base + first, mask=imask, other=0.0).to(tl.float32)[None, :]
+        b += tl.load(bias_ptr + base + second, mask=imask, other=0.0).to(tl.float32)[None, :]
+    a = a.to(DT)
+    b = b.to(DT)
+    pos = row_positions(start_ptr, rows, T, rmask)
+    if j < H + HKV:
+        ra, rb = rope_rotate(a.to(tl.float32), b.to(tl.float32), pos, inv_freq_ptr, i, imask, magnitude)
+        a = ra.to(DT)
+        b = rb.to(DT)
+    mask = rmask[:, None] & imask[None, :]
+    if j < H:
+        out = q_ptr + rows[:, None] * q_stride + base
+        tl.store(out + first[None, :], a, mask=mask)
+        tl.store(out + second[None, :], b, mask=mask)
+    else:
+        slot = tl.load(slots_ptr + rows // T, mask=rmask, other=0)
+        prow = pool_rows(table_ptr, table_stride, slot, pos, page_size, rmask)
+        g = (j - H) % HKV
+        dest = prow[:, None] * kv_stride + g * D
+        if j < H + HKV:
+            tl.store(k_ptr + dest + first[None, :], a, mask=mask)
+            tl.store(k_ptr + dest + second[None, :], b, mask=mask)
+        else:
+            tl.store(v_ptr + dest + first[None, :], a, mask=mask)
+            tl.store(v_ptr + dest + second[None, :], b, mask=mask)
+
+
+@triton.jit
+def _gqa_qkv_rope_kernel(x_ptr, x_stride, norm_ptr, w_ptr, w_stride, bias_ptr, inv_freq_ptr, magnitude,
+                         q_ptr, q_stride, k_ptr, v_ptr, kv_stride, slots_ptr, start_ptr, table_ptr, table_stride, page_size,
+                         R, T, K, H, HKV, D, eps,
+                         HAS_NORM: tl.constexpr, HAS_BIAS: tl.constexpr, INTERLEAVED: tl.constexpr,
+                         BLOCK_R: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_K: tl.constexpr,
+                         NUM_STAGES: tl.constexpr, DOT_F32: tl.constexpr, PREC: tl.constexpr):
+    gqa_qkv_rope_tile(tl.program_id(0), x_ptr, x_stride, norm_ptr, w_ptr, w_stride, bias_ptr, inv_freq_ptr, magnitude,
+                      q_ptr, q_stride, k_ptr, v_ptr, kv_stride, slots_ptr, start_ptr, table_ptr, table_stride, page_size,
+                      R, T, K, H, HKV, D, eps, HAS_NORM, HAS_BIAS, INTERLEAVED, BLOCK_R, BLOCK_P, BLOCK_K, NUM_STAGES, DOT_F32, PREC)
+
+
+def gqa_qkv_rope(op, env) -> None:
+    a = op.attrs
+    H, HKV, D = a["heads"], a["kv_heads"], a["head_dim"]
+    x, q = env.buf[op.reads[0]], env.buf[op.writes[0]]
+    w = op.weights["w_qkv"]
+    norm, bias = op.weights.get("norm"), op.weights.get("b_qkv")
+    layer = env.cache.layers[a["cache_layer"]]
+    layer.fit_pool()
+    k_pool, v_pool = layer.tensors["k"], layer.tensors["v"]
+    pages = layer.pages
+    R, K = x.shape
+    block_p = min(PAIRS_PER_TILE, pow2(D // 2))
+    block_k = min(ON_GPU_BLOCK_K, pow2(K)) if x.is_cuda else pow2(K)
+    grid = ((H + 2 * HKV) * triton.cdiv(D // 2, block_p),)
+    _gqa_qkv_rope_kernel[grid](x, x.stride(0), norm if norm is not None else w, w, w.stride(0), bias if bias is not None else w,
+                               op.weights["inv_freq"], float(a["rope_magnitude"]),
+                               q, q.stride(0), k_pool, v_pool, k_pool.stride(0),
+                               env.batch.slots, env.batch.start, pages.table, pages.table.stride(0), pages.page_size,
+                               R, env.T, K, H, HKV, D, a["eps"],
+                               HAS_NORM=norm is not None, HAS_BIAS=bias is not None, INTERLEAVED=bool(a["interleaved"]),
+                               BLOCK_R=pow2(R), BLOCK_P=block_p, BLOCK_K=block_k, NUM_STAGES=NUM_STAGES,
+                               DOT_F32=INTERPRET, PREC=dot_precision(w.dtype), num_warps=4)
+
+
+# ----------------------------------------------------------------------------- gqa_attn
+
+
+@triton.jit
+def gqa_attn_split_tile(tile, q_ptr, k_ptr, v_ptr, kv_stride, slots_ptr, start_ptr, table_ptr, table_stride, page_size,
+                        ml_ptr, acc_ptr, out_ptr, T, H, HKV, D, scale, SPLIT, NS, MB,
+                        BLOCK_M: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_D: tl.constexpr,
+                        NUM_STAGES: tl.constexpr, DOT_F32: tl.constexpr, PREC: tl.constexpr):
+    """Tile (b, g, mb, split) = (tile // (HKV·MB·NS), tile // (MB·NS) % HKV, tile // NS % MB, tile % NS): the
+    query items m = t·G + i (head g·G + i of row b·T + t) of block mb, over keys [split·SPLIT, +SPLIT) ∩
+    [0, end_b); each K/V tile of group g is loaded once for all of them. A sequence whose keys fit one split
+    writes its output o [R, H·D] directly; otherwise the tile writes its partial and returns 1 when it
+    did so (its caller counts it), else 0. Splits past end_b do nothing. Tiles: B·Hkv·MB·NS."""
+    DT: tl.constexpr = k_ptr.dtype.element_ty
+    G = H // HKV
+    b = tile // (HKV * MB * NS)
+    g = tile // (MB * NS) % HKV
+    mb = tile // NS % MB
+    split = tile % NS
+    slot = tl.load(slots_ptr + b)
+    start = tl.load(start_ptr + b)
+    end = start + T
+    s_begin = split * SPLIT
+    wrote_partial = tl.full([], 0, tl.int32)
+    if s_begin < end:
+        m = mb * BLOCK_M + tl.arange(0, BLOCK_M)
+        mmask = m < T * G
+        row = b * T + m // G
+        head = g * G + m % G
+        items = row * H + head
+        pos = start + m // G
+        d = tl.arange(0, BLOCK_D)
+        dmask = d < D
+        q = tl.load(q_ptr + items[:, None].to(tl.int64) * D + d[None, :], mask=mmask[:, None] & dmask[None, :], other=0.0)
+        mx = tl.zeros([BLOCK_M], dtype=tl.float32) - 1.0e30
+        den = tl.zeros([BLOCK_M], dtype=tl.float32)
+        acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
+        s_end = tl.minimum(s_begin + SPLIT, end)
+        for s0 in tl.range(s_begin, s_end, BLOCK_S, num_stages=NUM_STAGES):
+            s = s0 + tl.arange(0, BLOCK_S)
+            smask = s < s_end
+            kv_off = pool_rows(table_ptr, table_stride, slot, s, page_size, smask)[:, None] * kv_stride + g * D + d[None, :]
+            kv_mask = smask[:, None] & dmask[None, :]
+            k = tl.load(k_ptr + kv_off, mask=kv_mask, other=0.0)
+            v = tl.load(v_ptr + kv_off, mask=kv_mask, other=0.0)
+            scores = mm(q, tl.trans(k), DOT_F32, PREC) * scale
+            visible = (s[None, :] <= pos[:, None]) & smask[None, :]
+            p, mx, den, acc = online_softmax_step(scores, visible, mx, den, acc)
+            acc += mm(p.to(DT), v, DOT_F32, PREC)
+        if end <= SPLIT:
+            o = acc / tl.where(den > 0, den, 1.0)[:, None]
+            tl.store(out_ptr + items[:, None].to(tl.int64) * D + d[None, :], o.to(DT), mask=mmask[:, None] & dmask[None, :])
+        else:
+            store_partial(ml_ptr, acc_ptr, items, mmask, split, NS, D, mx, den, acc, BLOCK_D)
+            wrote_partial = tl.full([], 1, tl.int32)
+    return wrote_partial
+
+
+@triton.jit
+def gqa_attn_combine_tile(tile, ml_ptr, acc_ptr, start_ptr, out_ptr, T, H, HKV, D, SPLIT, NS, MB,
+                          BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr):
+    """Tile (b, g, mb) = (tile // (HKV·MB), tile // MB % HKV, tile % MB): merge the splits of the block's
+    query items (each over the splits holding keys 0..its position) into o [R, H·D]. Needs every split
+    tile of (b, g, mb) done."""
+    DT: tl.constexpr = out_ptr.dtype.element_ty
+    G = H // HKV
+    b = tile // (HKV * MB)
+    g = tile // MB % HKV
+    mb = tile % MB
+    m = mb * BLOCK_M + tl.arange(0, BLOCK_M)
+    mmask = m < T * G
+    items = (b * T + m // G) * H + g * G + m % G
+    pos = tl.load(start_ptr + b) + m // G
+    o = merge_splits(ml_ptr, acc_ptr, items, tl.where(mmask, pos // SPLIT + 1, 0), NS, D, BLOCK_D)
+    d = tl.arange(0, BLOCK_D)
+    tl.store(out_ptr + items[:, None].to(tl.int64) * D + d[None, :], o.to(DT), mask=mmask[:, None] & (d < D)[None, :])
+
+
+@triton.jit
+def _gqa_attn_kernel(counters_ptr, q_ptr, k_ptr, v_ptr, kv_stride, slots_ptr, start_ptr, table_ptr, table_stride, page_size,
+                     ml_ptr, acc_ptr, out_ptr, T, H, HKV, D, scale, SPLIT, NS, MB,
+                     BLOCK_M: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_D: tl.constexpr,
+                     NUM_STAGES: tl.constexpr, DOT_F32: tl.constexpr, PREC: tl.constexpr):
+    """Split tiles; the last split of (b, g, mb) to finish (counter per (b, g, mb), acq_rel) merges them and
+    resets its counter to zero. Nobody waits."""
+    tile = tl.program_id(0)
+    if gqa_attn_split_tile(tile, q_ptr, k_ptr, v_ptr, kv_stride, slots_ptr, start_ptr, table_ptr, table_stride, page_size,
+                           ml_ptr, acc_ptr, out_ptr, T, H, HKV, D, scale, SPLIT, NS, MB,
+                           BLOCK_M, BLOCK_S, BLOCK_D, NUM_STAGES, DOT_F32, PREC) != 0:
+        group = tile // NS
+        b = group // (HKV * MB)
+        splits = tl.cdiv(tl.load(start_ptr + b) + T, SPLIT)
+        tl.debug_barrier()
+        if tl.atomic_add(counters_ptr + group, 1, sem="acq_rel") == splits - 1:
+            tl.debug_barrier()
+            gqa_attn_combine_tile(group, ml_ptr, acc_ptr, start_ptr, out_ptr, T, H, HKV, D, SPLIT, NS, MB, BLOCK_M, BLOCK_D)
+            tl.atomic_xchg(counters_ptr + group, 0)
+
+
+def gqa_attn(op, env, split_tokens: int | None = None) -> None:
+    """Launch gqa_attn once; ``split_tokens`` fixes the KV split length (default: sized to fill the GPU)."""
+    a = op.attrs
+    H, HKV, D = a["heads"], a["kv_heads"], a["head_dim"]
+    q, out = env.buf[op.reads[0]], env.buf[op.writes[0]]
+    layer = env.cache.layers[a["cache_layer"]]
+    k_pool, v_pool = layer.tensors["k"], layer.tensors["v"]
+    pages = layer.pages
+    R, T, B = q.shape[0], env.T, env.B
+    G = H // HKV
+    block_m = min(ATTN_BLOCK_M, pow2(T * G))
+    block_s = ATTN_BLOCK_S if q.is_cuda else 16
+    mb = triton.cdiv(T * G, block_m)
+    context_bound = pages.table.shape[1] * pages.page_size  # >= every row's end; no device sync
+    split, ns = choose_split(context_bound, B * HKV * mb, block_s, q.device, split_tokens, min_split=128)
+    ml = workspace("gqa_attn.ml", R * H * ns * 2, torch.float32, q.device)
+    acc = workspace("gqa_attn.acc", R * H * ns * D, torch.float32, q.device)
+    counters = workspace("gqa_attn.counters", B * HKV * mb, torch.int32, q.device, zero=True)
+    _gqa_attn_kernel[(B * HKV * mb * ns,)](
+        counters, q, k_pool, v_pool, k_pool.stride(0), env.batch.slots, env.batch.start, pages.table, pages.table.stride(0), pages.page_size,
+        ml, acc, out, T, H, HKV, D, D**-0.5, split, ns, mb,
+        BLOCK_M=block_m, BLOCK_S=block_s, BLOCK_D=pow2(D), NUM_STAGES=2, DOT_F32=INTERPRET, PREC=dot_precision(k_pool.dtype), num_warps=4)
+
+
+KERNELS = {"gqa_qkv_rope": gqa_qkv_rope, "gqa_attn": gqa_attn}
