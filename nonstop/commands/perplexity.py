@@ -1,0 +1,53 @@
+"""``nonstop perplexity``: score a text file with a model (token count, mean NLL, perplexity)."""
+
+from __future__ import annotations
+
+import sys
+import time
+from pathlib import Path
+
+from nonstop.commands.common import add_model_args, positive_int
+
+
+def add_parser(sub) -> None:
+    p = sub.add_parser(
+        "perplexity",
+        help="perplexity of a text file under a model",
+        description="Tokenize FILE with the model's tokenizer and score it in windows of --context tokens (whole-window forwards, "
+        "no cache; consecutive windows share one token so every token after the first is predicted once). Prints the token "
+        "count, the mean negative log-likelihood in nats and a last line 'perplexity: X'.",
+    )
+    p.add_argument("file", help="UTF-8 text file to score")
+    add_model_args(p, backend=False)
+    p.add_argument("--max-tokens", type=positive_int, default=None, help="score at most this many tokens (default: the whole file)")
+    p.add_argument("--context", type=positive_int, default=512, help="tokens per scoring window (default 512)")
+    p.add_argument("--batch-size", type=positive_int, default=4, help="windows per forward (default 4)")
+    p.set_defaults(run=run)
+
+
+def run(args) -> int:
+    import torch
+
+    from nonstop.engine.llm import LLM
+    from nonstop.engine.perplexity import score_token_ids
+
+    path = Path(args.file)
+    if not path.is_file():
+        raise FileNotFoundError(f"{path}: no such file" if not path.exists() else f"{path}: not a regular file")
+    try:
+        text = path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as exc:
+        raise ValueError(f"{path}: not UTF-8 text ({exc.reason} at byte {exc.start})") from None
+    llm = LLM(args.model, dtype=args.dtype, device=args.device)
+    ids = llm.tokenizer.encode(text)
+    t0 = time.perf_counter()
+    with torch.inference_mode():
+        result = score_token_ids(llm.model, ids, context=args.context, batch_size=args.batch_size, max_tokens=args.max_tokens, device=llm.device)
+    seconds = time.perf_counter() - t0
+    print(f"model: {llm.name}")
+    print(f"file: {path} ({len(ids)} tokens{f', scored the first {result.tokens + 1}' if result.tokens + 1 < len(ids) else ''})")
+    print(f"tokens scored: {result.tokens}")
+    print(f"mean NLL: {result.mean_nll:.4f} nats/token")
+    print(f"[{result.tokens / max(seconds, 1e-9):.0f} tokens/s, context {args.context}]", file=sys.stderr)
+    print(f"perplexity: {result.perplexity:.3f}")
+    return 0

@@ -1,0 +1,68 @@
+"""Perplexity of a token sequence under a model: whole-window forwards, no cache.
+
+The ids x_0 .. x_N are cut into windows of ``context + 1`` ids that overlap by one id, so that
+every id after the first is predicted exactly once, from the ids before it in its window:
+  window k = x[k·C .. k·C + C],  NLL_k = Σ_t -log p(x_{k·C+t+1} | x_{k·C} .. x_{k·C+t}),  t = 0..C-1
+  mean NLL = Σ_k NLL_k / N   (nats),   perplexity = exp(mean NLL).
+Full windows run ``batch_size`` at a time; the shorter last window runs alone.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+
+@dataclass(frozen=True)
+class PerplexityResult:
+    tokens: int  # ids scored (all but the first)
+    total_nll: float  # nats
+
+    @property
+    def mean_nll(self) -> float:
+        return self.total_nll / self.tokens
+
+    @property
+    def perplexity(self) -> float:
+        return math.exp(self.mean_nll)
+
+
+def _windows(ids: torch.Tensor, context: int) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """ids [N+1] -> (full windows [W, C+1], last partial window [1, L] or None)."""
+    n = ids.numel() - 1
+    full = n // context
+    idx = torch.arange(full)[:, None] * context + torch.arange(context + 1)[None, :]
+    rest = ids[full * context :]
+    return ids[idx], (rest[None] if rest.numel() > 1 else None)
+
+
+@torch.no_grad()
+def window_nll(model, windows: torch.Tensor) -> float:
+    """Σ -log p over windows [B, L] (targets windows[:, 1:]) with one cache-free forward (fp64 sum)."""
+    logits = model(windows[:, :-1])
+    nll = F.cross_entropy(logits.reshape(-1, logits.shape[-1]).float(), windows[:, 1:].reshape(-1), reduction="sum")
+    return float(nll.double())
+
+
+def score_token_ids(model, ids, context: int = 512, batch_size: int = 4, max_tokens: int | None = None, device=None) -> PerplexityResult:
+    """Perplexity of ``ids`` (a list or 1-D tensor of ≥ 2 ids) under ``model`` (a ``CausalLM``:
+    input_ids [B, T] -> logits [B, T, V]); at most ``max_tokens`` ids are scored."""
+    if context < 1:
+        raise ValueError(f"context must be positive, got {context}")
+    ids = torch.as_tensor(ids, dtype=torch.long).flatten()
+    if max_tokens is not None:
+        ids = ids[: max_tokens + 1]
+    if ids.numel() < 2:
+        raise ValueError(f"need at least 2 tokens to score, got {ids.numel()}")
+    if device is not None:
+        ids = ids.to(device)
+    full, last = _windows(ids.cpu(), context)
+    total = 0.0
+    for start in range(0, len(full), batch_size):
+        total += window_nll(model, full[start : start + batch_size].to(ids.device))
+    if last is not None:
+        total += window_nll(model, last.to(ids.device))
+    return PerplexityResult(tokens=ids.numel() - 1, total_nll=total)
