@@ -1,0 +1,69 @@
+"""The corpus as one stream of token ids, tokenized once and cached as a numpy file.
+
+Stream layout: for every document of ``train.txt`` / ``heldout.txt`` (see ``corpus.iter_documents``),
+``encode(text) + [eos_id]`` -- the ``<|eos|>`` separator line becomes the single EOS id; no BOS
+(the engine does not add one to prompts either). Ids are stored as uint16 (vocabularies < 65536).
+
+The cache file name carries a digest of the text file and of ``tokenizer.json``, so a new corpus or
+tokenizer is tokenized again and a stale cache is never read.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from pathlib import Path
+
+import numpy as np
+
+from nonstop.train.corpus import iter_documents
+from nonstop.train.tokenizer import EOS_TOKEN
+
+DEFAULT_CACHE_DIR = Path("build/tokens")
+
+
+def _digest(*paths: Path) -> str:
+    h = hashlib.sha256()
+    for path in paths:
+        h.update(Path(path).read_bytes())
+    return h.hexdigest()[:16]
+
+
+def load_tokenizer(tokenizer_dir: Path):
+    """The HF ``tokenizers.Tokenizer`` of ``tokenizer_dir/tokenizer.json``."""
+    from tokenizers import Tokenizer
+
+    path = Path(tokenizer_dir) / "tokenizer.json"
+    if not path.is_file():
+        raise FileNotFoundError(f"{path} not found; build it with `python -m nonstop.train.tokenizer`")
+    return Tokenizer.from_file(str(path))
+
+
+def encode_documents(text_path: Path, tokenizer) -> np.ndarray:
+    """Token ids [N] (uint16) of every document of ``text_path``, each followed by the EOS id."""
+    eos = tokenizer.token_to_id(EOS_TOKEN)
+    if eos is None:
+        raise ValueError(f"tokenizer has no {EOS_TOKEN} token")
+    if tokenizer.get_vocab_size() > np.iinfo(np.uint16).max:
+        raise ValueError("vocabulary too large for uint16 token ids")
+    documents = list(iter_documents(Path(text_path)))
+    encoded = tokenizer.encode_batch(documents, add_special_tokens=False)
+    pieces = [np.asarray(e.ids + [eos], dtype=np.uint16) for e in encoded]
+    return np.concatenate(pieces) if pieces else np.zeros(0, dtype=np.uint16)
+
+
+def cached_token_ids(text_path: Path, tokenizer_dir: Path, cache_dir: Path = DEFAULT_CACHE_DIR, log=None) -> np.ndarray:
+    """``encode_documents`` of ``text_path``, read from / written to ``cache_dir`` (``<stem>-<digest>.npy``)."""
+    text_path, tokenizer_dir, cache_dir = Path(text_path), Path(tokenizer_dir), Path(cache_dir)
+    if not text_path.is_file():
+        raise FileNotFoundError(f"{text_path} not found; build the corpus with `python -m nonstop.train.corpus`")
+    tokenizer_json = tokenizer_dir / "tokenizer.json"
+    tokenizer = load_tokenizer(tokenizer_dir)
+    cache = cache_dir / f"{text_path.stem}-{_digest(text_path, tokenizer_json)}.npy"
+    if cache.is_file():
+        return np.load(cache)
+    ids = encode_documents(text_path, tokenizer)
+    cache_dir.mkdir(parents=True, exist_ok=True)
+    np.save(cache, ids)
+    if log is not None:
+        log(f"tokenized {text_path} -> {len(ids):,} tokens, cached in {cache}")
+    return ids
