@@ -48,6 +48,6 @@ def run(args) -> int:
     print(f"file: {path} ({len(ids)} tokens{f', scored the first {result.tokens + 1}' if result.tokens + 1 < len(ids) else ''})")
     print(f"tokens scored: {result.tokens}")
     print(f"mean NLL: {result.mean_nll:.4f} nats/token")
-    print(f"[{result.tokens / max(seconds, 1e-9):.0f} tokens/s, context {args.context}]", file=sys.stderr)
-    print(f"perplexity: {result.perplexity:.3f}")
+    print(f"perplexity: {result.perplexity:.3f}", flush=True)
+    print(f"[{llm.name} | context {args.context} | {result.tokens / max(seconds, 1e-9):.0f} tokens/s]", file=sys.stderr)
     return 0
