@@ -24,6 +24,7 @@ from nonstop.model.kda import kda_gate_lower_bound, kda_gate_softplus, kda_recur
 from nonstop.model.mla import absorb_query, latent_attention, unabsorb_output
 from nonstop.model.moe import router_logits, routed_experts, select_experts
 from nonstop.model.norms import gated_rms_norm, l2_norm, rms_norm
+from nonstop.model.philox import gumbel_noise
 from nonstop.model.rope import apply_rope, rope_cos_sin
 from nonstop.program.ir import SuperOp
 
@@ -266,6 +267,29 @@ def moe_tail(op, env):
     emit(op, env, u)
 
 
+# ----------------------------------------------------------------------------- LM-head sampling (not lowered)
+
+
+def sample(op, env):
+    """next_ids[r] = argmax logits[r] when temperature[r] == 0, else the Gumbel-max draw
+    argmax_{i in K} (x_i + g_i), x = logits[r] / temperature[r], K = the finite entries of
+    ``filter_logits`` (top-k, then top-p on the renormalised top-k set) and g the Philox noise of
+    (seed[r], offset[r]) (``model/philox.gumbel_noise``): an exact draw from the filtered distribution."""
+    from nonstop.engine.sampling import filter_logits  # the sampler's definition of the filtered distribution
+
+    logits, temperature, top_k, top_p, seed, offset = (env.buf[n] for n in op.reads)
+    out = env.buf[op.writes[0]]
+    for r in range(logits.shape[0]):
+        row = logits[r].float().cpu()
+        t = float(temperature[r])
+        if t == 0:
+            out[r] = int(row.argmax())
+            continue
+        x = filter_logits(row, t, int(top_k[r]), float(top_p[r]))
+        noise = gumbel_noise(int(seed[r]), int(offset[r]), row.shape[0])
+        out[r] = int(torch.where(torch.isfinite(x), x + noise, float("-inf")).argmax())
+
+
 REFERENCE = {
     "embed": embed,
     "attnres_mix_norm": attnres_mix_norm,
@@ -282,4 +306,5 @@ REFERENCE = {
     "moe_front": moe_front,
     "moe_experts": moe_experts,
     "moe_tail": moe_tail,
+    "sample": sample,
 }
