@@ -24,7 +24,7 @@ import triton
 import triton.language as tl
 
 INTERPRET = os.environ.get("TRITON_INTERPRET", "0") == "1"
-NEG = -1.0e30  # "minus infinity" that keeps exp(NEG - NEG) finite
+NEG = tl.constexpr(-1.0e30)  # "minus infinity" that keeps exp(NEG - NEG) finite
 
 
 def pow2(n: int, lo: int = 16) -> int:
@@ -60,15 +60,17 @@ def workspace(name: str, numel: int, dtype: torch.dtype, device, zero: bool = Fa
     return t
 
 
-def choose_split(context_bound: int, programs_per_split: int, block_s: int, device, split_tokens: int | None = None, min_split: int = 256) -> tuple[int, int]:
+def choose_split(context_bound: int, programs_per_split: int, block_s: int, device, split_tokens: int | None = None,
+                 min_split: int = 256, programs_per_sm: int = 2) -> tuple[int, int]:
     """(tokens per KV split, number of splits NS) for keys 0..context_bound-1.
 
-    Without ``split_tokens``: enough splits to give about two programs per SM, but no split shorter
-    than ``min_split`` keys. The split length is a multiple of ``block_s``.
+    Without ``split_tokens``: enough splits to give about ``programs_per_sm`` programs per SM (there are
+    ``programs_per_split`` programs per split), but no split shorter than ``min_split`` keys. The split
+    length is a multiple of ``block_s``.
     """
     context_bound = max(1, context_bound)
     if split_tokens is None:
-        want = max(1, -(-2 * num_sms(device) // max(1, programs_per_split)))
+        want = max(1, -(-programs_per_sm * num_sms(device) // max(1, programs_per_split)))
         splits = max(1, min(want, context_bound // min_split))
         split_tokens = -(-context_bound // splits)
     split_tokens = -(-split_tokens // block_s) * block_s
@@ -158,15 +160,17 @@ def rope_rotate(a, b, pos, inv_freq_ptr, i, i_mask, magnitude):
 
 @triton.jit
 def row_positions(start_ptr, rows, T, rmask):
-    """Absolute positions start[r // T] + r % T of rows [BLOCK_R] (int64)."""
-    return tl.load(start_ptr + rows // T, mask=rmask, other=0) + rows % T
+    """Absolute positions start[r // T] + r % T of rows [BLOCK_R] (int32: position arithmetic stays 32-bit,
+    as 64-bit division compiles to subroutine calls that spill registers)."""
+    return tl.load(start_ptr + rows // T, mask=rmask, other=0).to(tl.int32) + rows % T
 
 
 @triton.jit
-def pool_rows(table_ptr, table_stride, slot, positions, page_size, mask):
-    """Pool rows table[slot, p // page_size] · page_size + p % page_size (int64); slot scalar or like positions."""
-    page = tl.load(table_ptr + slot * table_stride + positions // page_size, mask=mask, other=0)
-    return page * page_size + positions % page_size
+def pool_rows(table_ptr, table_stride, slot, positions, PAGE_SIZE: tl.constexpr, mask):
+    """Pool rows table[slot, p // PAGE_SIZE] · PAGE_SIZE + p % PAGE_SIZE (int64) of int32 positions;
+    slot scalar or shaped like positions."""
+    page = tl.load(table_ptr + slot * table_stride + positions // PAGE_SIZE, mask=mask, other=0)
+    return page * PAGE_SIZE + positions % PAGE_SIZE
 
 
 # ----------------------------------------------------------------------------- split-KV softmax

@@ -35,10 +35,11 @@ from nonstop.kernels.attn_tiles import (
     workspace,
 )
 
+# GPU block sizes, checked by compiling for sm_90 at Llama-3-8B shapes (D = 128):
 ON_GPU_BLOCK_K = 256
-PAIRS_PER_TILE = 16  # RoPE pairs per qkv tile: 2·16 output channels of one head
+PAIRS_PER_TILE = 16  # RoPE pairs per qkv tile: 2·16 output channels of one head (163 registers at 4 warps)
 ATTN_BLOCK_M = 64  # max query (row, head) items of one KV group per split tile
-ATTN_BLOCK_S = 64
+ATTN_BLOCK_S = 64  # keys per inner step (190 registers, no spills at 8 warps and BLOCK_M 16)
 NUM_STAGES = 3
 
 # ----------------------------------------------------------------------------- gqa_qkv_rope
@@ -47,7 +48,7 @@ NUM_STAGES = 3
 @triton.jit
 def gqa_qkv_rope_tile(tile, x_ptr, x_stride, norm_ptr, w_ptr, w_stride, bias_ptr, inv_freq_ptr, magnitude,
                       q_ptr, q_stride, k_ptr, v_ptr, kv_stride,
-                      slots_ptr, start_ptr, table_ptr, table_stride, page_size,
+                      slots_ptr, start_ptr, table_ptr, table_stride, PAGE_SIZE: tl.constexpr,
                       R, T, K, H, HKV, D, eps,
                       HAS_NORM: tl.constexpr, HAS_BIAS: tl.constexpr, INTERLEAVED: tl.constexpr,
                       BLOCK_R: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_K: tl.constexpr,
@@ -88,7 +89,7 @@ def gqa_qkv_rope_tile(tile, x_ptr, x_stride, norm_ptr, w_ptr, w_stride, bias_ptr
         tl.store(out + second[None, :], b, mask=mask)
     else:
         slot = tl.load(slots_ptr + rows // T, mask=rmask, other=0)
-        prow = pool_rows(table_ptr, table_stride, slot, pos, page_size, rmask)
+        prow = pool_rows(table_ptr, table_stride, slot, pos, PAGE_SIZE, rmask)
         g = (j - H) % HKV
         dest = prow[:, None] * kv_stride + g * D
         if j < H + HKV:
@@ -101,13 +102,13 @@ def gqa_qkv_rope_tile(tile, x_ptr, x_stride, norm_ptr, w_ptr, w_stride, bias_ptr
 
 @triton.jit
 def _gqa_qkv_rope_kernel(x_ptr, x_stride, norm_ptr, w_ptr, w_stride, bias_ptr, inv_freq_ptr, magnitude,
-                         q_ptr, q_stride, k_ptr, v_ptr, kv_stride, slots_ptr, start_ptr, table_ptr, table_stride, page_size,
+                         q_ptr, q_stride, k_ptr, v_ptr, kv_stride, slots_ptr, start_ptr, table_ptr, table_stride, PAGE_SIZE: tl.constexpr,
                          R, T, K, H, HKV, D, eps,
                          HAS_NORM: tl.constexpr, HAS_BIAS: tl.constexpr, INTERLEAVED: tl.constexpr,
                          BLOCK_R: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_K: tl.constexpr,
                          NUM_STAGES: tl.constexpr, DOT_F32: tl.constexpr, PREC: tl.constexpr):
     gqa_qkv_rope_tile(tl.program_id(0), x_ptr, x_stride, norm_ptr, w_ptr, w_stride, bias_ptr, inv_freq_ptr, magnitude,
-                      q_ptr, q_stride, k_ptr, v_ptr, kv_stride, slots_ptr, start_ptr, table_ptr, table_stride, page_size,
+                      q_ptr, q_stride, k_ptr, v_ptr, kv_stride, slots_ptr, start_ptr, table_ptr, table_stride, PAGE_SIZE,
                       R, T, K, H, HKV, D, eps, HAS_NORM, HAS_BIAS, INTERLEAVED, BLOCK_R, BLOCK_P, BLOCK_K, NUM_STAGES, DOT_F32, PREC)
 
 
@@ -139,7 +140,7 @@ def gqa_qkv_rope(op, env) -> None:
 
 
 @triton.jit
-def gqa_attn_split_tile(tile, q_ptr, k_ptr, v_ptr, kv_stride, slots_ptr, start_ptr, table_ptr, table_stride, page_size,
+def gqa_attn_split_tile(tile, q_ptr, k_ptr, v_ptr, kv_stride, slots_ptr, start_ptr, table_ptr, table_stride, PAGE_SIZE: tl.constexpr,
                         ml_ptr, acc_ptr, out_ptr, T, H, HKV, D, scale, SPLIT, NS, MB,
                         BLOCK_M: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_D: tl.constexpr,
                         NUM_STAGES: tl.constexpr, DOT_F32: tl.constexpr, PREC: tl.constexpr):
@@ -155,7 +156,7 @@ def gqa_attn_split_tile(tile, q_ptr, k_ptr, v_ptr, kv_stride, slots_ptr, start_p
     mb = tile // NS % MB
     split = tile % NS
     slot = tl.load(slots_ptr + b)
-    start = tl.load(start_ptr + b)
+    start = tl.load(start_ptr + b).to(tl.int32)
     end = start + T
     s_begin = split * SPLIT
     wrote_partial = tl.full([], 0, tl.int32)
@@ -176,7 +177,7 @@ def gqa_attn_split_tile(tile, q_ptr, k_ptr, v_ptr, kv_stride, slots_ptr, start_p
         for s0 in tl.range(s_begin, s_end, BLOCK_S, num_stages=NUM_STAGES):
             s = s0 + tl.arange(0, BLOCK_S)
             smask = s < s_end
-            kv_off = pool_rows(table_ptr, table_stride, slot, s, page_size, smask)[:, None] * kv_stride + g * D + d[None, :]
+            kv_off = pool_rows(table_ptr, table_stride, slot, s, PAGE_SIZE, smask)[:, None] * kv_stride + g * D + d[None, :]
             kv_mask = smask[:, None] & dmask[None, :]
             k = tl.load(k_ptr + kv_off, mask=kv_mask, other=0.0)
             v = tl.load(v_ptr + kv_off, mask=kv_mask, other=0.0)
@@ -207,26 +208,26 @@ def gqa_attn_combine_tile(tile, ml_ptr, acc_ptr, start_ptr, out_ptr, T, H, HKV, 
     m = mb * BLOCK_M + tl.arange(0, BLOCK_M)
     mmask = m < T * G
     items = (b * T + m // G) * H + g * G + m % G
-    pos = tl.load(start_ptr + b) + m // G
+    pos = tl.load(start_ptr + b).to(tl.int32) + m // G
     o = merge_splits(ml_ptr, acc_ptr, items, tl.where(mmask, pos // SPLIT + 1, 0), NS, D, BLOCK_D)
     d = tl.arange(0, BLOCK_D)
     tl.store(out_ptr + items[:, None].to(tl.int64) * D + d[None, :], o.to(DT), mask=mmask[:, None] & (d < D)[None, :])
 
 
 @triton.jit
-def _gqa_attn_kernel(counters_ptr, q_ptr, k_ptr, v_ptr, kv_stride, slots_ptr, start_ptr, table_ptr, table_stride, page_size,
+def _gqa_attn_kernel(counters_ptr, q_ptr, k_ptr, v_ptr, kv_stride, slots_ptr, start_ptr, table_ptr, table_stride, PAGE_SIZE: tl.constexpr,
                      ml_ptr, acc_ptr, out_ptr, T, H, HKV, D, scale, SPLIT, NS, MB,
                      BLOCK_M: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_D: tl.constexpr,
                      NUM_STAGES: tl.constexpr, DOT_F32: tl.constexpr, PREC: tl.constexpr):
     """Split tiles; the last split of (b, g, mb) to finish (counter per (b, g, mb), acq_rel) merges them and
     resets its counter to zero. Nobody waits."""
     tile = tl.program_id(0)
-    if gqa_attn_split_tile(tile, q_ptr, k_ptr, v_ptr, kv_stride, slots_ptr, start_ptr, table_ptr, table_stride, page_size,
+    if gqa_attn_split_tile(tile, q_ptr, k_ptr, v_ptr, kv_stride, slots_ptr, start_ptr, table_ptr, table_stride, PAGE_SIZE,
                            ml_ptr, acc_ptr, out_ptr, T, H, HKV, D, scale, SPLIT, NS, MB,
                            BLOCK_M, BLOCK_S, BLOCK_D, NUM_STAGES, DOT_F32, PREC) != 0:
         group = tile // NS
         b = group // (HKV * MB)
-        splits = tl.cdiv(tl.load(start_ptr + b) + T, SPLIT)
+        splits = tl.cdiv(tl.load(start_ptr + b).to(tl.int32) + T, SPLIT)
         tl.debug_barrier()
         if tl.atomic_add(counters_ptr + group, 1, sem="acq_rel") == splits - 1:
             tl.debug_barrier()
@@ -248,14 +249,15 @@ def gqa_attn(op, env, split_tokens: int | None = None) -> None:
     block_s = ATTN_BLOCK_S if q.is_cuda else 16
     mb = triton.cdiv(T * G, block_m)
     context_bound = pages.table.shape[1] * pages.page_size  # >= every row's end; no device sync
-    split, ns = choose_split(context_bound, B * HKV * mb, block_s, q.device, split_tokens, min_split=128)
+    # the split length depends on neither B nor T (row-exact: see mla_attn)
+    split, ns = choose_split(context_bound, HKV * triton.cdiv(G, min(ATTN_BLOCK_M, pow2(G))), block_s, q.device, split_tokens, min_split=128)
     ml = workspace("gqa_attn.ml", R * H * ns * 2, torch.float32, q.device)
     acc = workspace("gqa_attn.acc", R * H * ns * D, torch.float32, q.device)
     counters = workspace("gqa_attn.counters", B * HKV * mb, torch.int32, q.device, zero=True)
     _gqa_attn_kernel[(B * HKV * mb * ns,)](
         counters, q, k_pool, v_pool, k_pool.stride(0), env.batch.slots, env.batch.start, pages.table, pages.table.stride(0), pages.page_size,
         ml, acc, out, T, H, HKV, D, D**-0.5, split, ns, mb,
-        BLOCK_M=block_m, BLOCK_S=block_s, BLOCK_D=pow2(D), NUM_STAGES=2, DOT_F32=INTERPRET, PREC=dot_precision(k_pool.dtype), num_warps=4)
+        BLOCK_M=block_m, BLOCK_S=block_s, BLOCK_D=pow2(D), NUM_STAGES=2, DOT_F32=INTERPRET, PREC=dot_precision(k_pool.dtype), num_warps=8)
 
 
 KERNELS = {"gqa_qkv_rope": gqa_qkv_rope, "gqa_attn": gqa_attn}

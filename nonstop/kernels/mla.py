@@ -39,9 +39,11 @@ from nonstop.kernels.attn_tiles import (
     workspace,
 )
 
-ON_GPU_BLOCK_N = 32  # output rows per in-proj tile
+# GPU block sizes, checked by compiling for sm_90 at K3 shapes (registers without spills):
+ON_GPU_BLOCK_N = 32  # output rows per in-proj tile (202 registers at 4 warps)
 ON_GPU_BLOCK_K = 256
-ATTN_BLOCK_M = 32  # query (row, head) items per attention split tile
+Q_UP_BLOCK_K = 64  # q_up streams [128 + 2·32 head rows] x 64 columns per step (194 registers at 8 warps)
+ATTN_BLOCK_M = 32  # query (row, head) items per attention split tile (255 registers, no spills at 8 warps)
 ATTN_BLOCK_S = 32  # keys per inner step
 NUM_STAGES = 3
 
@@ -107,7 +109,7 @@ def mla_in_proj(op, env) -> None:
 def mla_q_up_tile(tile, q_in_ptr, q_in_stride, kv_ptr, kv_stride, q_norm_ptr, q_b_ptr, q_b_stride, kv_norm_ptr,
                   w_uk_ptr, uk_head_stride, uk_row_stride, inv_freq_ptr, magnitude,
                   q_lat_ptr, q_lat_stride, q_pe_ptr, q_pe_stride, latent_ptr, latent_stride,
-                  slots_ptr, start_ptr, table_ptr, table_stride, page_size,
+                  slots_ptr, start_ptr, table_ptr, table_stride, PAGE_SIZE: tl.constexpr,
                   R, T, N, P, RR, L, Q, eps,
                   Q_LORA: tl.constexpr, HAS_ROPE: tl.constexpr, INTERLEAVED: tl.constexpr,
                   BLOCK_R: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_HR: tl.constexpr, BLOCK_K: tl.constexpr,
@@ -170,7 +172,7 @@ def mla_q_up_tile(tile, q_in_ptr, q_in_stride, kv_ptr, kv_stride, q_norm_ptr, q_
             k_a = ra.to(DT)
             k_b = rb.to(DT)
         slot = tl.load(slots_ptr + rows // T, mask=rmask, other=0)
-        dest = latent_ptr + pool_rows(table_ptr, table_stride, slot, pos, page_size, rmask)[:, None] * latent_stride
+        dest = latent_ptr + pool_rows(table_ptr, table_stride, slot, pos, PAGE_SIZE, rmask)[:, None] * latent_stride
         tl.store(dest + lat[None, :], c, mask=mask)
         tl.store(dest + L + first[None, :], k_a.to(DT), mask=pe_mask)
         tl.store(dest + L + second[None, :], k_b.to(DT), mask=pe_mask)
@@ -180,7 +182,7 @@ def mla_q_up_tile(tile, q_in_ptr, q_in_stride, kv_ptr, kv_stride, q_norm_ptr, q_
 def _mla_q_up_kernel(q_in_ptr, q_in_stride, kv_ptr, kv_stride, q_norm_ptr, q_b_ptr, q_b_stride, kv_norm_ptr,
                      w_uk_ptr, uk_head_stride, uk_row_stride, inv_freq_ptr, magnitude,
                      q_lat_ptr, q_lat_stride, q_pe_ptr, q_pe_stride, latent_ptr, latent_stride,
-                     slots_ptr, start_ptr, table_ptr, table_stride, page_size,
+                     slots_ptr, start_ptr, table_ptr, table_stride, PAGE_SIZE: tl.constexpr,
                      R, T, N, P, RR, L, Q, eps,
                      Q_LORA: tl.constexpr, HAS_ROPE: tl.constexpr, INTERLEAVED: tl.constexpr,
                      BLOCK_R: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_HR: tl.constexpr, BLOCK_K: tl.constexpr,
@@ -189,7 +191,7 @@ def _mla_q_up_kernel(q_in_ptr, q_in_stride, kv_ptr, kv_stride, q_norm_ptr, q_b_p
     mla_q_up_tile(tl.program_id(0), q_in_ptr, q_in_stride, kv_ptr, kv_stride, q_norm_ptr, q_b_ptr, q_b_stride, kv_norm_ptr,
                   w_uk_ptr, uk_head_stride, uk_row_stride, inv_freq_ptr, magnitude,
                   q_lat_ptr, q_lat_stride, q_pe_ptr, q_pe_stride, latent_ptr, latent_stride,
-                  slots_ptr, start_ptr, table_ptr, table_stride, page_size, R, T, N, P, RR, L, Q, eps,
+                  slots_ptr, start_ptr, table_ptr, table_stride, PAGE_SIZE, R, T, N, P, RR, L, Q, eps,
                   Q_LORA, HAS_ROPE, INTERLEAVED, BLOCK_R, BLOCK_P, BLOCK_HR, BLOCK_K, BLOCK_LC, BLOCK_L,
                   NUM_STAGES, DOT_F32, PREC)
 
@@ -218,30 +220,31 @@ def mla_q_up(op, env) -> None:
         env.batch.slots, env.batch.start, pages.table, pages.table.stride(0), pages.page_size,
         R, env.T, N, P, RR, L, Q, a["lora_eps"],
         Q_LORA=q_lora, HAS_ROPE=inv_freq is not None, INTERLEAVED=bool(a["interleaved"]),
-        BLOCK_R=pow2(R), BLOCK_P=pow2(P), BLOCK_HR=pow2(RR // 2), BLOCK_K=min(ON_GPU_BLOCK_K, pow2(Q)) if gpu else pow2(Q),
-        BLOCK_LC=min(128, pow2(L)), BLOCK_L=pow2(L), NUM_STAGES=NUM_STAGES, DOT_F32=INTERPRET, PREC=dot_precision(latent.dtype),
-        num_warps=4)
+        BLOCK_R=pow2(R), BLOCK_P=pow2(P), BLOCK_HR=pow2(RR // 2), BLOCK_K=min(Q_UP_BLOCK_K, pow2(Q)) if gpu else pow2(Q),
+        BLOCK_LC=min(64, pow2(L)), BLOCK_L=pow2(L), NUM_STAGES=NUM_STAGES, DOT_F32=INTERPRET, PREC=dot_precision(latent.dtype),
+        num_warps=8)
 
 
 # ----------------------------------------------------------------------------- mla_attn
 
 
 @triton.jit
-def mla_attn_split_tile(tile, q_lat_ptr, q_pe_ptr, latent_ptr, latent_stride, slots_ptr, start_ptr, table_ptr, table_stride, page_size,
+def mla_attn_split_tile(tile, q_lat_ptr, q_pe_ptr, latent_ptr, latent_stride, slots_ptr, start_ptr, table_ptr, table_stride, PAGE_SIZE: tl.constexpr,
                         ml_ptr, acc_ptr, T, N, RR, L, scale, SPLIT, NS, MB,
                         BLOCK_M: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_L: tl.constexpr, BLOCK_RR: tl.constexpr,
                         NUM_STAGES: tl.constexpr, DOT_F32: tl.constexpr, PREC: tl.constexpr):
-    """Tile (b, mb, split) = (tile // (MB·NS), tile // NS % MB, tile % NS): query items m = t·N + h in block mb
+    """Tile (b, split, mb) = (tile // (NS·MB), tile // MB % NS, tile % MB): query items m = t·N + h in block mb
     of sequence b (T·N items, MB = cdiv(T·N, BLOCK_M) blocks) over keys [split·SPLIT, +SPLIT) ∩ [0, end_b).
     Each key tile (BLOCK_S latents of dim L + Rr, gathered through the page table) is loaded once for all
-    BLOCK_M items. Writes the partial (max, denominator, Σ p·c) of every item; a split past end_b does nothing.
-    Tiles: B·MB·NS."""
+    BLOCK_M items; the MB blocks of one split are consecutive tiles, so they share those loads in L2.
+    Writes the partial (max, denominator, Σ p·c) of every item; a split past end_b does nothing.
+    Tiles: B·NS·MB."""
     DT: tl.constexpr = latent_ptr.dtype.element_ty
-    b = tile // (MB * NS)
-    mb = tile // NS % MB
-    split = tile % NS
+    b = tile // (NS * MB)
+    split = tile // MB % NS
+    mb = tile % MB
     slot = tl.load(slots_ptr + b)
-    start = tl.load(start_ptr + b)
+    start = tl.load(start_ptr + b).to(tl.int32)
     end = start + T
     s_begin = split * SPLIT
     if s_begin < end:
@@ -262,7 +265,7 @@ def mla_attn_split_tile(tile, q_lat_ptr, q_pe_ptr, latent_ptr, latent_stride, sl
         for s0 in tl.range(s_begin, s_end, BLOCK_S, num_stages=NUM_STAGES):
             s = s0 + tl.arange(0, BLOCK_S)
             smask = s < s_end
-            row = latent_ptr + pool_rows(table_ptr, table_stride, slot, s, page_size, smask)[:, None] * latent_stride
+            row = latent_ptr + pool_rows(table_ptr, table_stride, slot, s, PAGE_SIZE, smask)[:, None] * latent_stride
             c = tl.load(row + lat[None, :], mask=smask[:, None] & lmask[None, :], other=0.0)
             k_pe = tl.load(row + L + e[None, :], mask=smask[:, None] & emask[None, :], other=0.0)
             scores = (mm(q, tl.trans(c), DOT_F32, PREC) + mm(q_pe, tl.trans(k_pe), DOT_F32, PREC)) * scale
@@ -301,7 +304,7 @@ def mla_attn_combine_tile(h, ml_ptr, acc_ptr, start_ptr, w_uv_ptr, uv_head_strid
 
 @triton.jit
 def _mla_attn_kernel(counters_ptr, n_split_tiles, n_combine_tiles,
-                     q_lat_ptr, q_pe_ptr, latent_ptr, latent_stride, slots_ptr, start_ptr, table_ptr, table_stride, page_size,
+                     q_lat_ptr, q_pe_ptr, latent_ptr, latent_stride, slots_ptr, start_ptr, table_ptr, table_stride, PAGE_SIZE: tl.constexpr,
                      ml_ptr, acc_ptr, w_uv_ptr, uv_head_stride, uv_row_stride, gate_ptr, gate_stride, out_ptr, out_stride,
                      R, T, N, RR, L, V, scale, SPLIT, NS, MB,
                      GATED: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_L: tl.constexpr,
@@ -314,7 +317,7 @@ def _mla_attn_kernel(counters_ptr, n_split_tiles, n_combine_tiles,
     tile (counters[2]) puts the counters back to zero for the next launch."""
     ticket = tl.atomic_add(counters_ptr, 1, sem="relaxed")
     if ticket < n_split_tiles:
-        mla_attn_split_tile(ticket, q_lat_ptr, q_pe_ptr, latent_ptr, latent_stride, slots_ptr, start_ptr, table_ptr, table_stride, page_size,
+        mla_attn_split_tile(ticket, q_lat_ptr, q_pe_ptr, latent_ptr, latent_stride, slots_ptr, start_ptr, table_ptr, table_stride, PAGE_SIZE,
                             ml_ptr, acc_ptr, T, N, RR, L, scale, SPLIT, NS, MB,
                             BLOCK_M, BLOCK_S, BLOCK_L, BLOCK_RR, NUM_STAGES, DOT_F32, PREC)
         tl.debug_barrier()
@@ -349,7 +352,10 @@ def mla_attn(op, env, split_tokens: int | None = None) -> None:
     block_s = ATTN_BLOCK_S if q_lat.is_cuda else 16
     mb = triton.cdiv(T * N, block_m)
     context_bound = pages.table.shape[1] * pages.page_size  # >= every row's end; no device sync
-    split, ns = choose_split(context_bound, B * mb, block_s, q_lat.device, split_tokens)
+    # ~one split tile per SM for one sequence (a tile needs ~all registers of an SM), splits of >= 128 keys.
+    # The split length depends on neither B nor T, so a row's result does not depend on the step's other
+    # rows (row-exact: speculative verification reproduces one-token decoding).
+    split, ns = choose_split(context_bound, triton.cdiv(N, min(ATTN_BLOCK_M, pow2(N))), block_s, q_lat.device, split_tokens, min_split=128, programs_per_sm=1)
     ml = workspace("mla_attn.ml", R * N * ns * 2, torch.float32, q_lat.device)
     acc = workspace("mla_attn.acc", R * N * ns * L, torch.float32, q_lat.device)
     counters = workspace("mla_attn.counters", 3, torch.int32, q_lat.device, zero=True)

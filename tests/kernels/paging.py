@@ -38,3 +38,22 @@ def scattered_pages(kernel, seed: int = 0):
         return kernel(op, env)
 
     return run
+
+
+def first_sequence_agrees(kernel):
+    """``kernel`` (a cache reader such as *_attn), also run on a step of just the batch's first sequence:
+    that sequence's output rows must be bit-identical to the full step's (no dependence on other rows)."""
+    from nonstop.cache.state import StepBatch
+    from nonstop.program.reference import StepEnv
+
+    def run(op, env):
+        kernel(op, env)
+        T = env.T
+        alone = StepEnv({k: v[:T].clone() for k, v in env.buf.items()}, env.cache, StepBatch(env.batch.slots[:1], env.batch.start[:1], T))
+        for name in op.writes:
+            alone.buf[name].fill_(float("nan"))
+        kernel(op, alone)
+        for name in op.writes:
+            assert torch.equal(alone.buf[name], env.buf[name][:T]), f"{op.name}: {name} of sequence 0 depends on the other sequences"
+
+    return run
