@@ -30,6 +30,9 @@ for name, module in _hidden.items():
 import pytest  # noqa: E402
 import torch  # noqa: E402
 
+# Test models are tiny: one thread avoids thread-pool contention on small, shared machines.
+torch.set_num_threads(1)
+
 from tests.tiny_configs import TINY_CONFIGS, hf_model_from_dict  # noqa: E402
 
 

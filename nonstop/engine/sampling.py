@@ -58,7 +58,7 @@ def filter_logits(logits: torch.Tensor, temperature: float, top_k: int, top_p: f
         kth = torch.topk(x, top_k).values[-1]
         x = x.masked_fill(x < kth, float("-inf"))
     if top_p < 1.0:
-        sorted_x, order = torch.sort(x, descending=True)
+        sorted_x, order = torch.sort(x, descending=True, stable=True)  # ties: lowest id first, like the device sampler
         probs = torch.softmax(sorted_x, dim=-1)
         before = torch.cumsum(probs, dim=-1) - probs  # mass strictly above each token
         drop = before >= top_p  # keep the smallest prefix whose mass reaches top_p
