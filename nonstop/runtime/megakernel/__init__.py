@@ -1,0 +1,21 @@
+"""The megakernel runtime: a decode step as one persistent kernel's schedule.
+
+``schedule``  tasks (tiles of super-ops) in topological order, epoch-based counters and waits, weight
+              prefetch order (``build_schedule(program, B, T)``);
+``validate``  a static proof that a schedule cannot race, deadlock or release a waiter early;
+``simulate``  many workers taking tickets in seeded random interleavings, with a dynamic race detector;
+``encode``    the integer tensors the persistent kernel reads; ``stats`` a summary for humans.
+The persistent Triton kernel itself (``MegakernelExecutor``) is not written yet.
+"""
+
+from nonstop.runtime.megakernel.schedule import Schedule, ScheduleError, build_schedule
+from nonstop.runtime.megakernel.simulate import hunt, simulate
+from nonstop.runtime.megakernel.validate import validate
+
+__all__ = ["Schedule", "ScheduleError", "build_schedule", "hunt", "simulate", "validate"]
+
+
+def __getattr__(name: str):
+    if name == "MegakernelExecutor":  # the executor registry reports the backend as not built yet
+        raise ModuleNotFoundError("the megakernel executor is not written yet", name="nonstop.runtime.megakernel.executor")
+    raise AttributeError(name)
