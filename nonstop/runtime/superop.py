@@ -4,16 +4,45 @@ With ``use_kernels`` every op is one Triton launch (``nonstop/kernels``); withou
 plain-torch twin (``program/reference.py``) - the same program, used to test the decomposition on
 any machine. Steps of more than ``program.max_rows`` rows (long prefills) and cache-free scoring run
 the reference model; decode and speculative verification (1..16 rows) run the program.
+
+Per step shape (B sequences × T tokens) the executor owns a ``StaticStep``: the Program's activation
+buffers, allocated once and reused by every step of that shape, and the step's own ``slots`` /
+``start`` tensors. On CUDA (with kernels) the whole step of a shape is captured in one CUDA graph and
+replayed: each step copies the input ids, slots and starts into the static tensors, grows the cache
+pools to the page table, and replays - or, when the cache storage moved (a pool grew, the page table
+widened, another cache), runs the step eagerly and captures it again (``cuda_graph.py``).
+
+Launches are counted with a ``LaunchCounter`` (every Triton launch, helper launches included, and
+every torch operator the launch functions run on the device): while a graph is captured (exactly
+what each replay launches), or without graphs on the first eager steps of a shape until two counts
+agree (so one-time work such as a workspace's first zeroing is left out). The counts are in
+``stats``: ``launches_per_step`` (the latest shape), ``launches`` (per shape, with a breakdown by op
+kind), ``host_syncs_per_step`` (must be 0 for a capturable step), ``pdl_launches_per_step``.
+Kernel modules may use programmatic dependent launch through ``env.pdl`` / ``env.launch_kwargs``.
 """
 
 from __future__ import annotations
+
+import sys
+import warnings
+from dataclasses import dataclass
 
 import torch
 
 from nonstop.cache.state import ModelCache, StepBatch
 from nonstop.model.stack import CausalLM
+from nonstop.program.ir import Program
 from nonstop.program.lower import lower
 from nonstop.program.reference import REFERENCE, StepEnv
+from nonstop.runtime.cuda_graph import CapturedStep, fit_pools, graphs_wanted, module_containers, new_pool, pdl_support, storage_signature
+from nonstop.runtime.launch_count import LaunchCounter
+
+try:  # row-exact mode of speculative verification (a step shape of its own when it exists)
+    from nonstop.model.rows import is_row_exact
+except ImportError:  # pragma: no cover - older trees
+
+    def is_row_exact() -> bool:
+        return False
 
 
 def kernel_table() -> dict:
@@ -22,30 +51,188 @@ def kernel_table() -> dict:
     return KERNELS
 
 
+def missing_kernels(program: Program, table: dict) -> list[str]:
+    """Op kinds of ``program`` that ``table`` has no launch function for (sorted)."""
+    return sorted({op.kind for op in program.ops} - set(table))
+
+
+@dataclass
+class ExecEnv(StepEnv):
+    """A ``StepEnv`` plus what the executor offers a kernel launch.
+
+    pdl: this step may use programmatic dependent launch (CUDA, sm_90+, not the interpreter): a launch
+    that opts in passes ``**env.launch_kwargs`` and waits with ``tl.extra.cuda.gdc_wait()`` before
+    touching its predecessors' outputs (see ``cuda_graph.py``).
+    """
+
+    pdl: bool = False
+
+    @property
+    def launch_kwargs(self) -> dict:
+        return {"launch_pdl": True} if self.pdl else {}
+
+
+class StaticStep:
+    """What the steps of one shape reuse: activation buffers ``buf`` (``program.allocate``), ``slots`` [B]
+    / ``start`` [B] (long) with their ``batch``, the captured graph, the launch count. A shape is (B, T,
+    keep_states, row_exact): speculative verification keeps KDA states and computes row by row."""
+
+    def __init__(self, program: Program, key: tuple, device, pool, emulate: bool):
+        B, T, keep_states, _ = key
+        with torch.inference_mode(False):  # normal tensors: usable in and out of inference mode
+            self.buf = program.allocate(B * T, device)
+            self.slots = torch.zeros(B, dtype=torch.long, device=device)
+            self.start = torch.zeros(B, dtype=torch.long, device=device)
+        self.B, self.T = B, T
+        self.name = f"{B}x{T}" + ("+states" if keep_states else "") + ("+row_exact" if key[3] else "")
+        self.batch = StepBatch(self.slots, self.start, T, **({"keep_states": True} if keep_states else {}))
+        self.graph = CapturedStep(pool, emulate)
+        self.launches: dict | None = None
+        self.counts_left = 3  # eager steps that may still be counted (until two counts agree)
+        self.graph_off: str | None = None  # why this shape runs without a graph
+
+
 class SuperOpExecutor:
+    """``forward(input_ids [B, T], cache, batch, last_only)`` -> fp32 logits, through the Program.
+
+    use_kernels: Triton kernels (else the twins). graphs: True | False | "auto" (CUDA with kernels) |
+    "emulate" (capture/replay logic without CUDA: replay re-runs the captured launches; for tests).
+    pdl: True | False | "auto" (where supported). kernels: a kernel table to use instead of
+    ``nonstop.kernels.KERNELS`` (tests). copy_logits: return logits the caller owns (else a view of a
+    static buffer that the next step overwrites). program: ``lower(model)`` when already lowered
+    (lowering again would re-pack the weights).
+    """
+
     name = "superop"
 
-    def __init__(self, model: CausalLM, use_kernels: bool = True):
+    def __init__(self, model: CausalLM, use_kernels: bool = True, graphs="auto", pdl="auto", kernels: dict | None = None, copy_logits: bool = True, program: Program | None = None):
         self.model = model
-        self.program = lower(model)
+        self.program = program if program is not None else lower(model)
+        self.device = model.embed_tokens.weight.device
+        self.use_kernels = use_kernels
         if use_kernels:
-            table = kernel_table()
-            missing = sorted({op.kind for op in self.program.ops} - set(table))
+            table = kernel_table() if kernels is None else kernels
+            missing = missing_kernels(self.program, table)
             if missing:
                 raise ValueError(f"backend 'superop' has no Triton kernel yet for: {', '.join(missing)}")
             self.impl = table
         else:
             self.impl = REFERENCE
-        self.stats = {"launches_per_step": len(self.program.ops), "program_steps": 0, "reference_steps": 0}
+        self.emulate = graphs == "emulate"
+        if self.emulate:
+            self.graphs, graphs_reason = True, "emulated (replay re-runs the launches)"
+        else:
+            self.graphs, graphs_reason = graphs_wanted(self.device, use_kernels, graphs)
+        pdl_ok, pdl_reason = pdl_support(self.device)
+        self.pdl = bool(use_kernels and pdl_ok and pdl in (True, "auto"))
+        if pdl is False or not use_kernels:
+            pdl_reason = "off" if pdl is False else "twins"
+        self.copy_logits = copy_logits
+        self._pool = new_pool(self.device) if self.graphs and not self.emulate else None
+        self._steps: dict[tuple, StaticStep] = {}
+        kernel_modules = [m for name, m in sorted(sys.modules.items()) if name.startswith("nonstop.kernels.") and m is not None] if use_kernels else []
+        self._kept = module_containers(kernel_modules)  # kernel workspaces: part of the storage signature
+        self.stats = {
+            "launches_per_step": None,
+            "host_syncs_per_step": None,
+            "pdl_launches_per_step": None,
+            "launches": {},
+            "program_steps": 0,
+            "reference_steps": 0,
+            "eager_steps": 0,
+            "graph_captures": 0,
+            "graph_replays": 0,
+            "graphs": graphs_reason,
+            "pdl": ("on: " if self.pdl else "off: ") + pdl_reason,
+        }
 
-    def run_program(self, input_ids: torch.Tensor, cache: ModelCache, batch: StepBatch) -> torch.Tensor:
-        """One step through the program: logits [B, T, V] (fp32)."""
-        B, T = input_ids.shape
-        env = StepEnv(self.program.allocate(B * T, input_ids.device), cache, batch)
-        env.buf["ids"].copy_(input_ids.reshape(-1))
+    # ------------------------------------------------------------------ static state
+    def static_step(self, B: int, T: int, keep_states: bool = False) -> StaticStep:
+        key = (B, T, bool(keep_states), is_row_exact())
+        step = self._steps.get(key)
+        if step is None:
+            step = self._steps[key] = StaticStep(self.program, key, self.device, self._pool, self.emulate)
+        return step
+
+    def storage_signature(self, cache: ModelCache) -> tuple:
+        return storage_signature(cache, [getattr(m, name) for m, name in self._kept])
+
+    # ------------------------------------------------------------------ running the ops
+    def _launch_all(self, env: ExecEnv) -> None:
         for op in self.program.ops:
             self.impl[op.kind](op, env)
-        return env.buf["logits"].view(B, T, -1)
+
+    def _launch_counted(self, env: ExecEnv, step: StaticStep) -> dict:
+        counter = LaunchCounter(self.device)
+        with counter:
+            for op in self.program.ops:
+                with counter.tagged(op.kind):
+                    self.impl[op.kind](op, env)
+        return counter.summary()
+
+    def _record(self, step: StaticStep, launches: dict) -> None:
+        step.launches = launches
+        self.stats["launches"][step.name] = launches
+        self._publish(step)
+
+    def _run_eagerly(self, env: ExecEnv, step: StaticStep, count: bool = True) -> None:
+        """Run the ops now, counting the launches while the shape's count is not settled."""
+        self.stats["eager_steps"] += 1
+        if not count or step.counts_left == 0:
+            self._launch_all(env)
+            self._publish(step)
+            return
+        launches = self._launch_counted(env, step)
+        step.counts_left = 0 if step.launches is not None and step.launches["launches"] == launches["launches"] else step.counts_left - 1
+        self._record(step, launches)
+
+    def _publish(self, step: StaticStep) -> None:
+        if step.launches is not None:
+            self.stats["launches_per_step"] = step.launches["launches"]
+            self.stats["host_syncs_per_step"] = step.launches["host_syncs"]
+            self.stats["pdl_launches_per_step"] = step.launches["pdl_launches"]
+
+    def _replay_or_capture(self, cache: ModelCache, step: StaticStep) -> None:
+        """Replay the shape's graph if the cache storage is the one it was captured with; else run the
+        step eagerly (the real step: compiles kernels, counts launches) and capture it for next time."""
+        fit_pools(cache)
+        if step.graph.ready and step.graph.signature == self.storage_signature(cache):
+            step.graph.replay()
+            self.stats["graph_replays"] += 1
+            self._publish(step)
+            return
+        env = ExecEnv(step.buf, cache, step.batch, pdl=self.pdl)
+        self._run_eagerly(env, step, count=self.emulate)  # a real CUDA capture counts below instead
+        counted: dict = {}
+        record = (lambda: self._launch_all(env)) if self.emulate else (lambda: counted.update(self._launch_counted(env, step)))
+        try:  # the eager step may have grown storage (a workspace, KDA histories): sign what is captured
+            step.graph.capture(record, self.storage_signature(cache))
+            self.stats["graph_captures"] += 1
+            if counted:
+                self._record(step, counted)
+        except Exception as exc:  # a launch that is not capturable: run this shape eagerly from now on
+            step.graph.release()
+            reason = f"capture failed: {type(exc).__name__}: {exc}"
+            if self.pdl:  # retry without PDL first (an older driver may not capture PDL launches)
+                self.pdl = False
+                self.stats["pdl"] = f"off: {reason}"
+            else:
+                step.graph_off = reason
+                self.stats["graphs"] = f"off for {step.name}: {reason}"
+            warnings.warn(f"superop: CUDA graph {reason}", RuntimeWarning, stacklevel=3)
+
+    def run_program(self, input_ids: torch.Tensor, cache: ModelCache, batch: StepBatch) -> torch.Tensor:
+        """One step through the program; returns the static logits buffer viewed as [B, T, V] (fp32)."""
+        B, T = input_ids.shape
+        step = self.static_step(B, T, getattr(batch, "keep_states", False))
+        step.buf["ids"].copy_(input_ids.reshape(-1))
+        if self.graphs and step.graph_off is None:
+            step.slots.copy_(batch.slots)
+            step.start.copy_(batch.start)
+            self._replay_or_capture(cache, step)
+        else:
+            self._run_eagerly(ExecEnv(step.buf, cache, batch, pdl=self.pdl), step)
+        return step.buf["logits"].view(B, T, -1)
 
     def forward(self, input_ids: torch.Tensor, cache: ModelCache | None, batch: StepBatch | None, last_only: bool = False) -> torch.Tensor:
         if cache is None or input_ids.numel() > self.program.max_rows:
@@ -53,4 +240,6 @@ class SuperOpExecutor:
             return self.model(input_ids, cache, batch, last_only=last_only)
         self.stats["program_steps"] += 1
         logits = self.run_program(input_ids, cache, batch)
-        return logits[:, -1] if last_only else logits
+        if last_only:
+            logits = logits[:, -1]
+        return logits.clone() if self.copy_logits else logits
