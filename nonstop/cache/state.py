@@ -10,6 +10,12 @@ Layout per layer (S = slots, R = pool rows = pages · page_size; see ``PageTable
   MLA  : latent      [R, kv_lora + rope]     model dtype (normalised c_kv | k_pe)
   KDA  : recurrent   [S, H, dk, dv]          fp32
          conv        [S, 3, H·dk, K-1]       model dtype (last K-1 raw q/k/v projections)
+
+Speculative verification (``StepBatch.keep_states``): a step of T rows [last token, d1..dk] also
+writes each KDA layer's state after *every* token into per-slot histories (allocated on demand:
+recurrent [S, T, H, dk, dv] fp32, conv [S, T, 3, H·dk, K-1]); ``ModelCache.commit(batch, counts)``
+then makes ``history[slot, counts-1]`` current and sets the lengths to start + counts. Attention
+caches need no rollback: positions past a slot's length are masked and overwritten by later steps.
 """
 
 from __future__ import annotations
@@ -29,11 +35,19 @@ class StepBatch:
     """Which slots a forward step touches and where its tokens sit.
 
     slots: [B] long; start: [B] long (tokens already cached per row); T: new tokens per row.
+    keep_states: speculative verification — compute in the decode form (recurrent KDA, absorbed MLA)
+    and keep every token's KDA state for ``ModelCache.commit``.
     """
 
     slots: torch.Tensor
     start: torch.Tensor
     T: int
+    keep_states: bool = False
+
+    @property
+    def decode_form(self) -> bool:
+        """One-token decode, or verification rows that must compute as one-token decode steps."""
+        return self.T == 1 or self.keep_states
 
     @property
     def positions(self) -> torch.Tensor:
@@ -118,12 +132,45 @@ class LatentCache(_TokenCache):
 
 
 class KDAState:
-    """Recurrent state (fp32) and short-conv window per slot."""
+    """Recurrent state (fp32) and short-conv window per slot, and the per-token histories of the last
+    ``keep_states`` step (allocated on the first such step, grown to its T)."""
 
     def __init__(self, num_slots, num_heads, head_dim, conv_size, dtype, device):
         channels = num_heads * head_dim
         self.recurrent = torch.zeros(num_slots, num_heads, head_dim, head_dim, dtype=torch.float32, device=device)
         self.conv = torch.zeros(num_slots, 3, channels, conv_size - 1, dtype=dtype, device=device)
+        self.history_recurrent: torch.Tensor | None = None  # [S, T, H, dk, dv] fp32
+        self.history_conv: torch.Tensor | None = None  # [S, T, 3, C, K-1]
+        # tokens of history written by the last keep_states step, per slot and kind (commit checks them)
+        self.history_rows = torch.zeros(2, num_slots, dtype=torch.long, device=device)
+
+    def _history(self, current: torch.Tensor, held: torch.Tensor | None, T: int) -> torch.Tensor:
+        if held is None or held.shape[1] < T:
+            return torch.zeros(current.shape[0], T, *current.shape[1:], dtype=current.dtype, device=current.device)
+        return held
+
+    def keep_recurrent(self, slots: torch.Tensor, states: torch.Tensor) -> None:
+        """states [B, T, H, dk, dv]: the recurrent state after each of the T tokens of each row."""
+        T = states.shape[1]
+        self.history_recurrent = self._history(self.recurrent, self.history_recurrent, T)
+        self.history_recurrent[slots, :T] = states.float()
+        self.history_rows[0, slots] = T
+
+    def keep_conv(self, slots: torch.Tensor, windows: torch.Tensor) -> None:
+        """windows [B, T, 3, C, K-1]: the conv window after each of the T tokens of each row."""
+        T = windows.shape[1]
+        self.history_conv = self._history(self.conv, self.history_conv, T)
+        self.history_conv[slots, :T] = windows.to(self.conv.dtype)
+        self.history_rows[1, slots] = T
+
+    def select(self, slots: torch.Tensor, rows: torch.Tensor) -> None:
+        """Make the state after token ``rows[b]`` of the last keep_states step current for ``slots[b]``."""
+        written = self.history_rows[:, slots]
+        if bool((written <= rows[None]).any()):
+            raise RuntimeError("KDA state history was not written for this step: the executor ignored StepBatch.keep_states")
+        self.recurrent[slots] = self.history_recurrent[slots, rows]
+        self.conv[slots] = self.history_conv[slots, rows]
+        self.history_rows[:, slots] = 0
 
     def copy_slot(self, src: int, dst: int, length: int) -> None:
         self.recurrent[dst] = self.recurrent[src]
@@ -154,15 +201,31 @@ class ModelCache:
                 k = cfg.kda
                 self.layers.append(KDAState(num_slots, k.num_heads, k.head_dim, k.conv_size, dtype, device))
 
-    def batch(self, slots, T: int) -> StepBatch:
+    def batch(self, slots, T: int, keep_states: bool = False) -> StepBatch:
         slots = torch.as_tensor(slots, dtype=torch.long, device=self.lengths.device)
-        batch = StepBatch(slots=slots, start=self.lengths[slots].clone(), T=T)
+        batch = StepBatch(slots=slots, start=self.lengths[slots].clone(), T=T, keep_states=keep_states)
         self.pages.reserve_rows(batch.slots, batch.end)
         return batch
 
     def advance(self, batch: StepBatch, counts: torch.Tensor | None = None) -> None:
         """Record that rows' tokens are now part of their sequences (all T unless ``counts`` [B] says fewer)."""
         self.lengths[batch.slots] = batch.start + (batch.T if counts is None else counts)
+
+    def commit(self, batch: StepBatch, counts) -> None:
+        """After a ``keep_states`` step: row b keeps its first counts[b] tokens (1 <= counts <= T).
+
+        Each KDA layer's state after token counts[b]-1 becomes current (no replay); lengths become
+        start + counts, which truncates the attention caches (later steps overwrite the rest).
+        """
+        counts = torch.as_tensor(counts, dtype=torch.long, device=self.lengths.device)
+        if not batch.keep_states:
+            raise ValueError("commit needs a batch made with keep_states=True")
+        if bool((counts < 1).any()) or bool((counts > batch.T).any()):
+            raise ValueError(f"commit counts must be in 1..{batch.T}, got {counts.tolist()}")
+        for layer in self.layers:
+            if isinstance(layer, KDAState):
+                layer.select(batch.slots, counts - 1)
+        self.advance(batch, counts)
 
     def reset(self, slot: int) -> None:
         """Free a slot: its length returns to 0, its pages to the pool and its recurrent state to zeros."""
@@ -172,6 +235,7 @@ class ModelCache:
             if isinstance(layer, KDAState):
                 layer.recurrent[slot].zero_()
                 layer.conv[slot].zero_()
+                layer.history_rows[:, slot] = 0
 
     def copy_slot(self, src: int, dst: int) -> None:
         length = int(self.lengths[src])

@@ -31,3 +31,16 @@ def positive_int(text: str) -> int:
     if value <= 0:
         raise argparse.ArgumentTypeError(f"expected a positive integer, got {value}")
     return value
+
+
+def add_spec_args(p: argparse.ArgumentParser) -> None:
+    """--speculative / --num-draft-tokens (see ``nonstop.engine.spec``)."""
+    p.add_argument("--speculative", choices=["ngram", "dspark"], default=None, help="speculative decoding: draft tokens with prompt lookup (ngram) or the model's DSpark drafter (dspark) and verify them in one step; outputs stay those of plain decoding")
+    p.add_argument("--num-draft-tokens", type=int, default=4, help="tokens drafted per step with --speculative (default 4; 0..15)")
+
+
+def spec_from_args(args) -> dict | None:
+    """The ``LLM(speculative=...)`` dict for the parsed flags (None without --speculative)."""
+    if args.speculative is None:
+        return None
+    return {"method": args.speculative, "num_tokens": args.num_draft_tokens}

@@ -5,7 +5,7 @@ from __future__ import annotations
 import sys
 import time
 
-from nonstop.commands.common import add_model_args, parse_token_ids, positive_int
+from nonstop.commands.common import add_model_args, add_spec_args, parse_token_ids, positive_int, spec_from_args
 
 
 def add_parser(sub) -> None:
@@ -21,6 +21,7 @@ def add_parser(sub) -> None:
     p.add_argument("--stop", action="append", default=None, help="stop string (repeatable)")
     p.add_argument("--ignore-eos", action="store_true", help="keep generating past the end-of-sequence token")
     p.add_argument("--ids", action="store_true", help="also print the generated token ids")
+    add_spec_args(p)
     p.set_defaults(run=run)
 
 
@@ -32,7 +33,7 @@ def run(args) -> int:
         raise ValueError("give a text prompt or --prompt-ids, not both")
     params = SamplingParams(max_tokens=args.max_tokens, temperature=args.temperature, top_p=args.top_p, top_k=args.top_k, seed=args.seed, stop=args.stop, ignore_eos=args.ignore_eos)
     t0 = time.perf_counter()
-    llm = LLM(args.model, dtype=args.dtype, device=args.device, backend=args.backend, progress=True)
+    llm = LLM(args.model, dtype=args.dtype, device=args.device, backend=args.backend, progress=True, speculative=spec_from_args(args))
     load_s = time.perf_counter() - t0
     if args.prompt_ids:
         out = llm.generate(prompt_token_ids=[args.prompt_ids], sampling=params)[0]
@@ -45,5 +46,8 @@ def run(args) -> int:
         print("token ids:", " ".join(map(str, out.token_ids)))
     m = out.metrics
     speed = f"{m['decode_tokens_per_s']:.1f} tokens/s" if m["decode_tokens_per_s"] else "n/a tokens/s"
-    print(f"[{llm.name} | {llm.backend} | {str(llm.dtype).replace('torch.', '')} | load {load_s:.1f}s] {m['generated_tokens']} tokens, prompt {m['prompt_tokens']} tokens, first token {m['time_to_first_token_s'] * 1000:.0f} ms, decode {speed} ({out.finish_reason})", file=sys.stderr)
+    spec = ""
+    if m.get("verify_steps"):
+        spec = f", {args.speculative} drafts: {m['accepted_tokens']}/{m['drafted_tokens']} accepted, {m['mean_accepted_length']:.2f} tokens/step"
+    print(f"[{llm.name} | {llm.backend} | {str(llm.dtype).replace('torch.', '')} | load {load_s:.1f}s] {m['generated_tokens']} tokens, prompt {m['prompt_tokens']} tokens, first token {m['time_to_first_token_s'] * 1000:.0f} ms, decode {speed}{spec} ({out.finish_reason})", file=sys.stderr)
     return 0

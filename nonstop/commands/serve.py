@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import sys
 
-from nonstop.commands.common import add_model_args, positive_int
+from nonstop.commands.common import add_model_args, add_spec_args, positive_int, spec_from_args
 
 
 def add_parser(sub) -> None:
@@ -28,6 +28,7 @@ def add_parser(sub) -> None:
     p.add_argument("--max-prompts", type=positive_int, default=16, help="prompts allowed in one /v1/completions request (default 16)")
     p.add_argument("--threads", type=positive_int, default=None, help="torch CPU threads (default: torch's choice)")
     p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"], help="server log level (default info)")
+    add_spec_args(p)
     p.set_defaults(run=run)
 
 
@@ -46,7 +47,7 @@ def run(args) -> int:
         torch.set_num_threads(args.threads)
     if not 0 < args.port < 65536:
         raise ValueError(f"--port must be in 1..65535, got {args.port}")
-    llm = LLM(args.model, dtype=args.dtype, device=args.device, backend=args.backend, max_batch=args.max_batch, progress=True, prefill_chunk=args.prefill_chunk, batch_invariant=args.batch_invariant)
+    llm = LLM(args.model, dtype=args.dtype, device=args.device, backend=args.backend, max_batch=args.max_batch, progress=True, prefill_chunk=args.prefill_chunk, batch_invariant=args.batch_invariant, speculative=spec_from_args(args))
     ctx = build_context(llm, args.served_model_name or [str(args.model)], max_batch=args.max_batch, max_waiting=args.max_waiting, max_model_len=args.max_model_len, max_prompts=args.max_prompts)
     print(f"nonstop: serving {', '.join(ctx.served_names)} ({llm.backend}, context {ctx.limits.max_len}, {args.max_batch} slots) on http://{args.host}:{args.port}", file=sys.stderr)
     serve(ctx, args.host, args.port, args.log_level)

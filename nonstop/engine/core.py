@@ -9,6 +9,9 @@ Chunk boundaries depend only on the request (chunk k holds prompt tokens [k·N, 
 ``prefill_chunk``), and with ``batch_invariant`` every row runs in a forward of its own, so a request's
 tokens do not depend on what else is running (matmul kernels may sum in a different order for a
 different number of rows). ``add`` is admit + the whole prefill at once, returning the first text.
+
+With a ``SpecDecoder`` (``speculative``) each decode step verifies drafted tokens instead
+(``nonstop.engine.spec``): 1..k+1 tokens per request per step, exactly those of plain decoding.
 """
 
 from __future__ import annotations
@@ -32,10 +35,10 @@ class EngineCore:
     prefill_chunk: prompt tokens per prefill forward and per step (None: whole prompts at once).
     batch_invariant: one forward per row (unless the executor says ``batch_invariant`` itself).
     isolate_errors: an exception in a forward or in sampling ends only the requests it touched
-    (finish_reason ``error``) instead of propagating.
+    (finish_reason ``error``) instead of propagating. speculative: a ``SpecDecoder`` (or None).
     """
 
-    def __init__(self, cfg: ModelConfig, executor, tokenizer: Tokenizer, num_slots: int, dtype: torch.dtype, device, max_len: int | None = None, prefill_chunk: int | None = None, batch_invariant: bool = False, isolate_errors: bool = False, page_size: int = 16):
+    def __init__(self, cfg: ModelConfig, executor, tokenizer: Tokenizer, num_slots: int, dtype: torch.dtype, device, max_len: int | None = None, prefill_chunk: int | None = None, batch_invariant: bool = False, isolate_errors: bool = False, page_size: int = 16, speculative=None):
         if prefill_chunk is not None and prefill_chunk < 1:
             raise ValueError(f"prefill_chunk must be >= 1 (or None for whole prompts), got {prefill_chunk}")
         self.cfg = cfg
@@ -46,6 +49,7 @@ class EngineCore:
         self.prefill_chunk = prefill_chunk
         self.split_rows = batch_invariant and not getattr(executor, "batch_invariant", False)
         self.isolate_errors = isolate_errors
+        self.spec = speculative
         self.cache = ModelCache(cfg, num_slots, capacity=64, dtype=dtype, device=device, page_size=page_size)
         self.free_slots = list(range(num_slots))[::-1]
         self.prefilling: list[Request] = []
@@ -78,6 +82,8 @@ class EngineCore:
         req.slot = self.free_slots.pop()
         req.prefilled = 0
         self.cache.reset(req.slot)
+        if self.spec is not None:
+            self.spec.start(req)
         self.prefilling.append(req)
 
     @torch.inference_mode()
@@ -137,8 +143,18 @@ class EngineCore:
         """One cached forward of ``ids`` [B][T] for the requests' slots; logits, or None if it failed
         and the requests were ended (``isolate_errors``)."""
         batch = self.cache.batch([r.slot for r in reqs], len(ids[0]))
+        taps = self.spec.taps if self.spec is not None else ()
         try:
-            logits = self.executor.forward(torch.tensor(ids, dtype=torch.long, device=self.device), self.cache, batch, last_only=last_only)
+            input_ids = torch.tensor(ids, dtype=torch.long, device=self.device)
+            if taps:  # the drafter reads the target's hidden states of every cached position
+                from nonstop.engine.spec.step import forward_rows
+
+                logits, hidden = forward_rows(self.executor, input_ids, self.cache, batch, taps)
+                for i, r in enumerate(reqs):
+                    self.spec.observe(r, hidden, i, len(ids[i]))
+                logits = logits[:, -1] if last_only else logits
+            else:
+                logits = self.executor.forward(input_ids, self.cache, batch, last_only=last_only)
         except Exception as exc:
             self._fail(reqs, exc)
             return None
@@ -146,6 +162,8 @@ class EngineCore:
         return logits
 
     def _decode(self, reqs: list[Request]) -> list[tuple[Request, str]]:
+        if self.spec is not None:
+            return self.spec.decode(self, reqs)
         out = []
         for group in self._row_groups(reqs):
             logits = self._forward(group, [[r.output_ids[-1]] for r in group], last_only=True)

@@ -53,6 +53,7 @@ class Request:
     first_token_at: float | None = None
     finished_at: float | None = None
     extra_metrics: dict = field(default_factory=dict)
+    draft_state: object = field(default=None, repr=False)  # the speculative drafter's per-request state
     _sent: int = field(default=0, repr=False)  # characters of ``text`` already returned by ``append``
 
     def __post_init__(self):

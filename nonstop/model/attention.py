@@ -9,6 +9,7 @@ from nonstop.cache.state import KVCache, StepBatch
 from nonstop.config import GQAConfig
 from nonstop.model.linear import Linear
 from nonstop.model.rope import Rotary
+from nonstop.model.rows import many_rows, per_query
 
 
 def attention_probs(scores: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
@@ -21,8 +22,10 @@ def gqa_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch
     """o = softmax(scale · q kᵀ, masked) v, key/value heads shared by H/Hkv query heads.
 
     q: [B, T, H, D]; k: [B, S, Hkv, D]; v: [B, S, Hkv, Dv]; mask: [B, T, S] bool -> [B, T, H, Dv] (q.dtype).
-    Scores and softmax in fp32.
+    Scores and softmax in fp32. In ``row_exact()`` mode one query row at a time over its visible keys.
     """
+    if many_rows(q):
+        return per_query(gqa_attention, (q,), (k, v), mask, scale)
     B, T, H, D = q.shape
     Hkv = k.shape[2]
     qg = q.float().view(B, T, Hkv, H // Hkv, D)

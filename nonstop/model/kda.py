@@ -24,6 +24,7 @@ from nonstop.cache.state import KDAState, StepBatch
 from nonstop.config import KDAConfig
 from nonstop.model.linear import Linear
 from nonstop.model.norms import GatedRMSNorm, l2_norm
+from nonstop.model.rows import rowwise
 
 
 # ----------------------------------------------------------------------------- gates
@@ -59,7 +60,18 @@ def short_conv(x: torch.Tensor, weight: torch.Tensor, window: torch.Tensor | Non
         window = x.new_zeros(B, C, K - 1)
     seq = torch.cat([window.to(x.dtype), x.transpose(1, 2)], dim=-1)  # [B, C, K-1+T]
     out = F.conv1d(seq, weight.view(C, 1, K).to(x.dtype), groups=C)  # [B, C, T]
-    return F.silu(out).transpose(1, 2), seq[:, :, seq.shape[-1] - (K - 1) :]
+    return F.silu(out.transpose(1, 2).contiguous()), seq[:, :, seq.shape[-1] - (K - 1) :]
+
+
+def conv_windows(x: torch.Tensor, window: torch.Tensor | None, K: int) -> torch.Tensor:
+    """The short-conv window after every token: x [B, T, C] raw projections, window [B, C, K-1] before
+    them (None = zeros) -> [B, T, C, K-1], entry t = the K-1 inputs ending at token t (what
+    ``short_conv`` returns as the new window after a step ending at t)."""
+    B, T, C = x.shape
+    if window is None:
+        window = x.new_zeros(B, C, K - 1)
+    seq = torch.cat([window.to(x.dtype), x.transpose(1, 2)], dim=-1)  # [B, C, K-1+T]
+    return seq.unfold(-1, K - 1, 1)[:, :, 1:].transpose(1, 2)
 
 
 # ----------------------------------------------------------------------------- the recurrence
@@ -180,20 +192,23 @@ class KDAAttention(nn.Module):
     def output_gate(self, x: torch.Tensor) -> torch.Tensor:
         return self.g_proj(x) if self.cfg.full_rank_output_gate else self.g_b_proj(self.g_a_proj(x))
 
-    def qkv(self, x: torch.Tensor, windows: torch.Tensor | None):
+    def qkv(self, x: torch.Tensor, windows: torch.Tensor | None, every_token: bool = False):
         """Projections + conv + SiLU + L2 norms. windows [B,3,C,K-1] or None.
-        Returns q, k [B,T,H,D] fp32 (q scaled by D^-½), v [B,T,H,D] fp32, new windows [B,3,C,K-1]."""
+        Returns q, k [B,T,H,D] fp32 (q scaled by D^-½), v [B,T,H,D] fp32 and the new windows
+        [B,3,C,K-1] — or with ``every_token`` the windows after every token [B,T,3,C,K-1]."""
         c = self.cfg
         B, T, _ = x.shape
         outs, new_windows = [], []
         for i, (proj, w) in enumerate(zip((self.q_proj, self.k_proj, self.v_proj), self.conv_weights())):
-            y, win = short_conv(proj(x), w, None if windows is None else windows[:, i])
+            raw = proj(x)
+            window = None if windows is None else windows[:, i]
+            y, win = short_conv(raw, w, window)
             outs.append(y.float().view(B, T, c.num_heads, c.head_dim))
-            new_windows.append(win)
+            new_windows.append(conv_windows(raw, window, c.conv_size) if every_token else win)
         q, k, v = outs
         q = l2_norm(q) * c.head_dim**-0.5
         k = l2_norm(k)
-        return q, k, v, torch.stack(new_windows, dim=1)
+        return q, k, v, torch.stack(new_windows, dim=2 if every_token else 1)
 
     def forward(self, x: torch.Tensor, batch: StepBatch, state: KDAState | None) -> torch.Tensor:
         B, T, _ = x.shape
@@ -205,11 +220,17 @@ class KDAAttention(nn.Module):
             if bool(fresh.any()):
                 windows = torch.where(fresh[:, None, None, None], torch.zeros_like(windows), windows)
                 recurrent = torch.where(fresh[:, None, None, None], torch.zeros_like(recurrent), recurrent)
-        q, k, v, new_windows = self.qkv(x, windows)
+        keep = batch.keep_states and state is not None
+        q, k, v, new_windows = self.qkv(x, windows, every_token=keep)
         g = self.gate(x)
-        beta = torch.sigmoid(self.b_proj(x).float())
-        chunked = self.chunked if self.chunked is not None else T > 1
-        if chunked:
+        beta = rowwise(torch.sigmoid, self.b_proj(x).float())
+        chunked = self.chunked if self.chunked is not None else not batch.decode_form
+        if keep:
+            o, final, states = kda_recurrent(q, k, v, g, beta, recurrent, return_states=True)
+            state.keep_conv(batch.slots, new_windows)
+            state.keep_recurrent(batch.slots, states)
+            new_windows = new_windows[:, -1]
+        elif chunked:
             o, final = kda_chunked(q, k, v, g, beta, recurrent, self.chunk_size)
         else:
             o, final = kda_recurrent(q, k, v, g, beta, recurrent)

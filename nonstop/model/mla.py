@@ -23,6 +23,7 @@ from nonstop.model.attention import attention_probs
 from nonstop.model.linear import Linear
 from nonstop.model.norms import RMSNorm
 from nonstop.model.rope import Rotary
+from nonstop.model.rows import many_rows, per_query, per_token
 
 
 def split_kv_b(kv_b: torch.Tensor, cfg: MLAConfig) -> tuple[torch.Tensor, torch.Tensor]:
@@ -48,6 +49,8 @@ def mla_attend_naive(q_nope, q_pe, latent, k_pe, kv_b, mask, cfg: MLAConfig) -> 
 
 def absorb_query(q_nope: torch.Tensor, w_uk: torch.Tensor) -> torch.Tensor:
     """q̃_h = W_UK,hᵀ q_nope,h: q_nope [..., N, P], W_UK [N, P, Lkv] -> [..., N, Lkv] (fp32)."""
+    if q_nope.dim() == 4 and many_rows(q_nope):
+        return per_token(lambda q: absorb_query(q, w_uk), q_nope)
     return torch.einsum("...np,npl->...nl", q_nope.float(), w_uk.float())
 
 
@@ -55,6 +58,8 @@ def latent_attention(q_lat, q_pe, latent, k_pe, mask, scale: float) -> torch.Ten
     """Attention of absorbed queries over the cached latents (one shared MQA head of dim Lkv + R whose
     value is the latent): q_lat [B,T,N,Lkv], q_pe [B,T,N,R], latent [B,S,Lkv], k_pe [B,S,R], mask [B,T,S]
     -> attended latent [B,T,N,Lkv] (fp32)."""
+    if many_rows(q_lat):
+        return per_query(latent_attention, (q_lat, q_pe), (latent, k_pe), mask, scale)
     scores = torch.einsum("btnl,bsl->bnts", q_lat.float(), latent.float())
     scores = scores + torch.einsum("btnr,bsr->bnts", q_pe.float(), k_pe.float())
     probs = attention_probs(scores * scale, mask)
@@ -63,6 +68,8 @@ def latent_attention(q_lat, q_pe, latent, k_pe, mask, scale: float) -> torch.Ten
 
 def unabsorb_output(o_lat: torch.Tensor, w_uv: torch.Tensor) -> torch.Tensor:
     """o_h = W_UV,h ō_h: o_lat [..., N, Lkv], W_UV [N, V, Lkv] -> [..., N, V] (fp32)."""
+    if o_lat.dim() == 4 and many_rows(o_lat):
+        return per_token(lambda o: unabsorb_output(o, w_uv), o_lat)
     return torch.einsum("...nl,nvl->...nv", o_lat.float(), w_uv.float())
 
 
@@ -131,7 +138,7 @@ class MLAAttention(nn.Module):
             cached = cache.read(batch, "latent")
             latent, k_pe = cached[..., : c.kv_lora_rank], cached[..., c.kv_lora_rank :]
         mask = batch.attention_mask(latent.shape[1])
-        absorbed = self.absorbed if self.absorbed is not None else batch.T == 1
+        absorbed = self.absorbed if self.absorbed is not None else batch.decode_form
         attend = mla_attend_absorbed if absorbed else mla_attend_naive
         o = attend(q_nope, q_pe, latent, k_pe, self.kv_b_proj.weight, mask, c)
         return self.output(o, x)

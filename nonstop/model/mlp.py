@@ -3,17 +3,16 @@
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from nonstop.model.activations import glu
-from nonstop.model.linear import Linear
+from nonstop.model.linear import Linear, linear
 
 
 def gated_mlp(x, w_gate, w_up, w_down, act: str = "silu", beta: float = 4.0, linear_beta: float = 25.0, biases=(None, None, None)):
     """x [..., D] -> [..., D]: W_down glu(W_gate x + b_g, W_up x + b_u) + b_d; weights [I, D], [I, D], [D, I]."""
-    h = glu(F.linear(x, w_gate, biases[0]), F.linear(x, w_up, biases[1]), act, beta, linear_beta)
-    return F.linear(h, w_down, biases[2])
+    h = glu(linear(x, w_gate, biases[0]), linear(x, w_up, biases[1]), act, beta, linear_beta)
+    return linear(h, w_down, biases[2])
 
 
 class GatedMLP(nn.Module):

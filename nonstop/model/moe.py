@@ -18,17 +18,20 @@ from nonstop.config import MoEConfig
 from nonstop.model.linear import Linear
 from nonstop.model.mlp import GatedMLP, gated_mlp
 from nonstop.model.norms import RMSNorm
+from nonstop.model.rows import by_rows, is_row_exact, rowwise
 from nonstop.weights import mxfp4
 
 
 def router_logits(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
-    """fp32 router logits: x [N, d], weight [E, d] -> [N, E]."""
+    """fp32 router logits: x [N, d], weight [E, d] -> [N, E] (row by row in ``row_exact()`` mode)."""
+    if is_row_exact() and x.shape[0] > 1:
+        return by_rows(router_logits, x, weight)
     return x.float() @ weight.float().t()
 
 
 def select_experts(logits: torch.Tensor, bias: torch.Tensor | None, cfg: MoEConfig) -> tuple[torch.Tensor, torch.Tensor]:
     """logits [N, E] fp32, correction bias [E] -> (weights [N, k] fp32, expert ids [N, k])."""
-    scores = torch.sigmoid(logits) if cfg.scoring == "sigmoid" else torch.softmax(logits, dim=-1)
+    scores = rowwise(torch.sigmoid, logits) if cfg.scoring == "sigmoid" else torch.softmax(logits, dim=-1)
     choice = scores if bias is None else scores + bias.float()
     if cfg.num_groups > 1:
         N, E = choice.shape

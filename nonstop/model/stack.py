@@ -14,7 +14,6 @@ Then logits = lm_head(RMSNorm(h)) (lm_head tied to the embedding when the config
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from nonstop.cache.state import ModelCache, StepBatch
@@ -22,7 +21,7 @@ from nonstop.config import ModelConfig
 from nonstop.model.attention import GQAAttention
 from nonstop.model.attnres import attn_res_mix, attn_res_query
 from nonstop.model.kda import KDAAttention
-from nonstop.model.linear import Linear
+from nonstop.model.linear import Linear, linear
 from nonstop.model.mla import MLAAttention
 from nonstop.model.mlp import GatedMLP
 from nonstop.model.moe import MoE
@@ -91,7 +90,9 @@ class CausalLM(nn.Module):
 
     def body(self, input_ids: torch.Tensor, batch: StepBatch, cache: ModelCache | None, capture: tuple[int, ...] = ()):
         """input_ids [B, T] -> final hidden (before the final norm) [B, T, d], and the residual stream
-        entering each layer listed in ``capture`` (for AttnRes: the running partial sum)."""
+        entering each layer listed in ``capture`` (for AttnRes: the running partial sum; at a block
+        boundary that is the completed block sum). ``capture`` may list L = num_hidden_layers: the
+        residual after the last layer (plain: h; AttnRes: the last partial sum, before the output mix)."""
         h = self.embed_tokens(input_ids)
         captured: dict[int, torch.Tensor] = {}
         layer_cache = cache.layers if cache is not None else [None] * len(self.layers)
@@ -101,6 +102,8 @@ class CausalLM(nn.Module):
                     captured[i] = h
                 h = h + layer.attention(h, batch, layer_cache[i])
                 h = h + layer.ffn(h)
+            if len(self.layers) in capture:
+                captured[len(self.layers)] = h
             return h, captured
         eps, block = self.cfg.rms_norm_eps, self.cfg.attn_res_block_size
         blocks: list[torch.Tensor] = []
@@ -116,12 +119,14 @@ class CausalLM(nn.Module):
             partial = a if partial is None else partial + a
             src = attn_res_mix(blocks + [partial], layer.mlp_query(), eps)
             partial = partial + layer.ffn(src)
+        if len(self.layers) in capture:
+            captured[len(self.layers)] = partial
         query = attn_res_query(self.output_attn_res_norm.weight, self.output_attn_res_proj.weight)
         return attn_res_mix(blocks + [partial], query, eps), captured
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """hidden [..., d] (pre-norm) -> fp32 logits [..., V]."""
-        return F.linear(self.norm(hidden), self.lm_head_weight).float()
+        return linear(self.norm(hidden), self.lm_head_weight).float()
 
     def forward(self, input_ids: torch.Tensor, cache: ModelCache | None = None, batch: StepBatch | None = None, last_only: bool = False) -> torch.Tensor:
         """input_ids [B, T] -> fp32 logits [B, T, V] (or [B, V] with ``last_only``).
@@ -140,3 +145,9 @@ class CausalLM(nn.Module):
         if last_only:
             hidden = hidden[:, -1]
         return self.logits(hidden)
+
+    def forward_hidden(self, input_ids: torch.Tensor, cache: ModelCache, batch: StepBatch, taps: tuple[int, ...]) -> tuple[torch.Tensor, dict[int, torch.Tensor]]:
+        """A cached step that also returns hidden states: (fp32 logits [B, T, V], {tap: [B, T, d]} with
+        the residual stream entering layer ``tap``, as ``body``'s ``capture``)."""
+        hidden, captured = self.body(input_ids, batch, cache, capture=tuple(taps))
+        return self.logits(hidden), captured

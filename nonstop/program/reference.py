@@ -7,6 +7,11 @@ Chained through a Program they reproduce ``CausalLM.forward`` for the same rows.
 
 Row layout: R = B·T rows, row r is token t = r % T of sequence b = r // T (slot ``batch.slots[b]``,
 position ``batch.start[b] + t``).
+
+Speculative verification (``batch.keep_states``): the KDA twins also keep the conv window and the
+recurrent state after every token (``KDAState.keep_conv`` / ``keep_recurrent``); ``ModelCache.commit``
+makes the accepted one current. Under ``row_exact()`` (``model/rows.py``) every row computes as it
+would in a one-token step.
 """
 
 from __future__ import annotations
@@ -20,10 +25,12 @@ from nonstop.cache.state import ModelCache, StepBatch
 from nonstop.model.activations import glu
 from nonstop.model.attention import gqa_attention
 from nonstop.model.attnres import attn_res_mix
-from nonstop.model.kda import kda_gate_lower_bound, kda_gate_softplus, kda_recurrent, short_conv
+from nonstop.model.kda import conv_windows, kda_gate_lower_bound, kda_gate_softplus, kda_recurrent, short_conv
+from nonstop.model.linear import linear
 from nonstop.model.mla import absorb_query, latent_attention, unabsorb_output
 from nonstop.model.moe import router_logits, routed_experts, select_experts
 from nonstop.model.norms import gated_rms_norm, l2_norm, rms_norm
+from nonstop.model.rows import rowwise
 from nonstop.model.philox import gumbel_noise
 from nonstop.model.rope import apply_rope, rope_cos_sin
 from nonstop.program.ir import SuperOp
@@ -97,19 +104,19 @@ def attnres_mix_norm(op, env):
 
 def linear_residual(op, env):
     """target (+)= W a (+ b)."""
-    emit(op, env, F.linear(env.buf[op.reads[0]], op.weights["w"], op.weights.get("b")))
+    emit(op, env, linear(env.buf[op.reads[0]], op.weights["w"], op.weights.get("b")))
 
 
 def lm_head(op, env):
-    env.buf[op.writes[0]].copy_(F.linear(op_input(op, env), op.weights["w"]).float())
+    env.buf[op.writes[0]].copy_(linear(op_input(op, env), op.weights["w"]).float())
 
 
 def mlp(op, env):
     """target (+)= W_down act(W_gate x, W_up x) on the normalised input."""
     x = op_input(op, env)
     a = op.attrs
-    h = glu(F.linear(x, op.weights["gate"], op.weights.get("gate_b")), F.linear(x, op.weights["up"], op.weights.get("up_b")), a["act"], a["beta"], a["linear_beta"])
-    emit(op, env, F.linear(h, op.weights["down"], op.weights.get("down_b")))
+    h = glu(linear(x, op.weights["gate"], op.weights.get("gate_b")), linear(x, op.weights["up"], op.weights.get("up_b")), a["act"], a["beta"], a["linear_beta"])
+    emit(op, env, linear(h, op.weights["down"], op.weights.get("down_b")))
 
 
 # ----------------------------------------------------------------------------- GQA
@@ -119,7 +126,7 @@ def gqa_qkv_rope(op, env):
     """q, k, v = W_qkv x; RoPE on q, k; append k, v to the cache; write q [R, H·D]."""
     a = op.attrs
     H, Hkv, D = a["heads"], a["kv_heads"], a["head_dim"]
-    q, k, v = split(F.linear(op_input(op, env), op.weights["w_qkv"], op.weights.get("b_qkv")), [H * D, Hkv * D, Hkv * D])
+    q, k, v = split(linear(op_input(op, env), op.weights["w_qkv"], op.weights.get("b_qkv")), [H * D, Hkv * D, Hkv * D])
     cos, sin = rope_cos_sin(env.batch.positions, op.weights["inv_freq"], a["rope_magnitude"])
     q = apply_rope(env.seq(q).view(env.B, env.T, H, D), cos[:, :, None], sin[:, :, None], a["interleaved"])
     k = apply_rope(env.seq(k).view(env.B, env.T, Hkv, D), cos[:, :, None], sin[:, :, None], a["interleaved"])
@@ -142,7 +149,7 @@ def gqa_attn(op, env):
 def mla_in_proj(op, env):
     """One pass over [q_a | kv_a | g] (or [q | kv_a | g]): writes the q input, raw [c_kv | k_pe], gate logits."""
     sizes = op.attrs["in_sizes"]
-    parts = split(F.linear(op_input(op, env), op.weights["w_in"]), sizes)
+    parts = split(linear(op_input(op, env), op.weights["w_in"]), sizes)
     for name, part in zip(op.writes, parts):
         env.buf[name].copy_(part)
 
@@ -153,7 +160,7 @@ def mla_q_up(op, env):
     a = op.attrs
     N, P, Rr, L = a["heads"], a["nope"], a["rope"], a["kv_lora"]
     q_in, kv = env.buf[op.reads[0]], env.buf[op.reads[1]]
-    q = F.linear(rms_norm(q_in, op.weights["q_norm"], a["lora_eps"]), op.weights["q_b"]) if "q_b" in op.weights else q_in
+    q = linear(rms_norm(q_in, op.weights["q_norm"], a["lora_eps"]), op.weights["q_b"]) if "q_b" in op.weights else q_in
     q = env.seq(q).view(env.B, env.T, N, P + Rr)
     q_nope, q_pe = q[..., :P], q[..., P:]
     latent = rms_norm(kv[:, :L], op.weights["kv_norm"], a["lora_eps"])
@@ -191,16 +198,20 @@ def kda_in_proj(op, env):
     conv windows of each sequence); writes q, k, v, the output-gate input, beta logits and f_a."""
     a = op.attrs
     C = a["channels"]
-    parts = split(F.linear(op_input(op, env), op.weights["w_in"]), a["in_sizes"])
+    parts = split(linear(op_input(op, env), op.weights["w_in"]), a["in_sizes"])
     state = env.cache.layers[a["cache_layer"]]
     windows = state.conv[env.batch.slots]
     windows = torch.where(_fresh(env)[:, None, None, None], torch.zeros_like(windows), windows)
     conv_w = op.weights["conv"]  # [3C, K]
-    new_windows = []
+    new_windows, every_token = [], []
     for i in range(3):
         y, win = short_conv(env.seq(parts[i]), conv_w[i * C : (i + 1) * C], windows[:, i])
         env.buf[op.writes[i]].copy_(y.reshape(-1, C))
         new_windows.append(win)
+        if env.batch.keep_states:
+            every_token.append(conv_windows(env.seq(parts[i]), windows[:, i], a["conv_size"]))
+    if env.batch.keep_states:
+        state.keep_conv(env.batch.slots, torch.stack(every_token, dim=2))
     state.conv[env.batch.slots] = torch.stack(new_windows, dim=1).to(state.conv.dtype)
     for name, part in zip(op.writes[3:], parts[3:]):
         env.buf[name].copy_(part)
@@ -212,20 +223,25 @@ def kda_core(op, env):
     a = op.attrs
     H, D = a["heads"], a["head_dim"]
     q, k, v, og, b, fa = (env.buf[n] for n in op.reads)
-    f = F.linear(fa, op.weights["f_b"]).view(-1, H, D)
+    f = linear(fa, op.weights["f_b"]).view(-1, H, D)
     if a["lower_bound"] is None:
         g = kda_gate_softplus(f, op.weights["A_log"], op.weights["dt_bias"])
     else:
         g = kda_gate_lower_bound(f, op.weights["A_log"], op.weights["dt_bias"], a["lower_bound"])
     qn = l2_norm(q.float().view(-1, H, D)) * D**-0.5
     kn = l2_norm(k.float().view(-1, H, D))
-    beta = torch.sigmoid(b.float())
+    beta = rowwise(torch.sigmoid, b.float())
     state = env.cache.layers[a["cache_layer"]]
     s0 = state.recurrent[env.batch.slots]
     s0 = torch.where(_fresh(env)[:, None, None, None], torch.zeros_like(s0), s0)
-    o, s1 = kda_recurrent(env.seq(qn), env.seq(kn), env.seq(v.float().view(-1, H, D)), env.seq(g), env.seq(beta), s0)
+    args = (env.seq(qn), env.seq(kn), env.seq(v.float().view(-1, H, D)), env.seq(g), env.seq(beta), s0)
+    if env.batch.keep_states:
+        o, s1, states = kda_recurrent(*args, return_states=True)
+        state.keep_recurrent(env.batch.slots, states)
+    else:
+        o, s1 = kda_recurrent(*args)
     state.recurrent[env.batch.slots] = s1
-    gate = F.linear(og, op.weights["g_b"]) if "g_b" in op.weights else og
+    gate = linear(og, op.weights["g_b"]) if "g_b" in op.weights else og
     y = gated_rms_norm(o.reshape(-1, H, D), gate.float().view(-1, H, D), op.weights["o_norm"], a["eps"])
     env.buf[op.writes[0]].copy_(y.reshape(-1, H * D))
 
@@ -239,9 +255,9 @@ def moe_front(op, env):
     a = op.attrs
     x = op_input(op, env)
     env.buf["moe_logits"].copy_(router_logits(x, op.weights["router"]))
-    env.buf["moe_in"].copy_(F.linear(x, op.weights["latent_down"]) if "latent_down" in op.weights else x)
+    env.buf["moe_in"].copy_(linear(x, op.weights["latent_down"]) if "latent_down" in op.weights else x)
     if "shared_gate_up" in op.weights:
-        g, u = split(F.linear(x, op.weights["shared_gate_up"]), [a["shared_width"]] * 2)
+        g, u = split(linear(x, op.weights["shared_gate_up"]), [a["shared_width"]] * 2)
         env.buf["moe_shared_act"].copy_(glu(g, u, a["act"], a["beta"], a["linear_beta"]))
 
 
@@ -261,9 +277,9 @@ def moe_tail(op, env):
     if "latent_up" in op.weights:
         if "latent_norm" in op.weights:
             u = rms_norm(u, op.weights["latent_norm"], a["eps"])
-        u = F.linear(u, op.weights["latent_up"])
+        u = linear(u, op.weights["latent_up"])
     if "shared_down" in op.weights:
-        u = u + F.linear(env.buf["moe_shared_act"], op.weights["shared_down"])
+        u = u + linear(env.buf["moe_shared_act"], op.weights["shared_down"])
     emit(op, env, u)
 
 

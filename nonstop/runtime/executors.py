@@ -1,8 +1,9 @@
 """The executor interface and the registry of backends.
 
 An executor runs ``forward(input_ids [B, T], cache, batch, last_only) -> fp32 logits`` for a loaded
-model; all executors must give the reference's tokens. ``stats`` reports per-step facts such as
-kernel launches.
+model; all executors must give the reference's tokens. ``forward_hidden(input_ids, cache, batch,
+taps)`` (optional) also returns the residual stream at the listed layers (a DSpark drafter reads
+them). ``stats`` reports per-step facts such as kernel launches.
 """
 
 from __future__ import annotations
@@ -24,6 +25,10 @@ class ReferenceExecutor:
 
     def forward(self, input_ids: torch.Tensor, cache: ModelCache | None, batch: StepBatch | None, last_only: bool = False) -> torch.Tensor:
         return self.model(input_ids, cache, batch, last_only=last_only)
+
+    def forward_hidden(self, input_ids: torch.Tensor, cache: ModelCache, batch: StepBatch, taps: tuple[int, ...]):
+        """(logits [B, T, V], {tap: residual stream entering layer tap [B, T, d]}) — for drafters."""
+        return self.model.forward_hidden(input_ids, cache, batch, taps)
 
 
 def _superop(model):

@@ -27,9 +27,9 @@ def program(request):
     return lower(random_model(ModelConfig.from_hf_dict(TINY_CONFIGS[request.param]), torch.float32, seed=2))
 
 
-@pytest.mark.parametrize("B,T,persistent", [(1, 1, True), (3, 2, True), (2, 3, False)])
-def test_schedule_validates(program, B, T, persistent):
-    s = build_schedule(program, B, T, CONFIG, persistent)
+@pytest.mark.parametrize("B,T,persistent,split", [(1, 1, True, False), (3, 2, True, False), (2, 3, False, False), (2, 2, True, True)])
+def test_schedule_validates(program, B, T, persistent, split):
+    s = build_schedule(program, B, T, CONFIG, persistent, split_counters=split)
     validate(s)
     assert [op.name for op in s.ops] == [op.name for op in program.ops] + (["next_ids"] if persistent else [])
     assert {s.ops[t.op].name for t in s.tasks} == {op.name for op in s.ops}
@@ -39,6 +39,15 @@ def test_schedule_validates(program, B, T, persistent):
         for w in t.waits:
             assert w.per_step == s.counters[w.counter].per_step and w.base in (0, w.per_step)
             assert w.base or persistent, "only persistent schedules wait on the previous step"
+
+
+def test_split_counters_wait_only_for_producers():
+    """With a counter per set of written buffers, moe_experts does not wait for the shared-expert tiles."""
+    program = lower(random_model(ModelConfig.from_hf_dict(TINY_CONFIGS["kimi_k3"]), torch.float32, seed=2))
+    s = build_schedule(program, 1, 1, CONFIG, True, split_counters=True)
+    experts = next(t for t in s.tasks if s.ops[t.op].name == "L1.moe_experts")
+    waited = {s.counters[w.counter].name for w in experts.waits}
+    assert waited == {"L1.moe_front/main:moe_logits", "L1.moe_front/main:moe_in+moe_out"}
 
 
 def test_tiles_write_each_output_exactly_once(program):
@@ -121,3 +130,14 @@ def test_k3_shaped_schedule_validates():
     s = build_schedule(lower(model), B=2, T=2)
     assert len(s.tasks) > 10_000
     validate(s)
+
+
+def test_timing_estimate_orders_the_variants():
+    """The toy timing model never beats the bandwidth floor, and prefetching weights before the waits
+    is never slower than waiting first."""
+    from nonstop.runtime.megakernel.estimate import estimate_step
+
+    program = lower(random_model(ModelConfig.from_hf_dict(TINY_CONFIGS["kimi_k3"]), torch.float32, seed=2))
+    s = build_schedule(program, 2, 1, CONFIG, True)
+    ahead, after = estimate_step(s, workers=8, prefetch=True), estimate_step(s, workers=8, prefetch=False)
+    assert after["seconds"] >= ahead["seconds"] >= ahead["floor"] > 0

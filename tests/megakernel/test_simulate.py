@@ -22,7 +22,7 @@ from tests.tiny_configs import TINY_CONFIGS
 
 WORKERS = (1, 3, 16, 64)
 STEPS = 3
-CONFIG = TilingConfig(block_n=16, attn_split=4, max_context=16, attn_block_m=4)
+CONFIG = TilingConfig(block_n=16, attn_split=4, max_context=16, attn_block_m=4, blocks=(("moe_experts", 8), ("kda_in_proj", 12), ("mla_in_proj", 12)))
 
 
 @pytest.mark.parametrize("seed", range(24))
@@ -63,6 +63,15 @@ def test_program_schedule_matches_the_reference(family, workers):
     assert result.ok, result.summary()
     for e in range(STEPS):
         torch.testing.assert_close(got[e], want[e], rtol=1e-4, atol=1e-5, msg=lambda m: f"step {e}: {m}")
+
+
+def test_split_counters_match_the_reference(family):
+    model, program = family
+    s = build_schedule(program, 2, 2, CONFIG, persistent=True, split_counters=True)
+    result, got, want = _run(model, program, s, 16, seed=5)
+    assert result.ok, result.summary()
+    for e in range(STEPS):
+        torch.testing.assert_close(got[e], want[e], rtol=1e-4, atol=1e-5)
 
 
 def test_one_launch_per_step_matches_the_reference(family):

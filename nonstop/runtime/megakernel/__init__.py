@@ -1,10 +1,14 @@
 """The megakernel runtime: a decode step as one persistent kernel's schedule.
 
-``schedule``  tasks (tiles of super-ops) in topological order, epoch-based counters and waits, weight
-              prefetch order (``build_schedule(program, B, T)``);
-``validate``  a static proof that a schedule cannot race, deadlock or release a waiter early;
-``simulate``  many workers taking tickets in seeded random interleavings, with a dynamic race detector;
-``encode``    the integer tensors the persistent kernel reads; ``stats`` a summary for humans.
+``schedule``    tasks (tiles of super-ops) in topological order, epoch-based counters and waits, weight
+                prefetch order: ``build_schedule(program, B, T)``; the data structures the kernel reads.
+``tiling``      the per-kind tiling table (``tiles_dense``, ``tiles_attention``, ``tiles_moe``) and opcodes.
+``validate``    a static proof that a schedule cannot race, deadlock or release a waiter early.
+``simulate``    workers taking tickets in seeded random interleavings, with a shadow race detector
+                (``shadow``); ``checksum`` (synthetic) and ``sim_program`` (plain-torch twins per tile,
+                ``stage_twins``; ``steps`` sets up several steps and the sequential reference) actions.
+``encode``      the integer tensors a persistent kernel reads; ``stats`` and ``estimate`` (a toy timing
+                model) summarise a schedule for humans.
 The persistent Triton kernel itself (``MegakernelExecutor``) is not written yet.
 """
 

@@ -26,7 +26,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from nonstop.runtime.megakernel.frontier import Frontier, counter_of, epoch_of, key_of
-from nonstop.runtime.megakernel.regions import Region
+from nonstop.runtime.megakernel.regions import Access, Region
 
 
 class ScheduleError(ValueError):
@@ -172,14 +172,18 @@ class Schedule:
         return [(i, w) for i, t in enumerate(self.tasks) for w in t.weights]
 
 
-def assemble(buffers: list[BufferInfo], ops: list[OpTiles], persistent: bool, B: int = 1, T: int = 1, opcodes: list[tuple[str, str]] | None = None) -> Schedule:
-    """Tasks in op / stage / tile order, one counter per (op, stage), and the fewest waits that order
-    every conflicting access (derived with the same frontier rules the validator checks).
+def assemble(buffers: list[BufferInfo], ops: list[OpTiles], persistent: bool, B: int = 1, T: int = 1, opcodes: list[tuple[str, str]] | None = None, split_counters: bool = False) -> Schedule:
+    """Tasks in op / stage / tile order, counters, and the fewest waits that order every conflicting
+    access (derived with the same frontier rules the validator checks).
 
-    ``opcodes``: the kernel's dispatch table of (kind, stage name); by default the pairs in order of
-    first appearance."""
+    One counter per (op, stage); with ``split_counters`` one per (op, stage, set of buffers a tile
+    writes), so a consumer waits only for the tiles that produce what it reads: e.g. moe_experts then
+    waits for moe_front's router and latent tiles but not its shared-expert tiles, and mla_q_up not for
+    mla_in_proj's gate tiles. ``opcodes``: the kernel's dispatch table of (kind, stage name); by default
+    the pairs in order of first appearance."""
     table = list(opcodes) if opcodes is not None else []
     counters: list[Counter] = []
+    stage_of: list[tuple[int, int]] = []  # (op, stage) of each counter
     raw: list[tuple[int, int, TileSpec, int]] = []
     for oi, op in enumerate(ops):
         for si, stage in enumerate(op.stages):
@@ -190,11 +194,19 @@ def assemble(buffers: list[BufferInfo], ops: list[OpTiles], persistent: bool, B:
                 if opcodes is not None:
                     raise ScheduleError(f"{op.name}: no opcode for kind {op.kind!r} stage {stage.name!r}")
                 table.append(pair)
-            c = len(counters)
-            counters.append(Counter(f"{op.name}/{stage.name}", len(stage.tiles)))
-            raw.extend((oi, si, spec, c) for spec in stage.tiles)
+            groups: dict[tuple, int] = {}
+            for spec in stage.tiles:
+                written = tuple(sorted({r.buffer for r in spec.regions if r.access in (Access.WRITE, Access.ACCUMULATE)})) if split_counters else ()
+                if written not in groups:
+                    groups[written] = len(counters)
+                    suffix = ":" + "+".join(buffers[b].name for b in written) if split_counters else ""
+                    counters.append(Counter(f"{op.name}/{stage.name}{suffix}", 0))
+                    stage_of.append((oi, si))
+                c = groups[written]
+                counters[c] = Counter(counters[c].name, counters[c].per_step + 1)
+                raw.append((oi, si, spec, c))
     names = [f"{ops[oi].name}/{ops[oi].stages[si].name}[{spec.label or spec.tile}]" for oi, si, spec, _ in raw]
-    waits = derive_waits(buffers, [(spec.regions, c) for _, _, spec, c in raw], counters, persistent, names)
+    waits = derive_waits(buffers, [(spec.regions, c) for _, _, spec, c in raw], counters, persistent, names, stage_of)
     tasks = []
     for (oi, si, spec, c), w in zip(raw, waits):
         code = table.index((ops[oi].kind, ops[oi].stages[si].name))
@@ -202,7 +214,7 @@ def assemble(buffers: list[BufferInfo], ops: list[OpTiles], persistent: bool, B:
     return Schedule(buffers, ops, counters, tasks, persistent, B, T, table)
 
 
-def derive_waits(buffers: list[BufferInfo], items: list[tuple[tuple[Region, ...], int]], counters: list[Counter], persistent: bool, names=None) -> list[tuple[Wait, ...]]:
+def derive_waits(buffers: list[BufferInfo], items: list[tuple[tuple[Region, ...], int]], counters: list[Counter], persistent: bool, names=None, stage_of=None) -> list[tuple[Wait, ...]]:
     """Waits for tasks ``items`` = [(regions, counter)] in queue order.
 
     Step 0 of the sweep gives same-step needs (wait base = per_step); step 1 adds what step e+1 needs
@@ -217,9 +229,10 @@ def derive_waits(buffers: list[BufferInfo], items: list[tuple[tuple[Region, ...]
     same_step: list[list[int]] = []
     for t, (_, c) in enumerate(items):
         needs = {counter_of(k) for k in frontier.required(flat[t])}
-        if c in needs:
+        siblings = [n for n in needs if (stage_of[n] == stage_of[c] if stage_of else n == c)]
+        if siblings:
             who = names[t] if names else f"task {t}"
-            raise ScheduleError(f"tiles of one stage conflict: {who} touches what a sibling tile of {counters[c].name} writes (they share a counter, so neither can wait for the other)")
+            raise ScheduleError(f"tiles of one stage conflict: {who} touches what a sibling tile ({counters[siblings[0]].name}) writes; tiles of a stage run unordered")
         chosen = _reduce(needs, anc0)
         same_step.append(chosen)
         for n in chosen:
@@ -252,17 +265,17 @@ def _reduce(needs: set[int], anc: list[int]) -> list[int]:
     return sorted(n for n in needs if not (cover >> n) & 1)
 
 
-def build_schedule(program, B: int = 1, T: int = 1, config=None, persistent: bool = True) -> Schedule:
+def build_schedule(program, B: int = 1, T: int = 1, config=None, persistent: bool = True, split_counters: bool = False) -> Schedule:
     """The Schedule of a decode ``Program`` for B sequences x T new tokens each.
 
     persistent: steps run back to back in one launch (the step ends with greedy sampling into ``ids``);
-    otherwise one launch per step, the host writing ``ids`` in between.
+    otherwise one launch per step, the host writing ``ids`` in between. split_counters: see ``assemble``.
     """
     from nonstop.runtime.megakernel.tilectx import TilingConfig
     from nonstop.runtime.megakernel.tiling import OPCODES, tile_program
 
     config = config or TilingConfig()
     buffers, ops = tile_program(program, B, T, config, persistent)
-    schedule = assemble(buffers, ops, persistent, B, T, list(OPCODES))
+    schedule = assemble(buffers, ops, persistent, B, T, list(OPCODES), split_counters)
     schedule.config = config
     return schedule

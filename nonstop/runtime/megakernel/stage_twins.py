@@ -85,7 +85,7 @@ def moe_tile_delta(op, env, task, s) -> None:
     """env's moe_out (zeroed by the caller) <- this tile's share of Σ_k p_k E_k(moe_in)."""
     a = op.attrs
     mc = a["moe"]
-    bn = s.config.block_n
+    bn = s.config.block("moe_experts")
     chunks = -(-mc.intermediate_size // bn)
     slot, j = divmod(task.tile, chunks)
     lo, hi = j * bn, min((j + 1) * bn, mc.intermediate_size)

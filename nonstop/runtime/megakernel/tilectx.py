@@ -21,17 +21,23 @@ from nonstop.runtime.megakernel.schedule import BufferInfo, WeightSlice
 
 @dataclass(frozen=True)
 class TilingConfig:
-    """block_n: GEMV output rows per tile. MLA attention: ``attn_split`` keys per split tile, enough
-    splits for ``max_context`` tokens, ``attn_block_m`` (row, head) query items per split tile."""
+    """block_n: GEMV output rows (moe_experts: intermediate rows) per tile; ``blocks`` overrides it per
+    kind, e.g. ``(("mla_in_proj", 32),)`` to match a kernel's BLOCK_N. MLA attention: ``attn_split``
+    keys per split tile, enough splits for ``max_context`` tokens, ``attn_block_m`` (row, head) query
+    items per split tile."""
 
     block_n: int = 64
     attn_split: int = 256
     max_context: int = 4096
     attn_block_m: int = 32
+    blocks: tuple[tuple[str, int], ...] = ()
 
     @property
     def attn_splits(self) -> int:
         return -(-self.max_context // self.attn_split)
+
+    def block(self, kind: str) -> int:
+        return dict(self.blocks).get(kind, self.block_n)
 
 
 class TileContext:

@@ -70,7 +70,7 @@ def packed_gemv(ctx: TileContext, op: SuperOp, sizes: list[int], outputs: list[i
     ``extra(part, lo, hi)`` adds regions for a part's columns."""
     src = ctx.buf(op.reads[0])
     tiles = []
-    for j, (lo, hi) in enumerate(chunks(sum(sizes), ctx.config.block_n)):
+    for j, (lo, hi) in enumerate(chunks(sum(sizes), ctx.config.block(op.kind))):
         regs = [ctx.box(src, READ)]
         for part, a, b in packed_parts(sizes, lo, hi):
             regs.append(ctx.box(outputs[part], WRITE, cols=(a, b)))

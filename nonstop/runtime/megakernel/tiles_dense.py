@@ -57,7 +57,7 @@ def linear_residual(ctx: TileContext, op: SuperOp) -> list[StageSpec]:
     src = ctx.buf(op.reads[0])
     n = op.weights["w"].shape[0]
     tiles = []
-    for j, (a, b) in enumerate(chunks(n, ctx.config.block_n)):
+    for j, (a, b) in enumerate(chunks(n, ctx.config.block(op.kind))):
         regs = [ctx.box(src, READ)] + target_regions(ctx, op, (a, b))
         tiles.append(TileSpec(j, tuple(regs), ctx.weights(ctx.weight(op, "w", 0, a, b), ctx.weight(op, "b", 0, a, b)), f"cols {a}:{b}"))
     return [StageSpec("main", tiles)]
@@ -68,7 +68,7 @@ def lm_head(ctx: TileContext, op: SuperOp) -> list[StageSpec]:
     src, out = ctx.buf(op.reads[0]), ctx.buf(op.writes[0])
     n = op.weights["w"].shape[0]
     tiles = [TileSpec(j, (ctx.box(src, READ), ctx.box(out, WRITE, cols=(a, b))), ctx.weights(ctx.weight(op, "w", 0, a, b), ctx.weight(op, "norm")), f"cols {a}:{b}")
-             for j, (a, b) in enumerate(chunks(n, ctx.config.block_n))]
+             for j, (a, b) in enumerate(chunks(n, ctx.config.block(op.kind)))]
     return [StageSpec("main", tiles)]
 
 
@@ -79,11 +79,11 @@ def mlp(ctx: TileContext, op: SuperOp) -> list[StageSpec]:
     inter, d = op.weights["gate"].shape[0], op.weights["down"].shape[0]
     act = ctx.scratch(f"mlp_act_{inter}", inter)
     up = []
-    for j, (a, b) in enumerate(chunks(inter, ctx.config.block_n)):
+    for j, (a, b) in enumerate(chunks(inter, ctx.config.block(op.kind))):
         w = ctx.weights(*(ctx.weight(op, role, 0, a, b) for role in ("gate", "up", "gate_b", "up_b")), ctx.weight(op, "norm"))
         up.append(TileSpec(j, (ctx.box(src, READ), ctx.box(act, WRITE, cols=(a, b))), w, f"inter {a}:{b}"))
     down = []
-    for j, (a, b) in enumerate(chunks(d, ctx.config.block_n)):
+    for j, (a, b) in enumerate(chunks(d, ctx.config.block(op.kind))):
         w = ctx.weights(ctx.weight(op, "down", 0, a, b), ctx.weight(op, "down_b", 0, a, b))
         down.append(TileSpec(j, (ctx.box(act, READ), *target_regions(ctx, op, (a, b))), w, f"cols {a}:{b}"))
     return [StageSpec("gate_up", up), StageSpec("down", down)]

@@ -23,7 +23,7 @@ READ, WRITE, ACC = Access.READ, Access.WRITE, Access.ACCUMULATE
 def moe_front(ctx: TileContext, op: SuperOp) -> list[StageSpec]:
     src = ctx.buf(op.reads[0])
     logits, moe_in, moe_out = ctx.buf("moe_logits"), ctx.buf("moe_in"), ctx.buf("moe_out")
-    bn = ctx.config.block_n
+    bn = ctx.config.block(op.kind)
     norm = ctx.weight(op, "norm")
     tiles = []
 
@@ -60,7 +60,7 @@ def _expert_slices(ctx: TileContext, op: SuperOp, lo: int, hi: int, inter: int) 
 def moe_experts(ctx: TileContext, op: SuperOp) -> list[StageSpec]:
     mc = op.attrs["moe"]
     logits, moe_in, moe_out = ctx.buf(op.reads[0]), ctx.buf(op.reads[1]), ctx.buf(op.writes[0])
-    parts = chunks(mc.intermediate_size, ctx.config.block_n)
+    parts = chunks(mc.intermediate_size, ctx.config.block(op.kind))
     regs = (ctx.box(logits, READ), ctx.box(moe_in, READ), ctx.box(moe_out, ACC))
     tiles = []
     for slot in range(min(mc.num_experts, ctx.R * mc.top_k)):
@@ -76,7 +76,7 @@ def moe_tail(ctx: TileContext, op: SuperOp) -> list[StageSpec]:
         reads.append(ctx.box(ctx.buf("moe_shared_act"), READ))
     d = ctx.cfg.hidden_size
     tiles = []
-    for j, (a, b) in enumerate(chunks(d, ctx.config.block_n)):
+    for j, (a, b) in enumerate(chunks(d, ctx.config.block(op.kind))):
         w = ctx.weights(ctx.weight(op, "latent_up", 0, a, b), ctx.weight(op, "latent_norm"), ctx.weight(op, "shared_down", 0, a, b))
         tiles.append(TileSpec(j, (*reads, *target_regions(ctx, op, (a, b))), w, f"cols {a}:{b}"))
     return [StageSpec("main", tiles)]

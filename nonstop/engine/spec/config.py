@@ -1,0 +1,58 @@
+"""``SpecConfig``: what ``LLM(speculative={...})`` and the CLI flags choose."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+from pathlib import Path
+
+METHODS = ("ngram", "dspark")
+
+
+@dataclass
+class SpecConfig:
+    """method: ``ngram`` (prompt lookup) or ``dspark`` (the block drafter shipped with the model).
+    num_tokens: drafts proposed per step (the target verifies num_tokens + 1 rows; 0 = none).
+    ngram_max / ngram_min: n-gram sizes tried, longest first. drafter: the DSpark drafter directory
+    (default: ``dspark/`` inside the model directory)."""
+
+    method: str
+    num_tokens: int = 4
+    ngram_max: int = 4
+    ngram_min: int = 2
+    drafter: str | None = None
+
+    def __post_init__(self):
+        if self.method not in METHODS:
+            raise ValueError(f"speculative method must be one of {', '.join(METHODS)}, got {self.method!r}")
+        n = self.num_tokens
+        if not isinstance(n, int) or isinstance(n, bool) or not 0 <= n <= 15:
+            raise ValueError(f"speculative num_tokens must be an integer in 0..15 (verify rows <= 16), got {n!r}")
+
+    @classmethod
+    def parse(cls, value) -> "SpecConfig | None":
+        """None, a SpecConfig, or a dict such as {"method": "ngram", "num_tokens": 4}."""
+        if value is None or isinstance(value, SpecConfig):
+            return value
+        if not isinstance(value, dict):
+            raise TypeError(f"speculative must be a dict like {{'method': 'ngram', 'num_tokens': 4}}, got {type(value).__name__}")
+        known = {f.name for f in fields(cls)}
+        unknown = sorted(set(value) - known)
+        if unknown:
+            raise ValueError(f"unknown speculative option(s) {', '.join(unknown)}; known: {', '.join(sorted(known))}")
+        if "method" not in value:
+            raise ValueError("speculative needs a 'method' (ngram or dspark)")
+        return cls(**value)
+
+
+def make_drafter(spec: SpecConfig, model, model_dir: Path | None):
+    """The drafter object for ``spec`` and the loaded target ``model`` (a ``CausalLM``)."""
+    if spec.method == "ngram":
+        from nonstop.engine.spec.ngram import NgramDrafter
+
+        return NgramDrafter(spec.ngram_max, spec.ngram_min)
+    from nonstop.engine.spec.dspark_drafter import DSparkDrafter
+
+    path = Path(spec.drafter) if spec.drafter else (model_dir / "dspark" if model_dir is not None else None)
+    if path is None or not (path / "config.json").exists():
+        raise ValueError(f"dspark drafting needs a trained drafter: none at {path or '(random-weight model has no directory)'}; give speculative={{'method': 'dspark', 'drafter': DIR}}")
+    return DSparkDrafter.load(path, model)

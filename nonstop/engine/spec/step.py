@@ -1,0 +1,136 @@
+"""``SpecDecoder``: the speculative decode step of an ``EngineCore``.
+
+For every running request: the drafter proposes k_r <= k tokens; the target runs the rows
+[x, d_1..d_k_r] (x = the last emitted token, not yet in the cache) in one forward — every row
+computed exactly as in a one-token decode step (``row_exact``) — with ``keep_states`` so each KDA
+layer keeps its state after every row; ``verify`` picks the emitted tokens (1..k_r+1); they are
+appended one by one (a stop condition ends the block early); ``ModelCache.commit`` keeps the first n
+rows of each request (n = tokens emitted: x and the emitted drafts are now in the cache, the last
+emitted token is the next step's x). A request with no draft runs a one-row step the same way.
+
+Requests with different draft lengths share a forward (shorter rows are padded; padded rows are
+never committed). With batch invariance every request runs alone; executors with a row limit
+(the superop program: 16 rows) get groups that fit it, so verification runs through the program.
+
+Metrics per request (``RequestOutput.metrics``): drafted_tokens, accepted_tokens, verify_steps and
+mean_accepted_length = tokens emitted per verification step.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from nonstop.engine.sampling import top_logprobs
+from nonstop.engine.spec.config import SpecConfig
+from nonstop.engine.spec.drafter import Draft
+from nonstop.engine.spec.verify import verify
+from nonstop.model.rows import row_exact
+
+
+def forward_rows(executor, ids: torch.Tensor, cache, batch, taps: tuple[int, ...]):
+    """(logits [B, T, V] fp32, hidden {tap: [B, T, d]}) of one cached step."""
+    if not taps:
+        return executor.forward(ids, cache, batch), {}
+    fn = getattr(executor, "forward_hidden", None)
+    if fn is None:
+        raise ValueError(f"backend {getattr(executor, 'name', executor)!r} cannot return the hidden states a DSpark drafter reads; use speculative method 'ngram'")
+    return fn(ids, cache, batch, taps)
+
+
+class SpecDecoder:
+    def __init__(self, spec: SpecConfig, drafter):
+        self.spec = spec
+        self.drafter = drafter
+
+    @property
+    def taps(self) -> tuple[int, ...]:
+        return tuple(self.drafter.taps)
+
+    # ------------------------------------------------------------------ request lifecycle
+    def start(self, req) -> None:
+        req.extra_metrics.update(drafted_tokens=0, accepted_tokens=0, verify_steps=0, mean_accepted_length=None)
+        self.drafter.start(req)
+
+    def observe(self, req, hidden: dict, row: int, n: int) -> None:
+        """Give the drafter the hidden states of rows [0, n) of batch row ``row``."""
+        if self.taps:
+            self.drafter.observe(req, {tap: h[row, :n] for tap, h in hidden.items()})
+
+    # ------------------------------------------------------------------ the step
+    def decode(self, core, reqs: list) -> list:
+        out = []
+        for group in self._groups(core, reqs):
+            out += self._step(core, group)
+        return out
+
+    def _groups(self, core, reqs: list) -> list[list]:
+        groups = core._row_groups(reqs)
+        max_rows = getattr(getattr(core.executor, "program", None), "max_rows", None)
+        if max_rows is None:
+            return groups
+        per = max(1, max_rows // (self.spec.num_tokens + 1))
+        return [g[i : i + per] for g in groups for i in range(0, len(g), per)]
+
+    def _draft_len(self, core, req) -> int:
+        """k_r: at most num_tokens, and the block may not run past max_tokens or the context."""
+        left = req.params.max_tokens - len(req.output_ids) - 1
+        room = core.max_len - len(req.prompt_ids) - len(req.output_ids)
+        return max(0, min(self.spec.num_tokens, left, room))
+
+    def _step(self, core, group: list) -> list:
+        drafts = []
+        for r in group:
+            k = self._draft_len(core, r)
+            drafts.append(self.drafter.propose(r, k) if k > 0 else Draft.empty())
+        T = 1 + max(len(d.tokens) for d in drafts)
+        rows = [[r.output_ids[-1]] + d.tokens + [r.output_ids[-1]] * (T - 1 - len(d.tokens)) for r, d in zip(group, drafts)]
+        batch = core.cache.batch([r.slot for r in group], T, keep_states=True)
+        try:
+            with row_exact():
+                logits, hidden = forward_rows(core.executor, torch.tensor(rows, dtype=torch.long, device=core.device), core.cache, batch, self.taps)
+        except Exception as exc:
+            core._fail(group, exc)
+            return [(r, "") for r in group]
+        texts, counts, failed = [], [], []
+        for i, (r, d) in enumerate(zip(group, drafts)):
+            tokens: list[int] = []
+            try:
+                tokens = verify(d.tokens, d.probs, logits[i, : len(d.tokens) + 1], r.params, r.generator)
+                text, n = self._emit(core, r, tokens, logits[i])
+            except Exception as exc:
+                failed.append((r, exc))
+                text, n = "", 1
+            self._count(r, len(d.tokens), min(n, max(0, len(tokens) - 1)))
+            texts.append(text)
+            counts.append(n)
+        core.cache.commit(batch, counts)
+        for i, r in enumerate(group):
+            if r.finished:
+                core.running.remove(r)
+                core._release(r)
+            elif not any(r is f for f, _ in failed):
+                self.observe(r, hidden, i, counts[i])
+        for r, exc in failed:
+            core._fail([r], exc)
+        return list(zip(group, texts))
+
+    def _emit(self, core, req, tokens: list[int], logits: torch.Tensor) -> tuple[str, int]:
+        """Append tokens (row j of logits [T, V] scored token j) until the request finishes;
+        returns the new text and how many were appended."""
+        logprobs = torch.log_softmax(logits.float(), -1) if req.params.logprobs is not None else None
+        text = ""
+        for j, token in enumerate(tokens):
+            row = top_logprobs(logprobs[j], req.params.logprobs, token) if logprobs is not None else None
+            text += req.append(token, core.tokenizer, row)
+            if req.finished:
+                return text, j + 1
+        return text, len(tokens)
+
+    @staticmethod
+    def _count(req, drafted: int, accepted: int) -> None:
+        """Every token after the first (sampled from the prompt's logits) came from a verification step."""
+        m = req.extra_metrics
+        m["drafted_tokens"] += drafted
+        m["accepted_tokens"] += accepted
+        m["verify_steps"] += 1
+        m["mean_accepted_length"] = (len(req.output_ids) - 1) / m["verify_steps"]
