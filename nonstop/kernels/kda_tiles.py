@@ -1,0 +1,228 @@
+"""Tile functions of the KDA super-ops (twins: ``kda_in_proj``, ``kda_core`` in program/reference.py).
+
+Row layout of a step: R = B·T rows, row r = token t = r % T of sequence b = r // T, whose slot is
+``slots[b]`` and which starts a fresh sequence when ``start[b] == 0`` (zero conv window and state).
+
+kda_in_proj_tile(tile): outputs n0 = tile·BLOCK_N .. n0+BLOCK_N-1 of the packed
+  W_in = [q | k | v | g or g_a | b | f_a]  ([N, d], N = 3C + G + H + RANK), for all R rows:
+    p = RMSNorm(x) W_inᵀ (model dtype)                                         [R, BLOCK_N]
+    q/k/v channels n < 3C:  y_t = SiLU(Σ_j conv[n, j] · s_{t+j}),  s = [window_0..window_{K-2}, p_0..p_{T-1}]
+                            (per sequence; tap K-1 multiplies the current token), new window = last K-1 of s
+  A tile owns its channels' conv windows in every slot, so tiles never touch the same state.
+
+kda_core_tile(tile): sequence b = tile // H, head h = tile % H, the whole state S [D, D] fp32 in registers:
+    f = fa W_fb[h]ᵀ,  g = -e^{A_log[h]} softplus(f + dt_bias)  or  lower_bound · σ(e^{A_log[h]} (f + dt_bias))
+    per token in order: q ← L2(q)·D^-½, k ← L2(k), β = σ(b);
+        S ← Diag(e^g) S;  S ← S + k (β (v - Sᵀk))ᵀ;  o = Sᵀq
+        y = o_norm ⊙ o / sqrt(mean(o²) + eps) ⊙ σ(gate),  gate = og (full rank) or og W_gb[h]ᵀ (low rank)
+"""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+from nonstop.kernels.rows_gemv import rows_gemv
+
+
+# ----------------------------------------------------------------------------- small helpers
+
+
+@triton.jit
+def _round(x, dtype: tl.constexpr):
+    """x (fp32) rounded through ``dtype`` (what a model-dtype torch op stores), back in fp32."""
+    return x.to(dtype).to(tl.float32)
+
+
+@triton.jit
+def _softplus(z):
+    """torch's softplus (beta 1, threshold 20). log1p(e), e = e^z, without libdevice: with u = 1 + e
+    rounded, log(u) · e / (u - 1) is accurate to a few ulp (and e itself where u rounds to 1)."""
+    e = tl.exp(tl.minimum(z, 20.0))
+    u = 1.0 + e
+    exact = u == 1.0
+    log1p = tl.where(exact, e, tl.log(u) * (e / tl.where(exact, 1.0, u - 1.0)))
+    return tl.where(z > 20.0, z, log1p)
+
+
+@triton.jit
+def _shift_rows(x, s, t, dtype: tl.constexpr, BLOCK_R: tl.constexpr, DOT_FP32: tl.constexpr):
+    """[BLOCK_R, N] -> row r gets x[r - s] where the row's token index t[r] >= s (same sequence), else 0.
+    A one-hot [BLOCK_R, BLOCK_R] product: exact, since each output sums one value representable in
+    ``dtype`` (the model dtype: the tensor-core operand type on a GPU)."""
+    rows = tl.arange(0, BLOCK_R)
+    pick = ((rows[None, :] == rows[:, None] - s) & (t[:, None] >= s)).to(tl.float32)
+    if DOT_FP32:
+        return tl.dot(pick, x, input_precision="ieee")
+    return tl.dot(pick.to(dtype), x.to(dtype))
+
+
+@triton.jit
+def _store_section(out_ptr, val, rows, rmask, ns, lo, width):
+    """Store the columns lo <= n < lo + width of the tile into a [R, width] buffer."""
+    cols = ns - lo
+    mask = rmask[:, None] & ((cols >= 0) & (cols < width))[None, :]
+    tl.store(out_ptr + rows[:, None] * width + cols[None, :], val.to(out_ptr.dtype.element_ty), mask=mask)
+
+
+# ----------------------------------------------------------------------------- kda_in_proj
+
+
+@triton.jit
+def _short_conv_silu(
+    raw, rows, rmask, ns, conv_w_ptr, win_ptr, stride_win_slot, slots_ptr, start_ptr, R, T, C, K,
+    BLOCK_R: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_W: tl.constexpr, DOT_FP32: tl.constexpr,
+):
+    """SiLU(causal depthwise conv) of the tile's q/k/v channels over each sequence's window + T tokens;
+    writes the new windows. raw: [BLOCK_R, BLOCK_N] projections (model-dtype values, fp32).
+    Window layout per slot: [3C, K-1] contiguous (channel n = part·C + c), slot stride ``stride_win_slot``."""
+    dtype = win_ptr.dtype.element_ty
+    km1 = K - 1
+    cmask = ns < 3 * C
+    t = rows % T
+    b = rows // T
+    slot = tl.load(slots_ptr + b, mask=rmask, other=0)
+    live = tl.load(start_ptr + b, mask=rmask, other=0) != 0  # fresh sequences read a zero window
+    win_rows = win_ptr + slot.to(tl.int64) * stride_win_slot
+    win_cols = ns * km1
+    y = tl.load(conv_w_ptr + ns * K + km1, mask=cmask, other=0.0).to(tl.float32)[None, :] * raw
+    for s in range(1, K):  # token t - s: the window entry t + K-1 - s while t < s, else row r - s
+        tap = tl.load(conv_w_ptr + ns * K + (km1 - s), mask=cmask, other=0.0).to(tl.float32)
+        from_win = rmask & live & (t < s)
+        prev = tl.load(win_rows[:, None] + win_cols[None, :] + (t + km1 - s)[:, None], mask=from_win[:, None] & cmask[None, :], other=0.0).to(tl.float32)
+        if BLOCK_R > 1:
+            if s < T:  # some row of this step is s tokens after another row of its sequence
+                prev += _shift_rows(raw, s, t, dtype, BLOCK_R, DOT_FP32)
+        y += tap[None, :] * prev
+    y = _round(y, dtype)
+    y = _round(y * tl.sigmoid(y), dtype)
+
+    # new window [b, i] = s_{T+i}: the old entry T+i while T+i < K-1, else token T+i-(K-1)
+    w = tl.arange(0, BLOCK_W)
+    wb = w // km1
+    wi = w % km1
+    moved = (wb < R // T) & (wi + T < km1)
+    wslot = tl.load(slots_ptr + wb, mask=moved, other=0)
+    wlive = tl.load(start_ptr + wb, mask=moved, other=0) != 0
+    w_rows = win_ptr + wslot.to(tl.int64) * stride_win_slot
+    kept = tl.load(w_rows[:, None] + win_cols[None, :] + (wi + T)[:, None], mask=(moved & wlive)[:, None] & cmask[None, :], other=0.0)
+    tl.debug_barrier()  # every read of the old windows (taps above, kept entries) precedes the writes
+    tl.store(w_rows[:, None] + win_cols[None, :] + wi[:, None], kept, mask=moved[:, None] & cmask[None, :])
+    ni = t - T + km1
+    tl.store(win_rows[:, None] + win_cols[None, :] + ni[:, None], raw.to(dtype), mask=(rmask & (ni >= 0))[:, None] & cmask[None, :])
+    return y
+
+
+@triton.jit
+def kda_in_proj_tile(
+    tile,
+    x_ptr, stride_x, norm_ptr, eps,
+    w_ptr, stride_w, conv_w_ptr,
+    win_ptr, stride_win_slot, slots_ptr, start_ptr,
+    q_ptr, k_ptr, v_ptr, og_ptr, beta_ptr, fa_ptr,
+    R, T, d, C, G, H, RANK, K,
+    HAS_NORM: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    BLOCK_W: tl.constexpr, DOT_FP32: tl.constexpr, NUM_STAGES: tl.constexpr,
+):
+    """One BLOCK_N slice of kda_in_proj for all R rows (see the module docstring).
+
+    x [R, d] (row stride stride_x); norm [d] (used when HAS_NORM); w [N, d]; conv_w [3C, K];
+    win: the layer's conv state [S, 3, C, K-1] (slot stride stride_win_slot); slots, start [B] int64;
+    outputs contiguous: q, k, v [R, C], og [R, G], beta [R, H], fa [R, RANK].
+    BLOCK_R = rows_gemv.row_block(R); BLOCK_W >= 16, a power of two >= B·(K-1).
+    """
+    N = 3 * C + G + H + RANK
+    n0 = tile * BLOCK_N
+    acc = rows_gemv(x_ptr, stride_x, 0, R, norm_ptr, eps, w_ptr, stride_w, n0, N, d,
+                    HAS_NORM, BLOCK_R, BLOCK_N, BLOCK_K, DOT_FP32, NUM_STAGES)
+    raw = _round(acc, q_ptr.dtype.element_ty)
+    rows = tl.arange(0, BLOCK_R)
+    rmask = rows < R
+    ns = n0 + tl.arange(0, BLOCK_N)
+    val = raw
+    if n0 < 3 * C:
+        y = _short_conv_silu(raw, rows, rmask, ns, conv_w_ptr, win_ptr, stride_win_slot, slots_ptr, start_ptr, R, T, C, K,
+                             BLOCK_R, BLOCK_N, BLOCK_W, DOT_FP32)
+        val = tl.where((ns < 3 * C)[None, :], y, raw)
+    _store_section(q_ptr, val, rows, rmask, ns, 0, C)
+    _store_section(k_ptr, val, rows, rmask, ns, C, C)
+    _store_section(v_ptr, val, rows, rmask, ns, 2 * C, C)
+    _store_section(og_ptr, val, rows, rmask, ns, 3 * C, G)
+    _store_section(beta_ptr, val, rows, rmask, ns, 3 * C + G, H)
+    _store_section(fa_ptr, val, rows, rmask, ns, 3 * C + G + H, RANK)
+
+
+# ----------------------------------------------------------------------------- kda_core
+
+
+@triton.jit
+def kda_core_tile(
+    tile,
+    q_ptr, k_ptr, v_ptr, og_ptr, beta_ptr, fa_ptr,
+    fb_ptr, gb_ptr, A_log_ptr, dt_bias_ptr, o_norm_ptr,
+    out_ptr, state_ptr, stride_state_slot, slots_ptr, start_ptr,
+    T, H, D, RANK, G, lower_bound, q_scale, eps,
+    BOUNDED: tl.constexpr, LOW_RANK_GATE: tl.constexpr,
+    BLOCK_T: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_RANK: tl.constexpr, BLOCK_G: tl.constexpr,
+    DOT_FP32: tl.constexpr, NUM_STAGES: tl.constexpr,
+):
+    """Sequence b = tile // H, head h = tile % H of kda_core (see the module docstring).
+
+    q, k, v [R, H·D], og [R, G], beta [R, H], fa [R, RANK] (contiguous, model dtype);
+    f_b [H·D, RANK]; g_b [H·D, G] (LOW_RANK_GATE; else og is the full-rank gate, G = H·D);
+    A_log [H]; dt_bias [H·D]; o_norm [D]; out [R, H·D];
+    state: the layer's recurrent state [S, H, D, D] fp32 (slot stride stride_state_slot, key-major).
+    BLOCK_T = rows_gemv.row_block(T); BLOCK_D, BLOCK_RANK, BLOCK_G powers of two >= 16.
+    """
+    dtype = q_ptr.dtype.element_ty
+    b = tile // H
+    h = tile % H
+    C = H * D
+    row0 = b * T
+    cols = tl.arange(0, BLOCK_D)
+    dmask = cols < D
+
+    # the state S[key, value] (zeros for a fresh sequence), loaded first: the largest transfer
+    slot = tl.load(slots_ptr + b)
+    held = tl.where(tl.load(start_ptr + b) != 0, D, 0)  # key rows to read: none for a fresh sequence
+    s_ptrs = state_ptr + slot.to(tl.int64) * stride_state_slot + h * D * D + cols[:, None] * D + cols[None, :]
+    smask = dmask[:, None] & dmask[None, :]
+    S = tl.load(s_ptrs, mask=(cols < held)[:, None] & dmask[None, :], other=0.0)
+
+    # decay gate and output gate of the sequence's T rows: [BLOCK_T, BLOCK_D] fp32
+    f = _round(rows_gemv(fa_ptr, RANK, row0, T, fa_ptr, 0.0, fb_ptr + h * D * RANK, RANK, 0, D, RANK,
+                         False, BLOCK_T, BLOCK_D, BLOCK_RANK, DOT_FP32, NUM_STAGES), dtype)
+    z = f + tl.load(dt_bias_ptr + h * D + cols, mask=dmask, other=0.0).to(tl.float32)[None, :]
+    a = tl.exp(tl.load(A_log_ptr + h).to(tl.float32))
+    if BOUNDED:
+        g = lower_bound * tl.sigmoid(a * z)
+    else:
+        g = -a * _softplus(z)
+    trow = tl.arange(0, BLOCK_T)
+    if LOW_RANK_GATE:
+        gate = _round(rows_gemv(og_ptr, G, row0, T, og_ptr, 0.0, gb_ptr + h * D * G, G, 0, D, G,
+                                False, BLOCK_T, BLOCK_D, BLOCK_G, DOT_FP32, NUM_STAGES), dtype)
+    else:
+        gate = tl.load(og_ptr + (row0 + trow)[:, None] * G + h * D + cols[None, :], mask=(trow < T)[:, None] & dmask[None, :], other=0.0).to(tl.float32)
+    w_norm = tl.load(o_norm_ptr + cols, mask=dmask, other=0.0).to(tl.float32)
+
+    for t in range(0, T):
+        r = row0 + t
+        here = (trow == t)[:, None]
+        g_t = tl.sum(tl.where(here, g, 0.0), axis=0)
+        gate_t = tl.sum(tl.where(here, gate, 0.0), axis=0)
+        head = r * C + h * D + cols
+        q_t = tl.load(q_ptr + head, mask=dmask, other=0.0).to(tl.float32)
+        k_t = tl.load(k_ptr + head, mask=dmask, other=0.0).to(tl.float32)
+        v_t = tl.load(v_ptr + head, mask=dmask, other=0.0).to(tl.float32)
+        beta_t = tl.sigmoid(tl.load(beta_ptr + r * H + h).to(tl.float32))
+        q_t = q_t / tl.sqrt(tl.sum(q_t * q_t) + 1e-6) * q_scale
+        k_t = k_t / tl.sqrt(tl.sum(k_t * k_t) + 1e-6)
+        S = S * tl.exp(g_t)[:, None]
+        u = beta_t * (v_t - tl.sum(k_t[:, None] * S, axis=0))
+        S = S + k_t[:, None] * u[None, :]
+        o = tl.sum(q_t[:, None] * S, axis=0)
+        o = o * tl.rsqrt(tl.sum(o * o) / D + eps)
+        y = w_norm * o * tl.sigmoid(gate_t)
+        tl.store(out_ptr + head, y.to(out_ptr.dtype.element_ty), mask=dmask)
+    tl.store(s_ptrs, S, mask=smask)

@@ -1,0 +1,116 @@
+"""KDA super-op kernels (``nonstop/kernels/kda.py``) against their twins, inside real decode steps.
+
+Configs: kimi_linear (softplus gate, low-rank output gate, conv width 4), kimi_linear_layer_types
+(2 heads of 10, conv width 3), kimi_k3 (lower-bound gate, full-rank output gate, input already
+normalised). Rows: B sequences × T tokens, the last sequence fresh (zero state and window); T = 3
+exercises the in-order recurrence and the conv taps that read this step's own earlier tokens.
+"""
+
+from __future__ import annotations
+
+import warnings
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+triton = pytest.importorskip("triton")
+import triton.language as tl  # noqa: E402
+
+from nonstop.kernels import kda  # noqa: E402
+from nonstop.kernels.kda_tiles import _softplus  # noqa: E402
+from nonstop.kernels.rows_gemv import row_block, rows_gemv  # noqa: E402
+from nonstop.model.norms import rms_norm  # noqa: E402
+from tests.kernels.harness import check_kernel  # noqa: E402
+from tests.tiny_configs import TINY_CONFIGS  # noqa: E402
+
+CONFIGS = ["kimi_linear", "kimi_linear_layer_types", "kimi_k3"]
+DTYPES = [torch.float32, torch.float16]
+KINDS = ["kda_in_proj", "kda_core"]
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _one_torch_thread():
+    """The twins' tiny ops run fastest on one thread (a second one mostly spins on a busy 2-core machine)."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+def _check(kind, config, dtype, B, T, seed=0):
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)  # the interpreter's exp overflows to inf inside sigmoid (harmless)
+        return check_kernel(kind, TINY_CONFIGS[config], kda.KERNELS[kind], dtype, B=B, T=T, seed=seed)
+
+
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("config", CONFIGS)
+@pytest.mark.parametrize("dtype", DTYPES, ids=["fp32", "fp16"])
+@pytest.mark.parametrize("B,T", [(2, 1), (3, 3)])
+def test_kda_kernel_matches_twin(kind, config, dtype, B, T):
+    """The 2 kinds × 3 configs × fp32/fp16 × (2 sequences of 1 token, 3 sequences of 3 tokens)."""
+    assert _check(kind, config, dtype, B, T) > 0
+
+
+@pytest.mark.parametrize("B,T,config,dtype", [(1, 1, "kimi_k3", torch.float32), (1, 1, "kimi_linear", torch.float16), (2, 3, "kimi_linear_layer_types", torch.float16), (3, 1, "kimi_k3", torch.float32)])
+@pytest.mark.parametrize("kind", KINDS)
+def test_kda_kernel_rows(kind, B, T, config, dtype):
+    """One row (the batch-1 reduction path of the GEMVs), and the other pairings of B and T."""
+    assert _check(kind, config, dtype, B, T, seed=B + T) > 0
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_fresh_sequence_ignores_what_the_slot_held(kind):
+    """A fresh sequence (start == 0) starts from a zero state and window whatever its slot held: the
+    kernel's copy of the fresh slot is filled with NaN first (the twin's copy holds zeros)."""
+
+    def dirty_then_kernel(op, env):
+        layer = env.cache.layers[op.attrs["cache_layer"]]
+        fresh = env.batch.slots[env.batch.start == 0]
+        held = layer.conv if kind == "kda_in_proj" else layer.recurrent  # the state this kind rewrites
+        held[fresh] = float("nan")
+        kda.KERNELS[kind](op, env)
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)
+        assert check_kernel(kind, TINY_CONFIGS["kimi_linear"], dirty_then_kernel, torch.float32, B=2, T=1) > 0
+
+
+# ----------------------------------------------------------------------------- tile helpers
+
+
+@triton.jit
+def _rows_gemv_kernel(x_ptr, norm_ptr, w_ptr, out_ptr, R, N, K, eps, HAS_NORM: tl.constexpr, BLOCK_R: tl.constexpr,
+                      BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+    n0 = tl.program_id(0) * BLOCK_N
+    acc = rows_gemv(x_ptr, K, 0, R, norm_ptr, eps, w_ptr, K, n0, N, K, HAS_NORM, BLOCK_R, BLOCK_N, BLOCK_K, True, 1)
+    rows = tl.arange(0, BLOCK_R)
+    ns = n0 + tl.arange(0, BLOCK_N)
+    tl.store(out_ptr + rows[:, None] * N + ns[None, :], acc, mask=(rows < R)[:, None] & (ns < N)[None, :])
+
+
+@pytest.mark.parametrize("R", [1, 5])
+@pytest.mark.parametrize("has_norm", [False, True])
+def test_rows_gemv(R, has_norm):
+    """acc = RMSNorm(x) Wᵀ with the norm folded into the pass over K; several K and N blocks, ragged edges."""
+    gen = torch.Generator().manual_seed(R)
+    N, K, eps = 37, 70, 1e-5
+    x, w, norm = torch.randn(R, K, generator=gen), torch.randn(N, K, generator=gen), torch.randn(K, generator=gen)
+    out = torch.empty(R, N)
+    _rows_gemv_kernel[(triton.cdiv(N, 16),)](x, norm, w, out, R, N, K, eps, HAS_NORM=has_norm, BLOCK_R=row_block(R), BLOCK_N=16, BLOCK_K=32)
+    xn = rms_norm(x, norm, eps) if has_norm else x
+    torch.testing.assert_close(out, xn @ w.T, rtol=1e-5, atol=1e-4)
+
+
+@triton.jit
+def _softplus_kernel(z_ptr, out_ptr, n, BLOCK: tl.constexpr):
+    i = tl.arange(0, BLOCK)
+    tl.store(out_ptr + i, _softplus(tl.load(z_ptr + i, mask=i < n)), mask=i < n)
+
+
+def test_softplus_matches_torch():
+    z = torch.tensor([-90.0, -30.0, -12.0, -4.6, -4.5, -1.0, 0.0, 0.5, 3.0, 19.9, 20.0, 20.1, 60.0])
+    out = torch.empty_like(z)
+    _softplus_kernel[(1,)](z, out, z.numel(), BLOCK=16)
+    torch.testing.assert_close(out, F.softplus(z), rtol=1e-6, atol=0)
