@@ -1,0 +1,595 @@
+"""Batch-1 decode-step latency on a GPU: nonstop's ``superop`` executor against its peers.
+
+Rows, each timed in the same run on the same random-weight model (bf16):
+  eager     the reference model (``CausalLM.forward``), plain PyTorch
+  compiled  the reference under ``torch.compile(mode="reduce-overhead")`` (CUDA graphs): our peer
+  superop   one Triton launch per super-op, the whole step replayed as one CUDA graph (+ PDL)
+Shapes: ``llama-3.2-1b`` (whole model), ``kimi-linear-48b-a3b`` (a slice of its first layers; 98 GB
+do not fit one GPU) and a ``kimi-k3`` slice of full-width layers with MXFP4 experts. A slice is timed
+with N layers and with 1 layer (the same weights), giving ms per layer = (t_N - t_1) / (N - 1) and an
+extrapolation to the full depth: t_1 + (L - 1) · ms per layer (layer 0 is dense; the others are MoE).
+
+Method: first a correctness check at full shape (superop vs the eager reference over a few greedy
+steps after a random prompt: max relative logit error max|Δ| / max|ref|, in fp32, and greedy
+agreement). Then each row decodes one token at a fixed position (the cache is not advanced, so
+every step has the same shapes; ``--context`` tokens already cached) ``--warmup`` times, then
+``--steps`` times with a CUDA event pair around each step: ms/token is the median (p10 / p90 too).
+Bytes per token come from the Program's cost model (``Program.total_cost(rows=1, context)``: weights
+streamed, routed experts only for the top-k chosen, plus cache and activation reads). MBU = achieved
+GB/s (bytes read per step / time) ÷ the device-to-device copy bandwidth measured in the same run
+(a 1 GiB ``copy_``, counting bytes read + written). Launches per step: the superop executor's own
+count (Triton + torch launches of the step) and, for every row, the kernels that the profiler (CUPTI)
+sees in one step.
+
+    python bench/decode.py                                  # all shapes, on the GPU (rows skipped past --budget-s)
+    python bench/decode.py --shapes llama-3.2-1b --long-context 8192   # one shape per 10-minute call
+    python bench/decode.py --shapes kimi-linear-48b-a3b
+    python bench/decode.py --shapes kimi-k3-slice
+    python bench/decode.py --dry-run                        # = --device cpu --tiny: the whole script in seconds
+
+Results: JSON to ``bench/results/decode_<gpu>[_<shapes>].json`` and ``$OUT`` (when set) with the GPU, driver,
+torch / triton versions and the exact command; a table last on stdout.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import gc
+import json
+import math
+import os
+import platform
+import re
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+import torch  # noqa: E402
+
+from nonstop.cache.state import ModelCache  # noqa: E402
+from nonstop.config import ModelConfig  # noqa: E402
+from nonstop.model.stack import CausalLM  # noqa: E402
+
+# name -> (preset, layers timed on an 80 GB GPU, depth of the full model); see the module docstring
+SHAPES = {
+    "llama-3.2-1b": ("llama-3.2-1b", None),
+    "kimi-linear-48b-a3b": ("kimi-linear-48b-a3b", 9),  # 1 dense + 8 MoE layers (6 KDA, 2 MLA), ~31 GB
+    "kimi-k3-slice": ("kimi-k3", 4),  # 1 dense + 3 MoE layers (2 KDA, 1 MLA), MXFP4 experts, ~58 GB
+}
+PUBLIC_BEST = {"llama-3.2-1b": "H100 SXM: 0.973 ms/token, ~78% of bandwidth (Hazy megakernel); graphs+PDL 0.980 ms"}
+ROWS = ("superop", "eager", "compiled")
+SPEC_GBPS = {"H100 80GB HBM3": 3350, "H100 SXM": 3350, "H100 PCIe": 2039, "H100 NVL": 3900, "H200": 4800}
+CONVENTION = "MBU = bytes read per step / step time ÷ copy bandwidth; copy bandwidth counts bytes read + written (2 × size / time)"
+
+
+# ----------------------------------------------------------------------------- models
+
+
+def _init_tensor(init: str, shape, dtype, device, gen) -> torch.Tensor:
+    """The distributions of ``nonstop.weights.synth`` for each init kind, drawn on ``device``."""
+    if init == "ones":
+        return torch.ones(shape, dtype=dtype, device=device)
+    if init == "zeros":
+        return torch.zeros(shape, dtype=dtype, device=device)
+    if init == "mxfp4_packed":
+        return torch.randint(0, 256, shape, generator=gen, dtype=torch.uint8, device=device)
+    if init == "mxfp4_scale":  # 2^-9 .. 2^-5
+        return torch.randint(118, 123, shape, generator=gen, dtype=torch.uint8, device=device)
+    if init == "A_log":
+        return torch.empty(shape, device=device).uniform_(1.0, 16.0, generator=gen).log().to(dtype)
+    if init == "dt_bias":
+        dt = torch.empty(shape, device=device).uniform_(math.log(1e-3), math.log(1e-1), generator=gen).exp()
+        return (dt + torch.log(-torch.expm1(-dt))).to(dtype)
+    std = 0.01 if init == "bias" else 0.02
+    return torch.randn(shape, generator=gen, dtype=dtype, device=device).mul_(std)
+
+
+def random_model_on_device(cfg: ModelConfig, dtype: torch.dtype, device, seed: int = 0) -> CausalLM:
+    """``cfg``'s model with random weights drawn directly on ``device`` (``nonstop.model.build.random_model``
+    draws on the host and copies: minutes for tens of GB). Same layout and distributions, other values."""
+    from nonstop.weights.layout import checkpoint_layout
+
+    gen = torch.Generator(device=device).manual_seed(seed)
+    state = {}
+    for spec in checkpoint_layout(cfg):
+        target = {"float": dtype, "fp32": torch.float32, "u8": torch.uint8}[spec.kind]
+        state[spec.param] = _init_tensor(spec.init, spec.shape, target, device, gen)
+    with torch.device("meta"):
+        model = CausalLM(cfg)
+    model.load_state_dict(state, strict=True, assign=True)
+    return model.eval().requires_grad_(False)
+
+
+def build_model(cfg: ModelConfig, dtype, device, seed: int) -> CausalLM:
+    if torch.device(device).type == "cuda":
+        return random_model_on_device(cfg, dtype, device, seed)
+    from nonstop.model.build import random_model
+
+    return random_model(cfg, dtype, device, seed)
+
+
+def prefix_model(model: CausalLM, n: int) -> CausalLM:
+    """The first ``n`` layers of ``model`` (embedding, final norm and head included), sharing its tensors."""
+    cfg = model.cfg.with_num_layers(n)
+    with torch.device("meta"):
+        small = CausalLM(cfg)
+    names = set(small.state_dict())
+    small.load_state_dict({k: v for k, v in model.state_dict().items() if k in names}, strict=True, assign=True)
+    return small.eval().requires_grad_(False)
+
+
+def shape_config(name: str, layers: int | None, tiny: bool) -> ModelConfig:
+    preset, default_layers = SHAPES[name]
+    cfg = ModelConfig.preset(preset)
+    if tiny:
+        from nonstop.program.twin import narrow_twin
+
+        cfg = narrow_twin(cfg)
+    n = layers or default_layers
+    return cfg.with_num_layers(min(n, cfg.num_hidden_layers)) if n else cfg
+
+
+def full_depth(name: str) -> int:
+    return ModelConfig.preset(SHAPES[name][0]).num_hidden_layers
+
+
+# ----------------------------------------------------------------------------- measuring
+
+
+class Clock:
+    """Per-step timing: CUDA events on a GPU, ``perf_counter`` after a sync elsewhere."""
+
+    def __init__(self, device):
+        self.cuda = torch.device(device).type == "cuda"
+
+    def sync(self):
+        if self.cuda:
+            torch.cuda.synchronize()
+
+    def time_steps(self, step, steps: int, warmup: int) -> dict:
+        for _ in range(warmup):
+            step()
+        self.sync()
+        if self.cuda:
+            marks = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(steps)]
+            loop = (torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
+            loop[0].record()
+            for start, end in marks:
+                start.record()
+                step()
+                end.record()
+            loop[1].record()
+            torch.cuda.synchronize()
+            times = [s.elapsed_time(e) for s, e in marks]
+            loop_ms = loop[0].elapsed_time(loop[1])
+        else:
+            times = []
+            t_loop = time.perf_counter()
+            for _ in range(steps):
+                t0 = time.perf_counter()
+                step()
+                times.append((time.perf_counter() - t0) * 1e3)
+            loop_ms = (time.perf_counter() - t_loop) * 1e3
+        times.sort()
+        q = lambda f: times[min(len(times) - 1, int(f * len(times)))]  # noqa: E731
+        return {"ms_per_token": statistics.median(times), "p10_ms": q(0.1), "p90_ms": q(0.9), "loop_ms_per_step": loop_ms / steps, "steps": steps, "warmup": warmup}
+
+
+def copy_bandwidth(device, nbytes: int, reps: int = 20) -> dict:
+    """Device-to-device copy of ``nbytes`` (GB/s counting read + written bytes), and a read-only sum."""
+    clock = Clock(device)
+    src = torch.ones(nbytes, dtype=torch.uint8, device=device)
+    dst = torch.empty_like(src)
+    copy_t = clock.time_steps(lambda: dst.copy_(src), reps, 3)["ms_per_token"]
+    as_bf16 = src.view(torch.bfloat16) if nbytes % 2 == 0 else src.float()
+    read_t = clock.time_steps(lambda: as_bf16.sum(dtype=torch.float32), reps, 3)["ms_per_token"]
+    return {"bytes": nbytes, "copy_GBps": 2 * nbytes / copy_t / 1e6, "read_sum_GBps": nbytes / read_t / 1e6}
+
+
+def profiled_launches(step, device) -> dict | None:
+    """Kernels (and memcpy / memset) that the profiler sees in one call of ``step`` on a GPU."""
+    if torch.device(device).type != "cuda":
+        return None
+    from torch.autograd import DeviceType
+    from torch.profiler import ProfilerActivity, profile
+
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        step()
+        torch.cuda.synchronize()
+    out = {"kernels": 0, "memcpy": 0, "memset": 0, "graph_launches": 0, "launch_calls": 0}
+    for evt in prof.events():
+        name = evt.name
+        if getattr(evt, "device_type", None) == DeviceType.CUDA:
+            kind = "memcpy" if "memcpy" in name.lower() else "memset" if "memset" in name.lower() else "kernels"
+            out[kind] += 1
+        elif name in ("cudaGraphLaunch", "cuGraphLaunch"):
+            out["graph_launches"] += 1
+        elif re.fullmatch(r"cu(da)?LaunchKernel(Ex(C)?)?(_v2)?", name):
+            out["launch_calls"] += 1
+    return out
+
+
+def counted_launches(step, device) -> dict:
+    from nonstop.runtime.launch_count import LaunchCounter
+
+    counter = LaunchCounter(device)
+    with counter:
+        step()
+    return {k: v for k, v in counter.summary().items() if k in ("launches", "triton", "torch", "host_syncs")}
+
+
+# ----------------------------------------------------------------------------- one shape
+
+
+def correctness(model, executor, cfg, dtype, device, context: int, steps: int, seed: int) -> tuple[dict, ModelCache]:
+    """Greedy decode after a random prompt: superop vs the eager reference on copies of one cache.
+    Returns the check and the superop's cache (context + steps tokens) for the timing."""
+    gen = torch.Generator().manual_seed(seed)
+    prompt = torch.randint(0, cfg.vocab_size, (1, context), generator=gen).to(device)
+    ref_cache = ModelCache(cfg, 1, capacity=context + steps + 2, dtype=dtype, device=device)
+    batch = ref_cache.batch([0], context)
+    logits = model(prompt, ref_cache, batch, last_only=True)
+    ref_cache.advance(batch)
+    sup_cache = copy.deepcopy(ref_cache)
+    token = logits.argmax(-1, keepdim=True)
+    errors, agree, finite = [], 0, True
+    for _ in range(steps):
+        rb, sb = ref_cache.batch([0], 1), sup_cache.batch([0], 1)
+        want = model(token, ref_cache, rb, last_only=True).float()
+        got = executor.forward(token, sup_cache, sb, last_only=True).float()
+        ref_cache.advance(rb)
+        sup_cache.advance(sb)
+        finite &= bool(torch.isfinite(got).all())
+        errors.append(float((got - want).abs().max() / want.abs().max().clamp_min(1e-30)))
+        agree += int(got.argmax(-1).item() == want.argmax(-1).item())
+        token = want.argmax(-1, keepdim=True)
+    del ref_cache
+    tol = 1e-3 if dtype == torch.float32 else 5e-2  # bf16 kernels vs bf16 torch: different rounding, near-ties may flip
+    return {"steps": steps, "max_rel_err": max(errors), "greedy_agreement": agree / steps, "finite": finite, "tolerance": tol, "ok": finite and max(errors) < tol}, sup_cache
+
+
+def compiled_step(model, cache, ids, batch):
+    """The reference under torch.compile(reduce-overhead); cache tensors marked static (they are
+    mutated in place, which CUDA graphs allow only for static addresses)."""
+    import torch._dynamo
+
+    for layer in cache.layers:
+        tensors = list(layer.tensors.values()) if hasattr(layer, "tensors") else [v for v in vars(layer).values() if isinstance(v, torch.Tensor)]
+        for t in tensors:
+            torch._dynamo.mark_static_address(t)
+    torch._dynamo.mark_static_address(cache.pages.table)
+    compiled = torch.compile(model, mode="reduce-overhead", dynamic=False)
+    return lambda: compiled(ids, cache, batch, last_only=True)
+
+
+def dynamo_counters() -> dict:
+    try:
+        from torch._dynamo.utils import counters
+
+        out = {"unique_graphs": int(counters["stats"]["unique_graphs"]), "graph_breaks": int(sum(counters["graph_break"].values()))}
+        out.update({k: int(v) for k, v in counters["inductor"].items() if "cudagraph" in k})  # e.g. cudagraph_skips
+        return out
+    except Exception:  # noqa: BLE001 - informational only
+        return {}
+
+
+class Budget:
+    def __init__(self, seconds: float):
+        self.t0 = time.perf_counter()
+        self.seconds = seconds
+
+    @property
+    def elapsed(self) -> float:
+        return time.perf_counter() - self.t0
+
+    def left(self) -> float:
+        return self.seconds - self.elapsed
+
+
+def time_rows(model, executor, program, cache, context: int, args, device, budget: Budget, label: str) -> list[dict]:
+    """Time each requested row decoding one token at position ``context`` of ``cache`` (not advanced)."""
+    clock = Clock(device)
+    cost = program.total_cost(rows=1, context=context)
+    ids = torch.tensor([[1]], device=device)
+    batch = cache.batch([0], 1)
+    results = []
+    for row in args.rows:
+        entry = {"row": row, "label": label, "context": context}
+        if budget.left() < args.reserve_s:
+            entry["skipped"] = f"time budget ({budget.elapsed:.0f} s used of {budget.seconds:.0f})"
+            results.append(entry)
+            continue
+        t0 = time.perf_counter()
+        try:
+            with torch.inference_mode():
+                if row == "superop":
+                    if executor is None:
+                        raise RuntimeError(args.superop_error)
+                    step = lambda: executor.forward(ids, cache, batch, last_only=True)  # noqa: E731
+                elif row == "eager":
+                    step = lambda: model(ids, cache, batch, last_only=True)  # noqa: E731
+                else:
+                    step = compiled_step(model, cache, ids, batch)
+                timing = clock.time_steps(step, args.steps, args.warmup)
+                entry.update(timing)
+                entry["achieved_GBps"] = cost.bytes_read / timing["ms_per_token"] / 1e6
+                entry["weight_GBps"] = cost.weight_bytes / timing["ms_per_token"] / 1e6
+                entry["profiler"] = profiled_launches(step, device)
+                if row == "superop":
+                    entry["launches_per_step"] = executor.stats["launches_per_step"]
+                    entry["executor"] = {k: executor.stats[k] for k in ("host_syncs_per_step", "pdl_launches_per_step", "graph_captures", "graph_replays", "eager_steps", "graphs", "pdl")}
+                elif not clock.cuda:
+                    entry["launches_per_step"] = counted_launches(step, device)["launches"]
+                if clock.cuda and entry.get("profiler"):
+                    entry.setdefault("launches_per_step", entry["profiler"]["kernels"] + entry["profiler"]["memcpy"] + entry["profiler"]["memset"])
+                if row == "compiled":
+                    entry["dynamo"] = dynamo_counters()
+                out = step()
+                entry["finite_logits"] = bool(torch.isfinite(out).all())
+        except Exception as exc:  # noqa: BLE001 - a failing row is reported, the others still run
+            entry["error"] = f"{type(exc).__name__}: {exc}"[:2000]
+        entry["wall_s"] = round(time.perf_counter() - t0, 1)
+        results.append(entry)
+        print(f"  [{budget.elapsed:5.0f}s] {label} {row}: " + (f"{entry['ms_per_token']:.4f} ms/token" if "ms_per_token" in entry else entry.get("error") or entry.get("skipped")), flush=True)
+    return results
+
+
+def run_shape(name: str, args, device, dtype, budget: Budget, copy_gbps: float) -> dict:
+    from nonstop.program.lower import lower
+    from nonstop.runtime.superop import SuperOpExecutor
+
+    cfg = shape_config(name, getattr(args, f"{name.replace('-', '_').replace('.', '_')}_layers", None), args.tiny)
+    n_layers = cfg.num_hidden_layers
+    result = {"shape": name, "layers_timed": n_layers, "full_layers": full_depth(name), "expert_format": cfg.moe.expert_format if cfg.moe else None, "public_best": PUBLIC_BEST.get(name)}
+    print(f"[{budget.elapsed:5.0f}s] {name}: {n_layers} layers, building random weights on {device}", flush=True)
+    model = build_model(cfg, dtype, device, args.seed)
+    slices = [(n_layers, model)]
+    if args.extrapolate and n_layers < result["full_layers"] and n_layers > 1:
+        slices.append((1, prefix_model(model, 1)))
+    result["slices"] = []
+    for layers, m in slices:
+        program = lower(m)
+        executor, args.superop_error = None, None
+        try:
+            executor = SuperOpExecutor(m, use_kernels=args.kernels, program=program)
+        except Exception as exc:  # noqa: BLE001
+            args.superop_error = f"{type(exc).__name__}: {exc}"
+        entry = {"layers": layers, "weight_bytes_total": sum(t.numel() * t.element_size() for t in m.state_dict().values()), "ops": len(program.ops)}
+        cache = None
+        with torch.inference_mode():
+            if executor is not None:
+                try:
+                    entry["check"], cache = correctness(m, executor, m.cfg, dtype, device, args.context, args.check_steps, args.seed)
+                except Exception as exc:  # noqa: BLE001
+                    entry["check"] = {"error": f"{type(exc).__name__}: {exc}"[:2000]}
+            if cache is None:
+                cache = ModelCache(m.cfg, 1, capacity=args.context + 2, dtype=dtype, device=device)
+                batch = cache.batch([0], args.context)
+                m(torch.randint(0, m.cfg.vocab_size, (1, args.context), device=device), cache, batch, last_only=True)
+                cache.advance(batch)
+        contexts = [int(cache.lengths[0])] + ([args.long_context] if args.long_context else [])
+        entry["timings"] = []
+        for context in contexts:
+            if context != contexts[0]:  # prefill the long context with the reference
+                with torch.inference_mode():
+                    cache = ModelCache(m.cfg, 1, capacity=context + 2, dtype=dtype, device=device)
+                    batch = cache.batch([0], context)
+                    m(torch.randint(0, m.cfg.vocab_size, (1, context), device=device), cache, batch, last_only=True)
+                    cache.advance(batch)
+            cost = program.total_cost(rows=1, context=context)
+            timing = {"context": context, "weight_bytes_per_token": cost.weight_bytes, "bytes_read_per_token": cost.bytes_read, "rows": time_rows(m, executor, program, cache, context, args, device, budget, f"{name}[{layers}L ctx {context}]")}
+            for row in timing["rows"]:
+                if "achieved_GBps" in row:
+                    row["mbu"] = row["achieved_GBps"] / copy_gbps
+            entry["timings"].append(timing)
+        result["slices"].append(entry)
+        del executor, program, cache
+        _release()
+    if len(result["slices"]) == 2:
+        result["extrapolation"] = extrapolate(result)
+    del model, slices
+    _release()
+    return result
+
+
+def extrapolate(result: dict) -> dict:
+    """ms per MoE layer = (t_N - t_1) / (N - 1) per row and context; full depth t_1 + (L - 1) · per layer."""
+    big, one = result["slices"]
+    n, full = big["layers"], result["full_layers"]
+    out = {"method": f"per layer = (t_{n} - t_1) / {n - 1}; full = t_1 + {full - 1} × per layer (bytes likewise)", "rows": []}
+    for tb, t1 in zip(big["timings"], one["timings"]):
+        bytes_layer = (tb["bytes_read_per_token"] - t1["bytes_read_per_token"]) / (n - 1)
+        full_bytes = t1["bytes_read_per_token"] + (full - 1) * bytes_layer
+        for rb, r1 in zip(tb["rows"], t1["rows"]):
+            if "ms_per_token" not in rb or "ms_per_token" not in r1:
+                continue
+            per_layer = (rb["ms_per_token"] - r1["ms_per_token"]) / (n - 1)
+            full_ms = r1["ms_per_token"] + (full - 1) * per_layer
+            out["rows"].append({"row": rb["row"], "context": tb["context"], "ms_per_layer": per_layer, "bytes_per_layer": bytes_layer, "full_ms_per_token": full_ms, "full_bytes_per_token": full_bytes, "full_achieved_GBps": full_bytes / full_ms / 1e6 if full_ms > 0 else None})
+    return out
+
+
+def _release():
+    gc.collect()
+    try:
+        import torch._dynamo
+
+        torch._dynamo.reset()
+    except Exception:  # noqa: BLE001
+        pass
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
+
+
+# ----------------------------------------------------------------------------- report
+
+
+def environment(device) -> dict:
+    info = {"python": platform.python_version(), "torch": torch.__version__, "torch_cuda": torch.version.cuda, "host": platform.node()}
+    try:
+        import triton
+
+        info["triton"] = triton.__version__
+    except ImportError:
+        info["triton"] = None
+    if torch.device(device).type == "cuda":
+        props = torch.cuda.get_device_properties(device)
+        info.update(gpu=props.name, gpu_memory_GiB=round(props.total_memory / 2**30, 1), sms=props.multi_processor_count, capability=f"{props.major}.{props.minor}")
+        try:
+            info["driver"] = subprocess.run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"], capture_output=True, text=True, timeout=20).stdout.strip().splitlines()[0]
+        except Exception:  # noqa: BLE001
+            info["driver"] = None
+    else:
+        info.update(gpu=None, cpu=platform.processor() or platform.machine(), threads=torch.get_num_threads())
+    return info
+
+
+def spec_bandwidth(gpu: str | None) -> float | None:
+    for key, gbps in SPEC_GBPS.items():
+        if gpu and key in gpu:
+            return gbps
+    return None
+
+
+def table(report: dict) -> str:
+    lines = [f"{'shape':<22} {'layers':>6} {'ctx':>5} {'row':<9} {'ms/token':>9} {'GB/s':>7} {'MBU':>6} {'launches':>8}  note"]
+    for shape in report["shapes"]:
+        for sl in shape.get("slices", []):
+            check = sl.get("check", {})
+            note = f"check: rel err {check['max_rel_err']:.1e}, greedy {check['greedy_agreement']:.0%}" if "max_rel_err" in check else ("check: " + check["error"][:60] if "error" in check else "")
+            for t in sl["timings"]:
+                for r in t["rows"]:
+                    if "ms_per_token" in r:
+                        lines.append(f"{shape['shape']:<22} {sl['layers']:>6} {t['context']:>5} {r['row']:<9} {r['ms_per_token']:>9.4f} {r['achieved_GBps']:>7.0f} {r['mbu']:>6.1%} {str(r.get('launches_per_step', '?')):>8}  {note}")
+                    else:
+                        lines.append(f"{shape['shape']:<22} {sl['layers']:>6} {t['context']:>5} {r['row']:<9} {'-':>9} {'-':>7} {'-':>6} {'-':>8}  {(r.get('error') or r.get('skipped') or '')[:90]}")
+                    note = ""
+        for e in shape.get("extrapolation", {}).get("rows", []):
+            lines.append(f"{shape['shape'] + ' (full)':<22} {shape['full_layers']:>6} {e['context']:>5} {e['row']:<9} {e['full_ms_per_token']:>9.4f} {e['full_achieved_GBps'] or 0:>7.0f} {e['full_achieved_GBps'] / report['bandwidth']['copy_GBps'] if e['full_achieved_GBps'] else 0:>6.1%} {'':>8}  extrapolated, {e['ms_per_layer']:.4f} ms/layer")
+        if shape.get("public_best"):
+            lines.append(f"{'':<22} public best: {shape['public_best']}")
+    bw = report["bandwidth"]
+    lines.append(f"copy bandwidth {bw['copy_GBps']:.0f} GB/s (read + write), read-only sum {bw['read_sum_GBps']:.0f} GB/s" + (f", spec {report['spec_GBps']} GB/s" if report.get("spec_GBps") else ""))
+    lines.append(CONVENTION)
+    return "\n".join(lines)
+
+
+def output_name(env: dict, tiny: bool, shapes: list[str]) -> str:
+    """decode_<gpu>.json for all shapes, decode_<gpu>_<shape>.json for a subset (one call per shape)."""
+    base = env.get("gpu") or f"cpu{'-tiny' if tiny else ''}"
+    suffix = "" if list(shapes) == list(SHAPES) else "_" + "+".join(shapes)
+    return "decode_" + re.sub(r"[^A-Za-z0-9+]+", "-", base + suffix).strip("-").lower() + ".json"
+
+
+def write(report: dict, args) -> list[str]:
+    name = output_name(report["environment"], args.tiny, args.shapes)
+    paths = []
+    if args.out:
+        paths.append(Path(args.out))
+    elif not args.tiny:
+        paths.append(ROOT / "bench" / "results" / name)
+    if os.environ.get("OUT"):
+        paths.append(Path(os.environ["OUT"]) / name)
+    for p in paths:
+        p.parent.mkdir(parents=True, exist_ok=True)
+        p.write_text(json.dumps(report, indent=1, default=str) + "\n")
+    return [str(p) for p in paths]
+
+
+# ----------------------------------------------------------------------------- main
+
+
+def parse_args(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--shapes", default=",".join(SHAPES), help=f"comma-separated, from: {', '.join(SHAPES)}")
+    ap.add_argument("--rows", default=",".join(ROWS), help=f"comma-separated, from: {', '.join(ROWS)} (default: all on a GPU; superop,eager on a CPU)")
+    ap.add_argument("--device", default="cuda", help="cuda (default) or cpu")
+    ap.add_argument("--tiny", action="store_true", help="narrow twins of the shapes (same layers and kinds, tiny widths), fp32: a quick run of the whole script")
+    ap.add_argument("--dry-run", action="store_true", help="= --device cpu --tiny with few steps (CI-like check of the script)")
+    ap.add_argument("--kernels", dest="kernels", action="store_true", default=None, help="superop with Triton kernels (default on a GPU)")
+    ap.add_argument("--twins", dest="kernels", action="store_false", help="superop with the plain-torch twins (default on a CPU)")
+    ap.add_argument("--context", type=int, default=128, help="tokens in the cache before the timed steps (short context; default 128)")
+    ap.add_argument("--long-context", type=int, default=0, help="also time at this context (e.g. 8192); 0: off")
+    ap.add_argument("--steps", type=int, default=300, help="timed steps per row (median; default 300, >= 200)")
+    ap.add_argument("--warmup", type=int, default=30, help="untimed steps per row first (compiles, captures; default 30)")
+    ap.add_argument("--check-steps", type=int, default=4, help="greedy steps of the correctness check (default 4)")
+    ap.add_argument("--llama-layers", dest="llama_3_2_1b_layers", type=int, default=None, help="layers of llama-3.2-1b to time (default: all 16)")
+    ap.add_argument("--kimi-linear-layers", dest="kimi_linear_48b_a3b_layers", type=int, default=None, help=f"layers of the kimi-linear-48b-a3b slice (default {SHAPES['kimi-linear-48b-a3b'][1]})")
+    ap.add_argument("--k3-layers", dest="kimi_k3_slice_layers", type=int, default=None, help=f"layers of the kimi-k3 slice (default {SHAPES['kimi-k3-slice'][1]}; 2-4 fit 80 GB)")
+    ap.add_argument("--no-extrapolate", dest="extrapolate", action="store_false", help="do not time the 1-layer slices")
+    ap.add_argument("--copy-bytes", type=int, default=1 << 30, help="size of the bandwidth copy (default 1 GiB)")
+    ap.add_argument("--budget-s", type=float, default=None, help="skip rows once this many seconds have passed minus --reserve-s (default on a GPU 540: one 10-minute call; else none)")
+    ap.add_argument("--reserve-s", type=float, default=45.0, help="seconds kept for a row still to start (default 45)")
+    ap.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's; a --dry-run uses 1)")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--out", default=None, help="JSON path (default bench/results/decode_<gpu>.json; a --tiny run writes only --out / $OUT)")
+    args = ap.parse_args(argv)
+    if args.dry_run:
+        args.device, args.tiny = "cpu", True
+        defaults = {"steps": 300, "warmup": 30, "context": 128, "copy_bytes": 1 << 30}
+        for key, value in {"steps": 5, "warmup": 1, "context": 12, "copy_bytes": 1 << 24}.items():
+            if getattr(args, key) == defaults[key]:
+                setattr(args, key, value)
+        args.threads = args.threads or 1
+    if args.device.startswith("cuda") and not torch.cuda.is_available():
+        ap.error("no CUDA device here: use --dry-run (or --device cpu --tiny)")
+    if args.kernels is None:
+        args.kernels = args.device.startswith("cuda")
+    if args.budget_s is None:
+        args.budget_s = 540.0 if args.device.startswith("cuda") else math.inf
+    cpu = not args.device.startswith("cuda")
+    if "--rows" not in (argv if argv is not None else sys.argv[1:]) and cpu:
+        args.rows = "superop,eager"
+    args.rows = [r for r in args.rows.split(",") if r]
+    args.shapes = [s for s in args.shapes.split(",") if s]
+    for bad in [r for r in args.rows if r not in ROWS] + [s for s in args.shapes if s not in SHAPES]:
+        ap.error(f"unknown row or shape: {bad}")
+    return args
+
+
+def main(argv=None) -> dict:
+    args = parse_args(argv)
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    device = torch.device(args.device)
+    dtype = torch.float32 if args.tiny else torch.bfloat16
+    budget = Budget(args.budget_s)
+    env = environment(device)
+    command = " ".join([Path(sys.executable).name, *([sys.argv[0]] if argv is None else ["bench/decode.py"]), *(sys.argv[1:] if argv is None else argv)])
+    report = {"bench": "decode", "command": command, "environment": env, "dtype": str(dtype), "batch": 1, "convention": CONVENTION, "status": "running", "shapes": []}
+    report["bandwidth"] = copy_bandwidth(device, args.copy_bytes)
+    report["spec_GBps"] = spec_bandwidth(env.get("gpu"))
+    print(f"[{budget.elapsed:5.0f}s] copy bandwidth {report['bandwidth']['copy_GBps']:.0f} GB/s on {env.get('gpu') or 'cpu'}", flush=True)
+    for name in args.shapes:
+        if budget.left() < args.reserve_s:
+            report["shapes"].append({"shape": name, "skipped": "time budget"})
+            continue
+        try:
+            report["shapes"].append(run_shape(name, args, device, dtype, budget, report["bandwidth"]["copy_GBps"]))
+        except Exception as exc:  # noqa: BLE001 - e.g. out of memory: report it, go on
+            report["shapes"].append({"shape": name, "error": f"{type(exc).__name__}: {exc}"[:2000]})
+            _release()
+        report["elapsed_s"] = round(budget.elapsed, 1)
+        write(report, args)
+    report["status"] = "complete"
+    report["elapsed_s"] = round(budget.elapsed, 1)
+    paths = write(report, args)
+    print()
+    print(table(report))
+    if not env.get("gpu"):
+        print("(CPU run: timings say nothing about GPU speed)")
+    for p in paths:
+        print(f"wrote {p}")
+    return report
+
+
+if __name__ == "__main__":
+    main()
