@@ -1,6 +1,8 @@
 """Cost of each super-op per step: weight bytes streamed, bytes read / written, FLOPs, nominal tiles.
 
-rows = R tokens in the step; context = tokens already cached per sequence (attention reads them).
+rows = R tokens in the step; context = tokens already cached per sequence (attention reads them);
+sequences = B (rows = B·T; default: one token per sequence). KDA state and conv windows move once per
+sequence, whatever T.
 Routed experts stream only the distinct experts the rows select: min(E, rows·top_k) of them.
 """
 
@@ -37,7 +39,8 @@ def make_cost(op: SuperOp, program: Program):
     cfg = program.cfg
     mdt = program.dtype.itemsize
 
-    def cost(rows: int, context: int) -> Cost:
+    def cost(rows: int, context: int, sequences: int | None = None) -> Cost:
+        seqs = rows if sequences is None else sequences
         weight = sum(_nbytes(t) for t in op.weights.values())
         flops = 2 * matmul * rows
         extra_read = extra_write = 0
@@ -62,11 +65,11 @@ def make_cost(op: SuperOp, program: Program):
         elif op.kind == "kda_core":
             k = cfg.kda
             state = k.num_heads * k.head_dim * k.head_dim * 4
-            extra_read, extra_write = rows * state, rows * state
+            extra_read, extra_write = seqs * state, seqs * state
             flops += 6 * rows * k.num_heads * k.head_dim * k.head_dim
         elif op.kind == "kda_in_proj":
             window = 3 * cfg.kda.proj_dim * (cfg.kda.conv_size - 1) * mdt
-            extra_read, extra_write = rows * window, rows * window
+            extra_read, extra_write = seqs * window, seqs * window
         elif op.kind == "attnres_mix_norm":  # reads only the n_blocks live sources of "blocks"
             sources = op.attrs["n_blocks"] + 1
             read = weight + rows * sources * cfg.hidden_size * mdt
@@ -80,9 +83,9 @@ def make_cost(op: SuperOp, program: Program):
 def make_tiles(op: SuperOp, program: Program):
     cfg = program.cfg
 
-    def tiles(rows: int) -> int:
-        if op.kind == "kda_core":
-            return cfg.kda.num_heads * rows
+    def tiles(rows: int, sequences: int | None = None) -> int:
+        if op.kind == "kda_core":  # one tile per (sequence, head)
+            return cfg.kda.num_heads * (rows if sequences is None else sequences)
         if op.kind in ("mla_attn", "gqa_attn"):
             heads = cfg.mla.num_heads if op.kind == "mla_attn" else cfg.gqa.num_kv_heads
             return heads * rows

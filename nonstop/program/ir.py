@@ -66,8 +66,9 @@ class SuperOp:
     reads / writes: activation buffer names (``cache`` and ``state`` side effects are in ``attrs``)
     weights: the tensors it streams, by role (views of the model's parameters)
     attrs:   static facts (dims, eps, flags, the layer's cache index ...)
-    cost:    ``cost(rows, context) -> Cost`` for a step of ``rows`` rows at ``context`` cached tokens
-    tiles:   ``tiles(rows) -> int`` nominal tile count of its grid
+    cost:    ``cost(rows, context, sequences=None) -> Cost`` for a step of ``rows`` rows of ``sequences``
+             sequences (default: one row each) at ``context`` cached tokens
+    tiles:   ``tiles(rows, sequences=None) -> int`` nominal tile count of its grid
     """
 
     name: str
@@ -77,8 +78,8 @@ class SuperOp:
     writes: tuple[str, ...]
     weights: dict[str, torch.Tensor]
     attrs: dict = field(default_factory=dict)
-    cost: Callable[[int, int], Cost] | None = None
-    tiles: Callable[[int], int] | None = None
+    cost: Callable[..., Cost] | None = None
+    tiles: Callable[..., int] | None = None
 
     def weight_bytes(self) -> int:
         return sum(w.numel() * w.element_size() for w in self.weights.values())
@@ -92,10 +93,10 @@ class Program:
     dtype: torch.dtype
     max_rows: int = 16
 
-    def total_cost(self, rows: int = 1, context: int = 0) -> Cost:
+    def total_cost(self, rows: int = 1, context: int = 0, sequences: int | None = None) -> Cost:
         total = Cost(0, 0, 0, 0)
         for op in self.ops:
-            total = total + op.cost(rows, context)
+            total = total + op.cost(rows, context, sequences)
         return total
 
     def allocate(self, rows: int, device) -> dict[str, torch.Tensor]:

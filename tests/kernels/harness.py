@@ -77,6 +77,10 @@ def check_kernel(kind: str, raw_config: dict, kernel, dtype=torch.float32, B: in
         model(ids, cache, batch)
         cache.advance(batch)
     slots = list(range(B - 1)) + [len(prompt_lens)]  # the last row starts a fresh sequence (start == 0)
+    for layer in cache.layers:  # ... in a slot holding junk state: kernels must start it from zeros
+        if not hasattr(layer, "tensors"):
+            layer.recurrent[len(prompt_lens)].normal_(generator=gen)
+            layer.conv[len(prompt_lens)].normal_(generator=gen)
     batch = cache.batch(slots, T)
     env = StepEnv(program.allocate(B * T, device), cache, batch)
     env.buf["ids"].copy_(torch.randint(0, cfg.vocab_size, (B * T,), generator=gen))
