@@ -243,3 +243,18 @@ class SuperOpExecutor:
         if last_only:
             logits = logits[:, -1]
         return logits.clone() if self.copy_logits else logits
+
+    def forward_hidden(self, input_ids: torch.Tensor, cache: ModelCache, batch: StepBatch, taps: tuple[int, ...]):
+        """``forward`` (all rows) plus the residual stream at ``taps``, {tap: [B, T, d]}, for a
+        drafter. Through the program only the streams a step keeps to its end exist
+        (``program/taps.py``: AttnRes block boundaries and the last layer's)."""
+        from nonstop.program.taps import read_taps
+
+        if input_ids.numel() > self.program.max_rows:
+            self.stats["reference_steps"] += 1
+            return self.model.forward_hidden(input_ids, cache, batch, taps)
+        self.stats["program_steps"] += 1
+        B, T = input_ids.shape
+        logits = self.run_program(input_ids, cache, batch)
+        buf = self.static_step(B, T, getattr(batch, "keep_states", False)).buf
+        return logits.clone(), read_taps(self.model.cfg, buf, tuple(taps), B, T)

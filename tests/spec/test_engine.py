@@ -138,3 +138,31 @@ def test_spec_config_parsing():
             SpecConfig.parse(bad)
     with pytest.raises(TypeError):
         SpecConfig.parse("ngram")
+
+
+def test_dspark_through_the_superop_program():
+    """The program keeps the AttnRes block sums and the last residual: a drafter tapping them runs
+    with verification through the program, and greedy tokens equal plain superop decoding."""
+    model = tiny_model("kimi_k3")  # 7 layers, AttnRes blocks of 3: taps 3, 6 and 7 (the last residual)
+    ex = SuperOpExecutor(model, use_kernels=False)
+    want = plain(model, REPEATING, executor=ex)
+    before = ex.stats["program_steps"]
+    got = generate(model, ex, REPEATING, GREEDY, random_dspark(model, (3, 6, 7)), num_tokens=3)
+    assert [o.token_ids for o in got] == [o.token_ids for o in want]
+    assert ex.stats["program_steps"] > before
+
+
+def test_program_taps_equal_the_model_capture():
+    from nonstop.cache.state import ModelCache
+
+    model = tiny_model("kimi_k3")
+    ex = SuperOpExecutor(model, use_kernels=False)
+    ids = torch.tensor([[5, 9, 2], [7, 1, 4]])
+    caches = [ModelCache(model.cfg, 2, capacity=8) for _ in range(2)]
+    with torch.inference_mode():
+        want = ReferenceExecutor(model).forward_hidden(ids, caches[0], caches[0].batch([0, 1], 3), (0, 3, 6, 7))[1]
+        got = ex.forward_hidden(ids, caches[1], caches[1].batch([0, 1], 3), (0, 3, 6, 7))[1]
+        with pytest.raises(ValueError, match="keeps the residual stream"):
+            ex.forward_hidden(ids, caches[1], caches[1].batch([0, 1], 3), (2,))
+    for tap in want:
+        torch.testing.assert_close(got[tap], want[tap], rtol=1e-5, atol=1e-5)
