@@ -89,3 +89,20 @@ def test_a_deadlock_names_the_stuck_tasks():
     r = simulate(cyclic, 2, 8)
     assert r.deadlock and "task #0 f/main[0] waits on counter 2 (h/main) at 0 < 1" in r.deadlock
     assert r.finished == 0
+
+
+def test_tiles_declare_everything_they_read(family):
+    """Each tile's twin, run with garbage everywhere outside its declared READ regions, writes exactly
+    what it writes on the real state (so the validator's proof covers every real read); and the audit
+    notices a read that a tile stops declaring."""
+    model, program = family
+    s = build_schedule(program, 3, 2, CONFIG, persistent=True)
+    st = prepare_steps(model, 3, 2, 1)
+    actions = ProgramActions(s, program, st.cache, st.batches, st.ids[0], st.ids)
+    for i in range(len(s.tasks)):  # in queue order, so every tile sees its inputs ready
+        assert actions.audit(i) is None
+        actions.finish(i, 0, actions.start(i, 0))
+    i = next(i for i, t in enumerate(s.tasks) if s.ops[t.op].kind == "linear_residual")
+    assert s.tasks[i].regions[0].access == mut.Access.READ  # the o_proj input
+    actions.s = mut.replace_task(s, i, regions=s.tasks[i].regions[1:])
+    assert "depends on values outside the regions it declares to read" in actions.audit(i)

@@ -75,8 +75,8 @@ class ProgramActions:
     def gather(self, env: StepEnv, region, epoch: int) -> torch.Tensor:
         return self.view(env, region, epoch).clone()
 
-    def scatter(self, region, epoch: int, values: torch.Tensor, add: bool = False) -> None:
-        t, rows = self._storage(self.env(epoch), region.buffer, region.r0, region.r1, epoch)
+    def scatter(self, region, epoch: int, values: torch.Tensor, add: bool = False, env: StepEnv | None = None) -> None:
+        t, rows = self._storage(env or self.env(epoch), region.buffer, region.r0, region.r1, epoch, region.access == Access.READ_PAST)
         if add:
             values = t[rows, region.c0 : region.c1] + values
         t[rows, region.c0 : region.c1] = values.to(t.dtype)
@@ -99,6 +99,43 @@ class ProgramActions:
             return True
         now = self.env(epoch)
         return all(torch.equal(self.view(now, r, epoch), self.view(seen, r, epoch)) for r in reads)
+
+    def audit(self, i: int, epoch: int = 0, seed: int = 0) -> str | None:
+        """Check task i declares everything it reads: run its twin on a copy of the state where every
+        float value outside its READ / READ_PAST regions is replaced by random garbage, and on a clean
+        copy; its WRITE / ACCUMULATE regions must come out bit-identical. (Garbage rather than NaN: the
+        twins multiply masked-out keys by exact zeros, which only NaN would turn into a false alarm.)
+        Returns None, or the region that changed. Integer token ids are kept."""
+        task = self.s.tasks[i]
+        info = self.s.ops[task.op]
+        if info.program_op is None:
+            return None
+        op = self.program.ops[info.program_op]
+        twin = stage_twin(info.kind, info.stages[task.stage].name)
+        kept = [(r, self.gather(self.env(epoch), r, epoch)) for r in task.regions if r.access in (Access.READ, Access.READ_PAST)]
+        gen = torch.Generator().manual_seed(seed)
+        results = []
+        for garbage in (False, True):
+            buf = {k: v.clone() for k, v in self.buf.items()}
+            cache = copy.copy(self.cache)
+            cache.layers = [copy.deepcopy(layer) for layer in self.cache.layers]
+            if garbage:
+                for t in [*buf.values(), *(t for layer in cache.layers for t in _layer_tensors(layer))]:
+                    if t.dtype.is_floating_point:
+                        t.copy_(torch.randn(t.shape, generator=gen) * 3)
+            env = StepEnv(buf, cache, self.batches[epoch])
+            for region, values in kept:
+                self.scatter(region, epoch, values, env=env)
+            for r in task.regions:
+                if r.access == Access.ACCUMULATE:
+                    buf[self.s.buffers[r.buffer].name].zero_()
+            twin(op, env, task, self.s)
+            results.append([self.gather(env, r, epoch) for r in task.regions if r.access in (Access.WRITE, Access.ACCUMULATE)])
+        written = [r for r in task.regions if r.access in (Access.WRITE, Access.ACCUMULATE)]
+        for r, clean, dirty in zip(written, *results):
+            if not torch.equal(clean, dirty):
+                return f"task {self.s.task_name(i)}: {r.describe(self.s.buffers[r.buffer].name)} depends on values outside the regions it declares to read"
+        return None
 
     # ------------------------------------------------------------------ the simulator's interface
     def start(self, i: int, epoch: int):
@@ -153,3 +190,10 @@ class ProgramActions:
         if not self.s.persistent:
             self.logits[steps - 1] = self.buf["logits"].clone()
         return self.logits
+
+
+def _layer_tensors(layer) -> list[torch.Tensor]:
+    """The storage tensors of a cache layer (paged pools, or KDA recurrent state and conv windows)."""
+    if hasattr(layer, "tensors"):
+        return list(layer.tensors.values())
+    return [layer.recurrent, layer.conv]
