@@ -16,6 +16,11 @@ order: a task waits only on tasks before it in the queue, so handing tickets out
 deadlock, at any number of workers (and the Triton interpreter, which runs programs one after
 another, works too).
 
+Counters belong to one stage of one op (``assemble``: one per (op, stage), or one per set of buffers
+its tiles write), and a consumer's waits are derived from the buffer regions tasks declare: the fewest
+waits that order every read after the writes it must see, every write after the reads and writes it
+must follow, and accumulates (split-K atomics, which commute) after writes and reads.
+
 ``persistent`` schedules run many steps in one launch (the step's last op writes the next step's
 token ids), so the validator also orders step e+1's accesses after step e's; otherwise the host
 launches once per step with ``e`` as an argument and the launch boundary orders the steps.
