@@ -163,6 +163,17 @@ class KDAState:
         self.history_conv[slots, :T] = windows.to(self.conv.dtype)
         self.history_rows[1, slots] = T
 
+    def history_for(self, kind: str, slots: torch.Tensor, T: int) -> torch.Tensor:
+        """The ``kind`` (recurrent | conv) history with room for T tokens, for a kernel that writes
+        tokens 0..T-1 of ``slots`` in this step (marked written, as keep_recurrent / keep_conv do)."""
+        if kind == "recurrent":
+            self.history_recurrent = self._history(self.recurrent, self.history_recurrent, T)
+            self.history_rows[0, slots] = T
+            return self.history_recurrent
+        self.history_conv = self._history(self.conv, self.history_conv, T)
+        self.history_rows[1, slots] = T
+        return self.history_conv
+
     def select(self, slots: torch.Tensor, rows: torch.Tensor) -> None:
         """Make the state after token ``rows[b]`` of the last keep_states step current for ``slots[b]``."""
         written = self.history_rows[:, slots]

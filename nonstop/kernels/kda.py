@@ -50,10 +50,12 @@ def _kda_in_proj_kernel(
     q_ptr, k_ptr, v_ptr, og_ptr, beta_ptr, fa_ptr, R, T, d, C, G, H, RANK, K,
     HAS_NORM: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
     BLOCK_W: tl.constexpr, DOT_FP32: tl.constexpr, NUM_STAGES: tl.constexpr,
+    hist_ptr, stride_hist_slot, stride_hist_t, KEEP: tl.constexpr,
 ):
     kda_in_proj_tile(tl.program_id(0), x_ptr, stride_x, norm_ptr, eps, w_ptr, stride_w, conv_w_ptr, win_ptr, stride_win_slot,
                      slots_ptr, start_ptr, q_ptr, k_ptr, v_ptr, og_ptr, beta_ptr, fa_ptr, R, T, d, C, G, H, RANK, K,
-                     HAS_NORM, BLOCK_R, BLOCK_N, BLOCK_K, BLOCK_W, DOT_FP32, NUM_STAGES)
+                     HAS_NORM, BLOCK_R, BLOCK_N, BLOCK_K, BLOCK_W, DOT_FP32, NUM_STAGES,
+                     hist_ptr, stride_hist_slot, stride_hist_t, KEEP)
 
 
 @triton.jit
@@ -62,15 +64,22 @@ def _kda_core_kernel(
     out_ptr, state_ptr, stride_state_slot, slots_ptr, start_ptr, T, H, D, RANK, G, lower_bound, q_scale, eps,
     BOUNDED: tl.constexpr, LOW_RANK_GATE: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_D: tl.constexpr,
     BLOCK_RANK: tl.constexpr, BLOCK_G: tl.constexpr, DOT_FP32: tl.constexpr, NUM_STAGES: tl.constexpr,
+    hist_ptr, stride_hist_slot, stride_hist_t, KEEP: tl.constexpr,
 ):
     kda_core_tile(tl.program_id(0), q_ptr, k_ptr, v_ptr, og_ptr, beta_ptr, fa_ptr, fb_ptr, gb_ptr, A_log_ptr, dt_bias_ptr,
                   o_norm_ptr, out_ptr, state_ptr, stride_state_slot, slots_ptr, start_ptr, T, H, D, RANK, G, lower_bound,
-                  q_scale, eps, BOUNDED, LOW_RANK_GATE, BLOCK_T, BLOCK_D, BLOCK_RANK, BLOCK_G, DOT_FP32, NUM_STAGES)
+                  q_scale, eps, BOUNDED, LOW_RANK_GATE, BLOCK_T, BLOCK_D, BLOCK_RANK, BLOCK_G, DOT_FP32, NUM_STAGES,
+                  hist_ptr, stride_hist_slot, stride_hist_t, KEEP)
 
 
-def _no_history(env) -> None:
-    if getattr(env.batch, "keep_states", False):
-        raise NotImplementedError("KDA kernels do not keep per-token states (speculative verification) yet")
+def _history(env, state, kind: str) -> tuple:
+    """(tensor, slot stride, token stride, KEEP) of the layer's per-token history for a ``keep_states``
+    step (speculative verification; ``KDAState.history_for``), else a dummy pointer and KEEP False."""
+    if not getattr(env.batch, "keep_states", False):
+        held = state.recurrent if kind == "recurrent" else state.conv
+        return held, 0, 0, False
+    hist = state.history_for(kind, env.batch.slots, env.T)
+    return hist, hist.stride(0), hist.stride(1), True
 
 
 def _contiguous(*tensors: torch.Tensor) -> None:
@@ -80,7 +89,6 @@ def _contiguous(*tensors: torch.Tensor) -> None:
 
 def kda_in_proj(op, env) -> None:
     """Triton kda_in_proj: one launch, ceil(N / BLOCK_N) tiles."""
-    _no_history(env)
     a = op.attrs
     x = env.buf[op.reads[0]]
     outs = [env.buf[name] for name in op.writes]
@@ -99,23 +107,25 @@ def kda_in_proj(op, env) -> None:
     block_r = row_block(R)
     block_k = min(128 if block_r == 1 else 64, _pow2(d))
     grid = (triton.cdiv(N, block_n),)
+    hist = _history(env, state, "conv")
     _kda_in_proj_kernel[grid](
         x, x.stride(0), norm if norm is not None else x, a["eps"], w, w.stride(0), conv_w,
         state.conv, state.conv.stride(0), env.batch.slots, env.batch.start, *outs,
         R, T, d, C, G, H, RANK, K,
         HAS_NORM=norm is not None, BLOCK_R=block_r, BLOCK_N=block_n, BLOCK_K=block_k,
-        BLOCK_W=_pow2(B * (K - 1)), DOT_FP32=_dot_fp32(x.dtype), NUM_STAGES=NUM_STAGES, num_warps=4,
+        BLOCK_W=_pow2(B * (K - 1)), DOT_FP32=_dot_fp32(x.dtype), NUM_STAGES=NUM_STAGES,
+        hist_ptr=hist[0], stride_hist_slot=hist[1], stride_hist_t=hist[2], KEEP=hist[3], num_warps=4,
     )
 
 
 def kda_core(op, env) -> None:
     """Triton kda_core: one launch, B·H tiles (sequence, head)."""
-    _no_history(env)
     a = op.attrs
     q, k, v, og, beta, fa = (env.buf[name] for name in op.reads)
     out = env.buf[op.writes[0]]
     fb, gb = op.weights["f_b"], op.weights.get("g_b")
-    state = env.cache.layers[a["cache_layer"]].recurrent
+    layer_state = env.cache.layers[a["cache_layer"]]
+    state = layer_state.recurrent
     H, D = a["heads"], a["head_dim"]
     RANK, G = fa.shape[1], og.shape[1]
     _contiguous(q, k, v, og, beta, fa, fb, out, state, *( [gb] if gb is not None else []))
@@ -123,12 +133,14 @@ def kda_core(op, env) -> None:
     B, T = env.B, env.T
     lb = a["lower_bound"]
     block_d = _pow2(D)
+    hist = _history(env, layer_state, "recurrent")
     _kda_core_kernel[(B * H,)](
         q, k, v, og, beta, fa, fb, gb if gb is not None else fb, op.weights["A_log"], op.weights["dt_bias"], op.weights["o_norm"],
         out, state, state.stride(0), env.batch.slots, env.batch.start, T, H, D, RANK, G,
         0.0 if lb is None else float(lb), D**-0.5, a["eps"],
         BOUNDED=lb is not None, LOW_RANK_GATE=gb is not None, BLOCK_T=row_block(T), BLOCK_D=block_d,
         BLOCK_RANK=min(64, _pow2(RANK)), BLOCK_G=min(64, _pow2(G)), DOT_FP32=_dot_fp32(q.dtype), NUM_STAGES=NUM_STAGES,
+        hist_ptr=hist[0], stride_hist_slot=hist[1], stride_hist_t=hist[2], KEEP=hist[3],
         num_warps=8 if block_d >= 128 else 4,
     )
 

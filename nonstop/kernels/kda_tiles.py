@@ -9,12 +9,16 @@ kda_in_proj_tile(tile): outputs n0 = tile·BLOCK_N .. n0+BLOCK_N-1 of the packed
     q/k/v channels n < 3C:  y_t = SiLU(Σ_j conv[n, j] · s_{t+j}),  s = [window_0..window_{K-2}, p_0..p_{T-1}]
                             (per sequence; tap K-1 multiplies the current token), new window = last K-1 of s
   A tile owns its channels' conv windows in every slot, so tiles never touch the same state.
+  KEEP (speculative verification): also the window after every token, into the layer's conv
+  history [S, T_cap, 3C, K-1]: entry i after token t = s_{t+1+i} (the token K-2-i steps before t).
 
 kda_core_tile(tile): sequence b = tile // H, head h = tile % H, the whole state S [D, D] fp32 in registers:
     f = fa W_fb[h]ᵀ,  g = -e^{A_log[h]} softplus(f + dt_bias)  or  lower_bound · σ(e^{A_log[h]} (f + dt_bias))
     per token in order: q ← L2(q)·D^-½, k ← L2(k), β = σ(b);
         S ← Diag(e^g) S;  S ← S + k (β (v - Sᵀk))ᵀ;  o = Sᵀq
         y = o_norm ⊙ o / sqrt(mean(o²) + eps) ⊙ σ(gate),  gate = og (full rank) or og W_gb[h]ᵀ (low rank)
+    KEEP (speculative verification): also S after every token, into the layer's recurrent history
+    [S_slots, T_cap, H, D, D] fp32 (``KDAState.history_recurrent``).
 """
 
 from __future__ import annotations
@@ -72,6 +76,7 @@ def _store_section(out_ptr, val, rows, rmask, ns, lo, width):
 def _short_conv_silu(
     raw, rows, rmask, ns, conv_w_ptr, win_ptr, stride_win_slot, slots_ptr, start_ptr, R, T, C, K,
     BLOCK_R: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_W: tl.constexpr, DOT_FP32: tl.constexpr,
+    hist_ptr=None, stride_hist_slot=0, stride_hist_t=0, KEEP: tl.constexpr = False,
 ):
     """SiLU(causal depthwise conv) of the tile's q/k/v channels over each sequence's window + T tokens;
     writes the new windows. raw: [BLOCK_R, BLOCK_N] projections (model-dtype values, fp32).
@@ -86,6 +91,10 @@ def _short_conv_silu(
     win_rows = win_ptr + slot.to(tl.int64) * stride_win_slot
     win_cols = ns * km1
     y = tl.load(conv_w_ptr + ns * K + km1, mask=cmask, other=0.0).to(tl.float32)[None, :] * raw
+    if KEEP:  # the window after token t ends with token t itself; the taps below give the older entries
+        hist_rows = hist_ptr + slot.to(tl.int64) * stride_hist_slot + t * stride_hist_t
+        hmask = rmask[:, None] & cmask[None, :]
+        tl.store(hist_rows[:, None] + win_cols[None, :] + (km1 - 1), raw.to(dtype), mask=hmask)
     for s in range(1, K):  # token t - s: the window entry t + K-1 - s while t < s, else row r - s
         tap = tl.load(conv_w_ptr + ns * K + (km1 - s), mask=cmask, other=0.0).to(tl.float32)
         from_win = rmask & live & (t < s)
@@ -94,6 +103,9 @@ def _short_conv_silu(
             if s < T:  # some row of this step is s tokens after another row of its sequence
                 prev += _shift_rows(raw, s, t, dtype, BLOCK_R, DOT_FP32)
         y += tap[None, :] * prev
+        if KEEP:
+            if s < km1:  # token t - s is entry K-2-s of the window after token t
+                tl.store(hist_rows[:, None] + win_cols[None, :] + (km1 - 1 - s), prev.to(dtype), mask=hmask)
     y = _round(y, dtype)
     y = _round(y * tl.sigmoid(y), dtype)
 
@@ -123,6 +135,7 @@ def kda_in_proj_tile(
     R, T, d, C, G, H, RANK, K,
     HAS_NORM: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
     BLOCK_W: tl.constexpr, DOT_FP32: tl.constexpr, NUM_STAGES: tl.constexpr,
+    hist_ptr=None, stride_hist_slot=0, stride_hist_t=0, KEEP: tl.constexpr = False,
 ):
     """One BLOCK_N slice of kda_in_proj for all R rows (see the module docstring).
 
@@ -130,6 +143,7 @@ def kda_in_proj_tile(
     win: the layer's conv state [S, 3, C, K-1] (slot stride stride_win_slot); slots, start [B] int64;
     outputs contiguous: q, k, v [R, C], og [R, G], beta [R, H], fa [R, RANK].
     BLOCK_R = rows_gemv.row_block(R); BLOCK_W >= 16, a power of two >= B·(K-1).
+    KEEP: hist = the conv history [S, T_cap, 3C, K-1] (slot / token strides given), written per token.
     """
     N = 3 * C + G + H + RANK
     n0 = tile * BLOCK_N
@@ -142,7 +156,7 @@ def kda_in_proj_tile(
     val = raw
     if n0 < 3 * C:
         y = _short_conv_silu(raw, rows, rmask, ns, conv_w_ptr, win_ptr, stride_win_slot, slots_ptr, start_ptr, R, T, C, K,
-                             BLOCK_R, BLOCK_N, BLOCK_W, DOT_FP32)
+                             BLOCK_R, BLOCK_N, BLOCK_W, DOT_FP32, hist_ptr, stride_hist_slot, stride_hist_t, KEEP)
         val = tl.where((ns < 3 * C)[None, :], y, raw)
     _store_section(q_ptr, val, rows, rmask, ns, 0, C)
     _store_section(k_ptr, val, rows, rmask, ns, C, C)
@@ -165,6 +179,7 @@ def kda_core_tile(
     BOUNDED: tl.constexpr, LOW_RANK_GATE: tl.constexpr,
     BLOCK_T: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_RANK: tl.constexpr, BLOCK_G: tl.constexpr,
     DOT_FP32: tl.constexpr, NUM_STAGES: tl.constexpr,
+    hist_ptr=None, stride_hist_slot=0, stride_hist_t=0, KEEP: tl.constexpr = False,
 ):
     """Sequence b = tile // H, head h = tile % H of kda_core (see the module docstring).
 
@@ -173,6 +188,7 @@ def kda_core_tile(
     A_log [H]; dt_bias [H·D]; o_norm [D]; out [R, H·D];
     state: the layer's recurrent state [S, H, D, D] fp32 (slot stride stride_state_slot, key-major).
     BLOCK_T = rows_gemv.row_block(T); BLOCK_D, BLOCK_RANK, BLOCK_G powers of two >= 16.
+    KEEP: hist = the recurrent history [S, T_cap, H, D, D] fp32 (slot / token strides given).
     """
     dtype = q_ptr.dtype.element_ty
     b = tile // H
@@ -221,6 +237,9 @@ def kda_core_tile(
         S = S * tl.exp(g_t)[:, None]
         u = beta_t * (v_t - tl.sum(k_t[:, None] * S, axis=0))
         S = S + k_t[:, None] * u[None, :]
+        if KEEP:
+            h_ptrs = hist_ptr + slot.to(tl.int64) * stride_hist_slot + t * stride_hist_t + h * D * D + cols[:, None] * D + cols[None, :]
+            tl.store(h_ptrs, S, mask=smask)
         o = tl.sum(q_t[:, None] * S, axis=0)
         o = o * tl.rsqrt(tl.sum(o * o) / D + eps)
         y = w_norm * o * tl.sigmoid(gate_t)

@@ -52,6 +52,16 @@ def _poison(op, env: StepEnv, cache_rows: bool) -> None:
             t[rows] = float("nan")
 
 
+def _poison_history(op, env: StepEnv) -> None:
+    """NaN in the step's rows of the KDA history the op keeps, so its kernel must write every one."""
+    kind = {"kda_in_proj": "conv", "kda_core": "recurrent"}.get(op.kind)
+    if not env.batch.keep_states or kind is None:
+        return
+    hist = getattr(env.cache.layers[op.attrs["cache_layer"]], f"history_{kind}")
+    if hist is not None:
+        hist[env.batch.slots, : env.T] = float("nan")
+
+
 def _state_tensors(env: StepEnv) -> dict[str, torch.Tensor]:
     out = {}
     for i, layer in enumerate(env.cache.layers):
@@ -61,11 +71,17 @@ def _state_tensors(env: StepEnv) -> dict[str, torch.Tensor]:
         else:
             out[f"L{i}.recurrent"] = layer.recurrent
             out[f"L{i}.conv"] = layer.conv
+            if env.batch.keep_states:  # speculative verification: the state after every token of the step
+                for kind in ("recurrent", "conv"):
+                    hist = getattr(layer, f"history_{kind}")
+                    if hist is not None:
+                        out[f"L{i}.history_{kind}"] = hist[env.batch.slots, : env.T]
     return out
 
 
-def check_kernel(kind: str, raw_config: dict, kernel, dtype=torch.float32, B: int = 2, T: int = 1, prompt_lens=(5, 3, 7), seed: int = 0, rtol=None, atol=None, device="cpu") -> int:
-    """Run the comparison; returns how many ops of ``kind`` were checked (asserts on mismatch)."""
+def check_kernel(kind: str, raw_config: dict, kernel, dtype=torch.float32, B: int = 2, T: int = 1, prompt_lens=(5, 3, 7), seed: int = 0, rtol=None, atol=None, device="cpu", keep_states: bool = False) -> int:
+    """Run the comparison; returns how many ops of ``kind`` were checked (asserts on mismatch).
+    keep_states: a speculative-verification step (KDA per-token histories compared too, poisoned first)."""
     cfg = ModelConfig.from_hf_dict(raw_config)
     model = random_model(cfg, dtype, device=device, seed=seed)
     program = lower(model)
@@ -81,7 +97,7 @@ def check_kernel(kind: str, raw_config: dict, kernel, dtype=torch.float32, B: in
         if not hasattr(layer, "tensors"):
             layer.recurrent[len(prompt_lens)].normal_(generator=gen)
             layer.conv[len(prompt_lens)].normal_(generator=gen)
-    batch = cache.batch(slots, T)
+    batch = cache.batch(slots, T, keep_states=keep_states)
     env = StepEnv(program.allocate(B * T, device), cache, batch)
     env.buf["ids"].copy_(torch.randint(0, cfg.vocab_size, (B * T,), generator=gen))
     tol = {"rtol": rtol, "atol": atol} if rtol is not None else ({"rtol": 2e-4, "atol": 2e-5} if dtype == torch.float32 else {"rtol": 2e-2, "atol": 2e-2})
@@ -91,6 +107,7 @@ def check_kernel(kind: str, raw_config: dict, kernel, dtype=torch.float32, B: in
             want, got = _clone_env(env), _clone_env(env)
             REFERENCE[kind](op, want)
             _poison(op, got, cache_rows=_writes_cache(op, got, want))
+            _poison_history(op, got)
             kernel(op, got)
             for name in op.writes:
                 torch.testing.assert_close(got.buf[name].float(), want.buf[name].float(), **tol, msg=lambda m: f"{op.name} -> {name}: {m}")
