@@ -468,12 +468,12 @@ def table(report: dict) -> str:
             for t in sl["timings"]:
                 for r in t["rows"]:
                     if "ms_per_token" in r:
-                        lines.append(f"{shape['shape']:<22} {sl['layers']:>6} {t['context']:>5} {r['row']:<9} {r['ms_per_token']:>9.4f} {r['achieved_GBps']:>7.0f} {r['mbu']:>6.1%} {str(r.get('launches_per_step', '?')):>8}  {note}")
+                        lines.append(f"{shape['shape']:<22} {sl['layers']:>6} {t['context']:>5} {r['row']:<9} {r['ms_per_token']:>9.4f} {r['achieved_GBps']:>7.1f} {r['mbu']:>6.1%} {str(r.get('launches_per_step', '?')):>8}  {note}")
                     else:
                         lines.append(f"{shape['shape']:<22} {sl['layers']:>6} {t['context']:>5} {r['row']:<9} {'-':>9} {'-':>7} {'-':>6} {'-':>8}  {(r.get('error') or r.get('skipped') or '')[:90]}")
                     note = ""
         for e in shape.get("extrapolation", {}).get("rows", []):
-            lines.append(f"{shape['shape'] + ' (full)':<22} {shape['full_layers']:>6} {e['context']:>5} {e['row']:<9} {e['full_ms_per_token']:>9.4f} {e['full_achieved_GBps'] or 0:>7.0f} {e['full_achieved_GBps'] / report['bandwidth']['copy_GBps'] if e['full_achieved_GBps'] else 0:>6.1%} {'':>8}  extrapolated, {e['ms_per_layer']:.4f} ms/layer")
+            lines.append(f"{shape['shape'] + ' (full)':<22} {shape['full_layers']:>6} {e['context']:>5} {e['row']:<9} {e['full_ms_per_token']:>9.4f} {e['full_achieved_GBps'] or 0:>7.1f} {e['full_achieved_GBps'] / report['bandwidth']['copy_GBps'] if e['full_achieved_GBps'] else 0:>6.1%} {'':>8}  extrapolated, {e['ms_per_layer']:.4f} ms/layer")
         if shape.get("public_best"):
             lines.append(f"{'':<22} public best: {shape['public_best']}")
     bw = report["bandwidth"]
