@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import platform
 import statistics
 import sys
@@ -95,7 +96,7 @@ def main() -> None:
         "greedy_outputs_identical": same,
         "results": rows,
         "ratio_nonstop_over_transformers": rows["nonstop_reference"]["decode_tokens_per_s"] / rows["transformers_generate"]["decode_tokens_per_s"],
-        "machine": {"cpu": platform.processor() or platform.machine(), "python": platform.python_version(), "torch": torch.__version__, "transformers": transformers.__version__},
+        "machine": {"cpu": platform.processor() or platform.machine(), "cores": os.cpu_count(), "load_average_at_end": os.getloadavg(), "python": platform.python_version(), "torch": torch.__version__, "transformers": transformers.__version__},
         "time": time.strftime("%Y-%m-%dT%H:%M:%S"),
     }
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
