@@ -126,18 +126,18 @@ class _Lowering:
         width = mc.latent_size or c.hidden_size
         self.buffer("moe_logits", mc.num_experts, dtype="float32")
         self.buffer("moe_in", width)
+        self.buffer("moe_out", width, dtype="float32")
         front = {"router": moe.gate.weight, **norm_w}
         if mc.latent_size:
             front["latent_down"] = moe.routed_expert_down_proj.weight
-        writes = ["moe_logits", "moe_in"]
+        writes = ["moe_logits", "moe_in", "moe_out"]  # moe_out = 0: moe_experts accumulates into it (split-K atomics)
         if mc.num_shared_experts:
             se = moe.shared_experts
             front["shared_gate_up"] = pack([se.gate_proj.weight, se.up_proj.weight])
             writes.append(self.buffer("moe_shared_act", mc.shared_intermediate_size))
         self.op(f"L{i}.moe_front", "moe_front", i, [src], writes, front, shared_width=mc.shared_intermediate_size, eps=self.eps, **act)
         experts = {n: t for n, t in moe.experts.named_parameters()} | {n: t for n, t in moe.experts.named_buffers()}
-        self.buffer("moe_out", width, dtype="float32")
-        self.op(f"L{i}.moe_experts", "moe_experts", i, ["moe_logits", "moe_in"], ["moe_out"], {"bias": moe.gate.e_score_correction_bias, **experts}, moe=mc, experts=moe.experts, expert_format=mc.expert_format, **act)
+        self.op(f"L{i}.moe_experts", "moe_experts", i, ["moe_logits", "moe_in"], ["moe_out"], {"bias": moe.gate.e_score_correction_bias, **experts}, moe=mc, experts=moe.experts, expert_format=mc.expert_format, accumulate=True, **act)
         tail = {}
         if mc.latent_size:
             tail["latent_up"] = moe.routed_expert_up_proj.weight

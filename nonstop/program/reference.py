@@ -251,9 +251,11 @@ def kda_core(op, env):
 
 def moe_front(op, env):
     """One pass over the FFN input: router logits (fp32), the experts' input (latent z = W↓ x, or x),
-    and the shared experts' activation act(W_sg x, W_su x)."""
+    and the shared experts' activation act(W_sg x, W_su x). Also zeroes moe_out, which moe_experts
+    accumulates into (its kernel adds split-K partial sums atomically)."""
     a = op.attrs
     x = op_input(op, env)
+    env.buf["moe_out"].zero_()
     env.buf["moe_logits"].copy_(router_logits(x, op.weights["router"]))
     env.buf["moe_in"].copy_(linear(x, op.weights["latent_down"]) if "latent_down" in op.weights else x)
     if "shared_gate_up" in op.weights:
@@ -262,12 +264,13 @@ def moe_front(op, env):
 
 
 def moe_experts(op, env):
-    """Top-k selection from the logits (+ correction bias), then Σ_k p_k E_k(moe_in) accumulated in fp32."""
+    """Top-k selection from the logits (+ correction bias), then moe_out += Σ_k p_k E_k(moe_in) in fp32
+    (moe_out was zeroed by moe_front)."""
     a = op.attrs
     weights, ids = select_experts(env.buf["moe_logits"], op.weights["bias"], a["moe"])
     x = env.buf["moe_in"]
     out = routed_experts(x, weights, ids, a["experts"], a["act"], a["beta"], a["linear_beta"])
-    env.buf[op.writes[0]].copy_(out)
+    env.buf[op.writes[0]].add_(out)
 
 
 def moe_tail(op, env):
