@@ -111,8 +111,9 @@ def check_kernel(kind: str, raw_config: dict, kernel, dtype=torch.float32, B: in
             kernel(op, got)
             for name in op.writes:
                 torch.testing.assert_close(got.buf[name].float(), want.buf[name].float(), **tol, msg=lambda m: f"{op.name} -> {name}: {m}")
+            got_state = _state_tensors(got)
             for name, t in _state_tensors(want).items():
-                torch.testing.assert_close(_state_tensors(got)[name].float(), t.float(), **tol, msg=lambda m: f"{op.name} state {name}: {m}")
+                torch.testing.assert_close(got_state[name].float(), t.float(), **tol, msg=lambda m: f"{op.name} state {name}: {m}")
             checked += 1
         REFERENCE[op.kind](op, env)
     assert checked > 0, f"the config has no {kind} op"
