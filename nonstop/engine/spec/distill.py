@@ -242,7 +242,7 @@ def main(argv=None) -> int:
     log(f"token streams: train {len(train_stream)}, held-out {len(held_stream)}")
     data_deadline = t0 + args.data_share * budget
     held = build_set(target, held_stream, args.heldout_sequences, args.prompt_len, args.new_tokens, 0.0, taps, rng, gen, 32, data_deadline)
-    train = build_set(target, train_stream, args.sequences, args.prompt_len, args.new_tokens, args.sampled_share, taps, rng, gen, 64, data_deadline)
+    train = build_set(target, train_stream, args.sequences, args.prompt_len, args.new_tokens, args.sampled_share, taps, rng, gen, 128, data_deadline)
     log(f"training set: {train['seqs'].shape[0]} sequences of {train['seqs'].shape[1]} tokens ({time.perf_counter() - t0:.0f}s)")
 
     drafter = DSparkModel(dcfg)
