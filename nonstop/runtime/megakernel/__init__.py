@@ -9,7 +9,10 @@
                 ``stage_twins``; ``steps`` sets up several steps and the sequential reference) actions.
 ``encode``      the integer tensors a persistent kernel reads; ``stats`` and ``estimate`` (a toy timing
                 model) summarise a schedule for humans.
-The persistent Triton kernel itself (``MegakernelExecutor``) is not written yet.
+The persistent Triton kernel (``MegakernelExecutor`` in ``executor``): ``record`` captures the super-op
+launchers' arguments, ``plan`` groups them into task classes and argument tables, ``stages`` /
+``codegen`` give each class a tile body and generate the kernel, ``tiles_kernel`` tiles the ops to
+match the kernels, ``kernel`` ties it together (one launch per step).
 """
 
 from nonstop.runtime.megakernel.schedule import Schedule, ScheduleError, build_schedule
@@ -20,6 +23,8 @@ __all__ = ["Schedule", "ScheduleError", "build_schedule", "hunt", "simulate", "v
 
 
 def __getattr__(name: str):
-    if name == "MegakernelExecutor":  # the executor registry reports the backend as not built yet
-        raise ModuleNotFoundError("the megakernel executor is not written yet", name="nonstop.runtime.megakernel.executor")
+    if name == "MegakernelExecutor":  # imported lazily: it needs Triton, the schedule tools do not
+        from nonstop.runtime.megakernel.executor import MegakernelExecutor
+
+        return MegakernelExecutor
     raise AttributeError(name)

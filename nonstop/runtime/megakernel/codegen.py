@@ -1,0 +1,199 @@
+"""Generate the persistent megakernel's Triton source for a set of task classes.
+
+A *task class* is one stage body called with one set of compile-time facts: the constexpr values of
+its launcher, the dtype of each pointer, and the scalar arguments that are equal in every op instance
+of the class (baked in as constants, so the compiler sees e.g. strides as numbers). Everything that
+differs between instances (other layers' weights, caches, scalars) is read at run time from tables:
+
+  ptrs    int64 [I, MAX_P]  addresses; cast in the kernel with ``.to(tl.pointer_type(dtype))``
+  ints    int64 [I, MAX_S]  integer scalars (cast to int32 where the launcher would pass int32)
+  floats  fp32  [I, MAX_S]  float scalars
+  (I = op instances; an instance is one recorded launch.)
+
+Generated code, per class k (``opcode`` k):
+
+    elif opcode == k:
+        a0 = tl.load(ptrs_ptr + inst * MAX_P + 0).to(tl.pointer_type(tl.float16))
+        a1 = tl.full((), 4096, tl.int32)                      # uniform scalar
+        a2 = tl.load(floats_ptr + inst * MAX_S + 0)           # per-instance scalar
+        body_k(tile, ntiles, a0, a1, a2, ..., BLOCK_N=64, ...)
+
+Stage bodies of one-phase launchers are the launcher's source with ``tl.program_id(0)`` -> ``tile``,
+``tl.num_programs(0)`` -> ``ntiles`` (written to a module next to the megakernel whose globals are the
+launcher module's); two-phase launchers use the hand-written bodies of ``stages.py``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import inspect
+import os
+import re
+import sys
+import tempfile
+import textwrap
+
+import torch
+
+TORCH_TO_TL = {
+    torch.float32: "tl.float32", torch.float16: "tl.float16", torch.bfloat16: "tl.bfloat16", torch.float64: "tl.float64",
+    torch.int8: "tl.int8", torch.uint8: "tl.uint8", torch.int16: "tl.int16", torch.int32: "tl.int32", torch.int64: "tl.int64",
+    torch.bool: "tl.int1", torch.float8_e4m3fn: "tl.float8e4nv", torch.float8_e5m2: "tl.float8e5",
+}
+
+_MODULES: dict[str, object] = {}
+
+
+def _cache_dir() -> str:
+    path = os.path.join(tempfile.gettempdir(), f"nonstop_megakernel_{os.getuid()}")
+    os.makedirs(path, exist_ok=True)
+    return path
+
+
+def load_source(prefix: str, source: str):
+    """Import generated ``source`` as a module (written to a file: Triton reads kernels' source)."""
+    digest = hashlib.sha1(source.encode()).hexdigest()[:16]
+    name = f"_nonstop_mk_{prefix}_{digest}"
+    if name in _MODULES:
+        return _MODULES[name]
+    path = os.path.join(_cache_dir(), name + ".py")
+    if not os.path.exists(path):
+        tmp = f"{path}.{os.getpid()}.tmp"
+        with open(tmp, "w") as f:
+            f.write(source)
+        os.replace(tmp, path)
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    spec.loader.exec_module(module)
+    _MODULES[name] = module
+    return module
+
+
+def is_constexpr(param: inspect.Parameter) -> bool:
+    ann = param.annotation
+    if isinstance(ann, str):
+        return ann.split(".")[-1] == "constexpr"
+    return getattr(ann, "__name__", "") == "constexpr"
+
+
+def generic_stage_body(fn):
+    """The one-stage body of launcher ``fn``: its source with the program id replaced by ``mk_tile``."""
+    source = textwrap.dedent(inspect.getsource(fn))
+    name = fn.__name__
+    body_name = f"{name}__stage"
+    header = re.compile(rf"def\s+{re.escape(name)}\s*\(")
+    if not header.search(source):
+        raise ValueError(f"cannot find the definition of {name} in its source")
+    source = header.sub(f"def {body_name}(mk_tile, mk_ntiles, ", source, count=1)
+    source = re.sub(r"tl\.program_id\(\s*(axis\s*=\s*)?0\s*\)", "mk_tile", source)
+    source = re.sub(r"tl\.num_programs\(\s*(axis\s*=\s*)?0\s*\)", "mk_ntiles", source)
+    if "program_id" in source or "num_programs" in source:
+        raise ValueError(f"{name}: launcher uses a grid axis other than 0; give it a stage body in stages.py")
+    module = fn.__module__
+    text = (f'"""Generated: the megakernel stage body of {module}.{name}."""\n'
+            "import triton\nimport triton.language as tl\n"
+            f"import {module} as _src\n"
+            "globals().update({k: v for k, v in vars(_src).items() if not k.startswith('__')})\n\n\n"
+            + source)
+    return getattr(load_source(name.strip("_"), text), body_name)
+
+
+def const_literal(value) -> str:
+    """Source text of a constexpr value."""
+    if type(value).__name__ == "constexpr":
+        value = value.value
+    if value is None or isinstance(value, (bool, int, str)):
+        return repr(value)
+    if isinstance(value, float):
+        return repr(value)
+    name = getattr(value, "name", None)
+    if name is not None and type(value).__module__.startswith("triton"):  # a tl.dtype
+        return {"fp32": "tl.float32", "fp16": "tl.float16", "bf16": "tl.bfloat16", "fp64": "tl.float64"}.get(name, f"tl.{name}")
+    raise ValueError(f"cannot write constexpr {value!r} into generated source")
+
+
+def int_type(values) -> str:
+    return "tl.int32" if all(-(2**31) <= v < 2**31 for v in values) else "tl.int64"
+
+
+def megakernel_source(classes: list, max_p: int, max_s: int, prefetch_lines: int) -> str:
+    """Source of ``megakernel`` dispatching on ``opcode`` to ``classes`` (``plan.TaskClass``)."""
+    imports, branches = {}, []
+    for k, cls in enumerate(classes):
+        body = cls.body
+        alias = f"body_{k}"
+        imports[alias] = (body.fn.__module__ if hasattr(body, "fn") else body.__module__, (body.fn if hasattr(body, "fn") else body).__name__)
+        lines, args = [], []
+        for p in cls.params:
+            if p.kind == "const":
+                args.append(const_literal(p.value))
+                continue
+            var = f"a_{p.name}"
+            if p.kind == "ptr":
+                lines.append(f"{var} = tl.load(ptrs_ptr + inst * {max_p} + {p.slot}).to(tl.pointer_type({p.dtype}))")
+            elif p.kind == "none":
+                lines.append(f"{var} = None")
+            elif p.kind == "int" and p.uniform:
+                lines.append(f"{var} = tl.full((), {p.value}, {p.dtype})")
+            elif p.kind == "int":
+                lines.append(f"{var} = tl.load(ints_ptr + inst * {max_s} + {p.slot}).to({p.dtype})")
+            elif p.kind == "float" and p.uniform:
+                lines.append(f"{var} = tl.full((), {float(p.value)!r}, tl.float32)")
+            else:
+                lines.append(f"{var} = tl.load(floats_ptr + inst * {max_s} + {p.slot})")
+            args.append(var)
+        lines.append(f"{alias}(tile, ntiles, {', '.join(args)})")
+        head = "if" if k == 0 else "elif"
+        branches.append(f"        {head} opcode == {k}:  # {cls.label}\n" + "".join(f"            {ln}\n" for ln in lines))
+    import_text = "".join(f"from {mod} import {name} as {alias}\n" for alias, (mod, name) in imports.items())
+    return f'''"""Generated persistent megakernel ({len(classes)} task classes). See nonstop/runtime/megakernel/kernel.py."""
+import triton
+import triton.language as tl
+{import_text}
+
+@triton.jit
+def megakernel(tasks_ptr, waits_ptr, prefetch_ptr, counters_ptr, ticket_ptr, state_ptr, sink_ptr, ptrs_ptr, ints_ptr, floats_ptr,
+               num_tasks, num_steps, NUM_FIELDS: tl.constexpr):
+    first_step = tl.load(state_ptr)  # advanced by the previous launch's last program
+    end = (first_step + num_steps) * num_tasks
+    lines = tl.arange(0, {prefetch_lines})
+    q = tl.atomic_add(ticket_ptr, 1, sem="relaxed").to(tl.int64)
+    while q < end:
+        step = q // num_tasks
+        rec = tasks_ptr + (q - step * num_tasks) * NUM_FIELDS
+        opcode = tl.load(rec + 0)
+        inst = tl.load(rec + 1).to(tl.int64)
+        tile = tl.load(rec + 2)
+        ntiles = tl.load(rec + 3)
+        counter = tl.load(rec + 4)
+        wait_begin = tl.load(rec + 5)
+        wait_end = tl.load(rec + 6)
+        # 1. the first weight tile's cache lines, requested before any wait (they depend on no activation)
+        lo = tl.load(prefetch_ptr + (q - step * num_tasks) * 2)
+        nbytes = tl.load(prefetch_ptr + (q - step * num_tasks) * 2 + 1)
+        offs = lines.to(tl.int64) * 128
+        warm = tl.load((lo + offs).to(tl.pointer_type(tl.int32)), mask=offs < nbytes, other=0)
+        # 2. acquire: every wait's counter reached its target for this step (counters only grow)
+        for w in range(wait_begin, wait_end):
+            wc = tl.load(waits_ptr + w * 3)
+            target = step * tl.load(waits_ptr + w * 3 + 2) + tl.load(waits_ptr + w * 3 + 1)
+            while tl.atomic_add(counters_ptr + wc, 0, sem="acquire") < target:
+                pass
+        # 3. the tile
+{"".join(branches)}
+        # keep the prefetch loads alive: a store that never happens (a line of weights is never this value)
+        if tl.sum(warm, axis=0) == -1234567:
+            tl.store(sink_ptr, 1)
+        # 4. release: this tile's writes are visible before the counter moves
+        tl.debug_barrier()
+        tl.atomic_add(counters_ptr + counter, 1, sem="release")
+        q = tl.atomic_add(ticket_ptr, 1, sem="relaxed").to(tl.int64)
+    # undo the ticket this program took past the end, so the queue ends at exactly end
+    tl.atomic_add(ticket_ptr, -1, sem="relaxed")
+    # the last program out moves the step on (every program read first_step before it could get here)
+    if tl.atomic_add(state_ptr + 1, 1, sem="acq_rel") == tl.num_programs(0) - 1:
+        tl.store(state_ptr, first_step + num_steps)
+        tl.atomic_xchg(state_ptr + 1, 0, sem="relaxed")
+'''

@@ -1,0 +1,111 @@
+"""The ``megakernel`` executor: a decode step as ONE launch of a persistent Triton kernel.
+
+Same interface and static-step machinery as ``SuperOpExecutor`` (it subclasses it): per step shape
+(B sequences × T tokens) static activation buffers, slots and starts; long prefills (more than
+``program.max_rows`` rows) and cache-free scoring run the reference model. What differs is how a step
+runs: instead of one launch per op, ``StepKernel`` (``kernel.py``) holds the whole step as tasks of one
+persistent kernel, built once per shape (schedule validated before its first launch) and refreshed
+when the cache storage moves. The step also samples: a ``sample`` op after the LM head writes
+``next_ids`` [R] on the device (greedy unless ``sampling`` buffers say otherwise), and the embedding of
+the step's ``ids`` is the kernel's first task, so back-to-back decode steps need only the launch on
+the host (``decode_next``: the next step embeds the previous step's ``next_ids``).
+
+On CUDA the launch is captured in a CUDA graph per shape by the base class (a replay is one kernel);
+``stats["launches_per_step"]`` counts the launches of a step (1) with the ``LaunchCounter``, and
+``stats["schedule"]`` summarises each shape's schedule.
+"""
+
+from __future__ import annotations
+
+import copy
+
+import torch
+
+from nonstop.cache.state import ModelCache, StepBatch
+from nonstop.model.stack import CausalLM
+from nonstop.program.ir import Program
+from nonstop.runtime.cuda_graph import fit_pools
+from nonstop.runtime.launch_count import LaunchCounter
+from nonstop.runtime.megakernel.kernel import StepKernel
+from nonstop.runtime.megakernel.stats import schedule_stats
+from nonstop.runtime.superop import ExecEnv, SuperOpExecutor, StaticStep
+
+
+class MegakernelExecutor(SuperOpExecutor):
+    """``forward(input_ids [B, T], cache, batch, last_only)`` -> fp32 logits, one kernel launch a step.
+
+    graphs: as ``SuperOpExecutor`` ("auto": a CUDA graph of the one launch on CUDA). grid: programs of
+    the persistent kernel (default: one per SM; 2 under the interpreter)."""
+
+    name = "megakernel"
+
+    def __init__(self, model: CausalLM, graphs="auto", copy_logits: bool = True, program: Program | None = None, grid: int | None = None, kernels: dict | None = None):
+        from nonstop.kernels.sample import sample_op
+
+        super().__init__(model, use_kernels=True, graphs=graphs, pdl=False, kernels=kernels, copy_logits=copy_logits, program=program)
+        program = copy.copy(self.program)  # the step's program plus the sampling buffers
+        program.buffers = dict(program.buffers)
+        self.sample, specs = sample_op(model.cfg.vocab_size)
+        program.buffers.update(specs)
+        self.program = program
+        self.impl = dict(self.impl)
+        self.grid = grid
+        self._kernels: dict[int, StepKernel] = {}  # id(step) -> its megakernel
+        self._steps_by_buf: dict[int, StaticStep] = {}
+        self.stats["schedule"] = {}
+
+    # ------------------------------------------------------------------ the step's kernel
+    def static_step(self, B: int, T: int, keep_states: bool = False) -> StaticStep:
+        step = super().static_step(B, T, keep_states)
+        if id(step.buf) not in self._steps_by_buf:
+            self._steps_by_buf[id(step.buf)] = step
+            step.buf["sample_temperature"].zero_()  # greedy by default
+            step.buf["sample_top_k"].zero_()
+            step.buf["sample_top_p"].fill_(1.0)
+            step.buf["sample_seed"].zero_()
+            step.buf["sample_offset"].zero_()
+        return step
+
+    def step_kernel(self, env: ExecEnv) -> StepKernel:
+        """The megakernel of env's shape, built (and validated) on first use, its addresses refreshed
+        when the cache storage moved since it was recorded."""
+        step = self._steps_by_buf[id(env.buf)]
+        mk = self._kernels.get(id(step))
+        signature = self.storage_signature(env.cache)
+        if mk is None:
+            mk = self._kernels[id(step)] = StepKernel(self.program, [*self.program.ops, self.sample], self.impl, env, self.device, self.grid)
+            self.stats["schedule"][step.name] = schedule_stats(mk.schedule) | {"task_classes": len(mk.plan.classes), "grid": mk.grid}
+        elif mk.signature != signature:
+            mk.refresh(env)
+        mk.signature = self.storage_signature(env.cache)  # recording may have grown a workspace
+        return mk
+
+    def _launch_all(self, env: ExecEnv) -> None:
+        self.step_kernel(env).launch()
+
+    def _launch_counted(self, env: ExecEnv, step: StaticStep) -> dict:
+        mk = self.step_kernel(env)  # recording happens outside the count (it launches nothing)
+        counter = LaunchCounter(self.device)
+        with counter, counter.tagged("megakernel"):
+            mk.launch()
+        return counter.summary()
+
+    # ------------------------------------------------------------------ steps
+    def run_program(self, input_ids: torch.Tensor, cache: ModelCache, batch: StepBatch) -> torch.Tensor:
+        """One step; the kernel reads only the shape's static tensors (ids, slots, starts), so its
+        recorded addresses stay valid from step to step."""
+        B, T = input_ids.shape
+        step = self.static_step(B, T, getattr(batch, "keep_states", False))
+        step.buf["ids"].copy_(input_ids.reshape(-1))
+        step.slots.copy_(batch.slots)
+        step.start.copy_(batch.start)
+        if self.graphs and step.graph_off is None:
+            self._replay_or_capture(cache, step)
+        else:
+            fit_pools(cache)
+            self._run_eagerly(ExecEnv(step.buf, cache, step.batch), step)
+        return step.buf["logits"].view(B, T, -1)
+
+    def next_ids(self, B: int, T: int = 1, keep_states: bool = False) -> torch.Tensor:
+        """The tokens the last step of shape (B, T) sampled on the device, [B, T] (int64)."""
+        return self.static_step(B, T, keep_states).buf["next_ids"].view(B, T)

@@ -1,0 +1,113 @@
+"""The persistent megakernel of one step shape: schedule, generated kernel, tables, one launch per step.
+
+``StepKernel.build(program, ops, kernels, env, grid)`` records the ops' launches (``record``), groups
+them into task classes (``plan``), tiles the ops to match (``tiles_kernel``), validates the schedule
+(``validate``: a rejection raises ``ScheduleError`` before anything is launched), and generates the
+kernel (``codegen``). ``refresh(env)`` re-records the arguments only (cache storage moved: new
+addresses, same schedule). ``launch()`` runs one step.
+
+Device tensors the kernel reads:
+  tasks     int32 [N, 7]  opcode (task class), instance, tile, ntiles, counter, wait_begin, wait_end
+  waits     int32 [W, 3]  counter, base, per_step: ready in step e when counters[c] >= e·per_step + base
+  prefetch  int64 [N, 2]  address and bytes (<= PREFETCH_LINES·128) of the task's first weight slice
+  counters  int64 [C]     zero once, never reset (epoch-based targets)
+  ticket    int64 [1]     the queue: ticket q is task q mod N of step q div N; ends each launch at a
+                          multiple of N (programs undo the one ticket they take past the end)
+  state     int64 [2]     (next step, programs exited): the last program out advances the step, so
+                          consecutive launches (and CUDA-graph replays) need no host arguments
+  ptrs / ints / floats    per-instance arguments (``plan``)
+"""
+
+from __future__ import annotations
+
+import torch
+
+from nonstop.runtime.megakernel import codegen
+from nonstop.runtime.megakernel.plan import build_plan
+from nonstop.runtime.megakernel.record import record_ops
+from nonstop.runtime.megakernel.tiles_kernel import kernel_schedule
+from nonstop.runtime.megakernel.validate import validate
+
+PREFETCH_LINES = 256  # cache lines (128 B) of a task's first weight slice requested before its waits: 32 KiB
+NUM_FIELDS = 7
+
+
+def launch_grid(device) -> int:
+    """One program per SM on a GPU; two under the interpreter (programs run one after another there)."""
+    if torch.device(device).type == "cuda":
+        return torch.cuda.get_device_properties(device).multi_processor_count
+    return 2
+
+
+def prefetch_row(op, weights) -> tuple[int, int]:
+    """(address, bytes) of the first statically known contiguous weight slice of a task, else (0, 0)."""
+    for w in weights:
+        t = op.weights.get(w.role)
+        if t is None or w.dynamic or not t.is_contiguous():
+            continue
+        if w.dim == -1:
+            lo, n = t.data_ptr(), t.numel() * t.element_size()
+        elif w.dim == 0:
+            row = t.stride(0) * t.element_size()
+            lo, n = t.data_ptr() + w.start * row, (w.stop - w.start) * row
+        else:
+            continue
+        return lo, min(n, PREFETCH_LINES * 128)
+    return 0, 0
+
+
+class StepKernel:
+    """The megakernel of one step shape (B sequences × T tokens)."""
+
+    def __init__(self, program, ops, kernels: dict, env, device, grid: int | None = None):
+        self.program, self.ops, self.kernels, self.device = program, ops, kernels, device
+        self.grid = grid or launch_grid(device)
+        self.B, self.T = env.B, env.T
+        launches = record_ops(ops, kernels, env)
+        self.plan = build_plan(launches, device)
+        self.schedule, codes, instances, ntiles = kernel_schedule(program, ops, launches, self.plan, self.B, self.T)
+        validate(self.schedule)  # raises ScheduleError (a race, deadlock or early release) before any launch
+        self._encode(codes, instances, ntiles)
+        self.counters = torch.zeros(len(self.schedule.counters), dtype=torch.int64, device=device)
+        self.ticket = torch.zeros(1, dtype=torch.int64, device=device)
+        self.state = torch.zeros(2, dtype=torch.int64, device=device)
+        self.sink = torch.zeros(1, dtype=torch.int32, device=device)
+        self._compile()
+
+    # ------------------------------------------------------------------ tables
+    def _encode(self, codes, instances, ntiles) -> None:
+        rows, waits, prefetch = [], [], []
+        for t, code, inst, n in zip(self.schedule.tasks, codes, instances, ntiles):
+            w0 = len(waits)
+            waits += [(w.counter, w.base, w.per_step) for w in t.waits]
+            rows.append((code, inst, t.tile, n, t.counter, w0, len(waits)))
+            prefetch.append(prefetch_row(self.ops[self.schedule.ops[t.op].program_op], t.weights))
+        self.tasks = torch.tensor(rows, dtype=torch.int32).view(-1, NUM_FIELDS).to(self.device)
+        self.waits = torch.tensor(waits or [(0, 0, 0)], dtype=torch.int32).view(-1, 3).to(self.device)
+        self.prefetch = torch.tensor(prefetch, dtype=torch.int64).view(-1, 2).to(self.device)
+
+    def _compile(self) -> None:
+        source = codegen.megakernel_source(self.plan.classes, self.plan.max_p, self.plan.max_s, PREFETCH_LINES)
+        self.source = source
+        self.kernel = codegen.load_source("megakernel", source).megakernel
+
+    def refresh(self, env) -> None:
+        """New argument addresses (cache storage moved); the schedule and the task classes stay."""
+        plan = build_plan(record_ops(self.ops, self.kernels, env), self.device)
+        if plan.signature() != self.plan.signature():
+            self.plan = plan
+            self._compile()
+        else:
+            self.plan = plan
+
+    # ------------------------------------------------------------------ running
+    @property
+    def num_tasks(self) -> int:
+        return self.tasks.shape[0]
+
+    def launch(self, num_steps: int = 1) -> None:
+        p = self.plan
+        self.kernel[(self.grid,)](self.tasks, self.waits, self.prefetch, self.counters, self.ticket, self.state, self.sink,
+                                  p.ptrs, p.ints, p.floats, self.num_tasks, num_steps, NUM_FIELDS=NUM_FIELDS,
+                                  num_warps=p.launch_options.get("num_warps", 4))
+

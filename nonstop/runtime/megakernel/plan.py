@@ -1,0 +1,163 @@
+"""From recorded launches to what the megakernel reads: task classes (opcodes), instances, arg tables.
+
+``build_plan(launches)`` (one list of ``record.Launch`` per program op) gives a ``Plan``:
+  stages   per op, the ``(stage name, class, instance, ntiles)`` of each phase, in order;
+  classes  ``TaskClass`` list: the opcode of a task is its class index (see ``codegen``);
+  ptrs / ints / floats   the argument tables, one row per instance (= recorded launch).
+Argument kinds: ``const`` (a constexpr: part of the class), ``ptr`` (a tensor: its address, dtype in
+the class), ``int`` / ``float`` (scalars: baked into the class when equal in all its instances).
+"""
+
+from __future__ import annotations
+
+import inspect
+from dataclasses import dataclass, field
+
+import torch
+
+from nonstop.runtime.megakernel import codegen
+from nonstop.runtime.megakernel.stages import STAGES
+
+
+@dataclass
+class Param:
+    name: str
+    kind: str  # const | ptr | int | float | none
+    value: object = None  # const value; for a uniform scalar its value
+    dtype: str = ""  # pointer element type / integer type (tl names)
+    slot: int = 0  # column in ptrs (ptr) or ints / floats (scalars)
+    uniform: bool = False
+
+
+@dataclass
+class TaskClass:
+    body: object
+    params: list[Param]
+    label: str
+    instances: list[int] = field(default_factory=list)
+
+
+@dataclass
+class StageRun:
+    name: str
+    opcode: int
+    instance: int
+    ntiles: int
+
+
+@dataclass
+class Plan:
+    classes: list[TaskClass]
+    stages: list[list[StageRun]]  # per program op
+    ptrs: torch.Tensor
+    ints: torch.Tensor
+    floats: torch.Tensor
+    max_p: int
+    max_s: int
+    launch_options: dict
+
+    def signature(self) -> tuple:
+        """What the generated source depends on (classes, table widths)."""
+        return tuple((id(c.body), tuple((p.name, p.kind, repr(p.value) if p.kind == "const" or p.uniform else "", p.dtype, p.slot) for p in c.params)) for c in self.classes) + (self.max_p, self.max_s)
+
+
+_BODIES: dict = {}
+
+
+def stages_of(launch) -> list[tuple[str, object, int]]:
+    """(stage name, body, ntiles) of a recorded launch."""
+    spec = STAGES.get(launch.name)
+    if spec is None:
+        body = _BODIES.get(launch.fn)
+        if body is None:
+            body = _BODIES[launch.fn] = codegen.generic_stage_body(launch.fn)
+        return [("main", body, launch.grid)]
+    return [(name, body, int(ntiles(launch.args, launch.grid))) for name, body, ntiles in spec]
+
+
+def describe_args(launch) -> list[tuple[str, str, object]]:
+    """(name, kind, value) per launcher parameter; kind const | ptr | int | float | none."""
+    params = inspect.signature(launch.fn).parameters
+    out = []
+    for name, p in params.items():
+        value = launch.args.get(name, p.default)
+        if value is inspect.Parameter.empty:
+            raise ValueError(f"{launch.name}: argument {name} missing")
+        if codegen.is_constexpr(p):
+            out.append((name, "const", value))
+        elif isinstance(value, torch.Tensor):
+            out.append((name, "ptr", value))
+        elif value is None:
+            out.append((name, "none", None))
+        elif isinstance(value, bool):
+            out.append((name, "int", int(value)))
+        elif isinstance(value, int):
+            out.append((name, "int", value))
+        elif isinstance(value, float):
+            out.append((name, "float", value))
+        else:
+            raise ValueError(f"{launch.name}: cannot pass argument {name}={value!r} through the megakernel tables")
+    return out
+
+
+def build_plan(launches: list[list], device) -> Plan:
+    instances = []  # per instance: described args
+    keyed: dict[tuple, int] = {}
+    classes: list[TaskClass] = []
+    stages: list[list[StageRun]] = []
+    options: dict = {}
+    for op_launches in launches:
+        runs = []
+        for launch in op_launches:
+            args = describe_args(launch)
+            inst = len(instances)
+            instances.append(args)
+            for k, v in launch.options.items():
+                options[k] = max(options.get(k, v), v) if isinstance(v, int) and not isinstance(v, bool) else v
+            for stage_name, body, ntiles in stages_of(launch):
+                key = (id(body), tuple((n, kind, repr(v) if kind == "const" else (v.dtype if kind == "ptr" else kind)) for n, kind, v in args))
+                if key not in keyed:
+                    keyed[key] = len(classes)
+                    p_slot = s_slot = 0
+                    params = []
+                    for n, kind, v in args:
+                        if kind == "ptr":
+                            params.append(Param(n, kind, dtype=codegen.TORCH_TO_TL[v.dtype], slot=p_slot))
+                            p_slot += 1
+                        elif kind in ("int", "float"):
+                            params.append(Param(n, kind, slot=s_slot))
+                            s_slot += 1
+                        else:
+                            params.append(Param(n, kind, value=v))
+                    classes.append(TaskClass(body, params, f"{launch.name}/{stage_name}"))
+                cls = keyed[key]
+                classes[cls].instances.append(inst)
+                runs.append(StageRun(stage_name, cls, inst, ntiles))
+        stages.append(runs)
+    max_p = max([sum(k == "ptr" for _, k, _ in a) for a in instances] + [1])
+    max_s = max([sum(k in ("int", "float") for _, k, _ in a) for a in instances] + [1])
+    ptrs = torch.zeros(len(instances), max_p, dtype=torch.int64)
+    ints = torch.zeros(len(instances), max_s, dtype=torch.int64)
+    floats = torch.zeros(len(instances), max_s, dtype=torch.float32)
+    for i, args in enumerate(instances):
+        p = s = 0
+        for _, kind, v in args:
+            if kind == "ptr":
+                ptrs[i, p] = v.data_ptr()
+                p += 1
+            elif kind == "int":
+                ints[i, s] = v
+                s += 1
+            elif kind == "float":
+                floats[i, s] = v
+                s += 1
+    for cls in classes:  # scalars equal in every instance of a class become constants of its code
+        for param in cls.params:
+            if param.kind not in ("int", "float"):
+                continue
+            col = (ints if param.kind == "int" else floats)[cls.instances, param.slot]
+            if param.kind == "int":
+                param.dtype = codegen.int_type(col.tolist())
+            if bool((col == col[0]).all()):
+                param.uniform, param.value = True, col[0].item()
+    return Plan(classes, stages, ptrs.to(device), ints.to(device), floats.to(device), max_p, max_s, options)
