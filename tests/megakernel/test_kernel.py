@@ -1,0 +1,109 @@
+"""The persistent megakernel (``backend="megakernel"``) under the Triton interpreter: the reference's
+greedy tokens on every tiny family and on the bundled k3-nano (B = 1 prefills of different lengths,
+then B = 2 decode), exactly one launch per step, device sampling, counters that only grow across
+steps, and a schedule the validator rejects stops the executor before any launch.
+
+Every step runs with the step's activation buffers poisoned with NaN right before the launch, so a
+task that reads what no earlier task of the step wrote shows up as wrong tokens."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from nonstop.runtime.executors import ReferenceExecutor, make_executor
+from tests.runtime.helpers import greedy_tokens, tiny_model
+from tests.tiny_configs import TINY_CONFIGS
+
+pytest.importorskip("triton")
+
+from nonstop.runtime.megakernel.executor import MegakernelExecutor  # noqa: E402
+from nonstop.runtime.megakernel.schedule import ScheduleError  # noqa: E402
+
+K3_NANO = Path(__file__).resolve().parents[2] / "nonstop" / "assets" / "k3-nano"
+PROMPTS = [[3, 4, 5], [7, 8]]  # prefills of 3 and 2 rows (B = 1), then decode steps of B = 2
+MAX_TOKENS = [2, 2]
+KEEP = {"ids", "sample_temperature", "sample_top_k", "sample_top_p", "sample_seed", "sample_offset"}
+
+
+class PoisonedMegakernel(MegakernelExecutor):
+    """Fills every activation buffer (not the step's inputs) with NaN / -1 before each launch."""
+
+    def _poison(self, env) -> None:
+        for name, t in env.buf.items():
+            if name not in KEEP:
+                t.fill_(float("nan") if t.is_floating_point() else -1)
+
+    def _launch_all(self, env) -> None:
+        self._poison(env)
+        super()._launch_all(env)
+
+    def _launch_counted(self, env, step) -> dict:
+        self._poison(env)
+        return super()._launch_counted(env, step)
+
+
+@pytest.mark.parametrize("name", list(TINY_CONFIGS))
+def test_megakernel_gives_the_reference_tokens(name):
+    model = tiny_model(name)
+    ex = PoisonedMegakernel(model)
+    assert greedy_tokens(model, ex, PROMPTS, MAX_TOKENS) == greedy_tokens(model, ReferenceExecutor(model), PROMPTS, MAX_TOKENS)
+    assert ex.stats["program_steps"] == 3 and ex.stats["reference_steps"] == 0
+    assert ex.stats["launches_per_step"] == 1
+    assert all(c["launches"] == 1 and c["host_syncs"] == 0 for c in ex.stats["launches"].values())
+    assert set(ex.stats["schedule"]) == {"1x3", "1x2", "2x1"}
+    # the step sampled on the device: greedy next_ids = argmax of the step's logits
+    step = ex.static_step(2, 1)
+    assert torch.equal(step.buf["next_ids"], step.buf["logits"].argmax(-1))
+
+
+@pytest.mark.skipif(not (K3_NANO / "config.json").exists(), reason="the bundled k3-nano is not there")
+def test_megakernel_llm_backend_on_k3_nano():
+    from nonstop.engine.llm import LLM
+    from nonstop.engine.sampling import SamplingParams
+
+    prompts = ["The curses", "def main():"]  # different lengths
+    params = SamplingParams(max_tokens=2, temperature=0, ignore_eos=True)
+    want = [o.token_ids for o in LLM("k3-nano", dtype="float32").generate(prompts, params)]
+    llm = LLM("k3-nano", dtype="float32", backend="megakernel")
+    assert isinstance(llm.executor, MegakernelExecutor)
+    assert [o.token_ids for o in llm.generate(prompts, params)] == want
+    assert llm.executor.stats["program_steps"] > 0 and llm.executor.stats["launches_per_step"] == 1
+
+
+def test_counters_grow_across_steps_and_the_queue_ends_each_launch_exactly():
+    model = tiny_model("llama")
+    ex = make_executor("megakernel", model)
+    from nonstop.cache.state import ModelCache
+
+    cache = ModelCache(model.cfg, 1, capacity=16, dtype=torch.float32, device="cpu", page_size=4)
+    ids = torch.tensor([[5]])
+    for n in range(1, 4):
+        batch = cache.batch([0], 1)
+        logits = ex.forward(ids, cache, batch)
+        cache.advance(batch)
+        ids = logits[:, -1].argmax(-1, keepdim=True)
+        mk = next(iter(ex._kernels.values()))
+        assert mk.ticket.item() == n * mk.num_tasks  # programs gave back the tickets they took past the end
+        assert mk.state.tolist() == [n, 0]  # next step, programs exited (reset by the last one)
+        per_step = torch.tensor([c.per_step for c in mk.schedule.counters])
+        assert torch.equal(mk.counters, n * per_step)  # never reset: targets are epoch-based
+        assert torch.equal(ex.next_ids(1).view(-1), ids.view(-1))
+
+
+def test_a_rejected_schedule_stops_before_the_launch(monkeypatch):
+    import nonstop.runtime.megakernel.kernel as kernel_module
+
+    def reject(schedule):
+        raise ScheduleError("#3 L0.o_proj/main[cols 0:32]: reads attn_out before its producer's counter")
+
+    monkeypatch.setattr(kernel_module, "validate", reject)
+    model = tiny_model("llama")
+    ex = MegakernelExecutor(model)
+    launched = []
+    monkeypatch.setattr(kernel_module.StepKernel, "launch", lambda self, *a: launched.append(1))
+    with pytest.raises(ScheduleError, match="reads attn_out"):
+        greedy_tokens(model, ex, [[3, 4]], [1])
+    assert not launched
