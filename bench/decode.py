@@ -1,15 +1,17 @@
-"""Batch-1 decode-step latency on a GPU: nonstop's ``superop`` executor against its peers.
+"""Batch-1 decode-step latency on a GPU: nonstop's ``superop`` and ``megakernel`` executors against their peers.
 
 Rows, each timed in the same run on the same random-weight model (bf16):
   eager     the reference model (``CausalLM.forward``), plain PyTorch
   compiled  the reference under ``torch.compile(mode="reduce-overhead")`` (CUDA graphs): our peer
   superop   one Triton launch per super-op, the whole step replayed as one CUDA graph (+ PDL)
+  megakernel  the whole step as ONE persistent Triton kernel (one program per SM taking tasks from an
+            atomic queue; same tile bodies as superop), its launch replayed from a CUDA graph
 Shapes: ``llama-3.2-1b`` (whole model), ``kimi-linear-48b-a3b`` (a slice of its first layers; 98 GB
 do not fit one GPU) and a ``kimi-k3`` slice of full-width layers with MXFP4 experts. A slice is timed
 with N layers and with 1 layer (the same weights), giving ms per layer = (t_N - t_1) / (N - 1) and an
 extrapolation to the full depth: t_1 + (L - 1) · ms per layer (layer 0 is dense; the others are MoE).
 
-Method: first a correctness check at full shape (superop vs the eager reference over a few greedy
+Method: first a correctness check at full shape (superop and megakernel, each vs the eager reference over a few greedy
 steps after a random prompt: max relative logit error max|Δ| / max|ref|, in fp32, and greedy
 agreement). Then each row decodes one token at a fixed position (the cache is not advanced, so
 every step has the same shapes; ``--context`` tokens already cached) ``--warmup`` times, then
@@ -64,7 +66,8 @@ SHAPES = {
     "kimi-k3-slice": ("kimi-k3", 4),  # 1 dense + 3 MoE layers (2 KDA, 1 MLA), MXFP4 experts, ~58 GB
 }
 PUBLIC_BEST = {"llama-3.2-1b": "H100 SXM: 0.973 ms/token, ~78% of bandwidth (Hazy megakernel); graphs+PDL 0.980 ms"}
-ROWS = ("superop", "eager", "compiled")
+ROWS = ("superop", "megakernel", "eager", "compiled")
+EXECUTOR_ROWS = ("superop", "megakernel")
 SPEC_GBPS = {"H100 80GB HBM3": 3350, "H100 SXM": 3350, "H100 PCIe": 2039, "H100 NVL": 3900, "H200": 4800}
 CONVENTION = "MBU = bytes read per step / step time ÷ copy bandwidth; copy bandwidth counts bytes read + written (2 × size / time)"
 
@@ -294,8 +297,9 @@ class Budget:
         return self.seconds - self.elapsed
 
 
-def time_rows(model, executor, program, cache, context: int, args, device, budget: Budget, label: str) -> list[dict]:
-    """Time each requested row decoding one token at position ``context`` of ``cache`` (not advanced)."""
+def time_rows(model, executors: dict, program, cache, context: int, args, device, budget: Budget, label: str) -> list[dict]:
+    """Time each requested row decoding one token at position ``context`` of ``cache`` (not advanced);
+    ``executors``: {row: executor or None} for the executor rows."""
     clock = Clock(device)
     cost = program.total_cost(rows=1, context=context)
     ids = torch.tensor([[1]], device=device)
@@ -310,9 +314,10 @@ def time_rows(model, executor, program, cache, context: int, args, device, budge
         t0 = time.perf_counter()
         try:
             with torch.inference_mode():
-                if row == "superop":
+                executor = executors.get(row)
+                if row in EXECUTOR_ROWS:
                     if executor is None:
-                        raise RuntimeError(args.superop_error)
+                        raise RuntimeError(args.executor_errors.get(row, f"{row} not built"))
                     step = lambda: executor.forward(ids, cache, batch, last_only=True)  # noqa: E731
                 elif row == "eager":
                     step = lambda: model(ids, cache, batch, last_only=True)  # noqa: E731
@@ -323,9 +328,11 @@ def time_rows(model, executor, program, cache, context: int, args, device, budge
                 entry["achieved_GBps"] = cost.bytes_read / timing["ms_per_token"] / 1e6
                 entry["weight_GBps"] = cost.weight_bytes / timing["ms_per_token"] / 1e6
                 entry["profiler"] = profiled_launches(step, device)
-                if row == "superop":
+                if row in EXECUTOR_ROWS:
                     entry["launches_per_step"] = executor.stats["launches_per_step"]
                     entry["executor"] = {k: executor.stats[k] for k in ("host_syncs_per_step", "pdl_launches_per_step", "graph_captures", "graph_replays", "eager_steps", "graphs", "pdl")}
+                    if row == "megakernel":
+                        entry["schedule"] = {shape: {k: s[k] for k in ("tasks", "ops", "counters", "waits", "depth", "task_classes", "grid")} for shape, s in executor.stats["schedule"].items()}
                 elif not clock.cuda:
                     entry["launches_per_step"] = counted_launches(step, device)["launches"]
                 if clock.cuda and entry.get("profiler"):
@@ -342,9 +349,26 @@ def time_rows(model, executor, program, cache, context: int, args, device, budge
     return results
 
 
+def make_executors(m, program, args) -> dict:
+    """{row: executor or None} for the requested executor rows; build errors in ``args.executor_errors``."""
+    from nonstop.runtime.superop import SuperOpExecutor
+
+    executors, args.executor_errors = {}, {}
+    for row in [r for r in EXECUTOR_ROWS if r in args.rows]:
+        try:
+            if row == "superop":
+                executors[row] = SuperOpExecutor(m, use_kernels=args.kernels, program=program)
+            else:
+                from nonstop.runtime.megakernel import MegakernelExecutor
+
+                executors[row] = MegakernelExecutor(m, program=program)
+        except Exception as exc:  # noqa: BLE001
+            executors[row], args.executor_errors[row] = None, f"{type(exc).__name__}: {exc}"
+    return executors
+
+
 def run_shape(name: str, args, device, dtype, budget: Budget, copy_gbps: float) -> dict:
     from nonstop.program.lower import lower
-    from nonstop.runtime.superop import SuperOpExecutor
 
     cfg = shape_config(name, getattr(args, f"{name.replace('-', '_').replace('.', '_')}_layers", None), args.tiny)
     n_layers = cfg.num_hidden_layers
@@ -357,19 +381,19 @@ def run_shape(name: str, args, device, dtype, budget: Budget, copy_gbps: float) 
     result["slices"] = []
     for layers, m in slices:
         program = lower(m)
-        executor, args.superop_error = None, None
-        try:
-            executor = SuperOpExecutor(m, use_kernels=args.kernels, program=program)
-        except Exception as exc:  # noqa: BLE001
-            args.superop_error = f"{type(exc).__name__}: {exc}"
+        executors = make_executors(m, program, args)
         entry = {"layers": layers, "weight_bytes_total": sum(t.numel() * t.element_size() for t in m.state_dict().values()), "ops": len(program.ops)}
         cache = None
         with torch.inference_mode():
-            if executor is not None:
+            for row, executor in executors.items():  # "check" (superop) and "check_megakernel"
+                if executor is None:
+                    continue
+                key = "check" if row == "superop" else f"check_{row}"
                 try:
-                    entry["check"], cache = correctness(m, executor, m.cfg, dtype, device, args.context, args.check_steps, args.seed)
+                    entry[key], row_cache = correctness(m, executor, m.cfg, dtype, device, args.context, args.check_steps, args.seed)
+                    cache = cache if cache is not None else row_cache
                 except Exception as exc:  # noqa: BLE001
-                    entry["check"] = {"error": f"{type(exc).__name__}: {exc}"[:2000]}
+                    entry[key] = {"error": f"{type(exc).__name__}: {exc}"[:2000]}
             if cache is None:
                 cache = ModelCache(m.cfg, 1, capacity=args.context + 2, dtype=dtype, device=device)
                 batch = cache.batch([0], args.context)
@@ -385,13 +409,13 @@ def run_shape(name: str, args, device, dtype, budget: Budget, copy_gbps: float) 
                     m(torch.randint(0, m.cfg.vocab_size, (1, context), device=device), cache, batch, last_only=True)
                     cache.advance(batch)
             cost = program.total_cost(rows=1, context=context)
-            timing = {"context": context, "weight_bytes_per_token": cost.weight_bytes, "bytes_read_per_token": cost.bytes_read, "rows": time_rows(m, executor, program, cache, context, args, device, budget, f"{name}[{layers}L ctx {context}]")}
+            timing = {"context": context, "weight_bytes_per_token": cost.weight_bytes, "bytes_read_per_token": cost.bytes_read, "rows": time_rows(m, executors, program, cache, context, args, device, budget, f"{name}[{layers}L ctx {context}]")}
             for row in timing["rows"]:
                 if "achieved_GBps" in row:
                     row["mbu"] = row["achieved_GBps"] / copy_gbps
             entry["timings"].append(timing)
         result["slices"].append(entry)
-        del executor, program, cache
+        del executors, program, cache
         _release()
     if len(result["slices"]) == 2:
         result["extrapolation"] = extrapolate(result)
@@ -463,15 +487,14 @@ def table(report: dict) -> str:
     lines = [f"{'shape':<22} {'layers':>6} {'ctx':>5} {'row':<9} {'ms/token':>9} {'GB/s':>7} {'MBU':>6} {'launches':>8}  note"]
     for shape in report["shapes"]:
         for sl in shape.get("slices", []):
-            check = sl.get("check", {})
-            note = f"check: rel err {check['max_rel_err']:.1e}, greedy {check['greedy_agreement']:.0%}" if "max_rel_err" in check else ("check: " + check["error"][:60] if "error" in check else "")
-            for t in sl["timings"]:
+            for i, t in enumerate(sl["timings"]):
                 for r in t["rows"]:
+                    check = sl.get("check" if r["row"] == "superop" else f"check_{r['row']}", {}) if i == 0 else {}
+                    note = f"check: rel err {check['max_rel_err']:.1e}, greedy {check['greedy_agreement']:.0%}" if "max_rel_err" in check else ("check: " + check["error"][:60] if "error" in check else "")
                     if "ms_per_token" in r:
                         lines.append(f"{shape['shape']:<22} {sl['layers']:>6} {t['context']:>5} {r['row']:<9} {r['ms_per_token']:>9.4f} {r['achieved_GBps']:>7.1f} {r['mbu']:>6.1%} {str(r.get('launches_per_step', '?')):>8}  {note}")
                     else:
                         lines.append(f"{shape['shape']:<22} {sl['layers']:>6} {t['context']:>5} {r['row']:<9} {'-':>9} {'-':>7} {'-':>6} {'-':>8}  {(r.get('error') or r.get('skipped') or '')[:90]}")
-                    note = ""
         for e in shape.get("extrapolation", {}).get("rows", []):
             lines.append(f"{shape['shape'] + ' (full)':<22} {shape['full_layers']:>6} {e['context']:>5} {e['row']:<9} {e['full_ms_per_token']:>9.4f} {e['full_achieved_GBps'] or 0:>7.1f} {e['full_achieved_GBps'] / report['bandwidth']['copy_GBps'] if e['full_achieved_GBps'] else 0:>6.1%} {'':>8}  extrapolated, {e['ms_per_layer']:.4f} ms/layer")
         if shape.get("public_best"):
@@ -510,7 +533,7 @@ def write(report: dict, args) -> list[str]:
 def parse_args(argv=None):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--shapes", default=",".join(SHAPES), help=f"comma-separated, from: {', '.join(SHAPES)}")
-    ap.add_argument("--rows", default=",".join(ROWS), help=f"comma-separated, from: {', '.join(ROWS)} (default: all on a GPU; superop,eager on a CPU)")
+    ap.add_argument("--rows", default=",".join(ROWS), help=f"comma-separated, from: {', '.join(ROWS)} (default: all on a GPU; superop,megakernel,eager on a CPU, the megakernel under Triton's interpreter)")
     ap.add_argument("--device", default="cuda", help="cuda (default) or cpu")
     ap.add_argument("--tiny", action="store_true", help="narrow twins of the shapes (same layers and kinds, tiny widths), fp32: a quick run of the whole script")
     ap.add_argument("--dry-run", action="store_true", help="= --device cpu --tiny with few steps (CI-like check of the script)")
@@ -547,7 +570,9 @@ def parse_args(argv=None):
         args.budget_s = 540.0 if args.device.startswith("cuda") else math.inf
     cpu = not args.device.startswith("cuda")
     if "--rows" not in (argv if argv is not None else sys.argv[1:]) and cpu:
-        args.rows = "superop,eager"
+        args.rows = "superop,megakernel,eager"
+    if cpu and "megakernel" in args.rows and not os.environ.get("TRITON_INTERPRET"):
+        os.environ["TRITON_INTERPRET"] = "1"  # the megakernel has no twin mode: Triton's interpreter on a CPU
     args.rows = [r for r in args.rows.split(",") if r]
     args.shapes = [s for s in args.shapes.split(",") if s]
     for bad in [r for r in args.rows if r not in ROWS] + [s for s in args.shapes if s not in SHAPES]:

@@ -1,5 +1,6 @@
-"""``bench/decode.py`` runs end to end on a CPU (--dry-run: narrow twins, the twins as superop) and
-writes a report with every row timed, the correctness check passed and the launches counted."""
+"""``bench/decode.py`` runs end to end on a CPU (--dry-run: narrow twins, the twins as superop, the
+megakernel under Triton's interpreter) and writes a report with every row timed, the correctness
+checks passed and the launches counted."""
 
 from __future__ import annotations
 
@@ -28,10 +29,12 @@ def test_dry_run_writes_a_complete_report(tmp_path, monkeypatch, capsys):
     for shape in (llama, kimi):
         for sl in shape["slices"]:
             assert sl["check"]["ok"], sl["check"]
+            assert sl["check_megakernel"]["ok"], sl["check_megakernel"]
             rows = {r["row"]: r for t in sl["timings"] for r in t["rows"]}
-            assert set(rows) == {"superop", "eager"}
+            assert set(rows) == {"superop", "megakernel", "eager"}
             for r in rows.values():
                 assert r["ms_per_token"] > 0 and r["launches_per_step"] > 0 and r["mbu"] > 0 and r["finite_logits"], r
+            assert rows["megakernel"]["launches_per_step"] == 1 and rows["megakernel"]["schedule"]
     assert len(kimi["slices"]) == 2 and kimi["extrapolation"]["rows"]  # 2 layers and 1 layer, extrapolated to 27
     assert "ms/token" in capsys.readouterr().out
 
