@@ -107,3 +107,40 @@ def test_a_rejected_schedule_stops_before_the_launch(monkeypatch):
     with pytest.raises(ScheduleError, match="reads attn_out"):
         greedy_tokens(model, ex, [[3, 4]], [1])
     assert not launched
+
+
+@pytest.mark.parametrize("name", ["deepseek_v3"])
+def test_consecutive_decode_steps_need_only_the_launch(name):
+    """``decode_next``: the previous launch left its sampled tokens in ``ids`` and the next positions in
+    ``start``; the host reserves pages and launches - the reference's greedy tokens for B = 2."""
+    from nonstop.cache.state import ModelCache
+
+    model = tiny_model(name)
+    prompts = torch.tensor([[3, 4, 5], [9, 10, 11]])
+
+    def prefill():
+        cache = ModelCache(model.cfg, 2, capacity=16, dtype=torch.float32, device="cpu", page_size=4)
+        batch = cache.batch([0, 1], 3)
+        logits = model(prompts, cache, batch)
+        cache.advance(batch)
+        return cache, logits[:, -1:].argmax(-1)
+
+    cache, ids = prefill()
+    want = []
+    for _ in range(3):
+        batch = cache.batch([0, 1], 1)
+        ids = model(ids, cache, batch)[:, -1:].argmax(-1)
+        cache.advance(batch)
+        want.append(ids)
+
+    cache, ids = prefill()
+    ex = MegakernelExecutor(model)
+    batch = cache.batch([0, 1], 1)
+    got = [ex.forward(ids, cache, batch)[:, -1:].argmax(-1)]  # host inputs once
+    cache.advance(batch)
+    for _ in range(2):
+        batch = cache.batch([0, 1], 1)
+        got.append(ex.decode_next(cache, batch).clone())
+        cache.advance(batch)
+    assert torch.equal(torch.cat(got, 1), torch.cat(want, 1))
+    assert ex.stats["launches_per_step"] == 1

@@ -13,10 +13,12 @@ differs between instances (other layers' weights, caches, scalars) is read at ru
 Generated code, per class k (``opcode`` k):
 
     elif opcode == k:
-        a0 = tl.load(ptrs_ptr + inst * MAX_P + 0).to(tl.pointer_type(tl.float16))
-        a1 = tl.full((), 4096, tl.int32)                      # uniform scalar
-        a2 = tl.load(floats_ptr + inst * MAX_S + 0)           # per-instance scalar
-        body_k(tile, ntiles, a0, a1, a2, ..., BLOCK_N=64, ...)
+        ak_x = tl.multiple_of(tl.load(ptrs_ptr + inst * MAX_P + 0).to(tl.pointer_type(tl.float16)), 16)
+        ak_n = tl.full([], 4096, tl.int32)                    # uniform scalar
+        ak_eps = tl.load(floats_ptr + inst * MAX_S + 0)       # per-instance scalar
+        body_k(tile, ntiles, ak_x, ak_n, ak_eps, ..., 64, ...)   # constexprs as literals
+(pointers 16-byte aligned in every instance, and per-instance integers divisible by 16, carry
+``tl.multiple_of`` hints: what Triton's launcher specialisation would have told the compiler).
 
 Stage bodies of one-phase launchers are the launcher's source with ``tl.program_id(0)`` -> ``tile``,
 ``tl.num_programs(0)`` -> ``ntiles`` (written to a module next to the megakernel whose globals are the
@@ -130,19 +132,22 @@ def megakernel_source(classes: list, max_p: int, max_s: int, prefetch_lines: int
             if p.kind == "const":
                 args.append(const_literal(p.value))
                 continue
-            var = f"a_{p.name}"
+            var = f"a{k}_{p.name}"  # unique per branch: Triton merges same-named values of if/else branches
             if p.kind == "ptr":
-                lines.append(f"{var} = tl.load(ptrs_ptr + inst * {max_p} + {p.slot}).to(tl.pointer_type({p.dtype}))")
+                value = f"tl.load(ptrs_ptr + inst * {max_p} + {p.slot}).to(tl.pointer_type({p.dtype}))"
             elif p.kind == "none":
-                lines.append(f"{var} = None")
+                value = "None"
             elif p.kind == "int" and p.uniform:
-                lines.append(f"{var} = tl.full((), {p.value}, {p.dtype})")
+                value = f"tl.full([], {p.value}, {p.dtype})"
             elif p.kind == "int":
-                lines.append(f"{var} = tl.load(ints_ptr + inst * {max_s} + {p.slot}).to({p.dtype})")
+                value = f"tl.load(ints_ptr + inst * {max_s} + {p.slot}).to({p.dtype})"
             elif p.kind == "float" and p.uniform:
-                lines.append(f"{var} = tl.full((), {float(p.value)!r}, tl.float32)")
+                value = f"tl.full([], {float(p.value)!r}, tl.float32)"
             else:
-                lines.append(f"{var} = tl.load(floats_ptr + inst * {max_s} + {p.slot})")
+                value = f"tl.load(floats_ptr + inst * {max_s} + {p.slot})"
+            if p.align16:  # what Triton's launcher would have told the compiler (16-byte aligned / divisible)
+                value = f"tl.multiple_of({value}, 16)"
+            lines.append(f"{var} = {value}")
             args.append(var)
         lines.append(f"{alias}(tile, ntiles, {', '.join(args)})")
         head = "if" if k == 0 else "elif"

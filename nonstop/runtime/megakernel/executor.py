@@ -7,8 +7,9 @@ runs: instead of one launch per op, ``StepKernel`` (``kernel.py``) holds the who
 persistent kernel, built once per shape (schedule validated before its first launch) and refreshed
 when the cache storage moves. The step also samples: a ``sample`` op after the LM head writes
 ``next_ids`` [R] on the device (greedy unless ``sampling`` buffers say otherwise), and the embedding of
-the step's ``ids`` is the kernel's first task, so back-to-back decode steps need only the launch on
-the host (``decode_next``: the next step embeds the previous step's ``next_ids``).
+the step's ``ids`` is the kernel's first task; a final ``advance`` op (``advance.py``) copies
+``next_ids`` into ``ids`` and moves ``start`` on by T, so back-to-back decode steps need only the
+launch on the host (``decode_next``; the host still reserves cache pages).
 
 On CUDA the launch is captured in a CUDA graph per shape by the base class (a replay is one kernel);
 ``stats["launches_per_step"]`` counts the launches of a step (1) with the ``LaunchCounter``, and
@@ -26,6 +27,7 @@ from nonstop.model.stack import CausalLM
 from nonstop.program.ir import Program
 from nonstop.runtime.cuda_graph import fit_pools
 from nonstop.runtime.launch_count import LaunchCounter
+from nonstop.runtime.megakernel import advance
 from nonstop.runtime.megakernel.kernel import StepKernel
 from nonstop.runtime.megakernel.stats import schedule_stats
 from nonstop.runtime.superop import ExecEnv, SuperOpExecutor, StaticStep
@@ -45,10 +47,11 @@ class MegakernelExecutor(SuperOpExecutor):
         super().__init__(model, use_kernels=True, graphs=graphs, pdl=False, kernels=kernels, copy_logits=copy_logits, program=program)
         program = copy.copy(self.program)  # the step's program plus the sampling buffers
         program.buffers = dict(program.buffers)
-        self.sample, specs = sample_op(model.cfg.vocab_size)
+        sample, specs = sample_op(model.cfg.vocab_size)
         program.buffers.update(specs)
         self.program = program
-        self.impl = dict(self.impl)
+        self.extra_ops = [sample, advance.advance_op()]  # after the LM head: device sampling, next inputs
+        self.impl = dict(self.impl, advance=advance.launch)
         self.grid = grid
         self._kernels: dict[int, StepKernel] = {}  # id(step) -> its megakernel
         self._steps_by_buf: dict[int, StaticStep] = {}
@@ -72,11 +75,11 @@ class MegakernelExecutor(SuperOpExecutor):
         step = self._steps_by_buf[id(env.buf)]
         mk = self._kernels.get(id(step))
         signature = self.storage_signature(env.cache)
+        if mk is not None and mk.signature != signature and not mk.refresh(env):
+            mk = None  # the launches tile differently now: a new schedule (validated again)
         if mk is None:
-            mk = self._kernels[id(step)] = StepKernel(self.program, [*self.program.ops, self.sample], self.impl, env, self.device, self.grid)
+            mk = self._kernels[id(step)] = StepKernel(self.program, [*self.program.ops, *self.extra_ops], self.impl, env, self.device, self.grid)
             self.stats["schedule"][step.name] = schedule_stats(mk.schedule) | {"task_classes": len(mk.plan.classes), "grid": mk.grid}
-        elif mk.signature != signature:
-            mk.refresh(env)
         mk.signature = self.storage_signature(env.cache)  # recording may have grown a workspace
         return mk
 
@@ -105,6 +108,22 @@ class MegakernelExecutor(SuperOpExecutor):
             fit_pools(cache)
             self._run_eagerly(ExecEnv(step.buf, cache, step.batch), step)
         return step.buf["logits"].view(B, T, -1)
+
+    def decode_next(self, cache: ModelCache, batch: StepBatch) -> torch.Tensor:
+        """A decode step (T = 1) of the same sequences as the previous step of this shape, from the
+        device: the previous launch left the sampled tokens in ``ids`` and the advanced positions in
+        ``start``, so the host only reserves pages (``batch``, made by ``cache.batch``) and launches.
+        Returns the step's sampled tokens [B, 1] (device; greedy unless the ``sample_*`` buffers say
+        otherwise). The caller keeps ``cache.advance(batch)`` as usual."""
+        B = batch.slots.shape[0]
+        step = self.static_step(B, 1, getattr(batch, "keep_states", False))
+        self.stats["program_steps"] += 1
+        if self.graphs and step.graph_off is None:
+            self._replay_or_capture(cache, step)
+        else:
+            fit_pools(cache)
+            self._run_eagerly(ExecEnv(step.buf, cache, step.batch), step)
+        return step.buf["next_ids"].view(B, 1)
 
     def next_ids(self, B: int, T: int = 1, keep_states: bool = False) -> torch.Tensor:
         """The tokens the last step of shape (B, T) sampled on the device, [B, T] (int64)."""

@@ -91,14 +91,17 @@ class StepKernel:
         self.source = source
         self.kernel = codegen.load_source("megakernel", source).megakernel
 
-    def refresh(self, env) -> None:
-        """New argument addresses (cache storage moved); the schedule and the task classes stay."""
+    def refresh(self, env) -> bool:
+        """Re-record the arguments (cache storage moved: new addresses). False when the launches now
+        tile differently (e.g. a wider page table changed the split-KV count): build a new kernel."""
         plan = build_plan(record_ops(self.ops, self.kernels, env), self.device)
-        if plan.signature() != self.plan.signature():
-            self.plan = plan
+        if [[(r.name, r.ntiles) for r in runs] for runs in plan.stages] != [[(r.name, r.ntiles) for r in runs] for runs in self.plan.stages]:
+            return False
+        recompile = plan.signature() != self.plan.signature()
+        self.plan = plan
+        if recompile:
             self._compile()
-        else:
-            self.plan = plan
+        return True
 
     # ------------------------------------------------------------------ running
     @property

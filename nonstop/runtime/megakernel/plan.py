@@ -27,6 +27,7 @@ class Param:
     dtype: str = ""  # pointer element type / integer type (tl names)
     slot: int = 0  # column in ptrs (ptr) or ints / floats (scalars)
     uniform: bool = False
+    align16: bool = False  # every instance's address (ptr) / value (per-instance int) is a multiple of 16
 
 
 @dataclass
@@ -58,7 +59,7 @@ class Plan:
 
     def signature(self) -> tuple:
         """What the generated source depends on (classes, table widths)."""
-        return tuple((id(c.body), tuple((p.name, p.kind, repr(p.value) if p.kind == "const" or p.uniform else "", p.dtype, p.slot) for p in c.params)) for c in self.classes) + (self.max_p, self.max_s)
+        return tuple((id(c.body), tuple((p.name, p.kind, repr(p.value) if p.kind == "const" or p.uniform else "", p.dtype, p.slot, p.align16) for p in c.params)) for c in self.classes) + (self.max_p, self.max_s)
 
 
 _BODIES: dict = {}
@@ -153,6 +154,8 @@ def build_plan(launches: list[list], device) -> Plan:
                 s += 1
     for cls in classes:  # scalars equal in every instance of a class become constants of its code
         for param in cls.params:
+            if param.kind == "ptr":
+                param.align16 = bool((ptrs[cls.instances, param.slot] % 16 == 0).all())
             if param.kind not in ("int", "float"):
                 continue
             col = (ints if param.kind == "int" else floats)[cls.instances, param.slot]
@@ -160,4 +163,6 @@ def build_plan(launches: list[list], device) -> Plan:
                 param.dtype = codegen.int_type(col.tolist())
             if bool((col == col[0]).all()):
                 param.uniform, param.value = True, col[0].item()
+            elif param.kind == "int":
+                param.align16 = bool((col % 16 == 0).all())
     return Plan(classes, stages, ptrs.to(device), ints.to(device), floats.to(device), max_p, max_s, options)

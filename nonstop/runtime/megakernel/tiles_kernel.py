@@ -12,6 +12,7 @@ splits its work differently from the shared table:
   moe_experts  P persistent programs: each routes, then strides over (expert, chunk) items; every tile
                reads the logits and moe_in and accumulates (fp32 atomics) into all of moe_out
   sample       one tile per row: next_ids[r] from logits[r]
+  advance      one tile per sequence: the next step's ids and start (``advance.py``)
 
 Each op's stages must have exactly the kernel's tile counts (``ScheduleError`` otherwise), so the
 validator proves the schedule that the kernel executes.
@@ -21,6 +22,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+from nonstop.runtime.megakernel import advance
 from nonstop.runtime.megakernel.regions import Access
 from nonstop.runtime.megakernel.schedule import OpTiles, ScheduleError, StageSpec, TileSpec, assemble
 from nonstop.runtime.megakernel.tilectx import TileContext, TilingConfig, chunks
@@ -115,7 +117,7 @@ def sample(ctx: TileContext, op, args: dict) -> list[StageSpec]:
     return [StageSpec("main", tiles)]
 
 
-OWN = {"mlp": mlp, "gqa_attn": gqa_attn, "moe_front": moe_front, "sample": sample}
+OWN = {"mlp": mlp, "gqa_attn": gqa_attn, "moe_front": moe_front, "sample": sample, "advance": advance.tiling}
 
 
 def op_config(base: TilingConfig, kind: str, args: dict) -> TilingConfig:
