@@ -112,7 +112,8 @@ def test_a_rejected_schedule_stops_before_the_launch(monkeypatch):
 @pytest.mark.parametrize("name", ["deepseek_v3"])
 def test_consecutive_decode_steps_need_only_the_launch(name):
     """``decode_next``: the previous launch left its sampled tokens in ``ids`` and the next positions in
-    ``start``; the host reserves pages and launches - the reference's greedy tokens for B = 2."""
+    ``start``; the host reserves pages and launches - the reference's greedy tokens for B = 2; then
+    ``decode_steps``: two steps in one launch."""
     from nonstop.cache.state import ModelCache
 
     model = tiny_model(name)
@@ -127,7 +128,7 @@ def test_consecutive_decode_steps_need_only_the_launch(name):
 
     cache, ids = prefill()
     want = []
-    for _ in range(3):
+    for _ in range(5):
         batch = cache.batch([0, 1], 1)
         ids = model(ids, cache, batch)[:, -1:].argmax(-1)
         cache.advance(batch)
@@ -142,5 +143,8 @@ def test_consecutive_decode_steps_need_only_the_launch(name):
         batch = cache.batch([0, 1], 1)
         got.append(ex.decode_next(cache, batch).clone())
         cache.advance(batch)
+    got.append(ex.decode_steps(cache, [0, 1], 2))  # two steps in one launch (persistent schedule)
     assert torch.equal(torch.cat(got, 1), torch.cat(want, 1))
-    assert ex.stats["launches_per_step"] == 1
+    assert ex.stats["launches_per_step"] == 1 and ex.stats["launches_per_multi_step"] == 1
+    mk = next(iter(ex._kernels.values()))
+    assert mk.state[0].item() == 5 and mk.ticket.item() == 5 * mk.num_tasks

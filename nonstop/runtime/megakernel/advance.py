@@ -2,10 +2,13 @@
 
 Per sequence b (tile b; rows b·T .. b·T + T - 1):
     ids[b·T + t] = next_ids[b·T + t]      (the tokens the step sampled; for T = 1 the next decode input)
+    token_log[b, (start[b] + T) mod LOG] = next_ids[b·T + T - 1]   (the token at position start + T)
     start[b]    += T                       (the next step's first position)
 so consecutive decode steps of one shape need no host copies: the next launch embeds the sampled
 tokens at the advanced positions (the host still reserves the cache pages and advances its own
 lengths, ``ModelCache.batch`` / ``advance``). A host ``forward`` overwrites both with its arguments.
+The token log lets several steps run in one launch (``MegakernelExecutor.decode_steps``): the host
+reads the generated tokens by position afterwards.
 
 Ordering: ``ids`` is declared (the embedding tasks read it, so the schedule orders this write after
 them); ``start`` is read by the attention / cache-append / KDA tasks without a declared region, which
@@ -17,41 +20,51 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from nonstop.program.ir import SuperOp
+from nonstop.program.ir import BufferSpec, SuperOp
 from nonstop.runtime.megakernel.regions import Access
 from nonstop.runtime.megakernel.schedule import BufferInfo, StageSpec, TileSpec
 
 
+LOG = 64  # token log entries per sequence (a ring indexed by position)
+
+
 @triton.jit
-def advance_tile(b, next_ids_ptr, ids_ptr, start_ptr, T, BLOCK_T: tl.constexpr):
-    """ids[b·T + t] = next_ids[b·T + t] for t < T; start[b] += T."""
+def advance_tile(b, next_ids_ptr, ids_ptr, start_ptr, log_ptr, stride_log, T, LOG: tl.constexpr, BLOCK_T: tl.constexpr):
+    """ids[b·T + t] = next_ids[b·T + t] for t < T; token_log[b, (start + T) % LOG] = the last; start[b] += T."""
     t = tl.arange(0, BLOCK_T)
     rows = b * T + t
     tl.store(ids_ptr + rows, tl.load(next_ids_ptr + rows, mask=t < T), mask=t < T)
-    tl.store(start_ptr + b, tl.load(start_ptr + b) + T)
+    start = tl.load(start_ptr + b)
+    tl.store(log_ptr + b * stride_log + (start + T) % LOG, tl.load(next_ids_ptr + b * T + T - 1))
+    tl.store(start_ptr + b, start + T)
 
 
 @triton.jit
-def _advance_kernel(next_ids_ptr, ids_ptr, start_ptr, T, BLOCK_T: tl.constexpr):
-    advance_tile(tl.program_id(0), next_ids_ptr, ids_ptr, start_ptr, T, BLOCK_T)
+def _advance_kernel(next_ids_ptr, ids_ptr, start_ptr, log_ptr, stride_log, T, LOG: tl.constexpr, BLOCK_T: tl.constexpr):
+    advance_tile(tl.program_id(0), next_ids_ptr, ids_ptr, start_ptr, log_ptr, stride_log, T, LOG, BLOCK_T)
 
 
 def advance_op() -> SuperOp:
-    return SuperOp("advance", "advance", None, ("next_ids",), ("ids",), {}, {})
+    return SuperOp("advance", "advance", None, ("next_ids",), ("ids", "token_log"), {}, {})
+
+
+def buffer_specs() -> dict:
+    return {"token_log": BufferSpec("token_log", (LOG,), "int64")}
 
 
 def launch(op, env) -> None:
-    T = env.T
-    _advance_kernel[(env.B,)](env.buf["next_ids"], env.buf["ids"], env.batch.start, T, BLOCK_T=triton.next_power_of_2(T))
+    T, log = env.T, env.buf["token_log"]
+    _advance_kernel[(env.B,)](env.buf["next_ids"], env.buf["ids"], env.batch.start, log, log.stride(0), T, LOG=LOG, BLOCK_T=triton.next_power_of_2(T))
 
 
 def tiling(ctx, op, args=None) -> list[StageSpec]:
-    """Tile b: reads next_ids rows of b, writes ids rows of b and start[b]."""
-    next_ids, ids = ctx.buf("next_ids"), ctx.buf("ids")
+    """Tile b: reads next_ids rows of b, writes ids rows of b, token_log row b and start[b]."""
+    next_ids, ids, log = ctx.buf("next_ids"), ctx.buf("ids"), ctx.buf("token_log")
     start = ctx._add(BufferInfo("start", ctx.B, 1, "state"))
     tiles = []
     for b in range(ctx.B):
         rows = ctx.seq_rows(b)
-        regs = (ctx.box(next_ids, Access.READ, rows), ctx.box(ids, Access.WRITE, rows), ctx.box(start, Access.READ, (b, b + 1)), ctx.box(start, Access.WRITE, (b, b + 1)))
+        regs = (ctx.box(next_ids, Access.READ, rows), ctx.box(ids, Access.WRITE, rows), ctx.box(start, Access.READ, (b, b + 1)), ctx.box(start, Access.WRITE, (b, b + 1)),
+                ctx.box(log, Access.WRITE, (b, b + 1)))
         tiles.append(TileSpec(b, regs, (), f"seq {b}"))
     return [StageSpec("main", tiles)]

@@ -49,6 +49,7 @@ class MegakernelExecutor(SuperOpExecutor):
         program.buffers = dict(program.buffers)
         sample, specs = sample_op(model.cfg.vocab_size)
         program.buffers.update(specs)
+        program.buffers.update(advance.buffer_specs())
         self.program = program
         self.extra_ops = [sample, advance.advance_op()]  # after the LM head: device sampling, next inputs
         self.impl = dict(self.impl, advance=advance.launch)
@@ -124,6 +125,28 @@ class MegakernelExecutor(SuperOpExecutor):
             fit_pools(cache)
             self._run_eagerly(ExecEnv(step.buf, cache, step.batch), step)
         return step.buf["next_ids"].view(B, 1)
+
+    def decode_steps(self, cache: ModelCache, slots: list[int], n: int) -> torch.Tensor:
+        """``n`` greedy (device-sampled) decode steps of ``slots`` in ONE launch, continuing from the
+        previous step of shape (len(slots), 1) as ``decode_next`` does. The pages of all n tokens are
+        reserved first; the cache is advanced by n. Returns the sampled tokens [B, n] (host).
+        The persistent schedule orders step e+1's tasks after what they need of step e."""
+        if not 1 <= n <= advance.LOG:
+            raise ValueError(f"decode_steps: 1..{advance.LOG} steps per launch")
+        batch = cache.batch(slots, n)  # page reservation for positions start .. start + n - 1
+        step = self.static_step(len(slots), 1)
+        fit_pools(cache)
+        env = ExecEnv(step.buf, cache, step.batch)
+        mk = self.step_kernel(env)
+        counter = LaunchCounter(self.device)
+        with counter:
+            mk.launch(num_steps=n)
+        self.stats["program_steps"] += n
+        self.stats["launches_per_multi_step"] = counter.total
+        cache.advance(batch)
+        first = batch.start.to("cpu") + 1  # position of the first sampled token
+        cols = (first[:, None] + torch.arange(n)[None, :]) % advance.LOG
+        return step.buf["token_log"].to("cpu").gather(1, cols)
 
     def next_ids(self, B: int, T: int = 1, keep_states: bool = False) -> torch.Tensor:
         """The tokens the last step of shape (B, T) sampled on the device, [B, T] (int64)."""

@@ -1,10 +1,11 @@
 """The persistent megakernel of one step shape: schedule, generated kernel, tables, one launch per step.
 
-``StepKernel.build(program, ops, kernels, env, grid)`` records the ops' launches (``record``), groups
-them into task classes (``plan``), tiles the ops to match (``tiles_kernel``), validates the schedule
-(``validate``: a rejection raises ``ScheduleError`` before anything is launched), and generates the
-kernel (``codegen``). ``refresh(env)`` re-records the arguments only (cache storage moved: new
-addresses, same schedule). ``launch()`` runs one step.
+``StepKernel(program, ops, kernels, env, device, grid)`` records the ops' launches (``record``), groups
+them into task classes (``plan``), tiles the ops to match (``tiles_kernel``; a *persistent* schedule:
+step e+1's tasks also wait for what they need of step e, so one launch may run several steps),
+validates the schedule (``validate``: a rejection raises ``ScheduleError`` before anything is
+launched), and generates the kernel (``codegen``). ``refresh(env)`` re-records the arguments only (cache storage moved: new
+addresses, same schedule). ``launch(num_steps)`` runs one step (or several back to back).
 
 Device tensors the kernel reads:
   tasks     int32 [N, 7]  opcode (task class), instance, tile, ntiles, counter, wait_begin, wait_end
@@ -65,7 +66,7 @@ class StepKernel:
         self.B, self.T = env.B, env.T
         launches = record_ops(ops, kernels, env)
         self.plan = build_plan(launches, device)
-        self.schedule, codes, instances, ntiles = kernel_schedule(program, ops, launches, self.plan, self.B, self.T)
+        self.schedule, codes, instances, ntiles = kernel_schedule(program, ops, launches, self.plan, self.B, self.T, start=env.batch.start, persistent=True)
         validate(self.schedule)  # raises ScheduleError (a race, deadlock or early release) before any launch
         self._encode(codes, instances, ntiles)
         self.counters = torch.zeros(len(self.schedule.counters), dtype=torch.int64, device=device)

@@ -22,9 +22,11 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+import torch
+
 from nonstop.runtime.megakernel import advance
 from nonstop.runtime.megakernel.regions import Access
-from nonstop.runtime.megakernel.schedule import OpTiles, ScheduleError, StageSpec, TileSpec, assemble
+from nonstop.runtime.megakernel.schedule import BufferInfo, OpTiles, ScheduleError, StageSpec, TileSpec, assemble
 from nonstop.runtime.megakernel.tilectx import TileContext, TilingConfig, chunks
 from nonstop.runtime.megakernel.tiles_dense import target_regions
 from nonstop.runtime.megakernel.tiles_moe import _expert_slices
@@ -153,13 +155,33 @@ def tile_op(ctx: TileContext, op, runs: list, launches: list) -> list[StageSpec]
     return stages
 
 
-def kernel_schedule(program, ops: list, launches: list[list], plan, B: int, T: int, split_counters: bool = True):
-    """(Schedule, opcode per task): the tasks of ``ops`` (the program's ops plus any appended ones such
-    as ``sample``) in op / stage / tile order, counters and waits derived from their regions. A task's
-    opcode is the plan's task class of its (op, stage)."""
+def reads_tensor(launches: list, tensor) -> bool:
+    """Does any of ``launches`` take ``tensor`` (by address) as an argument?"""
+    return any(isinstance(v, torch.Tensor) and v.data_ptr() == tensor.data_ptr() for launch in launches for v in launch.args.values())
+
+
+def declare_start_reads(ctx: TileContext, stages: list[StageSpec]) -> list[StageSpec]:
+    """Add a READ of every sequence's ``start`` to each tile (the shared tilings leave the step's start
+    positions implicit; ``advance`` writes them, so the validator must see who reads them)."""
+    start = ctx._add(BufferInfo("start", ctx.B, 1, "state"))
+    box = ctx.box(start, READ)
+    return [StageSpec(s.name, [replace(t, regions=(*t.regions, box)) for t in s.tiles]) for s in stages]
+
+
+def kernel_schedule(program, ops: list, launches: list[list], plan, B: int, T: int, start=None, persistent: bool = False, split_counters: bool = True):
+    """(Schedule, opcode, instance and tile count per task): the tasks of ``ops`` (the program's ops
+    plus appended ones such as ``sample``) in op / stage / tile order, counters and waits derived from
+    their regions. A task's opcode is the plan's task class of its (op, stage). ``start``: the step's
+    start tensor; ops whose launches take it read the ``start`` buffer. ``persistent``: steps run back
+    to back in one launch (waits on the previous step's counters too)."""
     ctx = TileContext(program, B, T, TilingConfig())
-    tiled = [OpTiles(op.name, op.kind, i, tile_op(ctx, op, runs, ls)) for i, (op, runs, ls) in enumerate(zip(ops, plan.stages, launches))]
-    schedule = assemble(ctx.buffers, tiled, False, B, T, None, split_counters)
+    tiled = []
+    for i, (op, runs, ls) in enumerate(zip(ops, plan.stages, launches)):
+        stages = tile_op(ctx, op, runs, ls)
+        if start is not None and op.kind != "advance" and reads_tensor(ls, start):
+            stages = declare_start_reads(ctx, stages)
+        tiled.append(OpTiles(op.name, op.kind, i, stages))
+    schedule = assemble(ctx.buffers, tiled, persistent, B, T, None, split_counters)
     codes = [plan.stages[t.op][t.stage].opcode for t in schedule.tasks]
     instances = [plan.stages[t.op][t.stage].instance for t in schedule.tasks]
     ntiles = [plan.stages[t.op][t.stage].ntiles for t in schedule.tasks]
