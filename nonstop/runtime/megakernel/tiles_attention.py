@@ -4,8 +4,8 @@ GQA   qkv_rope: one tile per q / k / v head (RoPE needs whole heads); k and v ti
       attn: tile (b, g) = sequence b, KV head g with its H/Hkv query heads.
 MLA   in_proj: block_n rows of the packed [q_in | kv | g] (a tile may straddle two outputs).
       q_up: tile h < N = head h (q_lat[h], q_pe[h]); tile N = the cache append of [norm(c_kv) | k_pe].
-      attn split: tile (b, mb, s) = query items m = t*N + h in block mb of sequence b over keys of split
-      s, writing partial (max, denominator, sum p*c) cells of scratch ``mla_partial`` [R, NS*N*(L+2)]
+      attn split: tile (b·NS + s)·MB + mb (``mla_attn_split_tile``'s numbering) = query items m = t*N + h
+      in block mb of sequence b over keys of split s, writing partial (max, denominator, sum p*c) cells of scratch ``mla_partial`` [R, NS*N*(L+2)]
       (cell (s, h) of a row at columns (s*N + h)*(L+2)); combine: tile h merges head h's cells of every
       row, applies W_UV[h] and the gate.
 KDA   in_proj: block_n rows of the packed [q | k | v | g | b | f_a]; q/k/v columns also move their
@@ -132,7 +132,7 @@ def mla_attn(ctx: TileContext, op: SuperOp) -> list[StageSpec]:
                     regs += [ctx.box(q_lat, READ, r, (h0 * L, h1 * L)), ctx.box(partial, WRITE, r, ((s * N + h0) * cell, (s * N + h1) * cell))]
                     if Rr:
                         regs.append(ctx.box(q_pe, READ, r, (h0 * Rr, h1 * Rr)))
-                split.append(TileSpec((b * MB + mb) * NS + s, tuple(regs), (), f"b{b} items {m0}:{m1} split {s}"))
+                split.append(TileSpec((b * NS + s) * MB + mb, tuple(regs), (), f"b{b} items {m0}:{m1} split {s}"))
     combine = []
     for h in range(N):
         regs = [ctx.box(partial, READ, cols=((s * N + h) * cell, (s * N + h + 1) * cell)) for s in range(NS)]
