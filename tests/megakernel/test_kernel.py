@@ -148,3 +148,15 @@ def test_consecutive_decode_steps_need_only_the_launch(name):
     assert ex.stats["launches_per_step"] == 1 and ex.stats["launches_per_multi_step"] == 1
     mk = next(iter(ex._kernels.values()))
     assert mk.state[0].item() == 5 and mk.ticket.item() == 5 * mk.num_tasks
+
+
+def test_heads_split_into_several_rope_tiles(monkeypatch):
+    """gqa_qkv_rope tiles of BLOCK_P RoPE pairs (several per head, as on a GPU for head_dim 64+): the
+    schedule tiles them the same way, the validator accepts it, tokens stay the reference's."""
+    import nonstop.kernels.gqa as gqa
+
+    monkeypatch.setattr(gqa, "PAIRS_PER_TILE", 2)  # head_dim 10: 5 pairs -> 3 tiles per head
+    model = tiny_model("llama")
+    ex = PoisonedMegakernel(model)
+    assert greedy_tokens(model, ex, [[3, 4, 5]], [2]) == greedy_tokens(model, ReferenceExecutor(model), [[3, 4, 5]], [2])
+    assert ex.stats["schedule"]["1x3"]["kinds"]["gqa_qkv_rope"]["tasks"] == model.cfg.num_hidden_layers * 7 * 3

@@ -6,6 +6,7 @@ attention) through the shared tilings (``tiling.TILINGS``), and with the tilings
 splits its work differently from the shared table:
 
   mlp          gate_up: BLOCK_I intermediate columns per tile; down: BLOCK_N output columns
+  gqa_qkv_rope tile j·PB + pb: BLOCK_P RoPE pairs (both channels of each) of packed q/k/v head j
   gqa_attn     split: tile ((b·HKV + g)·MB + mb)·NS + s (split 0 writes the output itself when the
                sequence fits one split); combine: tile (b·HKV + g)·MB + mb merges the others
   moe_front    router tiles of BLOCK_NR experts, then latent / shared tiles of BLOCK_N
@@ -45,6 +46,31 @@ def mlp(ctx: TileContext, op, args: dict) -> list[StageSpec]:
     down = [TileSpec(j, (ctx.box(act, READ), *target_regions(ctx, op, (a, b))), ctx.weights(ctx.weight(op, "down", 0, a, b)), f"cols {a}:{b}")
             for j, (a, b) in enumerate(chunks(D, args["BLOCK_N"]))]
     return [StageSpec("gate_up", gate_up), StageSpec("down", down)]
+
+
+def gqa_qkv_rope(ctx: TileContext, op, args: dict) -> list[StageSpec]:
+    """Tile j·PB + pb: RoPE pairs [pb·BLOCK_P, +BLOCK_P) of packed head j (q heads, then k, then v heads),
+    PB = cdiv(D/2, BLOCK_P): channels c and c + D/2 (rotate-half) or 2c, 2c + 1 (interleaved)."""
+    a = op.attrs
+    H, HKV, D, layer, BP = a["heads"], a["kv_heads"], a["head_dim"], a["cache_layer"], args["BLOCK_P"]
+    half = D // 2
+    PB = -(-half // BP)
+    src, q = ctx.buf(op.reads[0]), ctx.buf(op.writes[0])
+    k, v = ctx.cache(layer, "k", HKV * D), ctx.cache(layer, "v", HKV * D)
+    tiles = []
+    for j in range(H + 2 * HKV):
+        if j < H:
+            out, base, label = q, j * D, f"q{j}"
+        else:
+            g = (j - H) % HKV
+            out, base, label = (k if j < H + HKV else v), g * D, f"{'kv'[j >= H + HKV]}{g}"
+        for pb in range(PB):
+            p0, p1 = pb * BP, min((pb + 1) * BP, half)
+            spans = [(2 * p0, 2 * p1)] if a["interleaved"] else [(p0, p1), (half + p0, half + p1)]
+            regs = [ctx.box(src, READ)] + [ctx.box(out, WRITE, cols=(base + c0, base + c1)) for c0, c1 in spans]
+            w = ctx.weights(*(ctx.weight(op, "w_qkv", 0, j * D + c0, j * D + c1) for c0, c1 in spans), ctx.weight(op, "norm"), ctx.weight(op, "inv_freq"))
+            tiles.append(TileSpec(j * PB + pb, tuple(regs), w, f"{label} pairs {p0}:{p1}"))
+    return [StageSpec("main", tiles)]
 
 
 def gqa_attn(ctx: TileContext, op, args: dict) -> list[StageSpec]:
@@ -119,7 +145,7 @@ def sample(ctx: TileContext, op, args: dict) -> list[StageSpec]:
     return [StageSpec("main", tiles)]
 
 
-OWN = {"mlp": mlp, "gqa_attn": gqa_attn, "moe_front": moe_front, "sample": sample, "advance": advance.tiling}
+OWN = {"mlp": mlp, "gqa_qkv_rope": gqa_qkv_rope, "gqa_attn": gqa_attn, "moe_front": moe_front, "sample": sample, "advance": advance.tiling}
 
 
 def op_config(base: TilingConfig, kind: str, args: dict) -> TilingConfig:
