@@ -112,7 +112,8 @@ def const_literal(value) -> str:
         return repr(value)
     name = getattr(value, "name", None)
     if name is not None and type(value).__module__.startswith("triton"):  # a tl.dtype
-        return {"fp32": "tl.float32", "fp16": "tl.float16", "bf16": "tl.bfloat16", "fp64": "tl.float64"}.get(name, f"tl.{name}")
+        return {"fp32": "tl.float32", "fp16": "tl.float16", "bf16": "tl.bfloat16", "fp64": "tl.float64",
+                "fp8e4nv": "tl.float8e4nv", "fp8e5": "tl.float8e5"}.get(name, f"tl.{name}")
     raise ValueError(f"cannot write constexpr {value!r} into generated source")
 
 

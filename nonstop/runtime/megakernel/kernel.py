@@ -90,7 +90,8 @@ class StepKernel:
     def _compile(self) -> None:
         source = codegen.megakernel_source(self.plan.classes, self.plan.max_p, self.plan.max_s, PREFETCH_LINES)
         self.source = source
-        self.kernel = codegen.load_source("megakernel", source).megakernel
+        module = codegen.load_source("megakernel", source)
+        self.kernel, self.path = module.megakernel, module.__file__
 
     def refresh(self, env) -> bool:
         """Re-record the arguments (cache storage moved: new addresses). False when the launches now
