@@ -181,12 +181,15 @@ def megakernel(tasks_ptr, waits_ptr, prefetch_ptr, counters_ptr, ticket_ptr, sta
         nbytes = tl.load(prefetch_ptr + (q - step * num_tasks) * 2 + 1)
         offs = lines.to(tl.int64) * 128
         warm = tl.load((lo + offs).to(tl.pointer_type(tl.int32)), mask=offs < nbytes, other=0)
-        # 2. acquire: every wait's counter reached its target for this step (counters only grow)
+        # 2. acquire: every wait's counter reached its target for this step (counters only grow). Poll
+        #    with volatile loads (served by L2, no read-modify-write traffic on a hot counter), then one
+        #    acquire RMW orders this task's reads after the producers' released writes
         for w in range(wait_begin, wait_end):
             wc = tl.load(waits_ptr + w * 3)
             target = step * tl.load(waits_ptr + w * 3 + 2) + tl.load(waits_ptr + w * 3 + 1)
-            while tl.atomic_add(counters_ptr + wc, 0, sem="acquire") < target:
+            while tl.load(counters_ptr + wc, volatile=True) < target:
                 pass
+            tl.atomic_add(counters_ptr + wc, 0, sem="acquire")
         # 3. the tile
 {"".join(branches)}
         # keep the prefetch loads alive: a store that never happens (a line of weights is never this value)
