@@ -106,7 +106,7 @@ def test_a_rejected_schedule_stops_before_the_launch(monkeypatch):
     ex = MegakernelExecutor(model)
     launched = []
     monkeypatch.setattr(kernel_module.StepKernel, "launch", lambda self, *a: launched.append(1))
-    with pytest.raises(ScheduleError, match="reads attn_out"):
+    with pytest.raises(ScheduleError, match="megakernel schedule for 1x2 rows rejected.*reads attn_out"):
         greedy_tokens(model, ex, [[3, 4]], [1])
     assert not launched
 

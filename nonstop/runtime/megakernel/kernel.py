@@ -26,6 +26,7 @@ import torch
 from nonstop.runtime.megakernel import codegen
 from nonstop.runtime.megakernel.plan import build_plan
 from nonstop.runtime.megakernel.record import record_ops
+from nonstop.runtime.megakernel.schedule import ScheduleError
 from nonstop.runtime.megakernel.tiles_kernel import kernel_schedule
 from nonstop.runtime.megakernel.validate import validate
 
@@ -67,7 +68,10 @@ class StepKernel:
         launches = record_ops(ops, kernels, env)
         self.plan = build_plan(launches, device)
         self.schedule, codes, instances, ntiles = kernel_schedule(program, ops, launches, self.plan, self.B, self.T, start=env.batch.start, persistent=True)
-        validate(self.schedule)  # raises ScheduleError (a race, deadlock or early release) before any launch
+        try:  # a race, deadlock or early release: refuse before anything is launched
+            validate(self.schedule)
+        except ScheduleError as exc:
+            raise ScheduleError(f"megakernel schedule for {self.B}x{self.T} rows rejected by the validator: {exc}") from exc
         self._encode(codes, instances, ntiles)
         self.counters = torch.zeros(len(self.schedule.counters), dtype=torch.int64, device=device)
         self.ticket = torch.zeros(1, dtype=torch.int64, device=device)
