@@ -203,3 +203,25 @@ def test_forward_hidden_reads_the_kept_residual_streams():
     torch.testing.assert_close(logits, ref_logits, rtol=1e-4, atol=1e-4)
     for tap in taps:
         torch.testing.assert_close(got_taps[tap], ref_taps[tap], rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("name", ["kimi_k3", "llama"])
+def test_kernel_schedule_survives_adversarial_interleavings(name):
+    """The interpreter runs the programs one after another; on a GPU they race. The schedule the kernel
+    runs (persistent: steps back to back) goes through the protocol simulator's hazard hunt: stalled
+    tickets, slow workers, out-of-order bias, with the shadow race detector."""
+    from nonstop.cache.state import ModelCache
+    from nonstop.runtime.cuda_graph import fit_pools
+    from nonstop.runtime.megakernel.simulate import hunt
+    from nonstop.runtime.superop import ExecEnv
+
+    model = tiny_model(name)
+    ex = MegakernelExecutor(model, graphs=False)
+    cache = ModelCache(model.cfg, 2, capacity=16, dtype=torch.float32, device="cpu", page_size=4)
+    cache.batch([0, 1], 1)
+    step = ex.static_step(2, 1)
+    fit_pools(cache)
+    s = ex.step_kernel(ExecEnv(step.buf, cache, step.batch)).schedule
+    assert s.persistent
+    found = hunt(s, steps=2, workers=16, tickets=range(0, 2 * s.num_tasks, 3), seeds=3)
+    assert found is None, found.summary()
