@@ -12,7 +12,10 @@
 The persistent Triton kernel (``MegakernelExecutor`` in ``executor``): ``record`` captures the super-op
 launchers' arguments, ``plan`` groups them into task classes and argument tables, ``stages`` /
 ``codegen`` give each class a tile body and generate the kernel, ``tiles_kernel`` tiles the ops to
-match the kernels, ``kernel`` ties it together (one launch per step).
+match the kernels, ``advance`` prepares the next step's inputs on the device, ``kernel`` ties it
+together (one launch per step, or several steps per launch). Checks beyond the validator: ``audit``
+(tasks write only what they declare), ``gpu_compile`` (the generated kernel lowers to an sm_90 cubin
+without a GPU).
 """
 
 from nonstop.runtime.megakernel.schedule import Schedule, ScheduleError, build_schedule
