@@ -84,6 +84,8 @@ def generic_stage_body(fn):
     """The one-stage body of launcher ``fn``: its source with the program id replaced by ``mk_tile``."""
     source = textwrap.dedent(inspect.getsource(fn))
     name = fn.__name__
+    if "atomic_" in source:  # tickets / last-arriver counters of its own: its phases must be schedule stages
+        raise ValueError(f"{name} runs an in-kernel protocol (atomics in the launcher); give it stage bodies in megakernel/stages.py")
     body_name = f"{name}__stage"
     header = re.compile(rf"def\s+{re.escape(name)}\s*\(")
     if not header.search(source):
