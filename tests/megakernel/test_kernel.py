@@ -270,3 +270,18 @@ def test_cuda_graph_logic_replays_the_one_launch():
     ex = MegakernelExecutor(model, graphs="emulate")
     assert greedy_tokens(model, ex, [[3, 4], [5]], [3, 3]) == greedy_tokens(model, ReferenceExecutor(model), [[3, 4], [5]], [3, 3])
     assert ex.stats["graph_captures"] >= 3 and ex.stats["graph_replays"] >= 1 and ex.stats["launches_per_step"] == 1
+
+
+def test_speculative_verification_through_the_megakernel():
+    """keep_states steps (T = k + 1 rows, KDA histories for rollback): drafts with one right token,
+    verified by the megakernel, give plain greedy decoding's tokens."""
+    from nonstop.engine.sampling import SamplingParams
+    from tests.spec.helpers import ScriptedDrafter, generate
+
+    model = tiny_model("kimi_linear")
+    params = SamplingParams(max_tokens=4, temperature=0, ignore_eos=True)
+    want = generate(model, ReferenceExecutor(model), [[3, 4, 5]], params)
+    ex = MegakernelExecutor(model)
+    got = generate(model, ex, [[3, 4, 5]], params, ScriptedDrafter({"0": want[0].token_ids}, 1, model.cfg.vocab_size), num_tokens=2)
+    assert [o.token_ids for o in got] == [o.token_ids for o in want]
+    assert got[0].metrics["accepted_tokens"] > 0 and any("+states" in shape for shape in ex.stats["launches"])

@@ -84,13 +84,27 @@ class MegakernelExecutor(SuperOpExecutor):
         mk.signature = self.storage_signature(env.cache)  # recording may have grown a workspace
         return mk
 
+    def _mark_histories(self, env: ExecEnv) -> None:
+        """Speculative verification (``keep_states``): the KDA launchers mark the histories they fill
+        (``KDAState.history_for`` sets ``history_rows[:, slots] = T``) when they are called - once, at
+        recording. Every launch of such a step repeats that bookkeeping (one indexed store per KDA
+        layer; plain decode steps have none)."""
+        if getattr(env.batch, "keep_states", False):
+            for layer in env.cache.layers:
+                rows = getattr(layer, "history_rows", None)
+                if rows is not None:
+                    rows[:, env.batch.slots] = env.T
+
     def _launch_all(self, env: ExecEnv) -> None:
-        self.step_kernel(env).launch()
+        mk = self.step_kernel(env)
+        self._mark_histories(env)
+        mk.launch()
 
     def _launch_counted(self, env: ExecEnv, step: StaticStep) -> dict:
         mk = self.step_kernel(env)  # recording happens outside the count (it launches nothing)
         counter = LaunchCounter(self.device)
         with counter, counter.tagged("megakernel"):
+            self._mark_histories(env)
             mk.launch()
         return counter.summary()
 
