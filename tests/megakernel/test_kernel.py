@@ -284,3 +284,12 @@ def test_speculative_verification_through_the_megakernel():
     got = generate(model, ex, [[3, 4, 5]], params, ScriptedDrafter({"0": want[0].token_ids}, 1, model.cfg.vocab_size), num_tokens=2)
     assert [o.token_ids for o in got] == [o.token_ids for o in want]
     assert got[0].metrics["accepted_tokens"] > 0 and any("+states" in shape for shape in ex.stats["launches"])
+
+
+def test_a_kind_without_kernel_is_a_clear_error():
+    from nonstop.kernels import KERNELS
+
+    model = tiny_model("llama")
+    table = {k: v for k, v in KERNELS.items() if k != "mlp"}
+    with pytest.raises(ValueError, match="backend 'megakernel' has no Triton kernel yet for: mlp"):
+        MegakernelExecutor(model, kernels=table)

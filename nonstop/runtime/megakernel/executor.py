@@ -44,7 +44,10 @@ class MegakernelExecutor(SuperOpExecutor):
     def __init__(self, model: CausalLM, graphs="auto", copy_logits: bool = True, program: Program | None = None, grid: int | None = None, kernels: dict | None = None):
         from nonstop.kernels.sample import sample_op
 
-        super().__init__(model, use_kernels=True, graphs=graphs, pdl=False, kernels=kernels, copy_logits=copy_logits, program=program)
+        try:
+            super().__init__(model, use_kernels=True, graphs=graphs, pdl=False, kernels=kernels, copy_logits=copy_logits, program=program)
+        except ValueError as exc:  # a kind without a kernel: name this backend
+            raise ValueError(str(exc).replace("backend 'superop'", "backend 'megakernel'")) from None
         program = copy.copy(self.program)  # the step's program plus the sampling buffers
         program.buffers = dict(program.buffers)
         sample, specs = sample_op(model.cfg.vocab_size)
