@@ -135,6 +135,7 @@ class MegakernelExecutor(SuperOpExecutor):
         otherwise). The caller keeps ``cache.advance(batch)`` as usual."""
         B = batch.slots.shape[0]
         step = self.static_step(B, 1, getattr(batch, "keep_states", False))
+        self._require_launched(step)
         self.stats["program_steps"] += 1
         if self.graphs and step.graph_off is None:
             self._replay_or_capture(cache, step)
@@ -150,8 +151,9 @@ class MegakernelExecutor(SuperOpExecutor):
         The persistent schedule orders step e+1's tasks after what they need of step e."""
         if not 1 <= n <= advance.LOG:
             raise ValueError(f"decode_steps: 1..{advance.LOG} steps per launch")
-        batch = cache.batch(slots, n)  # page reservation for positions start .. start + n - 1
         step = self.static_step(len(slots), 1)
+        self._require_launched(step)
+        batch = cache.batch(slots, n)  # page reservation for positions start .. start + n - 1
         fit_pools(cache)
         env = ExecEnv(step.buf, cache, step.batch)
         mk = self.step_kernel(env)
@@ -164,6 +166,10 @@ class MegakernelExecutor(SuperOpExecutor):
         first = batch.start.to("cpu") + 1  # position of the first sampled token
         cols = (first[:, None] + torch.arange(n)[None, :]) % advance.LOG
         return step.buf["token_log"].to("cpu").gather(1, cols)
+
+    def _require_launched(self, step: StaticStep) -> None:
+        if id(step) not in self._kernels:
+            raise ValueError(f"no step of shape {step.name} ran yet: the first step of a shape takes its inputs from forward()")
 
     def next_ids(self, B: int, T: int = 1, keep_states: bool = False) -> torch.Tensor:
         """The tokens the last step of shape (B, T) sampled on the device, [B, T] (int64)."""
