@@ -3,8 +3,8 @@
 The interpreter runs any Python: it does not catch what Triton's compiler rejects (e.g. a value whose
 type differs between the branches of an ``if``). ``python -m nonstop.runtime.megakernel.gpu_compile
 FILE [--arch 90]`` lowers FILE's ``megakernel`` through TTIR / TTGIR / LLVM / PTX to a cubin for
-``sm_<arch>`` with the NVIDIA backend shipped in the triton wheel, and prints the stage sizes and the
-shared memory. Must run without ``TRITON_INTERPRET`` (``compile_in_subprocess`` takes care of that).
+``sm_<arch>`` with the NVIDIA backend shipped in the triton wheel, and prints the stage sizes, the
+shared memory, and the registers / spills ptxas reports. Must run without ``TRITON_INTERPRET`` (``compile_in_subprocess`` takes care of that).
 """
 
 from __future__ import annotations
@@ -38,7 +38,33 @@ def compile_file(path: str, arch: int = 90, num_warps: int = 8) -> dict:
 
     kernel = triton.compile(ASTSource(module.megakernel, SIGNATURE, constexprs={"NUM_FIELDS": NUM_FIELDS}), target=GPUTarget("cuda", arch, 32), options={"num_warps": num_warps})
     return {"arch": f"sm_{arch}", "seconds": round(time.perf_counter() - t0, 1), "shared_bytes": kernel.metadata.shared,
-            "stages": {k: len(v) for k, v in kernel.asm.items() if isinstance(v, (str, bytes))}}
+            "stages": {k: len(v) for k, v in kernel.asm.items() if isinstance(v, (str, bytes))}, **ptxas_report(kernel.asm["ptx"], arch)}
+
+
+def ptxas_report(ptx: str, arch: int) -> dict:
+    """Registers and spills that ptxas (shipped with triton) reports for the kernel; {} if unavailable."""
+    import re
+    import tempfile
+
+    import triton
+
+    bin_dir = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin")
+    with tempfile.NamedTemporaryFile("w", suffix=".ptx", delete=False) as f:
+        f.write(ptx)
+    try:
+        for name in ("ptxas-blackwell", "ptxas"):  # the newer one accepts the newer PTX versions
+            exe = os.path.join(bin_dir, name)
+            if not os.path.exists(exe):
+                continue
+            out = subprocess.run([exe, f"-arch=sm_{arch}a" if arch >= 90 else f"-arch=sm_{arch}", "-v", f.name, "-o", os.devnull], capture_output=True, text=True)
+            text = out.stdout + out.stderr
+            regs = re.search(r"Used (\d+) registers", text)
+            spills = re.search(r"(\d+) bytes spill stores, (\d+) bytes spill loads", text)
+            if regs:
+                return {"registers": int(regs.group(1)), "spill_store_bytes": int(spills.group(1)) if spills else None, "spill_load_bytes": int(spills.group(2)) if spills else None}
+        return {}
+    finally:
+        os.unlink(f.name)
 
 
 def compile_in_subprocess(path: str, arch: int = 90, timeout: float = 600) -> dict:
