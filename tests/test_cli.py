@@ -41,6 +41,8 @@ def test_synth_info_generate(tmp_path, capsys):
         (["info", "--model", "/"], "config.json not found"),
         (["synth", "--preset", "nope", "--out", "x"], "unknown preset"),
         (["generate", "--model", "kimi-k3", "--temperature", "-1"], "temperature"),
+        (["generate", "--device", "cuda:7", "-n", "2", "hi"], "cuda:7"),
+        (["generate", "--device", "tpu", "-n", "2", "hi"], "tpu"),
     ],
 )
 def test_user_errors_are_one_line(argv, message, capsys):
@@ -49,6 +51,16 @@ def test_user_errors_are_one_line(argv, message, capsys):
     assert e.value.code == 2
     err = capsys.readouterr().err
     assert message in err and "Traceback" not in err
+
+
+@pytest.mark.parametrize("backend", ["superop", "megakernel"])
+def test_kernel_backend_on_a_cpu_without_the_interpreter_is_a_clear_error(backend, monkeypatch, capsys):
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    with pytest.raises(SystemExit) as e:
+        main(["generate", "--backend", backend, "-n", "2", "hello"])
+    assert e.value.code == 2
+    err = capsys.readouterr().err
+    assert "needs a CUDA device" in err and "TRITON_INTERPRET=1" in err and "Traceback" not in err
 
 
 def test_bad_checkpoint_is_a_clear_error(tmp_path, capsys):

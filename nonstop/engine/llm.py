@@ -59,6 +59,22 @@ def _eos_ids(cfg: ModelConfig, model_dir: Path | None) -> frozenset[int]:
     return frozenset(ids)
 
 
+def check_device(device: str | torch.device) -> torch.device:
+    """``device`` as a torch.device, or a ValueError saying why this machine cannot use it."""
+    try:
+        dev = torch.device(device)
+    except (RuntimeError, TypeError) as exc:
+        raise ValueError(f"device {device!r} is not a device torch knows: {exc}") from None
+    if dev.type == "cuda":
+        if not torch.cuda.is_available():
+            raise ValueError(f"device {device!r} asked for, but this torch ({torch.__version__}) sees no CUDA GPU; use --device cpu")
+        if dev.index is not None and dev.index >= torch.cuda.device_count():
+            raise ValueError(f"device {device!r} asked for, but only {torch.cuda.device_count()} CUDA device(s) are visible")
+    elif dev.type != "cpu":
+        raise ValueError(f"device {device!r} is not supported: use cpu or cuda[:N]")
+    return dev
+
+
 class LLM:
     """A loaded model ready to generate.
 
@@ -76,7 +92,7 @@ class LLM:
     def __init__(self, model: str | Path = DEFAULT_MODEL, dtype=None, device: str = "cpu", backend: str = "reference", max_batch: int = 16, seed: int = 0, speculative: dict | None = None, progress: bool = False, prefill_chunk: int | None = None, batch_invariant: bool = False):
         from nonstop.model.build import load_model, random_model
 
-        self.device = torch.device(device)
+        self.device = check_device(device)
         self.dtype = parse_dtype(dtype, str(device))
         self.cfg, self.model_dir = resolve_model(model)
         self.name = str(model)

@@ -8,6 +8,8 @@ them). ``stats`` reports per-step facts such as kernel launches.
 
 from __future__ import annotations
 
+import os
+
 import torch
 
 from nonstop.cache.state import ModelCache, StepBatch
@@ -46,9 +48,24 @@ def _megakernel(model):
 BACKENDS = {"reference": ReferenceExecutor, "superop": _superop, "megakernel": _megakernel}
 
 
+KERNEL_BACKENDS = ("superop", "megakernel")
+
+
+def triton_interpreter() -> bool:
+    """True when Triton runs kernels in its CPU interpreter (``TRITON_INTERPRET=1``, set before import)."""
+    return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
+
+
 def make_executor(backend: str, model: CausalLM):
     if backend not in BACKENDS:
         raise ValueError(f"unknown backend {backend!r}; choose one of: {', '.join(BACKENDS)}")
+    device = model.embed_tokens.weight.device
+    if backend in KERNEL_BACKENDS and device.type != "cuda" and not triton_interpreter():
+        raise ValueError(
+            f"backend {backend!r} runs Triton kernels: it needs a CUDA device (--device cuda), or "
+            f"TRITON_INTERPRET=1 in the environment to run them in Triton's CPU interpreter "
+            f"(hundreds of times slower; for testing); on a CPU use backend 'reference'"
+        )
     try:
         return BACKENDS[backend](model)
     except ModuleNotFoundError as exc:
