@@ -153,11 +153,9 @@ def percentiles(values: list[float]) -> dict:
 def machine_info(threads: int | None) -> dict:
     import torch
 
-    cpu = platform.processor() or platform.machine()
-    try:
-        cpu = next(line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines() if line.startswith("model name"))
-    except (OSError, StopIteration):
-        pass
+    from nonstop.hostinfo import cpu_name
+
+    cpu = cpu_name()
     load = os.getloadavg() if hasattr(os, "getloadavg") else None  # other work sharing the CPU skews the numbers
     return {"cpu": cpu, "cores": os.cpu_count(), "server_threads": threads, "load_average_1_5_15min_at_end": load, "python": platform.python_version(), "torch": torch.__version__, "platform": platform.platform()}
 

@@ -28,6 +28,8 @@ from pathlib import Path
 
 import torch
 
+from nonstop.hostinfo import cpu_name
+
 HELDOUT = Path(__file__).resolve().parent.parent / "nonstop" / "assets" / "heldout_sample.txt"
 
 
@@ -39,16 +41,6 @@ def prompt_sets(tokenizer, n: int, prompt_tokens: int) -> dict[str, list[list[in
         heldout.append(ids[:prompt_tokens])
         repetitive.append(ids[: 2 * prompt_tokens] + tokenizer.encode("\n\n", add_special_tokens=False) + ids[: prompt_tokens // 2])
     return {"heldout": heldout, "repetitive": repetitive}
-
-
-def cpu_name() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
 
 
 def summarize(outs: list, times: list[float]) -> dict:

@@ -23,6 +23,7 @@ import torch
 
 from nonstop.config import ModelConfig
 from nonstop.engine.perplexity import score_token_ids
+from nonstop.hostinfo import cpu_name
 from nonstop.train.export import save_checkpoint
 from nonstop.train.plot import plot_loss_curve
 from nonstop.train.tokens import DEFAULT_CACHE_DIR, cached_token_ids
@@ -70,7 +71,7 @@ def run_training(corpus_dir: Path, tokenizer_dir: Path, cfg: ModelConfig, tc: Tr
         "parameters": {"total": fp.total_params, "active": fp.active_params, "embedding": fp.embedding_params, "bf16_bytes": fp.weight_bytes},
         "train_config": asdict(tc),
         "data": {"corpus": str(corpus_dir), "tokenizer": str(tokenizer_dir), "train_tokens": int(len(train_ids)), "heldout_tokens": int(len(heldout_ids))},
-        "machine": {"torch": torch.__version__, "threads": torch.get_num_threads(), "cpu_count": _cpu_count(), "platform": platform.platform(), "processor": _cpu_name(), "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY"), "sched_autogroup": _autogroup()},
+        "machine": {"torch": torch.__version__, "threads": torch.get_num_threads(), "cpu_count": _cpu_count(), "platform": platform.platform(), "processor": cpu_name(), "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY"), "sched_autogroup": _autogroup()},
         "result": {
             "steps": result.steps,
             "tokens_seen": result.tokens,
@@ -113,16 +114,6 @@ def _autogroup() -> str | None:
         return Path("/proc/self/autogroup").read_text().strip()
     except OSError:
         return None
-
-
-def _cpu_name() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor()
 
 
 def _cpu_count() -> int | None:
