@@ -47,6 +47,7 @@ import triton.language as tl
 
 from nonstop.kernels.gemv import (ADD, STORE, block_rows, gemv_blocks, gemv_tile, interpreting, launch_gemv, load_input_block, mac,
                                   mac_sum, mac_zeros, num_sms, pick_block_k, pick_block_n, row_inv_rms)
+from nonstop.kernels.pdl import pdl_launch_args
 from nonstop.kernels.sample import KERNELS as SAMPLE_KERNELS
 
 SILU: tl.constexpr = tl.constexpr(0)
@@ -98,14 +99,17 @@ def embed_tile(row, ids_ptr, table_ptr, stride_table, out_ptr, stride_out, D, BL
 
 
 @triton.jit
-def _embed_kernel(ids_ptr, table_ptr, stride_table, out_ptr, stride_out, D, BLOCK_D: tl.constexpr):
+def _embed_kernel(ids_ptr, table_ptr, stride_table, out_ptr, stride_out, D, BLOCK_D: tl.constexpr, USE_PDL: tl.constexpr):
+    if USE_PDL:  # PDL: the previous kernel's writes are visible past this point
+        tl.extra.cuda.gdc_wait()
     embed_tile(tl.program_id(0), ids_ptr, table_ptr, stride_table, out_ptr, stride_out, D, BLOCK_D)
 
 
 def embed(op, env):
     ids, table, out = env.buf[op.reads[0]], op.weights["embed"], env.buf[op.writes[0]]
     D = table.shape[1]
-    _embed_kernel[(ids.shape[0],)](ids, table, table.stride(0), out, out.stride(0), D, BLOCK_D=min(1024, triton.next_power_of_2(D)))
+    _embed_kernel[(ids.shape[0],)](ids, table, table.stride(0), out, out.stride(0), D, BLOCK_D=min(1024, triton.next_power_of_2(D)),
+                                   **pdl_launch_args(env))
 
 
 # ----------------------------------------------------------------------------- linear + residual, LM head
@@ -115,13 +119,13 @@ def linear_residual(op, env, **blocks):
     """target (+)= W a (+ b): ``gemv_tile`` with the ADD (accumulate) or STORE epilogue."""
     a, target = env.buf[op.reads[0]], env.buf[op.writes[0]]
     epilogue = ADD if op.attrs.get("accumulate", False) else STORE
-    launch_gemv(a, op.weights["w"], target, bias=op.weights.get("b"), epilogue=epilogue, round_y=True, **blocks)
+    launch_gemv(a, op.weights["w"], target, bias=op.weights.get("b"), epilogue=epilogue, round_y=True, env=env, **blocks)
 
 
 def lm_head(op, env, **blocks):
     """logits = (W RMSNorm(x)).float(): fp32 accumulation rounded to the model dtype as the twin's F.linear."""
     x, logits = env.buf[op.reads[0]], env.buf[op.writes[0]]
-    launch_gemv(x, op.weights["w"], logits, norm=op.weights.get("norm"), eps=op.attrs.get("eps", 0.0), epilogue=STORE, round_y=True, **blocks)
+    launch_gemv(x, op.weights["w"], logits, norm=op.weights.get("norm"), eps=op.attrs.get("eps", 0.0), epilogue=STORE, round_y=True, env=env, **blocks)
 
 
 # ----------------------------------------------------------------------------- dense MLP
@@ -204,7 +208,9 @@ def _mlp_kernel(x_ptr, stride_x, norm_ptr, eps, wg_ptr, wu_ptr, stride_wgu, bg_p
                 HAS_NORM: tl.constexpr, HAS_GU_BIAS: tl.constexpr, HAS_DOWN_BIAS: tl.constexpr, ACT: tl.constexpr,
                 EPILOGUE: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_I: tl.constexpr, BLOCK_K: tl.constexpr,
                 BLOCK_N: tl.constexpr, BLOCK_KD: tl.constexpr, USE_DOT: tl.constexpr, UPCAST: tl.constexpr,
-                NUM_STAGES: tl.constexpr):
+                NUM_STAGES: tl.constexpr, USE_PDL: tl.constexpr):
+    if USE_PDL:  # PDL: the previous kernel's writes are visible past this point
+        tl.extra.cuda.gdc_wait()
     mlp_tile(x_ptr, stride_x, norm_ptr, eps, wg_ptr, wu_ptr, stride_wgu, bg_ptr, bu_ptr, wd_ptr, stride_wd, bd_ptr,
              target_ptr, stride_t, h_ptr, stride_h, count_ptr, num_chunks, num_down_tiles, R, D, I, beta, linear_beta,
              HAS_NORM, HAS_GU_BIAS, HAS_DOWN_BIAS, ACT, EPILOGUE, BLOCK_R, BLOCK_I, BLOCK_K, BLOCK_N, BLOCK_KD, USE_DOT,
@@ -253,7 +259,7 @@ def mlp(op, env, **blocks):
         x, x.stride(0), w.get("norm", wg), a.get("eps", 0.0), wg, wu, wg.stride(0), w.get("gate_b", wg), w.get("up_b", wg), wd, wd.stride(0),
         w.get("down_b", wd), target, target.stride(0), h, I, count, chunks, down_tiles, R, D, I, float(a.get("beta", 4.0)),
         float(a.get("linear_beta", 25.0)), HAS_NORM="norm" in w, HAS_GU_BIAS="gate_b" in w, HAS_DOWN_BIAS="down_b" in w,
-        ACT=SITU if a.get("act") == "situ" else SILU, EPILOGUE=ADD if a.get("accumulate", False) else STORE, **cfg)
+        ACT=SITU if a.get("act") == "situ" else SILU, EPILOGUE=ADD if a.get("accumulate", False) else STORE, **cfg, **pdl_launch_args(env))
 
 
 # ----------------------------------------------------------------------------- K3 attention-residual mix + norm
@@ -293,7 +299,9 @@ def attnres_mix_norm_tile(row, blocks_ptr, stride_blk_row, stride_blk_src, parti
 
 @triton.jit
 def _attnres_kernel(blocks_ptr, stride_blk_row, stride_blk_src, partial_ptr, stride_partial, query_ptr, norm_ptr, out_ptr,
-                    stride_out, D, n_blocks, store_block, eps, HAS_STORE: tl.constexpr, BLOCK_D: tl.constexpr):
+                    stride_out, D, n_blocks, store_block, eps, HAS_STORE: tl.constexpr, BLOCK_D: tl.constexpr, USE_PDL: tl.constexpr):
+    if USE_PDL:  # PDL: the previous kernel's writes are visible past this point
+        tl.extra.cuda.gdc_wait()
     attnres_mix_norm_tile(tl.program_id(0), blocks_ptr, stride_blk_row, stride_blk_src, partial_ptr, stride_partial, query_ptr,
                           norm_ptr, out_ptr, stride_out, D, n_blocks, store_block, eps, HAS_STORE, BLOCK_D)
 
@@ -307,7 +315,7 @@ def attnres_mix_norm(op, env):
     BLOCK_D = triton.next_power_of_2(D)
     _attnres_kernel[(R,)](blocks, blocks.stride(0), blocks.stride(1), partial, partial.stride(0), op.weights["query"], op.weights["norm"],
                           out, out.stride(0), D, op.attrs["n_blocks"], store if store is not None else 0, op.attrs["eps"],
-                          HAS_STORE=store is not None, BLOCK_D=BLOCK_D, num_warps=min(16, max(4, BLOCK_D // 512)))
+                          HAS_STORE=store is not None, BLOCK_D=BLOCK_D, num_warps=min(16, max(4, BLOCK_D // 512)), **pdl_launch_args(env))
 
 
 KERNELS = {

@@ -55,6 +55,8 @@ import torch
 import triton
 import triton.language as tl
 
+from nonstop.kernels.pdl import pdl_launch_args
+
 STORE: tl.constexpr = tl.constexpr(0)
 ADD: tl.constexpr = tl.constexpr(1)
 ATOMIC: tl.constexpr = tl.constexpr(2)
@@ -228,14 +230,17 @@ def gemv_tile(tile, x_ptr, stride_x, norm_ptr, eps, w_ptr, stride_w, b_ptr, out_
 def _gemv_kernel(x_ptr, stride_x, norm_ptr, eps, w_ptr, stride_w, b_ptr, out_ptr, stride_out, R, N, K,
                  HAS_NORM: tl.constexpr, HAS_BIAS: tl.constexpr, EPILOGUE: tl.constexpr, ROUND_Y: tl.constexpr,
                  SPLIT_K: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-                 USE_DOT: tl.constexpr, UPCAST: tl.constexpr, NUM_STAGES: tl.constexpr):
+                 USE_DOT: tl.constexpr, UPCAST: tl.constexpr, NUM_STAGES: tl.constexpr, USE_PDL: tl.constexpr):
+    if USE_PDL:  # PDL: the previous kernel's writes are visible past this point
+        tl.extra.cuda.gdc_wait()
     gemv_tile(tl.program_id(0), x_ptr, stride_x, norm_ptr, eps, w_ptr, stride_w, b_ptr, out_ptr, stride_out, R, N, K,
               HAS_NORM, HAS_BIAS, EPILOGUE, ROUND_Y, SPLIT_K, BLOCK_R, BLOCK_N, BLOCK_K, USE_DOT, UPCAST, NUM_STAGES)
 
 
 def launch_gemv(x: torch.Tensor, w: torch.Tensor, out: torch.Tensor, *, bias=None, norm=None, eps: float = 0.0,
-                epilogue: int = 0, round_y: bool = False, split_k: int = 1, **blocks) -> None:
-    """out (by ``epilogue``) W x̂ (+ bias) for x [R, K], w [N, K], out [R, N] - one launch of ``gemv_tile``."""
+                epilogue: int = 0, round_y: bool = False, split_k: int = 1, env=None, **blocks) -> None:
+    """out (by ``epilogue``) W x̂ (+ bias) for x [R, K], w [N, K], out [R, N] - one launch of ``gemv_tile``
+    (with PDL when the step's ``env`` allows it: ``pdl_launch_args``)."""
     R, K = x.shape
     N = w.shape[0]
     assert x.stride(-1) == 1 and w.stride(-1) == 1 and out.stride(-1) == 1 and R <= 16
@@ -244,4 +249,4 @@ def launch_gemv(x: torch.Tensor, w: torch.Tensor, out: torch.Tensor, *, bias=Non
     grid = (triton.cdiv(N, cfg["BLOCK_N"]) * split_k,)
     _gemv_kernel[grid](x, x.stride(0), norm if norm is not None else w, eps, w, w.stride(0), bias if bias is not None else w,
                        out, out.stride(0), R, N, K, HAS_NORM=norm is not None, HAS_BIAS=bias is not None, EPILOGUE=int(epilogue),
-                       ROUND_Y=round_y, SPLIT_K=split_k, **cfg)
+                       ROUND_Y=round_y, SPLIT_K=split_k, **cfg, **pdl_launch_args(env))

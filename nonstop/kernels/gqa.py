@@ -34,6 +34,7 @@ from nonstop.kernels.attn_tiles import (
     store_partial,
     workspace,
 )
+from nonstop.kernels.pdl import pdl_launch_args
 
 # GPU block sizes, checked by compiling for sm_90 at Llama-3-8B shapes (D = 128):
 ON_GPU_BLOCK_K = 256
@@ -106,7 +107,9 @@ def _gqa_qkv_rope_kernel(x_ptr, x_stride, norm_ptr, w_ptr, w_stride, bias_ptr, i
                          R, T, K, H, HKV, D, eps,
                          HAS_NORM: tl.constexpr, HAS_BIAS: tl.constexpr, INTERLEAVED: tl.constexpr,
                          BLOCK_R: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_K: tl.constexpr,
-                         NUM_STAGES: tl.constexpr, DOT_F32: tl.constexpr, PREC: tl.constexpr):
+                         NUM_STAGES: tl.constexpr, DOT_F32: tl.constexpr, PREC: tl.constexpr, USE_PDL: tl.constexpr):
+    if USE_PDL:  # PDL: the previous kernel's writes are visible past this point
+        tl.extra.cuda.gdc_wait()
     gqa_qkv_rope_tile(tl.program_id(0), x_ptr, x_stride, norm_ptr, w_ptr, w_stride, bias_ptr, inv_freq_ptr, magnitude,
                       q_ptr, q_stride, k_ptr, v_ptr, kv_stride, slots_ptr, start_ptr, table_ptr, table_stride, PAGE_SIZE,
                       R, T, K, H, HKV, D, eps, HAS_NORM, HAS_BIAS, INTERLEAVED, BLOCK_R, BLOCK_P, BLOCK_K, NUM_STAGES, DOT_F32, PREC)
@@ -133,7 +136,7 @@ def gqa_qkv_rope(op, env) -> None:
                                R, env.T, K, H, HKV, D, a["eps"],
                                HAS_NORM=norm is not None, HAS_BIAS=bias is not None, INTERLEAVED=bool(a["interleaved"]),
                                BLOCK_R=pow2(R), BLOCK_P=block_p, BLOCK_K=block_k, NUM_STAGES=NUM_STAGES,
-                               DOT_F32=INTERPRET, PREC=dot_precision(w.dtype), num_warps=4)
+                               DOT_F32=INTERPRET, PREC=dot_precision(w.dtype), num_warps=4, **pdl_launch_args(env))
 
 
 # ----------------------------------------------------------------------------- gqa_attn
@@ -218,9 +221,11 @@ def gqa_attn_combine_tile(tile, ml_ptr, acc_ptr, start_ptr, out_ptr, T, H, HKV, 
 def _gqa_attn_kernel(counters_ptr, q_ptr, k_ptr, v_ptr, kv_stride, slots_ptr, start_ptr, table_ptr, table_stride, PAGE_SIZE: tl.constexpr,
                      ml_ptr, acc_ptr, out_ptr, T, H, HKV, D, scale, SPLIT, NS, MB,
                      BLOCK_M: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_D: tl.constexpr,
-                     NUM_STAGES: tl.constexpr, DOT_F32: tl.constexpr, PREC: tl.constexpr):
+                     NUM_STAGES: tl.constexpr, DOT_F32: tl.constexpr, PREC: tl.constexpr, USE_PDL: tl.constexpr):
     """Split tiles; the last split of (b, g, mb) to finish (counter per (b, g, mb), acq_rel) merges them and
     resets its counter to zero. Nobody waits."""
+    if USE_PDL:  # PDL: the previous kernel's writes are visible past this point
+        tl.extra.cuda.gdc_wait()
     tile = tl.program_id(0)
     if gqa_attn_split_tile(tile, q_ptr, k_ptr, v_ptr, kv_stride, slots_ptr, start_ptr, table_ptr, table_stride, PAGE_SIZE,
                            ml_ptr, acc_ptr, out_ptr, T, H, HKV, D, scale, SPLIT, NS, MB,
@@ -257,7 +262,7 @@ def gqa_attn(op, env, split_tokens: int | None = None) -> None:
     _gqa_attn_kernel[(B * HKV * mb * ns,)](
         counters, q, k_pool, v_pool, k_pool.stride(0), env.batch.slots, env.batch.start, pages.table, pages.table.stride(0), pages.page_size,
         ml, acc, out, T, H, HKV, D, D**-0.5, split, ns, mb,
-        BLOCK_M=block_m, BLOCK_S=block_s, BLOCK_D=pow2(D), NUM_STAGES=2, DOT_F32=INTERPRET, PREC=dot_precision(k_pool.dtype), num_warps=8)
+        BLOCK_M=block_m, BLOCK_S=block_s, BLOCK_D=pow2(D), NUM_STAGES=2, DOT_F32=INTERPRET, PREC=dot_precision(k_pool.dtype), num_warps=8, **pdl_launch_args(env))
 
 
 KERNELS = {"gqa_qkv_rope": gqa_qkv_rope, "gqa_attn": gqa_attn}

@@ -27,6 +27,7 @@ import triton
 import triton.language as tl
 
 from nonstop.kernels.kda_tiles import kda_core_tile, kda_in_proj_tile
+from nonstop.kernels.pdl import pdl_launch_args
 from nonstop.kernels.rows_gemv import row_block
 
 INTERPRETING = os.environ.get("TRITON_INTERPRET") == "1"
@@ -50,8 +51,10 @@ def _kda_in_proj_kernel(
     q_ptr, k_ptr, v_ptr, og_ptr, beta_ptr, fa_ptr, R, T, d, C, G, H, RANK, K,
     HAS_NORM: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
     BLOCK_W: tl.constexpr, DOT_FP32: tl.constexpr, NUM_STAGES: tl.constexpr,
-    hist_ptr, stride_hist_slot, stride_hist_t, KEEP: tl.constexpr,
+    hist_ptr, stride_hist_slot, stride_hist_t, KEEP: tl.constexpr, USE_PDL: tl.constexpr,
 ):
+    if USE_PDL:  # PDL: the previous kernel's writes are visible past this point
+        tl.extra.cuda.gdc_wait()
     kda_in_proj_tile(tl.program_id(0), x_ptr, stride_x, norm_ptr, eps, w_ptr, stride_w, conv_w_ptr, win_ptr, stride_win_slot,
                      slots_ptr, start_ptr, q_ptr, k_ptr, v_ptr, og_ptr, beta_ptr, fa_ptr, R, T, d, C, G, H, RANK, K,
                      HAS_NORM, BLOCK_R, BLOCK_N, BLOCK_K, BLOCK_W, DOT_FP32, NUM_STAGES,
@@ -64,8 +67,10 @@ def _kda_core_kernel(
     out_ptr, state_ptr, stride_state_slot, slots_ptr, start_ptr, T, H, D, RANK, G, lower_bound, q_scale, eps,
     BOUNDED: tl.constexpr, LOW_RANK_GATE: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_D: tl.constexpr,
     BLOCK_RANK: tl.constexpr, BLOCK_G: tl.constexpr, DOT_FP32: tl.constexpr, NUM_STAGES: tl.constexpr,
-    hist_ptr, stride_hist_slot, stride_hist_t, KEEP: tl.constexpr,
+    hist_ptr, stride_hist_slot, stride_hist_t, KEEP: tl.constexpr, USE_PDL: tl.constexpr,
 ):
+    if USE_PDL:  # PDL: the previous kernel's writes are visible past this point
+        tl.extra.cuda.gdc_wait()
     kda_core_tile(tl.program_id(0), q_ptr, k_ptr, v_ptr, og_ptr, beta_ptr, fa_ptr, fb_ptr, gb_ptr, A_log_ptr, dt_bias_ptr,
                   o_norm_ptr, out_ptr, state_ptr, stride_state_slot, slots_ptr, start_ptr, T, H, D, RANK, G, lower_bound,
                   q_scale, eps, BOUNDED, LOW_RANK_GATE, BLOCK_T, BLOCK_D, BLOCK_RANK, BLOCK_G, DOT_FP32, NUM_STAGES,
@@ -114,7 +119,7 @@ def kda_in_proj(op, env) -> None:
         R, T, d, C, G, H, RANK, K,
         HAS_NORM=norm is not None, BLOCK_R=block_r, BLOCK_N=block_n, BLOCK_K=block_k,
         BLOCK_W=_pow2(B * (K - 1)), DOT_FP32=_dot_fp32(x.dtype), NUM_STAGES=NUM_STAGES,
-        hist_ptr=hist[0], stride_hist_slot=hist[1], stride_hist_t=hist[2], KEEP=hist[3], num_warps=4,
+        hist_ptr=hist[0], stride_hist_slot=hist[1], stride_hist_t=hist[2], KEEP=hist[3], num_warps=4, **pdl_launch_args(env),
     )
 
 
@@ -141,7 +146,7 @@ def kda_core(op, env) -> None:
         BOUNDED=lb is not None, LOW_RANK_GATE=gb is not None, BLOCK_T=row_block(T), BLOCK_D=block_d,
         BLOCK_RANK=min(64, _pow2(RANK)), BLOCK_G=min(64, _pow2(G)), DOT_FP32=_dot_fp32(q.dtype), NUM_STAGES=NUM_STAGES,
         hist_ptr=hist[0], stride_hist_slot=hist[1], stride_hist_t=hist[2], KEEP=hist[3],
-        num_warps=8 if block_d >= 128 else 4,
+        num_warps=8 if block_d >= 128 else 4, **pdl_launch_args(env),
     )
 
 

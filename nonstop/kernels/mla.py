@@ -38,6 +38,7 @@ from nonstop.kernels.attn_tiles import (
     store_partial,
     workspace,
 )
+from nonstop.kernels.pdl import pdl_launch_args
 
 # GPU block sizes, checked by compiling for sm_90 at K3 shapes (registers without spills):
 ON_GPU_BLOCK_N = 32  # output rows per in-proj tile (202 registers at 4 warps)
@@ -78,7 +79,9 @@ def mla_in_proj_tile(tile, x_ptr, x_stride, norm_ptr, w_ptr, w_stride,
 def _mla_in_proj_kernel(x_ptr, x_stride, norm_ptr, w_ptr, w_stride, q_ptr, q_stride, kv_ptr, kv_stride, g_ptr, g_stride,
                         n_q, n_kv, n_g, R, K, eps,
                         HAS_NORM: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-                        NUM_STAGES: tl.constexpr, DOT_F32: tl.constexpr, PREC: tl.constexpr):
+                        NUM_STAGES: tl.constexpr, DOT_F32: tl.constexpr, PREC: tl.constexpr, USE_PDL: tl.constexpr):
+    if USE_PDL:  # PDL: the previous kernel's writes are visible past this point
+        tl.extra.cuda.gdc_wait()
     mla_in_proj_tile(tl.program_id(0), x_ptr, x_stride, norm_ptr, w_ptr, w_stride, q_ptr, q_stride, kv_ptr, kv_stride, g_ptr, g_stride,
                      n_q, n_kv, n_g, R, K, eps, HAS_NORM, BLOCK_R, BLOCK_N, BLOCK_K, NUM_STAGES, DOT_F32, PREC)
 
@@ -99,7 +102,7 @@ def mla_in_proj(op, env) -> None:
                               outs[0], outs[0].stride(0), outs[1], outs[1].stride(0), outs[2], outs[2].stride(0),
                               sizes[0], sizes[1], sizes[2], R, K, op.attrs["eps"],
                               HAS_NORM=norm is not None, BLOCK_R=pow2(R), BLOCK_N=block_n, BLOCK_K=block_k,
-                              NUM_STAGES=NUM_STAGES, DOT_F32=INTERPRET, PREC=dot_precision(w.dtype), num_warps=4)
+                              NUM_STAGES=NUM_STAGES, DOT_F32=INTERPRET, PREC=dot_precision(w.dtype), num_warps=4, **pdl_launch_args(env))
 
 
 # ----------------------------------------------------------------------------- mla_q_up
@@ -187,7 +190,9 @@ def _mla_q_up_kernel(q_in_ptr, q_in_stride, kv_ptr, kv_stride, q_norm_ptr, q_b_p
                      Q_LORA: tl.constexpr, HAS_ROPE: tl.constexpr, INTERLEAVED: tl.constexpr,
                      BLOCK_R: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_HR: tl.constexpr, BLOCK_K: tl.constexpr,
                      BLOCK_LC: tl.constexpr, BLOCK_L: tl.constexpr,
-                     NUM_STAGES: tl.constexpr, DOT_F32: tl.constexpr, PREC: tl.constexpr):
+                     NUM_STAGES: tl.constexpr, DOT_F32: tl.constexpr, PREC: tl.constexpr, USE_PDL: tl.constexpr):
+    if USE_PDL:  # PDL: the previous kernel's writes are visible past this point
+        tl.extra.cuda.gdc_wait()
     mla_q_up_tile(tl.program_id(0), q_in_ptr, q_in_stride, kv_ptr, kv_stride, q_norm_ptr, q_b_ptr, q_b_stride, kv_norm_ptr,
                   w_uk_ptr, uk_head_stride, uk_row_stride, inv_freq_ptr, magnitude,
                   q_lat_ptr, q_lat_stride, q_pe_ptr, q_pe_stride, latent_ptr, latent_stride,
@@ -222,7 +227,7 @@ def mla_q_up(op, env) -> None:
         Q_LORA=q_lora, HAS_ROPE=inv_freq is not None, INTERLEAVED=bool(a["interleaved"]),
         BLOCK_R=pow2(R), BLOCK_P=pow2(P), BLOCK_HR=pow2(RR // 2), BLOCK_K=min(Q_UP_BLOCK_K, pow2(Q)) if gpu else pow2(Q),
         BLOCK_LC=min(64, pow2(L)), BLOCK_L=pow2(L), NUM_STAGES=NUM_STAGES, DOT_F32=INTERPRET, PREC=dot_precision(latent.dtype),
-        num_warps=8)
+        num_warps=8, **pdl_launch_args(env))
 
 
 # ----------------------------------------------------------------------------- mla_attn
@@ -309,12 +314,14 @@ def _mla_attn_kernel(counters_ptr, n_split_tiles, n_combine_tiles,
                      R, T, N, RR, L, V, scale, SPLIT, NS, MB,
                      GATED: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_L: tl.constexpr,
                      BLOCK_RR: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_V: tl.constexpr,
-                     NUM_STAGES: tl.constexpr, DOT_F32: tl.constexpr, PREC: tl.constexpr):
+                     NUM_STAGES: tl.constexpr, DOT_F32: tl.constexpr, PREC: tl.constexpr, USE_PDL: tl.constexpr):
     """One launch, two phases. Each program takes a ticket (counters[0]); tickets < n_split_tiles run split
     tiles and count themselves done (counters[1], release); later tickets run combine tiles after
     counters[1] reaches n_split_tiles. A program waits only on tickets taken before its own, which are
     running, so it cannot deadlock (and the interpreter's sequential programs never wait). The last combine
     tile (counters[2]) puts the counters back to zero for the next launch."""
+    if USE_PDL:  # PDL: the previous kernel's writes are visible past this point
+        tl.extra.cuda.gdc_wait()
     ticket = tl.atomic_add(counters_ptr, 1, sem="relaxed")
     if ticket < n_split_tiles:
         mla_attn_split_tile(ticket, q_lat_ptr, q_pe_ptr, latent_ptr, latent_stride, slots_ptr, start_ptr, table_ptr, table_stride, PAGE_SIZE,
@@ -366,7 +373,8 @@ def mla_attn(op, env, split_tokens: int | None = None) -> None:
         ml, acc, w_uv, w_uv.stride(0), w_uv.stride(1), gate, gate.stride(0), out, out.stride(0),
         R, T, N, RR, L, V, float(a["scale"]), split, ns, mb,
         GATED=bool(a["gated"]), BLOCK_M=block_m, BLOCK_S=block_s, BLOCK_L=pow2(L), BLOCK_RR=pow2(RR), BLOCK_R=pow2(R),
-        BLOCK_V=min(64, pow2(V)), NUM_STAGES=2, DOT_F32=INTERPRET, PREC=dot_precision(latent.dtype), num_warps=8)
+        BLOCK_V=min(64, pow2(V)), NUM_STAGES=2, DOT_F32=INTERPRET, PREC=dot_precision(latent.dtype), num_warps=8,
+        **pdl_launch_args(env))
 
 
 KERNELS = {"mla_in_proj": mla_in_proj, "mla_q_up": mla_q_up, "mla_attn": mla_attn}

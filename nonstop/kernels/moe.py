@@ -33,6 +33,7 @@ import triton.language as tl
 
 from nonstop.kernels.moe_math import contract, contract_pair, gated_act, mxfp4_tile, normed_rows, row_rstd
 from nonstop.kernels.moe_routing import route_summary, routing_blocks, slot_expert
+from nonstop.kernels.pdl import pdl_launch_args
 
 INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
 FORCE_DOT: bool | None = None  # tests force the tensor-core path (fp32/fp16 dots are exact in the interpreter)
@@ -126,7 +127,9 @@ def moe_front_kernel(x_ptr, stride_x, R, D, norm_ptr, eps, router_ptr, E, logits
                      gate_up_ptr, S, act_ptr, stride_act, beta, linear_beta,
                      HAS_NORM: tl.constexpr, LATENT: tl.constexpr, HAS_SHARED: tl.constexpr, SITU: tl.constexpr,
                      BLOCK_R: tl.constexpr, BLOCK_NR: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-                     USE_DOT: tl.constexpr, NUM_STAGES: tl.constexpr):
+                     USE_DOT: tl.constexpr, NUM_STAGES: tl.constexpr, USE_PDL: tl.constexpr):
+    if USE_PDL:  # PDL: the previous kernel's writes are visible past this point
+        tl.extra.cuda.gdc_wait()
     moe_front_tile(tl.program_id(0), x_ptr, stride_x, R, D, norm_ptr, eps, router_ptr, E, logits_ptr, stride_lg,
                    down_ptr, W, moe_in_ptr, stride_in, moe_out_ptr, stride_out, gate_up_ptr, S, act_ptr, stride_act,
                    beta, linear_beta, HAS_NORM, LATENT, HAS_SHARED, SITU, BLOCK_R, BLOCK_NR, BLOCK_N, BLOCK_K, USE_DOT, NUM_STAGES)
@@ -262,7 +265,9 @@ def moe_experts_kernel(logits_ptr, stride_lg, bias_ptr, R, E, EG, top_k, topk_gr
                        MXFP4: tl.constexpr, SITU: tl.constexpr,
                        BLOCK_R: tl.constexpr, BLOCK_G: tl.constexpr, BLOCK_EG: tl.constexpr, BLOCK_TOPK: tl.constexpr,
                        BLOCK_I: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_KO: tl.constexpr,
-                       USE_DOT: tl.constexpr, NUM_STAGES: tl.constexpr):
+                       USE_DOT: tl.constexpr, NUM_STAGES: tl.constexpr, USE_PDL: tl.constexpr):
+    if USE_PDL:  # PDL: the previous kernel's writes are visible past this point
+        tl.extra.cuda.gdc_wait()
     moe_experts_tile(tl.program_id(0), tl.num_programs(0), logits_ptr, stride_lg, bias_ptr, R, E, EG, top_k, topk_groups, scaling,
                      x_ptr, stride_x, out_ptr, stride_out, K, I, n_chunks, w1_ptr, w3_ptr, w2_ptr, s1_ptr, s3_ptr, s2_ptr,
                      stride_w13_e, stride_w13_n, stride_w2_e, stride_w2_n, stride_s13_e, stride_s13_n, stride_s2_e, stride_s2_n,
@@ -314,7 +319,9 @@ def moe_tail_tile(tile,
 def moe_tail_kernel(u_ptr, stride_u, R, L, norm_ptr, eps, up_ptr, act_ptr, stride_act, S, down_ptr, tgt_ptr, stride_t, D,
                     LATENT: tl.constexpr, LATENT_NORM: tl.constexpr, HAS_SHARED: tl.constexpr, ACCUMULATE: tl.constexpr,
                     DT: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-                    USE_DOT: tl.constexpr, NUM_STAGES: tl.constexpr):
+                    USE_DOT: tl.constexpr, NUM_STAGES: tl.constexpr, USE_PDL: tl.constexpr):
+    if USE_PDL:  # PDL: the previous kernel's writes are visible past this point
+        tl.extra.cuda.gdc_wait()
     moe_tail_tile(tl.program_id(0), u_ptr, stride_u, R, L, norm_ptr, eps, up_ptr, act_ptr, stride_act, S, down_ptr,
                   tgt_ptr, stride_t, D, LATENT, LATENT_NORM, HAS_SHARED, ACCUMULATE, DT, BLOCK_R, BLOCK_N, BLOCK_K, USE_DOT, NUM_STAGES)
 
@@ -385,7 +392,8 @@ def launch_moe_front(op, env) -> None:
         down, W, moe_in, moe_in.stride(0), moe_out, moe_out.stride(0),
         gate_up, S, act, act.stride(0), a.get("beta", 4.0), a.get("linear_beta", 25.0),
         HAS_NORM="norm" in w, LATENT=latent, HAS_SHARED=shared, SITU=a.get("act") == "situ",
-        BLOCK_R=BR, BLOCK_NR=BNR, BLOCK_N=BN, BLOCK_K=BK, USE_DOT=dot, NUM_STAGES=NUM_STAGES, num_warps=NUM_WARPS)
+        BLOCK_R=BR, BLOCK_NR=BNR, BLOCK_N=BN, BLOCK_K=BK, USE_DOT=dot, NUM_STAGES=NUM_STAGES, num_warps=NUM_WARPS,
+        **pdl_launch_args(env))
 
 
 def expert_blocks(rows: int, k: int, intermediate: int, mxfp4: bool, dot: bool) -> dict:
@@ -441,7 +449,8 @@ def launch_moe_experts(op, env) -> None:
         w1, w3, w2, s1, s3, s2, w1.stride(0), w1.stride(1), w2.stride(0), w2.stride(1),
         s1.stride(0), s1.stride(1), s2.stride(0), s2.stride(1), a.get("beta", 4.0), a.get("linear_beta", 25.0),
         SOFTMAX=mc.scoring == "softmax", RENORM=mc.renormalize, HAS_BIAS=bias is not None, GROUPED=mc.num_groups > 1,
-        MXFP4=mxfp4, SITU=a.get("act") == "situ", **route, **blocks, USE_DOT=dot, NUM_STAGES=NUM_STAGES, num_warps=NUM_WARPS)
+        MXFP4=mxfp4, SITU=a.get("act") == "situ", **route, **blocks, USE_DOT=dot, NUM_STAGES=NUM_STAGES, num_warps=NUM_WARPS,
+        **pdl_launch_args(env))
 
 
 def launch_moe_tail(op, env) -> None:
@@ -465,7 +474,8 @@ def launch_moe_tail(op, env) -> None:
         u, u.stride(0), R, L, norm, a["eps"], up, act, act.stride(0), act.shape[1] if shared else 0, down,
         tgt, tgt.stride(0), D,
         LATENT=latent, LATENT_NORM="latent_norm" in w, HAS_SHARED=shared, ACCUMULATE=a.get("accumulate", False),
-        DT=_DTYPES[moe_in.dtype], BLOCK_R=BR, BLOCK_N=BN, BLOCK_K=BK, USE_DOT=dot, NUM_STAGES=NUM_STAGES, num_warps=NUM_WARPS)
+        DT=_DTYPES[moe_in.dtype], BLOCK_R=BR, BLOCK_N=BN, BLOCK_K=BK, USE_DOT=dot, NUM_STAGES=NUM_STAGES, num_warps=NUM_WARPS,
+        **pdl_launch_args(env))
 
 
 KERNELS = {"moe_front": launch_moe_front, "moe_experts": launch_moe_experts, "moe_tail": launch_moe_tail}

@@ -44,6 +44,8 @@ import torch
 import triton
 import triton.language as tl
 
+from nonstop.kernels.pdl import pdl_launch_args
+
 from nonstop.program.ir import BufferSpec, SuperOp
 
 SAMPLE_READS = ("logits", "sample_temperature", "sample_top_k", "sample_top_p", "sample_seed", "sample_offset")
@@ -235,7 +237,9 @@ def sample_tile(row, logits_ptr, stride_logits, temperature_ptr, top_k_ptr, top_
 
 @triton.jit
 def _sample_kernel(logits_ptr, stride_logits, temperature_ptr, top_k_ptr, top_p_ptr, seed_ptr, offset_ptr, out_ptr, V,
-                   BLOCK_Q: tl.constexpr):
+                   BLOCK_Q: tl.constexpr, USE_PDL: tl.constexpr):
+    if USE_PDL:  # PDL: the previous kernel's writes are visible past this point
+        tl.extra.cuda.gdc_wait()
     sample_tile(tl.program_id(0), logits_ptr, stride_logits, temperature_ptr, top_k_ptr, top_p_ptr, seed_ptr, offset_ptr,
                 out_ptr, V, BLOCK_Q)
 
@@ -248,7 +252,8 @@ def sample(op, env, BLOCK_Q: int | None = None):
     assert logits.dtype == torch.float32 and logits.stride(1) == 1
     if BLOCK_Q is None:
         BLOCK_Q = min(1024, max(16, triton.next_power_of_2(triton.cdiv(V, 4))))
-    _sample_kernel[(R,)](logits, logits.stride(0), temperature, top_k, top_p, seed, offset, out, V, BLOCK_Q=BLOCK_Q, num_warps=8)
+    _sample_kernel[(R,)](logits, logits.stride(0), temperature, top_k, top_p, seed, offset, out, V, BLOCK_Q=BLOCK_Q, num_warps=8,
+                         **pdl_launch_args(env))
 
 
 KERNELS = {"sample": sample}

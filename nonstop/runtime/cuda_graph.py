@@ -23,7 +23,10 @@ launch: ``env.pdl`` says whether this step may use it, ``env.launch_kwargs`` is 
 or ``{}``; the launcher passes ``USE_PDL=env.pdl`` as a constexpr and waits under ``if USE_PDL:``
 (a false constexpr branch is never compiled, nor run by the interpreter). Put the wait before
 software-pipelined loops (triton-lang/triton#11905: a pipelined prologue load can be hoisted above a
-wait inside the loop).
+wait inside the loop). Every launcher kernel of ``nonstop/kernels`` opts in (``kernels/pdl.py``:
+``pdl_launch_args(env)``) with the wait as its first statement and no ``gdc_launch_dependents``, so a
+launch overlaps only its start with the predecessor's tail; torch operators (a workspace's zeroing)
+launch as usual. The megakernel records the launchers with ``USE_PDL=False``.
 """
 
 from __future__ import annotations

@@ -84,6 +84,8 @@ def describe_args(launch) -> list[tuple[str, str, object]]:
         value = launch.args.get(name, p.default)
         if value is inspect.Parameter.empty:
             raise ValueError(f"{launch.name}: argument {name} missing")
+        if name == "USE_PDL":  # a launch-level wait; the megakernel orders its tasks by its own counters
+            value = False
         if codegen.is_constexpr(p):
             out.append((name, "const", value))
         elif isinstance(value, torch.Tensor):
@@ -114,6 +116,8 @@ def build_plan(launches: list[list], device) -> Plan:
             inst = len(instances)
             instances.append(args)
             for k, v in launch.options.items():
+                if k == "launch_pdl":  # one persistent launch: nothing to overlap with
+                    continue
                 options[k] = max(options.get(k, v), v) if isinstance(v, int) and not isinstance(v, bool) else v
             for stage_name, body, ntiles in stages_of(launch):
                 key = (id(body), tuple((n, kind, repr(v) if kind == "const" else (v.dtype if kind == "ptr" else kind)) for n, kind, v in args))
