@@ -71,6 +71,37 @@ def _grid_size(grid) -> int | None:
     return n
 
 
+class TritonRunPatch:
+    """While active, ``run`` of every Triton launch class (``JITFunction``, ``InterpretedFunction``) is
+    ``make_run(original_run)``; one patch at a time in the process (a lock), undone on exit."""
+
+    def __init__(self, make_run):
+        self.make_run = make_run
+        self._restore: list = []
+
+    def __enter__(self):
+        _patch_lock.acquire()
+        try:
+            for cls in _triton_launch_classes():
+                original = cls.run
+                cls.run = self.make_run(original)
+                self._restore.append((cls, original))
+        except BaseException:
+            self._unpatch()
+            _patch_lock.release()
+            raise
+        return self
+
+    def __exit__(self, *exc):
+        self._unpatch()
+        _patch_lock.release()
+
+    def _unpatch(self):
+        for cls, original in reversed(self._restore):
+            cls.run = original
+        self._restore.clear()
+
+
 class LaunchCounter(TorchDispatchMode):
     """``with LaunchCounter(device) as c: ...`` then ``c.total``, ``c.triton``, ``c.torch``, ``c.syncs``.
 
@@ -90,7 +121,7 @@ class LaunchCounter(TorchDispatchMode):
         self.tag: str | None = None
         self._in_triton = 0
         self._in_host_method = 0
-        self._restore: list = []
+        self._triton_patch = TritonRunPatch(self._counting_run)
         self._host_watch = _HostMethodWatch(self)
 
     # ------------------------------------------------------------------ totals
@@ -138,8 +169,8 @@ class LaunchCounter(TorchDispatchMode):
         return self.device_type in ins and "cpu" in outs
 
     # ------------------------------------------------------------------ Triton launches
-    def _wrap_run(self, cls):
-        original = cls.run
+    def _counting_run(self, original):
+        """A Triton ``run`` that counts the launch, then launches."""
         counter = self
 
         def run(fn_self, *args, grid, warmup, **kwargs):
@@ -158,18 +189,10 @@ class LaunchCounter(TorchDispatchMode):
             finally:
                 counter._in_triton -= 1
 
-        cls.run = run
-        self._restore.append((cls, original))
+        return run
 
     def __enter__(self):
-        _patch_lock.acquire()
-        try:
-            for cls in _triton_launch_classes():
-                self._wrap_run(cls)
-        except BaseException:
-            self._unpatch()
-            _patch_lock.release()
-            raise
+        self._triton_patch.__enter__()
         self._host_watch.__enter__()
         return super().__enter__()
 
@@ -178,13 +201,7 @@ class LaunchCounter(TorchDispatchMode):
             return super().__exit__(*exc)
         finally:
             self._host_watch.__exit__(*exc)
-            self._unpatch()
-            _patch_lock.release()
-
-    def _unpatch(self):
-        for cls, original in reversed(self._restore):
-            cls.run = original
-        self._restore.clear()
+            self._triton_patch.__exit__(*exc)
 
     @contextmanager
     def tagged(self, tag: str):

@@ -12,7 +12,7 @@ from __future__ import annotations
 import inspect
 from dataclasses import dataclass
 
-from nonstop.runtime.launch_count import _grid_size, _patch_lock, _triton_launch_classes
+from nonstop.runtime.launch_count import TritonRunPatch, _grid_size
 
 LAUNCH_OPTIONS = {"num_warps", "num_stages", "num_ctas", "launch_pdl", "maxnreg", "enable_fp_fusion", "debug"}
 
@@ -46,10 +46,10 @@ class LaunchRecorder:
 
     def __init__(self):
         self.launches: list[Launch] = []
-        self._restore: list = []
+        self._patch = TritonRunPatch(self._recording_run)
 
-    def _wrap(self, cls):
-        original = cls.run
+    def _recording_run(self, original):
+        """A Triton ``run`` that records the launch instead of launching (warm-up compiles still run)."""
         rec = self
 
         def run(fn_self, *args, grid, warmup, **kwargs):
@@ -65,28 +65,14 @@ class LaunchRecorder:
                 rec.launches.append(Launch(fn, size, dict(bound.arguments), options))
             return None
 
-        cls.run = run
-        self._restore.append((cls, original))
+        return run
 
     def __enter__(self):
-        _patch_lock.acquire()
-        try:
-            for cls in _triton_launch_classes():
-                self._wrap(cls)
-        except BaseException:
-            self._unpatch()
-            _patch_lock.release()
-            raise
+        self._patch.__enter__()
         return self
 
     def __exit__(self, *exc):
-        self._unpatch()
-        _patch_lock.release()
-
-    def _unpatch(self):
-        for cls, original in reversed(self._restore):
-            cls.run = original
-        self._restore.clear()
+        self._patch.__exit__(*exc)
 
 
 def record_ops(ops, kernels: dict, env) -> list[list[Launch]]:
