@@ -47,7 +47,7 @@ import triton.language as tl
 
 from nonstop.kernels.gemv import (ADD, STORE, block_rows, gemv_blocks, gemv_tile, interpreting, launch_gemv, load_input_block, mac,
                                   mac_sum, mac_zeros, num_sms, pick_block_k, pick_block_n, row_inv_rms)
-from nonstop.kernels.pdl import pdl_launch_args
+from nonstop.kernels.pdl import pdl_launch_args, pdl_wait
 from nonstop.kernels.sample import KERNELS as SAMPLE_KERNELS
 
 SILU: tl.constexpr = tl.constexpr(0)
@@ -100,8 +100,7 @@ def embed_tile(row, ids_ptr, table_ptr, stride_table, out_ptr, stride_out, D, BL
 
 @triton.jit
 def _embed_kernel(ids_ptr, table_ptr, stride_table, out_ptr, stride_out, D, BLOCK_D: tl.constexpr, USE_PDL: tl.constexpr):
-    if USE_PDL:  # PDL: the previous kernel's writes are visible past this point
-        tl.extra.cuda.gdc_wait()
+    pdl_wait(USE_PDL)
     embed_tile(tl.program_id(0), ids_ptr, table_ptr, stride_table, out_ptr, stride_out, D, BLOCK_D)
 
 
@@ -209,8 +208,7 @@ def _mlp_kernel(x_ptr, stride_x, norm_ptr, eps, wg_ptr, wu_ptr, stride_wgu, bg_p
                 EPILOGUE: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_I: tl.constexpr, BLOCK_K: tl.constexpr,
                 BLOCK_N: tl.constexpr, BLOCK_KD: tl.constexpr, USE_DOT: tl.constexpr, UPCAST: tl.constexpr,
                 NUM_STAGES: tl.constexpr, USE_PDL: tl.constexpr):
-    if USE_PDL:  # PDL: the previous kernel's writes are visible past this point
-        tl.extra.cuda.gdc_wait()
+    pdl_wait(USE_PDL)
     mlp_tile(x_ptr, stride_x, norm_ptr, eps, wg_ptr, wu_ptr, stride_wgu, bg_ptr, bu_ptr, wd_ptr, stride_wd, bd_ptr,
              target_ptr, stride_t, h_ptr, stride_h, count_ptr, num_chunks, num_down_tiles, R, D, I, beta, linear_beta,
              HAS_NORM, HAS_GU_BIAS, HAS_DOWN_BIAS, ACT, EPILOGUE, BLOCK_R, BLOCK_I, BLOCK_K, BLOCK_N, BLOCK_KD, USE_DOT,
@@ -300,8 +298,7 @@ def attnres_mix_norm_tile(row, blocks_ptr, stride_blk_row, stride_blk_src, parti
 @triton.jit
 def _attnres_kernel(blocks_ptr, stride_blk_row, stride_blk_src, partial_ptr, stride_partial, query_ptr, norm_ptr, out_ptr,
                     stride_out, D, n_blocks, store_block, eps, HAS_STORE: tl.constexpr, BLOCK_D: tl.constexpr, USE_PDL: tl.constexpr):
-    if USE_PDL:  # PDL: the previous kernel's writes are visible past this point
-        tl.extra.cuda.gdc_wait()
+    pdl_wait(USE_PDL)
     attnres_mix_norm_tile(tl.program_id(0), blocks_ptr, stride_blk_row, stride_blk_src, partial_ptr, stride_partial, query_ptr,
                           norm_ptr, out_ptr, stride_out, D, n_blocks, store_block, eps, HAS_STORE, BLOCK_D)
 

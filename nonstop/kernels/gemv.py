@@ -55,7 +55,7 @@ import torch
 import triton
 import triton.language as tl
 
-from nonstop.kernels.pdl import pdl_launch_args
+from nonstop.kernels.pdl import pdl_launch_args, pdl_wait
 
 STORE: tl.constexpr = tl.constexpr(0)
 ADD: tl.constexpr = tl.constexpr(1)
@@ -231,8 +231,7 @@ def _gemv_kernel(x_ptr, stride_x, norm_ptr, eps, w_ptr, stride_w, b_ptr, out_ptr
                  HAS_NORM: tl.constexpr, HAS_BIAS: tl.constexpr, EPILOGUE: tl.constexpr, ROUND_Y: tl.constexpr,
                  SPLIT_K: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
                  USE_DOT: tl.constexpr, UPCAST: tl.constexpr, NUM_STAGES: tl.constexpr, USE_PDL: tl.constexpr):
-    if USE_PDL:  # PDL: the previous kernel's writes are visible past this point
-        tl.extra.cuda.gdc_wait()
+    pdl_wait(USE_PDL)
     gemv_tile(tl.program_id(0), x_ptr, stride_x, norm_ptr, eps, w_ptr, stride_w, b_ptr, out_ptr, stride_out, R, N, K,
               HAS_NORM, HAS_BIAS, EPILOGUE, ROUND_Y, SPLIT_K, BLOCK_R, BLOCK_N, BLOCK_K, USE_DOT, UPCAST, NUM_STAGES)
 

@@ -34,7 +34,7 @@ from nonstop.kernels.attn_tiles import (
     store_partial,
     workspace,
 )
-from nonstop.kernels.pdl import pdl_launch_args
+from nonstop.kernels.pdl import pdl_launch_args, pdl_wait
 
 # GPU block sizes, checked by compiling for sm_90 at Llama-3-8B shapes (D = 128):
 ON_GPU_BLOCK_K = 256
@@ -108,8 +108,7 @@ def _gqa_qkv_rope_kernel(x_ptr, x_stride, norm_ptr, w_ptr, w_stride, bias_ptr, i
                          HAS_NORM: tl.constexpr, HAS_BIAS: tl.constexpr, INTERLEAVED: tl.constexpr,
                          BLOCK_R: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_K: tl.constexpr,
                          NUM_STAGES: tl.constexpr, DOT_F32: tl.constexpr, PREC: tl.constexpr, USE_PDL: tl.constexpr):
-    if USE_PDL:  # PDL: the previous kernel's writes are visible past this point
-        tl.extra.cuda.gdc_wait()
+    pdl_wait(USE_PDL)
     gqa_qkv_rope_tile(tl.program_id(0), x_ptr, x_stride, norm_ptr, w_ptr, w_stride, bias_ptr, inv_freq_ptr, magnitude,
                       q_ptr, q_stride, k_ptr, v_ptr, kv_stride, slots_ptr, start_ptr, table_ptr, table_stride, PAGE_SIZE,
                       R, T, K, H, HKV, D, eps, HAS_NORM, HAS_BIAS, INTERLEAVED, BLOCK_R, BLOCK_P, BLOCK_K, NUM_STAGES, DOT_F32, PREC)
@@ -224,8 +223,7 @@ def _gqa_attn_kernel(counters_ptr, q_ptr, k_ptr, v_ptr, kv_stride, slots_ptr, st
                      NUM_STAGES: tl.constexpr, DOT_F32: tl.constexpr, PREC: tl.constexpr, USE_PDL: tl.constexpr):
     """Split tiles; the last split of (b, g, mb) to finish (counter per (b, g, mb), acq_rel) merges them and
     resets its counter to zero. Nobody waits."""
-    if USE_PDL:  # PDL: the previous kernel's writes are visible past this point
-        tl.extra.cuda.gdc_wait()
+    pdl_wait(USE_PDL)
     tile = tl.program_id(0)
     if gqa_attn_split_tile(tile, q_ptr, k_ptr, v_ptr, kv_stride, slots_ptr, start_ptr, table_ptr, table_stride, PAGE_SIZE,
                            ml_ptr, acc_ptr, out_ptr, T, H, HKV, D, scale, SPLIT, NS, MB,

@@ -27,7 +27,7 @@ import triton
 import triton.language as tl
 
 from nonstop.kernels.kda_tiles import kda_core_tile, kda_in_proj_tile
-from nonstop.kernels.pdl import pdl_launch_args
+from nonstop.kernels.pdl import pdl_launch_args, pdl_wait
 from nonstop.kernels.rows_gemv import row_block
 
 INTERPRETING = os.environ.get("TRITON_INTERPRET") == "1"
@@ -53,8 +53,7 @@ def _kda_in_proj_kernel(
     BLOCK_W: tl.constexpr, DOT_FP32: tl.constexpr, NUM_STAGES: tl.constexpr,
     hist_ptr, stride_hist_slot, stride_hist_t, KEEP: tl.constexpr, USE_PDL: tl.constexpr,
 ):
-    if USE_PDL:  # PDL: the previous kernel's writes are visible past this point
-        tl.extra.cuda.gdc_wait()
+    pdl_wait(USE_PDL)
     kda_in_proj_tile(tl.program_id(0), x_ptr, stride_x, norm_ptr, eps, w_ptr, stride_w, conv_w_ptr, win_ptr, stride_win_slot,
                      slots_ptr, start_ptr, q_ptr, k_ptr, v_ptr, og_ptr, beta_ptr, fa_ptr, R, T, d, C, G, H, RANK, K,
                      HAS_NORM, BLOCK_R, BLOCK_N, BLOCK_K, BLOCK_W, DOT_FP32, NUM_STAGES,
@@ -69,8 +68,7 @@ def _kda_core_kernel(
     BLOCK_RANK: tl.constexpr, BLOCK_G: tl.constexpr, DOT_FP32: tl.constexpr, NUM_STAGES: tl.constexpr,
     hist_ptr, stride_hist_slot, stride_hist_t, KEEP: tl.constexpr, USE_PDL: tl.constexpr,
 ):
-    if USE_PDL:  # PDL: the previous kernel's writes are visible past this point
-        tl.extra.cuda.gdc_wait()
+    pdl_wait(USE_PDL)
     kda_core_tile(tl.program_id(0), q_ptr, k_ptr, v_ptr, og_ptr, beta_ptr, fa_ptr, fb_ptr, gb_ptr, A_log_ptr, dt_bias_ptr,
                   o_norm_ptr, out_ptr, state_ptr, stride_state_slot, slots_ptr, start_ptr, T, H, D, RANK, G, lower_bound,
                   q_scale, eps, BOUNDED, LOW_RANK_GATE, BLOCK_T, BLOCK_D, BLOCK_RANK, BLOCK_G, DOT_FP32, NUM_STAGES,

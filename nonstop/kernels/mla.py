@@ -38,7 +38,7 @@ from nonstop.kernels.attn_tiles import (
     store_partial,
     workspace,
 )
-from nonstop.kernels.pdl import pdl_launch_args
+from nonstop.kernels.pdl import pdl_launch_args, pdl_wait
 
 # GPU block sizes, checked by compiling for sm_90 at K3 shapes (registers without spills):
 ON_GPU_BLOCK_N = 32  # output rows per in-proj tile (202 registers at 4 warps)
@@ -80,8 +80,7 @@ def _mla_in_proj_kernel(x_ptr, x_stride, norm_ptr, w_ptr, w_stride, q_ptr, q_str
                         n_q, n_kv, n_g, R, K, eps,
                         HAS_NORM: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
                         NUM_STAGES: tl.constexpr, DOT_F32: tl.constexpr, PREC: tl.constexpr, USE_PDL: tl.constexpr):
-    if USE_PDL:  # PDL: the previous kernel's writes are visible past this point
-        tl.extra.cuda.gdc_wait()
+    pdl_wait(USE_PDL)
     mla_in_proj_tile(tl.program_id(0), x_ptr, x_stride, norm_ptr, w_ptr, w_stride, q_ptr, q_stride, kv_ptr, kv_stride, g_ptr, g_stride,
                      n_q, n_kv, n_g, R, K, eps, HAS_NORM, BLOCK_R, BLOCK_N, BLOCK_K, NUM_STAGES, DOT_F32, PREC)
 
@@ -191,8 +190,7 @@ def _mla_q_up_kernel(q_in_ptr, q_in_stride, kv_ptr, kv_stride, q_norm_ptr, q_b_p
                      BLOCK_R: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_HR: tl.constexpr, BLOCK_K: tl.constexpr,
                      BLOCK_LC: tl.constexpr, BLOCK_L: tl.constexpr,
                      NUM_STAGES: tl.constexpr, DOT_F32: tl.constexpr, PREC: tl.constexpr, USE_PDL: tl.constexpr):
-    if USE_PDL:  # PDL: the previous kernel's writes are visible past this point
-        tl.extra.cuda.gdc_wait()
+    pdl_wait(USE_PDL)
     mla_q_up_tile(tl.program_id(0), q_in_ptr, q_in_stride, kv_ptr, kv_stride, q_norm_ptr, q_b_ptr, q_b_stride, kv_norm_ptr,
                   w_uk_ptr, uk_head_stride, uk_row_stride, inv_freq_ptr, magnitude,
                   q_lat_ptr, q_lat_stride, q_pe_ptr, q_pe_stride, latent_ptr, latent_stride,
@@ -320,8 +318,7 @@ def _mla_attn_kernel(counters_ptr, n_split_tiles, n_combine_tiles,
     counters[1] reaches n_split_tiles. A program waits only on tickets taken before its own, which are
     running, so it cannot deadlock (and the interpreter's sequential programs never wait). The last combine
     tile (counters[2]) puts the counters back to zero for the next launch."""
-    if USE_PDL:  # PDL: the previous kernel's writes are visible past this point
-        tl.extra.cuda.gdc_wait()
+    pdl_wait(USE_PDL)
     ticket = tl.atomic_add(counters_ptr, 1, sem="relaxed")
     if ticket < n_split_tiles:
         mla_attn_split_tile(ticket, q_lat_ptr, q_pe_ptr, latent_ptr, latent_stride, slots_ptr, start_ptr, table_ptr, table_stride, PAGE_SIZE,

@@ -33,7 +33,7 @@ import triton.language as tl
 
 from nonstop.kernels.moe_math import contract, contract_pair, gated_act, mxfp4_tile, normed_rows, row_rstd
 from nonstop.kernels.moe_routing import route_summary, routing_blocks, slot_expert
-from nonstop.kernels.pdl import pdl_launch_args
+from nonstop.kernels.pdl import pdl_launch_args, pdl_wait
 
 INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
 FORCE_DOT: bool | None = None  # tests force the tensor-core path (fp32/fp16 dots are exact in the interpreter)
@@ -128,8 +128,7 @@ def moe_front_kernel(x_ptr, stride_x, R, D, norm_ptr, eps, router_ptr, E, logits
                      HAS_NORM: tl.constexpr, LATENT: tl.constexpr, HAS_SHARED: tl.constexpr, SITU: tl.constexpr,
                      BLOCK_R: tl.constexpr, BLOCK_NR: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
                      USE_DOT: tl.constexpr, NUM_STAGES: tl.constexpr, USE_PDL: tl.constexpr):
-    if USE_PDL:  # PDL: the previous kernel's writes are visible past this point
-        tl.extra.cuda.gdc_wait()
+    pdl_wait(USE_PDL)
     moe_front_tile(tl.program_id(0), x_ptr, stride_x, R, D, norm_ptr, eps, router_ptr, E, logits_ptr, stride_lg,
                    down_ptr, W, moe_in_ptr, stride_in, moe_out_ptr, stride_out, gate_up_ptr, S, act_ptr, stride_act,
                    beta, linear_beta, HAS_NORM, LATENT, HAS_SHARED, SITU, BLOCK_R, BLOCK_NR, BLOCK_N, BLOCK_K, USE_DOT, NUM_STAGES)
@@ -266,8 +265,7 @@ def moe_experts_kernel(logits_ptr, stride_lg, bias_ptr, R, E, EG, top_k, topk_gr
                        BLOCK_R: tl.constexpr, BLOCK_G: tl.constexpr, BLOCK_EG: tl.constexpr, BLOCK_TOPK: tl.constexpr,
                        BLOCK_I: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_KO: tl.constexpr,
                        USE_DOT: tl.constexpr, NUM_STAGES: tl.constexpr, USE_PDL: tl.constexpr):
-    if USE_PDL:  # PDL: the previous kernel's writes are visible past this point
-        tl.extra.cuda.gdc_wait()
+    pdl_wait(USE_PDL)
     moe_experts_tile(tl.program_id(0), tl.num_programs(0), logits_ptr, stride_lg, bias_ptr, R, E, EG, top_k, topk_groups, scaling,
                      x_ptr, stride_x, out_ptr, stride_out, K, I, n_chunks, w1_ptr, w3_ptr, w2_ptr, s1_ptr, s3_ptr, s2_ptr,
                      stride_w13_e, stride_w13_n, stride_w2_e, stride_w2_n, stride_s13_e, stride_s13_n, stride_s2_e, stride_s2_n,
@@ -320,8 +318,7 @@ def moe_tail_kernel(u_ptr, stride_u, R, L, norm_ptr, eps, up_ptr, act_ptr, strid
                     LATENT: tl.constexpr, LATENT_NORM: tl.constexpr, HAS_SHARED: tl.constexpr, ACCUMULATE: tl.constexpr,
                     DT: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
                     USE_DOT: tl.constexpr, NUM_STAGES: tl.constexpr, USE_PDL: tl.constexpr):
-    if USE_PDL:  # PDL: the previous kernel's writes are visible past this point
-        tl.extra.cuda.gdc_wait()
+    pdl_wait(USE_PDL)
     moe_tail_tile(tl.program_id(0), u_ptr, stride_u, R, L, norm_ptr, eps, up_ptr, act_ptr, stride_act, S, down_ptr,
                   tgt_ptr, stride_t, D, LATENT, LATENT_NORM, HAS_SHARED, ACCUMULATE, DT, BLOCK_R, BLOCK_N, BLOCK_K, USE_DOT, NUM_STAGES)
 

@@ -44,8 +44,7 @@ import torch
 import triton
 import triton.language as tl
 
-from nonstop.kernels.pdl import pdl_launch_args
-
+from nonstop.kernels.pdl import pdl_launch_args, pdl_wait
 from nonstop.program.ir import BufferSpec, SuperOp
 
 SAMPLE_READS = ("logits", "sample_temperature", "sample_top_k", "sample_top_p", "sample_seed", "sample_offset")
@@ -238,8 +237,7 @@ def sample_tile(row, logits_ptr, stride_logits, temperature_ptr, top_k_ptr, top_
 @triton.jit
 def _sample_kernel(logits_ptr, stride_logits, temperature_ptr, top_k_ptr, top_p_ptr, seed_ptr, offset_ptr, out_ptr, V,
                    BLOCK_Q: tl.constexpr, USE_PDL: tl.constexpr):
-    if USE_PDL:  # PDL: the previous kernel's writes are visible past this point
-        tl.extra.cuda.gdc_wait()
+    pdl_wait(USE_PDL)
     sample_tile(tl.program_id(0), logits_ptr, stride_logits, temperature_ptr, top_k_ptr, top_p_ptr, seed_ptr, offset_ptr,
                 out_ptr, V, BLOCK_Q)
 

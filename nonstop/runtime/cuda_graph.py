@@ -20,7 +20,7 @@ running; it must execute ``tl.extra.cuda.gdc_wait()`` before it reads anything a
 writes anything a predecessor reads (weights may be loaded before the wait), and may call
 ``tl.extra.cuda.gdc_launch_dependents()`` early to let its successor start. Kernel modules opt in per
 launch: ``env.pdl`` says whether this step may use it, ``env.launch_kwargs`` is ``{"launch_pdl": True}``
-or ``{}``; the launcher passes ``USE_PDL=env.pdl`` as a constexpr and waits under ``if USE_PDL:``
+or ``{}``; the launcher passes ``USE_PDL=env.pdl`` as a constexpr and waits with ``pdl_wait(USE_PDL)`` (``if USE_PDL: gdc_wait()``)
 (a false constexpr branch is never compiled, nor run by the interpreter). Put the wait before
 software-pipelined loops (triton-lang/triton#11905: a pipelined prologue load can be hoisted above a
 wait inside the loop). Every launcher kernel of ``nonstop/kernels`` opts in (``kernels/pdl.py``:

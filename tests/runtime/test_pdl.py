@@ -31,17 +31,21 @@ from nonstop.runtime.superop import ExecEnv, kernel_table  # noqa: E402
 CONFIGS = ["llama", "kimi_k3", "kimi_k3_mxfp4", "deepseek_v3"]
 
 
-def pdl_launchers() -> set[str]:
-    """Names of the ``@triton.jit`` functions of the kernel modules that take ``USE_PDL``."""
-    names = set()
+def pdl_launcher_functions() -> dict:
+    """{name: Python function} of the ``@triton.jit`` functions of the kernel modules that take ``USE_PDL``."""
+    found = {}
     for family in FAMILY_MODULES + ("gemv", "sample"):
         module = importlib.import_module(f"nonstop.kernels.{family}")
         for value in vars(module).values():
             fn = python_function(value)
             if hasattr(value, "fn") and getattr(fn, "__module__", None) == module.__name__:
                 if "USE_PDL" in inspect.signature(fn).parameters:
-                    names.add(fn.__name__)
-    return names
+                    found[fn.__name__] = fn
+    return found
+
+
+def pdl_launchers() -> set[str]:
+    return set(pdl_launcher_functions())
 
 
 def record_step(name: str, pdl: bool, B: int = 2, T: int = 2):
@@ -81,6 +85,16 @@ def test_every_launcher_kernel_is_covered(recorded):
     expected = pdl_launchers()
     assert len(expected) >= 15
     assert expected == launched, f"launchers never launched here: {expected - launched}; launched without USE_PDL: {launched - expected}"
+
+
+def test_every_launcher_waits_before_its_body():
+    """A launch with ``launch_pdl`` may start before its predecessor ends: the launcher's first statement
+    (after the docstring) must be the wait."""
+    for name, fn in pdl_launcher_functions().items():
+        body = [line.strip() for line in inspect.getsource(fn).split("):", 1)[1].splitlines() if line.strip()]
+        if body[0].startswith('"""'):
+            body = body[next(i for i, line in enumerate(body) if line.endswith('"""') and (i > 0 or line.count('"""') == 2)) + 1:]
+        assert body[0] == "pdl_wait(USE_PDL)", (name, body[0])
 
 
 def test_megakernel_plan_drops_pdl(recorded):
