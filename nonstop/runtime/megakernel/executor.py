@@ -120,12 +120,16 @@ class MegakernelExecutor(SuperOpExecutor):
         step.buf["ids"].copy_(input_ids.reshape(-1))
         step.slots.copy_(batch.slots)
         step.start.copy_(batch.start)
+        self._run_step(cache, step)
+        return step.buf["logits"].view(B, T, -1)
+
+    def _run_step(self, cache: ModelCache, step: StaticStep) -> None:
+        """Launch the shape's kernel: replayed from (or captured into) its CUDA graph, or eagerly."""
         if self.graphs and step.graph_off is None:
             self._replay_or_capture(cache, step)
         else:
             fit_pools(cache)
             self._run_eagerly(ExecEnv(step.buf, cache, step.batch), step)
-        return step.buf["logits"].view(B, T, -1)
 
     def decode_next(self, cache: ModelCache, batch: StepBatch) -> torch.Tensor:
         """A decode step (T = 1) of the same sequences as the previous step of this shape, from the
@@ -137,11 +141,7 @@ class MegakernelExecutor(SuperOpExecutor):
         step = self.static_step(B, 1, getattr(batch, "keep_states", False))
         self._require_launched(step)
         self.stats["program_steps"] += 1
-        if self.graphs and step.graph_off is None:
-            self._replay_or_capture(cache, step)
-        else:
-            fit_pools(cache)
-            self._run_eagerly(ExecEnv(step.buf, cache, step.batch), step)
+        self._run_step(cache, step)
         return step.buf["next_ids"].view(B, 1)
 
     def decode_steps(self, cache: ModelCache, slots: list[int], n: int) -> torch.Tensor:

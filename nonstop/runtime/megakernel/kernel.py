@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import torch
 
+from nonstop.kernels.gemv import num_sms
 from nonstop.runtime.megakernel import codegen
 from nonstop.runtime.megakernel.plan import build_plan
 from nonstop.runtime.megakernel.record import record_ops
@@ -33,13 +34,6 @@ from nonstop.runtime.megakernel.validate import validate
 PREFETCH_LINES = 1024  # cache lines (128 B) of a task's first weight slice requested before its waits: 128 KiB
 # (one int32 per line, 4 registers a thread at 8 warps; 132 SMs x 128 KiB = 17 MB in flight, a third of L2)
 NUM_FIELDS = 7
-
-
-def launch_grid(device) -> int:
-    """One program per SM on a GPU; two under the interpreter (programs run one after another there)."""
-    if torch.device(device).type == "cuda":
-        return torch.cuda.get_device_properties(device).multi_processor_count
-    return 2
 
 
 def prefetch_row(op, weights) -> tuple[int, int]:
@@ -64,7 +58,7 @@ class StepKernel:
 
     def __init__(self, program, ops, kernels: dict, env, device, grid: int | None = None):
         self.program, self.ops, self.kernels, self.device = program, ops, kernels, device
-        self.grid = grid or launch_grid(device)
+        self.grid = grid or num_sms(device)  # one program per SM (2 under the interpreter)
         self.B, self.T = env.B, env.T
         launches = record_ops(ops, kernels, env)
         self.plan = build_plan(launches, device)
