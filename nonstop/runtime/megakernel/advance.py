@@ -17,6 +17,7 @@ are all ancestors of the logits that ``sample`` (this op's producer) reads.
 
 from __future__ import annotations
 
+import torch
 import triton
 import triton.language as tl
 
@@ -42,6 +43,15 @@ def advance_tile(b, next_ids_ptr, ids_ptr, start_ptr, log_ptr, stride_log, T, LO
 @triton.jit
 def _advance_kernel(next_ids_ptr, ids_ptr, start_ptr, log_ptr, stride_log, T, LOG: tl.constexpr, BLOCK_T: tl.constexpr):
     advance_tile(tl.program_id(0), next_ids_ptr, ids_ptr, start_ptr, log_ptr, stride_log, T, LOG, BLOCK_T)
+
+
+def advance_twin(next_ids: torch.Tensor, ids: torch.Tensor, start: torch.Tensor, token_log: torch.Tensor, T: int) -> None:
+    """Plain-torch twin of ``_advance_kernel`` (in place): next_ids / ids [B·T], start [B], token_log [B, LOG]."""
+    B = start.shape[0]
+    ids.copy_(next_ids)
+    b = torch.arange(B, device=start.device)
+    token_log[b, (start + T) % token_log.shape[1]] = next_ids.view(B, T)[:, -1]
+    start += T
 
 
 def advance_op() -> SuperOp:
