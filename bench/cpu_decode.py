@@ -60,6 +60,7 @@ def main() -> None:
 
     from nonstop import LLM, SamplingParams
     from nonstop.config import ModelConfig
+    from nonstop.hostinfo import copy_bandwidth_gbps, cpu_name, decode_floor
     from nonstop.weights.footprint import footprint
     from nonstop.weights.synth import write_checkpoint
 
@@ -88,6 +89,7 @@ def main() -> None:
                 rates.append((args.tokens - 1) / (tn - t1))
             rows[name] = {"decode_tokens_per_s": statistics.median(rates), "runs": rates}
     fp = footprint(cfg, args.dtype)
+    floor = decode_floor(fp.bytes_per_token, copy_bandwidth_gbps())
     result = {
         "benchmark": "cpu_decode",
         "command": " ".join(sys.argv),
@@ -96,7 +98,8 @@ def main() -> None:
         "greedy_outputs_identical": same,
         "results": rows,
         "ratio_nonstop_over_transformers": rows["nonstop_reference"]["decode_tokens_per_s"] / rows["transformers_generate"]["decode_tokens_per_s"],
-        "machine": {"cpu": platform.processor() or platform.machine(), "cores": os.cpu_count(), "load_average_at_end": os.getloadavg(), "python": platform.python_version(), "torch": torch.__version__, "transformers": transformers.__version__},
+        "bandwidth_floor": floor,
+        "machine": {"cpu": cpu_name(), "cores": os.cpu_count(), "load_average_at_end": os.getloadavg(), "python": platform.python_version(), "torch": torch.__version__, "transformers": transformers.__version__},
         "time": time.strftime("%Y-%m-%dT%H:%M:%S"),
     }
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
@@ -106,6 +109,7 @@ def main() -> None:
         print(f"{name:<24} {row['decode_tokens_per_s']:>12.1f}")
     bw = fp.bytes_per_token * rows["nonstop_reference"]["decode_tokens_per_s"] / 1e9
     print(f"ratio nonstop/transformers: {result['ratio_nonstop_over_transformers']:.2f}x; greedy identical: {same}; nonstop reads {fp.bytes_per_token / 1e6:.1f} MB/token = {bw:.2f} GB/s")
+    print(f"bandwidth floor: {floor['floor_tokens_per_s']:.1f} tok/s ({fp.bytes_per_token / 1e6:.1f} MB/token at a measured {floor['copy_GBps']:.1f} GB/s copy)")
 
 
 if __name__ == "__main__":

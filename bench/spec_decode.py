@@ -28,7 +28,8 @@ from pathlib import Path
 
 import torch
 
-from nonstop.hostinfo import cpu_name
+from nonstop.hostinfo import copy_bandwidth_gbps, cpu_name, decode_floor
+from nonstop.weights.footprint import footprint
 
 HELDOUT = Path(__file__).resolve().parent.parent / "nonstop" / "assets" / "heldout_sample.txt"
 
@@ -108,6 +109,7 @@ def main() -> None:
         results[set_name] = {"prompts": len(prompts), "prompt_tokens": [len(p) for p in prompts], "modes": rows}
 
     cfg = engines["plain"].cfg
+    floor = decode_floor(footprint(cfg, str(engines["plain"].dtype).removeprefix("torch.")).bytes_per_token, copy_bandwidth_gbps())
     result = {
         "benchmark": "spec_decode",
         "command": " ".join([Path(sys.executable).name] + sys.argv),
@@ -116,6 +118,7 @@ def main() -> None:
         "target": {"layers": cfg.num_hidden_layers, "hidden": cfg.hidden_size, "vocab": cfg.vocab_size},
         "backend": args.backend, "batch": 1, "greedy": True, "num_draft_tokens": ks, "max_tokens": args.max_tokens,
         "results": results,
+        "bandwidth_floor": floor,
         "repeats": args.repeats,
         "notes": "decode time excludes prefill and the first token (fastest of the repeats per prompt); speedup = plain decode time / speculative decode time on the same prompts, runs interleaved",
         "machine": {"cpu": cpu_name(), "cores": os.cpu_count(), "threads": args.threads, "load_average_before": [round(x, 2) for x in load_before], "load_average_after": [round(x, 2) for x in os.getloadavg()], "python": platform.python_version(), "torch": torch.__version__},
@@ -129,6 +132,7 @@ def main() -> None:
         for name, row in r["modes"].items():
             tau = row.get("mean_accepted_length", 1.0)
             print(f"{set_name:<11} {name:<10} {tau:>6.2f} {row.get('draft_acceptance', float('nan')):>7.2f} {row['decode_tokens_per_s']:>7.1f} {row.get('speedup_over_plain', 1.0):>8.2f} {row.get('greedy_identical_to_plain', '')}")
+    print(f"bandwidth floor of plain decoding: {floor['floor_tokens_per_s']:.0f} tok/s ({floor['bytes_per_token'] / 1e6:.1f} MB/token at a measured {floor['copy_GBps']:.1f} GB/s copy)")
     print(f"wrote {out}")
 
 
