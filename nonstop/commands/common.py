@@ -34,7 +34,7 @@ def positive_int(text: str) -> int:
 
 
 def add_spec_args(p: argparse.ArgumentParser) -> None:
-    """--speculative / --num-draft-tokens (see ``nonstop.engine.spec``)."""
+    """--speculative / --num-draft-tokens (see ``nonstop.engine.speculative``)."""
     p.add_argument("--speculative", choices=["ngram", "dspark"], default=None, help="speculative decoding: draft tokens with prompt lookup (ngram) or the model's DSpark drafter (dspark) and verify them in one step; outputs stay those of plain decoding")
     p.add_argument("--num-draft-tokens", type=int, default=4, help="tokens drafted per step with --speculative (default 4; 0..15)")
 

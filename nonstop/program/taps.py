@@ -1,6 +1,6 @@
 """Residual-stream taps that a Program step still holds in its buffers when the step ends.
 
-A drafter (``engine/spec``) reads the target's residual stream entering layer l ("tap l", as
+A drafter (``engine/speculative``) reads the target's residual stream entering layer l ("tap l", as
 ``CausalLM.body``'s ``capture``). After the last op of a step the Program keeps:
   * AttnRes models: ``blocks`` [R, n_blocks, d] — block j's sum is the stream entering layer
     j·block_size, so every tap at a block boundary (0 = the embedding) — and ``partial`` [R, d], the

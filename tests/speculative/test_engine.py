@@ -1,7 +1,7 @@
 """The speculative engine step: greedy outputs identical to plain decoding (every family, scripted
 drafts that are all right, all wrong, partly right or empty, n-gram and DSpark drafters, stop
 conditions and max_tokens inside a block, logprobs, batched rows, the superop program), metrics,
-and the LLM / SpecConfig surface."""
+and the LLM / SpeculativeConfig surface."""
 
 from __future__ import annotations
 
@@ -9,13 +9,13 @@ import pytest
 import torch
 
 from nonstop.engine.sampling import SamplingParams
-from nonstop.engine.spec import SpecConfig
-from nonstop.engine.spec.dspark import DSparkConfig, DSparkModel
-from nonstop.engine.spec.dspark_drafter import DSparkDrafter
-from nonstop.engine.spec.ngram import NgramDrafter, lookup
+from nonstop.engine.speculative import SpeculativeConfig
+from nonstop.engine.speculative.dspark import DSparkConfig, DSparkModel
+from nonstop.engine.speculative.dspark_drafter import DSparkDrafter
+from nonstop.engine.speculative.ngram import NgramDrafter, lookup
 from nonstop.runtime.executors import ReferenceExecutor
 from nonstop.runtime.superop import SuperOpExecutor
-from tests.spec.helpers import EmptyDrafter, ScriptedDrafter, generate, tiny_model
+from tests.speculative.helpers import EmptyDrafter, ScriptedDrafter, generate, tiny_model
 
 GREEDY = SamplingParams(max_tokens=14, temperature=0, ignore_eos=True)
 REPEATING = [[3, 4, 5, 6, 3, 4, 5, 6, 3, 4], [9, 8, 9, 8, 9, 8, 9], [1, 2, 3, 1, 2]]
@@ -132,12 +132,12 @@ def test_ngram_lookup():
 
 
 def test_spec_config_parsing():
-    assert SpecConfig.parse({"method": "ngram", "num_tokens": 3}).num_tokens == 3
+    assert SpeculativeConfig.parse({"method": "ngram", "num_tokens": 3}).num_tokens == 3
     for bad in ({"method": "eagle"}, {"method": "ngram", "num_tokens": 16}, {"num_tokens": 2}, {"method": "ngram", "k": 2}):
         with pytest.raises(ValueError):
-            SpecConfig.parse(bad)
+            SpeculativeConfig.parse(bad)
     with pytest.raises(TypeError):
-        SpecConfig.parse("ngram")
+        SpeculativeConfig.parse("ngram")
 
 
 def test_dspark_through_the_superop_program():

@@ -1,6 +1,6 @@
 """Train a DSpark drafter for a target model by distillation on the target's own outputs.
 
-    python -m nonstop.engine.spec.distill --model nonstop/assets/k3-nano --minutes 20
+    python -m nonstop.engine.speculative.distill --model nonstop/assets/k3-nano --minutes 20
 
 1. Prompts: random windows of the training token stream (``build/tokens/train-*.npy``, else
    ``build/corpus/train.txt`` through the model's tokenizer); held-out prompts likewise from the
@@ -33,7 +33,7 @@ import torch
 import torch.nn.functional as F
 
 from nonstop.cache.state import ModelCache
-from nonstop.engine.spec.dspark import DSparkConfig, DSparkModel, save_drafter
+from nonstop.engine.speculative.dspark import DSparkConfig, DSparkModel, save_drafter
 
 SOFT_TOP = 8
 

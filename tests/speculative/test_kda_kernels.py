@@ -15,7 +15,7 @@ from nonstop.kernels import kda  # noqa: E402
 from nonstop.program.reference import REFERENCE  # noqa: E402
 from nonstop.runtime.superop import SuperOpExecutor  # noqa: E402
 from tests.kernels.harness import check_kernel  # noqa: E402
-from tests.spec.helpers import generate, tiny_model  # noqa: E402
+from tests.speculative.helpers import generate, tiny_model  # noqa: E402
 from tests.tiny_configs import TINY_CONFIGS  # noqa: E402
 
 
@@ -38,7 +38,7 @@ def test_kernels_keep_every_token_state(kind, config, B, T):
 
 def test_speculative_greedy_through_the_kda_kernels():
     from nonstop.engine.sampling import SamplingParams
-    from tests.spec.helpers import ScriptedDrafter
+    from tests.speculative.helpers import ScriptedDrafter
 
     model = tiny_model("kimi_k3")
     ex = SuperOpExecutor(model, use_kernels=True, kernels={**REFERENCE, **kda.KERNELS})  # KDA kernels, twins for the rest

@@ -16,8 +16,8 @@ from pathlib import Path
 import torch
 
 from nonstop.engine.sampling import filter_logits
-from nonstop.engine.spec.drafter import Draft
-from nonstop.engine.spec.dspark import DSparkModel, load_drafter
+from nonstop.engine.speculative.drafter import Draft
+from nonstop.engine.speculative.dspark import DSparkModel, load_drafter
 
 
 @dataclass
