@@ -68,9 +68,9 @@ class SuperOp:
     reads / writes: activation buffer names (``cache`` and ``state`` side effects are in ``attrs``)
     weights: the tensors it streams, by role (views of the model's parameters)
     attrs:   static facts (dims, eps, flags, the layer's cache index ...)
-    cost:    ``cost(rows, context, sequences=None) -> Cost`` for a step of ``rows`` rows of ``sequences``
-             sequences (default: one row each) at ``context`` cached tokens
-    tiles:   ``tiles(rows, sequences=None) -> int`` nominal tile count of its grid
+    cost:    ``cost(rows, context=0, sequences=None) -> Cost`` for a step of ``rows`` rows of ``sequences``
+             sequences (default: one row each) at ``context`` cached tokens (``program/cost.py``)
+    tiles:   ``tiles(rows, context=0, sequences=None) -> int``: the tiles its work splits into
     """
 
     name: str

@@ -1,8 +1,8 @@
 """The checkpoint layout of a model: every parameter, its shape, and its Hugging Face tensor name(s).
 
 This table is the single source of truth for names. The loader reads it (HF name -> parameter),
-``nonstop synth`` writes it (random tensors under the same names and shapes), and ``nonstop info``
-counts it (parameters and bytes without building the model).
+``nonstop synth`` writes it (random tensors under the same names and shapes), and
+``model.build.meta_model`` builds a model without weights from it (``nonstop info``, ``nonstop program``).
 
 Internal parameter paths are the HF names without the family prefix, with three normalisations:
 the FFN module is always ``mlp`` (Kimi checkpoints say ``block_sparse_moe``), routed experts are stacked
@@ -14,6 +14,8 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
+
+import torch
 
 from nonstop.config import ModelConfig
 from nonstop.weights import mxfp4
@@ -46,6 +48,10 @@ class TensorSpec:
         for s in self.shape:
             n *= s
         return n
+
+    def torch_dtype(self, model_dtype: torch.dtype) -> torch.dtype:
+        """The dtype this tensor has in a model of ``model_dtype`` (``kind`` fp32 / u8 keep theirs)."""
+        return {"float": model_dtype, "fp32": torch.float32, "u8": torch.uint8}[self.kind]
 
 
 class _Builder:

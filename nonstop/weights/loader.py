@@ -121,8 +121,7 @@ def load_state_dict(cfg: ModelConfig, model_dir: str | Path, dtype: torch.dtype,
     for i, (spec, names) in enumerate(resolved):
         parts = [_read(n, spec, located, consumed, fp8_block) for n in names]
         t = torch.stack(parts) if len(names) > 1 or len(spec.names) > 1 else parts[0].reshape(spec.shape)
-        target = {"float": dtype, "fp32": torch.float32, "u8": torch.uint8}[spec.kind]
-        state[spec.param] = t.to(device=device, dtype=target, copy=True)
+        state[spec.param] = t.to(device=device, dtype=spec.torch_dtype(dtype), copy=True)
         if progress is not None:
             progress(i + 1, len(resolved))
     return state
