@@ -145,6 +145,7 @@ def main() -> None:
         "model_dir": str(engines["plain"].model_dir) if engines["plain"].model_dir else None,
         "target": {"layers": cfg.num_hidden_layers, "hidden": cfg.hidden_size, "vocab": cfg.vocab_size},
         "backend": args.backend,
+        "dtype": str(engines["plain"].dtype).removeprefix("torch."),
         "batch": 1,
         "greedy": True,
         "num_draft_tokens": ks,
