@@ -9,6 +9,7 @@ from collections import Counter
 import pytest
 import torch
 
+from nonstop import LLM, SamplingParams
 from nonstop.cli import main
 from nonstop.commands.common import human
 from nonstop.config import ModelConfig
@@ -52,9 +53,13 @@ def test_synth_info_generate(tmp_path, capsys):
     table = lines[lines.index(next(ln for ln in lines if ln.startswith("attention"))) + 1 :]
     kinds = Counter(zip(cfg.attn_types, cfg.mlp_types))
     assert {(r.split()[0], r.split()[1]): int(r.split()[2]) for r in table if r.strip()} == dict(kinds)
-    assert main(["generate", "--model", str(out), "--prompt-ids", "1,2,3", "-n", "4", "--ids"]) == 0
-    captured = capsys.readouterr()
-    assert "token ids:" in captured.out and "tokens/s" in captured.err
+    assert (
+        main(["generate", "--model", str(out), "--prompt-ids", "1,2,3", "-n", "4", "--ids", "--temperature", "0"]) == 0
+    )
+    printed = next(ln for ln in capsys.readouterr().out.splitlines() if ln.startswith("token ids:"))
+    greedy = SamplingParams(max_tokens=4, temperature=0)
+    want = LLM(out).generate(prompt_token_ids=[[1, 2, 3]], sampling=greedy)[0].token_ids
+    assert [int(t) for t in printed.split(":")[1].split()] == want
 
 
 @pytest.mark.parametrize(
