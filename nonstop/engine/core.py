@@ -43,7 +43,21 @@ class EngineCore:
     (or None: plain decoding).
     """
 
-    def __init__(self, cfg: ModelConfig, executor: Executor, tokenizer: Tokenizer, num_slots: int, dtype: torch.dtype, device, max_len: int | None = None, prefill_chunk: int | None = None, batch_invariant: bool = False, isolate_errors: bool = False, page_size: int = PAGE_SIZE, speculative_decoder=None):
+    def __init__(
+        self,
+        cfg: ModelConfig,
+        executor: Executor,
+        tokenizer: Tokenizer,
+        num_slots: int,
+        dtype: torch.dtype,
+        device,
+        max_len: int | None = None,
+        prefill_chunk: int | None = None,
+        batch_invariant: bool = False,
+        isolate_errors: bool = False,
+        page_size: int = PAGE_SIZE,
+        speculative_decoder=None,
+    ):
         if prefill_chunk is not None and prefill_chunk < 1:
             raise ValueError(f"prefill_chunk must be >= 1 (or None for whole prompts), got {prefill_chunk}")
         self.cfg = cfg
@@ -55,7 +69,9 @@ class EngineCore:
         self.split_rows = batch_invariant and not executor.batch_invariant
         self.isolate_errors = isolate_errors
         self.speculative_decoder = speculative_decoder
-        self.cache = ModelCache(cfg, num_slots, capacity=INITIAL_SLOT_TOKENS, dtype=dtype, device=device, page_size=page_size)
+        self.cache = ModelCache(
+            cfg, num_slots, capacity=INITIAL_SLOT_TOKENS, dtype=dtype, device=device, page_size=page_size
+        )
         self.free_slots = list(range(num_slots))[::-1]
         self.prefilling: list[Request] = []
         self.running: list[Request] = []
@@ -73,7 +89,10 @@ class EngineCore:
     def check_length(self, req: Request) -> None:
         total = len(req.prompt_ids) + req.params.max_tokens
         if total > self.max_len:
-            raise ValueError(f"prompt ({len(req.prompt_ids)} tokens) + max_tokens ({req.params.max_tokens}) exceeds the model's context of {self.max_len} tokens")
+            raise ValueError(
+                f"prompt ({len(req.prompt_ids)} tokens) + max_tokens ({req.params.max_tokens}) exceeds the model's "
+                f"context of {self.max_len} tokens"
+            )
 
     # ------------------------------------------------------------------ API
     @torch.inference_mode()
@@ -180,7 +199,9 @@ class EngineCore:
     def _prefill_chunk(self, req: Request) -> str:
         """Run the next chunk of ``req``'s prompt; after the last chunk sample its first token."""
         start = req.prefilled
-        end = len(req.prompt_ids) if self.prefill_chunk is None else min(len(req.prompt_ids), start + self.prefill_chunk)
+        end = (
+            len(req.prompt_ids) if self.prefill_chunk is None else min(len(req.prompt_ids), start + self.prefill_chunk)
+        )
         final = end == len(req.prompt_ids)
         want_prompt = req.params.prompt_logprobs is not None
         logits = self._forward([req], [req.prompt_ids[start:end]], last_only=not want_prompt)

@@ -35,7 +35,15 @@ from nonstop.model.stack import CausalLM
 from nonstop.program.ir import Program
 from nonstop.program.lower import lower
 from nonstop.program.reference import REFERENCE, StepEnv
-from nonstop.runtime.cuda_graph import CapturedStep, fit_pools, graphs_wanted, module_containers, new_pool, pdl_support, storage_signature
+from nonstop.runtime.cuda_graph import (
+    CapturedStep,
+    fit_pools,
+    graphs_wanted,
+    module_containers,
+    new_pool,
+    pdl_support,
+    storage_signature,
+)
 from nonstop.runtime.interface import Executor
 from nonstop.runtime.launch_count import LaunchCounter
 
@@ -100,7 +108,16 @@ class SuperOpExecutor(Executor):
 
     name = "superop"
 
-    def __init__(self, model: CausalLM, use_kernels: bool = True, graphs="auto", pdl="auto", kernels: dict | None = None, copy_logits: bool = True, program: Program | None = None):
+    def __init__(
+        self,
+        model: CausalLM,
+        use_kernels: bool = True,
+        graphs="auto",
+        pdl="auto",
+        kernels: dict | None = None,
+        copy_logits: bool = True,
+        program: Program | None = None,
+    ):
         self.model = model
         self.program = program if program is not None else lower(model)
         self.device = model.embed_tokens.weight.device
@@ -125,7 +142,11 @@ class SuperOpExecutor(Executor):
         self.copy_logits = copy_logits
         self._pool = new_pool(self.device) if self.graphs and not self.emulate else None
         self._steps: dict[tuple, StaticStep] = {}
-        kernel_modules = [m for name, m in sorted(sys.modules.items()) if name.startswith("nonstop.kernels.") and m is not None] if use_kernels else []
+        kernel_modules = (
+            [m for name, m in sorted(sys.modules.items()) if name.startswith("nonstop.kernels.") and m is not None]
+            if use_kernels
+            else []
+        )
         self._kept = module_containers(kernel_modules)  # kernel workspaces: part of the storage signature
         self.stats = {
             "launches_per_step": None,
@@ -183,7 +204,11 @@ class SuperOpExecutor(Executor):
             self._publish(step)
             return
         launches = self._launch_counted(env, step)
-        step.counts_left = 0 if step.launches is not None and step.launches["launches"] == launches["launches"] else step.counts_left - 1
+        step.counts_left = (
+            0
+            if step.launches is not None and step.launches["launches"] == launches["launches"]
+            else step.counts_left - 1
+        )
         self._record(step, launches)
 
     def _publish(self, step: StaticStep) -> None:
@@ -204,7 +229,11 @@ class SuperOpExecutor(Executor):
         env = ExecEnv(step.buf, cache, step.batch, pdl=self.pdl)
         self._run_eagerly(env, step, count=self.emulate)  # a real CUDA capture counts below instead
         counted: dict = {}
-        record = (lambda: self._launch_all(env)) if self.emulate else (lambda: counted.update(self._launch_counted(env, step)))
+        record = (
+            (lambda: self._launch_all(env))
+            if self.emulate
+            else (lambda: counted.update(self._launch_counted(env, step)))
+        )
         try:  # the eager step may have grown storage (a workspace, KDA histories): sign what is captured
             step.graph.capture(record, self.storage_signature(cache))
             self.stats["graph_captures"] += 1
@@ -234,7 +263,9 @@ class SuperOpExecutor(Executor):
             self._run_eagerly(ExecEnv(step.buf, cache, batch, pdl=self.pdl), step)
         return step.buf["logits"].view(B, T, -1)
 
-    def forward(self, input_ids: torch.Tensor, cache: ModelCache | None, batch: StepBatch | None, last_only: bool = False) -> torch.Tensor:
+    def forward(
+        self, input_ids: torch.Tensor, cache: ModelCache | None, batch: StepBatch | None, last_only: bool = False
+    ) -> torch.Tensor:
         if cache is None or input_ids.numel() > self.max_rows:
             self.stats["reference_steps"] += 1
             return self.model(input_ids, cache, batch, last_only=last_only)

@@ -51,7 +51,9 @@ def test_zero_drafts_keep_plain_greedy_tokens():
     assert all(o.metrics["drafted_tokens"] == 0 and o.metrics["mean_accepted_length"] == 1 for o in got)
 
 
-@pytest.mark.parametrize("name", ["kimi_k3", "kimi_linear", "kimi_linear_layer_types", "deepseek_v3", "llama", "kimi_k3_mxfp4"])
+@pytest.mark.parametrize(
+    "name", ["kimi_k3", "kimi_linear", "kimi_linear_layer_types", "deepseek_v3", "llama", "kimi_k3_mxfp4"]
+)
 def test_ngram_greedy_equals_plain_every_family(name):
     model = tiny_model(name)
     want = plain(model, REPEATING)
@@ -62,7 +64,22 @@ def test_ngram_greedy_equals_plain_every_family(name):
 
 def random_dspark(model, taps, block=4):
     torch.manual_seed(0)
-    return DSparkDrafter(DSparkModel(DSparkConfig(model.cfg.vocab_size, model.cfg.hidden_size, taps=taps, block_size=block, num_heads=2, head_dim=8, intermediate_size=32, context_window=8, markov_rank=4)).eval(), model)
+    return DSparkDrafter(
+        DSparkModel(
+            DSparkConfig(
+                model.cfg.vocab_size,
+                model.cfg.hidden_size,
+                taps=taps,
+                block_size=block,
+                num_heads=2,
+                head_dim=8,
+                intermediate_size=32,
+                context_window=8,
+                markov_rank=4,
+            )
+        ).eval(),
+        model,
+    )
 
 
 @pytest.mark.parametrize("name,taps", [("kimi_k3", (3, 6, 7)), ("llama", (3,)), ("kimi_linear", (2, 5))])
@@ -109,7 +126,9 @@ def test_batched_rows_equal_one_request_at_a_time():
     prompts = [[5, 6, 7, 5, 6, 7, 5], [100, 200, 100, 200, 100], [42, 43, 44]]
     params = SamplingParams(max_tokens=8, temperature=0, ignore_eos=True)
     want = plain(model, prompts, params)
-    got = generate(model, ReferenceExecutor(model), prompts, params, NgramDrafter(3, 1), num_tokens=3, batch_invariant=False)
+    got = generate(
+        model, ReferenceExecutor(model), prompts, params, NgramDrafter(3, 1), num_tokens=3, batch_invariant=False
+    )
     assert [o.token_ids for o in got] == [o.token_ids for o in want]
 
 
@@ -133,7 +152,12 @@ def test_ngram_lookup():
 
 def test_spec_config_parsing():
     assert SpeculativeConfig.parse({"method": "ngram", "num_tokens": 3}).num_tokens == 3
-    for bad in ({"method": "eagle"}, {"method": "ngram", "num_tokens": 16}, {"num_tokens": 2}, {"method": "ngram", "k": 2}):
+    for bad in (
+        {"method": "eagle"},
+        {"method": "ngram", "num_tokens": 16},
+        {"num_tokens": 2},
+        {"method": "ngram", "k": 2},
+    ):
         with pytest.raises(ValueError):
             SpeculativeConfig.parse(bad)
     with pytest.raises(TypeError):

@@ -33,7 +33,9 @@ def _one_torch_thread():
 def test_kernels_keep_every_token_state(kind, config, B, T):
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", RuntimeWarning)
-        assert check_kernel(kind, TINY_CONFIGS[config], kda.KERNELS[kind], torch.float32, B=B, T=T, keep_states=True) > 0
+        assert (
+            check_kernel(kind, TINY_CONFIGS[config], kda.KERNELS[kind], torch.float32, B=B, T=T, keep_states=True) > 0
+        )
 
 
 def test_speculative_greedy_through_the_kda_kernels():
@@ -41,13 +43,17 @@ def test_speculative_greedy_through_the_kda_kernels():
     from tests.speculative.helpers import ScriptedDrafter
 
     model = tiny_model("kimi_k3")
-    ex = SuperOpExecutor(model, use_kernels=True, kernels={**REFERENCE, **kda.KERNELS})  # KDA kernels, twins for the rest
+    ex = SuperOpExecutor(
+        model, use_kernels=True, kernels={**REFERENCE, **kda.KERNELS}
+    )  # KDA kernels, twins for the rest
     prompts = [[3, 4, 5, 6, 3, 4, 5, 6, 3, 4], [9, 8, 9, 8, 9]]
     params = SamplingParams(max_tokens=8, temperature=0, ignore_eos=True)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", RuntimeWarning)
         want = generate(model, ex, prompts, params)
-        drafter = ScriptedDrafter({o.request_id: o.token_ids for o in want}, 2, model.cfg.vocab_size)  # 2 right, then wrong
+        drafter = ScriptedDrafter(
+            {o.request_id: o.token_ids for o in want}, 2, model.cfg.vocab_size
+        )  # 2 right, then wrong
         got = generate(model, ex, prompts, params, drafter, num_tokens=3, batch_invariant=False)
     assert [o.token_ids for o in got] == [o.token_ids for o in want]
     assert sum(o.metrics["accepted_tokens"] for o in got) > 0
