@@ -60,7 +60,9 @@ class _Builder:
 
     def add(self, param, shape, name, kind="float", init="normal", aliases=(), hf_shape=None):
         shape = tuple(shape)
-        self.specs.append(TensorSpec(param, shape, (name,), tuple(hf_shape or shape), kind, tuple((a,) for a in aliases), init))
+        self.specs.append(
+            TensorSpec(param, shape, (name,), tuple(hf_shape or shape), kind, tuple((a,) for a in aliases), init)
+        )
 
     def add_stacked(self, param, count, shape, names, kind="float", init="normal", aliases=()):
         self.specs.append(TensorSpec(param, (count, *shape), tuple(names), tuple(shape), kind, tuple(aliases), init))
@@ -151,8 +153,22 @@ def _moe(b, cfg, p, n, style):
     for w, (out_f, in_f) in (("w1", (I, width)), ("w3", (I, width)), ("w2", (width, I))):
         base = [f"{n}.experts.{e}.{names[w]}" for e in range(E)]
         if m.expert_format == "mxfp4":
-            b.add_stacked(f"{p}.experts.{w}_packed", E, mxfp4.packed_shape(out_f, in_f), [f"{x}.weight_packed" for x in base], kind="u8", init="mxfp4_packed")
-            b.add_stacked(f"{p}.experts.{w}_scale", E, mxfp4.scale_shape(out_f, in_f), [f"{x}.weight_scale" for x in base], kind="u8", init="mxfp4_scale")
+            b.add_stacked(
+                f"{p}.experts.{w}_packed",
+                E,
+                mxfp4.packed_shape(out_f, in_f),
+                [f"{x}.weight_packed" for x in base],
+                kind="u8",
+                init="mxfp4_packed",
+            )
+            b.add_stacked(
+                f"{p}.experts.{w}_scale",
+                E,
+                mxfp4.scale_shape(out_f, in_f),
+                [f"{x}.weight_scale" for x in base],
+                kind="u8",
+                init="mxfp4_scale",
+            )
         else:
             b.add_stacked(f"{p}.experts.{w}", E, (out_f, in_f), [f"{x}.weight" for x in base])
     if m.num_shared_experts:
@@ -194,7 +210,9 @@ def checkpoint_layout(cfg: ModelConfig) -> list[TensorSpec]:
 def ignored_tensor(cfg: ModelConfig, name: str) -> bool:
     """Tensors a checkpoint may hold that plain decoding does not use: rotary caches, multi-token
     prediction layers past ``num_hidden_layers``, and K3's vision tower / projector."""
-    if name.endswith("rotary_emb.inv_freq") or name.startswith(("vision_tower.", "mm_projector.", "multi_modal_projector.")):
+    if name.endswith("rotary_emb.inv_freq") or name.startswith(
+        ("vision_tower.", "mm_projector.", "multi_modal_projector.")
+    ):
         return True
     if cfg.tie_word_embeddings and name == cfg.lm_head_name:
         return True  # some tied checkpoints still carry a copy of the embedding
@@ -204,4 +222,8 @@ def ignored_tensor(cfg: ModelConfig, name: str) -> bool:
 
 def _declared_extra_layers(cfg: ModelConfig) -> int:
     text = cfg.hf.get("text_config", cfg.hf) if cfg.family == "kimi_k3" else cfg.hf
-    return int(text.get("num_nextn_predict_layers") or 0) + int(text.get("num_hidden_layers", cfg.num_hidden_layers)) - cfg.num_hidden_layers
+    return (
+        int(text.get("num_nextn_predict_layers") or 0)
+        + int(text.get("num_hidden_layers", cfg.num_hidden_layers))
+        - cfg.num_hidden_layers
+    )
