@@ -12,12 +12,11 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import platform
 import statistics
 import sys
 import tempfile
 import time
+from functools import partial
 from pathlib import Path
 
 for _name in ("fla", "causal_conv1d"):  # keep transformers' kimi_linear on its torch path (fla's kernels need a GPU)
@@ -26,22 +25,41 @@ for _name in ("fla", "causal_conv1d"):  # keep transformers' kimi_linear on its 
 import torch  # noqa: E402
 
 KIMI_LINEAR_512 = {
-    "model_type": "kimi_linear", "vocab_size": 32000, "hidden_size": 512, "intermediate_size": 1536,
-    "num_hidden_layers": 8, "num_attention_heads": 8, "num_key_value_heads": 8, "kv_lora_rank": 128,
-    "qk_nope_head_dim": 64, "qk_rope_head_dim": 32, "v_head_dim": 64, "q_lora_rank": None, "mla_use_nope": True,
-    "num_experts": 16, "num_experts_per_token": 2, "num_shared_experts": 1, "moe_intermediate_size": 256,
-    "moe_router_activation_func": "sigmoid", "moe_renormalize": True, "routed_scaling_factor": 2.446,
-    "num_expert_group": 1, "topk_group": 1, "first_k_dense_replace": 1, "rms_norm_eps": 1e-5,
-    "linear_attn_config": {"head_dim": 64, "num_heads": 8, "short_conv_kernel_size": 4,
-                           "kda_layers": [1, 2, 3, 5, 6, 7], "full_attn_layers": [4, 8]},
-    "bos_token_id": 1, "eos_token_id": 2, "pad_token_id": 0,
+    "model_type": "kimi_linear",
+    "vocab_size": 32000,
+    "hidden_size": 512,
+    "intermediate_size": 1536,
+    "num_hidden_layers": 8,
+    "num_attention_heads": 8,
+    "num_key_value_heads": 8,
+    "kv_lora_rank": 128,
+    "qk_nope_head_dim": 64,
+    "qk_rope_head_dim": 32,
+    "v_head_dim": 64,
+    "q_lora_rank": None,
+    "mla_use_nope": True,
+    "num_experts": 16,
+    "num_experts_per_token": 2,
+    "num_shared_experts": 1,
+    "moe_intermediate_size": 256,
+    "moe_router_activation_func": "sigmoid",
+    "moe_renormalize": True,
+    "routed_scaling_factor": 2.446,
+    "num_expert_group": 1,
+    "topk_group": 1,
+    "first_k_dense_replace": 1,
+    "rms_norm_eps": 1e-5,
+    "linear_attn_config": {
+        "head_dim": 64,
+        "num_heads": 8,
+        "short_conv_kernel_size": 4,
+        "kda_layers": [1, 2, 3, 5, 6, 7],
+        "full_attn_layers": [4, 8],
+    },
+    "bos_token_id": 1,
+    "eos_token_id": 2,
+    "pad_token_id": 0,
 }
-
-
-def timed(fn) -> float:
-    t0 = time.perf_counter()
-    fn()
-    return time.perf_counter() - t0
 
 
 def main() -> None:
@@ -60,46 +78,64 @@ def main() -> None:
 
     from nonstop import LLM, SamplingParams
     from nonstop.config import ModelConfig
-    from nonstop.hostinfo import copy_bandwidth_gbps, cpu_name, decode_floor
-    from nonstop.weights.footprint import footprint
+    from nonstop.hostinfo import command_line, copy_bandwidth, decode_floor, environment, timed
+    from nonstop.program.footprint import model_footprint
     from nonstop.weights.synth import write_checkpoint
 
     cfg = ModelConfig.from_hf_dict(KIMI_LINEAR_512)
     with tempfile.TemporaryDirectory() as tmp:
         path = write_checkpoint(cfg, Path(tmp) / "m", seed=0, dtype=dtype)
         llm = LLM(path, dtype=args.dtype)
-        ref = transformers.AutoModelForCausalLM.from_pretrained(path, dtype=dtype, experts_implementation="eager").eval()
-        prompt = torch.randint(3, cfg.vocab_size, (args.prompt_len,), generator=torch.Generator().manual_seed(0)).tolist()
+        ref = transformers.AutoModelForCausalLM.from_pretrained(
+            path, dtype=dtype, experts_implementation="eager"
+        ).eval()
+        prompt = torch.randint(
+            3, cfg.vocab_size, (args.prompt_len,), generator=torch.Generator().manual_seed(0)
+        ).tolist()
 
         def ours(n):
-            return llm.generate(prompt_token_ids=[prompt], sampling=SamplingParams(max_tokens=n, temperature=0, ignore_eos=True))[0].token_ids
+            return llm.generate(
+                prompt_token_ids=[prompt], sampling=SamplingParams(max_tokens=n, temperature=0, ignore_eos=True)
+            )[0].token_ids
 
         def theirs(n):
             with torch.no_grad():
-                out = ref.generate(torch.tensor([prompt]), max_new_tokens=n, do_sample=False, eos_token_id=None, pad_token_id=0)
-            return out[0, len(prompt):].tolist()
+                out = ref.generate(
+                    torch.tensor([prompt]), max_new_tokens=n, do_sample=False, eos_token_id=None, pad_token_id=0
+                )
+            return out[0, len(prompt) :].tolist()
 
         same = ours(args.tokens) == theirs(args.tokens)
         rows = {}
-        for name, fn in (("nonstop_reference", ours), ("transformers_generate", theirs)):
+        for name, generate in (("nonstop_reference", ours), ("transformers_generate", theirs)):
             rates = []
             for _ in range(args.repeats):
-                t1 = timed(lambda: fn(1))
-                tn = timed(lambda: fn(args.tokens))
+                t1 = timed(partial(generate, 1))
+                tn = timed(partial(generate, args.tokens))
                 rates.append((args.tokens - 1) / (tn - t1))
             rows[name] = {"decode_tokens_per_s": statistics.median(rates), "runs": rates}
-    fp = footprint(cfg, args.dtype)
-    floor = decode_floor(fp.bytes_per_token, copy_bandwidth_gbps())
+    fp = model_footprint(cfg, dtype)
+    floor = decode_floor(fp.bytes_per_token, copy_bandwidth()["copy_GBps"])
     result = {
         "benchmark": "cpu_decode",
-        "command": " ".join(sys.argv),
-        "model": {"family": cfg.family, "hf_config": KIMI_LINEAR_512, "active_params": fp.active_params, "weight_bytes_per_token": fp.bytes_per_token},
-        "batch": 1, "dtype": args.dtype, "threads": args.threads, "new_tokens": args.tokens, "prompt_len": args.prompt_len,
+        "command": command_line(),
+        "model": {
+            "family": cfg.family,
+            "hf_config": KIMI_LINEAR_512,
+            "active_params": fp.active_params,
+            "weight_bytes_per_token": fp.bytes_per_token,
+        },
+        "batch": 1,
+        "dtype": args.dtype,
+        "threads": args.threads,
+        "new_tokens": args.tokens,
+        "prompt_len": args.prompt_len,
         "greedy_outputs_identical": same,
         "results": rows,
-        "ratio_nonstop_over_transformers": rows["nonstop_reference"]["decode_tokens_per_s"] / rows["transformers_generate"]["decode_tokens_per_s"],
+        "ratio_nonstop_over_transformers": rows["nonstop_reference"]["decode_tokens_per_s"]
+        / rows["transformers_generate"]["decode_tokens_per_s"],
         "bandwidth_floor": floor,
-        "machine": {"cpu": cpu_name(), "cores": os.cpu_count(), "load_average_at_end": os.getloadavg(), "python": platform.python_version(), "torch": torch.__version__, "transformers": transformers.__version__},
+        "machine": environment(),
         "time": time.strftime("%Y-%m-%dT%H:%M:%S"),
     }
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
@@ -108,8 +144,16 @@ def main() -> None:
     for name, row in rows.items():
         print(f"{name:<24} {row['decode_tokens_per_s']:>12.1f}")
     bw = fp.bytes_per_token * rows["nonstop_reference"]["decode_tokens_per_s"] / 1e9
-    print(f"ratio nonstop/transformers: {result['ratio_nonstop_over_transformers']:.2f}x; greedy identical: {same}; nonstop reads {fp.bytes_per_token / 1e6:.1f} MB/token = {bw:.2f} GB/s")
-    print(f"bandwidth floor: {floor['floor_tokens_per_s']:.1f} tok/s ({fp.bytes_per_token / 1e6:.1f} MB/token at a measured {floor['copy_GBps']:.1f} GB/s copy)")
+    mb = fp.bytes_per_token / 1e6
+    ratio = result["ratio_nonstop_over_transformers"]
+    print(
+        f"ratio nonstop/transformers: {ratio:.2f}x; greedy identical: {same}; "
+        f"nonstop reads {mb:.1f} MB/token = {bw:.2f} GB/s"
+    )
+    print(
+        f"bandwidth floor: {floor['floor_tokens_per_s']:.1f} tok/s "
+        f"({mb:.1f} MB/token at a measured {floor['copy_GBps']:.1f} GB/s copy)"
+    )
 
 
 if __name__ == "__main__":

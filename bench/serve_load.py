@@ -18,8 +18,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import os
-import platform
 import shlex
 import socket
 import statistics
@@ -29,6 +27,8 @@ import time
 from pathlib import Path
 
 import httpx
+
+from nonstop.hostinfo import command_line, environment
 
 ROOT = Path(__file__).resolve().parents[1]
 PROMPT_SOURCE = ROOT / "nonstop" / "assets" / "heldout_sample.txt"
@@ -41,7 +41,17 @@ def start_server(serve_args: str, threads: int | None) -> tuple[subprocess.Popen
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    cmd = [sys.executable, "-m", "nonstop.cli", "serve", *shlex.split(serve_args), "--port", str(port), "--log-level", "warning"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "nonstop.cli",
+        "serve",
+        *shlex.split(serve_args),
+        "--port",
+        str(port),
+        "--log-level",
+        "warning",
+    ]
     if threads:
         cmd += ["--threads", str(threads)]
     proc = subprocess.Popen(cmd, cwd=ROOT)
@@ -65,7 +75,9 @@ def start_server(serve_args: str, threads: int | None) -> tuple[subprocess.Popen
 
 def make_prompts(n: int, chars: int) -> list[str]:
     """n different prompts of about ``chars`` characters (slices of the held-out text, or a filler)."""
-    text = PROMPT_SOURCE.read_text() if PROMPT_SOURCE.exists() else "The quick brown fox jumps over the lazy dog. " * 200
+    text = (
+        PROMPT_SOURCE.read_text() if PROMPT_SOURCE.exists() else "The quick brown fox jumps over the lazy dog. " * 200
+    )
     step = max(1, (len(text) - chars) // max(n, 1))
     return [text[i * step : i * step + chars] for i in range(n)]
 
@@ -79,7 +91,9 @@ async def one_request(http: httpx.AsyncClient, url: str, body: dict, deadline: f
         async with http.stream("POST", url, json=body) as response:
             if response.status_code != 200:
                 await response.aread()
-                stats["errors"][f"http_{response.status_code}"] = stats["errors"].get(f"http_{response.status_code}", 0) + 1
+                stats["errors"][f"http_{response.status_code}"] = (
+                    stats["errors"].get(f"http_{response.status_code}", 0) + 1
+                )
                 return
             async for line in response.aiter_lines():
                 now = time.perf_counter()
@@ -94,7 +108,9 @@ async def one_request(http: httpx.AsyncClient, url: str, body: dict, deadline: f
                     return
                 if chunk.get("usage"):
                     tokens = chunk["usage"]["completion_tokens"]
-                elif chunk["choices"] and "role" not in (chunk["choices"][0].get("delta") or {}):  # a token, not chat's opening role chunk
+                elif chunk["choices"] and "role" not in (
+                    chunk["choices"][0].get("delta") or {}
+                ):  # a token, not chat's opening role chunk
                     first = first or now
                     last = now
                     stats["timeline"].append(now)  # one entry per content chunk ~ per token
@@ -122,7 +138,14 @@ async def run_load(base: str, model: str, args) -> dict:
 
     def body_for(client: int, k: int) -> dict:
         prompt = prompts[(client * 4 + k) % len(prompts)]
-        body = {"model": model, "max_tokens": args.max_tokens, "temperature": args.temperature, "stream": True, "stream_options": {"include_usage": True}, "ignore_eos": args.ignore_eos}
+        body = {
+            "model": model,
+            "max_tokens": args.max_tokens,
+            "temperature": args.temperature,
+            "stream": True,
+            "stream_options": {"include_usage": True},
+            "ignore_eos": args.ignore_eos,
+        }
         if args.chat:
             body["messages"] = [{"role": "user", "content": prompt}]
         else:
@@ -151,13 +174,8 @@ def percentiles(values: list[float]) -> dict:
 
 
 def machine_info(threads: int | None) -> dict:
-    import torch
-
-    from nonstop.hostinfo import cpu_name
-
-    cpu = cpu_name()
-    load = os.getloadavg() if hasattr(os, "getloadavg") else None  # other work sharing the CPU skews the numbers
-    return {"cpu": cpu, "cores": os.cpu_count(), "server_threads": threads, "load_average_1_5_15min_at_end": load, "python": platform.python_version(), "torch": torch.__version__, "platform": platform.platform()}
+    """This machine (the server runs here when started with --serve); ``threads``: the server's."""
+    return environment() | {"server_threads": threads}
 
 
 def model_info(serve_args: str | None) -> dict | None:
@@ -166,27 +184,48 @@ def model_info(serve_args: str | None) -> dict | None:
         return None
     argv = shlex.split(serve_args)
     name = next((argv[i + 1] for i, a in enumerate(argv[:-1]) if a in ("--model", "-m")), "k3-nano")
+    import torch
+
     from nonstop.engine.llm import resolve_model
-    from nonstop.weights.footprint import footprint
+    from nonstop.program.footprint import model_footprint
 
     cfg, model_dir = resolve_model(name)
-    fp = footprint(cfg, "float32")
-    return {"name": name, "dir": str(model_dir) if model_dir else None, "family": cfg.family, "active_params": fp.active_params, "total_params": fp.total_params, "hf_config": cfg.to_hf_dict()}
+    fp = model_footprint(cfg, torch.float32)
+    return {
+        "name": name,
+        "dir": str(model_dir) if model_dir else None,
+        "family": cfg.family,
+        "active_params": fp.active_params,
+        "total_params": fp.total_params,
+        "hf_config": cfg.to_hf_dict(),
+    }
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     where = ap.add_mutually_exclusive_group(required=True)
     where.add_argument("--url", help="a running server, e.g. http://127.0.0.1:8000")
-    where.add_argument("--serve", help="start `nonstop serve` with these arguments (one string), e.g. \"--model k3-nano --max-batch 16\"")
-    ap.add_argument("--threads", type=int, default=None, help="--threads for a server started with --serve (default: torch's choice)")
+    where.add_argument(
+        "--serve", help='start `nonstop serve` with these arguments (one string), e.g. "--model k3-nano --max-batch 16"'
+    )
+    ap.add_argument(
+        "--threads",
+        type=int,
+        default=None,
+        help="--threads for a server started with --serve (default: torch's choice)",
+    )
     ap.add_argument("--model", default=None, help="model name to send (default: the server's first from /v1/models)")
     ap.add_argument("--clients", type=int, default=8, help="concurrent streaming clients (default 8)")
     ap.add_argument("--duration", type=float, default=30.0, help="seconds of load (default 30)")
     ap.add_argument("--max-tokens", type=int, default=64, help="max_tokens per request (default 64)")
     ap.add_argument("--prompt-chars", type=int, default=200, help="prompt length in characters (default 200)")
     ap.add_argument("--temperature", type=float, default=0.0, help="sampling temperature (default 0 = greedy)")
-    ap.add_argument("--ignore-eos", action=argparse.BooleanOptionalAction, default=True, help="generate max_tokens every time (default on)")
+    ap.add_argument(
+        "--ignore-eos",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="generate max_tokens every time (default on)",
+    )
     ap.add_argument("--chat", action="store_true", help="use /v1/chat/completions instead of /v1/completions")
     ap.add_argument("--note", default=None, help="free text stored with the results (e.g. how the checkpoint was made)")
     ap.add_argument("--out", default=None, help="JSON path (default bench/results/serve_load_<model>_<clients>c.json)")
@@ -209,12 +248,20 @@ def main() -> None:
     window = result["window_s"]
     report = {
         "benchmark": "serve_load",
-        "command": " ".join(shlex.quote(a) for a in sys.argv),
+        "command": command_line(),
         "server": {"url": args.url, "serve_args": args.serve},
         "model": model,
         "checkpoint": model_info(args.serve),
         "note": args.note,
-        "load": {"clients": args.clients, "duration_s": args.duration, "max_tokens": args.max_tokens, "prompt_chars": args.prompt_chars, "temperature": args.temperature, "ignore_eos": args.ignore_eos, "endpoint": "chat" if args.chat else "completions"},
+        "load": {
+            "clients": args.clients,
+            "duration_s": args.duration,
+            "max_tokens": args.max_tokens,
+            "prompt_chars": args.prompt_chars,
+            "temperature": args.temperature,
+            "ignore_eos": args.ignore_eos,
+            "endpoint": "chat" if args.chat else "completions",
+        },
         "results": {
             "window_s": window,
             "output_tokens_per_s": result["streamed_token_chunks"] / window,
@@ -226,11 +273,22 @@ def main() -> None:
             "ttft_s": percentiles(result["ttft"]),
             "tpot_s": percentiles(result["tpot"]),
         },
-        "server_active_sequences_after": next((float(line.split()[-1]) for line in server_metrics.splitlines() if line.startswith("nonstop_active_sequences ")), None),
+        "server_active_sequences_after": next(
+            (
+                float(line.split()[-1])
+                for line in server_metrics.splitlines()
+                if line.startswith("nonstop_active_sequences ")
+            ),
+            None,
+        ),
         "machine": machine_info(args.threads),
         "time": time.strftime("%Y-%m-%dT%H:%M:%S"),
     }
-    out = Path(args.out) if args.out else ROOT / "bench" / "results" / f"serve_load_{Path(model).name}_{args.clients}c.json"
+    out = (
+        Path(args.out)
+        if args.out
+        else ROOT / "bench" / "results" / f"serve_load_{Path(model).name}_{args.clients}c.json"
+    )
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(report, indent=2) + "\n")
     r = report["results"]
@@ -238,7 +296,11 @@ def main() -> None:
     def ms(p):
         return "n/a" if p["p50"] is None else f"{p['p50'] * 1e3:.0f} / {p['p90'] * 1e3:.0f} / {p['p99'] * 1e3:.0f} ms"
 
-    print(f"{model}: {args.clients} clients x {window:.0f} s -> {r['output_tokens_per_s']:.1f} output tokens/s, {r['completed_requests']} requests completed ({r['completed_requests_per_s']:.2f}/s), errors {r['errors'] or 'none'}")
+    print(
+        f"{model}: {args.clients} clients x {window:.0f} s -> {r['output_tokens_per_s']:.1f} output tokens/s, "
+        f"{r['completed_requests']} requests completed ({r['completed_requests_per_s']:.2f}/s), "
+        f"errors {r['errors'] or 'none'}"
+    )
     print(f"TTFT p50/p90/p99: {ms(r['ttft_s'])}   TPOT p50/p90/p99: {ms(r['tpot_s'])}")
     print(f"wrote {out}")
 

@@ -21,15 +21,14 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import sys
 import time
 from pathlib import Path
 
 import torch
 
-from nonstop.hostinfo import copy_bandwidth_gbps, cpu_name, decode_floor
-from nonstop.weights.footprint import footprint
+from nonstop.hostinfo import command_line, copy_bandwidth, decode_floor, environment
+from nonstop.program.footprint import model_footprint
 
 HELDOUT = Path(__file__).resolve().parent.parent / "nonstop" / "assets" / "heldout_sample.txt"
 
@@ -40,19 +39,31 @@ def prompt_sets(tokenizer, n: int, prompt_tokens: int) -> dict[str, list[list[in
     for p in paragraphs[:n]:
         ids = tokenizer.encode(p, add_special_tokens=False)
         heldout.append(ids[:prompt_tokens])
-        repetitive.append(ids[: 2 * prompt_tokens] + tokenizer.encode("\n\n", add_special_tokens=False) + ids[: prompt_tokens // 2])
+        repetitive.append(
+            ids[: 2 * prompt_tokens] + tokenizer.encode("\n\n", add_special_tokens=False) + ids[: prompt_tokens // 2]
+        )
     return {"heldout": heldout, "repetitive": repetitive}
 
 
 def summarize(outs: list, times: list[float]) -> dict:
     decode_s = sum(times)
     decoded = sum(len(o.token_ids) - 1 for o in outs)
-    row = {"decode_tokens": decoded, "decode_time_s": round(decode_s, 3), "decode_tokens_per_s": round(decoded / decode_s, 2)}
+    row = {
+        "decode_tokens": decoded,
+        "decode_time_s": round(decode_s, 3),
+        "decode_tokens_per_s": round(decoded / decode_s, 2),
+    }
     if "verify_steps" in outs[0].metrics:
         steps = sum(o.metrics["verify_steps"] for o in outs)
         drafted = sum(o.metrics["drafted_tokens"] for o in outs)
         accepted = sum(o.metrics["accepted_tokens"] for o in outs)
-        row.update(mean_accepted_length=round(decoded / steps, 3), draft_acceptance=round(accepted / max(drafted, 1), 3), drafted_tokens=drafted, accepted_tokens=accepted, verify_steps=steps)
+        row.update(
+            mean_accepted_length=round(decoded / steps, 3),
+            draft_acceptance=round(accepted / max(drafted, 1), 3),
+            drafted_tokens=drafted,
+            accepted_tokens=accepted,
+            verify_steps=steps,
+        )
         row["per_prompt_mean_accepted_length"] = [round(o.metrics["mean_accepted_length"], 2) for o in outs]
     return row
 
@@ -61,7 +72,9 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", default="k3-nano")
     ap.add_argument("--methods", default="ngram,dspark", help="drafters to compare with the plain run")
-    ap.add_argument("--num-tokens", default="2,4", help="drafts per verification step (comma-separated: one run per value)")
+    ap.add_argument(
+        "--num-tokens", default="2,4", help="drafts per verification step (comma-separated: one run per value)"
+    )
     ap.add_argument("--prompts", type=int, default=8, help="prompts per set")
     ap.add_argument("--prompt-tokens", type=int, default=48)
     ap.add_argument("--max-tokens", type=int, default=64)
@@ -79,12 +92,20 @@ def main() -> None:
     engines = {"plain": LLM(args.model, backend=args.backend, max_batch=1, batch_invariant=True)}
     for m in [m for m in args.methods.split(",") if m]:
         for k in ks:
-            engines[f"{m}-k{k}"] = LLM(args.model, backend=args.backend, max_batch=1, batch_invariant=True, speculative={"method": m, "num_tokens": k})
+            engines[f"{m}-k{k}"] = LLM(
+                args.model,
+                backend=args.backend,
+                max_batch=1,
+                batch_invariant=True,
+                speculative={"method": m, "num_tokens": k},
+            )
     methods = [name for name in engines if name != "plain"]
     params = SamplingParams(max_tokens=args.max_tokens, temperature=0, ignore_eos=True)
     sets = prompt_sets(engines["plain"].tokenizer, args.prompts, args.prompt_tokens)
     for llm in engines.values():  # warm-up
-        llm.generate(prompt_token_ids=[sets["heldout"][0]], sampling=SamplingParams(max_tokens=4, temperature=0, ignore_eos=True))
+        llm.generate(
+            prompt_token_ids=[sets["heldout"][0]], sampling=SamplingParams(max_tokens=4, temperature=0, ignore_eos=True)
+        )
 
     results = {}
     for set_name, prompts in sets.items():
@@ -100,28 +121,41 @@ def main() -> None:
                         outs[name].append(out)
             for name in engines:
                 times[name].append(best[name])
-            print(f"{set_name} {i + 1}/{len(prompts)}: " + ", ".join(f"{n} τ={o[-1].metrics.get('mean_accepted_length') or 1:.2f}" for n, o in outs.items()), file=sys.stderr, flush=True)
+            print(
+                f"{set_name} {i + 1}/{len(prompts)}: "
+                + ", ".join(f"{n} τ={o[-1].metrics.get('mean_accepted_length') or 1:.2f}" for n, o in outs.items()),
+                file=sys.stderr,
+                flush=True,
+            )
         rows = {name: summarize(o, times[name]) for name, o in outs.items()}
         plain = rows["plain"]
         for name in methods:
-            rows[name]["greedy_identical_to_plain"] = all(a.token_ids == b.token_ids for a, b in zip(outs[name], outs["plain"]))
+            rows[name]["greedy_identical_to_plain"] = all(
+                a.token_ids == b.token_ids for a, b in zip(outs[name], outs["plain"])
+            )
             rows[name]["speedup_over_plain"] = round(plain["decode_time_s"] / rows[name]["decode_time_s"], 3)
         results[set_name] = {"prompts": len(prompts), "prompt_tokens": [len(p) for p in prompts], "modes": rows}
 
     cfg = engines["plain"].cfg
-    floor = decode_floor(footprint(cfg, str(engines["plain"].dtype).removeprefix("torch.")).bytes_per_token, copy_bandwidth_gbps())
+    floor = decode_floor(model_footprint(cfg, engines["plain"].dtype).bytes_per_token, copy_bandwidth()["copy_GBps"])
     result = {
         "benchmark": "spec_decode",
-        "command": " ".join([Path(sys.executable).name] + sys.argv),
+        "command": command_line(),
         "model": args.model,
         "model_dir": str(engines["plain"].model_dir) if engines["plain"].model_dir else None,
         "target": {"layers": cfg.num_hidden_layers, "hidden": cfg.hidden_size, "vocab": cfg.vocab_size},
-        "backend": args.backend, "batch": 1, "greedy": True, "num_draft_tokens": ks, "max_tokens": args.max_tokens,
+        "backend": args.backend,
+        "dtype": str(engines["plain"].dtype).removeprefix("torch."),
+        "batch": 1,
+        "greedy": True,
+        "num_draft_tokens": ks,
+        "max_tokens": args.max_tokens,
         "results": results,
         "bandwidth_floor": floor,
         "repeats": args.repeats,
-        "notes": "decode time excludes prefill and the first token (fastest of the repeats per prompt); speedup = plain decode time / speculative decode time on the same prompts, runs interleaved",
-        "machine": {"cpu": cpu_name(), "cores": os.cpu_count(), "threads": args.threads, "load_average_before": [round(x, 2) for x in load_before], "load_average_after": [round(x, 2) for x in os.getloadavg()], "python": platform.python_version(), "torch": torch.__version__},
+        "notes": "decode time excludes prefill and the first token (fastest of the repeats per prompt); "
+        "speedup = plain decode time / speculative decode time on the same prompts, runs interleaved",
+        "machine": environment() | {"load_average_before": [round(x, 2) for x in load_before]},
         "time": time.strftime("%Y-%m-%dT%H:%M:%S"),
     }
     out = Path(args.out or f"bench/results/spec_decode_cpu_{Path(args.model).name}.json")
@@ -131,8 +165,16 @@ def main() -> None:
     for set_name, r in results.items():
         for name, row in r["modes"].items():
             tau = row.get("mean_accepted_length", 1.0)
-            print(f"{set_name:<11} {name:<10} {tau:>6.2f} {row.get('draft_acceptance', float('nan')):>7.2f} {row['decode_tokens_per_s']:>7.1f} {row.get('speedup_over_plain', 1.0):>8.2f} {row.get('greedy_identical_to_plain', '')}")
-    print(f"bandwidth floor of plain decoding: {floor['floor_tokens_per_s']:.0f} tok/s ({floor['bytes_per_token'] / 1e6:.1f} MB/token at a measured {floor['copy_GBps']:.1f} GB/s copy)")
+            accept, speedup = row.get("draft_acceptance", float("nan")), row.get("speedup_over_plain", 1.0)
+            identical = row.get("greedy_identical_to_plain", "")
+            print(
+                f"{set_name:<11} {name:<10} {tau:>6.2f} {accept:>7.2f} {row['decode_tokens_per_s']:>7.1f} "
+                f"{speedup:>8.2f} {identical}"
+            )
+    print(
+        f"bandwidth floor of plain decoding: {floor['floor_tokens_per_s']:.0f} tok/s "
+        f"({floor['bytes_per_token'] / 1e6:.1f} MB/token at a measured {floor['copy_GBps']:.1f} GB/s copy)"
+    )
     print(f"wrote {out}")
 
 

@@ -21,102 +21,34 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from nonstop.config_parse import hf_config_fields, to_hf_config
+from nonstop.config_types import (
+    SITU_BETA,
+    SITU_LINEAR_BETA,
+    ConfigError,
+    GQAConfig,
+    KDAConfig,
+    MLAConfig,
+    MoEConfig,
+    RopeConfig,
+)
+
+__all__ = [
+    "FAMILIES",
+    "ConfigError",
+    "GQAConfig",
+    "KDAConfig",
+    "MLAConfig",
+    "ModelConfig",
+    "MoEConfig",
+    "RopeConfig",
+    "as_dict",
+    "preset_hf_dict",
+    "preset_names",
+]
+
 FAMILIES = ("llama", "deepseek_v3", "kimi_linear", "kimi_k3")
 PRESET_DIR = Path(__file__).parent / "presets"
-
-
-class ConfigError(ValueError):
-    """A config.json that cannot describe a model: the message names the offending field."""
-
-
-@dataclass(frozen=True)
-class RopeConfig:
-    """Rotary embedding. ``kind`` is ``default | linear | llama3 | yarn``; ``interleaved`` selects the
-    GPT-J pairing (2i, 2i+1) instead of NeoX halves; ``dim`` is the number of rotated channels."""
-
-    dim: int
-    theta: float = 10000.0
-    kind: str = "default"
-    interleaved: bool = False
-    factor: float = 1.0
-    original_max_position: int | None = None
-    low_freq_factor: float = 1.0
-    high_freq_factor: float = 4.0
-    beta_fast: float = 32.0
-    beta_slow: float = 1.0
-    mscale: float | None = None
-    mscale_all_dim: float | None = None
-    attention_factor: float | None = None
-    truncate: bool = True
-
-
-@dataclass(frozen=True)
-class GQAConfig:
-    num_heads: int
-    num_kv_heads: int
-    head_dim: int
-    bias: bool = False
-    out_bias: bool = False
-
-
-@dataclass(frozen=True)
-class MLAConfig:
-    num_heads: int
-    q_lora_rank: int | None
-    kv_lora_rank: int
-    qk_nope_head_dim: int
-    qk_rope_head_dim: int
-    v_head_dim: int
-    use_rope: bool  # False: NoPE (Kimi) - the rope slice exists but is never rotated
-    output_gate: bool  # K3 gated MLA: o_proj(sigmoid(g_proj x) * attn)
-    softmax_scale: float
-    lora_norm_eps: float = 1e-6
-
-    @property
-    def qk_head_dim(self) -> int:
-        return self.qk_nope_head_dim + self.qk_rope_head_dim
-
-    @property
-    def cache_dim(self) -> int:
-        """Values cached per token: normalised latent + shared rope key."""
-        return self.kv_lora_rank + self.qk_rope_head_dim
-
-
-@dataclass(frozen=True)
-class KDAConfig:
-    num_heads: int
-    head_dim: int
-    conv_size: int
-    gate_lower_bound: float | None  # None: Kimi Linear softplus gate; float: K3 bounded sigmoid gate
-    full_rank_output_gate: bool  # K3: g_proj [H*dv, d]; Kimi Linear: g_a_proj/g_b_proj low rank
-
-    @property
-    def proj_dim(self) -> int:
-        return self.num_heads * self.head_dim
-
-
-@dataclass(frozen=True)
-class MoEConfig:
-    num_experts: int
-    top_k: int
-    intermediate_size: int
-    num_shared_experts: int
-    scoring: str  # "sigmoid" | "softmax"
-    num_groups: int
-    topk_groups: int
-    renormalize: bool
-    routed_scaling_factor: float
-    latent_size: int | None = None  # K3 latent MoE width (routed_expert_hidden_size)
-    latent_norm: bool = False
-    expert_format: str = "dense"  # "dense" | "mxfp4"
-
-    @property
-    def shared_intermediate_size(self) -> int:
-        return self.intermediate_size * self.num_shared_experts
-
-    @property
-    def expert_in_dim(self) -> int | None:
-        return self.latent_size
 
 
 @dataclass(frozen=True)
@@ -130,8 +62,8 @@ class ModelConfig:
     intermediate_size: int
     rms_norm_eps: float
     hidden_act: str = "silu"
-    situ_beta: float = 4.0
-    situ_linear_beta: float = 25.0
+    situ_beta: float = SITU_BETA
+    situ_linear_beta: float = SITU_LINEAR_BETA
     tie_word_embeddings: bool = False
     max_position_embeddings: int = 4096
     bos_token_id: int | None = None
@@ -161,10 +93,10 @@ class ModelConfig:
     def uses_attn_res(self) -> bool:
         return self.attn_res_block_size is not None
 
-    def replace(self, **changes) -> "ModelConfig":
+    def replace(self, **changes) -> ModelConfig:
         return dataclasses.replace(self, **changes)
 
-    def with_num_layers(self, n: int) -> "ModelConfig":
+    def with_num_layers(self, n: int) -> ModelConfig:
         """The same model cut to its first ``n`` layers (benchmark slices, quick tests)."""
         if not 1 <= n <= self.num_hidden_layers:
             raise ConfigError(f"num_hidden_layers: cannot slice {self.num_hidden_layers} layers to {n}")
@@ -173,13 +105,11 @@ class ModelConfig:
 
     # ------------------------------------------------------------------ loading
     @staticmethod
-    def from_hf_dict(raw: dict) -> "ModelConfig":
-        from nonstop.config_parse import parse_hf_config
-
-        return parse_hf_config(raw)
+    def from_hf_dict(raw: dict) -> ModelConfig:
+        return ModelConfig(**hf_config_fields(raw))
 
     @staticmethod
-    def from_file(path: str | Path) -> "ModelConfig":
+    def from_file(path: str | Path) -> ModelConfig:
         path = Path(path)
         if path.is_dir():
             path = path / "config.json"
@@ -194,14 +124,12 @@ class ModelConfig:
         return ModelConfig.from_hf_dict(raw)
 
     @staticmethod
-    def preset(name: str) -> "ModelConfig":
+    def preset(name: str) -> ModelConfig:
         return ModelConfig.from_hf_dict(preset_hf_dict(name))
 
     def to_hf_dict(self) -> dict:
         """The config.json to write beside a checkpoint of this model (the family's own format)."""
-        from nonstop.config_parse import to_hf_config
-
-        return to_hf_config(self)
+        return to_hf_config(self.hf, self.attn_types)
 
 
 def preset_names() -> list[str]:

@@ -1,4 +1,7 @@
-"""Parse Hugging Face ``config.json`` dicts into ``ModelConfig`` (and slice them back).
+"""Parse Hugging Face ``config.json`` dicts into the fields of a ``ModelConfig`` (and slice them back).
+
+``hf_config_fields(raw)`` returns the keyword arguments ``ModelConfig(**fields)`` takes; ``config.py``
+builds the dataclass, so this module needs only the sub-config types (``config_types.py``).
 
 Defaults for optional fields follow the transformers config class of each family, so one JSON
 file means the same model here and there. Shape-defining fields are required.
@@ -9,12 +12,13 @@ from __future__ import annotations
 import copy
 import math
 
-from nonstop.config import (
+from nonstop.config_types import (
+    SITU_BETA,
+    SITU_LINEAR_BETA,
     ConfigError,
     GQAConfig,
     KDAConfig,
     MLAConfig,
-    ModelConfig,
     MoEConfig,
     RopeConfig,
 )
@@ -199,13 +203,24 @@ def _moe(f: _Fields, family: str) -> MoEConfig | None:
     kimi = family in ("kimi_linear", "kimi_k3")
     groups = f.get("num_expert_group", 1 if kimi else 8, int)
     topk_groups = f.get("topk_group", 1 if kimi else 4, int)
-    _require(groups >= 1 and num_experts % groups == 0, f"num_experts ({num_experts}) must divide into num_expert_group ({groups}) groups")
-    _require(1 <= topk_groups <= groups, f"topk_group ({topk_groups}) must be between 1 and num_expert_group ({groups})")
+    _require(
+        groups >= 1 and num_experts % groups == 0,
+        f"num_experts ({num_experts}) must divide into num_expert_group ({groups}) groups",
+    )
+    _require(
+        1 <= topk_groups <= groups, f"topk_group ({topk_groups}) must be between 1 and num_expert_group ({groups})"
+    )
     if groups > 1:
         _require(num_experts // groups >= 2, "grouped top-k needs at least 2 experts per group")
-        _require(top_k <= topk_groups * (num_experts // groups), f"num_experts_per_token ({top_k}) exceeds the experts of topk_group groups")
+        _require(
+            top_k <= topk_groups * (num_experts // groups),
+            f"num_experts_per_token ({top_k}) exceeds the experts of topk_group groups",
+        )
     scoring = f.get("moe_router_activation_func", f.raw.get("scoring_func", "sigmoid"), str)
-    _require(scoring in ("sigmoid", "softmax"), f"field 'moe_router_activation_func' must be sigmoid or softmax, got {scoring!r}")
+    _require(
+        scoring in ("sigmoid", "softmax"),
+        f"field 'moe_router_activation_func' must be sigmoid or softmax, got {scoring!r}",
+    )
     latent = f.get("routed_expert_hidden_size", None, int)
     expert_format = "dense"
     quant = f.raw.get("quantization_config")
@@ -237,7 +252,9 @@ def _mlp_types(f: _Fields, n: int, moe: MoEConfig | None) -> tuple[str, ...]:
     if moe is None:
         return ("dense",) * n
     raw_types = f.raw.get("mlp_layer_types")
-    first_dense = f.get("first_k_dense_replace", 1 if "linear_attn_config" in f.raw or "layer_types" in f.raw else 3, int)
+    first_dense = f.get(
+        "first_k_dense_replace", 1 if "linear_attn_config" in f.raw or "layer_types" in f.raw else 3, int
+    )
     freq = f.get("moe_layer_freq", 1, int)
     _require(freq >= 1, "field 'moe_layer_freq' must be >= 1")
     derived = tuple("moe" if (i >= first_dense and i % freq == 0) else "dense" for i in range(n))
@@ -249,7 +266,9 @@ def _mlp_types(f: _Fields, n: int, moe: MoEConfig | None) -> tuple[str, ...]:
     _require(not bad, f"field 'mlp_layer_types' has unknown entries {bad}")
     listed = tuple(mapping[t] for t in raw_types)
     if "first_k_dense_replace" in f.raw and listed != derived:
-        raise ConfigError("contradictory fields: 'mlp_layer_types' disagrees with 'first_k_dense_replace'/'moe_layer_freq'")
+        raise ConfigError(
+            "contradictory fields: 'mlp_layer_types' disagrees with 'first_k_dense_replace'/'moe_layer_freq'"
+        )
     return listed
 
 
@@ -259,12 +278,21 @@ def _kimi_attn_types(f: _Fields, n: int) -> tuple[str, ...]:
     if "kda_layers" in lac or "full_attn_layers" in lac:
         kda = lac.get("kda_layers")
         full = lac.get("full_attn_layers")
-        _require(isinstance(kda, list) and isinstance(full, list), "linear_attn_config needs both 'kda_layers' and 'full_attn_layers' lists")
+        _require(
+            isinstance(kda, list) and isinstance(full, list),
+            "linear_attn_config needs both 'kda_layers' and 'full_attn_layers' lists",
+        )
         types: list[str | None] = [None] * n
         for name, layers, kind in (("kda_layers", kda, "kda"), ("full_attn_layers", full, "mla")):
             for layer in layers:
-                _require(isinstance(layer, int) and 1 <= layer <= n, f"linear_attn_config.{name}: layer {layer!r} outside 1..{n} (1-based)")
-                _require(types[layer - 1] is None, f"linear_attn_config: layer {layer} listed twice (kda_layers and full_attn_layers)")
+                _require(
+                    isinstance(layer, int) and 1 <= layer <= n,
+                    f"linear_attn_config.{name}: layer {layer!r} outside 1..{n} (1-based)",
+                )
+                _require(
+                    types[layer - 1] is None,
+                    f"linear_attn_config: layer {layer} listed twice (kda_layers and full_attn_layers)",
+                )
                 types[layer - 1] = kind
         missing = [i + 1 for i, t in enumerate(types) if t is None]
         _require(not missing, f"linear_attn_config: layers {missing} are in neither kda_layers nor full_attn_layers")
@@ -272,13 +300,18 @@ def _kimi_attn_types(f: _Fields, n: int) -> tuple[str, ...]:
     raw_types = f.raw.get("layer_types")
     from_types = None
     if raw_types is not None:
-        _require(isinstance(raw_types, list) and len(raw_types) == n, f"field 'layer_types' must list {n} entries, got {raw_types!r}")
+        _require(
+            isinstance(raw_types, list) and len(raw_types) == n,
+            f"field 'layer_types' must list {n} entries, got {raw_types!r}",
+        )
         mapping = {"linear_attention": "kda", "full_attention": "mla"}
         bad = [t for t in raw_types if t not in mapping]
         _require(not bad, f"field 'layer_types' has unknown entries {bad}")
         from_types = tuple(mapping[t] for t in raw_types)
     if from_lists and from_types and from_lists != from_types:
-        raise ConfigError("contradictory fields: 'layer_types' disagrees with 'linear_attn_config.kda_layers/full_attn_layers'")
+        raise ConfigError(
+            "contradictory fields: 'layer_types' disagrees with 'linear_attn_config.kda_layers/full_attn_layers'"
+        )
     result = from_lists or from_types
     if result is None:
         raise ConfigError("missing required field 'linear_attn_config.kda_layers' (or 'layer_types')")
@@ -326,7 +359,9 @@ def _common(f: _Fields, family: str, n: int, attn_types, mlp_types, **extra) -> 
         num_hidden_layers=n,
         attn_types=tuple(attn_types),
         mlp_types=tuple(mlp_types),
-        intermediate_size=f.positive("intermediate_size") if "dense" in mlp_types else f.get("intermediate_size", 0, int),
+        intermediate_size=f.positive("intermediate_size")
+        if "dense" in mlp_types
+        else f.get("intermediate_size", 0, int),
         rms_norm_eps=f.get("rms_norm_eps", 1e-5 if family.startswith("kimi") else 1e-6, float),
         tie_word_embeddings=f.get("tie_word_embeddings", False, bool),
         max_position_embeddings=f.get("max_position_embeddings", 4096, int),
@@ -342,27 +377,33 @@ def _act(f: _Fields) -> dict:
     _require(act in ("silu", "situ"), f"field 'hidden_act' must be silu or situ, got {act!r}")
     return dict(
         hidden_act=act,
-        situ_beta=f.get("activation_situ_beta", 4.0, float),
-        situ_linear_beta=f.get("activation_situ_linear_beta", 25.0, float),
+        situ_beta=f.get("activation_situ_beta", SITU_BETA, float),
+        situ_linear_beta=f.get("activation_situ_linear_beta", SITU_LINEAR_BETA, float),
     )
 
 
-def _parse_llama(raw: dict) -> ModelConfig:
+def _parse_llama(raw: dict) -> dict:
     f = _Fields(raw)
     n = f.positive("num_hidden_layers")
     heads = f.positive("num_attention_heads")
     kv_heads = f.get("num_key_value_heads", heads, int)
-    _require(kv_heads > 0 and heads % kv_heads == 0, f"num_attention_heads ({heads}) must be a multiple of num_key_value_heads ({kv_heads})")
+    _require(
+        kv_heads > 0 and heads % kv_heads == 0,
+        f"num_attention_heads ({heads}) must be a multiple of num_key_value_heads ({kv_heads})",
+    )
     hidden = f.positive("hidden_size")
     head_dim = f.get("head_dim", None, int)
     if head_dim is None:
-        _require(hidden % heads == 0, f"hidden_size ({hidden}) is not divisible by num_attention_heads ({heads}); give 'head_dim'")
+        _require(
+            hidden % heads == 0,
+            f"hidden_size ({hidden}) is not divisible by num_attention_heads ({heads}); give 'head_dim'",
+        )
         head_dim = hidden // heads
     _require(head_dim % 2 == 0, f"head_dim ({head_dim}) must be even for RoPE")
     bias = f.get("attention_bias", False, bool)
     gqa = GQAConfig(num_heads=heads, num_kv_heads=kv_heads, head_dim=head_dim, bias=bias, out_bias=bias)
     rope = _parse_rope(f, head_dim, interleaved=False, default_theta=10000.0)
-    return ModelConfig(
+    return dict(
         **_common(f, "llama", n, ("gqa",) * n, ("dense",) * n),
         **_act(f),
         mlp_bias=f.get("mlp_bias", False, bool),
@@ -372,14 +413,14 @@ def _parse_llama(raw: dict) -> ModelConfig:
     )
 
 
-def _parse_deepseek(raw: dict) -> ModelConfig:
+def _parse_deepseek(raw: dict) -> dict:
     f = _Fields(raw, aliases=_DEEPSEEK_ALIASES)
     n = f.positive("num_hidden_layers")
     rope_dim = f.get("qk_rope_head_dim", 0, int)
     _require(rope_dim > 0 and rope_dim % 2 == 0, f"field 'qk_rope_head_dim' must be positive and even, got {rope_dim}")
     rope = _parse_rope(f, rope_dim, interleaved=f.get("rope_interleave", True, bool), default_theta=10000.0)
     moe = _moe(f, "deepseek_v3")
-    return ModelConfig(
+    return dict(
         **_common(f, "deepseek_v3", n, ("mla",) * n, _mlp_types(f, n, moe)),
         **_act(f),
         rope=rope,
@@ -389,7 +430,7 @@ def _parse_deepseek(raw: dict) -> ModelConfig:
     )
 
 
-def _parse_kimi(raw: dict, text: dict, family: str) -> ModelConfig:
+def _parse_kimi(raw: dict, text: dict, family: str) -> dict:
     f = _Fields(text, "text_config." if family == "kimi_k3" else "", aliases=_KIMI_ALIASES)
     n = f.positive("num_hidden_layers")
     attn_types = _kimi_attn_types(f, n)
@@ -412,7 +453,7 @@ def _parse_kimi(raw: dict, text: dict, family: str) -> ModelConfig:
             common["tie_word_embeddings"] = outer.get("tie_word_embeddings", kind=bool)
     if moe is not None and moe.latent_size is not None:
         _require(moe.latent_size > 0, "field 'routed_expert_hidden_size' must be positive")
-    return ModelConfig(
+    return dict(
         **common,
         **_act(f),
         attn_res_block_size=block,
@@ -426,7 +467,8 @@ def _parse_kimi(raw: dict, text: dict, family: str) -> ModelConfig:
     )
 
 
-def parse_hf_config(raw: dict) -> ModelConfig:
+def hf_config_fields(raw: dict) -> dict:
+    """The ``ModelConfig`` keyword arguments of an HF config dict; ``ConfigError`` names a bad field."""
     if not isinstance(raw, dict):
         raise ConfigError("config must be a JSON object")
     model_type = raw.get("model_type")
@@ -454,11 +496,12 @@ def _text_dict(raw: dict) -> dict:
     return raw["text_config"] if raw.get("model_type") == "kimi_k3" else raw
 
 
-def to_hf_config(cfg: ModelConfig) -> dict:
-    """The family-format config.json dict of ``cfg`` (its source dict, sliced to its layer count)."""
-    raw = copy.deepcopy(cfg.hf)
+def to_hf_config(hf: dict, attn_types: tuple[str, ...]) -> dict:
+    """The family-format config.json dict of a model parsed from ``hf`` and cut to ``len(attn_types)``
+    layers (``attn_types[i]``: layer i's attention kind)."""
+    raw = copy.deepcopy(hf)
     text = _text_dict(raw)
-    n = cfg.num_hidden_layers
+    n = len(attn_types)
     if text.get("num_hidden_layers") != n:
         text["num_hidden_layers"] = n
         for key in ("layer_types", "mlp_layer_types"):
@@ -466,6 +509,6 @@ def to_hf_config(cfg: ModelConfig) -> dict:
                 text[key] = text[key][:n]
         lac = text.get("linear_attn_config")
         if isinstance(lac, dict) and "kda_layers" in lac:
-            lac["kda_layers"] = [i + 1 for i in range(n) if cfg.attn_types[i] == "kda"]
-            lac["full_attn_layers"] = [i + 1 for i in range(n) if cfg.attn_types[i] == "mla"]
+            lac["kda_layers"] = [i + 1 for i in range(n) if attn_types[i] == "kda"]
+            lac["full_attn_layers"] = [i + 1 for i in range(n) if attn_types[i] == "mla"]
     return raw

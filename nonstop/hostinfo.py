@@ -1,9 +1,32 @@
-"""Facts about the machine for benchmark and training reports (shared CPUs skew timings)."""
+"""The machine a measurement ran on, and how benchmarks time and find the bandwidth floor.
+
+One helper for every script in ``bench/`` (and the training report):
+
+  environment(device)         machine and versions for a results JSON: Python, torch (+ CUDA), triton,
+                              transformers, host, CPU model, cores, torch threads, load average (shared
+                              CPUs skew timings); on CUDA the GPU name, memory, SMs, capability, driver
+  Clock(device)               ``time_steps(step, steps, warmup)``: per-call milliseconds (CUDA events on a
+                              GPU, ``perf_counter`` after a sync elsewhere): median, p10, p90, fastest
+  timed(fn)                   seconds one call of ``fn`` takes (wall clock)
+  copy_bandwidth(device, ...) a device-to-device copy's GB/s counting bytes read + written (the floor's
+                              bandwidth), and a read-only sum's
+  decode_floor(bytes, GB/s)   batch-1 decode floor: every active weight byte read once per token
+  command_line()              the exact command, for the results JSON
+"""
 
 from __future__ import annotations
 
+import importlib.metadata
+import os
 import platform
+import shlex
+import statistics
+import subprocess
+import sys
+import time
 from pathlib import Path
+
+import torch
 
 
 def cpu_name() -> str:
@@ -17,25 +40,135 @@ def cpu_name() -> str:
     return platform.processor() or platform.machine()
 
 
-def copy_bandwidth_gbps(nbytes: int = 256 << 20, repeats: int = 5) -> float:
-    """This machine's memory bandwidth as torch sees it (current thread count): the best of ``repeats``
-    copies of an ``nbytes`` fp32 buffer, counting bytes read + written, 2 · nbytes / time, in GB/s."""
-    import time
+def _version(package: str) -> str | None:
+    try:
+        return importlib.metadata.version(package)
+    except importlib.metadata.PackageNotFoundError:
+        return None
 
-    import torch
 
-    src = torch.ones(nbytes // 4)
+def _gpu(device: torch.device) -> dict:
+    props = torch.cuda.get_device_properties(device)
+    info = {
+        "gpu": props.name,
+        "gpu_memory_GiB": round(props.total_memory / 2**30, 1),
+        "sms": props.multi_processor_count,
+        "capability": f"{props.major}.{props.minor}",
+        "driver": None,
+    }
+    try:
+        query = ["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"]
+        info["driver"] = (
+            subprocess.run(query, capture_output=True, text=True, timeout=20).stdout.strip().splitlines()[0]
+        )
+    except (OSError, IndexError, subprocess.SubprocessError):
+        pass
+    return info
+
+
+def environment(device="cpu") -> dict:
+    """Machine and versions for a results JSON (see the module docstring); ``gpu`` is None off CUDA."""
+    info = {
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "torch_cuda": torch.version.cuda,
+        "triton": _version("triton"),
+        "transformers": _version("transformers"),
+        "host": platform.node(),
+        "platform": platform.platform(),
+        "cpu": cpu_name(),
+        "cores": os.cpu_count(),
+        "threads": torch.get_num_threads(),
+        "load_average": [round(x, 2) for x in os.getloadavg()] if hasattr(os, "getloadavg") else None,
+        "gpu": None,
+    }
+    device = torch.device(device)
+    if device.type == "cuda":
+        info.update(_gpu(device))
+    return info
+
+
+def command_line() -> str:
+    """This process's command, as one shell-quoted line."""
+    return " ".join(shlex.quote(a) for a in [Path(sys.executable).name, *sys.argv])
+
+
+def timed(fn) -> float:
+    """Seconds one call of ``fn()`` takes."""
+    t0 = time.perf_counter()
+    fn()
+    return time.perf_counter() - t0
+
+
+class Clock:
+    """Per-call timing of a step: CUDA events on a GPU, ``perf_counter`` after a sync elsewhere."""
+
+    def __init__(self, device="cpu"):
+        self.cuda = torch.device(device).type == "cuda"
+
+    def sync(self) -> None:
+        if self.cuda:
+            torch.cuda.synchronize()
+
+    def time_steps(self, step, steps: int, warmup: int) -> dict:
+        """Run ``step()`` ``warmup`` times, then time ``steps`` calls: {ms_per_token (median), p10_ms,
+        p90_ms, min_ms, loop_ms_per_step (the whole loop / steps), steps, warmup}."""
+        for _ in range(warmup):
+            step()
+        self.sync()
+        if self.cuda:
+            marks = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(steps)]
+            loop = (torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
+            loop[0].record()
+            for start, end in marks:
+                start.record()
+                step()
+                end.record()
+            loop[1].record()
+            torch.cuda.synchronize()
+            times = [s.elapsed_time(e) for s, e in marks]
+            loop_ms = loop[0].elapsed_time(loop[1])
+        else:
+            times = []
+            t_loop = time.perf_counter()
+            for _ in range(steps):
+                times.append(timed(step) * 1e3)
+            loop_ms = (time.perf_counter() - t_loop) * 1e3
+        times.sort()
+
+        def quantile(f: float) -> float:
+            return times[min(len(times) - 1, int(f * len(times)))]
+
+        return {
+            "ms_per_token": statistics.median(times),
+            "p10_ms": quantile(0.1),
+            "p90_ms": quantile(0.9),
+            "min_ms": times[0],
+            "loop_ms_per_step": loop_ms / steps,
+            "steps": steps,
+            "warmup": warmup,
+        }
+
+
+def copy_bandwidth(device="cpu", nbytes: int = 256 << 20, reps: int = 10) -> dict:
+    """Median GB/s of a device-to-device copy of ``nbytes`` (bytes read + written: 2·nbytes / time) and of
+    a read-only sum of the same bytes as bf16 (nbytes / time), at the current torch thread count."""
+    clock = Clock(device)
+    src = torch.ones(nbytes, dtype=torch.uint8, device=device)
     dst = torch.empty_like(src)
-    best = float("inf")
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        dst.copy_(src)
-        best = min(best, time.perf_counter() - t0)
-    return 2 * nbytes / best / 1e9
+    copy_ms = clock.time_steps(lambda: dst.copy_(src), reps, 3)["ms_per_token"]
+    as_bf16 = src.view(torch.bfloat16) if nbytes % 2 == 0 else src.float()
+    read_ms = clock.time_steps(lambda: as_bf16.sum(dtype=torch.float32), reps, 3)["ms_per_token"]
+    return {"bytes": nbytes, "copy_GBps": 2 * nbytes / copy_ms / 1e6, "read_sum_GBps": nbytes / read_ms / 1e6}
 
 
 def decode_floor(bytes_per_token: int, copy_gbps: float) -> dict:
     """The bandwidth floor of batch-1 decoding: every active weight byte read once per token at the
     copy bandwidth, as {copy_GBps, bytes_per_token, floor_ms_per_token, floor_tokens_per_s}."""
     seconds = bytes_per_token / (copy_gbps * 1e9)
-    return {"copy_GBps": round(copy_gbps, 2), "bytes_per_token": bytes_per_token, "floor_ms_per_token": round(seconds * 1e3, 3), "floor_tokens_per_s": round(1 / seconds, 1)}
+    return {
+        "copy_GBps": round(copy_gbps, 2),
+        "bytes_per_token": bytes_per_token,
+        "floor_ms_per_token": round(seconds * 1e3, 3),
+        "floor_tokens_per_s": round(1 / seconds, 1),
+    }

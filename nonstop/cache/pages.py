@@ -14,11 +14,13 @@ from __future__ import annotations
 
 import torch
 
+PAGE_SIZE = 16  # tokens per page of the attention caches (the default of every cache)
+
 
 class PageTable:
     """Per-slot lists of page ids into a pool of ``num_pages`` pages of ``page_size`` tokens."""
 
-    def __init__(self, num_slots: int, page_size: int = 16, num_pages: int = 0, device="cpu"):
+    def __init__(self, num_slots: int, page_size: int = PAGE_SIZE, num_pages: int = 0, device="cpu"):
         if page_size < 1:
             raise ValueError(f"page_size must be >= 1, got {page_size}")
         self.page_size = page_size
@@ -48,7 +50,9 @@ class PageTable:
         new = [self.free_pages.pop() for _ in range(needed)]
         pages.extend(new)
         if len(pages) > self.table.shape[1]:
-            wider = torch.zeros(self.table.shape[0], max(len(pages), 2 * self.table.shape[1]), dtype=torch.long, device=self.device)
+            wider = torch.zeros(
+                self.table.shape[0], max(len(pages), 2 * self.table.shape[1]), dtype=torch.long, device=self.device
+            )
             wider[:, : self.table.shape[1]] = self.table
             self.table = wider
         self.table[slot, len(pages) - needed : len(pages)] = torch.tensor(new, dtype=torch.long)

@@ -24,10 +24,10 @@ from dataclasses import dataclass
 
 import torch
 
-from nonstop.cache.pages import PageTable
+from nonstop.cache.pages import PAGE_SIZE, PageTable
 from nonstop.config import ModelConfig
 
-DEFAULT_PAGE_SIZE = 16
+INITIAL_SLOT_TOKENS = 64  # attention-cache tokens reserved per slot up front (the pool grows on demand)
 
 
 @dataclass
@@ -72,12 +72,20 @@ class _TokenCache:
     returned when the slot is reset; the pool grows on demand.
     """
 
-    def __init__(self, shapes: dict[str, tuple[int, ...]], num_slots: int, capacity: int, dtype, device, pages: PageTable | None = None):
+    def __init__(
+        self,
+        shapes: dict[str, tuple[int, ...]],
+        num_slots: int,
+        capacity: int,
+        dtype,
+        device,
+        pages: PageTable | None = None,
+    ):
         self.shapes = shapes
         self.dtype = dtype
         self.device = device
         if pages is None:
-            pages = PageTable(num_slots, DEFAULT_PAGE_SIZE, num_slots * -(-capacity // DEFAULT_PAGE_SIZE), device)
+            pages = PageTable(num_slots, PAGE_SIZE, num_slots * -(-capacity // PAGE_SIZE), device)
         self.pages = pages
         rows = pages.num_pages * pages.page_size
         self.tensors = {k: torch.zeros(rows, *s, dtype=dtype, device=device) for k, s in shapes.items()}
@@ -123,7 +131,9 @@ class _TokenCache:
 
 class KVCache(_TokenCache):
     def __init__(self, num_slots, capacity, num_kv_heads, head_dim, dtype, device, pages: PageTable | None = None):
-        super().__init__({"k": (num_kv_heads, head_dim), "v": (num_kv_heads, head_dim)}, num_slots, capacity, dtype, device, pages)
+        super().__init__(
+            {"k": (num_kv_heads, head_dim), "v": (num_kv_heads, head_dim)}, num_slots, capacity, dtype, device, pages
+        )
 
 
 class LatentCache(_TokenCache):
@@ -178,7 +188,9 @@ class KDAState:
         """Make the state after token ``rows[b]`` of the last keep_states step current for ``slots[b]``."""
         written = self.history_rows[:, slots]
         if bool((written <= rows[None]).any()):
-            raise RuntimeError("KDA state history was not written for this step: the executor ignored StepBatch.keep_states")
+            raise RuntimeError(
+                "KDA state history was not written for this step: the executor ignored StepBatch.keep_states"
+            )
         self.recurrent[slots] = self.history_recurrent[slots, rows]
         self.conv[slots] = self.history_conv[slots, rows]
         self.history_rows[:, slots] = 0
@@ -196,7 +208,15 @@ class ModelCache:
     will write; ``reset`` returns a slot's pages.
     """
 
-    def __init__(self, cfg: ModelConfig, num_slots: int, capacity: int = 256, dtype=torch.float32, device="cpu", page_size: int = DEFAULT_PAGE_SIZE):
+    def __init__(
+        self,
+        cfg: ModelConfig,
+        num_slots: int,
+        capacity: int = INITIAL_SLOT_TOKENS,
+        dtype=torch.float32,
+        device="cpu",
+        page_size: int = PAGE_SIZE,
+    ):
         self.cfg = cfg
         self.num_slots = num_slots
         self.lengths = torch.zeros(num_slots, dtype=torch.long, device=device)

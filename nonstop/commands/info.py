@@ -2,34 +2,86 @@
 
 from __future__ import annotations
 
+from nonstop.config import ModelConfig
+
 
 def add_parser(sub) -> None:
-    p = sub.add_parser("info", help="describe a model: parameters, bytes per token, layers", description="Describe a model without loading its weights: total and active parameters, weight bytes read per decoded token (batch 1), attention-cache bytes per token, recurrent state per sequence, and a table of layer types.")
+    p = sub.add_parser(
+        "info",
+        help="describe a model: parameters, bytes per token, layers",
+        description=(
+            "Describe a model without loading its weights: total and active parameters, weight bytes read per decoded "
+            "token (batch 1), attention-cache bytes per token, recurrent state per sequence, and a table of layer "
+            "types."
+        ),
+    )
     p.add_argument("--model", "-m", default="k3-nano", help="checkpoint directory, bundled model or preset")
-    p.add_argument("--dtype", default="bfloat16", choices=["float32", "bfloat16", "float16"], help="weight dtype to count bytes in (default bfloat16)")
+    p.add_argument(
+        "--dtype",
+        default="bfloat16",
+        choices=["float32", "bfloat16", "float16"],
+        help="weight dtype to count bytes in (default bfloat16)",
+    )
     p.add_argument("--list", action="store_true", help="list bundled models and presets")
     p.set_defaults(run=run)
 
 
 def run(args) -> int:
+    import torch
+
+    from nonstop.commands.common import human
     from nonstop.config import preset_names
     from nonstop.engine.llm import bundled_models, resolve_model
-    from nonstop.weights.footprint import footprint, human, layer_table
+    from nonstop.program.footprint import model_footprint
 
     if args.list:
         print("bundled:", ", ".join(bundled_models()) or "(none)")
         print("presets:", ", ".join(preset_names()))
         return 0
     cfg, model_dir = resolve_model(args.model)
-    fp = footprint(cfg, args.dtype)
+    fp = model_footprint(cfg, getattr(torch, args.dtype))
     moe = cfg.moe
     print(f"model        {args.model} ({cfg.family}{', random weights' if model_dir is None else ''})")
-    print(f"shape        hidden {cfg.hidden_size}, {cfg.num_hidden_layers} layers, vocab {cfg.vocab_size}" + (f", {moe.num_experts} experts top-{moe.top_k}" + (f" (latent {moe.latent_size})" if moe.latent_size else "") + (f", {moe.expert_format} experts" if moe.expert_format != "dense" else "") if moe else ""))
-    print(f"parameters   total {human(fp.total_params)}, active {human(fp.active_params)} per token (+ {human(fp.embedding_params)} embedding)")
-    print(f"weights      {human(fp.weight_bytes, 'B')} in {args.dtype}; read per decode token (batch 1): {human(fp.bytes_per_token, 'B')}")
-    print(f"cache        {human(fp.cache_bytes_per_token, 'B')} per token (attention), {human(fp.state_bytes_per_sequence, 'B')} per sequence (KDA state)")
+    print(
+        f"shape        hidden {cfg.hidden_size}, {cfg.num_hidden_layers} layers, vocab {cfg.vocab_size}"
+        + (
+            f", {moe.num_experts} experts top-{moe.top_k}"
+            + (f" (latent {moe.latent_size})" if moe.latent_size else "")
+            + (f", {moe.expert_format} experts" if moe.expert_format != "dense" else "")
+            if moe
+            else ""
+        )
+    )
+    print(
+        f"parameters   total {human(fp.total_params)}, active {human(fp.active_params)} per token (+ "
+        f"{human(fp.embedding_params)} embedding)"
+    )
+    print(
+        f"weights      {human(fp.weight_bytes, 'B')} in {args.dtype}; read per decode token (batch 1): "
+        f"{human(fp.bytes_per_token, 'B')}"
+    )
+    print(
+        f"cache        {human(fp.cache_bytes_per_token, 'B')} per token (attention), "
+        f"{human(fp.state_bytes_per_sequence, 'B')} per sequence (KDA state)"
+    )
     print()
     print(f"{'attention':<10} {'ffn':<6} {'count':>5}  layers")
     for attn, ffn, count, spans in layer_table(cfg):
         print(f"{attn:<10} {ffn:<6} {count:>5}  {spans}")
     return 0
+
+
+def layer_table(cfg: ModelConfig) -> list[tuple[str, str, int, str]]:
+    """One row per (attention kind, FFN kind): (attention, ffn, count, layer indices as ranges)."""
+    groups: dict[tuple[str, str], list[int]] = {}
+    for i, key in enumerate(zip(cfg.attn_types, cfg.mlp_types)):
+        groups.setdefault(key, []).append(i)
+    rows = []
+    for (attn, ffn), layers in groups.items():
+        spans, start = [], layers[0]
+        for prev, cur in zip(layers, layers[1:] + [None]):
+            if cur != prev + 1 if cur is not None else True:
+                spans.append(f"{start}" if prev == start else f"{start}-{prev}")
+                start = cur
+        rows.append((attn, ffn, len(layers), ", ".join(spans)))
+    return rows

@@ -9,22 +9,41 @@ from nonstop.commands.common import positive_int
 
 
 def add_parser(sub) -> None:
-    p = sub.add_parser("synth", help="write a random-weight checkpoint", description="Write config.json, generation_config.json, a tokenizer (when one can be made) and random weights with exactly the HF tensor names and shapes of the config, loadable by nonstop and by transformers' from_pretrained (llama, deepseek_v3, kimi_linear).")
+    p = sub.add_parser(
+        "synth",
+        help="write a random-weight checkpoint",
+        description=(
+            "Write config.json, generation_config.json, a tokenizer (when one can be made) and random weights with "
+            "exactly the HF tensor names and shapes of the config, loadable by nonstop and by transformers' "
+            "from_pretrained (llama, deepseek_v3, kimi_linear)."
+        ),
+    )
     src = p.add_mutually_exclusive_group(required=True)
     src.add_argument("--config", help="an HF config.json (or a directory holding one)")
     src.add_argument("--preset", help="a preset name (see `nonstop info --list`)")
     p.add_argument("--out", required=True, help="output directory")
     p.add_argument("--seed", type=int, default=0, help="random seed (default 0)")
-    p.add_argument("--dtype", default="bfloat16", choices=["float32", "bfloat16", "float16"], help="float weight dtype on disk (default bfloat16)")
+    p.add_argument(
+        "--dtype",
+        default="bfloat16",
+        choices=["float32", "bfloat16", "float16"],
+        help="float weight dtype on disk (default bfloat16)",
+    )
     p.add_argument("--num-layers", type=positive_int, help="keep only the first N layers (a slice of a large model)")
-    p.add_argument("--shard-size", type=float, default=4.0, help="max shard size in GB; more shards get model.safetensors.index.json (default 4)")
+    p.add_argument(
+        "--shard-size",
+        type=float,
+        default=4.0,
+        help="max shard size in GB; more shards get model.safetensors.index.json (default 4)",
+    )
     p.set_defaults(run=run)
 
 
 def run(args) -> int:
+    from nonstop.commands.common import human
     from nonstop.config import ModelConfig
     from nonstop.engine.llm import ASSETS, DTYPES
-    from nonstop.weights.footprint import footprint, human
+    from nonstop.program.footprint import model_footprint
     from nonstop.weights.synth import write_checkpoint
 
     cfg = ModelConfig.from_file(args.config) if args.config else ModelConfig.preset(args.preset)
@@ -33,8 +52,11 @@ def run(args) -> int:
     if args.shard_size <= 0:
         raise ValueError("--shard-size must be positive")
     tokenizer_dir = ASSETS / args.preset if args.preset and (ASSETS / args.preset / "tokenizer.json").exists() else None
-    size = footprint(cfg, args.dtype).weight_bytes
-    print(f"writing {cfg.family} checkpoint ({human(size, 'B')}, {cfg.num_hidden_layers} layers) to {args.out}", file=sys.stderr)
+    size = model_footprint(cfg, DTYPES[args.dtype]).weight_bytes
+    print(
+        f"writing {cfg.family} checkpoint ({human(size, 'B')}, {cfg.num_hidden_layers} layers) to {args.out}",
+        file=sys.stderr,
+    )
 
     tty = sys.stderr.isatty()
 
@@ -42,6 +64,14 @@ def run(args) -> int:
         if done == total or (tty and done % max(1, total // 20) == 0):
             print(f"\r  {done}/{total} tensors", end="\n" if done == total else "", file=sys.stderr, flush=True)
 
-    write_checkpoint(cfg, Path(args.out), seed=args.seed, dtype=DTYPES[args.dtype], max_shard_bytes=int(args.shard_size * 1e9), tokenizer_dir=tokenizer_dir, progress=report)
+    write_checkpoint(
+        cfg,
+        Path(args.out),
+        seed=args.seed,
+        dtype=DTYPES[args.dtype],
+        max_shard_bytes=int(args.shard_size * 1e9),
+        tokenizer_dir=tokenizer_dir,
+        progress=report,
+    )
     print(f"done: {args.out}", file=sys.stderr)
     return 0

@@ -10,8 +10,10 @@ Chunk boundaries depend only on the request (chunk k holds prompt tokens [k·N, 
 tokens do not depend on what else is running (matmul kernels may sum in a different order for a
 different number of rows). ``add`` is admit + the whole prefill at once, returning the first text.
 
-With a ``SpecDecoder`` (``speculative``) each decode step verifies drafted tokens instead
-(``nonstop.engine.spec``): 1..k+1 tokens per request per step, exactly those of plain decoding.
+With a ``SpeculativeDecoder`` (``speculative_decoder``, ``nonstop.engine.speculative``) each decode step
+verifies drafted tokens instead: 1..k+1 tokens per request per step, exactly those of plain decoding.
+The decoder drives the step through the public members below: ``row_groups``, ``finish``, ``fail``,
+``cache``, ``executor`` (a ``runtime.interface.Executor``), ``tokenizer``, ``device``, ``max_len``.
 """
 
 from __future__ import annotations
@@ -20,11 +22,13 @@ import logging
 
 import torch
 
-from nonstop.cache.state import ModelCache
+from nonstop.cache.pages import PAGE_SIZE
+from nonstop.cache.state import INITIAL_SLOT_TOKENS, ModelCache
 from nonstop.config import ModelConfig
 from nonstop.engine.requests import Request
 from nonstop.engine.sampling import sample, top_logprobs
 from nonstop.engine.tokenizer import Tokenizer
+from nonstop.runtime.interface import Executor
 
 log = logging.getLogger("nonstop.engine")
 
@@ -35,10 +39,25 @@ class EngineCore:
     prefill_chunk: prompt tokens per prefill forward and per step (None: whole prompts at once).
     batch_invariant: one forward per row (unless the executor says ``batch_invariant`` itself).
     isolate_errors: an exception in a forward or in sampling ends only the requests it touched
-    (finish_reason ``error``) instead of propagating. speculative: a ``SpecDecoder`` (or None).
+    (finish_reason ``error``) instead of propagating. speculative_decoder: a ``SpeculativeDecoder``
+    (or None: plain decoding).
     """
 
-    def __init__(self, cfg: ModelConfig, executor, tokenizer: Tokenizer, num_slots: int, dtype: torch.dtype, device, max_len: int | None = None, prefill_chunk: int | None = None, batch_invariant: bool = False, isolate_errors: bool = False, page_size: int = 16, speculative=None):
+    def __init__(
+        self,
+        cfg: ModelConfig,
+        executor: Executor,
+        tokenizer: Tokenizer,
+        num_slots: int,
+        dtype: torch.dtype,
+        device,
+        max_len: int | None = None,
+        prefill_chunk: int | None = None,
+        batch_invariant: bool = False,
+        isolate_errors: bool = False,
+        page_size: int = PAGE_SIZE,
+        speculative_decoder=None,
+    ):
         if prefill_chunk is not None and prefill_chunk < 1:
             raise ValueError(f"prefill_chunk must be >= 1 (or None for whole prompts), got {prefill_chunk}")
         self.cfg = cfg
@@ -47,10 +66,12 @@ class EngineCore:
         self.device = device
         self.max_len = max_len or cfg.max_position_embeddings
         self.prefill_chunk = prefill_chunk
-        self.split_rows = batch_invariant and not getattr(executor, "batch_invariant", False)
+        self.split_rows = batch_invariant and not executor.batch_invariant
         self.isolate_errors = isolate_errors
-        self.spec = speculative
-        self.cache = ModelCache(cfg, num_slots, capacity=64, dtype=dtype, device=device, page_size=page_size)
+        self.speculative_decoder = speculative_decoder
+        self.cache = ModelCache(
+            cfg, num_slots, capacity=INITIAL_SLOT_TOKENS, dtype=dtype, device=device, page_size=page_size
+        )
         self.free_slots = list(range(num_slots))[::-1]
         self.prefilling: list[Request] = []
         self.running: list[Request] = []
@@ -68,7 +89,10 @@ class EngineCore:
     def check_length(self, req: Request) -> None:
         total = len(req.prompt_ids) + req.params.max_tokens
         if total > self.max_len:
-            raise ValueError(f"prompt ({len(req.prompt_ids)} tokens) + max_tokens ({req.params.max_tokens}) exceeds the model's context of {self.max_len} tokens")
+            raise ValueError(
+                f"prompt ({len(req.prompt_ids)} tokens) + max_tokens ({req.params.max_tokens}) exceeds the model's "
+                f"context of {self.max_len} tokens"
+            )
 
     # ------------------------------------------------------------------ API
     @torch.inference_mode()
@@ -82,8 +106,8 @@ class EngineCore:
         req.slot = self.free_slots.pop()
         req.prefilled = 0
         self.cache.reset(req.slot)
-        if self.spec is not None:
-            self.spec.start(req)
+        if self.speculative_decoder is not None:
+            self.speculative_decoder.start(req)
         self.prefilling.append(req)
 
     @torch.inference_mode()
@@ -135,7 +159,9 @@ class EngineCore:
             used += n
         return chosen
 
-    def _row_groups(self, reqs: list[Request]) -> list[list[Request]]:
+    def row_groups(self, reqs: list[Request]) -> list[list[Request]]:
+        """The requests that may share one forward: each alone under batch invariance (unless the
+        executor is batch invariant itself), else all together."""
         return [[r] for r in reqs] if self.split_rows else [reqs]
 
     # ------------------------------------------------------------------ forwards
@@ -143,29 +169,28 @@ class EngineCore:
         """One cached forward of ``ids`` [B][T] for the requests' slots; logits, or None if it failed
         and the requests were ended (``isolate_errors``)."""
         batch = self.cache.batch([r.slot for r in reqs], len(ids[0]))
-        taps = self.spec.taps if self.spec is not None else ()
+        decoder = self.speculative_decoder
+        taps = decoder.taps if decoder is not None else ()
         try:
             input_ids = torch.tensor(ids, dtype=torch.long, device=self.device)
             if taps:  # the drafter reads the target's hidden states of every cached position
-                from nonstop.engine.spec.step import forward_rows
-
-                logits, hidden = forward_rows(self.executor, input_ids, self.cache, batch, taps)
+                logits, hidden = self.executor.forward_hidden(input_ids, self.cache, batch, taps)
                 for i, r in enumerate(reqs):
-                    self.spec.observe(r, hidden, i, len(ids[i]))
+                    decoder.observe(r, hidden, i, len(ids[i]))
                 logits = logits[:, -1] if last_only else logits
             else:
                 logits = self.executor.forward(input_ids, self.cache, batch, last_only=last_only)
         except Exception as exc:
-            self._fail(reqs, exc)
+            self.fail(reqs, exc)
             return None
         self.cache.advance(batch)
         return logits
 
     def _decode(self, reqs: list[Request]) -> list[tuple[Request, str]]:
-        if self.spec is not None:
-            return self.spec.decode(self, reqs)
+        if self.speculative_decoder is not None:
+            return self.speculative_decoder.decode(self, reqs)
         out = []
-        for group in self._row_groups(reqs):
+        for group in self.row_groups(reqs):
             logits = self._forward(group, [[r.output_ids[-1]] for r in group], last_only=True)
             for i, r in enumerate(group):
                 out.append((r, "" if logits is None else self._emit(r, logits[i])))
@@ -174,7 +199,9 @@ class EngineCore:
     def _prefill_chunk(self, req: Request) -> str:
         """Run the next chunk of ``req``'s prompt; after the last chunk sample its first token."""
         start = req.prefilled
-        end = len(req.prompt_ids) if self.prefill_chunk is None else min(len(req.prompt_ids), start + self.prefill_chunk)
+        end = (
+            len(req.prompt_ids) if self.prefill_chunk is None else min(len(req.prompt_ids), start + self.prefill_chunk)
+        )
         final = end == len(req.prompt_ids)
         want_prompt = req.params.prompt_logprobs is not None
         logits = self._forward([req], [req.prompt_ids[start:end]], last_only=not want_prompt)
@@ -208,14 +235,19 @@ class EngineCore:
                 row = top_logprobs(torch.log_softmax(logits_row.float(), -1), req.params.logprobs, token)
             text = req.append(token, self.tokenizer, row)
         except Exception as exc:
-            self._fail([req], exc)
+            self.fail([req], exc)
             return ""
         if req.finished:
-            self.running.remove(req)
-            self._release(req)
+            self.finish(req)
         return text
 
-    def _fail(self, reqs: list[Request], exc: Exception) -> None:
+    def finish(self, req: Request) -> None:
+        """A running request that has just finished (``req.finished``) leaves the batch and frees its slot."""
+        self.running.remove(req)
+        self._release(req)
+
+    def fail(self, reqs: list[Request], exc: Exception) -> None:
+        """End ``reqs`` with finish_reason ``error`` (``isolate_errors``), else raise ``exc``."""
         if not self.isolate_errors:
             raise exc
         log.exception("request(s) %s failed", ", ".join(r.request_id for r in reqs), exc_info=exc)

@@ -13,8 +13,8 @@ from nonstop.config import ConfigError, ModelConfig, preset_names
 from nonstop.engine.core import EngineCore
 from nonstop.engine.requests import Request, RequestOutput
 from nonstop.engine.sampling import SamplingParams
-from nonstop.engine.spec.config import SpecConfig, make_drafter
-from nonstop.engine.spec.step import SpecDecoder
+from nonstop.engine.speculative.config import SpeculativeConfig, make_drafter
+from nonstop.engine.speculative.step import SpeculativeDecoder
 from nonstop.engine.tokenizer import Tokenizer
 from nonstop.runtime import make_executor
 
@@ -83,7 +83,7 @@ class LLM:
     backend: ``reference`` | ``superop`` | ``megakernel``. max_batch: sequences decoded together.
     prefill_chunk: prompt tokens per prefill forward (None: whole prompts). batch_invariant: each
     sequence in a forward of its own, so its tokens do not depend on the others (see ``EngineCore``).
-    speculative: ``{"method": "ngram" | "dspark", "num_tokens": k, ...}`` (``SpecConfig``): draft k
+    speculative: ``{"method": "ngram" | "dspark", "num_tokens": k, ...}`` (``SpeculativeConfig``): draft k
     tokens per step and verify them in one forward; outputs stay exactly those of plain decoding
     (greedy; sampling: exactly distributed), and each output's metrics gain drafted_tokens,
     accepted_tokens, verify_steps and mean_accepted_length (tokens per verification step).
@@ -109,8 +109,8 @@ class LLM:
         self.max_batch = max_batch
         self.prefill_chunk = prefill_chunk
         self.batch_invariant = batch_invariant
-        self.speculative = SpecConfig.parse(speculative)
-        self.drafter = make_drafter(self.speculative, self.model, self.model_dir) if self.speculative else None
+        self.speculative_config = SpeculativeConfig.parse(speculative)
+        self.drafter = make_drafter(self.speculative_config, self.model, self.model_dir) if self.speculative_config else None
         self._ids = itertools.count()
 
     # ------------------------------------------------------------------ requests
@@ -130,8 +130,9 @@ class LLM:
 
     def new_core(self, num_slots: int, isolate_errors: bool = False, max_len: int | None = None) -> EngineCore:
         """An ``EngineCore`` with ``num_slots`` slots and this LLM's prefill chunk and batch invariance."""
-        spec = SpecDecoder(self.speculative, self.drafter) if self.speculative else None
-        return EngineCore(self.cfg, self.executor, self.tokenizer, num_slots, self.dtype, self.device, max_len=max_len, prefill_chunk=self.prefill_chunk, batch_invariant=self.batch_invariant, isolate_errors=isolate_errors, speculative=spec)
+        config = self.speculative_config
+        decoder = SpeculativeDecoder(config, self.drafter) if config else None
+        return EngineCore(self.cfg, self.executor, self.tokenizer, num_slots, self.dtype, self.device, max_len=max_len, prefill_chunk=self.prefill_chunk, batch_invariant=self.batch_invariant, isolate_errors=isolate_errors, speculative_decoder=decoder)
 
     def generate(self, prompts=None, sampling: SamplingParams | list[SamplingParams] | None = None, prompt_token_ids=None) -> list[RequestOutput]:
         """Generate for each prompt (strings) or each token-id list; one RequestOutput per prompt, in order."""

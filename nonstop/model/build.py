@@ -8,6 +8,7 @@ import torch
 
 from nonstop.config import ModelConfig
 from nonstop.model.stack import CausalLM
+from nonstop.weights.layout import checkpoint_layout
 from nonstop.weights.loader import load_state_dict
 from nonstop.weights.synth import random_state_dict
 
@@ -19,7 +20,9 @@ def _assemble(cfg: ModelConfig, state: dict) -> CausalLM:
     return model.eval().requires_grad_(False)
 
 
-def load_model(cfg: ModelConfig, model_dir: str | Path, dtype: torch.dtype = torch.float32, device="cpu", progress=None) -> CausalLM:
+def load_model(
+    cfg: ModelConfig, model_dir: str | Path, dtype: torch.dtype = torch.float32, device="cpu", progress=None
+) -> CausalLM:
     """``cfg``'s model with the weights of ``model_dir`` (memory-mapped read, no random init)."""
     return _assemble(cfg, load_state_dict(cfg, model_dir, dtype, device, progress))
 
@@ -27,3 +30,10 @@ def load_model(cfg: ModelConfig, model_dir: str | Path, dtype: torch.dtype = tor
 def random_model(cfg: ModelConfig, dtype: torch.dtype = torch.float32, device="cpu", seed: int = 0) -> CausalLM:
     """``cfg``'s model with the random weights ``nonstop synth`` would write for ``seed``."""
     return _assemble(cfg, random_state_dict(cfg, dtype, device, seed))
+
+
+def meta_model(cfg: ModelConfig, dtype: torch.dtype = torch.float32) -> CausalLM:
+    """``cfg``'s model on the meta device, every parameter in the dtype a loaded model gives it (router,
+    A_log, dt_bias fp32; packed experts uint8): shapes and bytes at any scale, no memory."""
+    state = {s.param: torch.empty(s.shape, dtype=s.torch_dtype(dtype), device="meta") for s in checkpoint_layout(cfg)}
+    return _assemble(cfg, state)

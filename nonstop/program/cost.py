@@ -1,22 +1,83 @@
-"""Cost of each super-op per step: weight bytes streamed, bytes read / written, FLOPs, nominal tiles.
+"""The cost model: what each super-op of a decode step moves and computes, and the tiles it splits into.
 
-rows = R tokens in the step; context = tokens already cached per sequence (attention reads them);
-sequences = B (rows = B·T; default: one token per sequence). KDA state and conv windows move once per
-sequence, whatever T.
-Routed experts stream only the distinct experts the rows select: min(E, rows·top_k) of them.
+It is the one cost model of the project: ``nonstop program`` prints it per op; ``nonstop info``, the
+benchmarks' bandwidth floors and the tuners read its totals through ``program/footprint.py``;
+``tests/program/test_cost_model.py`` checks it against counts made without it (the tensors of built
+models, checkpoints on disk, the caches' real buffers, the megakernel's tiling).
+
+A step has ``rows`` = R tokens of ``sequences`` = B sequences (R = B·T; default B = R: one token each)
+at ``context`` tokens already cached per sequence.
+
+  weight_bytes   every tensor the op streams, once per step, except the embedding (R rows of the table)
+                 and routed experts (the min(E, R·top_k) distinct experts R rows can select).
+  bytes_read     weights + activation rows read + cache / state reads: attention reads context + 1 keys
+                 per row, KDA its recurrent state and conv window once per sequence.
+  bytes_written  activation rows written + cache appends (one entry per token) + KDA state writes.
+  flops          2 · matmul weight elements · R, plus attention (per key) and the KDA state update.
+  tiles          GEMVs: one tile per TILE_N output rows of each weight pass; attention: one per
+                 (sequence, head) - MLA: (sequence, block of ATTN_BLOCK_M (token, head) items, split of
+                 ATTN_SPLIT_KEYS keys) plus one combine tile per head; rows-wise ops: one per row.
 """
 
 from __future__ import annotations
 
 import math
 
+from nonstop.config import ModelConfig
 from nonstop.program.ir import Cost, Program, SuperOp
 
-TILE_N = 64  # nominal output rows per GEMV tile
+TILE_N = 64  # GEMV output rows (moe_experts: intermediate rows) per tile
+ATTN_SPLIT_KEYS = 256  # cached keys per split-KV tile of MLA attention
+ATTN_BLOCK_M = 32  # (token, head) query items per MLA attention tile
+KDA_STATE_BYTES = 4  # the KDA recurrent state is fp32 whatever the model dtype
+
+
+# ----------------------------------------------------------------------------- caches and states
+
+
+def cache_token_bytes(cfg: ModelConfig, kind: str, elt: int) -> int:
+    """Bytes one token adds to the attention cache of a layer of ``kind`` (elt: the cache's element size)."""
+    if kind == "mla":
+        return cfg.mla.cache_dim * elt
+    if kind == "gqa":
+        return 2 * cfg.gqa.num_kv_heads * cfg.gqa.head_dim * elt
+    return 0
+
+
+def kda_state_bytes(cfg: ModelConfig) -> int:
+    """One KDA layer's recurrent state per sequence: [H, D, D] fp32."""
+    k = cfg.kda
+    return k.num_heads * k.head_dim * k.head_dim * KDA_STATE_BYTES
+
+
+def kda_window_bytes(cfg: ModelConfig, elt: int) -> int:
+    """One KDA layer's short-conv windows per sequence: [3, H·D, K-1] in the model dtype."""
+    k = cfg.kda
+    return 3 * k.proj_dim * (k.conv_size - 1) * elt
+
+
+def cache_bytes_per_token(cfg: ModelConfig, elt: int) -> int:
+    """Attention-cache bytes per token, all layers."""
+    return sum(cache_token_bytes(cfg, kind, elt) for kind in cfg.attn_types)
+
+
+def state_bytes_per_sequence(cfg: ModelConfig, elt: int) -> int:
+    """KDA recurrent states + conv windows per sequence, all layers."""
+    return cfg.num_kda_layers * (kda_state_bytes(cfg) + kda_window_bytes(cfg, elt)) if cfg.kda else 0
+
+
+# ----------------------------------------------------------------------------- bytes and FLOPs
 
 
 def _nbytes(t) -> int:
     return t.numel() * t.element_size()
+
+
+def weight_elements(role: str, t) -> int:
+    """Weight values a tensor holds: packed MXFP4 bytes hold two, block scales none."""
+    if role.endswith("_scale"):
+        return 0
+    return 2 * t.numel() if role.endswith("_packed") else t.numel()
 
 
 def _expert_bytes(op: SuperOp, rows: int) -> tuple[int, int]:
@@ -24,8 +85,7 @@ def _expert_bytes(op: SuperOp, rows: int) -> tuple[int, int]:
     mc = op.attrs["moe"]
     experts = {n: t for n, t in op.weights.items() if n != "bias"}
     per_expert = sum(_nbytes(t) for t in experts.values()) // mc.num_experts
-    # packed MXFP4 holds two weights per byte; its scales are not matmul elements
-    elements = sum(2 * t.numel() if n.endswith("_packed") else t.numel() for n, t in experts.items() if not n.endswith("_scale")) // mc.num_experts
+    elements = sum(weight_elements(n, t) for n, t in experts.items()) // mc.num_experts
     distinct = min(mc.num_experts, rows * mc.top_k)
     return per_expert * distinct + _nbytes(op.weights["bias"]), elements * rows * mc.top_k
 
@@ -39,13 +99,13 @@ def make_cost(op: SuperOp, program: Program):
     cfg = program.cfg
     mdt = program.dtype.itemsize
 
-    def cost(rows: int, context: int, sequences: int | None = None) -> Cost:
+    def cost(rows: int, context: int = 0, sequences: int | None = None) -> Cost:
         seqs = rows if sequences is None else sequences
         weight = sum(_nbytes(t) for t in op.weights.values())
         flops = 2 * matmul * rows
         extra_read = extra_write = 0
         if op.kind == "embed":
-            weight = rows * cfg.hidden_size * mdt
+            weight = rows * cfg.hidden_size * op.weights["embed"].element_size()
             flops = 0
         elif op.kind == "moe_experts":
             weight, elements = _expert_bytes(op, rows)
@@ -53,23 +113,21 @@ def make_cost(op: SuperOp, program: Program):
         elif op.kind == "mla_attn":
             m = cfg.mla
             keys = context + 1
-            extra_read = rows * keys * m.cache_dim * mdt
+            extra_read = rows * keys * cache_token_bytes(cfg, "mla", mdt)
             flops += 2 * rows * keys * m.num_heads * (m.cache_dim + m.kv_lora_rank)
         elif op.kind == "gqa_attn":
             g = cfg.gqa
             keys = context + 1
-            extra_read = rows * keys * 2 * g.num_kv_heads * g.head_dim * mdt
+            extra_read = rows * keys * cache_token_bytes(cfg, "gqa", mdt)
             flops += 4 * rows * keys * g.num_heads * g.head_dim
         elif op.kind in ("mla_q_up", "gqa_qkv_rope"):
-            extra_write = rows * (cfg.mla.cache_dim if op.kind == "mla_q_up" else 2 * cfg.gqa.num_kv_heads * cfg.gqa.head_dim) * mdt
+            extra_write = rows * cache_token_bytes(cfg, "mla" if op.kind == "mla_q_up" else "gqa", mdt)
         elif op.kind == "kda_core":
             k = cfg.kda
-            state = k.num_heads * k.head_dim * k.head_dim * 4
-            extra_read, extra_write = seqs * state, seqs * state
+            extra_read = extra_write = seqs * kda_state_bytes(cfg)
             flops += 6 * rows * k.num_heads * k.head_dim * k.head_dim
         elif op.kind == "kda_in_proj":
-            window = 3 * cfg.kda.proj_dim * (cfg.kda.conv_size - 1) * mdt
-            extra_read, extra_write = seqs * window, seqs * window
+            extra_read = extra_write = seqs * kda_window_bytes(cfg, mdt)
         elif op.kind == "attnres_mix_norm":  # reads only the n_blocks live sources of "blocks"
             sources = op.attrs["n_blocks"] + 1
             read = weight + rows * sources * cfg.hidden_size * mdt
@@ -80,22 +138,53 @@ def make_cost(op: SuperOp, program: Program):
     return cost
 
 
-def make_tiles(op: SuperOp, program: Program):
-    cfg = program.cfg
+# ----------------------------------------------------------------------------- tiles
 
-    def tiles(rows: int, sequences: int | None = None) -> int:
-        if op.kind == "kda_core":  # one tile per (sequence, head)
-            return cfg.kda.num_heads * (rows if sequences is None else sequences)
-        if op.kind in ("mla_attn", "gqa_attn"):
-            heads = cfg.mla.num_heads if op.kind == "mla_attn" else cfg.gqa.num_kv_heads
-            return heads * rows
-        if op.kind == "moe_experts":
-            mc = op.attrs["moe"]
-            return min(mc.num_experts, rows * mc.top_k) * math.ceil(mc.intermediate_size / TILE_N)
-        if op.kind in ("embed", "attnres_mix_norm"):
-            return rows
-        out = sum(t.shape[0] for n, t in op.weights.items() if t.dim() >= 2 and n not in ("embed", "conv"))
-        return max(1, math.ceil(out / TILE_N))
+
+def _blocks(n: int) -> int:
+    return math.ceil(n / TILE_N)
+
+
+def _mla_attn_tiles(op: SuperOp, rows: int, seqs: int, context: int) -> int:
+    heads = op.attrs["heads"]
+    tokens = rows // seqs
+    splits = math.ceil((context + tokens) / ATTN_SPLIT_KEYS)
+    return seqs * math.ceil(tokens * heads / ATTN_BLOCK_M) * splits + heads
+
+
+def _moe_front_tiles(op: SuperOp, cfg: ModelConfig) -> int:
+    mc = cfg.moe
+    shared = _blocks(op.attrs["shared_width"]) if "shared_gate_up" in op.weights else 0
+    return _blocks(mc.num_experts) + _blocks(mc.latent_size or cfg.hidden_size) + shared
+
+
+# tiles(op, cfg, rows, sequences, context) per op kind
+_TILES = {
+    "embed": lambda op, cfg, r, b, c: r,
+    "attnres_mix_norm": lambda op, cfg, r, b, c: r,
+    "linear_residual": lambda op, cfg, r, b, c: _blocks(op.weights["w"].shape[0]),
+    "lm_head": lambda op, cfg, r, b, c: _blocks(op.weights["w"].shape[0]),
+    "mlp": lambda op, cfg, r, b, c: _blocks(op.weights["gate"].shape[0]) + _blocks(op.weights["down"].shape[0]),
+    "gqa_qkv_rope": lambda op, cfg, r, b, c: op.attrs["heads"] + 2 * op.attrs["kv_heads"],
+    "gqa_attn": lambda op, cfg, r, b, c: b * op.attrs["kv_heads"],
+    "mla_in_proj": lambda op, cfg, r, b, c: _blocks(sum(op.attrs["in_sizes"])),
+    "mla_q_up": lambda op, cfg, r, b, c: op.attrs["heads"] + 1,
+    "mla_attn": lambda op, cfg, r, b, c: _mla_attn_tiles(op, r, b, c),
+    "kda_in_proj": lambda op, cfg, r, b, c: _blocks(sum(op.attrs["in_sizes"])),
+    "kda_core": lambda op, cfg, r, b, c: b * op.attrs["heads"],
+    "moe_front": lambda op, cfg, r, b, c: _moe_front_tiles(op, cfg),
+    "moe_experts": lambda op, cfg, r, b, c: (
+        min(cfg.moe.num_experts, r * cfg.moe.top_k) * _blocks(cfg.moe.intermediate_size)
+    ),
+    "moe_tail": lambda op, cfg, r, b, c: _blocks(cfg.hidden_size),
+}
+
+
+def make_tiles(op: SuperOp, program: Program):
+    rule = _TILES[op.kind]
+
+    def tiles(rows: int, context: int = 0, sequences: int | None = None) -> int:
+        return rule(op, program.cfg, rows, rows if sequences is None else sequences, context)
 
     return tiles
 

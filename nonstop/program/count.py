@@ -1,4 +1,5 @@
-"""Count the aten operators a reference decode step dispatches (the "eager ops per step")."""
+"""Count the aten operators a reference decode step dispatches (the "eager ops per step"), and lower a
+model of any size for reports (``nonstop program``, ``bench/readme_numbers.py``)."""
 
 from __future__ import annotations
 
@@ -8,7 +9,14 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from nonstop.cache.state import ModelCache
+from nonstop.config import ModelConfig
+from nonstop.model.build import meta_model, random_model
 from nonstop.model.stack import CausalLM
+from nonstop.program.ir import Program
+from nonstop.program.lower import lower
+from nonstop.program.twin import narrow_twin
+
+INSTANTIATE_LIMIT = 2e9  # bytes of fp32 weights up to which a report builds the real-shaped model on the CPU
 
 
 class OpCounter(TorchDispatchMode):
@@ -42,3 +50,15 @@ def count_decode_ops(model: CausalLM, context: int = 8) -> OpCounter:
     with counter:
         model(ids[:, -1:], cache, step, last_only=True)
     return counter
+
+
+def decode_program(cfg: ModelConfig, dtype: torch.dtype) -> tuple[Program, int, str]:
+    """(the decode Program of ``cfg`` with weights in ``dtype``, the eager aten ops of one reference
+    decode step, what they were counted on). Up to ``INSTANTIATE_LIMIT`` bytes of fp32 weights the model
+    is built with random weights and counted itself; a larger one is lowered on the meta device and its
+    ops counted on a narrow twin (same layers, kinds and top-k, tiny widths: the same ops)."""
+    if sum(t.numel() * t.element_size() for t in meta_model(cfg).state_dict().values()) <= INSTANTIATE_LIMIT:
+        model = random_model(cfg, dtype)
+        return lower(model), count_decode_ops(model).total, "this model"
+    eager = count_decode_ops(random_model(narrow_twin(cfg), torch.float32)).total
+    return lower(meta_model(cfg, dtype)), eager, "a narrow twin (same layers, kinds and top-k; tiny widths)"

@@ -13,12 +13,14 @@ and ``blocks`` ([R, n_blocks, d]). Sublayer inputs are normalised inside the con
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Callable
 
 import torch
 
 from nonstop.config import ModelConfig
+
+MAX_STEP_ROWS = 16  # rows (B·T) a decode step runs through the Program: decode batches, verification blocks
 
 
 @dataclass(frozen=True)
@@ -49,7 +51,7 @@ class Cost:
     bytes_written: int
     flops: int
 
-    def __add__(self, other: "Cost") -> "Cost":
+    def __add__(self, other: Cost) -> Cost:
         return Cost(*(a + b for a, b in zip(self.as_tuple(), other.as_tuple())))
 
     def as_tuple(self):
@@ -61,14 +63,14 @@ class SuperOp:
     """One super-operator instance.
 
     name:    unique, e.g. ``L3.kda_core``
-    kind:    catalog entry (``program/catalog.py``) - selects the reference twin and the kernel
+    kind:    op kind - selects the reference twin (``program/reference.py``) and the kernel
     layer:   decoder layer index (None for embed / head)
     reads / writes: activation buffer names (``cache`` and ``state`` side effects are in ``attrs``)
     weights: the tensors it streams, by role (views of the model's parameters)
     attrs:   static facts (dims, eps, flags, the layer's cache index ...)
-    cost:    ``cost(rows, context, sequences=None) -> Cost`` for a step of ``rows`` rows of ``sequences``
-             sequences (default: one row each) at ``context`` cached tokens
-    tiles:   ``tiles(rows, sequences=None) -> int`` nominal tile count of its grid
+    cost:    ``cost(rows, context=0, sequences=None) -> Cost`` for a step of ``rows`` rows of ``sequences``
+             sequences (default: one row each) at ``context`` cached tokens (``program/cost.py``)
+    tiles:   ``tiles(rows, context=0, sequences=None) -> int``: the tiles its work splits into
     """
 
     name: str
@@ -91,7 +93,7 @@ class Program:
     ops: list[SuperOp]
     buffers: dict[str, BufferSpec]
     dtype: torch.dtype
-    max_rows: int = 16
+    max_rows: int = MAX_STEP_ROWS
 
     def total_cost(self, rows: int = 1, context: int = 0, sequences: int | None = None) -> Cost:
         total = Cost(0, 0, 0, 0)
@@ -101,4 +103,7 @@ class Program:
 
     def allocate(self, rows: int, device) -> dict[str, torch.Tensor]:
         """Fresh activation buffers for ``rows`` rows."""
-        return {b.name: torch.empty(rows, *b.row_shape, dtype=b.torch_dtype(self.dtype), device=device) for b in self.buffers.values()}
+        return {
+            b.name: torch.empty(rows, *b.row_shape, dtype=b.torch_dtype(self.dtype), device=device)
+            for b in self.buffers.values()
+        }

@@ -1,6 +1,6 @@
 """Residual-stream taps that a Program step still holds in its buffers when the step ends.
 
-A drafter (``engine/spec``) reads the target's residual stream entering layer l ("tap l", as
+A drafter (``engine/speculative``) reads the target's residual stream entering layer l ("tap l", as
 ``CausalLM.body``'s ``capture``). After the last op of a step the Program keeps:
   * AttnRes models: ``blocks`` [R, n_blocks, d] — block j's sum is the stream entering layer
     j·block_size, so every tap at a block boundary (0 = the embedding) — and ``partial`` [R, d], the
@@ -22,13 +22,17 @@ def available_taps(cfg: ModelConfig) -> tuple[int, ...]:
     return (L,)
 
 
-def read_taps(cfg: ModelConfig, buf: dict[str, torch.Tensor], taps: tuple[int, ...], B: int, T: int) -> dict[int, torch.Tensor]:
+def read_taps(
+    cfg: ModelConfig, buf: dict[str, torch.Tensor], taps: tuple[int, ...], B: int, T: int
+) -> dict[int, torch.Tensor]:
     """{tap: [B, T, d]} (copies) from a finished step's buffers; ValueError for a tap not kept."""
     L = cfg.num_hidden_layers
     out = {}
     for tap in taps:
         if tap not in available_taps(cfg):
-            raise ValueError(f"the decode program keeps the residual stream only at layers {available_taps(cfg)}, not {tap}")
+            raise ValueError(
+                f"the decode program keeps the residual stream only at layers {available_taps(cfg)}, not {tap}"
+            )
         if tap == L:
             src = buf["partial"] if cfg.uses_attn_res else buf["h"]
         else:

@@ -1,9 +1,7 @@
-"""The executor interface and the registry of backends.
+"""The registry of backends (``make_executor``) and the ``reference`` executor.
 
-An executor runs ``forward(input_ids [B, T], cache, batch, last_only) -> fp32 logits`` for a loaded
-model; all executors must give the reference's tokens. ``forward_hidden(input_ids, cache, batch,
-taps)`` (optional) also returns the residual stream at the listed layers (a DSpark drafter reads
-them). ``stats`` reports per-step facts such as kernel launches.
+Every backend implements ``runtime.interface.Executor`` (forward, forward_hidden, name, stats,
+batch_invariant, max_rows) and must give the reference's tokens.
 """
 
 from __future__ import annotations
@@ -14,9 +12,10 @@ import torch
 
 from nonstop.cache.state import ModelCache, StepBatch
 from nonstop.model.stack import CausalLM
+from nonstop.runtime.interface import Executor
 
 
-class ReferenceExecutor:
+class ReferenceExecutor(Executor):
     """Every layer as plain torch ops — readable, the oracle for the others."""
 
     name = "reference"
@@ -25,7 +24,9 @@ class ReferenceExecutor:
         self.model = model
         self.stats: dict = {}
 
-    def forward(self, input_ids: torch.Tensor, cache: ModelCache | None, batch: StepBatch | None, last_only: bool = False) -> torch.Tensor:
+    def forward(
+        self, input_ids: torch.Tensor, cache: ModelCache | None, batch: StepBatch | None, last_only: bool = False
+    ) -> torch.Tensor:
         return self.model(input_ids, cache, batch, last_only=last_only)
 
     def forward_hidden(self, input_ids: torch.Tensor, cache: ModelCache, batch: StepBatch, taps: tuple[int, ...]):
@@ -56,7 +57,7 @@ def triton_interpreter() -> bool:
     return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
 
 
-def make_executor(backend: str, model: CausalLM):
+def make_executor(backend: str, model: CausalLM) -> Executor:
     if backend not in BACKENDS:
         raise ValueError(f"unknown backend {backend!r}; choose one of: {', '.join(BACKENDS)}")
     device = model.embed_tokens.weight.device
@@ -72,5 +73,7 @@ def make_executor(backend: str, model: CausalLM):
         if exc.name and exc.name.startswith("nonstop.runtime"):
             raise ValueError(f"backend {backend!r} is not available in this build") from None
         if exc.name == "triton":
-            raise ValueError(f"backend {backend!r} needs Triton: pip install 'triton>=3.6' (or use backend='reference')") from None
+            raise ValueError(
+                f"backend {backend!r} needs Triton: pip install 'triton>=3.6' (or use backend='reference')"
+            ) from None
         raise

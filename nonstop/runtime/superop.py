@@ -3,7 +3,7 @@
 With ``use_kernels`` every op is one Triton launch (``nonstop/kernels``); without, each op runs its
 plain-torch twin (``program/reference.py``) - the same program, used to test the decomposition on
 any machine. Steps of more than ``program.max_rows`` rows (long prefills) and cache-free scoring run
-the reference model; decode and speculative verification (1..16 rows) run the program.
+the reference model; decode and speculative verification (up to ``max_rows`` rows) run the program.
 
 Per step shape (B sequences × T tokens) the executor owns a ``StaticStep``: the Program's activation
 buffers, allocated once and reused by every step of that shape, and the step's own ``slots`` /
@@ -30,19 +30,22 @@ from dataclasses import dataclass
 import torch
 
 from nonstop.cache.state import ModelCache, StepBatch
+from nonstop.model.rows import is_row_exact
 from nonstop.model.stack import CausalLM
 from nonstop.program.ir import Program
 from nonstop.program.lower import lower
 from nonstop.program.reference import REFERENCE, StepEnv
-from nonstop.runtime.cuda_graph import CapturedStep, fit_pools, graphs_wanted, module_containers, new_pool, pdl_support, storage_signature
+from nonstop.runtime.cuda_graph import (
+    CapturedStep,
+    fit_pools,
+    graphs_wanted,
+    module_containers,
+    new_pool,
+    pdl_support,
+    storage_signature,
+)
+from nonstop.runtime.interface import Executor
 from nonstop.runtime.launch_count import LaunchCounter
-
-try:  # row-exact mode of speculative verification (a step shape of its own when it exists)
-    from nonstop.model.rows import is_row_exact
-except ImportError:  # pragma: no cover - older trees
-
-    def is_row_exact() -> bool:
-        return False
 
 
 def kernel_table() -> dict:
@@ -85,14 +88,14 @@ class StaticStep:
             self.start = torch.zeros(B, dtype=torch.long, device=device)
         self.B, self.T = B, T
         self.name = f"{B}x{T}" + ("+states" if keep_states else "") + ("+row_exact" if key[3] else "")
-        self.batch = StepBatch(self.slots, self.start, T, **({"keep_states": True} if keep_states else {}))
+        self.batch = StepBatch(self.slots, self.start, T, keep_states)
         self.graph = CapturedStep(pool, emulate)
         self.launches: dict | None = None
         self.counts_left = 3  # eager steps that may still be counted (until two counts agree)
         self.graph_off: str | None = None  # why this shape runs without a graph
 
 
-class SuperOpExecutor:
+class SuperOpExecutor(Executor):
     """``forward(input_ids [B, T], cache, batch, last_only)`` -> fp32 logits, through the Program.
 
     use_kernels: Triton kernels (else the twins). graphs: True | False | "auto" (CUDA with kernels) |
@@ -105,7 +108,16 @@ class SuperOpExecutor:
 
     name = "superop"
 
-    def __init__(self, model: CausalLM, use_kernels: bool = True, graphs="auto", pdl="auto", kernels: dict | None = None, copy_logits: bool = True, program: Program | None = None):
+    def __init__(
+        self,
+        model: CausalLM,
+        use_kernels: bool = True,
+        graphs="auto",
+        pdl="auto",
+        kernels: dict | None = None,
+        copy_logits: bool = True,
+        program: Program | None = None,
+    ):
         self.model = model
         self.program = program if program is not None else lower(model)
         self.device = model.embed_tokens.weight.device
@@ -130,7 +142,11 @@ class SuperOpExecutor:
         self.copy_logits = copy_logits
         self._pool = new_pool(self.device) if self.graphs and not self.emulate else None
         self._steps: dict[tuple, StaticStep] = {}
-        kernel_modules = [m for name, m in sorted(sys.modules.items()) if name.startswith("nonstop.kernels.") and m is not None] if use_kernels else []
+        kernel_modules = (
+            [m for name, m in sorted(sys.modules.items()) if name.startswith("nonstop.kernels.") and m is not None]
+            if use_kernels
+            else []
+        )
         self._kept = module_containers(kernel_modules)  # kernel workspaces: part of the storage signature
         self.stats = {
             "launches_per_step": None,
@@ -145,6 +161,11 @@ class SuperOpExecutor:
             "graphs": graphs_reason,
             "pdl": ("on: " if self.pdl else "off: ") + pdl_reason,
         }
+
+    @property
+    def max_rows(self) -> int:
+        """Rows a step runs through the program; larger steps run the reference model."""
+        return self.program.max_rows
 
     # ------------------------------------------------------------------ static state
     def static_step(self, B: int, T: int, keep_states: bool = False) -> StaticStep:
@@ -183,7 +204,11 @@ class SuperOpExecutor:
             self._publish(step)
             return
         launches = self._launch_counted(env, step)
-        step.counts_left = 0 if step.launches is not None and step.launches["launches"] == launches["launches"] else step.counts_left - 1
+        step.counts_left = (
+            0
+            if step.launches is not None and step.launches["launches"] == launches["launches"]
+            else step.counts_left - 1
+        )
         self._record(step, launches)
 
     def _publish(self, step: StaticStep) -> None:
@@ -204,7 +229,11 @@ class SuperOpExecutor:
         env = ExecEnv(step.buf, cache, step.batch, pdl=self.pdl)
         self._run_eagerly(env, step, count=self.emulate)  # a real CUDA capture counts below instead
         counted: dict = {}
-        record = (lambda: self._launch_all(env)) if self.emulate else (lambda: counted.update(self._launch_counted(env, step)))
+        record = (
+            (lambda: self._launch_all(env))
+            if self.emulate
+            else (lambda: counted.update(self._launch_counted(env, step)))
+        )
         try:  # the eager step may have grown storage (a workspace, KDA histories): sign what is captured
             step.graph.capture(record, self.storage_signature(cache))
             self.stats["graph_captures"] += 1
@@ -224,7 +253,7 @@ class SuperOpExecutor:
     def run_program(self, input_ids: torch.Tensor, cache: ModelCache, batch: StepBatch) -> torch.Tensor:
         """One step through the program; returns the static logits buffer viewed as [B, T, V] (fp32)."""
         B, T = input_ids.shape
-        step = self.static_step(B, T, getattr(batch, "keep_states", False))
+        step = self.static_step(B, T, batch.keep_states)
         step.buf["ids"].copy_(input_ids.reshape(-1))
         if self.graphs and step.graph_off is None:
             step.slots.copy_(batch.slots)
@@ -234,8 +263,10 @@ class SuperOpExecutor:
             self._run_eagerly(ExecEnv(step.buf, cache, batch, pdl=self.pdl), step)
         return step.buf["logits"].view(B, T, -1)
 
-    def forward(self, input_ids: torch.Tensor, cache: ModelCache | None, batch: StepBatch | None, last_only: bool = False) -> torch.Tensor:
-        if cache is None or input_ids.numel() > self.program.max_rows:
+    def forward(
+        self, input_ids: torch.Tensor, cache: ModelCache | None, batch: StepBatch | None, last_only: bool = False
+    ) -> torch.Tensor:
+        if cache is None or input_ids.numel() > self.max_rows:
             self.stats["reference_steps"] += 1
             return self.model(input_ids, cache, batch, last_only=last_only)
         self.stats["program_steps"] += 1
@@ -250,11 +281,11 @@ class SuperOpExecutor:
         (``program/taps.py``: AttnRes block boundaries and the last layer's)."""
         from nonstop.program.taps import read_taps
 
-        if input_ids.numel() > self.program.max_rows:
+        if input_ids.numel() > self.max_rows:
             self.stats["reference_steps"] += 1
             return self.model.forward_hidden(input_ids, cache, batch, taps)
         self.stats["program_steps"] += 1
         B, T = input_ids.shape
         logits = self.run_program(input_ids, cache, batch)
-        buf = self.static_step(B, T, getattr(batch, "keep_states", False)).buf
+        buf = self.static_step(B, T, batch.keep_states).buf
         return logits.clone(), read_taps(self.model.cfg, buf, tuple(taps), B, T)

@@ -28,7 +28,7 @@ from nonstop.train.export import save_checkpoint
 from nonstop.train.plot import plot_loss_curve
 from nonstop.train.tokens import DEFAULT_CACHE_DIR, cached_token_ids
 from nonstop.train.trainer import TrainConfig, init_model, train
-from nonstop.weights.footprint import footprint
+from nonstop.program.footprint import model_footprint
 
 SAMPLE_PROMPTS = ("The", "The Python interpreter", "A list is", "To open a file,", "This module provides")
 FINAL_CONTEXT = 512
@@ -55,7 +55,7 @@ def run_training(corpus_dir: Path, tokenizer_dir: Path, cfg: ModelConfig, tc: Tr
     top = int(max(train_ids.max(), heldout_ids.max()))
     if top >= cfg.vocab_size:
         raise ValueError(f"tokenizer id {top} does not fit the model's vocabulary of {cfg.vocab_size}")
-    fp = footprint(cfg, "bfloat16")
+    fp = model_footprint(cfg, torch.bfloat16)
     log(f"model: {cfg.family}, {fp.total_params / 1e6:.2f}M parameters ({fp.active_params / 1e6:.2f}M active + {fp.embedding_params / 1e6:.2f}M embedding), {fp.weight_bytes / 1e6:.1f} MB in bf16")
     log(f"data: {len(train_ids):,} training tokens, {len(heldout_ids):,} held-out tokens; batch {tc.batch_size} x {tc.seq_len}; {tc.threads} threads; budget {tc.minutes:g} min")
     model = init_model(cfg, tc.seed)

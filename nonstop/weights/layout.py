@@ -1,8 +1,8 @@
 """The checkpoint layout of a model: every parameter, its shape, and its Hugging Face tensor name(s).
 
 This table is the single source of truth for names. The loader reads it (HF name -> parameter),
-``nonstop synth`` writes it (random tensors under the same names and shapes), and ``nonstop info``
-counts it (parameters and bytes without building the model).
+``nonstop synth`` writes it (random tensors under the same names and shapes), and
+``model.build.meta_model`` builds a model without weights from it (``nonstop info``, ``nonstop program``).
 
 Internal parameter paths are the HF names without the family prefix, with three normalisations:
 the FFN module is always ``mlp`` (Kimi checkpoints say ``block_sparse_moe``), routed experts are stacked
@@ -14,6 +14,8 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
+
+import torch
 
 from nonstop.config import ModelConfig
 from nonstop.weights import mxfp4
@@ -47,6 +49,10 @@ class TensorSpec:
             n *= s
         return n
 
+    def torch_dtype(self, model_dtype: torch.dtype) -> torch.dtype:
+        """The dtype this tensor has in a model of ``model_dtype`` (``kind`` fp32 / u8 keep theirs)."""
+        return {"float": model_dtype, "fp32": torch.float32, "u8": torch.uint8}[self.kind]
+
 
 class _Builder:
     def __init__(self):
@@ -54,7 +60,9 @@ class _Builder:
 
     def add(self, param, shape, name, kind="float", init="normal", aliases=(), hf_shape=None):
         shape = tuple(shape)
-        self.specs.append(TensorSpec(param, shape, (name,), tuple(hf_shape or shape), kind, tuple((a,) for a in aliases), init))
+        self.specs.append(
+            TensorSpec(param, shape, (name,), tuple(hf_shape or shape), kind, tuple((a,) for a in aliases), init)
+        )
 
     def add_stacked(self, param, count, shape, names, kind="float", init="normal", aliases=()):
         self.specs.append(TensorSpec(param, (count, *shape), tuple(names), tuple(shape), kind, tuple(aliases), init))
@@ -145,8 +153,22 @@ def _moe(b, cfg, p, n, style):
     for w, (out_f, in_f) in (("w1", (I, width)), ("w3", (I, width)), ("w2", (width, I))):
         base = [f"{n}.experts.{e}.{names[w]}" for e in range(E)]
         if m.expert_format == "mxfp4":
-            b.add_stacked(f"{p}.experts.{w}_packed", E, mxfp4.packed_shape(out_f, in_f), [f"{x}.weight_packed" for x in base], kind="u8", init="mxfp4_packed")
-            b.add_stacked(f"{p}.experts.{w}_scale", E, mxfp4.scale_shape(out_f, in_f), [f"{x}.weight_scale" for x in base], kind="u8", init="mxfp4_scale")
+            b.add_stacked(
+                f"{p}.experts.{w}_packed",
+                E,
+                mxfp4.packed_shape(out_f, in_f),
+                [f"{x}.weight_packed" for x in base],
+                kind="u8",
+                init="mxfp4_packed",
+            )
+            b.add_stacked(
+                f"{p}.experts.{w}_scale",
+                E,
+                mxfp4.scale_shape(out_f, in_f),
+                [f"{x}.weight_scale" for x in base],
+                kind="u8",
+                init="mxfp4_scale",
+            )
         else:
             b.add_stacked(f"{p}.experts.{w}", E, (out_f, in_f), [f"{x}.weight" for x in base])
     if m.num_shared_experts:
@@ -188,7 +210,9 @@ def checkpoint_layout(cfg: ModelConfig) -> list[TensorSpec]:
 def ignored_tensor(cfg: ModelConfig, name: str) -> bool:
     """Tensors a checkpoint may hold that plain decoding does not use: rotary caches, multi-token
     prediction layers past ``num_hidden_layers``, and K3's vision tower / projector."""
-    if name.endswith("rotary_emb.inv_freq") or name.startswith(("vision_tower.", "mm_projector.", "multi_modal_projector.")):
+    if name.endswith("rotary_emb.inv_freq") or name.startswith(
+        ("vision_tower.", "mm_projector.", "multi_modal_projector.")
+    ):
         return True
     if cfg.tie_word_embeddings and name == cfg.lm_head_name:
         return True  # some tied checkpoints still carry a copy of the embedding
@@ -198,4 +222,8 @@ def ignored_tensor(cfg: ModelConfig, name: str) -> bool:
 
 def _declared_extra_layers(cfg: ModelConfig) -> int:
     text = cfg.hf.get("text_config", cfg.hf) if cfg.family == "kimi_k3" else cfg.hf
-    return int(text.get("num_nextn_predict_layers") or 0) + int(text.get("num_hidden_layers", cfg.num_hidden_layers)) - cfg.num_hidden_layers
+    return (
+        int(text.get("num_nextn_predict_layers") or 0)
+        + int(text.get("num_hidden_layers", cfg.num_hidden_layers))
+        - cfg.num_hidden_layers
+    )

@@ -41,9 +41,11 @@ def checkpoint_files(model_dir: str | Path) -> dict[str, SafetensorsFile]:
         located = {}
         for name, s in weight_map.items():
             if name not in shards[s].entries:
-                raise CheckpointError(f"{index_path}: tensor {name!r} is listed in shard {s!r} but that file does not contain it")
+                raise CheckpointError(
+                    f"{index_path}: tensor {name!r} is listed in shard {s!r} but that file does not contain it"
+                )
             located[name] = shards[s]
-        for s, f in shards.items():
+        for f in shards.values():
             for name in f.entries:
                 located.setdefault(name, f)
         return located
@@ -83,11 +85,16 @@ def _read(name: str, spec: TensorSpec, located: dict, consumed: set, fp8_block) 
     f = located[name]
     dtype, shape = f.meta(name)
     if shape != spec.hf_shape:
-        raise CheckpointError(f"tensor {name!r} in {f.path.name} has shape {list(shape)}, expected {list(spec.hf_shape)} (parameter {spec.param})")
+        raise CheckpointError(
+            f"tensor {name!r} in {f.path.name} has shape {list(shape)}, expected {list(spec.hf_shape)} (parameter "
+            f"{spec.param})"
+        )
     t = f.tensor(name)
     if spec.kind == "u8":
         if dtype != torch.uint8:
-            raise CheckpointError(f"tensor {name!r} in {f.path.name} has dtype {dtype}, expected torch.uint8 (packed MXFP4)")
+            raise CheckpointError(
+                f"tensor {name!r} in {f.path.name} has dtype {dtype}, expected torch.uint8 (packed MXFP4)"
+            )
         return t
     if dtype in FP8:
         scale_name = _fp8_scale_name(name)
@@ -96,11 +103,16 @@ def _read(name: str, spec: TensorSpec, located: dict, consumed: set, fp8_block) 
         consumed.add(scale_name)
         return _dequantize_fp8(t, located[scale_name].tensor(scale_name), fp8_block)
     if not dtype.is_floating_point:
-        raise CheckpointError(f"tensor {name!r} in {f.path.name} has dtype {dtype}, expected a floating-point dtype (parameter {spec.param})")
+        raise CheckpointError(
+            f"tensor {name!r} in {f.path.name} has dtype {dtype}, expected a floating-point dtype (parameter "
+            f"{spec.param})"
+        )
     return t
 
 
-def load_state_dict(cfg: ModelConfig, model_dir: str | Path, dtype: torch.dtype, device="cpu", progress=None) -> dict[str, torch.Tensor]:
+def load_state_dict(
+    cfg: ModelConfig, model_dir: str | Path, dtype: torch.dtype, device="cpu", progress=None
+) -> dict[str, torch.Tensor]:
     """Read every parameter of ``cfg`` from ``model_dir``: {internal param path: tensor on device}.
 
     Float weights are cast to ``dtype``; router weights and biases, A_log and dt_bias stay fp32; packed
@@ -114,15 +126,17 @@ def load_state_dict(cfg: ModelConfig, model_dir: str | Path, dtype: torch.dtype,
     unexpected = [n for n in located if n not in consumed and n not in fp8_scales and not ignored_tensor(cfg, n)]
     if unexpected:
         more = f" (and {len(unexpected) - 1} more)" if len(unexpected) > 1 else ""
-        raise CheckpointError(f"unexpected tensor {unexpected[0]!r} in {located[unexpected[0]].path.name}{more}: not part of a {cfg.family} model with this config")
+        raise CheckpointError(
+            f"unexpected tensor {unexpected[0]!r} in {located[unexpected[0]].path.name}{more}: not part of a "
+            f"{cfg.family} model with this config"
+        )
     quant = (cfg.hf.get("text_config", cfg.hf) if cfg.family == "kimi_k3" else cfg.hf).get("quantization_config") or {}
     fp8_block = tuple(quant.get("weight_block_size", (128, 128)))
     state = {}
     for i, (spec, names) in enumerate(resolved):
         parts = [_read(n, spec, located, consumed, fp8_block) for n in names]
         t = torch.stack(parts) if len(names) > 1 or len(spec.names) > 1 else parts[0].reshape(spec.shape)
-        target = {"float": dtype, "fp32": torch.float32, "u8": torch.uint8}[spec.kind]
-        state[spec.param] = t.to(device=device, dtype=target, copy=True)
+        state[spec.param] = t.to(device=device, dtype=spec.torch_dtype(dtype), copy=True)
         if progress is not None:
             progress(i + 1, len(resolved))
     return state

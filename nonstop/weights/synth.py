@@ -43,16 +43,12 @@ def _random(spec: TensorSpec, shape: tuple[int, ...], dtype: torch.dtype, gen: t
     return (torch.randn(shape, generator=gen) * INIT_STD).to(dtype)
 
 
-def _target_dtype(spec: TensorSpec, dtype: torch.dtype) -> torch.dtype:
-    return {"float": dtype, "fp32": torch.float32, "u8": torch.uint8}[spec.kind]
-
-
 def iter_random_tensors(cfg: ModelConfig, dtype: torch.dtype, seed: int) -> Iterator[tuple[TensorSpec, str, torch.Tensor]]:
     """(spec, HF name, tensor) for every on-disk tensor of ``cfg``, reproducibly for ``seed``."""
     gen = torch.Generator().manual_seed(seed)
     for spec in checkpoint_layout(cfg):
         for name in spec.names:
-            yield spec, name, _random(spec, spec.hf_shape, _target_dtype(spec, dtype), gen).to(_target_dtype(spec, dtype))
+            yield spec, name, _random(spec, spec.hf_shape, spec.torch_dtype(dtype), gen).to(spec.torch_dtype(dtype))
 
 
 def random_state_dict(cfg: ModelConfig, dtype: torch.dtype = torch.float32, device="cpu", seed: int = 0) -> dict[str, torch.Tensor]:

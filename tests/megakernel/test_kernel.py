@@ -275,7 +275,7 @@ def test_speculative_verification_through_the_megakernel():
     """keep_states steps (T = k + 1 rows, KDA histories for rollback): drafts with one right token,
     verified by the megakernel, give plain greedy decoding's tokens."""
     from nonstop.engine.sampling import SamplingParams
-    from tests.spec.helpers import ScriptedDrafter, generate
+    from tests.speculative.helpers import ScriptedDrafter, generate
 
     model = tiny_model("kimi_linear")
     params = SamplingParams(max_tokens=3, temperature=0, ignore_eos=True)

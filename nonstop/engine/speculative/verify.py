@@ -39,7 +39,9 @@ def residual_distribution(p: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
     return r / total if float(total) > 0 else p
 
 
-def sample_verify(draft: list[int], draft_probs: torch.Tensor | None, target_probs: torch.Tensor, generator: torch.Generator | None) -> list[int]:
+def sample_verify(
+    draft: list[int], draft_probs: torch.Tensor | None, target_probs: torch.Tensor, generator: torch.Generator | None
+) -> list[int]:
     """The exact speculative-sampling rule.
 
     draft [k]; draft_probs q [k, V] (the distribution each d_i was drawn from) or None for a
@@ -63,7 +65,13 @@ def sample_verify(draft: list[int], draft_probs: torch.Tensor | None, target_pro
     return out
 
 
-def verify(draft: list[int], draft_probs: torch.Tensor | None, logits: torch.Tensor, params: SamplingParams, generator: torch.Generator | None) -> list[int]:
+def verify(
+    draft: list[int],
+    draft_probs: torch.Tensor | None,
+    logits: torch.Tensor,
+    params: SamplingParams,
+    generator: torch.Generator | None,
+) -> list[int]:
     """Emitted tokens for one request: ``greedy_verify`` at temperature 0, else ``sample_verify``
     against the request's sampling distribution of each row. logits [>= k+1, V] fp32."""
     if params.greedy:

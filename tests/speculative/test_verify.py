@@ -10,8 +10,8 @@ import pytest
 import torch
 
 from nonstop.engine.sampling import SamplingParams
-from nonstop.engine.spec.verify import greedy_verify, residual_distribution, sample_verify, verify
-from tests.spec.stats import chi_square_pvalue
+from nonstop.engine.speculative.verify import greedy_verify, residual_distribution, sample_verify, verify
+from tests.speculative.stats import chi_square_pvalue
 
 
 def logits_with_argmax(tops: list[int], V: int = 7) -> torch.Tensor:

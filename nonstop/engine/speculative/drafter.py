@@ -25,5 +25,5 @@ class Draft:
     probs: torch.Tensor | None = None
 
     @staticmethod
-    def empty() -> "Draft":
+    def empty() -> Draft:
         return Draft([])

@@ -62,7 +62,7 @@ class DSparkConfig:
         Path(path).write_text(json.dumps({"model_type": "nonstop_dspark", **d}, indent=2) + "\n")
 
     @classmethod
-    def load(cls, path: Path) -> "DSparkConfig":
+    def load(cls, path: Path) -> DSparkConfig:
         """From config.json (other keys, such as the training report, are ignored)."""
         d = json.loads(Path(path).read_text())
         return cls(**{k: v for k, v in d.items() if k in cls.__dataclass_fields__})
@@ -100,7 +100,14 @@ class DraftLayer(nn.Module):
         k = rotate(self.k_proj(c).view(B, W, H, hd), positions, self.cfg.rope_theta)
         return k, self.v_proj(c).view(B, W, H, hd)
 
-    def forward(self, e: torch.Tensor, ctx_k: torch.Tensor, ctx_v: torch.Tensor, ctx_valid: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+    def forward(
+        self,
+        e: torch.Tensor,
+        ctx_k: torch.Tensor,
+        ctx_v: torch.Tensor,
+        ctx_valid: torch.Tensor,
+        positions: torch.Tensor,
+    ) -> torch.Tensor:
         """e [B, k, d] block; ctx_k / ctx_v [B, W, H, hd]; ctx_valid [B, W] bool; positions [B, k]."""
         B, k, _ = e.shape
         H, hd = self.cfg.num_heads, self.cfg.head_dim
@@ -137,7 +144,14 @@ class DSparkModel(nn.Module):
         """features [..., m·d] (the taps concatenated in ``cfg.taps`` order) -> c [..., d]."""
         return self.context_norm(self.context_proj(features))
 
-    def block_hidden(self, ctx_kv: list[tuple[torch.Tensor, torch.Tensor]], ctx_valid: torch.Tensor, anchor_emb: torch.Tensor, anchor_pos: torch.Tensor, k: int) -> torch.Tensor:
+    def block_hidden(
+        self,
+        ctx_kv: list[tuple[torch.Tensor, torch.Tensor]],
+        ctx_valid: torch.Tensor,
+        anchor_emb: torch.Tensor,
+        anchor_pos: torch.Tensor,
+        k: int,
+    ) -> torch.Tensor:
         """ctx_kv: per layer (keys, values) [B, W, H, hd]; ctx_valid [B, W]; anchor_emb [B, d];
         anchor_pos [B] -> final hidden of the k slots [B, k, d] (before the final norm)."""
         B = anchor_emb.shape[0]
@@ -155,7 +169,17 @@ class DSparkModel(nn.Module):
         """Transition bias W1[prev] W2: prev ids [...] -> [..., V] fp32."""
         return self.markov_w2(self.markov_w1(prev)).float()
 
-    def forward(self, features: torch.Tensor, ctx_valid: torch.Tensor, ctx_pos: torch.Tensor, anchor_ids: torch.Tensor, anchor_pos: torch.Tensor, prev_ids: torch.Tensor, embed: torch.Tensor, lm_head: torch.Tensor) -> torch.Tensor:
+    def forward(
+        self,
+        features: torch.Tensor,
+        ctx_valid: torch.Tensor,
+        ctx_pos: torch.Tensor,
+        anchor_ids: torch.Tensor,
+        anchor_pos: torch.Tensor,
+        prev_ids: torch.Tensor,
+        embed: torch.Tensor,
+        lm_head: torch.Tensor,
+    ) -> torch.Tensor:
         """Teacher-forced logits (training): features [B, W, m·d], ctx_valid / ctx_pos [B, W], anchor
         ids / positions [B], prev_ids [B, k] (the true token before each slot's target: the anchor,
         then the real continuation), embed / lm_head [V, d] -> logits [B, k, V] fp32."""
@@ -165,7 +189,9 @@ class DSparkModel(nn.Module):
         return self.base_logits(hidden, lm_head) + self.markov(prev_ids)
 
 
-def save_drafter(model: DSparkModel, path: Path, dtype: torch.dtype = torch.bfloat16, extra_config: dict | None = None) -> None:
+def save_drafter(
+    model: DSparkModel, path: Path, dtype: torch.dtype = torch.bfloat16, extra_config: dict | None = None
+) -> None:
     """config.json + model.safetensors (weights in ``dtype``) under ``path``."""
     from safetensors.torch import save_file
 
@@ -175,7 +201,9 @@ def save_drafter(model: DSparkModel, path: Path, dtype: torch.dtype = torch.bflo
     if extra_config:
         d = json.loads((path / "config.json").read_text())
         (path / "config.json").write_text(json.dumps({**d, **extra_config}, indent=2) + "\n")
-    save_file({k: v.detach().to(dtype).contiguous() for k, v in model.state_dict().items()}, str(path / "model.safetensors"))
+    save_file(
+        {k: v.detach().to(dtype).contiguous() for k, v in model.state_dict().items()}, str(path / "model.safetensors")
+    )
 
 
 def load_drafter(path: Path, dtype: torch.dtype = torch.float32, device="cpu") -> DSparkModel:

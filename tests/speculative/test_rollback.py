@@ -12,7 +12,7 @@ from nonstop.cache.state import KDAState, ModelCache
 from nonstop.model.rows import row_exact
 from nonstop.runtime.executors import ReferenceExecutor
 from nonstop.runtime.superop import SuperOpExecutor
-from tests.spec.helpers import tiny_model
+from tests.speculative.helpers import tiny_model
 
 FAMILIES = ["kimi_k3", "kimi_linear", "kimi_linear_layer_types", "deepseek_v3", "llama"]
 

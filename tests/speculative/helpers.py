@@ -8,8 +8,8 @@ from nonstop.config import ModelConfig
 from nonstop.engine.core import EngineCore
 from nonstop.engine.requests import Request
 from nonstop.engine.sampling import SamplingParams
-from nonstop.engine.spec import SpecConfig, SpecDecoder
-from nonstop.engine.spec.drafter import Draft
+from nonstop.engine.speculative import SpeculativeConfig, SpeculativeDecoder
+from nonstop.engine.speculative.drafter import Draft
 from nonstop.engine.tokenizer import ByteTokenizer
 from nonstop.model.build import random_model
 from tests.tiny_configs import TINY_CONFIGS
@@ -34,10 +34,31 @@ def tiny_model(name: str, **changes):
     return _MODELS[key]
 
 
-def generate(model, executor, prompts: list[list[int]], params: SamplingParams | list[SamplingParams], drafter=None, num_tokens: int = 4, batch_invariant: bool = True, num_slots: int | None = None, eos: frozenset = frozenset()):
+def generate(
+    model,
+    executor,
+    prompts: list[list[int]],
+    params: SamplingParams | list[SamplingParams],
+    drafter=None,
+    num_tokens: int = 4,
+    batch_invariant: bool = True,
+    num_slots: int | None = None,
+    eos: frozenset = frozenset(),
+):
     """Run prompts (token ids) through an EngineCore, speculative when ``drafter`` is given."""
-    spec = SpecDecoder(SpecConfig("ngram", num_tokens=num_tokens), drafter) if drafter is not None else None
-    core = EngineCore(model.cfg, executor, ByteTokenizer(model.cfg.vocab_size), num_slots or len(prompts), torch.float32, "cpu", batch_invariant=batch_invariant, speculative=spec)
+    decoder = (
+        SpeculativeDecoder(SpeculativeConfig("ngram", num_tokens=num_tokens), drafter) if drafter is not None else None
+    )
+    core = EngineCore(
+        model.cfg,
+        executor,
+        ByteTokenizer(model.cfg.vocab_size),
+        num_slots or len(prompts),
+        torch.float32,
+        "cpu",
+        batch_invariant=batch_invariant,
+        speculative_decoder=decoder,
+    )
     plist = params if isinstance(params, list) else [params] * len(prompts)
     reqs = [Request(str(i), None, list(p), sp, eos) for i, (p, sp) in enumerate(zip(prompts, plist))]
     pending = list(reqs)

@@ -16,8 +16,8 @@ from pathlib import Path
 import torch
 
 from nonstop.engine.sampling import filter_logits
-from nonstop.engine.spec.drafter import Draft
-from nonstop.engine.spec.dspark import DSparkModel, load_drafter
+from nonstop.engine.speculative.drafter import Draft
+from nonstop.engine.speculative.dspark import DSparkModel, load_drafter
 
 
 @dataclass
@@ -33,7 +33,10 @@ class DSparkDrafter:
     def __init__(self, model: DSparkModel, target):
         cfg = model.cfg
         if cfg.hidden_size != target.cfg.hidden_size or cfg.vocab_size != target.cfg.vocab_size:
-            raise ValueError(f"DSpark drafter (hidden {cfg.hidden_size}, vocab {cfg.vocab_size}) does not fit the target (hidden {target.cfg.hidden_size}, vocab {target.cfg.vocab_size})")
+            raise ValueError(
+                f"DSpark drafter (hidden {cfg.hidden_size}, vocab {cfg.vocab_size}) does not fit the target (hidden "
+                f"{target.cfg.hidden_size}, vocab {target.cfg.vocab_size})"
+            )
         bad = [t for t in cfg.taps if not 0 <= t <= target.cfg.num_hidden_layers]
         if bad:
             raise ValueError(f"DSpark taps {bad} are outside the target's layers 0..{target.cfg.num_hidden_layers}")
@@ -43,9 +46,11 @@ class DSparkDrafter:
         self.lm_head = target.lm_head_weight
 
     @classmethod
-    def load(cls, path: Path, target) -> "DSparkDrafter":
+    def load(cls, path: Path, target) -> DSparkDrafter:
         w = target.embed_tokens.weight
-        return cls(load_drafter(path, dtype=torch.float32 if w.device.type == "cpu" else w.dtype, device=w.device), target)
+        return cls(
+            load_drafter(path, dtype=torch.float32 if w.device.type == "cpu" else w.dtype, device=w.device), target
+        )
 
     def start(self, req) -> None:
         req.draft_state = DraftContext()

@@ -1,6 +1,6 @@
 """Train a DSpark drafter for a target model by distillation on the target's own outputs.
 
-    python -m nonstop.engine.spec.distill --model nonstop/assets/k3-nano --minutes 20
+    python -m nonstop.engine.speculative.distill --model nonstop/assets/k3-nano --minutes 20
 
 1. Prompts: random windows of the training token stream (``build/tokens/train-*.npy``, else
    ``build/corpus/train.txt`` through the model's tokenizer); held-out prompts likewise from the
@@ -33,7 +33,7 @@ import torch
 import torch.nn.functional as F
 
 from nonstop.cache.state import ModelCache
-from nonstop.engine.spec.dspark import DSparkConfig, DSparkModel, save_drafter
+from nonstop.engine.speculative.dspark import DSparkConfig, DSparkModel, save_drafter
 
 SOFT_TOP = 8
 
@@ -46,13 +46,14 @@ def log(msg: str) -> None:
 
 
 def token_stream(split: str, tokenizer, vocab: int, root: Path) -> np.ndarray:
-    """The ``split`` (train | heldout) token ids: the cached stream if it fits the vocabulary, else the corpus text tokenized."""
+    """The ``split`` (train | heldout) token ids: the cached stream if it fits the vocabulary, else the corpus
+    text tokenized."""
     for path in sorted((root / "build" / "tokens").glob(f"{split}-*.npy")):
         ids = np.load(path, mmap_mode="r")
         if int(ids.max()) < vocab:
             return ids
     text = (root / "build" / "corpus" / f"{split}.txt").read_text()
-    return np.asarray(tokenizer.encode(text[: 4_000_000], add_special_tokens=False), dtype=np.int64)
+    return np.asarray(tokenizer.encode(text[:4_000_000], add_special_tokens=False), dtype=np.int64)
 
 
 def sample_prompts(stream: np.ndarray, n: int, length: int, rng: np.random.Generator) -> torch.Tensor:
@@ -102,7 +103,19 @@ def teacher(model, seqs: torch.Tensor, taps: tuple[int, ...]) -> dict[str, torch
     }
 
 
-def build_set(model, stream, n: int, prompt_len: int, new_tokens: int, sampled_share: float, taps, rng, gen, batch: int, deadline: float) -> dict[str, torch.Tensor]:
+def build_set(
+    model,
+    stream,
+    n: int,
+    prompt_len: int,
+    new_tokens: int,
+    sampled_share: float,
+    taps,
+    rng,
+    gen,
+    batch: int,
+    deadline: float,
+) -> dict[str, torch.Tensor]:
     """Generate and teacher-label up to n sequences (stops early at ``deadline``)."""
     parts: list[dict] = []
     done = 0
@@ -140,16 +153,22 @@ def make_batch(data: dict, idx: torch.Tensor, anchors: torch.Tensor, cfg: DSpark
     }
 
 
-def sample_examples(data: dict, n: int, min_anchor: int, cfg: DSparkConfig, gen: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
+def sample_examples(
+    data: dict, n: int, min_anchor: int, cfg: DSparkConfig, gen: torch.Generator
+) -> tuple[torch.Tensor, torch.Tensor]:
     N, L = data["seqs"].shape
     idx = torch.randint(0, N, (n,), generator=gen)
     anchors = torch.randint(min_anchor, L - cfg.block_size + 1, (n,), generator=gen)
     return idx, anchors
 
 
-def loss_fn(drafter: DSparkModel, b: dict, embed: torch.Tensor, head: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+def loss_fn(
+    drafter: DSparkModel, b: dict, embed: torch.Tensor, head: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Hard + soft distillation loss, and per-slot top-1 agreement with the target [k]."""
-    logits = drafter(b["features"], b["valid"], b["ctx_pos"], b["anchor_ids"], b["anchor_pos"], b["prev_ids"], embed, head)
+    logits = drafter(
+        b["features"], b["valid"], b["ctx_pos"], b["anchor_ids"], b["anchor_pos"], b["prev_ids"], embed, head
+    )
     logp = torch.log_softmax(logits, -1)
     hard = F.nll_loss(logp.flatten(0, 1), b["labels"].flatten())
     soft = -(b["top_probs"] * logp.gather(-1, b["top_ids"])).sum(-1).mean()
@@ -186,18 +205,28 @@ def evaluate(drafter: DSparkModel, data: dict, min_anchor: int, embed, head, n: 
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     p.add_argument("--model", default="nonstop/assets/k3-nano", help="target checkpoint directory")
     p.add_argument("--out", default=None, help="output directory (default: MODEL/dspark)")
     p.add_argument("--root", default=".", help="repository root holding build/ (token streams, corpus)")
     p.add_argument("--minutes", type=float, default=20.0, help="total time budget (data + training + evaluation)")
     p.add_argument("--data-share", type=float, default=0.3, help="share of the budget for generating the training set")
-    p.add_argument("--sequences", type=int, default=768, help="training sequences to generate (fewer if the data budget runs out)")
+    p.add_argument(
+        "--sequences", type=int, default=768, help="training sequences to generate (fewer if the data budget runs out)"
+    )
     p.add_argument("--heldout-sequences", type=int, default=64)
     p.add_argument("--prompt-len", type=int, default=48)
     p.add_argument("--new-tokens", type=int, default=80)
-    p.add_argument("--sampled-share", type=float, default=0.25, help="share of continuations sampled at T=0.8 (the rest greedy)")
-    p.add_argument("--taps", default=None, help="target layers to read, e.g. '3,6,8' (default: block boundaries + the final residual)")
+    p.add_argument(
+        "--sampled-share", type=float, default=0.25, help="share of continuations sampled at T=0.8 (the rest greedy)"
+    )
+    p.add_argument(
+        "--taps",
+        default=None,
+        help="target layers to read, e.g. '3,6,8' (default: block boundaries + the final residual)",
+    )
     p.add_argument("--block-size", type=int, default=7)
     p.add_argument("--layers", type=int, default=1)
     p.add_argument("--heads", type=int, default=4)
@@ -231,8 +260,23 @@ def main(argv=None) -> int:
         taps = tuple(range(cfg.attn_res_block_size, L, cfg.attn_res_block_size)) + (L,)
     else:
         taps = (L // 2, L)
-    dcfg = DSparkConfig(cfg.vocab_size, cfg.hidden_size, taps, args.block_size, args.layers, args.heads, args.head_dim, args.intermediate, args.context_window, args.markov_rank, cfg.rms_norm_eps)
-    log(f"target {model_dir} ({cfg.num_hidden_layers} layers, hidden {cfg.hidden_size}); drafter taps {taps}, block {dcfg.block_size}")
+    dcfg = DSparkConfig(
+        cfg.vocab_size,
+        cfg.hidden_size,
+        taps,
+        args.block_size,
+        args.layers,
+        args.heads,
+        args.head_dim,
+        args.intermediate,
+        args.context_window,
+        args.markov_rank,
+        cfg.rms_norm_eps,
+    )
+    log(
+        f"target {model_dir} ({cfg.num_hidden_layers} layers, hidden {cfg.hidden_size}); drafter taps {taps}, block "
+        f"{dcfg.block_size}"
+    )
 
     rng = np.random.default_rng(args.seed)
     gen = torch.Generator().manual_seed(args.seed)
@@ -241,9 +285,36 @@ def main(argv=None) -> int:
     held_stream = token_stream("heldout", tokenizer, cfg.vocab_size, root)
     log(f"token streams: train {len(train_stream)}, held-out {len(held_stream)}")
     data_deadline = t0 + args.data_share * budget
-    held = build_set(target, held_stream, args.heldout_sequences, args.prompt_len, args.new_tokens, 0.0, taps, rng, gen, 32, data_deadline)
-    train = build_set(target, train_stream, args.sequences, args.prompt_len, args.new_tokens, args.sampled_share, taps, rng, gen, 128, data_deadline)
-    log(f"training set: {train['seqs'].shape[0]} sequences of {train['seqs'].shape[1]} tokens ({time.perf_counter() - t0:.0f}s)")
+    held = build_set(
+        target,
+        held_stream,
+        args.heldout_sequences,
+        args.prompt_len,
+        args.new_tokens,
+        0.0,
+        taps,
+        rng,
+        gen,
+        32,
+        data_deadline,
+    )
+    train = build_set(
+        target,
+        train_stream,
+        args.sequences,
+        args.prompt_len,
+        args.new_tokens,
+        args.sampled_share,
+        taps,
+        rng,
+        gen,
+        128,
+        data_deadline,
+    )
+    log(
+        f"training set: {train['seqs'].shape[0]} sequences of {train['seqs'].shape[1]} tokens "
+        f"({time.perf_counter() - t0:.0f}s)"
+    )
 
     drafter = DSparkModel(dcfg)
     embed, head = target.embed_tokens.weight.detach(), target.lm_head_weight.detach()
@@ -272,12 +343,19 @@ def main(argv=None) -> int:
         agree_avg = agree if agree_avg is None else 0.95 * agree_avg + 0.05 * agree
         if time.perf_counter() - last_log > args.log_every:
             last_log = time.perf_counter()
-            line = f"step {step} loss {loss.item():.3f} lr {lr:.2e} slot agreement {[round(float(a), 2) for a in agree_avg]} ({last_log - t0:.0f}s)"
+            agreement = [round(float(a), 2) for a in agree_avg]
+            line = f"step {step} loss {loss.item():.3f} lr {lr:.2e} slot agreement {agreement} ({last_log - t0:.0f}s)"
             history.append(line)
             log(line)
     drafter.eval()
     report = evaluate(drafter, held, args.prompt_len, embed, head)
-    report.update(steps=step, train_sequences=int(train["seqs"].shape[0]), heldout_sequences=int(held["seqs"].shape[0]), minutes=round((time.perf_counter() - t0) / 60, 1), threads=args.threads)
+    report.update(
+        steps=step,
+        train_sequences=int(train["seqs"].shape[0]),
+        heldout_sequences=int(held["seqs"].shape[0]),
+        minutes=round((time.perf_counter() - t0) / 60, 1),
+        threads=args.threads,
+    )
     log(f"held-out greedy acceptance: {json.dumps(report)}")
     out = Path(args.out) if args.out else model_dir / "dspark"
     save_drafter(drafter, out, extra_config={"target": str(model_dir.name), "training": report})

@@ -3,7 +3,7 @@ last n tokens (n from ``max_n`` down to ``min_n``) and propose the k tokens that
 
 from __future__ import annotations
 
-from nonstop.engine.spec.drafter import Draft
+from nonstop.engine.speculative.drafter import Draft
 
 
 def lookup(ids: list[int], k: int, max_n: int, min_n: int) -> list[int]:

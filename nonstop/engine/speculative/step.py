@@ -1,4 +1,4 @@
-"""``SpecDecoder``: the speculative decode step of an ``EngineCore``.
+"""``SpeculativeDecoder``: the speculative decode step of an ``EngineCore``.
 
 For every running request: the drafter proposes k_r <= k tokens; the target runs the rows
 [x, d_1..d_k_r] (x = the last emitted token, not yet in the cache) in one forward — every row
@@ -10,7 +10,8 @@ emitted token is the next step's x). A request with no draft runs a one-row step
 
 Requests with different draft lengths share a forward (shorter rows are padded; padded rows are
 never committed). With batch invariance every request runs alone; executors with a row limit
-(the superop program: 16 rows) get groups that fit it, so verification runs through the program.
+(``Executor.max_rows``, e.g. the superop program's) get groups that fit it, so verification runs
+through the program. The decoder works through the ``EngineCore``'s public members only.
 
 Metrics per request (``RequestOutput.metrics``): drafted_tokens, accepted_tokens, verify_steps and
 mean_accepted_length = tokens emitted per verification step.
@@ -21,25 +22,18 @@ from __future__ import annotations
 import torch
 
 from nonstop.engine.sampling import top_logprobs
-from nonstop.engine.spec.config import SpecConfig
-from nonstop.engine.spec.drafter import Draft
-from nonstop.engine.spec.verify import verify
+from nonstop.engine.speculative.config import SpeculativeConfig
+from nonstop.engine.speculative.drafter import Draft
+from nonstop.engine.speculative.verify import verify
 from nonstop.model.rows import row_exact
 
 
-def forward_rows(executor, ids: torch.Tensor, cache, batch, taps: tuple[int, ...]):
-    """(logits [B, T, V] fp32, hidden {tap: [B, T, d]}) of one cached step."""
-    if not taps:
-        return executor.forward(ids, cache, batch), {}
-    fn = getattr(executor, "forward_hidden", None)
-    if fn is None:
-        raise ValueError(f"backend {getattr(executor, 'name', executor)!r} cannot return the hidden states a DSpark drafter reads; use speculative method 'ngram'")
-    return fn(ids, cache, batch, taps)
+class SpeculativeDecoder:
+    """The decode step of an ``EngineCore`` built with ``speculative_decoder=SpeculativeDecoder(config,
+    drafter)``: ``config`` (a ``SpeculativeConfig``) sets the draft length, ``drafter`` proposes."""
 
-
-class SpecDecoder:
-    def __init__(self, spec: SpecConfig, drafter):
-        self.spec = spec
+    def __init__(self, config: SpeculativeConfig, drafter):
+        self.config = config
         self.drafter = drafter
 
     @property
@@ -64,18 +58,18 @@ class SpecDecoder:
         return out
 
     def _groups(self, core, reqs: list) -> list[list]:
-        groups = core._row_groups(reqs)
-        max_rows = getattr(getattr(core.executor, "program", None), "max_rows", None)
+        groups = core.row_groups(reqs)
+        max_rows = core.executor.max_rows
         if max_rows is None:
             return groups
-        per = max(1, max_rows // (self.spec.num_tokens + 1))
+        per = max(1, max_rows // (self.config.num_tokens + 1))
         return [g[i : i + per] for g in groups for i in range(0, len(g), per)]
 
     def _draft_len(self, core, req) -> int:
         """k_r: at most num_tokens, and the block may not run past max_tokens or the context."""
         left = req.params.max_tokens - len(req.output_ids) - 1
         room = core.max_len - len(req.prompt_ids) - len(req.output_ids)
-        return max(0, min(self.spec.num_tokens, left, room))
+        return max(0, min(self.config.num_tokens, left, room))
 
     def _step(self, core, group: list) -> list:
         drafts = []
@@ -83,13 +77,19 @@ class SpecDecoder:
             k = self._draft_len(core, r)
             drafts.append(self.drafter.propose(r, k) if k > 0 else Draft.empty())
         T = 1 + max(len(d.tokens) for d in drafts)
-        rows = [[r.output_ids[-1]] + d.tokens + [r.output_ids[-1]] * (T - 1 - len(d.tokens)) for r, d in zip(group, drafts)]
+        rows = [
+            [r.output_ids[-1]] + d.tokens + [r.output_ids[-1]] * (T - 1 - len(d.tokens)) for r, d in zip(group, drafts)
+        ]
         batch = core.cache.batch([r.slot for r in group], T, keep_states=True)
         try:
+            ids = torch.tensor(rows, dtype=torch.long, device=core.device)
             with row_exact():
-                logits, hidden = forward_rows(core.executor, torch.tensor(rows, dtype=torch.long, device=core.device), core.cache, batch, self.taps)
+                if self.taps:
+                    logits, hidden = core.executor.forward_hidden(ids, core.cache, batch, self.taps)
+                else:
+                    logits, hidden = core.executor.forward(ids, core.cache, batch), {}
         except Exception as exc:
-            core._fail(group, exc)
+            core.fail(group, exc)
             return [(r, "") for r in group]
         texts, counts, failed = [], [], []
         for i, (r, d) in enumerate(zip(group, drafts)):
@@ -106,12 +106,11 @@ class SpecDecoder:
         core.cache.commit(batch, counts)
         for i, r in enumerate(group):
             if r.finished:
-                core.running.remove(r)
-                core._release(r)
+                core.finish(r)
             elif not any(r is f for f, _ in failed):
                 self.observe(r, hidden, i, counts[i])
         for r, exc in failed:
-            core._fail([r], exc)
+            core.fail([r], exc)
         return list(zip(group, texts))
 
     def _emit(self, core, req, tokens: list[int], logits: torch.Tensor) -> tuple[str, int]:

@@ -15,7 +15,7 @@ from nonstop.kernels import kda  # noqa: E402
 from nonstop.program.reference import REFERENCE  # noqa: E402
 from nonstop.runtime.superop import SuperOpExecutor  # noqa: E402
 from tests.kernels.harness import check_kernel  # noqa: E402
-from tests.spec.helpers import generate, tiny_model  # noqa: E402
+from tests.speculative.helpers import generate, tiny_model  # noqa: E402
 from tests.tiny_configs import TINY_CONFIGS  # noqa: E402
 
 
@@ -33,21 +33,27 @@ def _one_torch_thread():
 def test_kernels_keep_every_token_state(kind, config, B, T):
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", RuntimeWarning)
-        assert check_kernel(kind, TINY_CONFIGS[config], kda.KERNELS[kind], torch.float32, B=B, T=T, keep_states=True) > 0
+        assert (
+            check_kernel(kind, TINY_CONFIGS[config], kda.KERNELS[kind], torch.float32, B=B, T=T, keep_states=True) > 0
+        )
 
 
 def test_speculative_greedy_through_the_kda_kernels():
     from nonstop.engine.sampling import SamplingParams
-    from tests.spec.helpers import ScriptedDrafter
+    from tests.speculative.helpers import ScriptedDrafter
 
     model = tiny_model("kimi_k3")
-    ex = SuperOpExecutor(model, use_kernels=True, kernels={**REFERENCE, **kda.KERNELS})  # KDA kernels, twins for the rest
+    ex = SuperOpExecutor(
+        model, use_kernels=True, kernels={**REFERENCE, **kda.KERNELS}
+    )  # KDA kernels, twins for the rest
     prompts = [[3, 4, 5, 6, 3, 4, 5, 6, 3, 4], [9, 8, 9, 8, 9]]
     params = SamplingParams(max_tokens=8, temperature=0, ignore_eos=True)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", RuntimeWarning)
         want = generate(model, ex, prompts, params)
-        drafter = ScriptedDrafter({o.request_id: o.token_ids for o in want}, 2, model.cfg.vocab_size)  # 2 right, then wrong
+        drafter = ScriptedDrafter(
+            {o.request_id: o.token_ids for o in want}, 2, model.cfg.vocab_size
+        )  # 2 right, then wrong
         got = generate(model, ex, prompts, params, drafter, num_tokens=3, batch_invariant=False)
     assert [o.token_ids for o in got] == [o.token_ids for o in want]
     assert sum(o.metrics["accepted_tokens"] for o in got) > 0

@@ -1,7 +1,7 @@
 """The speculative engine step: greedy outputs identical to plain decoding (every family, scripted
 drafts that are all right, all wrong, partly right or empty, n-gram and DSpark drafters, stop
 conditions and max_tokens inside a block, logprobs, batched rows, the superop program), metrics,
-and the LLM / SpecConfig surface."""
+and the LLM / SpeculativeConfig surface."""
 
 from __future__ import annotations
 
@@ -9,13 +9,13 @@ import pytest
 import torch
 
 from nonstop.engine.sampling import SamplingParams
-from nonstop.engine.spec import SpecConfig
-from nonstop.engine.spec.dspark import DSparkConfig, DSparkModel
-from nonstop.engine.spec.dspark_drafter import DSparkDrafter
-from nonstop.engine.spec.ngram import NgramDrafter, lookup
+from nonstop.engine.speculative import SpeculativeConfig
+from nonstop.engine.speculative.dspark import DSparkConfig, DSparkModel
+from nonstop.engine.speculative.dspark_drafter import DSparkDrafter
+from nonstop.engine.speculative.ngram import NgramDrafter, lookup
 from nonstop.runtime.executors import ReferenceExecutor
 from nonstop.runtime.superop import SuperOpExecutor
-from tests.spec.helpers import EmptyDrafter, ScriptedDrafter, generate, tiny_model
+from tests.speculative.helpers import EmptyDrafter, ScriptedDrafter, generate, tiny_model
 
 GREEDY = SamplingParams(max_tokens=14, temperature=0, ignore_eos=True)
 REPEATING = [[3, 4, 5, 6, 3, 4, 5, 6, 3, 4], [9, 8, 9, 8, 9, 8, 9], [1, 2, 3, 1, 2]]
@@ -51,7 +51,9 @@ def test_zero_drafts_keep_plain_greedy_tokens():
     assert all(o.metrics["drafted_tokens"] == 0 and o.metrics["mean_accepted_length"] == 1 for o in got)
 
 
-@pytest.mark.parametrize("name", ["kimi_k3", "kimi_linear", "kimi_linear_layer_types", "deepseek_v3", "llama", "kimi_k3_mxfp4"])
+@pytest.mark.parametrize(
+    "name", ["kimi_k3", "kimi_linear", "kimi_linear_layer_types", "deepseek_v3", "llama", "kimi_k3_mxfp4"]
+)
 def test_ngram_greedy_equals_plain_every_family(name):
     model = tiny_model(name)
     want = plain(model, REPEATING)
@@ -62,7 +64,22 @@ def test_ngram_greedy_equals_plain_every_family(name):
 
 def random_dspark(model, taps, block=4):
     torch.manual_seed(0)
-    return DSparkDrafter(DSparkModel(DSparkConfig(model.cfg.vocab_size, model.cfg.hidden_size, taps=taps, block_size=block, num_heads=2, head_dim=8, intermediate_size=32, context_window=8, markov_rank=4)).eval(), model)
+    return DSparkDrafter(
+        DSparkModel(
+            DSparkConfig(
+                model.cfg.vocab_size,
+                model.cfg.hidden_size,
+                taps=taps,
+                block_size=block,
+                num_heads=2,
+                head_dim=8,
+                intermediate_size=32,
+                context_window=8,
+                markov_rank=4,
+            )
+        ).eval(),
+        model,
+    )
 
 
 @pytest.mark.parametrize("name,taps", [("kimi_k3", (3, 6, 7)), ("llama", (3,)), ("kimi_linear", (2, 5))])
@@ -109,7 +126,9 @@ def test_batched_rows_equal_one_request_at_a_time():
     prompts = [[5, 6, 7, 5, 6, 7, 5], [100, 200, 100, 200, 100], [42, 43, 44]]
     params = SamplingParams(max_tokens=8, temperature=0, ignore_eos=True)
     want = plain(model, prompts, params)
-    got = generate(model, ReferenceExecutor(model), prompts, params, NgramDrafter(3, 1), num_tokens=3, batch_invariant=False)
+    got = generate(
+        model, ReferenceExecutor(model), prompts, params, NgramDrafter(3, 1), num_tokens=3, batch_invariant=False
+    )
     assert [o.token_ids for o in got] == [o.token_ids for o in want]
 
 
@@ -132,12 +151,17 @@ def test_ngram_lookup():
 
 
 def test_spec_config_parsing():
-    assert SpecConfig.parse({"method": "ngram", "num_tokens": 3}).num_tokens == 3
-    for bad in ({"method": "eagle"}, {"method": "ngram", "num_tokens": 16}, {"num_tokens": 2}, {"method": "ngram", "k": 2}):
+    assert SpeculativeConfig.parse({"method": "ngram", "num_tokens": 3}).num_tokens == 3
+    for bad in (
+        {"method": "eagle"},
+        {"method": "ngram", "num_tokens": 16},
+        {"num_tokens": 2},
+        {"method": "ngram", "k": 2},
+    ):
         with pytest.raises(ValueError):
-            SpecConfig.parse(bad)
+            SpeculativeConfig.parse(bad)
     with pytest.raises(TypeError):
-        SpecConfig.parse("ngram")
+        SpeculativeConfig.parse("ngram")
 
 
 def test_dspark_through_the_superop_program():

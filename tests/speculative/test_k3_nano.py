@@ -54,5 +54,8 @@ def test_ngram_accepts_more_than_1_5_tokens_per_step_on_repetitive_text(runs):
     text = "The following functions are now deprecated in Python 3.4.\n\n" * 3
     spec = LLM("k3-nano", speculative={"method": "ngram", "num_tokens": 4})
     out = spec.generate([text], SamplingParams(max_tokens=40, temperature=0, ignore_eos=True))[0]
-    assert out.token_ids == plain.generate([text], SamplingParams(max_tokens=40, temperature=0, ignore_eos=True))[0].token_ids
+    assert (
+        out.token_ids
+        == plain.generate([text], SamplingParams(max_tokens=40, temperature=0, ignore_eos=True))[0].token_ids
+    )
     assert out.metrics["mean_accepted_length"] > 1.5

@@ -1,0 +1,98 @@
+"""The README's derived numbers, computed from their sources; the README quotes this script's output.
+
+  op counts   super-ops vs eager aten ops of one decode step, as ``nonstop program`` counts them, for
+              k3-nano and Kimi K3 (Kimi K3's eager ops are counted on its narrow twin: about a minute)
+  floors      the bandwidth floor of each CPU benchmark in bench/results/: the copy bandwidth that run
+              measured over the weight bytes per token of the current cost model (``program/footprint.py``)
+
+    python bench/readme_numbers.py      # prints the README fragments, writes bench/results/readme_numbers.json
+
+``tests/test_readme_numbers.py`` recomputes the fast ones and checks that the README quotes them all.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+RESULTS = ROOT / "bench" / "results"
+OUT = RESULTS / "readme_numbers.json"
+OP_COUNT_MODELS = {"k3-nano": "k3-nano", "kimi-k3": "Kimi K3"}  # model -> the README's name for it
+FLOOR_RUNS = ("cpu_decode.json", "spec_decode_cpu_k3-nano.json")
+
+
+def op_counts(model: str) -> dict:
+    """{super_ops, eager_ops, counted_on} of ``model``'s batch-1 decode step (bf16, like ``nonstop program``)."""
+    from nonstop.engine.llm import resolve_model
+    from nonstop.program.count import decode_program
+
+    program, eager, counted_on = decode_program(resolve_model(model)[0], torch.bfloat16)
+    return {"super_ops": len(program.ops), "eager_ops": eager, "counted_on": counted_on}
+
+
+def super_ops(model: str) -> int:
+    """Super-ops of ``model``'s decode step (lowered on the meta device: fast at any size)."""
+    from nonstop.engine.llm import resolve_model
+    from nonstop.model.build import meta_model
+    from nonstop.program.lower import lower
+
+    return len(lower(meta_model(resolve_model(model)[0], torch.bfloat16)).ops)
+
+
+def run_config(run: dict):
+    """(ModelConfig, dtype) of the model a benchmark run measured."""
+    from nonstop.config import ModelConfig
+    from nonstop.engine.llm import resolve_model
+
+    model = run["model"]
+    cfg = ModelConfig.from_hf_dict(model["hf_config"]) if isinstance(model, dict) else resolve_model(model)[0]
+    return cfg, getattr(torch, run.get("dtype", "float32"))  # the CPU benchmarks' default dtype is fp32
+
+
+def floor(name: str) -> dict:
+    """The floor of the run ``bench/results/<name>``: its measured copy bandwidth (recovered at full precision
+    from the floor and bytes it recorded) over the current cost model's weight bytes per token."""
+    from nonstop.hostinfo import decode_floor
+    from nonstop.program.footprint import model_footprint
+
+    run = json.loads((RESULTS / name).read_text())
+    recorded = run["bandwidth_floor"]
+    copy_gbps = recorded["floor_tokens_per_s"] * recorded["bytes_per_token"] / 1e9
+    cfg, dtype = run_config(run)
+    return decode_floor(model_footprint(cfg, dtype).bytes_per_token, copy_gbps)
+
+
+def fragments(numbers: dict) -> list[str]:
+    """The README's text for ``numbers`` (as ``compute`` returns them)."""
+    counts = numbers["op_counts"]
+    ops = "; ".join(f"{OP_COUNT_MODELS[m]} {c['super_ops']} vs {c['eager_ops']:,}" for m, c in counts.items())
+    cpu, spec = (numbers["floors"][name] for name in FLOOR_RUNS)
+    return [
+        ops,
+        f"bandwidth floor {cpu['floor_tokens_per_s']:.0f} tok/s ({cpu['bytes_per_token'] / 1e6:.0f} MB/token "
+        f"at a measured {cpu['copy_GBps']:.1f} GB/s)",
+        f"(floor {spec['floor_tokens_per_s']:.0f} tok/s)",
+    ]
+
+
+def compute() -> dict:
+    return {
+        "op_counts": {m: op_counts(m) for m in OP_COUNT_MODELS},
+        "floors": {name: floor(name) for name in FLOOR_RUNS},
+    }
+
+
+def main() -> None:
+    numbers = compute()
+    OUT.write_text(json.dumps(numbers, indent=2) + "\n")
+    for line in fragments(numbers):
+        print(line)
+    print(f"wrote {OUT.relative_to(ROOT)}", file=sys.stderr)
+
+
+if __name__ == "__main__":
+    main()

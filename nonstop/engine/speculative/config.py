@@ -1,0 +1,68 @@
+"""``SpeculativeConfig``: what ``LLM(speculative={...})`` and the CLI flags choose."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+from pathlib import Path
+
+from nonstop.program.ir import MAX_STEP_ROWS
+
+METHODS = ("ngram", "dspark")
+
+
+@dataclass
+class SpeculativeConfig:
+    """method: ``ngram`` (prompt lookup) or ``dspark`` (the block drafter shipped with the model).
+    num_tokens: drafts proposed per step (the target verifies num_tokens + 1 rows; 0 = none).
+    ngram_max / ngram_min: n-gram sizes tried, longest first. drafter: the DSpark drafter directory
+    (default: ``dspark/`` inside the model directory)."""
+
+    method: str
+    num_tokens: int = 4
+    ngram_max: int = 4
+    ngram_min: int = 2
+    drafter: str | None = None
+
+    def __post_init__(self):
+        if self.method not in METHODS:
+            raise ValueError(f"speculative method must be one of {', '.join(METHODS)}, got {self.method!r}")
+        n = self.num_tokens
+        if not isinstance(n, int) or isinstance(n, bool) or not 0 <= n < MAX_STEP_ROWS:
+            raise ValueError(
+                f"speculative num_tokens must be an integer in 0..{MAX_STEP_ROWS - 1} "
+                f"(verify rows <= {MAX_STEP_ROWS}), got {n!r}"
+            )
+
+    @classmethod
+    def parse(cls, value) -> SpeculativeConfig | None:
+        """None, a SpeculativeConfig, or a dict such as {"method": "ngram", "num_tokens": 4}."""
+        if value is None or isinstance(value, SpeculativeConfig):
+            return value
+        if not isinstance(value, dict):
+            raise TypeError(
+                f"speculative must be a dict like {{'method': 'ngram', 'num_tokens': 4}}, got {type(value).__name__}"
+            )
+        known = {f.name for f in fields(cls)}
+        unknown = sorted(set(value) - known)
+        if unknown:
+            raise ValueError(f"unknown speculative option(s) {', '.join(unknown)}; known: {', '.join(sorted(known))}")
+        if "method" not in value:
+            raise ValueError("speculative needs a 'method' (ngram or dspark)")
+        return cls(**value)
+
+
+def make_drafter(config: SpeculativeConfig, model, model_dir: Path | None):
+    """The drafter object for ``config`` and the loaded target ``model`` (a ``CausalLM``)."""
+    if config.method == "ngram":
+        from nonstop.engine.speculative.ngram import NgramDrafter
+
+        return NgramDrafter(config.ngram_max, config.ngram_min)
+    from nonstop.engine.speculative.dspark_drafter import DSparkDrafter
+
+    path = Path(config.drafter) if config.drafter else (model_dir / "dspark" if model_dir is not None else None)
+    if path is None or not (path / "config.json").exists():
+        raise ValueError(
+            f"dspark drafting needs a trained drafter: none at {path or '(random-weight model has no directory)'}; "
+            "give speculative={'method': 'dspark', 'drafter': DIR}"
+        )
+    return DSparkDrafter.load(path, model)

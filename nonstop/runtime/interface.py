@@ -1,0 +1,52 @@
+"""The executor interface: what every backend of a decode step implements for the engine.
+
+An executor runs a loaded ``CausalLM``'s cached forward; all executors must give the reference's
+tokens. The engine (``engine/core.py``) and the speculative decoder use only these members, so a new
+backend (a CPU fast path, a distributed one) declares ``class MyExecutor(Executor)`` and implements
+them; ``tests/runtime/test_executor_interface.py`` checks every registered backend.
+
+Tensor shapes: ``input_ids`` [B, T] (long) = B sequences of T new tokens each, in the cache slots and
+positions of ``batch``; logits are fp32 [B, T, V], or [B, V] with ``last_only``.
+"""
+
+from __future__ import annotations
+
+from typing import Protocol, runtime_checkable
+
+import torch
+
+from nonstop.cache.state import ModelCache, StepBatch
+
+
+@runtime_checkable
+class Executor(Protocol):
+    """A decode-step backend.
+
+    name:            the backend's name (``reference``, ``superop``, ``megakernel`` ...).
+    stats:           per-step facts the backend reports (kernel launches, steps run on the fast path ...);
+                     ``{}`` when it has none.
+    batch_invariant: True when a row's logits never depend on the other rows of its step; the engine
+                     then batches rows even when batch invariance is asked for.
+    max_rows:        the most rows (B·T) one step runs on the backend's own path; larger steps still work
+                     (a fallback runs them) but speculative verification groups its rows to fit.
+                     None: no limit.
+    """
+
+    name: str
+    stats: dict
+    batch_invariant: bool = False
+    max_rows: int | None = None
+
+    def forward(
+        self, input_ids: torch.Tensor, cache: ModelCache | None, batch: StepBatch | None, last_only: bool = False
+    ) -> torch.Tensor:
+        """fp32 logits of every new token ([B, T, V]) or of the last one ([B, V]); writes the step's
+        tokens into ``cache`` (None: cache-free scoring of whole sequences)."""
+        ...
+
+    def forward_hidden(
+        self, input_ids: torch.Tensor, cache: ModelCache, batch: StepBatch, taps: tuple[int, ...]
+    ) -> tuple[torch.Tensor, dict[int, torch.Tensor]]:
+        """``forward`` (all rows, [B, T, V]) plus the residual stream entering each layer in ``taps``
+        ({tap: [B, T, d]}; tap = the layer count: the final residual), for a drafter that reads them."""
+        ...

@@ -1,0 +1,35 @@
+"""The README and docs/ point only inside the repository, at files that exist: every relative link, and
+every file path written in inline backticks."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+PATH = re.compile(r"[\w.-]+(?:/[\w.-]+)*\.(?:py|md|json|toml|txt)")
+
+
+def _exists(target: str, doc: Path) -> bool:
+    """A path from the repository, ``nonstop/``, ``bench/`` or the document; a bare file name anywhere in
+    the package, ``bench/`` or ``docs/`` (a table names a module of the package it describes)."""
+    if "/" not in target:
+        places = (ROOT / "nonstop", ROOT / "bench", ROOT / "docs", ROOT)
+        return any(any(place.rglob(target)) for place in places) or (doc.parent / target).exists()
+    return any((base / target).exists() for base in (ROOT, ROOT / "nonstop", ROOT / "bench", doc.parent))
+
+
+def test_docs_reference_files_that_exist():
+    for doc in DOCS:
+        text = doc.read_text()
+        assert not re.search(r"(?<![\w.])/(work|root|home|tmp)/", text), f"{doc.name}: a path outside the repository"
+        plain = re.sub(r"`[^`]*`", "", re.sub(r"```.*?```", "", text, flags=re.S))  # links outside code
+        for link in re.findall(r"\]\(([^)#]+)\)", plain):
+            if not link.startswith(("http://", "https://")):
+                assert (doc.parent / link).exists(), f"{doc.name}: broken link {link}"
+        prose = re.sub(r"```.*?```", "", text, flags=re.S)  # commands in code blocks may name outputs
+        for span in re.findall(r"`([^`]+)`", prose):
+            for path in PATH.findall(span):
+                if "/" in path or path.endswith((".py", ".md")):
+                    assert _exists(path, doc), f"{doc.name}: `{span}` names a file that does not exist"

@@ -1,0 +1,39 @@
+"""The benchmark helper (``nonstop/hostinfo.py``): environment record, step clock, copy bandwidth, floor."""
+
+from __future__ import annotations
+
+import os
+import time
+
+import torch
+
+from nonstop.hostinfo import Clock, command_line, copy_bandwidth, decode_floor, environment, timed
+
+
+def test_environment_names_the_machine_and_versions():
+    env = environment("cpu")
+    assert env["torch"] == torch.__version__ and env["cores"] == os.cpu_count() and env["gpu"] is None
+    assert env["threads"] == torch.get_num_threads() and env["cpu"] and env["python"].count(".") == 2
+    assert len(env["load_average"]) == 3
+    assert command_line().split()[0].startswith("python")
+
+
+def test_clock_measures_a_known_delay():
+    delay = 0.004
+    stats = Clock("cpu").time_steps(lambda: time.sleep(delay), steps=7, warmup=1)
+    assert stats["steps"] == 7 and stats["warmup"] == 1
+    assert delay * 1e3 <= stats["min_ms"] <= stats["p10_ms"] <= stats["ms_per_token"] <= stats["p90_ms"]
+    assert stats["loop_ms_per_step"] >= stats["min_ms"]
+    assert delay <= timed(lambda: time.sleep(delay))
+
+
+def test_copy_bandwidth_and_floor():
+    bw = copy_bandwidth("cpu", nbytes=1 << 20, reps=3)
+    assert bw["bytes"] == 1 << 20 and bw["copy_GBps"] > 0 and bw["read_sum_GBps"] > 0
+    floor = decode_floor(2_000_000_000, 100.0)  # 2 GB per token at 100 GB/s: 20 ms, 50 tokens/s
+    assert floor == {
+        "copy_GBps": 100.0,
+        "bytes_per_token": 2_000_000_000,
+        "floor_ms_per_token": 20.0,
+        "floor_tokens_per_s": 50.0,
+    }
