@@ -1,0 +1,219 @@
+"""Verify one candidate kernel file: static checks, then the dynamic checks in a sandboxed child.
+
+``verify(source, target)``:
+1. ``static_check`` (skipped for the built-in kernels, which are trusted code): a rejection here costs
+   no process.
+2. The plan: the target's tuned shapes plus hidden shapes (``cases.hidden_config``: odd widths, random
+   B and T, one speculative ``keep_states`` step), at least ``MIN_CASES`` in all, drawn from a fresh
+   random seed per verification; per case two independent states A and B (``cases.build_state``);
+   the twin runs here on each.
+3. One child process (``sandbox.run_child``) runs the candidate on A, on a fresh copy of A, then on B,
+   case after case; on a GPU it then times each tuned shape (``child_run.time_shape``).
+4. ``judge`` decides; timing is checked against the twin on the timed launches' outputs and against
+   the op's bandwidth floor (``timing.floor_seconds``): faster than the floor is impossible.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import shutil
+import statistics
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+from nonstop.tune.cases import CaseSpec, State, build_state, hidden_config, run_twin
+from nonstop.tune.judge import TOLERANCE, judge_call, judge_determinism, no_op_detectable
+from nonstop.tune.sandbox import run_child
+from nonstop.tune.state import Packed, pack, snapshot
+from nonstop.tune.static_check import static_check
+from nonstop.tune.target import Target, TunedShape
+from nonstop.tune.timing import floor_seconds, peak_bandwidth
+
+MIN_CASES = 5
+HIDDEN_CASES = 3
+TIMING_WEIGHTS, TIMING_INPUTS = 2, 3  # timing states: every pairing of 2 weight draws with 3 input draws
+
+
+@dataclass
+class Verdict:
+    """accepted, or the reasons not; ``record``: how it was verified (the store keeps it); ``timing``:
+    per tuned shape key, the measured times (GPU only) or nothing (``untimed``)."""
+
+    accepted: bool
+    reasons: list[str] = field(default_factory=list)
+    record: dict = field(default_factory=dict)
+    timing: dict[str, dict] = field(default_factory=dict)
+
+    @property
+    def stage(self) -> str:
+        return self.record.get("stage", "")
+
+
+@dataclass
+class Prepared:
+    spec: CaseSpec
+    packed: Packed
+    after: list[torch.Tensor]
+    outputs: list[int]
+
+
+def builtin_source(kind: str) -> str:
+    """A candidate file that is the built-in kernel of ``kind``."""
+    from nonstop.kernels import KERNELS
+
+    fn = KERNELS[kind]
+    return f'"""The built-in {kind} kernel."""\n\nfrom {fn.__module__} import {fn.__name__} as launch  # noqa: F401\n'
+
+
+def plan(target: Target, rng: random.Random, hidden: int = HIDDEN_CASES) -> list[CaseSpec]:
+    """The tuned shapes, then hidden ones (at least ``MIN_CASES`` cases in all)."""
+    specs = [CaseSpec("tuned", target.cfg, target.dtype, s.B, s.T, False, s.variant) for s in target.shapes]
+    n_hidden = max(hidden, MIN_CASES - len(specs))
+    shapes = [(1, 1), (3, 1), (2, 3)] + [(rng.randint(1, 4), rng.randint(1, 4)) for _ in range(n_hidden)]
+    for i in range(n_hidden):
+        B, T = shapes[i]
+        specs.append(CaseSpec("hidden", hidden_config(target.cfg, rng), target.dtype, B, T, keep_states=(B, T) == (2, 3), variant=i))
+    return specs
+
+
+def prepare(spec: CaseSpec, kind: str, device, weight_seed: int, input_seed: int) -> Prepared:
+    state: State = build_state(spec, kind, device, weight_seed, input_seed)
+    packed = pack(state.roots())
+    run_twin(state)
+    after = snapshot(state.roots(), packed)
+    outputs = [i for i, (a, b) in enumerate(zip(packed.storages, after)) if not torch.equal(a, b)]
+    if not outputs or not no_op_detectable(packed, after, outputs, TOLERANCE[spec.dtype]):
+        raise RuntimeError(f"verifier: the {kind} twin changes nothing a do-nothing kernel would miss at {spec.describe()}")
+    return Prepared(spec, packed, after, outputs)
+
+
+def _write_job(jobdir: Path, source: str, target: Target, cases: list[Prepared], timing: dict, iters: int, warmup: int) -> None:
+    (jobdir / "candidate.py").write_text(source)
+    states = [p.packed for p in cases]
+    calls = []
+    for i in range(0, len(cases), 2):  # A, a fresh copy of A, then B
+        calls += [{"state": i}, {"state": i}, {"state": i + 1}]
+    job = {"kind": target.kind, "device": str(target.device), "candidate": str(jobdir / "candidate.py"), "states": states,
+           "outputs": [p.outputs for p in cases], "calls": calls, "iters": iters, "warmup": warmup,
+           "timing": {key: {"states": [p.packed for p in ps], "outputs": [p.outputs for p in ps]} for key, ps in timing.items()}}
+    torch.save(job, jobdir / "job.pt")
+
+
+def verify(source: str, target: Target, *, trusted: bool = False, time_it: bool = True, timeout_s: float = 300.0,
+           iters: int = 60, warmup: int = 6, seed: int | None = None, progress=None) -> Verdict:
+    """Verify (and on a GPU time) a candidate file's source for ``target``; see the module docstring."""
+    say = progress or (lambda _msg: None)
+    record: dict = {"kind": target.kind, "model": target.model, "device": str(target.device), "dtype": str(target.dtype).removeprefix("torch.")}
+    if not trusted:
+        problems = static_check(source, target.kind)
+        if problems:
+            return Verdict(False, problems, {**record, "stage": "static"})
+    master = seed if seed is not None else random.SystemRandom().randrange(2**31)
+    rng = random.Random(master)
+    specs = plan(target, rng)
+    t0 = time.perf_counter()
+    cases: list[Prepared] = []
+    for spec in specs:
+        for _ in range(2):
+            cases.append(prepare(spec, target.kind, target.device, rng.randrange(2**31), rng.randrange(2**31)))
+    timing: dict[str, list[Prepared]] = {}
+    gpu = target.device.type == "cuda"
+    if gpu and time_it:
+        for shape in target.shapes:
+            spec = CaseSpec("tuned", target.cfg, target.dtype, shape.B, shape.T, False, shape.variant, context=target.context)
+            weights = [rng.randrange(2**31) for _ in range(TIMING_WEIGHTS)]
+            inputs = [rng.randrange(2**31) for _ in range(TIMING_INPUTS)]
+            timing[shape.key] = [prepare(spec, target.kind, target.device, w, x) for w in weights for x in inputs]
+    record.update(master_seed=master, cases=[s.describe() for s in specs], calls=3 * len(specs), build_s=round(time.perf_counter() - t0, 2))
+    say(f"{len(specs)} cases ({sum(s.label == 'hidden' for s in specs)} hidden), {3 * len(specs)} calls" + (f", timing {len(timing)} shape(s)" if timing else ""))
+    jobdir = Path(tempfile.mkdtemp(prefix="nonstop-verify-"))
+    try:
+        _write_job(jobdir, source, target, cases, timing, iters, warmup)
+        t1 = time.perf_counter()
+        run = run_child(jobdir, target.device, timeout_s)
+        record.update(child_s=round(time.perf_counter() - t1, 2), network_namespace=run.network_namespace)
+    finally:
+        if os.environ.get("NONSTOP_TUNE_KEEP") != "1":  # keep the job directory to rerun a child by hand
+            shutil.rmtree(jobdir, ignore_errors=True)
+    if run.result is None:
+        why = f"timed out after {timeout_s:.0f} s" if run.timed_out else f"the verification process died (exit status {run.returncode})"
+        tail = run.stderr.strip().splitlines()[-1:] if run.stderr.strip() else []
+        return Verdict(False, [why + (f": {tail[0][:300]}" if tail else "")], {**record, "stage": "run"})
+    return _judge(run.result, target, specs, cases, timing, record)
+
+
+def _judge(result: dict, target: Target, specs: list[CaseSpec], cases: list[Prepared], timing: dict, record: dict) -> Verdict:
+    if result.get("import_error"):
+        return Verdict(False, [f"importing the candidate failed: {result['import_error']}"], {**record, "stage": "import"})
+    problems = []
+    if result.get("patched_on_import"):
+        problems.append(f"importing the candidate replaced {', '.join(result['patched_on_import'])}")
+    if result.get("threads_on_import"):
+        problems.append(f"importing the candidate started {result['threads_on_import']} thread(s)")
+    calls = result["calls"]
+    gpu = target.device.type == "cuda"
+    for n, rec in enumerate(calls):
+        case = n // 3
+        which = ("A", "A again", "B")[n % 3]
+        prepared = cases[rec["state"]]
+        label = f"case {case + 1} ({prepared.spec.describe()}), call on {which}"
+        problems += judge_call(rec, prepared.packed, prepared.after, prepared.outputs, TOLERANCE[prepared.spec.dtype], label)
+        if not problems and n % 3 == 1:
+            problems += judge_determinism(calls[n - 1], rec, prepared.packed, target.kind, gpu, label)
+        if problems:
+            break
+    if not problems and len(calls) != 3 * len(specs):
+        problems.append(f"the verification stopped after {len(calls)} of {3 * len(specs)} calls")
+    record["stage"] = "dynamic"
+    if problems:
+        return Verdict(False, problems[:6], record)
+    verdict = Verdict(True, [], {**record, "checks_passed": CHECKS})
+    if timing:
+        problems = _judge_timing(result.get("timing", {}), target, timing, verdict)
+        if problems:
+            return Verdict(False, problems[:6], {**record, "stage": "timing"})
+    return verdict
+
+
+def _judge_timing(measured: dict, target: Target, timing: dict[str, list[Prepared]], verdict: Verdict) -> list[str]:
+    peak, peak_source = peak_bandwidth(target.device)
+    shapes = {s.key: s for s in target.shapes}
+    for key, prepared in timing.items():
+        got = measured.get(key)
+        if got is None or got.get("error"):
+            return [f"timing {key}: {got.get('error') if got else 'no measurement came back'}"]
+        label = f"timed launches at {key}"
+        for p, outs in zip(prepared, got["outputs"]):
+            rec = {"triton_launches": 1, "outputs": outs, "views": {path: _view_tuple(p.packed.views[i]) for path, i in p.packed.paths.items()},
+                   "guards_broken": [], "modified": []}
+            problems = judge_call(rec, p.packed, p.after, p.outputs, TOLERANCE[p.spec.dtype], label)
+            if problems:
+                return problems
+        if any(got["guards_broken"]) or got["violations"]:
+            return [f"{label}: " + (got["violations"][0] if got["violations"] else "wrote outside its tensors")]
+        ms = sorted(got["ms"])
+        shape: TunedShape = shapes[key]
+        floor = floor_seconds(shape.bytes_moved, peak)
+        median = statistics.median(ms)
+        entry = {"median_ms": median, "p10_ms": ms[len(ms) // 10], "p90_ms": ms[(9 * len(ms)) // 10], "launches": len(ms),
+                 "floor_ms": floor * 1e3, "bytes_moved": shape.bytes_moved, "peak_bandwidth": peak, "peak_source": peak_source}
+        if median * 1e-3 < floor:
+            return [f"{label}: median {median * 1e3:.2f} us is faster than the bandwidth floor {floor * 1e6:.2f} us "
+                    f"({shape.bytes_moved} bytes at {peak / 1e12:.2f} TB/s): impossible, rejected"]
+        verdict.timing[key] = entry
+    return []
+
+
+def _view_tuple(v) -> tuple:
+    return (v.storage, v.offset, v.shape, v.stride, v.dtype)
+
+
+CHECKS = ["static", "sandbox: -I, rlimits, no network", "fresh memory + guard bands per call", "outputs poisoned (NaN)",
+          "inputs/weights/caches unchanged", "within dtype tolerance of the twin", "determinism (A twice)",
+          "new inputs after old (B)", "no torch compute / host reads in the candidate", "Triton launch ran",
+          "no patched functions, no threads", "hidden odd shapes", ">= 5 seeds"]
