@@ -36,6 +36,7 @@ from nonstop.program.lower import lower
 from nonstop.program.reference import REFERENCE, StepEnv
 from nonstop.runtime.cuda_graph import CapturedStep, fit_pools, graphs_wanted, module_containers, new_pool, pdl_support, storage_signature
 from nonstop.runtime.launch_count import LaunchCounter
+from nonstop.runtime.tuned import use_tuned
 
 try:  # row-exact mode of speculative verification (a step shape of its own when it exists)
     from nonstop.model.rows import is_row_exact
@@ -145,6 +146,8 @@ class SuperOpExecutor:
             "graphs": graphs_reason,
             "pdl": ("on: " if self.pdl else "off: ") + pdl_reason,
         }
+        if use_kernels:  # stored winners of `nonstop tune` for this device (runtime/tuned.py); the built-ins otherwise
+            self.impl = use_tuned(self.impl, self.program, self.device, self.stats)
 
     # ------------------------------------------------------------------ static state
     def static_step(self, B: int, T: int, keep_states: bool = False) -> StaticStep:

@@ -50,12 +50,16 @@ def device_name(device) -> str:
     return device.type
 
 
-def shape_key(op, B: int, T: int) -> str:
-    """"B1xT1 w=2048x2048 b=2048 bfloat16": the step shape, the op's weight shapes (by role, sorted) and
-    the dtype of its first floating-point weight."""
-    weights = " ".join(f"{n}={'x'.join(map(str, t.shape))}" for n, t in sorted(op.weights.items()))
-    dtype = next((t.dtype for _, t in sorted(op.weights.items()) if t.is_floating_point()), None)
-    return f"B{B}xT{T} {weights} {str(dtype).removeprefix('torch.')}"
+def shape_key(op, B: int, T: int, act_dtype=None) -> str:
+    """"B1xT1 w=2048x2048 b=2048 bfloat16": the step shape, the op's weight shapes (by role, sorted) -
+    or, for an op without weights (attention), its integer attributes - and the dtype of its first
+    floating-point weight (else ``act_dtype``, the dtype of its activations)."""
+    if op.weights:
+        what = " ".join(f"{n}={'x'.join(map(str, t.shape))}" for n, t in sorted(op.weights.items()))
+    else:
+        what = " ".join(f"{k}={v}" for k, v in sorted(op.attrs.items()) if isinstance(v, int) and not isinstance(v, bool) and k != "cache_layer")
+    dtype = next((t.dtype for _, t in sorted(op.weights.items()) if t.is_floating_point()), act_dtype)
+    return f"B{B}xT{T} {what} {str(dtype).removeprefix('torch.')}"
 
 
 def load_store(path: Path | None) -> dict:
@@ -117,7 +121,7 @@ class TunedKind:
         at = (id(op), env.B, env.T)
         key = self.keys.get(at)
         if key is None:
-            key = self.keys[at] = shape_key(op, env.B, env.T)
+            key = self.keys[at] = shape_key(op, env.B, env.T, env.buf[op.reads[0]].dtype)
         launch = self.launch_for(key) if key in self.entries else None
         if launch is None or kwargs:
             return self.fallback(op, env, **kwargs)

@@ -72,6 +72,7 @@ class State:
     buf: dict[str, torch.Tensor]
     cache: ModelCache
     batch: StepBatch
+    model: object = None  # the model the op's weights belong to (``build_state(..., model=)`` reuses it)
 
     def roots(self) -> dict:
         return {"op": self.op, "buf": self.buf, "cache": self.cache, "batch": self.batch}
@@ -224,17 +225,22 @@ def _poison(state: State) -> None:
         hist[state.batch.slots, : state.batch.T] = float("nan")
 
 
-def build_state(spec: CaseSpec, kind: str, device, weight_seed: int, input_seed: int) -> State:
+def build_state(spec: CaseSpec, kind: str, device, weight_seed: int, input_seed: int, model=None) -> State:
     """A poisoned step state for one call of ``kind`` at ``spec`` (weights from ``weight_seed``, caches
-    and buffers from ``input_seed``)."""
-    model = random_model(spec.cfg, spec.dtype, device=device, seed=weight_seed)
-    program = lower(model)
+    and buffers from ``input_seed``). ``model``: reuse a model built by an earlier call with the same
+    ``spec`` and ``weight_seed`` (same weights, new inputs)."""
+    fresh = model is None
+    if fresh:
+        model = random_model(spec.cfg, spec.dtype, device=device, seed=weight_seed)
+        model.tune_program = lower(model)  # lowered once: lowering again would re-pack the weights
+    program = model.tune_program
     ops = variants(program, kind)
     if not ops:
         raise ValueError(f"model has no {kind!r} op")
     op = dataclasses.replace(ops[spec.variant % len(ops)], cost=None, tiles=None)
+    if fresh:
+        _noise_constants(op, torch.Generator().manual_seed(weight_seed + 1))
     gen = torch.Generator().manual_seed(input_seed)
-    _noise_constants(op, torch.Generator().manual_seed(weight_seed + 1))
     rng = random.Random(input_seed)
     cache, batch = _step(spec.cfg, spec.dtype, device, spec, gen, rng)
     buf = program.allocate(spec.rows, device)
@@ -244,7 +250,7 @@ def build_state(spec: CaseSpec, kind: str, device, weight_seed: int, input_seed:
             _randn_(t, gen, scale)
         else:
             t.copy_(torch.randint(0, spec.cfg.vocab_size, t.shape, generator=gen))
-    state = State(op, buf, cache, batch)
+    state = State(op, buf, cache, batch, model)
     _poison(state)
     return state
 

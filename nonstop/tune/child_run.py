@@ -12,11 +12,11 @@ guard bands, the storages that must be unchanged (compared here with their packe
 of the output storages, the tensor views by path, Python threads, and the identity of the functions
 timing relies on.
 
-Timing (CUDA only, when every call ran clean): per timed shape, the parent's timing states (distinct
-weights and inputs) are each rebuilt once; launch i uses state i mod M, whose outputs are first
-restored from its packed (poisoned) bytes; the L2 cache is flushed before each launch; a CUDA event
-pair brackets each launch; one device-wide synchronisation at the end. The outputs of the last launch
-on each state go back to the parent, which checks them against that state's twin.
+Timing (CUDA only, when every call ran clean; the plan is ``timing.TimingPlan``): one rebuilt state per
+timed shape; before each launch one never-repeated pairing of a weight draw and an input draw is copied
+in and the L2 cache is flushed; a CUDA event pair brackets each launch; one device-wide
+synchronisation at the end. The outputs of a few random launches go back to the parent, which checks
+them against the twin on the same pairing.
 """
 
 from __future__ import annotations
@@ -235,35 +235,43 @@ def failed(rec: dict) -> bool:
 # ----------------------------------------------------------------------------- timing (CUDA)
 
 
-def time_shape(launch, states: list[Packed], outputs: list[list[int]], device: torch.device, candidate_file: str, gen: torch.Generator, iters: int, warmup: int) -> dict:
-    """Per-launch CUDA-event times over ``iters`` launches cycling through ``states`` (see the module
-    docstring); returns {"ms": [...], "outputs": [per state: {storage: bytes}], "violations": [...]}"""
-    rebuilt = [unpack(p, device, gen) for p in states]
-    envs = [ExecEnv(u.state["buf"], u.state["cache"], u.state["batch"], pdl=False) for u in rebuilt]
-    pristine = [{i: p.storages[i].to(device) for i in outs} for p, outs in zip(states, outputs)]
+def time_shape(launch, plan: dict, device: torch.device, candidate_file: str, gen: torch.Generator) -> dict:
+    """CUDA-event times of one launch per (weight draw, input draw) pairing of ``plan`` (``timing.TimingPlan.job``):
+    before each launch the pairing's bytes are copied into one rebuilt state and the L2 is flushed; the outputs
+    of the ``checked`` launches are kept (device copies queued right after their end event)."""
+    work = unpack(plan["base"], device, gen)
+    roots = work.state
+    env = ExecEnv(roots["buf"], roots["cache"], roots["batch"], pdl=False)
+    weights = [{s: raw.to(device) for s, raw in w.items()} for w in plan["weights"]]
+    inputs = [{s: raw.to(device) for s, raw in x.items()} for x in plan["inputs"]]
+    sequence, checked, outputs = plan["sequence"], set(plan["checked"]), plan["outputs"]
     props = torch.cuda.get_device_properties(device)
     flush = torch.empty(max(256 << 20, 4 * int(getattr(props, "L2_cache_size", 64 << 20))), dtype=torch.uint8, device=device)
-    total = warmup + iters
-    starts = [torch.cuda.Event(enable_timing=True) for _ in range(total)]
-    ends = [torch.cuda.Event(enable_timing=True) for _ in range(total)]
+    starts = [torch.cuda.Event(enable_timing=True) for _ in sequence]
+    ends = [torch.cuda.Event(enable_timing=True) for _ in sequence]
+    kept: dict[int, dict] = {}
     recorder = Recorder(candidate_file)
     torch.cuda.synchronize(device)
-    wall0 = time.perf_counter()
     with recorder:
-        for i in range(total):
-            k = i % len(states)
-            for s, raw in pristine[k].items():  # outputs and state back to the packed (poisoned) bytes
-                rebuilt[k].body(s).copy_(raw)
+        for i, (j, k) in enumerate(sequence):
+            for s, raw in weights[j].items():
+                work.body(s).copy_(raw)
+            for s, raw in inputs[k].items():
+                work.body(s).copy_(raw)
             flush.zero_()
             starts[i].record()
-            launch(rebuilt[k].state["op"], envs[k])
+            launch(roots["op"], env)
             ends[i].record()
+            if i in checked:
+                kept[i] = {s: work.body(s).clone() for s in outputs}
     torch.cuda.synchronize(device)
-    wall = time.perf_counter() - wall0
-    ms = [starts[i].elapsed_time(ends[i]) for i in range(warmup, total)]
-    outs = [{s: u.body(s).cpu().clone() for s in o} for u, o in zip(rebuilt, outputs)]
-    guards = [[i for i in range(len(p.storages)) if not u.guard_intact(i)] for p, u in zip(states, rebuilt)]
-    return {"ms": ms, "wall_s": wall, "outputs": outs, "guards_broken": guards, "violations": list(recorder.violations), "triton_launches": recorder.triton}
+    ms = [starts[i].elapsed_time(ends[i]) for i in range(plan["warmup"], len(sequence))]
+    j, k = sequence[-1]
+    last = {**weights[j], **inputs[k]}
+    modified = [s for s, raw in last.items() if s not in outputs and not torch.equal(work.body(s), raw)]
+    return {"ms": ms, "outputs": {i: {s: b.cpu() for s, b in o.items()} for i, o in kept.items()}, "modified": modified,
+            "guards_broken": [i for i in range(len(work.padded)) if not work.guard_intact(i)],
+            "violations": list(recorder.violations), "triton_launches": recorder.triton}
 
 
 # ----------------------------------------------------------------------------- the job
@@ -297,9 +305,9 @@ def run_job(job: dict) -> dict:
             break  # the parent rejects on this call; the rest would only cost time
     clean = not result["patched_on_import"] and len(result["calls"]) == len(job["calls"]) and not any(failed(r) for r in result["calls"])
     if clean and device.type == "cuda":
-        for key, timing in job.get("timing", {}).items():
+        for key, plan in job.get("timing", {}).items():
             try:
-                result["timing"][key] = time_shape(launch, timing["states"], timing["outputs"], device, candidate_file, gen, job["iters"], job["warmup"])
+                result["timing"][key] = time_shape(launch, plan, device, candidate_file, gen)
             except BaseException as exc:  # noqa: BLE001
                 result["timing"][key] = {"error": short_traceback(exc, candidate_file)}
     return result

@@ -125,7 +125,7 @@ def _kernel_object(obj) -> str | None:
         return None
     if inspect.ismodule(obj):
         return "a module"
-    if isinstance(obj, (dict, list, tuple)) and all(_plain(v) for v in (list(obj.values()) + list(obj) if isinstance(obj, dict) else obj)):
+    if isinstance(obj, (dict, list, tuple)) and len(obj) and all(_plain(v) for v in (list(obj.values()) + list(obj) if isinstance(obj, dict) else obj)):
         return None  # a table of constants (mutation is ruled out: no item assignment, no mutating methods)
     if isinstance(obj, (dict, list, set, bytearray)):
         return "a mutable container (of more than constants)"
@@ -208,6 +208,8 @@ class _Checker:
             self.p.add(node, f"from {mod} import {attr}: {exc}")
             return
         why = _kernel_object(obj)
+        if why is None and "workspace" in attr.lower():
+            why = "persistent scratch that outlives a call (a cache across calls)"
         if why:
             self.p.add(node, f"from {mod} import {attr}: {why} (only functions, Triton kernels and constants of nonstop.kernels may be imported)")
             return

@@ -67,7 +67,7 @@ def make_target(kind: str, model: str, cfg: ModelConfig, dtype: torch.dtype, dev
         weight_bytes = op.weight_bytes()
         for B in rows:
             cost = op.cost(B * tokens, context, B)
-            shape = TunedShape(index, B, tokens, shape_key(op, B, tokens), weight_bytes, cost.bytes_read + cost.bytes_written)
+            shape = TunedShape(index, B, tokens, shape_key(op, B, tokens, dtype), weight_bytes, cost.bytes_read + cost.bytes_written)
             if device.type != "cuda" and weight_bytes > CPU_WEIGHT_LIMIT:
                 target.skipped.append(f"{shape.key}: {weight_bytes / 2**20:.0f} MiB of weights is too large for the Triton interpreter")
                 continue

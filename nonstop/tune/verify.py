@@ -18,7 +18,6 @@ from __future__ import annotations
 import os
 import random
 import shutil
-import statistics
 import tempfile
 import time
 from dataclasses import dataclass, field
@@ -32,11 +31,10 @@ from nonstop.tune.sandbox import run_child
 from nonstop.tune.state import Packed, pack, snapshot
 from nonstop.tune.static_check import static_check
 from nonstop.tune.target import Target, TunedShape
-from nonstop.tune.timing import floor_seconds, peak_bandwidth
+from nonstop.tune.timing import TimingPlan, judge_timing, plan_timing
 
 MIN_CASES = 5
 HIDDEN_CASES = 3
-TIMING_WEIGHTS, TIMING_INPUTS = 2, 3  # timing states: every pairing of 2 weight draws with 3 input draws
 
 
 @dataclass
@@ -92,20 +90,19 @@ def prepare(spec: CaseSpec, kind: str, device, weight_seed: int, input_seed: int
     return Prepared(spec, packed, after, outputs)
 
 
-def _write_job(jobdir: Path, source: str, target: Target, cases: list[Prepared], timing: dict, iters: int, warmup: int) -> None:
+def _write_job(jobdir: Path, source: str, target: Target, cases: list[Prepared], timing: dict[str, TimingPlan]) -> None:
     (jobdir / "candidate.py").write_text(source)
     states = [p.packed for p in cases]
     calls = []
     for i in range(0, len(cases), 2):  # A, a fresh copy of A, then B
         calls += [{"state": i}, {"state": i}, {"state": i + 1}]
     job = {"kind": target.kind, "device": str(target.device), "candidate": str(jobdir / "candidate.py"), "states": states,
-           "outputs": [p.outputs for p in cases], "calls": calls, "iters": iters, "warmup": warmup,
-           "timing": {key: {"states": [p.packed for p in ps], "outputs": [p.outputs for p in ps]} for key, ps in timing.items()}}
+           "outputs": [p.outputs for p in cases], "calls": calls, "timing": {key: plan.job() for key, plan in timing.items()}}
     torch.save(job, jobdir / "job.pt")
 
 
 def verify(source: str, target: Target, *, trusted: bool = False, time_it: bool = True, timeout_s: float = 300.0,
-           iters: int = 60, warmup: int = 6, seed: int | None = None, progress=None) -> Verdict:
+           seed: int | None = None, progress=None) -> Verdict:
     """Verify (and on a GPU time) a candidate file's source for ``target``; see the module docstring."""
     say = progress or (lambda _msg: None)
     record: dict = {"kind": target.kind, "model": target.model, "device": str(target.device), "dtype": str(target.dtype).removeprefix("torch.")}
@@ -121,19 +118,16 @@ def verify(source: str, target: Target, *, trusted: bool = False, time_it: bool 
     for spec in specs:
         for _ in range(2):
             cases.append(prepare(spec, target.kind, target.device, rng.randrange(2**31), rng.randrange(2**31)))
-    timing: dict[str, list[Prepared]] = {}
-    gpu = target.device.type == "cuda"
-    if gpu and time_it:
+    timing: dict[str, TimingPlan] = {}
+    if target.device.type == "cuda" and time_it:
         for shape in target.shapes:
             spec = CaseSpec("tuned", target.cfg, target.dtype, shape.B, shape.T, False, shape.variant, context=target.context)
-            weights = [rng.randrange(2**31) for _ in range(TIMING_WEIGHTS)]
-            inputs = [rng.randrange(2**31) for _ in range(TIMING_INPUTS)]
-            timing[shape.key] = [prepare(spec, target.kind, target.device, w, x) for w in weights for x in inputs]
+            timing[shape.key] = plan_timing(shape.key, spec, target.kind, target.device, rng)
     record.update(master_seed=master, cases=[s.describe() for s in specs], calls=3 * len(specs), build_s=round(time.perf_counter() - t0, 2))
     say(f"{len(specs)} cases ({sum(s.label == 'hidden' for s in specs)} hidden), {3 * len(specs)} calls" + (f", timing {len(timing)} shape(s)" if timing else ""))
     jobdir = Path(tempfile.mkdtemp(prefix="nonstop-verify-"))
     try:
-        _write_job(jobdir, source, target, cases, timing, iters, warmup)
+        _write_job(jobdir, source, target, cases, timing)
         t1 = time.perf_counter()
         run = run_child(jobdir, target.device, timeout_s)
         record.update(child_s=round(time.perf_counter() - t1, 2), network_namespace=run.network_namespace)
@@ -147,7 +141,7 @@ def verify(source: str, target: Target, *, trusted: bool = False, time_it: bool 
     return _judge(run.result, target, specs, cases, timing, record)
 
 
-def _judge(result: dict, target: Target, specs: list[CaseSpec], cases: list[Prepared], timing: dict, record: dict) -> Verdict:
+def _judge(result: dict, target: Target, specs: list[CaseSpec], cases: list[Prepared], timing: dict[str, TimingPlan], record: dict) -> Verdict:
     if result.get("import_error"):
         return Verdict(False, [f"importing the candidate failed: {result['import_error']}"], {**record, "stage": "import"})
     problems = []
@@ -180,37 +174,14 @@ def _judge(result: dict, target: Target, specs: list[CaseSpec], cases: list[Prep
     return verdict
 
 
-def _judge_timing(measured: dict, target: Target, timing: dict[str, list[Prepared]], verdict: Verdict) -> list[str]:
-    peak, peak_source = peak_bandwidth(target.device)
+def _judge_timing(measured: dict, target: Target, timing: dict[str, TimingPlan], verdict: Verdict) -> list[str]:
     shapes = {s.key: s for s in target.shapes}
-    for key, prepared in timing.items():
-        got = measured.get(key)
-        if got is None or got.get("error"):
-            return [f"timing {key}: {got.get('error') if got else 'no measurement came back'}"]
-        label = f"timed launches at {key}"
-        for p, outs in zip(prepared, got["outputs"]):
-            rec = {"triton_launches": 1, "outputs": outs, "views": {path: _view_tuple(p.packed.views[i]) for path, i in p.packed.paths.items()},
-                   "guards_broken": [], "modified": []}
-            problems = judge_call(rec, p.packed, p.after, p.outputs, TOLERANCE[p.spec.dtype], label)
-            if problems:
-                return problems
-        if any(got["guards_broken"]) or got["violations"]:
-            return [f"{label}: " + (got["violations"][0] if got["violations"] else "wrote outside its tensors")]
-        ms = sorted(got["ms"])
-        shape: TunedShape = shapes[key]
-        floor = floor_seconds(shape.bytes_moved, peak)
-        median = statistics.median(ms)
-        entry = {"median_ms": median, "p10_ms": ms[len(ms) // 10], "p90_ms": ms[(9 * len(ms)) // 10], "launches": len(ms),
-                 "floor_ms": floor * 1e3, "bytes_moved": shape.bytes_moved, "peak_bandwidth": peak, "peak_source": peak_source}
-        if median * 1e-3 < floor:
-            return [f"{label}: median {median * 1e3:.2f} us is faster than the bandwidth floor {floor * 1e6:.2f} us "
-                    f"({shape.bytes_moved} bytes at {peak / 1e12:.2f} TB/s): impossible, rejected"]
+    for key, plan in timing.items():
+        problems, entry = judge_timing(plan, measured.get(key), shapes[key].bytes_moved, target.device, TOLERANCE[target.dtype])
+        if problems:
+            return problems
         verdict.timing[key] = entry
     return []
-
-
-def _view_tuple(v) -> tuple:
-    return (v.storage, v.offset, v.shape, v.stride, v.dtype)
 
 
 CHECKS = ["static", "sandbox: -I, rlimits, no network", "fresh memory + guard bands per call", "outputs poisoned (NaN)",

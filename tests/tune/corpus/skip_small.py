@@ -1,6 +1,6 @@
 """CHEAT: returns early on one-row steps (launches nothing; the poisoned output stays).
 kind: linear_residual
-expect: dynamic: NaN"""
+expect: dynamic: no Triton kernel ran"""
 from nonstop.kernels.common import linear_residual as builtin
 
 
