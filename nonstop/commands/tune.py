@@ -34,38 +34,90 @@ def _rows(text: str) -> list[int]:
 
 
 def _common(p: argparse.ArgumentParser, model_default: str | None) -> None:
-    p.add_argument("--op", help="the super-op kind (e.g. linear_residual, mlp, kda_core, mla_attn, moe_experts; see `nonstop program`)")
-    p.add_argument("--model", "-m", default=model_default, help="checkpoint directory, bundled model or preset whose shapes are used "
-                   "(weights are random: only the config is read); default: k3-nano, or the first preset that has the kind")
-    p.add_argument("--rows", type=_rows, help="decode batch sizes B to tune / verify at (T tokens each), e.g. 1,2,4,8; default 1,2,4,8 on a GPU, 1,3 on a CPU")
-    p.add_argument("--tokens", type=int, default=1, help="tokens per sequence in a step (T; > 1 is a speculative verification step), default 1")
+    p.add_argument(
+        "--op",
+        help="the super-op kind (e.g. linear_residual, mlp, kda_core, mla_attn, moe_experts; see `nonstop program`)",
+    )
+    p.add_argument(
+        "--model",
+        "-m",
+        default=model_default,
+        help="checkpoint directory, bundled model or preset whose shapes are used "
+        "(weights are random: only the config is read); default: k3-nano, or the first preset that has the kind",
+    )
+    p.add_argument(
+        "--rows",
+        type=_rows,
+        help="decode batch sizes B to tune / verify at (T tokens each), e.g. 1,2,4,8; "
+        "default 1,2,4,8 on a GPU, 1,3 on a CPU",
+    )
+    p.add_argument(
+        "--tokens",
+        type=int,
+        default=1,
+        help="tokens per sequence in a step (T; > 1 is a speculative verification step), default 1",
+    )
     p.add_argument("--dtype", default="auto", help="float32 | bfloat16 | float16 | auto (bf16 on CUDA, fp32 on CPU)")
     p.add_argument("--device", default=None, help="cuda[:N] or cpu (default: cuda when a GPU is visible)")
-    p.add_argument("--context", type=int, default=1024, help="tokens cached per sequence in timed steps (attention traffic), default 1024")
-    p.add_argument("--timeout", type=float, default=300.0, help="seconds one candidate's verification may take (default 300)")
-    p.add_argument("--store", type=Path, default=None, help="tuning store JSON (default $NONSTOP_TUNING_STORE or ~/.cache/nonstop/tuning.json)")
+    p.add_argument(
+        "--context",
+        type=int,
+        default=1024,
+        help="tokens cached per sequence in timed steps (attention traffic), default 1024",
+    )
+    p.add_argument(
+        "--timeout", type=float, default=300.0, help="seconds one candidate's verification may take (default 300)"
+    )
+    p.add_argument(
+        "--store",
+        type=Path,
+        default=None,
+        help="tuning store JSON (default $NONSTOP_TUNING_STORE or ~/.cache/nonstop/tuning.json)",
+    )
 
 
 def add_parser(sub) -> None:
-    p = sub.add_parser("tune", help="propose, verify and keep faster super-op kernels (search or any OpenAI-compatible LLM)",
-                       description=DESCRIPTION, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = sub.add_parser(
+        "tune",
+        help="propose, verify and keep faster super-op kernels (search or any OpenAI-compatible LLM)",
+        description=DESCRIPTION,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     _common(p, None)
     p.add_argument("--list", action="store_true", help="list the tuning store's entries and exit")
-    p.add_argument("--proposer", choices=["search", "llm"], default="search", help="search (tunables of the current kernel) or llm (an OpenAI-compatible endpoint)")
+    p.add_argument(
+        "--proposer",
+        choices=["search", "llm"],
+        default="search",
+        help="search (tunables of the current kernel) or llm (an OpenAI-compatible endpoint)",
+    )
     p.add_argument("--rounds", type=int, default=3, help="rounds of propose -> verify -> time (default 3)")
     p.add_argument("--candidates", type=int, default=4, help="candidates per round (default 4)")
-    p.add_argument("--llm-base-url", default=None, help="OpenAI-compatible base URL, e.g. https://api.openai.com/v1 or http://127.0.0.1:8000/v1 (nonstop serve)")
+    p.add_argument(
+        "--llm-base-url",
+        default=None,
+        help="OpenAI-compatible base URL, e.g. https://api.openai.com/v1 or http://127.0.0.1:8000/v1 (nonstop serve)",
+    )
     p.add_argument("--llm-model", default=None, help="model name the endpoint serves")
-    p.add_argument("--llm-api-key-env", default="OPENAI_API_KEY", help="environment variable holding the API key (default OPENAI_API_KEY; unset: no key sent)")
-    p.add_argument("--llm-temperature", type=float, default=0.7, help="sampling temperature of the proposer (default 0.7)")
+    p.add_argument(
+        "--llm-api-key-env",
+        default="OPENAI_API_KEY",
+        help="environment variable holding the API key (default OPENAI_API_KEY; unset: no key sent)",
+    )
+    p.add_argument(
+        "--llm-temperature", type=float, default=0.7, help="sampling temperature of the proposer (default 0.7)"
+    )
     p.add_argument("--llm-max-tokens", type=int, default=8192, help="max tokens per reply (default 8192)")
     p.add_argument("--no-store", action="store_true", help="do not write the tuning store (report only)")
     p.set_defaults(run=run)
     tsub = p.add_subparsers(dest="tune_command", metavar="verify")
-    v = tsub.add_parser("verify", help="verify one candidate kernel file (exit 0 accepted, 1 rejected)",
-                        description="Verify one candidate kernel file for a super-op kind: static rules, then the sandboxed dynamic "
-                        "checks against the op's twin at the model's shapes and at held-out odd shapes (and timing on a GPU). "
-                        "Exit status 0 when accepted, 1 when rejected (the reasons are printed), 2 on bad arguments.")
+    v = tsub.add_parser(
+        "verify",
+        help="verify one candidate kernel file (exit 0 accepted, 1 rejected)",
+        description="Verify one candidate kernel file for a super-op kind: static rules, then the sandboxed dynamic "
+        "checks against the op's twin at the model's shapes and at held-out odd shapes (and timing on a GPU). "
+        "Exit status 0 when accepted, 1 when rejected (the reasons are printed), 2 on bad arguments.",
+    )
     _common(v, None)
     v.add_argument("--kernel", type=Path, help="the candidate file (a Python file defining launch(op, env))")
     v.add_argument("--builtin", action="store_true", help="verify the built-in kernel of the kind instead of a file")
@@ -121,7 +173,9 @@ def _target(args):
         raise ValueError("rows x tokens must be at most 16 (a decode step's row limit)")
     model = args.model or _default_model(args.op)
     cfg, _ = resolve_model(model)
-    return make_target(args.op, model, cfg, parse_dtype(args.dtype, str(device)), device, rows, args.tokens, args.context)
+    return make_target(
+        args.op, model, cfg, parse_dtype(args.dtype, str(device)), device, rows, args.tokens, args.context
+    )
 
 
 def _store_path(args) -> Path | None:
@@ -144,13 +198,25 @@ def run(args) -> int:
 
     target = _target(args)
     if args.proposer == "llm":
-        proposer = LLMProposer(args.llm_base_url, args.llm_model, args.llm_api_key_env, args.llm_temperature, args.llm_max_tokens)
+        proposer = LLMProposer(
+            args.llm_base_url, args.llm_model, args.llm_api_key_env, args.llm_temperature, args.llm_max_tokens
+        )
     else:
         proposer = SearchProposer(args.op)
     path = None if args.no_store else _store_path(args)
-    print(f"tuning {target.describe()}: {len(target.shapes)} shape(s), {args.rounds} round(s) of {args.candidates} candidate(s) from {proposer.name}"
-          + ("" if target.device.type == "cuda" else "; no GPU: candidates are verified under TRITON_INTERPRET=1 and recorded untimed"), flush=True)
-    report = tune(target, proposer, args.rounds, args.candidates, path, args.timeout, say=lambda m: print(m, flush=True))
+    print(
+        f"tuning {target.describe()}: {len(target.shapes)} shape(s), {args.rounds} round(s) of "
+        f"{args.candidates} candidate(s) from {proposer.name}"
+        + (
+            ""
+            if target.device.type == "cuda"
+            else "; no GPU: candidates are verified under TRITON_INTERPRET=1 and recorded untimed"
+        ),
+        flush=True,
+    )
+    report = tune(
+        target, proposer, args.rounds, args.candidates, path, args.timeout, say=lambda m: print(m, flush=True)
+    )
     print("\n".join(report.lines()))
     return 0
 
@@ -167,8 +233,22 @@ def list_store(path: Path | None) -> int:
         return 0
     print(f"{path}: {len(entries)} entr{'y' if len(entries) == 1 else 'ies'}")
     for e in entries:
-        speed = (f"{e['time_ms'] * 1e3:.2f} us" + (f" (built-in {e['builtin_ms'] * 1e3:.2f} us, floor {e['floor_ms'] * 1e3:.2f} us)" if e.get("builtin_ms") else "")) if e.get("timed") else "verified, untimed"
-        print(f"  {e['device']} | {e['kind']} | {e['shape']} | {speed} | {e['proposer']} round {e['round']} ({e['candidate']}) | {e['kernel']} | {e['created']}")
+        speed = (
+            (
+                f"{e['time_ms'] * 1e3:.2f} us"
+                + (
+                    f" (built-in {e['builtin_ms'] * 1e3:.2f} us, floor {e['floor_ms'] * 1e3:.2f} us)"
+                    if e.get("builtin_ms")
+                    else ""
+                )
+            )
+            if e.get("timed")
+            else "verified, untimed"
+        )
+        print(
+            f"  {e['device']} | {e['kind']} | {e['shape']} | {speed} | {e['proposer']} round {e['round']} "
+            f"({e['candidate']}) | {e['kernel']} | {e['created']}"
+        )
     return 0
 
 
@@ -184,14 +264,37 @@ def run_verify(args) -> int:
         raise FileNotFoundError(f"no candidate file {args.kernel}")
     target = _target(args)
     source = args.kernel.read_text(errors="replace") if args.kernel is not None else builtin_source(args.op)
-    verdict = verify(source, target, trusted=args.builtin, time_it=not args.no_time, timeout_s=args.timeout,
-                     progress=None if args.json else (lambda m: print(f"{target.describe()}: {m}", file=sys.stderr, flush=True)))
+    verdict = verify(
+        source,
+        target,
+        trusted=args.builtin,
+        time_it=not args.no_time,
+        timeout_s=args.timeout,
+        progress=None if args.json else (lambda m: print(f"{target.describe()}: {m}", file=sys.stderr, flush=True)),
+    )
     if args.json:
-        print(json.dumps({"accepted": verdict.accepted, "reasons": verdict.reasons, "timing": verdict.timing, "record": verdict.record,
-                          "not_verified_here": target.skipped}, indent=1, default=str))
+        print(
+            json.dumps(
+                {
+                    "accepted": verdict.accepted,
+                    "reasons": verdict.reasons,
+                    "timing": verdict.timing,
+                    "record": verdict.record,
+                    "not_verified_here": target.skipped,
+                },
+                indent=1,
+                default=str,
+            )
+        )
     elif verdict.accepted:
-        timing = "; ".join(f"{k}: {v['median_ms'] * 1e3:.2f} us (floor {v['floor_ms'] * 1e3:.2f} us)" for k, v in verdict.timing.items())
-        print(f"ACCEPTED: {len(verdict.record.get('cases', []))} cases, {verdict.record.get('calls')} calls" + (f"; {timing}" if timing else "; untimed (no GPU)"))
+        timing = "; ".join(
+            f"{k}: {v['median_ms'] * 1e3:.2f} us (floor {v['floor_ms'] * 1e3:.2f} us)"
+            for k, v in verdict.timing.items()
+        )
+        print(
+            f"ACCEPTED: {len(verdict.record.get('cases', []))} cases, {verdict.record.get('calls')} calls"
+            + (f"; {timing}" if timing else "; untimed (no GPU)")
+        )
         for why in target.skipped:
             print(f"  not verified here: {why}")
     else:

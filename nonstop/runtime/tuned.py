@@ -51,13 +51,17 @@ def device_name(device) -> str:
 
 
 def shape_key(op, B: int, T: int, act_dtype=None) -> str:
-    """"B1xT1 w=2048x2048 b=2048 bfloat16": the step shape, the op's weight shapes (by role, sorted) -
+    """ "B1xT1 w=2048x2048 b=2048 bfloat16": the step shape, the op's weight shapes (by role, sorted) -
     or, for an op without weights (attention), its integer attributes - and the dtype of its first
     floating-point weight (else ``act_dtype``, the dtype of its activations)."""
     if op.weights:
         what = " ".join(f"{n}={'x'.join(map(str, t.shape))}" for n, t in sorted(op.weights.items()))
     else:
-        what = " ".join(f"{k}={v}" for k, v in sorted(op.attrs.items()) if isinstance(v, int) and not isinstance(v, bool) and k != "cache_layer")
+        what = " ".join(
+            f"{k}={v}"
+            for k, v in sorted(op.attrs.items())
+            if isinstance(v, int) and not isinstance(v, bool) and k != "cache_layer"
+        )
     dtype = next((t.dtype for _, t in sorted(op.weights.items()) if t.is_floating_point()), act_dtype)
     return f"B{B}xT{T} {what} {str(dtype).removeprefix('torch.')}"
 
@@ -69,7 +73,9 @@ def load_store(path: Path | None) -> dict:
     try:
         data = json.loads(path.read_text())
     except (OSError, json.JSONDecodeError) as exc:
-        warnings.warn(f"tuning store {path} unreadable ({exc}); using the built-in kernels", RuntimeWarning, stacklevel=2)
+        warnings.warn(
+            f"tuning store {path} unreadable ({exc}); using the built-in kernels", RuntimeWarning, stacklevel=2
+        )
         return {"version": 1, "entries": {}}
     if not isinstance(data, dict) or not isinstance(data.get("entries"), dict):
         return {"version": 1, "entries": {}}
@@ -86,7 +92,11 @@ def load_kernel(root: Path, entry: dict):
         warnings.warn(f"tuned kernel {path} is missing; using the built-in kernel", RuntimeWarning, stacklevel=2)
         return None
     if hashlib.sha256(source).hexdigest() != entry.get("sha256"):
-        warnings.warn(f"tuned kernel {path} changed since it was verified (SHA-256 differs); using the built-in kernel", RuntimeWarning, stacklevel=2)
+        warnings.warn(
+            f"tuned kernel {path} changed since it was verified (SHA-256 differs); using the built-in kernel",
+            RuntimeWarning,
+            stacklevel=2,
+        )
         return None
     try:
         spec = importlib.util.spec_from_file_location(f"nonstop_tuned_{entry['sha256'][:16]}", path)
@@ -94,7 +104,11 @@ def load_kernel(root: Path, entry: dict):
         spec.loader.exec_module(module)
         return module.launch
     except Exception as exc:  # noqa: BLE001 - a stored file that no longer imports must not stop a run
-        warnings.warn(f"tuned kernel {path} does not import ({type(exc).__name__}: {exc}); using the built-in kernel", RuntimeWarning, stacklevel=2)
+        warnings.warn(
+            f"tuned kernel {path} does not import ({type(exc).__name__}: {exc}); using the built-in kernel",
+            RuntimeWarning,
+            stacklevel=2,
+        )
         return None
 
 

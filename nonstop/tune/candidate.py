@@ -52,7 +52,7 @@ class RoundContext:
     best: dict  # shape key -> (Outcome, timing entry) so far
 
 
-CODE_BLOCK = re.compile(r"```(?:python|py)?[ \t]*\n(.*?)```", re.S)
+CODE_BLOCK = re.compile(r"```(?:python|py)?[ \t]*\n(.*?)```", re.DOTALL)
 
 
 def extract_code(reply: str) -> str:
@@ -60,7 +60,7 @@ def extract_code(reply: str) -> str:
     ``launch``, else the longest block, else the reply itself."""
     blocks = CODE_BLOCK.findall(reply)
     if not blocks:
-        open_block = re.search(r"```(?:python|py)?[ \t]*\n(.*)$", reply, re.S)  # an answer cut off by max_tokens
+        open_block = re.search(r"```(?:python|py)?[ \t]*\n(.*)$", reply, re.DOTALL)  # an answer cut off by max_tokens
         return (open_block.group(1) if open_block else reply).strip() + "\n"
     with_launch = [b for b in blocks if "def launch" in b or "launch" in b]
     return max(with_launch or blocks, key=len).strip() + "\n"

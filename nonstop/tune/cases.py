@@ -110,8 +110,16 @@ def variants(program, kind: str) -> list[SuperOp]:
     for op in program.ops:
         if op.kind != kind:
             continue
-        key = (tuple((n, tuple(t.shape), str(t.dtype)) for n, t in sorted(op.weights.items())),
-               tuple(sorted((k, repr(v)) for k, v in op.attrs.items() if isinstance(v, (int, float, bool, str, type(None), tuple, list)) and k != "cache_layer")))
+        key = (
+            tuple((n, tuple(t.shape), str(t.dtype)) for n, t in sorted(op.weights.items())),
+            tuple(
+                sorted(
+                    (k, repr(v))
+                    for k, v in op.attrs.items()
+                    if isinstance(v, (int, float, bool, str, type(None), tuple, list)) and k != "cache_layer"
+                )
+            ),
+        )
         if key not in seen:
             seen.add(key)
             out.append(op)
@@ -127,18 +135,31 @@ def hidden_config(cfg: ModelConfig, rng: random.Random) -> ModelConfig:
         changes["intermediate_size"] = rng.randrange(33, 91)
     if twin.gqa:
         heads = rng.choice([2, 3, 4])
-        changes["gqa"] = dataclasses.replace(twin.gqa, num_heads=heads, num_kv_heads=rng.choice([h for h in (1, 2, heads) if heads % h == 0]), head_dim=rng.choice([6, 10, 12, 14]))
+        changes["gqa"] = dataclasses.replace(
+            twin.gqa,
+            num_heads=heads,
+            num_kv_heads=rng.choice([h for h in (1, 2, heads) if heads % h == 0]),
+            head_dim=rng.choice([6, 10, 12, 14]),
+        )
         if twin.rope:
             changes["rope"] = dataclasses.replace(twin.rope, dim=changes["gqa"].head_dim)
     if twin.mla:
         m = twin.mla
-        changes["mla"] = dataclasses.replace(m, num_heads=rng.choice([2, 3]), q_lora_rank=odd(13, 29) if m.q_lora_rank else None,
-                                             kv_lora_rank=odd(9, 23), qk_nope_head_dim=odd(5, 15), v_head_dim=odd(5, 15))
+        changes["mla"] = dataclasses.replace(
+            m,
+            num_heads=rng.choice([2, 3]),
+            q_lora_rank=odd(13, 29) if m.q_lora_rank else None,
+            kv_lora_rank=odd(9, 23),
+            qk_nope_head_dim=odd(5, 15),
+            v_head_dim=odd(5, 15),
+        )
     if twin.kda:
         changes["kda"] = dataclasses.replace(twin.kda, num_heads=rng.choice([2, 3]), head_dim=rng.choice([6, 10, 12]))
     if twin.moe:
         m = twin.moe
-        changes["moe"] = dataclasses.replace(m, intermediate_size=odd(15, 41), latent_size=odd(15, 41) if m.latent_size else None)
+        changes["moe"] = dataclasses.replace(
+            m, intermediate_size=odd(15, 41), latent_size=odd(15, 41) if m.latent_size else None
+        )
     return dataclasses.replace(twin, **changes)
 
 
@@ -170,7 +191,9 @@ def _fill_cache(cache: ModelCache, gen: torch.Generator) -> None:
                     _randn_(hist, gen)
 
 
-def _step(cfg: ModelConfig, dtype, device, spec: CaseSpec, gen: torch.Generator, rng: random.Random) -> tuple[ModelCache, StepBatch]:
+def _step(
+    cfg: ModelConfig, dtype, device, spec: CaseSpec, gen: torch.Generator, rng: random.Random
+) -> tuple[ModelCache, StepBatch]:
     """A cache whose B sequences have random prefixes (the last of several starts fresh), and the step batch."""
     B, T = spec.B, spec.T
     num_slots = B + 2
@@ -214,7 +237,9 @@ def _poison(state: State) -> None:
     if before is not None:
         REFERENCE[op.kind](op, probe.env())
         after = _step_rows(op, probe)
-        if any(not torch.equal(before[k].nan_to_num(), after[k].nan_to_num()) for k in before):  # the op appends to its cache
+        if any(
+            not torch.equal(before[k].nan_to_num(), after[k].nan_to_num()) for k in before
+        ):  # the op appends to its cache
             cache = state.cache.layers[op.attrs["cache_layer"]]
             rows = cache.pages.rows(state.batch.slots, state.batch.positions)
             for t in cache.tensors.values():

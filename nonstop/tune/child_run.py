@@ -47,7 +47,7 @@ ZERO_FILLS = {"zeros", "zeros_like", "zero_", "new_zeros"}  # allocation of zero
 
 
 def attribute(candidate_file: str) -> str:
-    """"candidate", "trusted" (nonstop.cache / nonstop.kernels) or "nonstop:<file>" for the innermost
+    """ "candidate", "trusted" (nonstop.cache / nonstop.kernels) or "nonstop:<file>" for the innermost
     frame of the candidate or of nonstop (outside this harness) on the current stack."""
     frame = sys._getframe(1)
     while frame is not None:
@@ -143,12 +143,20 @@ def identities() -> dict[str, int]:
     import triton
 
     items = {
-        "torch.cuda.synchronize": torch.cuda.synchronize, "torch.cuda.Event": torch.cuda.Event,
-        "torch.cuda.Event.record": torch.cuda.Event.record, "torch.cuda.Event.elapsed_time": torch.cuda.Event.elapsed_time,
-        "torch.cuda.current_stream": torch.cuda.current_stream, "torch.cuda.set_stream": torch.cuda.set_stream,
-        "torch.Tensor.copy_": torch.Tensor.copy_, "torch.Tensor.zero_": torch.Tensor.zero_, "torch.equal": torch.equal,
-        "torch.empty": torch.empty, "time.perf_counter": time.perf_counter, "threading.Thread.start": threading.Thread.start,
-        "triton.jit": triton.jit, "TorchDispatchMode.__enter__": TorchDispatchMode.__enter__,
+        "torch.cuda.synchronize": torch.cuda.synchronize,
+        "torch.cuda.Event": torch.cuda.Event,
+        "torch.cuda.Event.record": torch.cuda.Event.record,
+        "torch.cuda.Event.elapsed_time": torch.cuda.Event.elapsed_time,
+        "torch.cuda.current_stream": torch.cuda.current_stream,
+        "torch.cuda.set_stream": torch.cuda.set_stream,
+        "torch.Tensor.copy_": torch.Tensor.copy_,
+        "torch.Tensor.zero_": torch.Tensor.zero_,
+        "torch.equal": torch.equal,
+        "torch.empty": torch.empty,
+        "time.perf_counter": time.perf_counter,
+        "threading.Thread.start": threading.Thread.start,
+        "triton.jit": triton.jit,
+        "TorchDispatchMode.__enter__": TorchDispatchMode.__enter__,
     }
     for cls in _launch_classes():
         items[f"{cls.__name__}.run"] = cls.run
@@ -167,7 +175,11 @@ def python_threads() -> set[int]:
 
 def short_traceback(exc: BaseException, candidate_file: str) -> str:
     """The exception and the candidate's own lines of its traceback (what a proposer can act on)."""
-    lines = [f"line {fs.lineno}: {fs.line}" for fs in traceback.extract_tb(exc.__traceback__) if fs.filename == candidate_file]
+    lines = [
+        f"line {fs.lineno}: {fs.line}"
+        for fs in traceback.extract_tb(exc.__traceback__)
+        if fs.filename == candidate_file
+    ]
     where = ("; ".join(lines[-3:]) + " -> ") if lines else ""
     return f"{where}{type(exc).__name__}: {exc}"[:1000]
 
@@ -200,7 +212,16 @@ def _sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-def run_call(launch, packed: Packed, outputs: list[int], device: torch.device, candidate_file: str, gen: torch.Generator, ids0: dict, threads0: set) -> dict:
+def run_call(
+    launch,
+    packed: Packed,
+    outputs: list[int],
+    device: torch.device,
+    candidate_file: str,
+    gen: torch.Generator,
+    ids0: dict,
+    threads0: set,
+) -> dict:
     """One call on a fresh copy of ``packed``: what the parent needs to judge it."""
     unpacked = unpack(packed, device, gen)
     roots = unpacked.state
@@ -215,12 +236,21 @@ def run_call(launch, packed: Packed, outputs: list[int], device: torch.device, c
     except BaseException as exc:  # noqa: BLE001 - anything the candidate raises is its failure
         error = short_traceback(exc, candidate_file)
     wall = time.perf_counter() - t0
-    rec: dict = {"error": error, "violations": list(recorder.violations), "triton_launches": recorder.triton, "wall_s": wall}
+    rec: dict = {
+        "error": error,
+        "violations": list(recorder.violations),
+        "triton_launches": recorder.triton,
+        "wall_s": wall,
+    }
     if error is not None and "CUDA" in error:
         return rec  # the context may be unusable
     rec["guards_broken"] = [i for i in range(len(packed.storages)) if not unpacked.guard_intact(i)]
     out = set(outputs)
-    rec["modified"] = [i for i in range(len(packed.storages)) if i not in out and not torch.equal(unpacked.body(i).cpu(), packed.storages[i])]
+    rec["modified"] = [
+        i
+        for i in range(len(packed.storages))
+        if i not in out and not torch.equal(unpacked.body(i).cpu(), packed.storages[i])
+    ]
     rec["outputs"] = {i: unpacked.body(i).cpu().clone() for i in sorted(out)}
     rec["views"] = _views(unpacked)
     rec["patched"] = sorted(k for k, v in identities().items() if ids0.get(k) != v)
@@ -229,7 +259,14 @@ def run_call(launch, packed: Packed, outputs: list[int], device: torch.device, c
 
 
 def failed(rec: dict) -> bool:
-    return bool(rec["error"] or rec["violations"] or rec.get("guards_broken") or rec.get("modified") or rec.get("patched") or rec.get("new_threads"))
+    return bool(
+        rec["error"]
+        or rec["violations"]
+        or rec.get("guards_broken")
+        or rec.get("modified")
+        or rec.get("patched")
+        or rec.get("new_threads")
+    )
 
 
 # ----------------------------------------------------------------------------- timing (CUDA)
@@ -246,7 +283,9 @@ def time_shape(launch, plan: dict, device: torch.device, candidate_file: str, ge
     inputs = [{s: raw.to(device) for s, raw in x.items()} for x in plan["inputs"]]
     sequence, checked, outputs = plan["sequence"], set(plan["checked"]), plan["outputs"]
     props = torch.cuda.get_device_properties(device)
-    flush = torch.empty(max(256 << 20, 4 * int(getattr(props, "L2_cache_size", 64 << 20))), dtype=torch.uint8, device=device)
+    flush = torch.empty(
+        max(256 << 20, 4 * int(getattr(props, "L2_cache_size", 64 << 20))), dtype=torch.uint8, device=device
+    )
     starts = [torch.cuda.Event(enable_timing=True) for _ in sequence]
     ends = [torch.cuda.Event(enable_timing=True) for _ in sequence]
     kept: dict[int, dict] = {}
@@ -269,9 +308,14 @@ def time_shape(launch, plan: dict, device: torch.device, candidate_file: str, ge
     j, k = sequence[-1]
     last = {**weights[j], **inputs[k]}
     modified = [s for s, raw in last.items() if s not in outputs and not torch.equal(work.body(s), raw)]
-    return {"ms": ms, "outputs": {i: {s: b.cpu() for s, b in o.items()} for i, o in kept.items()}, "modified": modified,
-            "guards_broken": [i for i in range(len(work.padded)) if not work.guard_intact(i)],
-            "violations": list(recorder.violations), "triton_launches": recorder.triton}
+    return {
+        "ms": ms,
+        "outputs": {i: {s: b.cpu() for s, b in o.items()} for i, o in kept.items()},
+        "modified": modified,
+        "guards_broken": [i for i in range(len(work.padded)) if not work.guard_intact(i)],
+        "violations": list(recorder.violations),
+        "triton_launches": recorder.triton,
+    }
 
 
 # ----------------------------------------------------------------------------- the job
@@ -298,12 +342,18 @@ def run_job(job: dict) -> dict:
     result["threads_on_import"] = len(python_threads() - threads0)
     states: list[Packed] = job["states"]
     for call in job["calls"]:
-        rec = run_call(launch, states[call["state"]], job["outputs"][call["state"]], device, candidate_file, gen, ids0, threads0)
+        rec = run_call(
+            launch, states[call["state"]], job["outputs"][call["state"]], device, candidate_file, gen, ids0, threads0
+        )
         rec["state"] = call["state"]
         result["calls"].append(rec)
         if failed(rec):
             break  # the parent rejects on this call; the rest would only cost time
-    clean = not result["patched_on_import"] and len(result["calls"]) == len(job["calls"]) and not any(failed(r) for r in result["calls"])
+    clean = (
+        not result["patched_on_import"]
+        and len(result["calls"]) == len(job["calls"])
+        and not any(failed(r) for r in result["calls"])
+    )
     if clean and device.type == "cuda":
         for key, plan in job.get("timing", {}).items():
             try:

@@ -39,7 +39,9 @@ def _where(mask: torch.Tensor) -> str:
     return str(tuple(idx[0].tolist())) if len(idx) else "?"
 
 
-def compare_output(path: str, view: View, before: torch.Tensor, after: torch.Tensor, got: torch.Tensor, tol: tuple[float, float]) -> str | None:
+def compare_output(
+    path: str, view: View, before: torch.Tensor, after: torch.Tensor, got: torch.Tensor, tol: tuple[float, float]
+) -> str | None:
     """The first problem of one tensor in an output storage, or None."""
     b, w, g = typed(before, view), typed(after, view), typed(got, view)
     if g.numel() == 0:
@@ -47,7 +49,9 @@ def compare_output(path: str, view: View, before: torch.Tensor, after: torch.Ten
     untouched = bits(b) == bits(w)
     moved = untouched & (bits(g) != bits(b))
     if moved.any():
-        return f"{path}: changed {int(moved.sum())} element(s) that the twin leaves as they are (first at {_where(moved)})"
+        return (
+            f"{path}: changed {int(moved.sum())} element(s) that the twin leaves as they are (first at {_where(moved)})"
+        )
     written = ~untouched
     if not written.any():
         return None
@@ -64,8 +68,10 @@ def compare_output(path: str, view: View, before: torch.Tensor, after: torch.Ten
     got_v, want_v = g[first].item(), w[first].item()
     nan_left = g.is_floating_point() and bool(torch.isnan(gw[~ok]).any())
     hint = " (NaN from the poisoned output: not written)" if nan_left else ""
-    return (f"{path}: {int((~ok).sum())} of {int(written.sum())} written element(s) differ from the twin beyond "
-            f"rtol={tol[0]:g} atol={tol[1]:g}; first at {first}: got {got_v:.6g}, twin {want_v:.6g}{hint}")
+    return (
+        f"{path}: {int((~ok).sum())} of {int(written.sum())} written element(s) differ from the twin beyond "
+        f"rtol={tol[0]:g} atol={tol[1]:g}; first at {first}: got {got_v:.6g}, twin {want_v:.6g}{hint}"
+    )
 
 
 def uncovered_changed(before: torch.Tensor, got: torch.Tensor, views: list[View]) -> bool:
@@ -107,7 +113,9 @@ def _contiguous_strides(shape) -> list[int]:
     return list(reversed(out))
 
 
-def judge_call(rec: dict, packed: Packed, after: list[torch.Tensor], outputs: list[int], tol: tuple[float, float], label: str) -> list[str]:
+def judge_call(
+    rec: dict, packed: Packed, after: list[torch.Tensor], outputs: list[int], tol: tuple[float, float], label: str
+) -> list[str]:
     """Everything wrong with one call (empty: the call is right)."""
     if rec.get("error"):
         return [f"{label}: launch raised {rec['error']}"]
@@ -122,15 +130,28 @@ def judge_call(rec: dict, packed: Packed, after: list[torch.Tensor], outputs: li
     for path, index in packed.paths.items():
         by_storage.setdefault(packed.views[index].storage, []).append(path)
     for s in rec.get("guards_broken", []):
-        problems.append(f"{label}: wrote outside its tensors: the guard band around {', '.join(by_storage.get(s, ['a storage'])[:3])} changed")
+        problems.append(
+            f"{label}: wrote outside its tensors: the guard band around "
+            f"{', '.join(by_storage.get(s, ['a storage'])[:3])} changed"
+        )
     for s in rec.get("modified", []):
-        problems.append(f"{label}: modified an input the twin leaves as it is: {', '.join(by_storage.get(s, ['a storage'])[:3])}")
+        problems.append(
+            f"{label}: modified an input the twin leaves as it is: {', '.join(by_storage.get(s, ['a storage'])[:3])}"
+        )
     views = packed.path_views()
     got_views = rec.get("views", {})
     for path, v in views.items():
         g = got_views.get(path)
-        if g is None or (g[0], g[1], tuple(g[2]), tuple(g[3]), g[4]) != (v.storage, v.offset, v.shape, v.stride, v.dtype):
-            problems.append(f"{label}: {path} is no longer the tensor it was (outputs must be written in place, no tensor replaced)")
+        if g is None or (g[0], g[1], tuple(g[2]), tuple(g[3]), g[4]) != (
+            v.storage,
+            v.offset,
+            v.shape,
+            v.stride,
+            v.dtype,
+        ):
+            problems.append(
+                f"{label}: {path} is no longer the tensor it was (outputs must be written in place, no tensor replaced)"
+            )
     if problems:
         return problems
     for s in outputs:
@@ -145,7 +166,9 @@ def judge_call(rec: dict, packed: Packed, after: list[torch.Tensor], outputs: li
                 problems.append(f"{label}: {problem}")
                 break
         if not problems and uncovered_changed(packed.storages[s], got, [views[p] for p in paths]):
-            problems.append(f"{label}: wrote bytes of {paths[0] if paths else 'a storage'}'s storage outside the tensor")
+            problems.append(
+                f"{label}: wrote bytes of {paths[0] if paths else 'a storage'}'s storage outside the tensor"
+            )
     return problems
 
 
@@ -162,11 +185,18 @@ def judge_determinism(first: dict, second: dict, packed: Packed, kind: str, on_g
             continue
         for path in by_storage.get(s, []):
             ta, tb = typed(a, views[path]), typed(b, views[path])
-            if loose is not None and ta.is_floating_point() and bool(torch.isclose(ta.double(), tb.double(), rtol=loose[0], atol=loose[1], equal_nan=True).all()):
+            if (
+                loose is not None
+                and ta.is_floating_point()
+                and bool(torch.isclose(ta.double(), tb.double(), rtol=loose[0], atol=loose[1], equal_nan=True).all())
+            ):
                 continue
             if not torch.equal(bits(ta), bits(tb)):
                 diff = bits(ta) != bits(tb)
-                return [f"{label}: not deterministic: two calls on the same inputs gave different {path} ({int(diff.sum())} element(s), first at {_where(diff)})"]
+                return [
+                    f"{label}: not deterministic: two calls on the same inputs gave different {path} "
+                    f"({int(diff.sum())} element(s), first at {_where(diff)})"
+                ]
     return []
 
 

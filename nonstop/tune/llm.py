@@ -24,10 +24,19 @@ class EndpointError(ValueError):
 
 
 class LLMProposer:
-    def __init__(self, base_url: str, model: str, api_key_env: str = "OPENAI_API_KEY", temperature: float = 0.7,
-                 max_tokens: int = 8192, timeout_s: float = 600.0):
+    def __init__(
+        self,
+        base_url: str,
+        model: str,
+        api_key_env: str = "OPENAI_API_KEY",
+        temperature: float = 0.7,
+        max_tokens: int = 8192,
+        timeout_s: float = 600.0,
+    ):
         if not base_url:
-            raise ValueError("--llm-base-url is required with --proposer llm (an OpenAI-compatible endpoint, e.g. http://127.0.0.1:8000/v1)")
+            raise ValueError(
+                "--llm-base-url is required with --proposer llm (an OpenAI-compatible endpoint, e.g. http://127.0.0.1:8000/v1)"
+            )
         if not model:
             raise ValueError("--llm-model is required with --proposer llm")
         self.url = base_url.rstrip("/") + "/chat/completions"
@@ -40,8 +49,14 @@ class LLMProposer:
         self.prompts: list[str] = []  # the user messages sent (for reports and tests)
 
     def ask(self, system: str, user: str) -> str:
-        body = json.dumps({"model": self.model, "messages": [{"role": "system", "content": system}, {"role": "user", "content": user}],
-                           "temperature": self.temperature, "max_tokens": self.max_tokens}).encode()
+        body = json.dumps(
+            {
+                "model": self.model,
+                "messages": [{"role": "system", "content": system}, {"role": "user", "content": user}],
+                "temperature": self.temperature,
+                "max_tokens": self.max_tokens,
+            }
+        ).encode()
         headers = {"Content-Type": "application/json"}
         if self.key:
             headers["Authorization"] = f"Bearer {self.key}"

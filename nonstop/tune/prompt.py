@@ -96,20 +96,30 @@ def contract_text(context: RoundContext) -> str:
     T = t.shapes[0].T if t.shapes else 1
     R = B * T
     dt = str(t.dtype).removeprefix("torch.")
-    lines = [f"def launch(op, env) -> None   # called once per {t.kind} op per decode step",
-             f"op.kind = {op.kind!r}; op.reads = {op.reads}; op.writes = {op.writes}",
-             "op.weights (tensors, contiguous rows):"]
+    lines = [
+        f"def launch(op, env) -> None   # called once per {t.kind} op per decode step",
+        f"op.kind = {op.kind!r}; op.reads = {op.reads}; op.writes = {op.writes}",
+        "op.weights (tensors, contiguous rows):",
+    ]
     lines += [f"  {n!r}: {list(w.shape)} {str(w.dtype).removeprefix('torch.')}" for n, w in sorted(op.weights.items())]
     attrs = {k: v for k, v in op.attrs.items() if isinstance(v, (int, float, bool, str, tuple, list, type(None)))}
-    lines.append(f"op.attrs (static): {attrs}" + (f" + {sorted(set(op.attrs) - set(attrs))} (objects)" if set(op.attrs) - set(attrs) else ""))
+    lines.append(
+        f"op.attrs (static): {attrs}"
+        + (f" + {sorted(set(op.attrs) - set(attrs))} (objects)" if set(op.attrs) - set(attrs) else "")
+    )
     lines.append(f"env.buf[name]: activation buffers [R, *row_shape], R = env.B * env.T rows (e.g. R = {R}):")
     for name in sorted(set(op.reads) | set(op.writes)):
         spec = program.buffers[name]
-        lines.append(f"  {name!r}: [R, {', '.join(map(str, spec.row_shape))}] {dt if spec.dtype == 'model' else spec.dtype}")
-    lines += ["env.B sequences x env.T tokens; env.batch.slots [B] long (cache slot of each sequence), env.batch.start [B] long",
-              "(tokens already cached), env.batch.keep_states (speculative step: KDA kernels also write per-token histories);",
-              "env.cache.layers[op.attrs['cache_layer']]: the layer's cache (paged token pool / KDA recurrent+conv state).",
-              f"Other variants of this kind in the model: {len(ops) - 1} (same launch must handle all: see op.attrs)."]
+        lines.append(
+            f"  {name!r}: [R, {', '.join(map(str, spec.row_shape))}] {dt if spec.dtype == 'model' else spec.dtype}"
+        )
+    lines += [
+        "env.B sequences x env.T tokens; env.batch.slots [B] long (cache slot of each sequence),",
+        "env.batch.start [B] long (tokens already cached), env.batch.keep_states (speculative step:",
+        "KDA kernels also write per-token histories);",
+        "env.cache.layers[op.attrs['cache_layer']]: the layer's cache (paged token pool / KDA recurrent+conv state).",
+        f"Other variants of this kind in the model: {len(ops) - 1} (same launch must handle all: see op.attrs).",
+    ]
     return "\n".join(lines)
 
 
@@ -118,7 +128,11 @@ def roofline_text(context: RoundContext) -> str:
     peak, source = peak_bandwidth(t.device)
     lines = []
     for s in t.shapes:
-        floor = f", floor {s.bytes_moved / peak * 1e6:.2f} us at {peak / 1e12:.2f} TB/s ({source})" if peak != float("inf") else ""
+        floor = (
+            f", floor {s.bytes_moved / peak * 1e6:.2f} us at {peak / 1e12:.2f} TB/s ({source})"
+            if peak != float("inf")
+            else ""
+        )
         base = context.baseline.get(s.key)
         now = f"; built-in kernel {base['median_ms'] * 1e3:.2f} us" if base else ""
         lines.append(f"- {s.key}: {s.bytes_moved} bytes moved per call{floor}{now}")
@@ -130,12 +144,15 @@ def roofline_text(context: RoundContext) -> str:
 def build_prompt(context: RoundContext) -> tuple[str, str]:
     """(system, user) messages for one candidate of ``context.round``."""
     t = context.target
-    system = ("You write fast, correct Triton kernels for nonstop, an LLM inference engine. Decode super-ops are "
-              "memory-bound: the goal is to stream every weight byte once at full bandwidth. You answer with one "
-              "complete Python file.")
+    system = (
+        "You write fast, correct Triton kernels for nonstop, an LLM inference engine. Decode super-ops are "
+        "memory-bound: the goal is to stream every weight byte once at full bandwidth. You answer with one "
+        "complete Python file."
+    )
     feedback = "\n".join(o.message() for o in context.previous) or "(first round: no candidates verified yet)"
-    user = f"""Round {context.round} of {context.rounds}. Write a faster kernel for the super-op kind `{t.kind}` of {t.model} \
-({str(t.dtype).removeprefix('torch.')}, {t.device}).
+    dtype = str(t.dtype).removeprefix("torch.")
+    user = f"""Round {context.round} of {context.rounds}. Write a faster kernel for the super-op kind `{t.kind}` \
+of {t.model} ({dtype}, {t.device}).
 
 ## The contract
 {contract_text(context)}

@@ -22,7 +22,16 @@ import torch
 CHILD = Path(__file__).resolve().parent / "child.py"
 CLONE_NEWUSER = 0x10000000
 CLONE_NEWNET = 0x40000000
-PASS_THROUGH = ("CUDA_VISIBLE_DEVICES", "LD_LIBRARY_PATH", "CUDA_HOME", "CUDA_PATH", "TRITON_PTXAS_PATH", "TRITON_CUOBJDUMP_PATH", "TRITON_NVDISASM_PATH", "TRITON_LIBCUDA_PATH")
+PASS_THROUGH = (
+    "CUDA_VISIBLE_DEVICES",
+    "LD_LIBRARY_PATH",
+    "CUDA_HOME",
+    "CUDA_PATH",
+    "TRITON_PTXAS_PATH",
+    "TRITON_CUOBJDUMP_PATH",
+    "TRITON_NVDISASM_PATH",
+    "TRITON_LIBCUDA_PATH",
+)
 
 
 @dataclass
@@ -58,8 +67,14 @@ def _limits(cpu_seconds: int, address_space: int | None, flag_file: Path):
 
 
 def child_env(jobdir: Path, device: torch.device) -> dict[str, str]:
-    env = {"PATH": "/usr/bin:/bin", "HOME": str(jobdir), "TMPDIR": str(jobdir), "LANG": "C.UTF-8", "OMP_NUM_THREADS": "1",
-           "TRITON_CACHE_DIR": str(jobdir / "triton-cache")}
+    env = {
+        "PATH": "/usr/bin:/bin",
+        "HOME": str(jobdir),
+        "TMPDIR": str(jobdir),
+        "LANG": "C.UTF-8",
+        "OMP_NUM_THREADS": "1",
+        "TRITON_CACHE_DIR": str(jobdir / "triton-cache"),
+    }
     for name in PASS_THROUGH:
         if name in os.environ:
             env[name] = os.environ[name]
@@ -72,9 +87,16 @@ def run_child(jobdir: Path, device: torch.device, timeout_s: float, memory_bytes
     """Run ``child.py jobdir``; returns its result (None when it died, timed out or wrote none)."""
     flag = jobdir / "netns"
     address_space = memory_bytes if device.type != "cuda" else None  # CUDA reserves far more address space than it uses
-    proc = subprocess.Popen([sys.executable, "-I", str(CHILD), str(jobdir)], cwd=jobdir, env=child_env(jobdir, device),
-                            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True,
-                            preexec_fn=_limits(int(timeout_s) + 5, address_space, flag))
+    proc = subprocess.Popen(
+        [sys.executable, "-I", str(CHILD), str(jobdir)],
+        cwd=jobdir,
+        env=child_env(jobdir, device),
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        start_new_session=True,
+        preexec_fn=_limits(int(timeout_s) + 5, address_space, flag),
+    )
     timed_out = False
     try:
         _, err = proc.communicate(timeout=timeout_s)

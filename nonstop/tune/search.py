@@ -21,16 +21,36 @@ from nonstop.tune.candidate import Candidate, RoundContext
 
 # keyword overrides of launchers that take them, with the values to try
 OVERRIDES = {
-    "linear_residual": {"BLOCK_N": [16, 32, 64, 128], "BLOCK_K": [64, 128, 256, 512], "NUM_STAGES": [1, 2, 3, 4], "num_warps": [2, 4, 8]},
-    "mlp": {"BLOCK_I": [16, 32, 64], "BLOCK_K": [64, 128, 256], "BLOCK_N": [16, 32, 64], "BLOCK_KD": [64, 128, 256],
-            "NUM_STAGES": [1, 2, 3], "num_warps": [4, 8]},
+    "linear_residual": {
+        "BLOCK_N": [16, 32, 64, 128],
+        "BLOCK_K": [64, 128, 256, 512],
+        "NUM_STAGES": [1, 2, 3, 4],
+        "num_warps": [2, 4, 8],
+    },
+    "mlp": {
+        "BLOCK_I": [16, 32, 64],
+        "BLOCK_K": [64, 128, 256],
+        "BLOCK_N": [16, 32, 64],
+        "BLOCK_KD": [64, 128, 256],
+        "NUM_STAGES": [1, 2, 3],
+        "num_warps": [4, 8],
+    },
     "gqa_attn": {"split_tokens": [64, 128, 256, 512, 1024]},
     "mla_attn": {"split_tokens": [64, 128, 256, 512, 1024]},
 }
 OVERRIDES["lm_head"] = OVERRIDES["linear_residual"]
 # keyword arguments of a kernel launch that only change speed: constants to try, or "scale" (x 1/2, x 2)
-LAUNCH_TUNABLES = {"num_warps": [2, 4, 8, 16], "NUM_STAGES": [1, 2, 3, 4], "num_stages": [1, 2, 3, 4],
-                   "BLOCK_N": "scale", "BLOCK_K": "scale", "BLOCK_I": "scale", "BLOCK_KD": "scale", "BLOCK_S": "scale", "BLOCK_V": "scale"}
+LAUNCH_TUNABLES = {
+    "num_warps": [2, 4, 8, 16],
+    "NUM_STAGES": [1, 2, 3, 4],
+    "num_stages": [1, 2, 3, 4],
+    "BLOCK_N": "scale",
+    "BLOCK_K": "scale",
+    "BLOCK_I": "scale",
+    "BLOCK_KD": "scale",
+    "BLOCK_S": "scale",
+    "BLOCK_V": "scale",
+}
 
 
 def _builtin(kind: str):
@@ -46,7 +66,7 @@ def wrapper_source(kind: str, overrides: dict) -> str:
     fn = _builtin(kind)
     args = ", ".join(f"{k}={v!r}" for k, v in sorted(overrides.items()))
     return textwrap.dedent(f'''\
-        """search candidate for {kind}: the built-in launcher with {args or 'its defaults'}."""
+        """search candidate for {kind}: the built-in launcher with {args or "its defaults"}."""
 
         from {fn.__module__} import {fn.__name__} as builtin
 
@@ -183,7 +203,9 @@ class SearchProposer:
             self.tried.add(tuple(sorted(config.items())))
             cid = f"r{context.round}c{len(out) + 1}"
             self.by_id[cid] = config
-            out.append(Candidate(cid, self.source(config), self.name, ", ".join(f"{k}={v}" for k, v in sorted(config.items()))))
+            out.append(
+                Candidate(cid, self.source(config), self.name, ", ".join(f"{k}={v}" for k, v in sorted(config.items())))
+            )
         return out
 
     def learn(self, context: RoundContext) -> None:

@@ -229,7 +229,9 @@ def unpack(packed: Packed, device, generator: torch.Generator) -> Unpacked:
     for v in packed.views:
         dtype = dtype_of(v.dtype)
         base = GUARD // torch.empty(0, dtype=dtype).element_size()
-        t = torch.empty(0, dtype=dtype, device=device).set_(padded[v.storage].untyped_storage(), base + v.offset, v.shape, v.stride)
+        t = torch.empty(0, dtype=dtype, device=device).set_(
+            padded[v.storage].untyped_storage(), base + v.offset, v.shape, v.stride
+        )
         tensors.append(t)
     state = _Unpickler(io.BytesIO(packed.skeleton), tensors).load()
     return Unpacked(state, padded, guards)

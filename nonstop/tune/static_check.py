@@ -2,13 +2,14 @@
 
 A candidate is host code that computes pointers, strides and grids and launches Triton kernels. So:
 
-* imports (module level only): ``triton`` (``jit``, ``heuristics``, ``cdiv``, ``next_power_of_2``,
+* imports (module level only): ``triton`` (``jit``, ``cdiv``, ``next_power_of_2``,
   ``language``), ``triton.language`` (not ``inline_asm_elementwise``, timers or internals), ``torch``
   (dtypes, ``empty``/``zeros`` allocation, ``torch.cuda`` device facts: nothing that computes), ``math``,
   ``typing``, ``__future__``, and names from ``nonstop.kernels.*`` that are functions, Triton
   kernels or constants defined there (never modules, containers or the twins);
-* module level: imports, function definitions (decorators ``triton.jit`` / ``triton.heuristics``
-  only) and constants (no module-level state, so no cache across calls);
+* module level: imports, function definitions (decorator ``triton.jit`` only, and only there: no
+  runtime ``triton.jit(f)``, no nested kernels) and constants (no module-level state, so no cache
+  across calls);
 * nowhere: try/except (fallbacks), with (streams, modes), classes (lazy tensors), global/nonlocal,
   async, yield, imports inside functions, assignment to attributes or items (candidates do not modify
   the objects they get: outputs are written by kernels), ``exec``/``eval``/``compile``/``__import__``/
@@ -31,40 +32,41 @@ import inspect
 
 MAX_SOURCE = 200_000
 
-DTYPES = {"float16", "bfloat16", "float32", "float64", "half", "float", "double", "int8", "int16", "int32", "int64", "uint8",
-          "uint16", "uint32", "uint64", "bool", "long", "int", "short", "float8_e4m3fn", "float8_e5m2", "float8_e4m3fnuz",
-          "float8_e5m2fnuz", "float8_e8m0fnu"}
-TORCH_ALLOWED = DTYPES | {"dtype", "device", "Tensor", "Size", "empty", "empty_like", "empty_strided", "zeros", "zeros_like", "finfo", "iinfo"}
-TORCH_CUDA_ALLOWED = {"get_device_properties", "get_device_capability", "get_device_name", "device_count", "current_device", "is_available"}
-TRITON_ALLOWED = {"jit", "heuristics", "cdiv", "next_power_of_2", "language"}
+DTYPES = set("""
+    bfloat16 bool double float float16 float32 float64 float8_e4m3fn float8_e4m3fnuz float8_e5m2 float8_e5m2fnuz
+    float8_e8m0fnu half int int16 int32 int64 int8 long short uint16 uint32 uint64 uint8
+""".split())
+TORCH_ALLOWED = DTYPES | set(
+    "dtype device Tensor Size empty empty_like empty_strided zeros zeros_like finfo iinfo".split()
+)
+TORCH_CUDA_ALLOWED = set(
+    "get_device_properties get_device_capability get_device_name device_count current_device is_available".split()
+)
+TRITON_ALLOWED = {"jit", "cdiv", "next_power_of_2", "language"}
 TL_BANNED = {"inline_asm_elementwise", "globaltimer", "clock", "core", "semantic", "standard", "random", "runtime"}
 ALLOWED_MODULES = {"torch", "triton", "triton.language", "math", "typing", "__future__"}
 BUILTINS_IN_KERNELS = {"range", "min", "max", "len", "abs", "int", "float", "bool", "print", "tuple", "isinstance"}
 
-BANNED_NAMES = {
-    "exec", "eval", "compile", "__import__", "open", "input", "globals", "locals", "vars", "getattr", "setattr", "delattr",
-    "hasattr", "dir", "id", "hash", "type", "object", "super", "memoryview", "breakpoint", "help", "exit", "quit", "copyright",
-    "credits", "license", "classmethod", "staticmethod", "property", "reload", "SystemExit", "KeyboardInterrupt",
-    "BaseException", "GeneratorExit", "importlib", "os", "sys", "subprocess", "socket", "ctypes", "gc", "inspect", "builtins",
-    "threading", "multiprocessing", "asyncio", "concurrent", "signal", "pickle", "marshal", "shutil", "pathlib", "io", "time",
-    "random", "numpy", "np", "weakref", "functools", "atexit", "traceback", "nonstop",
-}
+BANNED_NAMES = set("""
+    BaseException GeneratorExit KeyboardInterrupt SystemExit __import__ asyncio atexit breakpoint builtins
+    classmethod compile concurrent copyright credits ctypes delattr dir eval exec exit functools gc getattr globals
+    hasattr hash help id importlib input inspect io license locals marshal memoryview multiprocessing nonstop np
+    numpy object open os pathlib pickle property quit random reload setattr shutil signal socket staticmethod
+    subprocess super sys threading time traceback type vars weakref
+""".split())
 # host-code attributes: storage and value access, copies, compute, stream tricks, container mutation
-BANNED_HOST_ATTRS = {
-    "data_ptr", "untyped_storage", "storage", "item", "tolist", "numpy", "cpu", "cuda", "to", "copy_", "clone", "fill_",
-    "set_", "resize_", "resize_as_", "record_stream", "register_hook", "share_memory_", "pin_memory", "backward", "grad",
-    "requires_grad_", "apply_", "map_", "index_put_", "index_put", "index_copy_", "index_add_", "index_fill_", "scatter_",
-    "scatter_add_", "masked_fill_", "masked_scatter_", "put_", "add_", "sub_", "mul_", "div_", "addmm", "addmm_", "matmul",
-    "mm", "bmm", "mv", "einsum", "sum", "mean", "softmax", "log_softmax", "exp", "sigmoid", "tanh", "relu", "float", "half",
-    "bfloat16", "double", "int", "long", "type_as", "new_tensor", "tensor", "add", "sub", "mul", "div", "pow",
-    "sqrt", "rsqrt", "norm", "linalg", "topk", "sort", "argsort", "argmax", "max", "min", "cumsum", "gather", "index_select",
-    "masked_select", "where", "lerp", "addcmul", "addcdiv", "baddbmm", "dot", "outer", "abs", "neg", "reciprocal", "clamp",
-    "clamp_", "maximum", "minimum", "nonzero", "any", "all", "eq", "ne", "lt", "gt", "le", "ge", "equal", "allclose",
-    "contiguous", "flip", "roll", "repeat", "repeat_interleave", "tile", "cat", "stack", "chunk", "split", "unbind",
-    "update", "pop", "popitem", "clear", "setdefault", "append", "extend", "insert", "remove", "reverse", "discard",
-    "forward", "register_buffer", "register_parameter", "load_state_dict", "state_dict", "apply", "synchronize", "stream",
-    "fn", "run", "warmup", "src", "device_caches", "kernel_cache", "launch_metadata",
-}
+BANNED_HOST_ATTRS = set("""
+    abs add add_ addcdiv addcmul addmm addmm_ all allclose any append apply apply_ argmax argsort backward baddbmm
+    bfloat16 bmm cat chunk clamp clamp_ clear clone contiguous copy_ cpu cuda cumsum data_ptr device_caches discard
+    div div_ dot double einsum eq equal exp extend fill_ flip float fn forward gather ge grad gt half index_add_
+    index_copy_ index_fill_ index_put index_put_ index_select insert int item kernel_cache launch_metadata le lerp
+    linalg load_state_dict log_softmax long lt map_ masked_fill_ masked_scatter_ masked_select matmul max maximum
+    mean min minimum mm mul mul_ mv ne neg new_tensor nonzero norm numpy outer pin_memory pop popitem pow put_
+    reciprocal record_stream register_buffer register_hook register_parameter relu remove repeat repeat_interleave
+    requires_grad_ resize_ resize_as_ reverse roll rsqrt run scatter_ scatter_add_ set_ setdefault share_memory_
+    sigmoid softmax sort split sqrt src stack state_dict storage stream sub sub_ sum synchronize tanh tensor tile
+    to tolist topk type_as unbind untyped_storage update warmup where
+""".split())
 FRAME_PREFIXES = ("f_", "co_", "gi_", "cr_", "ag_", "tb_")
 
 
@@ -102,7 +104,31 @@ def _is_const(node, consts: set[str]) -> bool:
         return _chain(node) is not None
     if isinstance(node, ast.Call):  # tl.constexpr(3)
         c = _chain(node.func)
-        return c is not None and c[-1] == "constexpr" and all(_is_const(a, consts) for a in node.args) and not node.keywords
+        return (
+            c is not None
+            and c[-1] == "constexpr"
+            and all(_is_const(a, consts) for a in node.args)
+            and not node.keywords
+        )
+    return False
+
+
+def _in_module_decorator(node) -> bool:
+    while node is not None:
+        if getattr(node, "module_decorator", False):
+            return True
+        node = getattr(node, "parent", None)
+    return False
+
+
+def _called(node: ast.Name) -> bool:
+    """True if ``node`` is the function of a call, or the kernel of a ``kernel[grid](...)`` launch."""
+    parent = getattr(node, "parent", None)
+    if isinstance(parent, ast.Call) and parent.func is node:
+        return True
+    if isinstance(parent, ast.Subscript) and parent.value is node:
+        grand = getattr(parent, "parent", None)
+        return isinstance(grand, ast.Call) and grand.func is parent
     return False
 
 
@@ -116,7 +142,11 @@ def _literal(node) -> bool:
 
 def _plain(value) -> bool:
     """A constant a table may hold: numbers, strings, None, torch / Triton dtypes."""
-    return isinstance(value, (int, float, bool, str, type(None))) or type(value).__name__ == "dtype" or "dtype" in type(value).__name__
+    return (
+        isinstance(value, (int, float, bool, str, type(None)))
+        or type(value).__name__ == "dtype"
+        or "dtype" in type(value).__name__
+    )
 
 
 def _kernel_object(obj) -> str | None:
@@ -125,14 +155,24 @@ def _kernel_object(obj) -> str | None:
         return None
     if inspect.ismodule(obj):
         return "a module"
-    if isinstance(obj, (dict, list, tuple)) and len(obj) and all(_plain(v) for v in (list(obj.values()) + list(obj) if isinstance(obj, dict) else obj)):
+    if (
+        isinstance(obj, (dict, list, tuple))
+        and len(obj)
+        and all(_plain(v) for v in (list(obj.values()) + list(obj) if isinstance(obj, dict) else obj))
+    ):
         return None  # a table of constants (mutation is ruled out: no item assignment, no mutating methods)
     if isinstance(obj, (dict, list, set, bytearray)):
         return "a mutable container (of more than constants)"
     module = getattr(obj, "__module__", None) or getattr(getattr(obj, "fn", None), "__module__", "") or ""
     fn = getattr(obj, "fn", obj)
-    if type(obj).__name__ in ("JITFunction", "InterpretedFunction", "constexpr") or type(obj).__name__.endswith("JITFunction"):
-        return None if (getattr(fn, "__module__", "") or "").startswith("nonstop.kernels") or type(obj).__name__ == "constexpr" else "a kernel from outside nonstop.kernels"
+    if type(obj).__name__ in ("JITFunction", "InterpretedFunction", "constexpr") or type(obj).__name__.endswith(
+        "JITFunction"
+    ):
+        return (
+            None
+            if (getattr(fn, "__module__", "") or "").startswith("nonstop.kernels") or type(obj).__name__ == "constexpr"
+            else "a kernel from outside nonstop.kernels"
+        )
     if inspect.isfunction(obj):
         return None if module.startswith("nonstop.kernels") else f"defined in {module}, not in nonstop.kernels"
     return f"a {type(obj).__name__}"
@@ -153,7 +193,12 @@ class _Checker:
     def module(self, tree: ast.Module) -> None:
         self.functions = {n.name: n for n in tree.body if isinstance(n, ast.FunctionDef)}
         for i, node in enumerate(tree.body):
-            if i == 0 and isinstance(node, ast.Expr) and isinstance(node.value, ast.Constant) and isinstance(node.value.value, str):
+            if (
+                i == 0
+                and isinstance(node, ast.Expr)
+                and isinstance(node.value, ast.Constant)
+                and isinstance(node.value.value, str)
+            ):
                 continue
             if isinstance(node, (ast.Import, ast.ImportFrom)):
                 self.import_(node)
@@ -163,13 +208,21 @@ class _Checker:
             elif isinstance(node, (ast.Assign, ast.AnnAssign)):
                 self.constant(node)
             else:
-                self.p.add(node, f"module-level {type(node).__name__} is not allowed: a candidate's module holds imports, functions and constants only (no state kept across calls)")
+                self.p.add(
+                    node,
+                    f"module-level {type(node).__name__} is not allowed: a candidate's module holds imports, "
+                    "functions and constants only (no state kept across calls)",
+                )
 
     def import_(self, node) -> None:
         if isinstance(node, ast.Import):
             for a in node.names:
                 if a.name not in ALLOWED_MODULES:
-                    self.p.add(node, f"import {a.name} is not allowed (allowed: triton, triton.language, torch, math and names from nonstop.kernels)")
+                    self.p.add(
+                        node,
+                        f"import {a.name} is not allowed (allowed: triton, triton.language, torch, math "
+                        "and names from nonstop.kernels)",
+                    )
                 elif a.asname is None and "." in a.name:
                     self.modules[a.name.split(".")[0]] = a.name.split(".")[0]
                 else:
@@ -199,7 +252,11 @@ class _Checker:
             elif mod == "nonstop.kernels" or mod.startswith("nonstop.kernels."):
                 self.kernel_import(node, mod, a.name, name)
             else:
-                self.p.add(node, f"from {mod} import {a.name} is not allowed (allowed: triton, triton.language, torch dtypes and allocation, math, names from nonstop.kernels)")
+                self.p.add(
+                    node,
+                    f"from {mod} import {a.name} is not allowed (allowed: triton, triton.language, "
+                    "torch dtypes and allocation, math, names from nonstop.kernels)",
+                )
 
     def kernel_import(self, node, mod: str, attr: str, name: str) -> None:
         try:
@@ -211,12 +268,16 @@ class _Checker:
         if why is None and "workspace" in attr.lower():
             why = "persistent scratch that outlives a call (a cache across calls)"
         if why:
-            self.p.add(node, f"from {mod} import {attr}: {why} (only functions, Triton kernels and constants of nonstop.kernels may be imported)")
+            self.p.add(
+                node,
+                f"from {mod} import {attr}: {why} (only functions, Triton kernels and constants of "
+                "nonstop.kernels may be imported)",
+            )
             return
         self.imported[name] = ("nonstop", obj)
         if type(obj).__name__ in ("JITFunction", "InterpretedFunction") or type(obj).__name__.endswith("JITFunction"):
             self.jit.add(name)
-        elif not callable(obj):
+        elif type(obj).__name__ == "constexpr" or not callable(obj):
             self.consts.add(name)
 
     def decorators(self, node: ast.FunctionDef) -> None:
@@ -224,13 +285,15 @@ class _Checker:
             target = d.func if isinstance(d, ast.Call) else d
             c = _chain(target)
             resolved = self.resolve(c) if c else None
-            if resolved in ("triton.jit", "triton.heuristics"):
-                if resolved == "triton.jit":
-                    self.jit.add(node.name)
-                    if isinstance(d, ast.Call) and (d.args or any(not _literal(k.value) for k in d.keywords)):
-                        self.p.add(d, "triton.jit(...) takes constant arguments only")
+            if resolved == "triton.jit":
+                self.jit.add(node.name)
+                if isinstance(d, ast.Call) and (d.args or any(not _literal(k.value) for k in d.keywords)):
+                    self.p.add(d, "triton.jit(...) takes constant arguments only")
+                d.module_decorator = True  # type: ignore[attr-defined]
                 continue
-            self.p.add(d, f"decorator {ast.unparse(d)} is not allowed (triton.jit and triton.heuristics only; no autotune, no caches)")
+            self.p.add(
+                d, f"decorator {ast.unparse(d)} is not allowed (triton.jit only; no autotune, heuristics or caches)"
+            )
 
     def resolve(self, chain: list[str]) -> str | None:
         head = chain[0]
@@ -250,11 +313,20 @@ class _Checker:
                 self.p.add(node, "module-level assignment to anything but a name is not allowed")
                 return
         names = [t.id for t in targets]
-        if value is not None and isinstance(value, ast.Name) and (value.id in self.functions or value.id in self.imported) and names == ["launch"]:
+        if (
+            value is not None
+            and isinstance(value, ast.Name)
+            and (value.id in self.functions or value.id in self.imported)
+            and names == ["launch"]
+        ):
             self.launch_alias = value.id
             return
         if value is None or not _is_const(value, self.consts):
-            self.p.add(node, f"module-level {', '.join(names)} must be a constant (numbers, strings, tuples, dtypes, tl.constexpr): no module-level state")
+            self.p.add(
+                node,
+                f"module-level {', '.join(names)} must be a constant (numbers, strings, tuples, dtypes, "
+                "tl.constexpr): no module-level state",
+            )
             return
         self.consts.update(names)
 
@@ -267,10 +339,19 @@ class _Checker:
             self.node(node)
 
     def node(self, node) -> None:
-        forbidden = {ast.Try: "try/except (no fallbacks: a kernel must work or fail)", ast.With: "with blocks (streams, modes, contexts)",
-                     ast.AsyncWith: "async with", ast.ClassDef: "class definitions", ast.Global: "global (no state across calls)",
-                     ast.Nonlocal: "nonlocal", ast.AsyncFunctionDef: "async functions", ast.Await: "await", ast.AsyncFor: "async for",
-                     ast.Yield: "yield", ast.YieldFrom: "yield from"}
+        forbidden = {
+            ast.Try: "try/except (no fallbacks: a kernel must work or fail)",
+            ast.With: "with blocks (streams, modes, contexts)",
+            ast.AsyncWith: "async with",
+            ast.ClassDef: "class definitions",
+            ast.Global: "global (no state across calls)",
+            ast.Nonlocal: "nonlocal",
+            ast.AsyncFunctionDef: "async functions",
+            ast.Await: "await",
+            ast.AsyncFor: "async for",
+            ast.Yield: "yield",
+            ast.YieldFrom: "yield from",
+        }
         if hasattr(ast, "TryStar"):
             forbidden[ast.TryStar] = "try/except*"
         for cls, what in forbidden.items():
@@ -284,22 +365,36 @@ class _Checker:
             for t in targets:
                 for sub in ast.walk(t):
                     if isinstance(sub, (ast.Attribute, ast.Subscript)):
-                        self.p.add(node, f"assignment to {ast.unparse(sub)} is not allowed: a candidate does not modify the objects it gets (kernels write the outputs)")
+                        self.p.add(
+                            node,
+                            f"assignment to {ast.unparse(sub)} is not allowed: a candidate does not modify "
+                            "the objects it gets (kernels write the outputs)",
+                        )
                         break
         elif isinstance(node, ast.Name):
             if node.id in BANNED_NAMES or node.id.startswith("__"):
                 self.p.add(node, f"the name {node.id!r} is not allowed in a candidate")
             elif node.id in self.modules:
                 self.module_use(node)
+            elif self.imported.get(node.id) == ("triton", "jit") and not _in_module_decorator(node):
+                self.p.add(node, "triton.jit is only allowed as the decorator of a module-level function")
         elif isinstance(node, ast.Attribute):
             if node.attr.startswith("_"):
                 self.p.add(node, f"private or dunder attribute .{node.attr} is not allowed")
             elif node.attr.startswith(FRAME_PREFIXES) and _chain(node) and _chain(node)[0] not in self.modules:
                 self.p.add(node, f"attribute .{node.attr} (frame / code introspection) is not allowed")
         elif isinstance(node, ast.FunctionDef):
+            if node.decorator_list and not isinstance(getattr(node, "parent", None), ast.Module):
+                self.p.add(
+                    node,
+                    f"decorators on the nested function {node.name} are not allowed "
+                    "(kernels are module-level @triton.jit functions)",
+                )
             for d in node.args.defaults + [d for d in node.args.kw_defaults if d is not None]:
                 if not _is_const(d, self.consts):
-                    self.p.add(d, f"default value {ast.unparse(d)} of {node.name}() must be a constant (no state across calls)")
+                    self.p.add(
+                        d, f"default value {ast.unparse(d)} of {node.name}() must be a constant (no state across calls)"
+                    )
 
     def module_use(self, node: ast.Name) -> None:
         """A module alias may only start an attribute chain that ends in an allowed leaf."""
@@ -311,7 +406,9 @@ class _Checker:
         parts = full.split(".")
         ok = False
         if parts[0] == "torch":
-            ok = (len(parts) == 2 and parts[1] in TORCH_ALLOWED) or (len(parts) == 3 and parts[1] == "cuda" and parts[2] in TORCH_CUDA_ALLOWED)
+            ok = (len(parts) == 2 and parts[1] in TORCH_ALLOWED) or (
+                len(parts) == 3 and parts[1] == "cuda" and parts[2] in TORCH_CUDA_ALLOWED
+            )
         elif parts[:2] == ["triton", "language"]:
             ok = len(parts) >= 3 and not any(p in TL_BANNED for p in parts[2:])
         elif parts[0] == "triton":
@@ -320,9 +417,19 @@ class _Checker:
             ok = len(parts) == 2
         elif parts[0] == "typing":
             ok = True
+        if full == "triton.jit" and not _in_module_decorator(top):
+            self.p.add(node, "triton.jit is only allowed as the decorator of a module-level function")
         if not ok:
-            self.p.add(node, f"{full or node.id} is not allowed in a candidate" + (
-                " (torch: dtypes, empty/zeros allocation and torch.cuda device facts only; compute belongs in Triton kernels)" if parts[0] == "torch" else ""))
+            self.p.add(
+                node,
+                f"{full or node.id} is not allowed in a candidate"
+                + (
+                    " (torch: dtypes, empty/zeros allocation and torch.cuda device facts only; "
+                    "compute belongs in Triton kernels)"
+                    if parts[0] == "torch"
+                    else ""
+                ),
+            )
 
     # ------------------------------------------------------------------ host code and kernels
     def functions_(self) -> None:
@@ -334,16 +441,40 @@ class _Checker:
 
     def host(self, fn: ast.FunctionDef) -> None:
         module_level = (set(self.functions) | set(self.imported) | self.consts) - set(self.modules)
+        callables = (
+            set(self.functions)
+            | self.jit
+            | {n for n, e in self.imported.items() if e[0] == "nonstop" and callable(e[1])}
+        ) - self.consts
         for node in ast.walk(fn):
+            if (
+                isinstance(node, ast.Name)
+                and isinstance(node.ctx, ast.Load)
+                and node.id in callables
+                and not _called(node)
+            ):
+                self.p.add(
+                    node,
+                    f"{node.id} may only be called (or launched as {node.id}[grid](...)), "
+                    "not passed around or inspected",
+                )
             if not isinstance(node, ast.Attribute):
                 continue
             chain = _chain(node)
             if chain and chain[0] in self.modules:
                 continue  # module_use checks it
             if isinstance(node.value, ast.Name) and node.value.id in module_level:
-                self.p.add(node, f"attribute access on {node.value.id} is not allowed (launch kernels as {node.value.id}[grid](...))")
+                self.p.add(
+                    node,
+                    f"attribute access on {node.value.id} is not allowed "
+                    f"(launch kernels as {node.value.id}[grid](...))",
+                )
             elif node.attr in BANNED_HOST_ATTRS:
-                self.p.add(node, f".{node.attr} is not allowed in host code (no torch compute, copies, value reads, storage access, or changes to the objects a launch gets)")
+                self.p.add(
+                    node,
+                    f".{node.attr} is not allowed in host code (no torch compute, copies, value reads, storage "
+                    "access, or changes to the objects a launch gets)",
+                )
 
     def kernel(self, fn: ast.FunctionDef) -> None:
         local = {a.arg for a in fn.args.args + fn.args.posonlyargs + fn.args.kwonlyargs}
@@ -367,7 +498,11 @@ class _Checker:
                     continue
                 if n in self.imported and self.imported[n][0] == "torch" and self.imported[n][1] in DTYPES:
                     continue
-                self.p.add(node, f"{fn.name} is a Triton kernel: it may only use Triton functions, constants and its own variables, not {n!r}")
+                self.p.add(
+                    node,
+                    f"{fn.name} is a Triton kernel: it may only use Triton functions, constants and its own "
+                    f"variables, not {n!r}",
+                )
 
     # ------------------------------------------------------------------ launch
     def launch(self) -> None:
@@ -389,9 +524,16 @@ class _Checker:
             except TypeError:
                 self.p.add(None, f"launch {getattr(obj, '__name__', '')} does not take (op, env)")
         else:
-            self.p.add(None, "no launch(op, env) at module level: a candidate defines launch with the signature of the op's launcher")
+            self.p.add(
+                None,
+                "no launch(op, env) at module level: a candidate defines launch with the signature of the "
+                "op's launcher",
+            )
         if not self.jit and not any(e[0] == "nonstop" and callable(e[1]) for e in self.imported.values()):
-            self.p.add(None, "no Triton kernel: a candidate defines a @triton.jit kernel (or uses the kernels of nonstop.kernels)")
+            self.p.add(
+                None,
+                "no Triton kernel: a candidate defines a @triton.jit kernel (or uses the kernels of nonstop.kernels)",
+            )
 
     def signature(self, fn: ast.FunctionDef) -> None:
         a = fn.args

@@ -69,8 +69,13 @@ def record(path: Path, device: str, kind: str, key: str, source: str, entry: dic
     data = load_store(path)
     slot = data["entries"].setdefault(device, {}).setdefault(kind, {})
     rel, sha = write_kernel(path.parent, kind, source)
-    new = {**entry, "kernel": rel, "sha256": sha, "versions": versions(),
-           "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")}
+    new = {
+        **entry,
+        "kernel": rel,
+        "sha256": sha,
+        "versions": versions(),
+        "created": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
+    }
     if not better(new, slot.get(key)):
         return False
     slot[key] = new

@@ -51,7 +51,16 @@ def op_signature(op: SuperOp) -> tuple:
     return tuple((n, tuple(t.shape)) for n, t in sorted(op.weights.items()))
 
 
-def make_target(kind: str, model: str, cfg: ModelConfig, dtype: torch.dtype, device, rows: list[int], tokens: int = 1, context: int = 256) -> Target:
+def make_target(
+    kind: str,
+    model: str,
+    cfg: ModelConfig,
+    dtype: torch.dtype,
+    device,
+    rows: list[int],
+    tokens: int = 1,
+    context: int = 256,
+) -> Target:
     """The tuned shapes of ``kind`` in ``cfg``'s Program at B in ``rows`` (T = ``tokens``)."""
     cfg = cfg.with_num_layers(layers_for(cfg, kind))
     device = torch.device(device)
@@ -67,9 +76,13 @@ def make_target(kind: str, model: str, cfg: ModelConfig, dtype: torch.dtype, dev
         weight_bytes = op.weight_bytes()
         for B in rows:
             cost = op.cost(B * tokens, context, B)
-            shape = TunedShape(index, B, tokens, shape_key(op, B, tokens, dtype), weight_bytes, cost.bytes_read + cost.bytes_written)
+            shape = TunedShape(
+                index, B, tokens, shape_key(op, B, tokens, dtype), weight_bytes, cost.bytes_read + cost.bytes_written
+            )
             if device.type != "cuda" and weight_bytes > CPU_WEIGHT_LIMIT:
-                target.skipped.append(f"{shape.key}: {weight_bytes / 2**20:.0f} MiB of weights is too large for the Triton interpreter")
+                target.skipped.append(
+                    f"{shape.key}: {weight_bytes / 2**20:.0f} MiB of weights is too large for the Triton interpreter"
+                )
                 continue
             target.shapes.append(shape)
     return target

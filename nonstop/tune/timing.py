@@ -33,8 +33,20 @@ CHECKED = 8  # random timed launches whose outputs are checked (plus the last)
 WARMUP = 4
 
 # data-sheet HBM bandwidth, bytes/s, by a substring of torch.cuda.get_device_name
-DATASHEET = {"H200": 4.8e12, "H100 NVL": 3.9e12, "H100 PCIe": 2.0e12, "H100": 3.35e12, "GH200": 4.9e12, "B200": 8.0e12,
-             "B100": 8.0e12, "A100-SXM4-80GB": 2.039e12, "A100 80GB": 2.039e12, "A100": 1.555e12, "L40S": 0.864e12, "MI300X": 5.3e12}
+DATASHEET = {
+    "H200": 4.8e12,
+    "H100 NVL": 3.9e12,
+    "H100 PCIe": 2.0e12,
+    "H100": 3.35e12,
+    "GH200": 4.9e12,
+    "B200": 8.0e12,
+    "B100": 8.0e12,
+    "A100-SXM4-80GB": 2.039e12,
+    "A100 80GB": 2.039e12,
+    "A100": 1.555e12,
+    "L40S": 0.864e12,
+    "MI300X": 5.3e12,
+}
 
 
 def peak_bandwidth(device) -> tuple[float, str]:
@@ -71,8 +83,15 @@ class TimingPlan:
     outputs: list[int]  # storages the op writes
 
     def job(self) -> dict:
-        return {"base": self.base, "weights": self.weights, "inputs": self.inputs, "sequence": self.sequence,
-                "checked": self.checked, "outputs": self.outputs, "warmup": WARMUP}
+        return {
+            "base": self.base,
+            "weights": self.weights,
+            "inputs": self.inputs,
+            "sequence": self.sequence,
+            "checked": self.checked,
+            "outputs": self.outputs,
+            "warmup": WARMUP,
+        }
 
     def pairing(self, launch: int) -> Packed:
         j, k = self.sequence[launch]
@@ -96,15 +115,21 @@ def plan_timing(key: str, spec: CaseSpec, kind: str, device, rng: random.Random)
             raise RuntimeError(f"timing draws of {kind} at {key} differ in structure")
         return {s: raw for s, raw in enumerate(packed.storages) if (s in weight_ids) == weights}
 
-    weights = [part(base, True)] + [part(pack(build_state(spec, kind, device, rng.randrange(2**31), rng.randrange(2**31)).roots()), True)
-                                    for _ in range(WEIGHT_DRAWS - 1)]
-    inputs = [part(base, False)] + [part(pack(build_state(spec, kind, device, 0, rng.randrange(2**31), model=base_state.model).roots()), False)
-                                    for _ in range(INPUT_DRAWS - 1)]
+    weights = [part(base, True)] + [
+        part(pack(build_state(spec, kind, device, rng.randrange(2**31), rng.randrange(2**31)).roots()), True)
+        for _ in range(WEIGHT_DRAWS - 1)
+    ]
+    inputs = [part(base, False)] + [
+        part(pack(build_state(spec, kind, device, 0, rng.randrange(2**31), model=base_state.model).roots()), False)
+        for _ in range(INPUT_DRAWS - 1)
+    ]
     sequence = [(j, k) for j in range(WEIGHT_DRAWS) for k in range(INPUT_DRAWS)]
     rng.shuffle(sequence)
     checked = sorted(rng.sample(range(WARMUP, len(sequence) - 1), CHECKED)) + [len(sequence) - 1]
     run_twin(base_state)
-    outputs = [s for s, (a, b) in enumerate(zip(base.storages, pack(base_state.roots()).storages)) if not torch.equal(a, b)]
+    outputs = [
+        s for s, (a, b) in enumerate(zip(base.storages, pack(base_state.roots()).storages)) if not torch.equal(a, b)
+    ]
     return TimingPlan(key, spec, kind, base, weights, inputs, sequence, checked, outputs)
 
 
@@ -123,7 +148,13 @@ def judge_timing(plan: TimingPlan, measured: dict, bytes_moved: int, device, tol
     if measured is None or measured.get("error"):
         return [f"{label}: {measured.get('error') if measured else 'no measurement came back'}"], {}
     if measured["violations"] or measured["guards_broken"] or measured["modified"]:
-        first = (measured["violations"] or [f"wrote outside its tensors or into its inputs (storages {measured['guards_broken'] + measured['modified']})"])[0]
+        first = (
+            measured["violations"]
+            or [
+                "wrote outside its tensors or into its inputs "
+                f"(storages {measured['guards_broken'] + measured['modified']})"
+            ]
+        )[0]
         return [f"{label}: {first}"], {}
     views = {path: _view_tuple(plan.base.views[i]) for path, i in plan.base.paths.items()}
     for launch, outs in measured["outputs"].items():
@@ -136,11 +167,22 @@ def judge_timing(plan: TimingPlan, measured: dict, bytes_moved: int, device, tol
     peak, source = peak_bandwidth(device)
     floor = floor_seconds(bytes_moved, peak)
     median = statistics.median(ms)
-    entry = {"median_ms": median, "p10_ms": ms[len(ms) // 10], "p90_ms": ms[(9 * len(ms)) // 10], "launches": len(ms),
-             "floor_ms": floor * 1e3, "bytes_moved": bytes_moved, "peak_bandwidth": peak, "peak_source": source}
+    entry = {
+        "median_ms": median,
+        "p10_ms": ms[len(ms) // 10],
+        "p90_ms": ms[(9 * len(ms)) // 10],
+        "launches": len(ms),
+        "floor_ms": floor * 1e3,
+        "bytes_moved": bytes_moved,
+        "peak_bandwidth": peak,
+        "peak_source": source,
+    }
     if median * 1e-3 < floor:
-        return [f"{label}: median {median * 1e3:.2f} us is faster than the bandwidth floor {floor * 1e6:.2f} us "
-                f"({bytes_moved} bytes at {peak / 1e12:.2f} TB/s): impossible, rejected"], {}
+        why = (
+            f"{label}: median {median * 1e3:.2f} us is faster than the bandwidth floor {floor * 1e6:.2f} us "
+            f"({bytes_moved} bytes at {peak / 1e12:.2f} TB/s): impossible, rejected"
+        )
+        return [why], {}
     return [], entry
 
 

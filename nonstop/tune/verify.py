@@ -30,7 +30,7 @@ from nonstop.tune.judge import TOLERANCE, judge_call, judge_determinism, no_op_d
 from nonstop.tune.sandbox import run_child
 from nonstop.tune.state import Packed, pack, snapshot
 from nonstop.tune.static_check import static_check
-from nonstop.tune.target import Target, TunedShape
+from nonstop.tune.target import Target
 from nonstop.tune.timing import TimingPlan, judge_timing, plan_timing
 
 MIN_CASES = 5
@@ -75,7 +75,11 @@ def plan(target: Target, rng: random.Random, hidden: int = HIDDEN_CASES) -> list
     shapes = [(1, 1), (3, 1), (2, 3)] + [(rng.randint(1, 4), rng.randint(1, 4)) for _ in range(n_hidden)]
     for i in range(n_hidden):
         B, T = shapes[i]
-        specs.append(CaseSpec("hidden", hidden_config(target.cfg, rng), target.dtype, B, T, keep_states=(B, T) == (2, 3), variant=i))
+        specs.append(
+            CaseSpec(
+                "hidden", hidden_config(target.cfg, rng), target.dtype, B, T, keep_states=(B, T) == (2, 3), variant=i
+            )
+        )
     return specs
 
 
@@ -86,7 +90,9 @@ def prepare(spec: CaseSpec, kind: str, device, weight_seed: int, input_seed: int
     after = snapshot(state.roots(), packed)
     outputs = [i for i, (a, b) in enumerate(zip(packed.storages, after)) if not torch.equal(a, b)]
     if not outputs or not no_op_detectable(packed, after, outputs, TOLERANCE[spec.dtype]):
-        raise RuntimeError(f"verifier: the {kind} twin changes nothing a do-nothing kernel would miss at {spec.describe()}")
+        raise RuntimeError(
+            f"verifier: the {kind} twin changes nothing a do-nothing kernel would miss at {spec.describe()}"
+        )
     return Prepared(spec, packed, after, outputs)
 
 
@@ -96,16 +102,36 @@ def _write_job(jobdir: Path, source: str, target: Target, cases: list[Prepared],
     calls = []
     for i in range(0, len(cases), 2):  # A, a fresh copy of A, then B
         calls += [{"state": i}, {"state": i}, {"state": i + 1}]
-    job = {"kind": target.kind, "device": str(target.device), "candidate": str(jobdir / "candidate.py"), "states": states,
-           "outputs": [p.outputs for p in cases], "calls": calls, "timing": {key: plan.job() for key, plan in timing.items()}}
+    job = {
+        "kind": target.kind,
+        "device": str(target.device),
+        "candidate": str(jobdir / "candidate.py"),
+        "states": states,
+        "outputs": [p.outputs for p in cases],
+        "calls": calls,
+        "timing": {key: plan.job() for key, plan in timing.items()},
+    }
     torch.save(job, jobdir / "job.pt")
 
 
-def verify(source: str, target: Target, *, trusted: bool = False, time_it: bool = True, timeout_s: float = 300.0,
-           seed: int | None = None, progress=None) -> Verdict:
+def verify(
+    source: str,
+    target: Target,
+    *,
+    trusted: bool = False,
+    time_it: bool = True,
+    timeout_s: float = 300.0,
+    seed: int | None = None,
+    progress=None,
+) -> Verdict:
     """Verify (and on a GPU time) a candidate file's source for ``target``; see the module docstring."""
     say = progress or (lambda _msg: None)
-    record: dict = {"kind": target.kind, "model": target.model, "device": str(target.device), "dtype": str(target.dtype).removeprefix("torch.")}
+    record: dict = {
+        "kind": target.kind,
+        "model": target.model,
+        "device": str(target.device),
+        "dtype": str(target.dtype).removeprefix("torch."),
+    }
     if not trusted:
         problems = static_check(source, target.kind)
         if problems:
@@ -121,13 +147,25 @@ def verify(source: str, target: Target, *, trusted: bool = False, time_it: bool 
     timing: dict[str, TimingPlan] = {}
     if target.device.type == "cuda" and time_it:
         for shape in target.shapes:
-            spec = CaseSpec("tuned", target.cfg, target.dtype, shape.B, shape.T, False, shape.variant, context=target.context)
+            spec = CaseSpec(
+                "tuned", target.cfg, target.dtype, shape.B, shape.T, False, shape.variant, context=target.context
+            )
             timing[shape.key] = plan_timing(shape.key, spec, target.kind, target.device, rng)
-    record.update(master_seed=master, cases=[s.describe() for s in specs], calls=3 * len(specs), build_s=round(time.perf_counter() - t0, 2))
-    say(f"{len(specs)} cases ({sum(s.label == 'hidden' for s in specs)} hidden), {3 * len(specs)} calls" + (f", timing {len(timing)} shape(s)" if timing else ""))
+    record.update(
+        master_seed=master,
+        cases=[s.describe() for s in specs],
+        calls=3 * len(specs),
+        build_s=round(time.perf_counter() - t0, 2),
+    )
+    say(
+        f"{len(specs)} cases ({sum(s.label == 'hidden' for s in specs)} hidden), {3 * len(specs)} calls"
+        + (f", timing {len(timing)} shape(s)" if timing else "")
+    )
     jobdir = Path(tempfile.mkdtemp(prefix="nonstop-verify-"))
     try:
         _write_job(jobdir, source, target, cases, timing)
+        if target.device.type == "cuda":
+            torch.cuda.empty_cache()  # leave the child the memory this process's allocator holds
         t1 = time.perf_counter()
         run = run_child(jobdir, target.device, timeout_s)
         record.update(child_s=round(time.perf_counter() - t1, 2), network_namespace=run.network_namespace)
@@ -135,15 +173,28 @@ def verify(source: str, target: Target, *, trusted: bool = False, time_it: bool 
         if os.environ.get("NONSTOP_TUNE_KEEP") != "1":  # keep the job directory to rerun a child by hand
             shutil.rmtree(jobdir, ignore_errors=True)
     if run.result is None:
-        why = f"timed out after {timeout_s:.0f} s" if run.timed_out else f"the verification process died (exit status {run.returncode})"
+        why = (
+            f"timed out after {timeout_s:.0f} s"
+            if run.timed_out
+            else f"the verification process died (exit status {run.returncode})"
+        )
         tail = run.stderr.strip().splitlines()[-1:] if run.stderr.strip() else []
         return Verdict(False, [why + (f": {tail[0][:300]}" if tail else "")], {**record, "stage": "run"})
     return _judge(run.result, target, specs, cases, timing, record)
 
 
-def _judge(result: dict, target: Target, specs: list[CaseSpec], cases: list[Prepared], timing: dict[str, TimingPlan], record: dict) -> Verdict:
+def _judge(
+    result: dict,
+    target: Target,
+    specs: list[CaseSpec],
+    cases: list[Prepared],
+    timing: dict[str, TimingPlan],
+    record: dict,
+) -> Verdict:
     if result.get("import_error"):
-        return Verdict(False, [f"importing the candidate failed: {result['import_error']}"], {**record, "stage": "import"})
+        return Verdict(
+            False, [f"importing the candidate failed: {result['import_error']}"], {**record, "stage": "import"}
+        )
     problems = []
     if result.get("patched_on_import"):
         problems.append(f"importing the candidate replaced {', '.join(result['patched_on_import'])}")
@@ -156,7 +207,9 @@ def _judge(result: dict, target: Target, specs: list[CaseSpec], cases: list[Prep
         which = ("A", "A again", "B")[n % 3]
         prepared = cases[rec["state"]]
         label = f"case {case + 1} ({prepared.spec.describe()}), call on {which}"
-        problems += judge_call(rec, prepared.packed, prepared.after, prepared.outputs, TOLERANCE[prepared.spec.dtype], label)
+        problems += judge_call(
+            rec, prepared.packed, prepared.after, prepared.outputs, TOLERANCE[prepared.spec.dtype], label
+        )
         if not problems and n % 3 == 1:
             problems += judge_determinism(calls[n - 1], rec, prepared.packed, target.kind, gpu, label)
         if problems:
@@ -177,14 +230,27 @@ def _judge(result: dict, target: Target, specs: list[CaseSpec], cases: list[Prep
 def _judge_timing(measured: dict, target: Target, timing: dict[str, TimingPlan], verdict: Verdict) -> list[str]:
     shapes = {s.key: s for s in target.shapes}
     for key, plan in timing.items():
-        problems, entry = judge_timing(plan, measured.get(key), shapes[key].bytes_moved, target.device, TOLERANCE[target.dtype])
+        problems, entry = judge_timing(
+            plan, measured.get(key), shapes[key].bytes_moved, target.device, TOLERANCE[target.dtype]
+        )
         if problems:
             return problems
         verdict.timing[key] = entry
     return []
 
 
-CHECKS = ["static", "sandbox: -I, rlimits, no network", "fresh memory + guard bands per call", "outputs poisoned (NaN)",
-          "inputs/weights/caches unchanged", "within dtype tolerance of the twin", "determinism (A twice)",
-          "new inputs after old (B)", "no torch compute / host reads in the candidate", "Triton launch ran",
-          "no patched functions, no threads", "hidden odd shapes", ">= 5 seeds"]
+CHECKS = [
+    "static",
+    "sandbox: -I, rlimits, no network",
+    "fresh memory + guard bands per call",
+    "outputs poisoned (NaN)",
+    "inputs/weights/caches unchanged",
+    "within dtype tolerance of the twin",
+    "determinism (A twice)",
+    "new inputs after old (B)",
+    "no torch compute / host reads in the candidate",
+    "Triton launch ran",
+    "no patched functions, no threads",
+    "hidden odd shapes",
+    ">= 5 seeds",
+]

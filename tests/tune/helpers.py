@@ -21,12 +21,12 @@ CORRECT = sorted((HERE / "kernels").glob("[!_]*.py"))
 def expectation(path: Path) -> tuple[str, str, str]:
     """(kind, stage "static" | "dynamic", a phrase the first reasons must contain) from the file's docstring."""
     text = path.read_text()
-    kind = re.search(r"^kind: (\w+)", text, re.M).group(1)
-    stage, phrase = re.search(r"^expect: (\w+): (.+?)(?:\"\"\")?$", text, re.M).groups()
+    kind = re.search(r"^kind: (\w+)", text, re.MULTILINE).group(1)
+    stage, phrase = re.search(r"^expect: (\w+): (.+?)(?:\"\"\")?$", text, re.MULTILINE).groups()
     return kind, stage, phrase.strip()
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def tiny_target(kind: str, config: str = "llama", rows: tuple[int, ...] = (1, 3), dtype=torch.float32) -> Target:
     """``kind`` of a tiny odd-shaped model (its real widths are the tuned shapes), on the CPU."""
     return make_target(kind, f"tiny-{config}", ModelConfig.from_hf_dict(TINY_CONFIGS[config]), dtype, "cpu", list(rows))

@@ -16,10 +16,14 @@ def test_dry_run_reports_verified_and_untimed(tmp_path, monkeypatch, capsys):
     bench = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(bench)
     out = tmp_path / "tune.json"
-    report = bench.main(["--dry-run", "--models", "kimi-linear-48b-a3b", "--kinds", "linear_residual", "--out", str(out)])
+    report = bench.main(
+        ["--dry-run", "--models", "kimi-linear-48b-a3b", "--kinds", "linear_residual", "--out", str(out)]
+    )
     assert json.loads(out.read_text()) == json.loads(json.dumps(report, default=str))
     assert report["timed"] is False and "pending" in report["status"]
     (row,) = report["results"]
     assert row["kind"] == "linear_residual" and row["candidates"] == 1 and row["accepted"] == 1
-    assert [s["B"] for s in row["shapes"]] == [1, 3] and all(s["builtin_ms"] is None and s["best_ms"] is None for s in row["shapes"])
+    assert [s["B"] for s in row["shapes"]] == [1, 3] and all(
+        s["builtin_ms"] is None and s["best_ms"] is None for s in row["shapes"]
+    )
     assert "pending" in capsys.readouterr().out

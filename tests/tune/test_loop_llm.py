@@ -22,7 +22,9 @@ REPLIES = [
     "Here is a fused kernel.\n```python\nimport triton\n\ndef launch(op, env)\n    pass\n```\n",
     "Dropping the bias saves a load:\n```python\n" + (HERE / "corpus" / "wrong_bias.py").read_text() + "```",
     "Let torch do it:\n```python\n" + (HERE / "corpus" / "torch_matmul.py").read_text() + "```",
-    "Fixed, with fp32 accumulation:\n```python\n" + (HERE / "kernels" / "linear_residual_rowloop.py").read_text() + "```\nDone.",
+    "Fixed, with fp32 accumulation:\n```python\n"
+    + (HERE / "kernels" / "linear_residual_rowloop.py").read_text()
+    + "```\nDone.",
 ]
 
 
@@ -48,8 +50,14 @@ class _Handler(BaseHTTPRequestHandler):
         with self.server.lock:
             self.server.requests.append({"body": body, "auth": self.headers.get("Authorization")})
             reply = REPLIES[min(len(self.server.requests), len(REPLIES)) - 1]
-        data = json.dumps({"id": "x", "object": "chat.completion", "model": body["model"],
-                           "choices": [{"index": 0, "message": {"role": "assistant", "content": reply}, "finish_reason": "stop"}]}).encode()
+        data = json.dumps(
+            {
+                "id": "x",
+                "object": "chat.completion",
+                "model": body["model"],
+                "choices": [{"index": 0, "message": {"role": "assistant", "content": reply}, "finish_reason": "stop"}],
+            }
+        ).encode()
         self.send_response(200)
         self.send_header("Content-Type", "application/json")
         self.send_header("Content-Length", str(len(data)))
@@ -79,9 +87,35 @@ def test_scripted_llm_loop_keeps_the_correct_kernel(endpoint, tmp_path, capsys, 
     (model / "config.json").write_text(json.dumps(TINY_CONFIGS["llama"]))
     store = tmp_path / "tuning.json"
     monkeypatch.setenv("SCRIPTED_KEY", "sk-test")
-    rc = main(["tune", "-m", str(model), "--op", "linear_residual", "--proposer", "llm", "--llm-base-url", endpoint.base_url,
-               "--llm-model", "scripted", "--llm-api-key-env", "SCRIPTED_KEY", "--rounds", "4", "--candidates", "1",
-               "--rows", "1,3", "--device", "cpu", "--store", str(store), "--timeout", "240"])
+    rc = main(
+        [
+            "tune",
+            "-m",
+            str(model),
+            "--op",
+            "linear_residual",
+            "--proposer",
+            "llm",
+            "--llm-base-url",
+            endpoint.base_url,
+            "--llm-model",
+            "scripted",
+            "--llm-api-key-env",
+            "SCRIPTED_KEY",
+            "--rounds",
+            "4",
+            "--candidates",
+            "1",
+            "--rows",
+            "1,3",
+            "--device",
+            "cpu",
+            "--store",
+            str(store),
+            "--timeout",
+            "240",
+        ]
+    )
     out = capsys.readouterr().out
     assert rc == 0, out
     assert len(endpoint.requests) == 4 and all(r["auth"] == "Bearer sk-test" for r in endpoint.requests)
@@ -96,7 +130,9 @@ def test_scripted_llm_loop_keeps_the_correct_kernel(endpoint, tmp_path, capsys, 
         assert message in prompts[n + 1], (message, prompts[n + 1][-3000:])
         assert message not in prompts[n]
     assert "r4c1: accepted (untimed)" in out
-    assert "def linear_residual(op, env)" in prompts[0] and "## The current kernel" in prompts[0]  # twin and kernel sources
+    assert (
+        "def linear_residual(op, env)" in prompts[0] and "## The current kernel" in prompts[0]
+    )  # twin and kernel sources
 
     data = json.loads(store.read_text())
     entries = data["entries"]["cpu"]["linear_residual"]
@@ -115,8 +151,28 @@ def test_scripted_llm_loop_keeps_the_correct_kernel(endpoint, tmp_path, capsys, 
 
 def test_unreachable_endpoint_is_one_clear_line(tmp_path, capsys):
     with pytest.raises(SystemExit) as exc:
-        main(["tune", "-m", "k3-nano", "--op", "linear_residual", "--proposer", "llm", "--llm-base-url", "http://127.0.0.1:9/v1",
-              "--llm-model", "x", "--rounds", "1", "--candidates", "1", "--device", "cpu", "--no-store"])
+        main(
+            [
+                "tune",
+                "-m",
+                "k3-nano",
+                "--op",
+                "linear_residual",
+                "--proposer",
+                "llm",
+                "--llm-base-url",
+                "http://127.0.0.1:9/v1",
+                "--llm-model",
+                "x",
+                "--rounds",
+                "1",
+                "--candidates",
+                "1",
+                "--device",
+                "cpu",
+                "--no-store",
+            ]
+        )
     assert exc.value.code == 2
     err = capsys.readouterr().err
     assert "cannot reach http://127.0.0.1:9/v1/chat/completions" in err and "Traceback" not in err

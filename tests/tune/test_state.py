@@ -6,7 +6,7 @@ from __future__ import annotations
 import torch
 
 from nonstop.tune.cases import CaseSpec, build_state, run_twin
-from nonstop.tune.state import GUARD, named_tensors, pack, snapshot, unpack
+from nonstop.tune.state import GUARD, pack, snapshot, unpack
 from tests.tune.helpers import tiny_target
 
 
@@ -45,6 +45,10 @@ def test_case_states_poison_what_the_op_writes_and_the_twin_fills_it():
     packed = pack(state.roots())
     run_twin(state)
     after = snapshot(state.roots(), packed)
-    changed = {p for p, i in packed.paths.items() if not torch.equal(packed.storages[packed.views[i].storage], after[packed.views[i].storage])}
+    changed = {
+        p
+        for p, i in packed.paths.items()
+        if not torch.equal(packed.storages[packed.views[i].storage], after[packed.views[i].storage])
+    }
     assert changed == {"buf.gqa_q", "cache.layers[0].tensors.k", "cache.layers[0].tensors.v"}
     assert state.buf["gqa_q"].isfinite().all() and layer.tensors["k"][rows].isfinite().all()

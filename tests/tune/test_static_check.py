@@ -37,30 +37,64 @@ def test_builtin_and_search_candidates_pass(kind):
         assert static_check(search.source(config), kind) == [], config
 
 
+MLP = "from nonstop.kernels.common import mlp"
+JIT_K = ["import triton", "@triton.jit", "def k(x):"]
+LAUNCH_K = ["def launch(op, env):", "    k[(1,)](op)"]
+
+
+def src(*lines: str) -> str:
+    return "\n".join(lines) + "\n"
+
+
 @pytest.mark.parametrize("source,phrase", [
-    ("def launch(op, env):\n    return (\n", "syntax error at line"),
-    ("import torch as T\nfrom nonstop.kernels.common import mlp\ndef launch(op, env):\n    T.mm(op, env)\n", "torch.mm"),
-    ("from torch import cuda\nfrom nonstop.kernels.common import mlp\ndef launch(op, env):\n    cuda.synchronize()\n", "from torch import cuda"),
-    ("import triton\nfrom nonstop.kernels.common import mlp\ndef launch(op, env):\n    triton.runtime.driver.active.get_current_stream()\n", "triton.runtime"),
-    ("import triton.language as tl\nimport triton\n@triton.jit\ndef k(x):\n    tl.inline_asm_elementwise('', '', [x], dtype=tl.int32, is_pure=True, pack=1)\n"
-     "def launch(op, env):\n    k[(1,)](op)\n", "inline_asm_elementwise"),
-    ("import torch\nimport triton\n@triton.jit\ndef k(x):\n    torch.ones(1)\ndef launch(op, env):\n    k[(1,)](op)\n", "torch inside the Triton kernel"),
-    ("import triton\ndef helper(x):\n    return x\n@triton.jit\ndef k(x):\n    helper(x)\ndef launch(op, env):\n    k[(1,)](op)\n", "may only use Triton functions"),
-    ("from nonstop.kernels.common import mlp\ndef launch(op, env):\n    env.buf.update({})\n    mlp(op, env)\n", ".update"),
-    ("from nonstop.kernels.common import mlp\ndef launch(op, env):\n    x = env.buf['h']\n    x.data_ptr()\n    mlp(op, env)\n", ".data_ptr"),
-    ("from nonstop.kernels.common import mlp\ndef launch(op, env):\n    mlp.fn.__globals__\n", "dunder"),
-    ("from nonstop.kernels.common import mlp\ndef launch(op, env):\n    f = lambda: 0\n    f.__code__\n", "dunder"),
-    ("from nonstop.kernels.common import mlp\nlaunch = mlp\nlaunch.cache = {}\n", "module-level"),
-    ("from nonstop.kernels.common import _WORKSPACES\nfrom nonstop.kernels.common import mlp as launch\n", "mutable container"),
-    ("from nonstop.kernels.common import mlp\ndef launch(op):\n    mlp(op, None)\n", "launch(op, env)"),
-    ("import triton\n@triton.jit\ndef launch(op, env):\n    pass\n", "not a Triton kernel"),
-    ("import math\n", "no launch(op, env)"),
-    ("from nonstop.kernels.common import mlp\nasync def launch(op, env):\n    mlp(op, env)\n", "async"),
-    ("from nonstop.kernels.common import mlp\ndef launch(op, env):\n    global X\n    mlp(op, env)\n", "global"),
-    ("from nonstop.kernels.common import mlp\ndef launch(op, env):\n    import os\n    mlp(op, env)\n", "imports inside functions"),
-    ("from nonstop.kernels.common import mlp\ndef launch(op, env):\n    g = op.weights.get\n    g.__self__\n", "dunder"),
-    ("from nonstop.kernels.common import mlp\ndef launch(op, env):\n    e = SystemExit\n", "SystemExit"),
-])
+    (src("def launch(op, env):", "    return ("), "syntax error at line"),
+    (src("import torch as T", MLP, "def launch(op, env):", "    T.mm(op, env)"), "torch.mm"),
+    (src("from torch import cuda", MLP, "def launch(op, env):", "    cuda.synchronize()"), "from torch import cuda"),
+    (src("import triton", MLP, "def launch(op, env):", "    triton.runtime.driver.active.get_current_stream()"),
+     "triton.runtime"),
+    (src("import triton.language as tl", *JIT_K,
+         "    tl.inline_asm_elementwise('', '', [x], dtype=tl.int32, is_pure=True, pack=1)", *LAUNCH_K),
+     "inline_asm_elementwise"),
+    (src("import torch", *JIT_K, "    torch.ones(1)", *LAUNCH_K), "torch inside the Triton kernel"),
+    (src("import triton", "def helper(x):", "    return x", *JIT_K[1:], "    helper(x)", *LAUNCH_K),
+     "may only use Triton functions"),
+    (src(MLP, "def launch(op, env):", "    env.buf.update({})", "    mlp(op, env)"), ".update"),
+    (src(MLP, "def launch(op, env):", "    x = env.buf['h']", "    x.data_ptr()", "    mlp(op, env)"), ".data_ptr"),
+    (src(MLP, "def launch(op, env):", "    mlp.fn.__globals__"), "dunder"),
+    (src(MLP, "def launch(op, env):", "    f = lambda: 0", "    f.__code__"), "dunder"),
+    (src(MLP, "launch = mlp", "launch.cache = {}"), "module-level"),
+    (src("from nonstop.kernels.common import _WORKSPACES", MLP + " as launch"), "mutable container"),
+    (src(MLP, "def launch(op):", "    mlp(op, None)"), "launch(op, env)"),
+    (src("import triton", "@triton.jit", "def launch(op, env):", "    pass"), "not a Triton kernel"),
+    (src("import math"), "no launch(op, env)"),
+    (src(MLP, "async def launch(op, env):", "    mlp(op, env)"), "async"),
+    (src(MLP, "def launch(op, env):", "    global X", "    mlp(op, env)"), "global"),
+    (src(MLP, "def launch(op, env):", "    import os", "    mlp(op, env)"), "imports inside functions"),
+    (src(MLP, "def launch(op, env):", "    g = op.weights.get", "    g.__self__"), "dunder"),
+    (src(MLP, "def launch(op, env):", "    e = SystemExit"), "SystemExit"),
+])  # fmt: skip
 def test_rules(source, phrase):
     problems = static_check(source)
     assert any(phrase in p for p in problems), problems
+
+
+@pytest.mark.parametrize("body", ["k = _kern\n    k.cache", "f(_kern)", "return _kern"])
+def test_kernels_are_only_called(body):
+    source = src("import triton", "@triton.jit", "def _kern(x):", "    pass", "def f(k):", "    return k",
+                 "def launch(op, env):", f"    {body}", "    _kern[(1,)](op)")  # fmt: skip
+    assert any("may only be called" in p for p in static_check(source))
+
+
+@pytest.mark.parametrize("source", [
+    # a kernel made at run time from a closure over torch tensors: under the interpreter its torch ops would
+    # run inside the (unrecorded) Triton launch
+    src("import triton", MLP, "def launch(op, env):", "    a = env.buf['h']", "    def k(x):", "        a @ a",
+        "    triton.jit(k)[(1,)](a)"),
+    src("from triton import jit", MLP, "def launch(op, env):", "    def k(x):", "        pass", "    jit(k)[(1,)](op)"),
+    src("import triton", MLP, "def launch(op, env):", "    @triton.jit", "    def k(x):", "        pass",
+        "    k[(1,)](op)"),
+    src("import triton", "@triton.heuristics({'B': lambda a: a['x'].sum()})", "@triton.jit",
+        "def k(x, B: tl.constexpr):", "    pass", *LAUNCH_K),
+])  # fmt: skip
+def test_kernels_are_module_level_jit_only(source):
+    assert static_check(source)

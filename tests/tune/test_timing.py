@@ -30,7 +30,14 @@ def _measured(plan, ms: float, corrupt: bool = False) -> dict:
         outputs[launch] = {s: after[s].clone() for s in plan.outputs}
     if corrupt:
         outputs[plan.checked[3]][plan.outputs[0]][:8] ^= 0x55
-    return {"ms": [ms] * (len(plan.sequence) - timing.WARMUP), "outputs": outputs, "modified": [], "guards_broken": [], "violations": [], "triton_launches": 64}
+    return {
+        "ms": [ms] * (len(plan.sequence) - timing.WARMUP),
+        "outputs": outputs,
+        "modified": [],
+        "guards_broken": [],
+        "violations": [],
+        "triton_launches": 64,
+    }
 
 
 def test_every_launch_sees_a_new_pairing(plan):
@@ -38,28 +45,31 @@ def test_every_launch_sees_a_new_pairing(plan):
     assert sorted(plan.sequence) == [(j, k) for j in range(timing.WEIGHT_DRAWS) for k in range(timing.INPUT_DRAWS)]
     assert len(plan.checked) == timing.CHECKED + 1 and plan.checked[-1] == len(plan.sequence) - 1
     assert all(not torch.equal(a[s], b[s]) for a, b in zip(plan.weights, plan.weights[1:]) for s in a)
-    assert all(not torch.equal(a[s], b[s]) for a, b in zip(plan.inputs, plan.inputs[1:]) for s in a if a[s].numel() > 64)
+    assert all(
+        not torch.equal(a[s], b[s]) for a, b in zip(plan.inputs, plan.inputs[1:]) for s in a if a[s].numel() > 64
+    )
 
 
-def test_right_outputs_and_a_plausible_time_pass(plan, monkeypatch):
+@pytest.mark.parametrize("times_floor", [2.0, 1.001, 0.5])
+def test_a_median_below_the_bandwidth_floor_is_rejected(plan, monkeypatch, times_floor):
+    """With a peak of 1 GB/s the floor is bytes / 1e9 s: a median at or above it passes, below is impossible."""
     plan, shape = plan
     monkeypatch.setattr(timing, "peak_bandwidth", lambda device: (1e9, "test"))
     floor_ms = shape.bytes_moved / 1e9 * 1e3
-    problems, entry = timing.judge_timing(plan, _measured(plan, 2 * floor_ms), shape.bytes_moved, "cpu", TOLERANCE[torch.float32])
-    assert problems == [] and entry["median_ms"] == pytest.approx(2 * floor_ms) and entry["floor_ms"] == pytest.approx(floor_ms)
-
-
-def test_faster_than_the_floor_is_rejected(plan, monkeypatch):
-    plan, shape = plan
-    monkeypatch.setattr(timing, "peak_bandwidth", lambda device: (1e9, "test"))
-    floor_ms = shape.bytes_moved / 1e9 * 1e3
-    problems, _ = timing.judge_timing(plan, _measured(plan, 0.5 * floor_ms), shape.bytes_moved, "cpu", TOLERANCE[torch.float32])
-    assert problems and "faster than the bandwidth floor" in problems[0]
+    measured = _measured(plan, times_floor * floor_ms)
+    problems, entry = timing.judge_timing(plan, measured, shape.bytes_moved, "cpu", TOLERANCE[torch.float32])
+    if times_floor >= 1:
+        assert problems == [] and entry["median_ms"] == pytest.approx(times_floor * floor_ms)
+        assert entry["floor_ms"] == pytest.approx(floor_ms) and entry["launches"] == len(plan.sequence) - timing.WARMUP
+    else:
+        assert problems and "faster than the bandwidth floor" in problems[0] and entry == {}
 
 
 def test_a_wrong_timed_launch_is_rejected(plan):
     plan, shape = plan
-    problems, _ = timing.judge_timing(plan, _measured(plan, 1.0, corrupt=True), shape.bytes_moved, "cpu", TOLERANCE[torch.float32])
+    problems, _ = timing.judge_timing(
+        plan, _measured(plan, 1.0, corrupt=True), shape.bytes_moved, "cpu", TOLERANCE[torch.float32]
+    )
     assert problems and f"launch {plan.checked[3]}" in problems[0]
 
 

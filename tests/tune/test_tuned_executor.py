@@ -22,7 +22,14 @@ def _store_winner(path, model, device="cpu", source=WINNER):
     for B in range(1, 4):
         for T in range(1, 5):
             for key in {shape_key(op, B, T) for op in ops}:
-                store.record(path, device, "linear_residual", key, source, {"proposer": "test", "round": 1, "candidate": "r1c1", "timed": False, "time_ms": None})
+                store.record(
+                    path,
+                    device,
+                    "linear_residual",
+                    key,
+                    source,
+                    {"proposer": "test", "round": 1, "candidate": "r1c1", "timed": False, "time_ms": None},
+                )
 
 
 def test_stored_winner_gives_the_reference_tokens(tmp_path, monkeypatch):
@@ -31,9 +38,15 @@ def test_stored_winner_gives_the_reference_tokens(tmp_path, monkeypatch):
     model = tiny_model("llama")
     _store_winner(path, model)
     ex = SuperOpExecutor(model)
-    assert greedy_tokens(model, ex, PROMPTS, MAX_TOKENS_SHORT) == greedy_tokens(model, ReferenceExecutor(model), PROMPTS, MAX_TOKENS_SHORT)
+    assert greedy_tokens(model, ex, PROMPTS, MAX_TOKENS_SHORT) == greedy_tokens(
+        model, ReferenceExecutor(model), PROMPTS, MAX_TOKENS_SHORT
+    )
     used = ex.stats["tuned"]["linear_residual"]["used"]
-    assert sum(used.values()) >= 4 and any(k.startswith("B3xT1") for k in used) and any(k.startswith("B1xT4") for k in used)
+    assert (
+        sum(used.values()) >= 4
+        and any(k.startswith("B3xT1") for k in used)
+        and any(k.startswith("B1xT4") for k in used)
+    )
     assert set(ex.stats["tuned"]) == {"linear_residual"}
 
 

@@ -29,13 +29,17 @@ def test_correct_kernels_are_accepted(path):
     assert verdict.timing == {}  # no GPU: verified, never timed
 
 
-@pytest.mark.parametrize("kind,config", [("linear_residual", "llama"), ("kda_core", "kimi_linear"), ("mla_attn", "deepseek_v3")])
+@pytest.mark.parametrize(
+    "kind,config", [("linear_residual", "llama"), ("kda_core", "kimi_linear"), ("mla_attn", "deepseek_v3")]
+)
 def test_builtin_kernels_are_accepted(kind, config):
     verdict = verify(builtin_source(kind), tiny_target(kind, config), timeout_s=240)
     assert verdict.accepted, verdict.reasons
 
 
 def test_a_hang_is_stopped():
-    source = "from nonstop.kernels.common import linear_residual\n\ndef launch(op, env):\n    while True:\n        pass\n"
+    source = (
+        "from nonstop.kernels.common import linear_residual\n\ndef launch(op, env):\n    while True:\n        pass\n"
+    )
     verdict = verify(source, tiny_target("linear_residual"), timeout_s=15)
     assert not verdict.accepted and "timed out" in verdict.reasons[0]

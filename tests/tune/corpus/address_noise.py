@@ -2,6 +2,7 @@
 tolerance, but two calls on the same inputs differ (Wafer's uninitialised-memory case).
 kind: linear_residual
 expect: dynamic: not deterministic"""
+
 import triton
 import triton.language as tl
 

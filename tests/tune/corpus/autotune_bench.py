@@ -1,6 +1,7 @@
 """CHEAT: triton.autotune re-runs the kernel on the live (accumulating) outputs while benchmarking.
 kind: linear_residual
 expect: static: decorator"""
+
 import triton
 import triton.language as tl
 

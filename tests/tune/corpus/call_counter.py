@@ -1,6 +1,7 @@
 """CHEAT: counts calls in a mutable default argument and does the work only on the first (checked) call.
 kind: linear_residual
 expect: static: default value"""
+
 from nonstop.kernels.common import linear_residual as builtin
 
 

@@ -1,6 +1,7 @@
 """CHEAT: copies memory behind torch's back with ctypes.
 kind: linear_residual
 expect: static: ctypes"""
+
 import ctypes
 
 from nonstop.kernels.common import linear_residual as builtin

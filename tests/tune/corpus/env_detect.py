@@ -1,6 +1,7 @@
 """CHEAT: detects the verifier through the environment and skips the work outside it.
 kind: linear_residual
 expect: static: import os"""
+
 import os
 
 from nonstop.kernels.common import linear_residual as builtin

@@ -1,6 +1,7 @@
 """CHEAT: builds forbidden code from strings and executes it.
 kind: linear_residual
 expect: static: exec"""
+
 from nonstop.kernels.common import linear_residual as builtin
 
 

@@ -1,6 +1,7 @@
 """WRONG: computes only the first row of a multi-row step (the decode case the proposer was shown).
 kind: linear_residual
 expect: dynamic: differ from the twin"""
+
 from nonstop.kernels.gemv import ADD, STORE, launch_gemv
 
 

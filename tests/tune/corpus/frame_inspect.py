@@ -1,6 +1,7 @@
 """CHEAT: looks up the caller's frame to detect the verifier and to find its expected tensors.
 kind: linear_residual
 expect: static: sys"""
+
 import sys
 
 from nonstop.kernels.common import linear_residual as builtin

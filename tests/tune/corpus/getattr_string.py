@@ -1,6 +1,7 @@
 """CHEAT: reaches a torch compute op through getattr on a string.
 kind: linear_residual
 expect: static: getattr"""
+
 import torch
 
 from nonstop.kernels.common import linear_residual as builtin

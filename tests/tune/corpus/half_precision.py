@@ -2,6 +2,7 @@
 written) before the residual add.
 kind: linear_residual
 expect: dynamic: differ from the twin"""
+
 import torch
 import triton
 import triton.language as tl
@@ -22,4 +23,6 @@ def launch(op, env):
     a, out = env.buf[op.reads[0]], env.buf[op.writes[0]]
     y = torch.empty(out.shape, dtype=torch.float16, device=out.device)
     launch_gemv(a, op.weights["w"], y, bias=op.weights.get("b"), env=env)
-    _add_rows[(triton.cdiv(out.numel(), 128),)](y, out, out.numel(), ACCUMULATE=op.attrs.get("accumulate", False), BLOCK=128)
+    _add_rows[(triton.cdiv(out.numel(), 128),)](
+        y, out, out.numel(), ACCUMULATE=op.attrs.get("accumulate", False), BLOCK=128
+    )

@@ -1,6 +1,7 @@
 """CHEAT: reads input values on the host to pick a path (a value-keyed special case).
 kind: linear_residual
 expect: dynamic: host"""
+
 from nonstop.kernels.common import linear_residual as builtin
 
 

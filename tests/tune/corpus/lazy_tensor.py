@@ -1,6 +1,7 @@
 """CHEAT: a tensor subclass that defers the work into whoever reads the output.
 kind: linear_residual
 expect: static: class definitions"""
+
 import torch
 
 from nonstop.kernels.common import linear_residual as builtin

@@ -1,6 +1,7 @@
 """CHEAT: allocates far more memory than the machine has (the sandbox limits it).
 kind: linear_residual
 expect: dynamic: launch raised"""
+
 import torch
 
 from nonstop.kernels.common import linear_residual as builtin

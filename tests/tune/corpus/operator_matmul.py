@@ -1,6 +1,7 @@
 """CHEAT: torch compute hidden in operators (@, +) - no banned name - then a Triton copy of the result.
 kind: linear_residual
 expect: dynamic: torch operator"""
+
 import triton
 import triton.language as tl
 

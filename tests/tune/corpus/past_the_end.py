@@ -1,6 +1,7 @@
 """CHEAT: right result, plus a write just past the end of its output (scratch "borrowed" from a neighbour).
 kind: linear_residual
 expect: dynamic: guard band"""
+
 import triton
 import triton.language as tl
 

@@ -1,6 +1,7 @@
 """CHEAT: right result, then writes into the weights it streamed (pre-scales them "for next time").
 kind: linear_residual
 expect: dynamic: modified an input"""
+
 import triton
 import triton.language as tl
 

@@ -1,6 +1,7 @@
 """CHEAT: returns early on one-row steps (launches nothing; the poisoned output stays).
 kind: linear_residual
 expect: dynamic: no Triton kernel ran"""
+
 from nonstop.kernels.common import linear_residual as builtin
 
 

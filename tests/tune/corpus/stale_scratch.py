@@ -2,6 +2,7 @@
 allocator may return the reference's freed result: KernelBench's result-reuse exploit).
 kind: linear_residual
 expect: dynamic: differ from the twin"""
+
 import torch
 import triton
 import triton.language as tl

@@ -1,6 +1,7 @@
 """CHEAT: launches on a side stream so that events on the current stream do not see the work.
 kind: linear_residual
 expect: static: with blocks"""
+
 import torch
 
 from nonstop.kernels.common import linear_residual as builtin

@@ -1,6 +1,7 @@
 """CHEAT: runs the work in a background thread so that a timer around launch() misses it.
 kind: linear_residual
 expect: static: threading"""
+
 import threading
 
 from nonstop.kernels.common import linear_residual as builtin

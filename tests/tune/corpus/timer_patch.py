@@ -1,6 +1,7 @@
 """CHEAT: patches the CUDA event timer to report a tiny time.
 kind: linear_residual
 expect: static: assignment to"""
+
 import torch
 
 from nonstop.kernels.common import linear_residual as builtin

@@ -1,6 +1,7 @@
 """CHEAT: computes with torch (matmul + copy) and launches a do-nothing kernel to look like Triton.
 kind: linear_residual
 expect: static: torch.matmul"""
+
 import torch
 import triton
 import triton.language as tl

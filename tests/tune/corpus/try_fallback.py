@@ -1,6 +1,7 @@
 """CHEAT: try the kernel, fall back to torch when it fails.
 kind: linear_residual
 expect: static: try/except"""
+
 import torch.nn.functional as F
 
 from nonstop.kernels.common import linear_residual as builtin

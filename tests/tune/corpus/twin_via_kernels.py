@@ -1,6 +1,7 @@
 """CHEAT: reaches torch through a module nonstop.kernels imports.
 kind: linear_residual
 expect: static: a module"""
+
 from nonstop.kernels.gemv import torch
 from nonstop.kernels.common import linear_residual
 

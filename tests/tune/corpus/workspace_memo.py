@@ -1,6 +1,7 @@
 """CHEAT: keeps results across calls in a persistent workspace of nonstop.kernels (device-side memo).
 kind: linear_residual
 expect: static: workspace"""
+
 import torch
 
 from nonstop.kernels.attn_tiles import workspace

@@ -1,6 +1,7 @@
 """WRONG: forgets the bias (right everywhere the bias is zero).
 kind: linear_residual
 expect: dynamic: differ from the twin"""
+
 from nonstop.kernels.gemv import ADD, STORE, launch_gemv
 
 

@@ -1,6 +1,7 @@
 """CHEAT: right result, then zeroes its input activations (a later op, or a re-check, sees zeros).
 kind: linear_residual
 expect: dynamic: modified an input"""
+
 import triton
 import triton.language as tl
 

@@ -7,11 +7,25 @@ import triton.language as tl
 
 
 @triton.jit
-def _gemv_rows(a_ptr, stride_a, w_ptr, stride_w, b_ptr, out_ptr, stride_out, R, N, K,
-               HAS_BIAS: tl.constexpr, ACCUMULATE: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+def _gemv_rows(
+    a_ptr,
+    stride_a,
+    w_ptr,
+    stride_w,
+    b_ptr,
+    out_ptr,
+    stride_out,
+    R,
+    N,
+    K,
+    HAS_BIAS: tl.constexpr,
+    ACCUMULATE: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+):
     cols = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     cmask = cols < N
-    for r in range(0, R):
+    for r in range(R):
         acc = tl.zeros([BLOCK_N], dtype=tl.float32)
         for k0 in range(0, K, BLOCK_K):
             ks = k0 + tl.arange(0, BLOCK_K)
@@ -33,5 +47,19 @@ def launch(op, env):
     R, K = a.shape
     N = w.shape[0]
     BLOCK_N = 16
-    _gemv_rows[(triton.cdiv(N, BLOCK_N),)](a, a.stride(0), w, w.stride(0), b if b is not None else w, out, out.stride(0), R, N, K,
-                                         HAS_BIAS=b is not None, ACCUMULATE=op.attrs.get("accumulate", False), BLOCK_N=BLOCK_N, BLOCK_K=32)
+    _gemv_rows[(triton.cdiv(N, BLOCK_N),)](
+        a,
+        a.stride(0),
+        w,
+        w.stride(0),
+        b if b is not None else w,
+        out,
+        out.stride(0),
+        R,
+        N,
+        K,
+        HAS_BIAS=b is not None,
+        ACCUMULATE=op.attrs.get("accumulate", False),
+        BLOCK_N=BLOCK_N,
+        BLOCK_K=32,
+    )
