@@ -20,7 +20,7 @@ from nonstop.tune.candidate import RoundContext
 from nonstop.tune.cases import random_model_meta, variants
 from nonstop.tune.timing import peak_bandwidth
 
-MAX_KERNEL_SOURCE = 14_000
+MAX_KERNEL_SOURCE = 24_000
 RULES = """\
 Rules (a static checker and a sandboxed verifier enforce them; a file that breaks one is rejected):
 - Compute only in @triton.jit kernels. Host code in launch() computes pointers, strides, sizes and grids,
@@ -65,17 +65,29 @@ def twin_text(kind: str) -> str:
 
 
 def kernel_text(kind: str) -> str:
-    """The built-in launcher and the Triton kernels it launches (truncated to ``MAX_KERNEL_SOURCE``)."""
+    """The built-in launcher and the Triton kernels it launches, with the tile functions they call (two
+    levels deep; truncated to ``MAX_KERNEL_SOURCE``)."""
     from nonstop.kernels import KERNELS
 
     fn = KERNELS[kind]
-    module = inspect.getmodule(fn)
-    parts = [f"# {module.__name__}\n{inspect.getsource(fn)}"]
-    for name in sorted(_called_names(fn) | _subscripted(fn)):
-        obj = getattr(module, name, None)
-        inner = getattr(obj, "fn", None)
-        if inner is not None and inspect.isfunction(inner):
-            parts.append(inspect.getsource(inner))
+    parts = [f"# {inspect.getmodule(fn).__name__}\n{inspect.getsource(fn)}"]
+    seen: set = set()
+    frontier = [fn]
+    for _ in range(3):  # launcher -> kernels -> tiles -> their helpers
+        found = []
+        for f in frontier:
+            module = inspect.getmodule(f)
+            for name in sorted(_called_names(f) | _subscripted(f)):
+                obj = getattr(module, name, None)
+                jit = getattr(obj, "fn", None)
+                inner = jit if jit is not None else obj
+                if not inspect.isfunction(inner) or inner in seen or not inner.__module__.startswith("nonstop.kernels"):
+                    continue
+                seen.add(inner)
+                found.append(inner)
+                decorator = "@triton.jit\n" if jit is not None else ""
+                parts.append(f"# {inner.__module__}\n{decorator}{inspect.getsource(inner)}")
+        frontier = found
     text = "\n".join(parts)
     return text if len(text) <= MAX_KERNEL_SOURCE else text[:MAX_KERNEL_SOURCE] + "\n# ... (truncated)"
 

@@ -45,6 +45,17 @@ TORCH_CUDA_ALLOWED = set(
 TRITON_ALLOWED = {"jit", "cdiv", "next_power_of_2", "language"}
 TL_BANNED = {"inline_asm_elementwise", "globaltimer", "clock", "core", "semantic", "standard", "random", "runtime"}
 ALLOWED_MODULES = {"torch", "triton", "triton.language", "math", "typing", "__future__"}
+# attributes a Triton kernel may use on its values (tensors, pointers, dtypes, constexprs); under the CPU
+# interpreter kernel bodies run as Python, so nothing else (e.g. a NumPy handle's file methods) is reachable
+JIT_ATTRS = set("""
+    T abs argmax argmin associative_scan atomic_add atomic_and atomic_cas atomic_max atomic_min atomic_or
+    atomic_xchg atomic_xor broadcast_to cast cdiv ceil cos cumprod cumsum dtype element_ty erf exp exp2 expand_dims
+    flip floor fp_mantissa_width gather histogram int_bitwidth is_bf16 is_block is_bool is_floating is_fp16 is_fp32
+    is_fp64 is_fp8 is_int is_int1 is_int16 is_int32 is_int64 is_int8 is_int_signed is_int_unsigned is_ptr
+    is_standard_floating is_uint16 is_uint32 is_uint64 is_uint8 kind log log2 logical_and logical_or max min numel
+    permute primitive_bitwidth ravel reduce reshape rsqrt scalar shape sigmoid sin softmax sort split sqrt sqrt_rn
+    sum to trans type value view with_element_ty xor_sum
+""".split())
 BUILTINS_IN_KERNELS = {"range", "min", "max", "len", "abs", "int", "float", "bool", "print", "tuple", "isinstance"}
 
 BANNED_NAMES = set("""
@@ -486,6 +497,10 @@ class _Checker:
                     if isinstance(sub, ast.Name):
                         local.add(sub.id)
         for node in ast.walk(fn):
+            if isinstance(node, ast.Attribute) and node.attr not in JIT_ATTRS:
+                chain = _chain(node)
+                if not (chain and chain[0] in self.modules):
+                    self.p.add(node, f".{node.attr} is not a Triton attribute (kernel {fn.name})")
             if isinstance(node, ast.Name) and isinstance(node.ctx, ast.Load):
                 n = node.id
                 if n in local or n in self.consts or n in self.jit or n in BUILTINS_IN_KERNELS:

@@ -98,3 +98,23 @@ def test_kernels_are_only_called(body):
 ])  # fmt: skip
 def test_kernels_are_module_level_jit_only(source):
     assert static_check(source)
+
+
+def test_kernels_use_triton_attributes_only():
+    """Under the interpreter a kernel body is Python: a NumPy handle's file or ctypes methods must be out of
+    reach. Every attribute the built-in kernels use on their values is allowed."""
+    import ast
+    from pathlib import Path
+
+    from nonstop.tune.static_check import JIT_ATTRS
+
+    source = src("import triton", "@triton.jit", "def k(x_ptr):", "    x_ptr.handle.data.tofile('/tmp/x')",
+                 *LAUNCH_K)  # fmt: skip
+    assert any("not a Triton attribute" in p for p in static_check(source))
+    used = set()
+    for path in (Path(__file__).resolve().parents[2] / "nonstop" / "kernels").glob("*.py"):
+        for fn in ast.walk(ast.parse(path.read_text())):
+            if isinstance(fn, ast.FunctionDef) and any("jit" in ast.unparse(d) for d in fn.decorator_list):
+                attrs = [n for n in ast.walk(fn) if isinstance(n, ast.Attribute)]
+                used |= {n.attr for n in attrs if ast.unparse(n).split(".")[0] not in ("tl", "triton")}
+    assert used <= JIT_ATTRS, used - JIT_ATTRS
