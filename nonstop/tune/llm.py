@@ -5,7 +5,9 @@
 ``--llm-api-key-env`` (default ``OPENAI_API_KEY``; no key: no Authorization header). Each round sends
 ``n`` independent requests with the same prompt (``prompt.build_prompt``: it carries the previous
 round's verifier messages) at the given temperature; the file is the fenced Python block of each
-reply (``candidate.extract_code``). Standard library only (``urllib``).
+reply (``candidate.extract_code``). An endpoint that refuses the prompt as too long for its context
+gets the compact prompt (without the current kernel's source) from then on. Standard library only
+(``urllib``).
 """
 
 from __future__ import annotations
@@ -21,6 +23,10 @@ from nonstop.tune.prompt import build_prompt
 
 class EndpointError(ValueError):
     """The endpoint cannot be used at all (unreachable, refused the key, unknown model): one clear line."""
+
+
+class ContextTooLong(RuntimeError):
+    """The endpoint refused the prompt as longer than its context (HTTP 400)."""
 
 
 class LLMProposer:
@@ -47,6 +53,7 @@ class LLMProposer:
         self.timeout_s = timeout_s
         self.name = f"llm:{model}"
         self.prompts: list[str] = []  # the user messages sent (for reports and tests)
+        self.compact = False  # set when the endpoint's context is too short for the full prompt
 
     def ask(self, system: str, user: str) -> str:
         body = json.dumps(
@@ -68,6 +75,8 @@ class LLMProposer:
             detail = exc.read().decode(errors="replace")[:300]
             if exc.code in (401, 403, 404):
                 raise EndpointError(f"{self.url} answered HTTP {exc.code}: {detail}") from None
+            if exc.code == 400 and "context" in detail.lower():
+                raise ContextTooLong(detail) from None
             raise RuntimeError(f"HTTP {exc.code}: {detail}") from None
         except urllib.error.URLError as exc:
             raise EndpointError(f"cannot reach {self.url}: {exc.reason}") from None
@@ -77,7 +86,7 @@ class LLMProposer:
             raise RuntimeError(f"not a chat completion: {json.dumps(data)[:300]}") from None
 
     def propose(self, context: RoundContext, n: int) -> list[Candidate]:
-        system, user = build_prompt(context)
+        system, user = build_prompt(context, compact=self.compact)
         out = []
         for i in range(n):
             cid = f"r{context.round}c{i + 1}"
@@ -86,6 +95,22 @@ class LLMProposer:
                 reply = self.ask(system, user)
             except EndpointError:
                 raise
+            except ContextTooLong:
+                if self.compact:
+                    out.append(
+                        Candidate(
+                            cid, "", self.name, error="the prompt is longer than the endpoint's context, even compact"
+                        )
+                    )
+                    continue
+                self.compact = True  # once: drop the current kernel's source from the prompt
+                system, user = build_prompt(context, compact=True)
+                self.prompts[-1] = user
+                try:
+                    reply = self.ask(system, user)
+                except (RuntimeError, TimeoutError, OSError, json.JSONDecodeError) as exc:
+                    out.append(Candidate(cid, "", self.name, error=f"the endpoint failed: {exc}"[:300]))
+                    continue
             except (RuntimeError, TimeoutError, OSError, json.JSONDecodeError) as exc:
                 out.append(Candidate(cid, "", self.name, error=f"the endpoint failed: {exc}"[:300]))
                 continue

@@ -153,8 +153,13 @@ def roofline_text(context: RoundContext) -> str:
     return "\n".join(lines) or "(no tuned shapes on this machine)"
 
 
-def build_prompt(context: RoundContext) -> tuple[str, str]:
-    """(system, user) messages for one candidate of ``context.round``."""
+def _section(title: str, code: str) -> str:
+    return f"## {title}\n```python\n{code}\n```\n"
+
+
+def build_prompt(context: RoundContext, compact: bool = False) -> tuple[str, str]:
+    """(system, user) messages for one candidate of ``context.round``; ``compact`` leaves out the current
+    kernel's source (for endpoints with a short context)."""
     t = context.target
     system = (
         "You write fast, correct Triton kernels for nonstop, an LLM inference engine. Decode super-ops are "
@@ -174,11 +179,7 @@ of {t.model} ({dtype}, {t.device}).
 {twin_text(t.kind)}
 ```
 
-## The current kernel (built-in)
-```python
-{kernel_text(t.kind)}
-```
-
+{"" if compact else _section("The current kernel (built-in)", kernel_text(t.kind))}
 ## Shapes and roofline
 {roofline_text(context)}
 

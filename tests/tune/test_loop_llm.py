@@ -35,6 +35,7 @@ class ScriptedEndpoint(ThreadingHTTPServer):
         super().__init__(("127.0.0.1", 0), _Handler)
         self.requests: list[dict] = []
         self.lock = threading.Lock()
+        self.max_prompt = 0  # > 0: refuse longer prompts as over the context (HTTP 400)
 
     @property
     def base_url(self) -> str:
@@ -47,6 +48,15 @@ class _Handler(BaseHTTPRequestHandler):
             self.send_error(404)
             return
         body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+        if self.server.max_prompt and len(body["messages"][-1]["content"]) > self.server.max_prompt:
+            error = json.dumps(
+                {"error": {"message": "maximum context length exceeded", "code": "context_length_exceeded"}}
+            )
+            self.send_response(400)
+            self.send_header("Content-Length", str(len(error)))
+            self.end_headers()
+            self.wfile.write(error.encode())
+            return
         with self.server.lock:
             self.server.requests.append({"body": body, "auth": self.headers.get("Authorization")})
             reply = REPLIES[min(len(self.server.requests), len(REPLIES)) - 1]
@@ -176,3 +186,21 @@ def test_unreachable_endpoint_is_one_clear_line(tmp_path, capsys):
     assert exc.value.code == 2
     err = capsys.readouterr().err
     assert "cannot reach http://127.0.0.1:9/v1/chat/completions" in err and "Traceback" not in err
+
+
+def test_short_context_endpoint_gets_the_compact_prompt(endpoint):
+    """An endpoint that refuses the full prompt as too long gets it without the current kernel's source."""
+    from nonstop.tune.candidate import RoundContext
+    from nonstop.tune.llm import LLMProposer
+    from tests.tune.helpers import tiny_target
+
+    endpoint.max_prompt = 6000
+    proposer = LLMProposer(endpoint.base_url, "scripted", api_key_env="")
+    (candidate,) = proposer.propose(RoundContext(1, 1, tiny_target("linear_residual"), [], {}, {}), 1)
+    assert candidate.error is None and candidate.source == extract_code(REPLIES[0])
+    assert (
+        proposer.compact
+        and "## The current kernel" not in proposer.prompts[-1]
+        and "## The twin" in proposer.prompts[-1]
+    )
+    assert len(proposer.prompts[-1]) <= 6000 and endpoint.requests[0]["auth"] is None
