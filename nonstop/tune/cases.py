@@ -280,6 +280,16 @@ def build_state(spec: CaseSpec, kind: str, device, weight_seed: int, input_seed:
     return state
 
 
+def twin_on(packed, device) -> list[torch.Tensor]:
+    """The storages of a packed state (``state.Packed``) after the twin ran on a rebuilt copy of it."""
+    from nonstop.tune.state import unpack
+
+    rebuilt = unpack(packed, device, torch.Generator().manual_seed(0))
+    roots = rebuilt.state
+    run_twin(State(roots["op"], roots["buf"], roots["cache"], roots["batch"]))
+    return [rebuilt.body(i).cpu().clone() for i in range(len(packed.storages))]
+
+
 def run_twin(state: State) -> None:
     """The kind's plain-torch twin on ``state`` (in place)."""
     REFERENCE[state.op.kind](state.op, state.env())

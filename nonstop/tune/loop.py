@@ -160,7 +160,8 @@ def tune(
         report.outcomes += previous
         n_ok = sum(o.accepted for o in previous)
         missing = sum(bool(o.candidate.error) for o in previous)
-        counts = f"{n_ok} accepted, {len(previous) - n_ok - missing} rejected" + (f", {missing} not produced" if missing else "")
+        counts = f"{n_ok} accepted, {len(previous) - n_ok - missing} rejected"
+        counts += f", {missing} not produced" if missing else ""
         say(
             f"round {r}/{rounds}: {len(previous)} candidates, {counts}; "
             f"best so far for {sum(k in report.best for k in keys)}/{len(keys)} shape(s)"

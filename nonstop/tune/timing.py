@@ -24,9 +24,9 @@ from dataclasses import dataclass
 
 import torch
 
-from nonstop.tune.cases import CaseSpec, State, build_state, run_twin
+from nonstop.tune.cases import CaseSpec, State, build_state, run_twin, twin_on
 from nonstop.tune.judge import judge_call
-from nonstop.tune.state import Packed, pack, unpack
+from nonstop.tune.state import Packed, pack
 
 WEIGHT_DRAWS, INPUT_DRAWS = 4, 16  # 64 pairings: launches of one timing, each pairing once
 CHECKED = 8  # random timed launches whose outputs are checked (plus the last)
@@ -136,10 +136,7 @@ def plan_timing(key: str, spec: CaseSpec, kind: str, device, rng: random.Random)
 def twin_after(plan: TimingPlan, launch: int, device) -> tuple[Packed, list[torch.Tensor]]:
     """(the packed pairing of ``launch``, its storages after the twin ran on it)."""
     packed = plan.pairing(launch)
-    rebuilt = unpack(packed, device, torch.Generator().manual_seed(0))
-    roots = rebuilt.state
-    run_twin(State(roots["op"], roots["buf"], roots["cache"], roots["batch"]))
-    return packed, [rebuilt.body(i).cpu().clone() for i in range(len(packed.storages))]
+    return packed, twin_on(packed, device)
 
 
 def judge_timing(plan: TimingPlan, measured: dict, bytes_moved: int, device, tol) -> tuple[list[str], dict]:

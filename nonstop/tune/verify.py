@@ -7,8 +7,9 @@
    B and T, one speculative ``keep_states`` step), at least ``MIN_CASES`` in all, drawn from a fresh
    random seed per verification; per case two independent states A and B (``cases.build_state``);
    the twin runs here on each.
-3. One child process (``sandbox.run_child``) runs the candidate on A, on a fresh copy of A, then on B,
-   case after case; on a GPU it then times each tuned shape (``child_run.time_shape``).
+3. One child process (``sandbox.run_child``) runs the calls of ``call_plan`` (A, a fresh copy of A,
+   B; in the first cases also A's inputs with B's weights and B's inputs with A's weights), case after
+   case; on a GPU it then times each tuned shape (``child_run.time_shape``).
 4. ``judge`` decides; timing is checked against the twin on the timed launches' outputs and against
    the op's bandwidth floor (``timing.floor_seconds``): faster than the floor is impossible.
 """
@@ -25,7 +26,7 @@ from pathlib import Path
 
 import torch
 
-from nonstop.tune.cases import CaseSpec, State, build_state, hidden_config, run_twin
+from nonstop.tune.cases import CaseSpec, State, build_state, hidden_config, run_twin, twin_on
 from nonstop.tune.judge import TOLERANCE, judge_call, judge_determinism, no_op_detectable
 from nonstop.tune.sandbox import run_child
 from nonstop.tune.state import Packed, pack, snapshot
@@ -35,6 +36,7 @@ from nonstop.tune.timing import TimingPlan, judge_timing, plan_timing
 
 MIN_CASES = 5
 HIDDEN_CASES = 3
+MIXED_CASES = 2  # cases that also swap weights between A and B (see ``call_plan``)
 
 
 @dataclass
@@ -83,6 +85,21 @@ def plan(target: Target, rng: random.Random, hidden: int = HIDDEN_CASES) -> list
     return specs
 
 
+def with_weights_of(a: Prepared, b: Prepared, kind: str, device) -> Prepared:
+    """State ``a`` with the op's weights of ``b`` (same case: same weight shapes), its twin run here."""
+    storages = list(a.packed.storages)
+    for path, index in a.packed.paths.items():
+        if path.startswith("op."):
+            sa, sb = a.packed.views[index].storage, b.packed.views[b.packed.paths[path]].storage
+            if storages[sa].numel() != b.packed.storages[sb].numel():
+                raise RuntimeError(f"verifier: {kind} weights of one case differ in size at {path}")
+            storages[sa] = b.packed.storages[sb]
+    packed = Packed(a.packed.skeleton, a.packed.views, storages, a.packed.paths)
+    after = twin_on(packed, device)
+    outputs = [i for i, (x, y) in enumerate(zip(packed.storages, after)) if not torch.equal(x, y)]
+    return Prepared(a.spec, packed, after, outputs)
+
+
 def prepare(spec: CaseSpec, kind: str, device, weight_seed: int, input_seed: int) -> Prepared:
     state: State = build_state(spec, kind, device, weight_seed, input_seed)
     packed = pack(state.roots())
@@ -96,19 +113,42 @@ def prepare(spec: CaseSpec, kind: str, device, weight_seed: int, input_seed: int
     return Prepared(spec, packed, after, outputs)
 
 
-def _write_job(jobdir: Path, source: str, target: Target, cases: list[Prepared], timing: dict[str, TimingPlan]) -> None:
+@dataclass
+class Call:
+    state: int  # index into the prepared states
+    label: str
+    same_as: int | None = None  # index of an earlier call on a copy of the same state (determinism)
+
+
+def call_plan(cases: list[Prepared], specs: list[CaseSpec], kind: str, device) -> tuple[list[Prepared], list[Call]]:
+    """Per case: A, a fresh copy of A (determinism), then B right after (a stale answer shows). The first
+    ``MIXED_CASES`` cases also run A's inputs with B's weights right after A, and B's inputs with A's weights
+    right after B: a result cached by inputs alone or by weights alone is stale there."""
+    states = list(cases)
+    calls: list[Call] = []
+    for c, spec in enumerate(specs):
+        a, b = 2 * c, 2 * c + 1
+        name = f"case {c + 1} ({spec.describe()})"
+        calls += [Call(a, f"{name}, call on A"), Call(a, f"{name}, call on A again", same_as=len(calls))]
+        if c < MIXED_CASES:
+            states.append(with_weights_of(cases[a], cases[b], kind, device))
+            calls.append(Call(len(states) - 1, f"{name}, call on A's inputs with B's weights"))
+        calls.append(Call(b, f"{name}, call on B"))
+        if c < MIXED_CASES:
+            states.append(with_weights_of(cases[b], cases[a], kind, device))
+            calls.append(Call(len(states) - 1, f"{name}, call on B's inputs with A's weights"))
+    return states, calls
+
+
+def _write_job(jobdir: Path, source: str, target: Target, states: list[Prepared], calls: list[Call], timing) -> None:
     (jobdir / "candidate.py").write_text(source)
-    states = [p.packed for p in cases]
-    calls = []
-    for i in range(0, len(cases), 2):  # A, a fresh copy of A, then B
-        calls += [{"state": i}, {"state": i}, {"state": i + 1}]
     job = {
         "kind": target.kind,
         "device": str(target.device),
         "candidate": str(jobdir / "candidate.py"),
-        "states": states,
-        "outputs": [p.outputs for p in cases],
-        "calls": calls,
+        "states": [p.packed for p in states],
+        "outputs": [p.outputs for p in states],
+        "calls": [{"state": c.state} for c in calls],
         "timing": {key: plan.job() for key, plan in timing.items()},
     }
     torch.save(job, jobdir / "job.pt")
@@ -151,19 +191,20 @@ def verify(
                 "tuned", target.cfg, target.dtype, shape.B, shape.T, False, shape.variant, context=target.context
             )
             timing[shape.key] = plan_timing(shape.key, spec, target.kind, target.device, rng)
+    states, calls = call_plan(cases, specs, target.kind, target.device)
     record.update(
         master_seed=master,
         cases=[s.describe() for s in specs],
-        calls=3 * len(specs),
+        calls=len(calls),
         build_s=round(time.perf_counter() - t0, 2),
     )
     say(
-        f"{len(specs)} cases ({sum(s.label == 'hidden' for s in specs)} hidden), {3 * len(specs)} calls"
+        f"{len(specs)} cases ({sum(s.label == 'hidden' for s in specs)} hidden), {len(calls)} calls"
         + (f", timing {len(timing)} shape(s)" if timing else "")
     )
     jobdir = Path(tempfile.mkdtemp(prefix="nonstop-verify-"))
     try:
-        _write_job(jobdir, source, target, cases, timing)
+        _write_job(jobdir, source, target, states, calls, timing)
         if target.device.type == "cuda":
             torch.cuda.empty_cache()  # leave the child the memory this process's allocator holds
         t1 = time.perf_counter()
@@ -180,14 +221,14 @@ def verify(
         )
         tail = run.stderr.strip().splitlines()[-1:] if run.stderr.strip() else []
         return Verdict(False, [why + (f": {tail[0][:300]}" if tail else "")], {**record, "stage": "run"})
-    return _judge(run.result, target, specs, cases, timing, record)
+    return _judge(run.result, target, states, calls, timing, record)
 
 
 def _judge(
     result: dict,
     target: Target,
-    specs: list[CaseSpec],
-    cases: list[Prepared],
+    states: list[Prepared],
+    calls: list[Call],
     timing: dict[str, TimingPlan],
     record: dict,
 ) -> Verdict:
@@ -200,22 +241,17 @@ def _judge(
         problems.append(f"importing the candidate replaced {', '.join(result['patched_on_import'])}")
     if result.get("threads_on_import"):
         problems.append(f"importing the candidate started {result['threads_on_import']} thread(s)")
-    calls = result["calls"]
+    recs = result["calls"]
     gpu = target.device.type == "cuda"
-    for n, rec in enumerate(calls):
-        case = n // 3
-        which = ("A", "A again", "B")[n % 3]
-        prepared = cases[rec["state"]]
-        label = f"case {case + 1} ({prepared.spec.describe()}), call on {which}"
-        problems += judge_call(
-            rec, prepared.packed, prepared.after, prepared.outputs, TOLERANCE[prepared.spec.dtype], label
-        )
-        if not problems and n % 3 == 1:
-            problems += judge_determinism(calls[n - 1], rec, prepared.packed, target.kind, gpu, label)
+    for call, rec in zip(calls, recs):
+        p = states[call.state]
+        problems += judge_call(rec, p.packed, p.after, p.outputs, TOLERANCE[p.spec.dtype], call.label)
+        if not problems and call.same_as is not None:
+            problems += judge_determinism(recs[call.same_as], rec, p.packed, target.kind, gpu, call.label)
         if problems:
             break
-    if not problems and len(calls) != 3 * len(specs):
-        problems.append(f"the verification stopped after {len(calls)} of {3 * len(specs)} calls")
+    if not problems and len(recs) != len(calls):
+        problems.append(f"the verification stopped after {len(recs)} of {len(calls)} calls")
     record["stage"] = "dynamic"
     if problems:
         return Verdict(False, problems[:6], record)
@@ -248,6 +284,7 @@ CHECKS = [
     "within dtype tolerance of the twin",
     "determinism (A twice)",
     "new inputs after old (B)",
+    "swapped weights / inputs (no result cache)",
     "no torch compute / host reads in the candidate",
     "Triton launch ran",
     "no patched functions, no threads",

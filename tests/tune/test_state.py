@@ -52,3 +52,25 @@ def test_case_states_poison_what_the_op_writes_and_the_twin_fills_it():
     }
     assert changed == {"buf.gqa_q", "cache.layers[0].tensors.k", "cache.layers[0].tensors.v"}
     assert state.buf["gqa_q"].isfinite().all() and layer.tensors["k"][rows].isfinite().all()
+
+
+def test_swapped_weights_states_have_their_own_twin():
+    """The verifier's mixed call: A's buffers and caches with B's weights, and the twin's answer for that."""
+    from nonstop.tune.verify import call_plan, prepare
+
+    t = tiny_target("linear_residual")
+    spec = CaseSpec("tuned", t.cfg, t.dtype, 3, 1, False, 0)
+    a, b = prepare(spec, "linear_residual", "cpu", 1, 2), prepare(spec, "linear_residual", "cpu", 3, 4)
+    states, calls = call_plan([a, b], [spec], "linear_residual", "cpu")
+    assert [c.label.split("call on ")[1] for c in calls] == ["A", "A again", "A's inputs with B's weights", "B",
+                                                             "B's inputs with A's weights"]  # fmt: skip
+    mixed = states[calls[2].state]
+    def storage(p, path):
+        return p.packed.views[p.packed.paths[path]].storage
+
+    w, x = storage(a, "op.weights.w"), storage(a, "buf.attn_out")
+    assert torch.equal(mixed.packed.storages[w], b.packed.storages[storage(b, "op.weights.w")])
+    assert torch.equal(mixed.packed.storages[x], a.packed.storages[x])
+    out = a.packed.views[a.packed.paths["buf.h"]].storage
+    assert mixed.outputs == [out] and not torch.equal(mixed.after[out], a.after[out])
+    assert calls[1].same_as == 0
