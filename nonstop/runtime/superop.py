@@ -46,6 +46,7 @@ from nonstop.runtime.cuda_graph import (
 )
 from nonstop.runtime.interface import Executor
 from nonstop.runtime.launch_count import LaunchCounter
+from nonstop.runtime.tuned import use_tuned
 
 
 def kernel_table() -> dict:
@@ -161,6 +162,8 @@ class SuperOpExecutor(Executor):
             "graphs": graphs_reason,
             "pdl": ("on: " if self.pdl else "off: ") + pdl_reason,
         }
+        if use_kernels:  # stored winners of `nonstop tune` for this device (runtime/tuned.py); the built-ins otherwise
+            self.impl = use_tuned(self.impl, self.program, self.device, self.stats)
 
     @property
     def max_rows(self) -> int:

@@ -1,0 +1,159 @@
+"""Reading the tuning store: the verified kernels ``nonstop tune`` kept, used by the ``superop`` executor.
+
+The store is one JSON file (default ``~/.cache/nonstop/tuning.json``; ``NONSTOP_TUNING_STORE`` names
+another, ``off`` disables it) written by ``nonstop/tune/store.py``::
+
+    {"version": 1, "entries": {DEVICE: {KIND: {SHAPE: {"kernel": "kernels/<kind>-<sha>.py",
+                                                       "sha256": ..., "proposer": ..., ...}}}}}
+
+DEVICE is ``device_name`` (the CUDA device name, or "cpu" for the Triton interpreter), SHAPE is
+``shape_key(op, B, T)``: the step shape and the op's weight shapes and dtype. A kernel file is a
+candidate that passed ``nonstop tune verify`` at that shape on that device; its SHA-256 is checked
+again before it is imported, and a file that is missing, altered or fails to import is skipped with
+a warning (the built-in kernel runs).
+
+``use_tuned(table, program, device, stats)`` returns the executor's kernel table with every kind that
+has stored winners for this device wrapped: a call looks up (op shape, B, T) and runs the stored
+``launch`` or, for shapes without one, the built-in kernel. This module reads only; it imports nothing
+from ``nonstop.tune``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import json
+import os
+import warnings
+from pathlib import Path
+
+import torch
+
+STORE_ENV = "NONSTOP_TUNING_STORE"
+
+
+def store_path() -> Path | None:
+    """The store file: ``$NONSTOP_TUNING_STORE``, else ``$XDG_CACHE_HOME/nonstop/tuning.json`` (default
+    ``~/.cache``); None when the variable is "off", "0" or empty."""
+    value = os.environ.get(STORE_ENV)
+    if value is not None:
+        return None if value.strip().lower() in ("", "0", "off", "none") else Path(value).expanduser()
+    cache = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(cache) / "nonstop" / "tuning.json"
+
+
+def device_name(device) -> str:
+    """The store's device key: the CUDA device name (e.g. "NVIDIA H100 80GB HBM3"), or "cpu"."""
+    device = torch.device(device)
+    if device.type == "cuda":
+        return torch.cuda.get_device_name(device)
+    return device.type
+
+
+def shape_key(op, B: int, T: int, act_dtype=None) -> str:
+    """ "B1xT1 w=2048x2048 b=2048 bfloat16": the step shape, the op's weight shapes (by role, sorted) -
+    or, for an op without weights (attention), its integer attributes - and the dtype of its first
+    floating-point weight (else ``act_dtype``, the dtype of its activations)."""
+    if op.weights:
+        what = " ".join(f"{n}={'x'.join(map(str, t.shape))}" for n, t in sorted(op.weights.items()))
+    else:
+        what = " ".join(
+            f"{k}={v}"
+            for k, v in sorted(op.attrs.items())
+            if isinstance(v, int) and not isinstance(v, bool) and k != "cache_layer"
+        )
+    dtype = next((t.dtype for _, t in sorted(op.weights.items()) if t.is_floating_point()), act_dtype)
+    return f"B{B}xT{T} {what} {str(dtype).removeprefix('torch.')}"
+
+
+def load_store(path: Path | None) -> dict:
+    """The store's JSON ({"version", "entries"}), empty when there is none or it cannot be read."""
+    if path is None or not path.exists():
+        return {"version": 1, "entries": {}}
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, json.JSONDecodeError) as exc:
+        warnings.warn(
+            f"tuning store {path} unreadable ({exc}); using the built-in kernels", RuntimeWarning, stacklevel=2
+        )
+        return {"version": 1, "entries": {}}
+    if not isinstance(data, dict) or not isinstance(data.get("entries"), dict):
+        return {"version": 1, "entries": {}}
+    return data
+
+
+def load_kernel(root: Path, entry: dict):
+    """The ``launch`` of a stored kernel file after checking its SHA-256; None (with a warning) if the
+    file is missing, changed since it was verified, or does not import."""
+    path = root / entry.get("kernel", "")
+    try:
+        source = path.read_bytes()
+    except OSError:
+        warnings.warn(f"tuned kernel {path} is missing; using the built-in kernel", RuntimeWarning, stacklevel=2)
+        return None
+    if hashlib.sha256(source).hexdigest() != entry.get("sha256"):
+        warnings.warn(
+            f"tuned kernel {path} changed since it was verified (SHA-256 differs); using the built-in kernel",
+            RuntimeWarning,
+            stacklevel=2,
+        )
+        return None
+    try:
+        spec = importlib.util.spec_from_file_location(f"nonstop_tuned_{entry['sha256'][:16]}", path)
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+        return module.launch
+    except Exception as exc:  # noqa: BLE001 - a stored file that no longer imports must not stop a run
+        warnings.warn(
+            f"tuned kernel {path} does not import ({type(exc).__name__}: {exc}); using the built-in kernel",
+            RuntimeWarning,
+            stacklevel=2,
+        )
+        return None
+
+
+class TunedKind:
+    """The launch function of one kind with stored winners: per (op shape, B, T) the stored kernel,
+    else the built-in ``fallback``. ``used`` counts the calls that ran a stored kernel, by shape key."""
+
+    def __init__(self, kind: str, fallback, entries: dict, root: Path):
+        self.kind = kind
+        self.fallback = fallback
+        self.entries = entries
+        self.root = root
+        self.loaded: dict[str, object] = {}
+        self.keys: dict[tuple, str] = {}  # (id(op), B, T) -> shape key (the program's ops live as long as the executor)
+        self.used: dict[str, int] = {}
+
+    def launch_for(self, key: str):
+        if key not in self.loaded:
+            entry = self.entries.get(key)
+            self.loaded[key] = load_kernel(self.root, entry) if entry else None
+        return self.loaded[key]
+
+    def __call__(self, op, env, **kwargs):
+        at = (id(op), env.B, env.T)
+        key = self.keys.get(at)
+        if key is None:
+            key = self.keys[at] = shape_key(op, env.B, env.T, env.buf[op.reads[0]].dtype)
+        launch = self.launch_for(key) if key in self.entries else None
+        if launch is None or kwargs:
+            return self.fallback(op, env, **kwargs)
+        self.used[key] = self.used.get(key, 0) + 1
+        return launch(op, env)
+
+
+def use_tuned(table: dict, program, device, stats: dict | None = None) -> dict:
+    """``table`` with the kinds of ``program`` that have stored winners for ``device`` dispatched through
+    ``TunedKind``; ``stats["tuned"]`` (when given) lists them: {kind: {"shapes": n, "used": {key: calls}}}."""
+    path = store_path()
+    entries = load_store(path)["entries"].get(device_name(device), {})
+    kinds = {op.kind for op in program.ops} & set(entries) & set(table)
+    if not kinds:
+        return table
+    out = dict(table)
+    for kind in sorted(kinds):
+        out[kind] = TunedKind(kind, table[kind], entries[kind], path.parent)
+    if stats is not None:
+        stats["tuned"] = {k: {"shapes": len(entries[k]), "used": out[k].used} for k in sorted(kinds)}
+    return out

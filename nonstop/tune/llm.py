@@ -1,0 +1,118 @@
+"""The ``llm`` proposer: any OpenAI-compatible chat endpoint (``POST {base_url}/chat/completions``).
+
+``--llm-base-url`` (e.g. ``https://api.openai.com/v1``, a vLLM/SGLang server, or ``nonstop serve``'s own
+``http://127.0.0.1:8000/v1``), ``--llm-model``, and the API key from the environment variable named by
+``--llm-api-key-env`` (default ``OPENAI_API_KEY``; no key: no Authorization header). Each round sends
+``n`` independent requests with the same prompt (``prompt.build_prompt``: it carries the previous
+round's verifier messages) at the given temperature; the file is the fenced Python block of each
+reply (``candidate.extract_code``). An endpoint that refuses the prompt as too long for its context
+gets the compact prompt (without the current kernel's source) from then on. Standard library only
+(``urllib``).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import urllib.error
+import urllib.request
+
+from nonstop.tune.candidate import Candidate, RoundContext, extract_code
+from nonstop.tune.prompt import build_prompt
+
+
+class EndpointError(ValueError):
+    """The endpoint cannot be used at all (unreachable, refused the key, unknown model): one clear line."""
+
+
+class ContextTooLong(RuntimeError):
+    """The endpoint refused the prompt as longer than its context (HTTP 400)."""
+
+
+class LLMProposer:
+    def __init__(
+        self,
+        base_url: str,
+        model: str,
+        api_key_env: str = "OPENAI_API_KEY",
+        temperature: float = 0.7,
+        max_tokens: int = 8192,
+        timeout_s: float = 600.0,
+    ):
+        if not base_url:
+            raise ValueError(
+                "--llm-base-url is required with --proposer llm (an OpenAI-compatible endpoint, e.g. http://127.0.0.1:8000/v1)"
+            )
+        if not model:
+            raise ValueError("--llm-model is required with --proposer llm")
+        self.url = base_url.rstrip("/") + "/chat/completions"
+        self.model = model
+        self.key = os.environ.get(api_key_env) if api_key_env else None
+        self.temperature = temperature
+        self.max_tokens = max_tokens
+        self.timeout_s = timeout_s
+        self.name = f"llm:{model}"
+        self.prompts: list[str] = []  # the user messages sent (for reports and tests)
+        self.compact = False  # set when the endpoint's context is too short for the full prompt
+
+    def ask(self, system: str, user: str) -> str:
+        body = json.dumps(
+            {
+                "model": self.model,
+                "messages": [{"role": "system", "content": system}, {"role": "user", "content": user}],
+                "temperature": self.temperature,
+                "max_tokens": self.max_tokens,
+            }
+        ).encode()
+        headers = {"Content-Type": "application/json"}
+        if self.key:
+            headers["Authorization"] = f"Bearer {self.key}"
+        request = urllib.request.Request(self.url, data=body, headers=headers, method="POST")
+        try:
+            with urllib.request.urlopen(request, timeout=self.timeout_s) as response:
+                data = json.loads(response.read().decode())
+        except urllib.error.HTTPError as exc:
+            detail = exc.read().decode(errors="replace")[:300]
+            if exc.code in (401, 403, 404):
+                raise EndpointError(f"{self.url} answered HTTP {exc.code}: {detail}") from None
+            if exc.code == 400 and "context" in detail.lower():
+                raise ContextTooLong(detail) from None
+            raise RuntimeError(f"HTTP {exc.code}: {detail}") from None
+        except urllib.error.URLError as exc:
+            raise EndpointError(f"cannot reach {self.url}: {exc.reason}") from None
+        try:
+            return data["choices"][0]["message"]["content"] or ""
+        except (KeyError, IndexError, TypeError):
+            raise RuntimeError(f"not a chat completion: {json.dumps(data)[:300]}") from None
+
+    def propose(self, context: RoundContext, n: int) -> list[Candidate]:
+        system, user = build_prompt(context, compact=self.compact)
+        out = []
+        for i in range(n):
+            cid = f"r{context.round}c{i + 1}"
+            self.prompts.append(user)
+            try:
+                reply = self.ask(system, user)
+            except EndpointError:
+                raise
+            except ContextTooLong:
+                if self.compact:
+                    out.append(
+                        Candidate(
+                            cid, "", self.name, error="the prompt is longer than the endpoint's context, even compact"
+                        )
+                    )
+                    continue
+                self.compact = True  # once: drop the current kernel's source from the prompt
+                system, user = build_prompt(context, compact=True)
+                self.prompts[-1] = user
+                try:
+                    reply = self.ask(system, user)
+                except (RuntimeError, TimeoutError, OSError, json.JSONDecodeError) as exc:
+                    out.append(Candidate(cid, "", self.name, error=f"the endpoint failed: {exc}"[:300]))
+                    continue
+            except (RuntimeError, TimeoutError, OSError, json.JSONDecodeError) as exc:
+                out.append(Candidate(cid, "", self.name, error=f"the endpoint failed: {exc}"[:300]))
+                continue
+            out.append(Candidate(cid, extract_code(reply), self.name))
+        return out

@@ -1,0 +1,579 @@
+"""Static rules for a candidate kernel file (an allow-list: what is not allowed is rejected).
+
+A candidate is host code that computes pointers, strides and grids and launches Triton kernels. So:
+
+* imports (module level only): ``triton`` (``jit``, ``cdiv``, ``next_power_of_2``,
+  ``language``), ``triton.language`` (not ``inline_asm_elementwise``, timers or internals), ``torch``
+  (dtypes, ``empty``/``zeros`` allocation, ``torch.cuda`` device facts: nothing that computes), ``math``,
+  ``typing``, ``__future__``, and names from ``nonstop.kernels.*`` that are functions, Triton
+  kernels or constants defined there (never modules, containers or the twins);
+* module level: imports, function definitions (decorator ``triton.jit`` only, and only there: no
+  runtime ``triton.jit(f)``, no nested kernels) and constants (no module-level state, so no cache
+  across calls);
+* nowhere: try/except (fallbacks), with (streams, modes), classes (lazy tensors), global/nonlocal,
+  async, yield, imports inside functions, assignment to attributes or items (candidates do not modify
+  the objects they get: outputs are written by kernels), ``exec``/``eval``/``compile``/``__import__``/
+  ``getattr``/``open``/``globals``/``id`` ..., dunder or private attributes, frame and code attributes,
+  module objects passed around; in host code no tensor methods that compute, copy, read values or
+  reach storage (``data_ptr``, ``item``, ``copy_``, ``sum`` ...) and no mutating container methods;
+  in ``@triton.jit`` functions no torch and no calls to host functions;
+* ``launch(op, env)`` must exist at module level (a function, or a name imported from
+  ``nonstop.kernels``), and the file must contain or import a Triton kernel.
+
+The dynamic checks (``judge.py``) back every rule that matters: what slips through here is still run
+in the sandbox and compared with the twin.
+"""
+
+from __future__ import annotations
+
+import ast
+import importlib
+import inspect
+
+MAX_SOURCE = 200_000
+
+DTYPES = set("""
+    bfloat16 bool double float float16 float32 float64 float8_e4m3fn float8_e4m3fnuz float8_e5m2 float8_e5m2fnuz
+    float8_e8m0fnu half int int16 int32 int64 int8 long short uint16 uint32 uint64 uint8
+""".split())
+TORCH_ALLOWED = DTYPES | set(
+    "dtype device Tensor Size empty empty_like empty_strided zeros zeros_like finfo iinfo".split()
+)
+TORCH_CUDA_ALLOWED = set(
+    "get_device_properties get_device_capability get_device_name device_count current_device is_available".split()
+)
+TRITON_ALLOWED = {"jit", "cdiv", "next_power_of_2", "language"}
+TL_BANNED = {"inline_asm_elementwise", "globaltimer", "clock", "core", "semantic", "standard", "random", "runtime"}
+ALLOWED_MODULES = {"torch", "triton", "triton.language", "math", "typing", "__future__"}
+# attributes a Triton kernel may use on its values (tensors, pointers, dtypes, constexprs); under the CPU
+# interpreter kernel bodies run as Python, so nothing else (e.g. a NumPy handle's file methods) is reachable
+JIT_ATTRS = set("""
+    T abs argmax argmin associative_scan atomic_add atomic_and atomic_cas atomic_max atomic_min atomic_or
+    atomic_xchg atomic_xor broadcast_to cast cdiv ceil cos cumprod cumsum dtype element_ty erf exp exp2 expand_dims
+    flip floor fp_mantissa_width gather histogram int_bitwidth is_bf16 is_block is_bool is_floating is_fp16 is_fp32
+    is_fp64 is_fp8 is_int is_int1 is_int16 is_int32 is_int64 is_int8 is_int_signed is_int_unsigned is_ptr
+    is_standard_floating is_uint16 is_uint32 is_uint64 is_uint8 kind log log2 logical_and logical_or max min numel
+    permute primitive_bitwidth ravel reduce reshape rsqrt scalar shape sigmoid sin softmax sort split sqrt sqrt_rn
+    sum to trans type value view with_element_ty xor_sum
+""".split())
+BUILTINS_IN_KERNELS = {"range", "min", "max", "len", "abs", "int", "float", "bool", "print", "tuple", "isinstance"}
+
+BANNED_NAMES = set("""
+    BaseException GeneratorExit KeyboardInterrupt SystemExit __import__ asyncio atexit breakpoint builtins
+    classmethod compile concurrent copyright credits ctypes delattr dir eval exec exit functools gc getattr globals
+    hasattr hash help id importlib input inspect io license locals marshal memoryview multiprocessing nonstop np
+    numpy object open os pathlib pickle property quit random reload setattr shutil signal socket staticmethod
+    subprocess super sys threading time traceback type vars weakref
+""".split())
+# host-code attributes: storage and value access, copies, compute, stream tricks, container mutation
+BANNED_HOST_ATTRS = set("""
+    abs add add_ addcdiv addcmul addmm addmm_ all allclose any append apply apply_ argmax argsort backward baddbmm
+    bfloat16 bmm cat chunk clamp clamp_ clear clone contiguous copy_ cpu cuda cumsum data_ptr device_caches discard
+    div div_ dot double einsum eq equal exp extend fill_ flip float fn forward gather ge grad gt half index_add_
+    index_copy_ index_fill_ index_put index_put_ index_select insert int item kernel_cache launch_metadata le lerp
+    linalg load_state_dict log_softmax long lt map_ masked_fill_ masked_scatter_ masked_select matmul max maximum
+    mean min minimum mm mul mul_ mv ne neg new_tensor nonzero norm numpy outer pin_memory pop popitem pow put_
+    reciprocal record_stream register_buffer register_hook register_parameter relu remove repeat repeat_interleave
+    requires_grad_ resize_ resize_as_ reverse roll rsqrt run scatter_ scatter_add_ set_ setdefault share_memory_
+    sigmoid softmax sort split sqrt src stack state_dict storage stream sub sub_ sum synchronize tanh tensor tile
+    to tolist topk type_as unbind untyped_storage update warmup where
+""".split())
+FRAME_PREFIXES = ("f_", "co_", "gi_", "cr_", "ag_", "tb_")
+
+
+class _Problems(list):
+    def add(self, node, msg: str) -> None:
+        line = getattr(node, "lineno", None)
+        text = f"line {line}: {msg}" if line else msg
+        if text not in self and len(self) < 12:
+            self.append(text)
+
+
+def _chain(node) -> list[str] | None:
+    """["torch", "cuda", "synchronize"] for ``torch.cuda.synchronize``; None unless a Name starts it."""
+    names = []
+    while isinstance(node, ast.Attribute):
+        names.append(node.attr)
+        node = node.value
+    if isinstance(node, ast.Name):
+        return [node.id] + list(reversed(names))
+    return None
+
+
+def _is_const(node, consts: set[str]) -> bool:
+    if isinstance(node, ast.Constant):
+        return True
+    if isinstance(node, ast.Tuple):
+        return all(_is_const(e, consts) for e in node.elts)
+    if isinstance(node, ast.UnaryOp):
+        return _is_const(node.operand, consts)
+    if isinstance(node, ast.BinOp):
+        return _is_const(node.left, consts) and _is_const(node.right, consts)
+    if isinstance(node, ast.Name):
+        return node.id in consts
+    if isinstance(node, ast.Attribute):  # tl.float32, torch.bfloat16
+        return _chain(node) is not None
+    if isinstance(node, ast.Call):  # tl.constexpr(3)
+        c = _chain(node.func)
+        return (
+            c is not None
+            and c[-1] == "constexpr"
+            and all(_is_const(a, consts) for a in node.args)
+            and not node.keywords
+        )
+    return False
+
+
+def _in_module_decorator(node) -> bool:
+    while node is not None:
+        if getattr(node, "module_decorator", False):
+            return True
+        node = getattr(node, "parent", None)
+    return False
+
+
+def _called(node: ast.Name) -> bool:
+    """True if ``node`` is the function of a call, or the kernel of a ``kernel[grid](...)`` launch."""
+    parent = getattr(node, "parent", None)
+    if isinstance(parent, ast.Call) and parent.func is node:
+        return True
+    if isinstance(parent, ast.Subscript) and parent.value is node:
+        grand = getattr(parent, "parent", None)
+        return isinstance(grand, ast.Call) and grand.func is parent
+    return False
+
+
+def _literal(node) -> bool:
+    try:
+        ast.literal_eval(node)
+        return True
+    except (ValueError, TypeError, SyntaxError, RecursionError):
+        return False
+
+
+def _plain(value) -> bool:
+    """A constant a table may hold: numbers, strings, None, torch / Triton dtypes."""
+    return (
+        isinstance(value, (int, float, bool, str, type(None)))
+        or type(value).__name__ == "dtype"
+        or "dtype" in type(value).__name__
+    )
+
+
+def _kernel_object(obj) -> str | None:
+    """Why ``obj`` (imported from nonstop.kernels) may not be imported, or None if it may."""
+    if isinstance(obj, (int, float, bool, str, type(None))):
+        return None
+    if inspect.ismodule(obj):
+        return "a module"
+    if (
+        isinstance(obj, (dict, list, tuple))
+        and len(obj)
+        and all(_plain(v) for v in (list(obj.values()) + list(obj) if isinstance(obj, dict) else obj))
+    ):
+        return None  # a table of constants (mutation is ruled out: no item assignment, no mutating methods)
+    if isinstance(obj, (dict, list, set, bytearray)):
+        return "a mutable container (of more than constants)"
+    module = getattr(obj, "__module__", None) or getattr(getattr(obj, "fn", None), "__module__", "") or ""
+    fn = getattr(obj, "fn", obj)
+    if type(obj).__name__ in ("JITFunction", "InterpretedFunction", "constexpr") or type(obj).__name__.endswith(
+        "JITFunction"
+    ):
+        return (
+            None
+            if (getattr(fn, "__module__", "") or "").startswith("nonstop.kernels") or type(obj).__name__ == "constexpr"
+            else "a kernel from outside nonstop.kernels"
+        )
+    if inspect.isfunction(obj):
+        return None if module.startswith("nonstop.kernels") else f"defined in {module}, not in nonstop.kernels"
+    return f"a {type(obj).__name__}"
+
+
+class _Checker:
+    def __init__(self, source: str):
+        self.source = source
+        self.p = _Problems()
+        self.modules: dict[str, str] = {}  # alias -> module ("torch", "triton", "triton.language", "math")
+        self.imported: dict[str, object] = {}  # names imported from nonstop.kernels / torch / triton
+        self.consts: set[str] = set()
+        self.functions: dict[str, ast.FunctionDef] = {}
+        self.jit: set[str] = set()
+        self.launch_alias: str | None = None
+
+    # ------------------------------------------------------------------ module level
+    def module(self, tree: ast.Module) -> None:
+        self.functions = {n.name: n for n in tree.body if isinstance(n, ast.FunctionDef)}
+        for i, node in enumerate(tree.body):
+            if (
+                i == 0
+                and isinstance(node, ast.Expr)
+                and isinstance(node.value, ast.Constant)
+                and isinstance(node.value.value, str)
+            ):
+                continue
+            if isinstance(node, (ast.Import, ast.ImportFrom)):
+                self.import_(node)
+            elif isinstance(node, ast.FunctionDef):
+                if node.decorator_list:
+                    self.decorators(node)
+            elif isinstance(node, (ast.Assign, ast.AnnAssign)):
+                self.constant(node)
+            else:
+                self.p.add(
+                    node,
+                    f"module-level {type(node).__name__} is not allowed: a candidate's module holds imports, "
+                    "functions and constants only (no state kept across calls)",
+                )
+
+    def import_(self, node) -> None:
+        if isinstance(node, ast.Import):
+            for a in node.names:
+                if a.name not in ALLOWED_MODULES:
+                    self.p.add(
+                        node,
+                        f"import {a.name} is not allowed (allowed: triton, triton.language, torch, math "
+                        "and names from nonstop.kernels)",
+                    )
+                elif a.asname is None and "." in a.name:
+                    self.modules[a.name.split(".")[0]] = a.name.split(".")[0]
+                else:
+                    self.modules[a.asname or a.name] = a.name
+            return
+        mod = node.module or ""
+        if node.level:
+            self.p.add(node, "relative imports are not allowed")
+            return
+        for a in node.names:
+            name = a.asname or a.name
+            if a.name == "*":
+                self.p.add(node, "import * is not allowed")
+            elif mod == "__future__" or mod == "typing":
+                continue
+            elif mod == "triton" and a.name in TRITON_ALLOWED:
+                if a.name == "language":
+                    self.modules[name] = "triton.language"
+                else:
+                    self.imported[name] = ("triton", a.name)
+            elif mod.startswith("triton.language") and a.name not in TL_BANNED and not a.name.startswith("_"):
+                self.imported[name] = ("tl", a.name)
+            elif mod == "torch" and a.name in TORCH_ALLOWED:
+                self.imported[name] = ("torch", a.name)
+                if a.name in DTYPES:
+                    self.consts.add(name)
+            elif mod == "nonstop.kernels" or mod.startswith("nonstop.kernels."):
+                self.kernel_import(node, mod, a.name, name)
+            else:
+                self.p.add(
+                    node,
+                    f"from {mod} import {a.name} is not allowed (allowed: triton, triton.language, "
+                    "torch dtypes and allocation, math, names from nonstop.kernels)",
+                )
+
+    def kernel_import(self, node, mod: str, attr: str, name: str) -> None:
+        try:
+            obj = getattr(importlib.import_module(mod), attr)
+        except (ImportError, AttributeError) as exc:
+            self.p.add(node, f"from {mod} import {attr}: {exc}")
+            return
+        why = _kernel_object(obj)
+        if why is None and "workspace" in attr.lower():
+            why = "persistent scratch that outlives a call (a cache across calls)"
+        if why:
+            self.p.add(
+                node,
+                f"from {mod} import {attr}: {why} (only functions, Triton kernels and constants of "
+                "nonstop.kernels may be imported)",
+            )
+            return
+        self.imported[name] = ("nonstop", obj)
+        if type(obj).__name__ in ("JITFunction", "InterpretedFunction") or type(obj).__name__.endswith("JITFunction"):
+            self.jit.add(name)
+        elif type(obj).__name__ == "constexpr" or not callable(obj):
+            self.consts.add(name)
+
+    def decorators(self, node: ast.FunctionDef) -> None:
+        for d in node.decorator_list:
+            target = d.func if isinstance(d, ast.Call) else d
+            c = _chain(target)
+            resolved = self.resolve(c) if c else None
+            if resolved == "triton.jit":
+                self.jit.add(node.name)
+                if isinstance(d, ast.Call) and (d.args or any(not _literal(k.value) for k in d.keywords)):
+                    self.p.add(d, "triton.jit(...) takes constant arguments only")
+                d.module_decorator = True  # type: ignore[attr-defined]
+                continue
+            self.p.add(
+                d, f"decorator {ast.unparse(d)} is not allowed (triton.jit only; no autotune, heuristics or caches)"
+            )
+
+    def resolve(self, chain: list[str]) -> str | None:
+        head = chain[0]
+        if head in self.modules:
+            return ".".join([self.modules[head]] + chain[1:])
+        if head in self.imported and self.imported[head][0] in ("triton", "tl", "torch"):
+            kind, attr = self.imported[head]
+            prefix = {"triton": "triton", "tl": "triton.language", "torch": "torch"}[kind]
+            return ".".join([prefix, attr] + chain[1:])
+        return None
+
+    def constant(self, node) -> None:
+        targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+        value = node.value
+        for t in targets:
+            if not isinstance(t, ast.Name):
+                self.p.add(node, "module-level assignment to anything but a name is not allowed")
+                return
+        names = [t.id for t in targets]
+        if (
+            value is not None
+            and isinstance(value, ast.Name)
+            and (value.id in self.functions or value.id in self.imported)
+            and names == ["launch"]
+        ):
+            self.launch_alias = value.id
+            return
+        if value is None or not _is_const(value, self.consts):
+            self.p.add(
+                node,
+                f"module-level {', '.join(names)} must be a constant (numbers, strings, tuples, dtypes, "
+                "tl.constexpr): no module-level state",
+            )
+            return
+        self.consts.update(names)
+
+    # ------------------------------------------------------------------ everywhere
+    def everywhere(self, tree: ast.Module) -> None:
+        for node in ast.walk(tree):
+            for child in ast.iter_child_nodes(node):
+                child.parent = node  # type: ignore[attr-defined]
+        for node in ast.walk(tree):
+            self.node(node)
+
+    def node(self, node) -> None:
+        forbidden = {
+            ast.Try: "try/except (no fallbacks: a kernel must work or fail)",
+            ast.With: "with blocks (streams, modes, contexts)",
+            ast.AsyncWith: "async with",
+            ast.ClassDef: "class definitions",
+            ast.Global: "global (no state across calls)",
+            ast.Nonlocal: "nonlocal",
+            ast.AsyncFunctionDef: "async functions",
+            ast.Await: "await",
+            ast.AsyncFor: "async for",
+            ast.Yield: "yield",
+            ast.YieldFrom: "yield from",
+        }
+        if hasattr(ast, "TryStar"):
+            forbidden[ast.TryStar] = "try/except*"
+        for cls, what in forbidden.items():
+            if isinstance(node, cls):
+                self.p.add(node, f"{what} are not allowed in a candidate")
+                return
+        if isinstance(node, (ast.Import, ast.ImportFrom)) and not isinstance(getattr(node, "parent", None), ast.Module):
+            self.p.add(node, "imports inside functions are not allowed (module level only)")
+        elif isinstance(node, (ast.Assign, ast.AugAssign, ast.AnnAssign, ast.Delete)):
+            targets = node.targets if isinstance(node, (ast.Assign, ast.Delete)) else [node.target]
+            for t in targets:
+                for sub in ast.walk(t):
+                    if isinstance(sub, (ast.Attribute, ast.Subscript)):
+                        self.p.add(
+                            node,
+                            f"assignment to {ast.unparse(sub)} is not allowed: a candidate does not modify "
+                            "the objects it gets (kernels write the outputs)",
+                        )
+                        break
+        elif isinstance(node, ast.Name):
+            if node.id in BANNED_NAMES or node.id.startswith("__"):
+                self.p.add(node, f"the name {node.id!r} is not allowed in a candidate")
+            elif node.id in self.modules:
+                self.module_use(node)
+            elif self.imported.get(node.id) == ("triton", "jit") and not _in_module_decorator(node):
+                self.p.add(node, "triton.jit is only allowed as the decorator of a module-level function")
+        elif isinstance(node, ast.Attribute):
+            if node.attr.startswith("_"):
+                self.p.add(node, f"private or dunder attribute .{node.attr} is not allowed")
+            elif node.attr.startswith(FRAME_PREFIXES) and _chain(node) and _chain(node)[0] not in self.modules:
+                self.p.add(node, f"attribute .{node.attr} (frame / code introspection) is not allowed")
+        elif isinstance(node, ast.FunctionDef):
+            if node.decorator_list and not isinstance(getattr(node, "parent", None), ast.Module):
+                self.p.add(
+                    node,
+                    f"decorators on the nested function {node.name} are not allowed "
+                    "(kernels are module-level @triton.jit functions)",
+                )
+            for d in node.args.defaults + [d for d in node.args.kw_defaults if d is not None]:
+                if not _is_const(d, self.consts):
+                    self.p.add(
+                        d, f"default value {ast.unparse(d)} of {node.name}() must be a constant (no state across calls)"
+                    )
+
+    def module_use(self, node: ast.Name) -> None:
+        """A module alias may only start an attribute chain that ends in an allowed leaf."""
+        top = node
+        while isinstance(getattr(top, "parent", None), ast.Attribute) and top.parent.value is top:
+            top = top.parent
+        chain = _chain(top) if isinstance(top, ast.Attribute) else [node.id]
+        full = self.resolve(chain) or ""
+        parts = full.split(".")
+        ok = False
+        if parts[0] == "torch":
+            ok = (len(parts) == 2 and parts[1] in TORCH_ALLOWED) or (
+                len(parts) == 3 and parts[1] == "cuda" and parts[2] in TORCH_CUDA_ALLOWED
+            )
+        elif parts[:2] == ["triton", "language"]:
+            ok = len(parts) >= 3 and not any(p in TL_BANNED for p in parts[2:])
+        elif parts[0] == "triton":
+            ok = len(parts) == 2 and parts[1] in TRITON_ALLOWED - {"language"}
+        elif parts[0] == "math":
+            ok = len(parts) == 2
+        elif parts[0] == "typing":
+            ok = True
+        if full == "triton.jit" and not _in_module_decorator(top):
+            self.p.add(node, "triton.jit is only allowed as the decorator of a module-level function")
+        if not ok:
+            self.p.add(
+                node,
+                f"{full or node.id} is not allowed in a candidate"
+                + (
+                    " (torch: dtypes, empty/zeros allocation and torch.cuda device facts only; "
+                    "compute belongs in Triton kernels)"
+                    if parts[0] == "torch"
+                    else ""
+                ),
+            )
+
+    # ------------------------------------------------------------------ host code and kernels
+    def functions_(self) -> None:
+        for name, fn in self.functions.items():
+            if name in self.jit:
+                self.kernel(fn)
+            else:
+                self.host(fn)
+
+    def host(self, fn: ast.FunctionDef) -> None:
+        module_level = (set(self.functions) | set(self.imported) | self.consts) - set(self.modules)
+        callables = (
+            set(self.functions)
+            | self.jit
+            | {n for n, e in self.imported.items() if e[0] == "nonstop" and callable(e[1])}
+        ) - self.consts
+        for node in ast.walk(fn):
+            if (
+                isinstance(node, ast.Name)
+                and isinstance(node.ctx, ast.Load)
+                and node.id in callables
+                and not _called(node)
+            ):
+                self.p.add(
+                    node,
+                    f"{node.id} may only be called (or launched as {node.id}[grid](...)), "
+                    "not passed around or inspected",
+                )
+            if not isinstance(node, ast.Attribute):
+                continue
+            chain = _chain(node)
+            if chain and chain[0] in self.modules:
+                continue  # module_use checks it
+            if isinstance(node.value, ast.Name) and node.value.id in module_level:
+                self.p.add(
+                    node,
+                    f"attribute access on {node.value.id} is not allowed "
+                    f"(launch kernels as {node.value.id}[grid](...))",
+                )
+            elif node.attr in BANNED_HOST_ATTRS:
+                self.p.add(
+                    node,
+                    f".{node.attr} is not allowed in host code (no torch compute, copies, value reads, storage "
+                    "access, or changes to the objects a launch gets)",
+                )
+
+    def kernel(self, fn: ast.FunctionDef) -> None:
+        local = {a.arg for a in fn.args.args + fn.args.posonlyargs + fn.args.kwonlyargs}
+        for node in ast.walk(fn):
+            if isinstance(node, ast.Name) and isinstance(node.ctx, ast.Store):
+                local.add(node.id)
+            elif isinstance(node, (ast.comprehension,)):
+                for sub in ast.walk(node.target):
+                    if isinstance(sub, ast.Name):
+                        local.add(sub.id)
+        for node in ast.walk(fn):
+            if isinstance(node, ast.Attribute) and node.attr not in JIT_ATTRS:
+                chain = _chain(node)
+                if not (chain and chain[0] in self.modules):
+                    self.p.add(node, f".{node.attr} is not a Triton attribute (kernel {fn.name})")
+            if isinstance(node, ast.Name) and isinstance(node.ctx, ast.Load):
+                n = node.id
+                if n in local or n in self.consts or n in self.jit or n in BUILTINS_IN_KERNELS:
+                    continue
+                if n in self.modules:
+                    if self.modules[n] == "torch":
+                        self.p.add(node, f"torch inside the Triton kernel {fn.name} is not allowed")
+                    continue
+                if n in self.imported and self.imported[n][0] in ("triton", "tl"):
+                    continue
+                if n in self.imported and self.imported[n][0] == "torch" and self.imported[n][1] in DTYPES:
+                    continue
+                self.p.add(
+                    node,
+                    f"{fn.name} is a Triton kernel: it may only use Triton functions, constants and its own "
+                    f"variables, not {n!r}",
+                )
+
+    # ------------------------------------------------------------------ launch
+    def launch(self) -> None:
+        fn = self.functions.get("launch")
+        if fn is not None:
+            if "launch" in self.jit:
+                self.p.add(fn, "launch must be a Python function that launches kernels, not a Triton kernel")
+            self.signature(fn)
+        elif self.launch_alias in self.functions:
+            self.signature(self.functions[self.launch_alias])
+        elif "launch" in self.imported or self.launch_alias in self.imported:
+            entry = self.imported.get("launch") or self.imported[self.launch_alias]
+            obj = entry[1] if entry[0] == "nonstop" else None
+            if not callable(obj) or "launch" in self.jit or self.launch_alias in self.jit:
+                self.p.add(None, "launch must be a Python launcher function (op, env)")
+                return
+            try:
+                inspect.signature(obj).bind(None, None)
+            except TypeError:
+                self.p.add(None, f"launch {getattr(obj, '__name__', '')} does not take (op, env)")
+        else:
+            self.p.add(
+                None,
+                "no launch(op, env) at module level: a candidate defines launch with the signature of the "
+                "op's launcher",
+            )
+        if not self.jit and not any(e[0] == "nonstop" and callable(e[1]) for e in self.imported.values()):
+            self.p.add(
+                None,
+                "no Triton kernel: a candidate defines a @triton.jit kernel (or uses the kernels of nonstop.kernels)",
+            )
+
+    def signature(self, fn: ast.FunctionDef) -> None:
+        a = fn.args
+        positional = len(a.posonlyargs) + len(a.args)
+        required = positional - len(a.defaults)
+        if required > 2 or (positional < 2 and a.vararg is None) or any(d is None for d in a.kw_defaults):
+            self.p.add(fn, f"{fn.name} must be callable as launch(op, env)")
+
+
+def static_check(source: str, kind: str | None = None) -> list[str]:
+    """The rule violations of a candidate's source (empty: it may go on to the dynamic checks)."""
+    if len(source) > MAX_SOURCE:
+        return [f"the file has {len(source)} characters; at most {MAX_SOURCE}"]
+    try:
+        tree = ast.parse(source)
+    except SyntaxError as exc:
+        return [f"syntax error at line {exc.lineno}: {exc.msg}" + (f": {exc.text.strip()}" if exc.text else "")]
+    except (RecursionError, MemoryError, ValueError) as exc:
+        return [f"the file cannot be parsed: {type(exc).__name__}"]
+    c = _Checker(source)
+    try:
+        c.module(tree)
+        c.everywhere(tree)
+        c.functions_()
+        c.launch()
+    except RecursionError:
+        c.p.add(None, "the file nests too deeply to check")
+    return list(c.p)
