@@ -10,8 +10,9 @@ timeout passed) becomes a ``RankFailure`` naming this rank and the collective, s
 with a clear error in bounded time instead of hanging. Tokens move only through
 ``all_to_all_single`` (the list form fails on gloo for uneven sizes).
 
-``stats`` counts the launches and the bytes this rank sends (all-to-alls: exactly the rows sent to
-other ranks; all-reduce / gather: the ring / direct figures of ``program/cost.py``).
+``stats`` counts the launches and the bytes this rank sends, per kind (all_reduce, gather, send, and the
+MoE all-to-alls a2a_sizes / a2a_dispatch / a2a_combine: exactly the rows sent to other ranks;
+all-reduce: the ring figure of ``program/cost.py``).
 """
 
 from __future__ import annotations
@@ -20,6 +21,8 @@ import contextlib
 import datetime
 import math
 import os
+import pickle
+import re
 from collections import defaultdict
 from dataclasses import dataclass, field
 
@@ -77,8 +80,8 @@ class Comm:
         except RankFailure:
             raise
         except (RuntimeError, ConnectionError, OSError) as exc:
-            raise RankFailure(f"rank {self.rank}: {what} failed ({type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}); "
-                              f"another rank has died, hung past the {self.timeout:g} s collective timeout, or failed") from None
+            raise RankFailure(f"rank {self.rank}: {what} failed ({_reason(exc)}); another rank has died, hung past the "
+                              f"{self.timeout:g} s collective timeout, or failed") from None
 
     # ------------------------------------------------------------------ collectives
     def all_reduce(self, t: torch.Tensor) -> None:
@@ -99,11 +102,12 @@ class Comm:
         self.count("gather", 0 if self.leader else t.numel() * t.element_size())
         return parts
 
-    def all_to_all(self, out: torch.Tensor, inp: torch.Tensor, out_splits: list[int], in_splits: list[int], async_op: bool = False, what: str = "all-to-all"):
+    def all_to_all(self, out: torch.Tensor, inp: torch.Tensor, out_splits: list[int], in_splits: list[int], async_op: bool = False, what: str = "all-to-all", kind: str = "all_to_all"):
         """``all_to_all_single`` over the expert group (rows of ``inp`` split by ``in_splits`` to the
-        group's ranks in order); returns a handle whose ``wait()`` is guarded when ``async_op``."""
+        group's ranks in order), counted under ``kind``; returns a handle whose ``wait()`` is guarded
+        when ``async_op``."""
         row = math.prod(inp.shape[1:]) * inp.element_size()
-        self.count("all_to_all", (sum(in_splits) - in_splits[self.ep_rank]) * row)
+        self.count(kind, (sum(in_splits) - in_splits[self.ep_rank]) * row)
         with self.guard(what):
             work = dist.all_to_all_single(out, inp, out_splits, in_splits, group=self.ep, async_op=async_op)
         return _Guarded(work, self, what) if async_op else None
@@ -114,6 +118,8 @@ class Comm:
         box = [obj]
         with self.guard("receiving the next step from rank 0" if self.rank else "sending the step to the other ranks"):
             dist.broadcast_object_list(box, src=0, group=self.control)
+        if self.rank == 0 and getattr(obj, "kind", None) == "step":
+            self.count("broadcast", (self.layout.world - 1) * len(pickle.dumps(obj)))
         return box[0]
 
     def send(self, t: torch.Tensor, dst: int) -> None:
@@ -126,6 +132,13 @@ class Comm:
         with self.guard(f"receiving results from rank {src}"):
             dist.recv(t, src, group=self.control)
         return t
+
+
+def _reason(exc: BaseException) -> str:
+    """The backend's error in one short line (gloo's source location and advice dropped)."""
+    text = (str(exc).splitlines() or [type(exc).__name__])[0]
+    text = re.sub(r"^\[[^\]]*\] ", "", text)
+    return text.split(". This is typically")[0]
 
 
 class _Guarded:

@@ -60,7 +60,7 @@ def moe_ep(op, env, local_experts: LocalExperts) -> None:
     z = x[lo:hi][order.to(device) // k] if order.numel() else x[:0]
     if E > 1:
         recvs = torch.empty(E, C, L, dtype=torch.int32)
-        comm.all_to_all(recvs, sends.permute(1, 0, 2).contiguous().to(torch.int32), [1] * E, [1] * E, what="MoE split-size exchange")
+        comm.all_to_all(recvs, sends.permute(1, 0, 2).contiguous().to(torch.int32), [1] * E, [1] * E, what="MoE split-size exchange", kind="a2a_sizes")
     else:
         recvs = sends.permute(1, 0, 2).to(torch.int32)
     send_rows = sends.sum(-1)  # [C, E]
@@ -76,7 +76,7 @@ def moe_ep(op, env, local_experts: LocalExperts) -> None:
         if E == 1:
             inbox[c].copy_(payload)
             return None
-        return comm.all_to_all(inbox[c], payload, recv_rows[c].tolist(), send_rows[c].tolist(), async_op=True, what="MoE dispatch")
+        return comm.all_to_all(inbox[c], payload, recv_rows[c].tolist(), send_rows[c].tolist(), async_op=True, what="MoE dispatch", kind="a2a_dispatch")
 
     def compute(c: int) -> torch.Tensor:
         got = inbox.pop(c)
@@ -90,7 +90,7 @@ def moe_ep(op, env, local_experts: LocalExperts) -> None:
         if E == 1:
             target.copy_(y)
             return None
-        return comm.all_to_all(target, y.contiguous(), send_rows[c].tolist(), recv_rows[c].tolist(), async_op=True, what="MoE combine")
+        return comm.all_to_all(target, y.contiguous(), send_rows[c].tolist(), recv_rows[c].tolist(), async_op=True, what="MoE combine", kind="a2a_combine")
 
     overlap = a["overlap"] and E > 1
     inflight = {0: dispatch(0)} if overlap else {}

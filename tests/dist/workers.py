@@ -81,9 +81,15 @@ def run_scenarios(out_dir: str, scenarios: list[dict]) -> None:
 
 
 def failing_rank(out_dir: str, model: str, mode: str, timeout: float) -> None:
-    """Rank 1 dies (``exit``: the process ends, exit status 0 so the launcher does not stop rank 0) or
-    hangs (``hang``: stops answering) after a few steps; rank 0 records how long its next collective
-    took to fail and the error."""
+    """A rank that dies or hangs, and the rank that must notice it in bounded time.
+
+    exit / hang: rank 1 ends (exit status 0, so the launcher does not stop rank 0 first) or stops
+    answering after a few steps of a long generation; rank 0 records how long until its collective
+    failed. idle_exit: rank 1 ends while rank 0 is idle; rank 0's keep-alive must notice (on_failure).
+    rank0_hang: rank 0 freezes (SIGSTOP) mid-generation; rank 1 records how long until it noticed,
+    then kills rank 0."""
+    import signal
+
     from nonstop.dist import Layout
     from nonstop.dist.comm import RankFailure, init
     from nonstop.engine.distributed import build_worker
@@ -92,24 +98,51 @@ def failing_rank(out_dir: str, model: str, mode: str, timeout: float) -> None:
     from nonstop.engine.sampling import SamplingParams
 
     comm = init(Layout.make(1, 2), "cpu", timeout)
-    flag = Path(out_dir) / "failed.pkl"
-    if comm.rank == 0:
-        llm = DistributedLLM(model, dtype="float32", comm=comm)
-        t0 = time.perf_counter()
-        result = {"error": None}
-        try:
-            llm.generate(prompt_token_ids=[[3, 4, 5]], sampling=SamplingParams(max_tokens=400, temperature=0, ignore_eos=True))
-        except RankFailure as exc:
-            result = {"error": str(exc), "seconds": time.perf_counter() - t0}
-        with open(flag, "wb") as fh:
+    done = Path(out_dir) / "result.pkl"
+
+    def record(result: dict) -> None:
+        with open(done, "wb") as fh:
             pickle.dump(result, fh)
+
+    if comm.rank == 0:
+        noticed = []
+        llm = DistributedLLM(model, dtype="float32", comm=comm, on_failure=lambda msg: noticed.append((time.perf_counter(), msg)))
+        (Path(out_dir) / "rank0.pid").write_text(str(os.getpid()))
+        params = SamplingParams(max_tokens=400, temperature=0, ignore_eos=True)
+        t0 = time.perf_counter()
+        if mode == "idle_exit":
+            llm.generate(prompt_token_ids=[[3, 4, 5]], sampling=SamplingParams(max_tokens=2, temperature=0))
+            t0 = time.perf_counter()
+            while not noticed and time.perf_counter() - t0 < 4 * timeout:
+                time.sleep(0.05)
+            record({"error": noticed[0][1] if noticed else None, "seconds": (noticed[0][0] if noticed else time.perf_counter()) - t0})
+            os._exit(0)
+        if mode == "rank0_hang":
+            llm.generate(prompt_token_ids=[[3, 4, 5]], sampling=SamplingParams(max_tokens=3, temperature=0))
+            os.kill(os.getpid(), signal.SIGSTOP)
+        try:
+            llm.generate(prompt_token_ids=[[3, 4, 5]], sampling=params)
+            record({"error": None})
+        except RankFailure as exc:
+            record({"error": str(exc), "seconds": time.perf_counter() - t0})
         os._exit(0)
     cfg, model_dir = resolve_model(model)
     worker = build_worker(comm, cfg, model_dir, torch.float32)
-    for _ in range(4):
-        worker.handle(comm.broadcast_object())
-    if mode == "exit":
+    if mode == "rank0_hang":
+        t0 = time.perf_counter()
+        try:
+            while True:
+                t0 = time.perf_counter()
+                worker.handle(comm.broadcast_object())
+        except RankFailure as exc:
+            record({"error": str(exc), "seconds": time.perf_counter() - t0})
+        os.kill(int((Path(out_dir) / "rank0.pid").read_text()), signal.SIGKILL)
         os._exit(0)
-    while not flag.exists():  # hang: alive, silent
+    steps = 2 if mode == "idle_exit" else 4  # idle_exit: the two steps of a 2-token generation
+    for _ in range(steps):
+        worker.handle(comm.broadcast_object())
+    if mode in ("exit", "idle_exit"):
+        os._exit(0)
+    while not done.exists():  # hang: alive, silent
         time.sleep(0.1)
     os._exit(0)
