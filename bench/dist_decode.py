@@ -103,7 +103,7 @@ def bench_rank(out_dir: str, model: str, tp: int, ep: int, batches: list[int], m
                 executor = ClusterExecutor(worker, cfg)
                 core = EngineCore(cfg, executor, Tokenizer.load(model_dir, cfg.vocab_size), B, dtype, comm.device)
                 window = {}
-                row = drive(core, prompts(core.tokenizer, B, 16), warmup, steps, comm.device, lambda edge: window.__setitem__(edge, len(deltas)))
+                row = drive(core, prompts(core.tokenizer, B, 16), warmup, steps, comm.device, lambda edge, window=window: window.__setitem__(edge, len(deltas)))
                 executor.close()
                 results.append({"chunks": chunks, "overlap": overlap, "batch": B, "window": window, **row})
             else:
@@ -233,7 +233,7 @@ def main() -> None:
     print(f"{'W':>2} {'tp':>2} {'ep':>2} {'B':>2} {'overlap':>7} {'tok/s':>7} {'x single':>8} {'a2a/step':>8} {'KB/tok/rank':>11} {'predicted':>9} same")
     for r in rows:
         pred = "" if r["predicted_wire_bytes_per_token_per_rank"] is None else f"{r['predicted_wire_bytes_per_token_per_rank'] / 1e3:.1f}"
-        print(f"{r['world']:>2} {r['tp']:>2} {r['ep']:>2} {r['batch']:>2} {str(r['overlap']):>7} {r['tokens_per_s']:>7.1f} {r['relative_to_single_process']:>8.2f} "
+        print(f"{r['world']:>2} {r['tp']:>2} {r['ep']:>2} {r['batch']:>2} {r['overlap']!s:>7} {r['tokens_per_s']:>7.1f} {r['relative_to_single_process']:>8.2f} "
               f"{r['token_all_to_alls_per_step']:>8.0f} {r['wire_bytes_per_token_per_rank'] / 1e3:>11.1f} {pred:>9} {r['greedy_identical_to_single_process']}")
     print("single process: " + ", ".join(f"batch {B}: {v} tok/s" for B, v in result["single_process"].items()))
     if floor:

@@ -122,6 +122,11 @@ class Comm:
             self.count("broadcast", (self.layout.world - 1) * len(pickle.dumps(obj)))
         return box[0]
 
+    def all_reduce_control(self, t: torch.Tensor) -> None:
+        """Sum a CPU tensor over all ranks on the control channel (bookkeeping such as expert load)."""
+        with self.guard("summing over all ranks"):
+            dist.all_reduce(t, group=self.control)
+
     def send(self, t: torch.Tensor, dst: int) -> None:
         with self.guard(f"sending results to rank {dst}"):
             dist.send(t.contiguous().cpu(), dst, group=self.control)

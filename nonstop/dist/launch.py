@@ -3,7 +3,8 @@
 Each child gets the environment torchrun would give it (RANK, LOCAL_RANK, WORLD_SIZE, MASTER_ADDR,
 MASTER_PORT on a free port), its share of the CPU threads, and runs ``fn(*args)``. ``spawn`` returns
 when every rank has ended; when one ends with an error the others are stopped (SIGTERM, then SIGKILL
-after ``grace`` seconds) and ``RankExited`` names it. Ctrl-C stops every rank.
+after ``grace`` seconds) and ``RankExited`` names it. Ctrl-C (or SIGTERM to the launcher) stops every
+rank.
 """
 
 from __future__ import annotations
@@ -46,6 +47,7 @@ def spawn(fn, world: int, args: tuple = (), threads: int | None = None, env: dic
     """Run ``fn(*args)`` in ``world`` processes forming one process group of this host (see the module
     docstring). ``timeout``: stop every rank and raise RankExited(-1) after that many seconds."""
     port = free_port()
+    previous = signal.signal(signal.SIGTERM, _interrupt) if _main_thread() else None
     ctx = mp.start_processes(_entry, args=(fn, world, port, threads or rank_threads(world), dict(env or {}), args), nprocs=world, join=False, start_method="spawn")
     deadline = None if timeout is None else time.monotonic() + timeout
     try:
@@ -62,6 +64,19 @@ def spawn(fn, world: int, args: tuple = (), threads: int | None = None, env: dic
     except BaseException:
         _stop(ctx.processes, grace)
         raise
+    finally:
+        if previous is not None:
+            signal.signal(signal.SIGTERM, previous)
+
+
+def _main_thread() -> bool:
+    import threading
+
+    return threading.current_thread() is threading.main_thread()
+
+
+def _interrupt(signum, frame):
+    raise KeyboardInterrupt  # SIGTERM to the launcher: stop the ranks as Ctrl-C does
 
 
 def _stop(processes, grace: float) -> None:

@@ -62,9 +62,10 @@ def _read_part(reader: SliceReader, located: dict, spec, name: str, dim, start: 
     return reader.read(f, name, shape, dim, start, stop)
 
 
-def load_rank_state(cfg: ModelConfig, layout: Layout, rank: int, model_dir: str | Path, dtype: torch.dtype, device="cpu", reader: SliceReader | None = None, progress=None) -> dict[str, torch.Tensor]:
+def load_rank_state(cfg: ModelConfig, layout: Layout, rank: int, model_dir: str | Path, dtype: torch.dtype, device="cpu", reader: SliceReader | None = None, progress=None, only=None) -> dict[str, torch.Tensor]:
     """{internal param: this rank's part} read from ``model_dir``; float weights cast to ``dtype``, router
-    and A_log/dt_bias kept fp32, packed MXFP4 kept uint8. ``reader.bytes_read`` counts what was read."""
+    and A_log/dt_bias kept fp32, packed MXFP4 kept uint8. ``reader.bytes_read`` counts what was read.
+    ``only(param) -> bool`` limits the read to some parameters (e.g. the experts, after a rebalance)."""
     own = reader is None
     reader = reader or SliceReader()
     located, resolved, fp8_block = resolve_checkpoint(cfg, model_dir)
@@ -72,6 +73,8 @@ def load_rank_state(cfg: ModelConfig, layout: Layout, rank: int, model_dir: str 
     state = {}
     try:
         for i, ((spec, names), shard) in enumerate(zip(resolved, shards)):
+            if only is not None and not only(spec.param):
+                continue
             target = TARGET.get(spec.kind, dtype)
 
             def part(name, dim, start, stop, shape, spec=spec):
@@ -91,10 +94,15 @@ def load_rank_state(cfg: ModelConfig, layout: Layout, rank: int, model_dir: str 
     return state
 
 
-def random_rank_state(cfg: ModelConfig, layout: Layout, rank: int, dtype: torch.dtype, device="cpu", seed: int = 0) -> dict[str, torch.Tensor]:
+def random_rank_state(cfg: ModelConfig, layout: Layout, rank: int, dtype: torch.dtype, device="cpu", seed: int = 0, only=None) -> dict[str, torch.Tensor]:
     """This rank's part of the random weights ``random_model(cfg, dtype, seed=seed)`` would hold (the
     whole state is drawn in checkpoint order, then cut; for presets and tests)."""
     from nonstop.weights.synth import random_state_dict
 
     full = random_state_dict(cfg, dtype, "cpu", seed)
-    return {s.spec.param: take_shard(full[s.spec.param], s).to(device) for s in rank_shards(cfg, layout, rank)}
+    return {s.spec.param: take_shard(full[s.spec.param], s).to(device) for s in rank_shards(cfg, layout, rank) if only is None or only(s.spec.param)}
+
+
+def is_expert(param: str) -> bool:
+    """A routed expert's stacked weight (what a new expert placement moves)."""
+    return ".mlp.experts." in param

@@ -37,8 +37,8 @@ CACHE_CAPACITY = 64  # tokens per slot reserved up front (the pools grow on dema
 
 @dataclass
 class StepMessage:
-    """What rank 0 tells every rank. kind: step | noop | stop. groups[g]: (local slots, starts, ids [B][T])
-    of attention group g, or None when it has no rows."""
+    """What rank 0 tells every rank. kind: step | noop | stop | rebalance (T = redundant experts).
+    groups[g]: (local slots, starts, ids [B][T]) of attention group g, or None when it has no rows."""
 
     kind: str
     ops: list = field(default_factory=list)
@@ -92,10 +92,11 @@ class ClusterCache:
 class RankWorker:
     """A rank's caches and executor; ``handle`` applies one ``StepMessage``."""
 
-    def __init__(self, comm: Comm, executor: RankExecutor, dtype: torch.dtype):
+    def __init__(self, comm: Comm, executor: RankExecutor, dtype: torch.dtype, source=None):
         self.comm = comm
         self.executor = executor
         self.dtype = dtype
+        self.source = source  # source(layout, only) -> this rank's weights under ``layout`` (see build_worker)
         self.caches: dict[int, ModelCache] = {}
 
     @property
@@ -133,10 +134,31 @@ class RankWorker:
                 else:
                     local.advance(batch, sub)
 
+    def rebalance(self, redundant: int) -> dict:
+        """Place every MoE layer's experts for the load recorded on all ranks so far (summed over the
+        ranks), with ``redundant`` extra replicas of hot experts; read this rank's new experts. Every
+        rank computes the same placements. Returns {layer: ExpertPlacement}."""
+        from nonstop.dist.load import is_expert
+        from nonstop.dist.placement import ExpertPlacement
+
+        loads = self.executor.expert_load()
+        layers = sorted(loads)
+        if not layers:
+            return {}
+        total = torch.stack([loads[i] for i in layers]).float()
+        self.comm.all_reduce_control(total)
+        placements = {i: ExpertPlacement.rebalanced(total[j], self.comm.layout.ep, redundant) for j, i in enumerate(layers)}
+        layout = self.comm.layout.with_placement(placements)
+        self.executor.set_placement(layout, self.source(layout, only=is_expert))
+        return placements
+
+    @torch.inference_mode()
     def handle(self, msg: StepMessage):
         """Apply ``msg``; for a step, returns this group's (logits [B, T', V] | None, hidden) and sends
         them to rank 0 when this rank leads another group."""
         self.replay(msg.ops)
+        if msg.kind == "rebalance":
+            return self.rebalance(msg.T), {}
         if msg.kind != "step":
             return None, {}
         part = msg.groups[self.comm.dp_index]
@@ -292,6 +314,17 @@ class ClusterExecutor:
         logits = logits.to(device)
         return (logits[:, 0] if last_only else logits), {t: h.to(device) for t, h in hidden.items()}
 
+    def rebalance(self, redundant: int = 0) -> dict:
+        """Re-place the experts of every MoE layer for the load recorded so far (``RankWorker.rebalance``)."""
+        with self._lock:
+            msg = StepMessage("rebalance", self._take_log(), T=redundant)
+            try:
+                self._send(msg)
+                placements, _ = self.worker.handle(msg)
+            except RankFailure as exc:
+                self._fail(exc)
+        return placements
+
     def forward(self, input_ids: torch.Tensor, cache, batch: StepBatch | None, last_only: bool = False) -> torch.Tensor:
         if cache is None:  # cache-free scoring: a temporary cache of B slots from position 0
             cache = self.new_cache(input_ids.shape[0])
@@ -313,20 +346,22 @@ def build_worker(comm: Comm, cfg: ModelConfig, model_dir, dtype: torch.dtype, ba
 
     layout, rank, device = comm.layout, comm.rank, comm.device
     check_backend(backend, device, layout.world)
-    if model_dir is None:
-        state = random_rank_state(cfg, layout, rank, dtype, device, seed)
-    else:
-        report = None
-        if progress and rank == 0:
-            from nonstop.engine.llm import _progress_printer
 
-            report = _progress_printer(f"loading rank 0's part of {model_dir} ({layout.describe()})")
-        state = load_rank_state(cfg, layout, rank, model_dir, dtype, device, progress=report)
-    model = build_rank_model(cfg, layout, rank, state)
+    def source(layout: Layout, only=None, progress=None) -> dict[str, torch.Tensor]:
+        if model_dir is None:
+            return random_rank_state(cfg, layout, rank, dtype, device, seed, only)
+        return load_rank_state(cfg, layout, rank, model_dir, dtype, device, progress=progress, only=only)
+
+    report = None
+    if progress and rank == 0 and model_dir is not None:
+        from nonstop.engine.llm import _progress_printer
+
+        report = _progress_printer(f"loading rank 0's part of {model_dir} ({layout.describe()})")
+    model = build_rank_model(cfg, layout, rank, source(layout, progress=report))
     gpu = device.type == "cuda"
     chunks = chunks or (2 if gpu else 1)
     overlap = gpu if overlap is None else overlap
-    return RankWorker(comm, RankExecutor(comm, cfg, model, backend, chunks, overlap), dtype)
+    return RankWorker(comm, RankExecutor(comm, cfg, model, backend, chunks, overlap), dtype, source)
 
 
 def print_failure_and_exit(message: str) -> None:

@@ -74,6 +74,12 @@ class DistributedLLM(LLM):
         self._ids = itertools.count()
         atexit.register(self.close)
 
+    def rebalance(self, redundant: int = 0) -> dict:
+        """Re-place every MoE layer's experts for the per-expert load recorded since the last placement
+        (summed over all ranks), with ``redundant`` extra replicas of the hottest experts; each rank reads
+        its new experts. Returns {layer: ExpertPlacement}. Outputs do not change, only where experts run."""
+        return self.executor.rebalance(redundant)
+
     def close(self) -> None:
         """Stop the other ranks (idempotent)."""
         self.executor.close()

@@ -91,6 +91,34 @@ class RankExecutor:
                 self.kernels[op.kind](op, env)
         self.stats["idle_steps"] += 1
 
+    def set_placement(self, layout, experts: dict[str, torch.Tensor]) -> None:
+        """Hold the experts of ``layout``'s placement from now on: ``experts`` = {``layers.i.mlp.experts.*``:
+        this rank's stacked experts under that placement}; the per-expert load counts restart."""
+        from nonstop.model.moe import RoutedExperts
+
+        for op in self.program.ops:
+            if op.kind != "moe_ep":
+                continue
+            a = op.attrs
+            placement = layout.placement_for(op.layer, a["moe"].num_experts)
+            local = placement.local(a["ep_rank"])
+            old = a["experts"]
+            with torch.device("meta"):
+                module = RoutedExperts(len(local), old.shapes["w1"][1], old.shapes["w1"][0], old.fmt)
+            prefix = f"layers.{op.layer}.mlp.experts."
+            for name in list(op.weights):
+                if name != "bias":
+                    tensor = experts[prefix + name]
+                    op.weights[name] = tensor
+                    if name in module._parameters:
+                        module._parameters[name] = torch.nn.Parameter(tensor, requires_grad=False)
+                    else:
+                        module._buffers[name] = tensor
+            a.update(placement=placement, experts=module, local_experts=len(local), physical_experts=placement.physical,
+                     max_local=placement.max_local, local_fraction=placement.local_fraction(a["ep_rank"]))
+            a.pop("load", None)
+        self.comm.layout = layout
+
     def expert_load(self) -> dict[int, torch.Tensor]:
         """Pairs this rank routed to each logical expert so far, per MoE layer ({layer: [E]})."""
         return {op.layer: op.attrs.get("load", torch.zeros(op.attrs["moe"].num_experts, dtype=torch.long)).clone() for op in self.program.ops if op.kind == "moe_ep"}

@@ -78,7 +78,7 @@ def _wait_ranks(proc: subprocess.Popen, n: int, deadline: float = 120) -> list[i
 
 def test_cli_generate_under_a_layout_prints_the_single_process_tokens():
     common = ["generate", "--prompt-ids", "5,6,7", "-n", "8", "--ids", "--dist-timeout", "30"]
-    single = subprocess.run([sys.executable, "-m", "nonstop", *common], cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)}, capture_output=True, text=True, timeout=300)
+    single = subprocess.run([sys.executable, "-m", "nonstop", *common], check=False, cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)}, capture_output=True, text=True, timeout=300)
     multi = _cli(*common, "--tp", "2", "--ep", "2")
     out, err = multi.communicate(timeout=300)
     assert single.returncode == 0 and multi.returncode == 0, err
@@ -107,5 +107,40 @@ def test_ctrl_c_stops_every_rank():
     _, err = proc.communicate(timeout=60)
     assert time.monotonic() - t0 < 30
     assert proc.returncode != 0 and "interrupted" in err
+    time.sleep(1)
+    assert not [p for p in ranks if Path(f"/proc/{p}").exists()]
+
+
+def test_cli_serve_under_a_layout_answers_like_a_single_process():
+    import json
+    import socket
+    import urllib.request
+
+    from nonstop.engine.llm import LLM
+    from nonstop.engine.sampling import SamplingParams
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    proc = _cli("serve", "--ep", "2", "--port", str(port), "--dist-timeout", "20", start_new_session=True)
+    try:
+        url = f"http://127.0.0.1:{port}"
+        end = time.monotonic() + 180
+        while True:
+            try:
+                urllib.request.urlopen(url + "/health", timeout=2)
+                break
+            except OSError:
+                assert time.monotonic() < end and proc.poll() is None, "the server did not come up"
+                time.sleep(0.5)
+        body = json.dumps({"model": "k3-nano", "prompt": "The Python interpreter", "max_tokens": 10, "temperature": 0}).encode()
+        req = urllib.request.Request(url + "/v1/completions", body, {"content-type": "application/json"})
+        text = json.loads(urllib.request.urlopen(req, timeout=120).read())["choices"][0]["text"]
+        expected = LLM("k3-nano").generate(["The Python interpreter"], SamplingParams(max_tokens=10, temperature=0))[0].text
+        assert text == expected
+        ranks = _rank_pids(proc.pid)
+    finally:
+        os.killpg(proc.pid, signal.SIGINT)
+        proc.communicate(timeout=60)
     time.sleep(1)
     assert not [p for p in ranks if Path(f"/proc/{p}").exists()]

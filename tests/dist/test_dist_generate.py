@@ -88,6 +88,8 @@ def test_world_4_layouts_give_the_reference_tokens(tmp_path, models):
         {"name": "nano_tp2_ep4_overlap", "model": NANO, "tp": 2, "ep": 4, "prompts": PROMPTS, "chunks": 3, "overlap": True, **lp},
         {"name": "nano_tp2_ep4_sequential", "model": NANO, "tp": 2, "ep": 4, "prompts": PROMPTS, "chunks": 3, "overlap": False, **lp},
         {"name": "nano_ep4_redundant", "model": NANO, "tp": 1, "ep": 4, "prompts": PROMPTS[:2], "redundant_load": skewed, "redundant": 4},
+        {"name": "nano_tp2_ep4_rebalanced", "model": NANO, "tp": 2, "ep": 4, "prompts": PROMPTS, "rebalance": 3},
+        {"name": "nano_ep4_two_empty_ranks", "model": NANO, "tp": 1, "ep": 4, "prompts": PROMPTS[:2], "placement_slots": [[0, 1, 2, 3, 4, 5], [6, 7], [], []]},
         {"name": "nano_ep4_ngram", "model": NANO, "tp": 1, "ep": 4, "prompts": REPEATS, "max_tokens": 14, "speculative": {"method": "ngram", "num_tokens": 3}},
         {"name": "k3_mxfp4_tp2_ep4", "model": models["k3_mxfp4"], "tp": 2, "ep": 4, "prompts": TINY_PROMPTS, **lp},
         {"name": "deepseek_tp2_ep4", "model": models["deepseek"], "tp": 2, "ep": 4, "prompts": [[3, 4, 5], [9, 10]], **lp},
@@ -100,6 +102,8 @@ def test_world_4_layouts_give_the_reference_tokens(tmp_path, models):
     assert on == off  # overlapping the exchange with the experts changes nothing, logprobs bit for bit
     spec = results["nano_ep4_ngram"]["got"]
     assert sum(o["metrics"]["accepted_tokens"] for o in spec) > 0  # drafts were verified and accepted
+    assert results["nano_tp2_ep4_rebalanced"]["stats"]["physical_experts"] == [8 + 3]  # recorded load -> 3 replicas
+    assert results["nano_ep4_two_empty_ranks"]["stats"]["a2a_dispatch"][1] > 0  # ranks 2 and 3 hold no expert: they only ever receive nothing
     stats = results["nano_tp2_ep4_overlap"]["stats"]
     assert stats["a2a_dispatch"][0] == stats["a2a_combine"][0] > 0 and stats["all_reduce"][0] > 0
 

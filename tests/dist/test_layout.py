@@ -136,3 +136,10 @@ def test_program_command_prints_the_layout(capsys):
     moe_layers = NANO.mlp_types.count("moe")
     assert f"all-to-alls per step: {2 * moe_layers} token exchanges" in out
     assert "weights per rank:" in out and "bytes on the wire per token per rank:" in out and "moe_ep" in out
+
+
+def test_megakernel_is_refused_under_a_layout():
+    from nonstop.runtime.distributed import check_backend
+
+    with pytest.raises(ValueError, match="megakernel.*one device.*4 ranks.*reference or superop"):
+        check_backend("megakernel", torch.device("cpu"), 4)

@@ -27,6 +27,8 @@ def _layout(sc: dict):
     from nonstop.dist import ExpertPlacement, Layout
 
     placement = None
+    if sc.get("placement_slots") is not None:
+        placement = ExpertPlacement(sum(len(s) for s in sc["placement_slots"]), tuple(tuple(s) for s in sc["placement_slots"]))
     if sc.get("redundant_load") is not None:
         placement = ExpertPlacement.rebalanced(sc["redundant_load"], sc["ep"], redundant=sc["redundant"])
     return Layout.make(sc["tp"], sc["ep"], sc.get("world"), placement)
@@ -66,6 +68,11 @@ def run_scenarios(out_dir: str, scenarios: list[dict]) -> None:
                 try:
                     got = _outputs(llm.generate(prompt_token_ids=sc["prompts"], sampling=_params(sc)))
                     stats = {k: list(v) for k, v in comm.stats.items()}
+                    if sc.get("rebalance") is not None:  # re-place the experts for the load just recorded, run again
+                        placements = llm.rebalance(sc["rebalance"])
+                        stats["physical_experts"] = sorted({p.physical for p in placements.values()})
+                        got += _outputs(llm.generate(prompt_token_ids=sc["prompts"], sampling=_params(sc)))
+                        ref = ref + ref
                 finally:
                     llm.close()
                 with open(Path(out_dir) / f"{sc['name']}.pkl", "wb") as fh:
