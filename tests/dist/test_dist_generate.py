@@ -108,10 +108,13 @@ def test_world_4_layouts_give_the_reference_tokens(tmp_path, models):
     assert stats["a2a_dispatch"][0] == stats["a2a_combine"][0] > 0 and stats["all_reduce"][0] > 0
 
 
-def test_world_2_superop_and_split_kv_heads(tmp_path, models):
+def test_world_2_superop_split_kv_heads_and_dspark(tmp_path, models):
     scenarios = [
         {"name": "k3_superop_tp2_ep2", "model": models["k3_mxfp4"], "tp": 2, "ep": 2, "backend": "superop", "prompts": [[3, 4, 5], [9, 10]], "max_tokens": 4, "logprobs": 2},
         {"name": "llama_tp2", "model": models["llama_kv2"], "tp": 2, "ep": 1, "prompts": [[3, 4, 5]], "prompt_logprobs": 2},
         {"name": "nano_ep2_tp2", "model": NANO, "tp": 2, "ep": 2, "prompts": PROMPTS[:2], "chunks": 2, "overlap": True},
+        {"name": "nano_ep2_dspark", "model": NANO, "tp": 1, "ep": 2, "prompts": REPEATS, "max_tokens": 12, "speculative": {"method": "dspark", "num_tokens": 3}},
     ]
-    _check(_run(tmp_path, 2, scenarios, deadline=600))
+    results = _run(tmp_path, 2, scenarios, deadline=600)
+    _check(results)  # DSpark under EP: the second sequence's attention group returns its hidden taps to rank 0
+    assert sum(o["metrics"]["accepted_tokens"] for o in results["nano_ep2_dspark"]["got"]) > 0
