@@ -58,9 +58,10 @@ def moe_ep(op, env, local_experts: LocalExperts) -> None:
     k = ids.shape[1]
     device = x.device
     z = x[lo:hi][order.to(device) // k] if order.numel() else x[:0]
-    if E > 1:
-        recvs = torch.empty(E, C, L, dtype=torch.int32)
-        comm.all_to_all(recvs, sends.permute(1, 0, 2).contiguous().to(torch.int32), [1] * E, [1] * E, what="MoE split-size exchange", kind="a2a_sizes")
+    if E > 1:  # on the data device (NCCL exchanges CUDA tensors), read back to the host for the split sizes
+        recvs = torch.empty(E, C, L, dtype=torch.int32, device=device)
+        comm.all_to_all(recvs, sends.permute(1, 0, 2).contiguous().to(device, torch.int32), [1] * E, [1] * E, what="MoE split-size exchange", kind="a2a_sizes")
+        recvs = recvs.cpu()
     else:
         recvs = sends.permute(1, 0, 2).to(torch.int32)
     send_rows = sends.sum(-1)  # [C, E]
