@@ -33,6 +33,7 @@ from nonstop.program.ir import BufferSpec, Cost, Program, SuperOp
 from nonstop.program.lower import lower
 
 RESIDUAL_KINDS = ("linear_residual", "mlp", "moe_tail")  # ops adding a partial sum to the stream
+_DTYPE_NAMES = {torch.float32: "float32", torch.bfloat16: "bfloat16", torch.float16: "float16"}
 LEADER_BIASES = ("b", "down_b")
 
 
@@ -140,6 +141,21 @@ class RankStep:
     @property
     def tokens(self) -> int:
         return self.rows * self.layout.dp
+
+    @property
+    def cache_bytes_per_token(self) -> int:
+        """Attention-cache bytes this rank adds per cached token of one of its group's sequences (its
+        key/value heads; the whole MLA latent, which every rank of the group caches)."""
+        from nonstop.weights.footprint import footprint
+
+        return footprint(self.program.cfg, _DTYPE_NAMES[self.program.dtype]).cache_bytes_per_token
+
+    @property
+    def state_bytes_per_sequence(self) -> int:
+        """KDA recurrent state + conv windows this rank holds per sequence of its group (its heads)."""
+        from nonstop.weights.footprint import footprint
+
+        return footprint(self.program.cfg, _DTYPE_NAMES[self.program.dtype]).state_bytes_per_sequence
 
     @property
     def total(self) -> Cost:

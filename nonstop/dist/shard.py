@@ -20,6 +20,7 @@ Heads must divide T; anything else is a ``LayoutError`` naming the config field.
 from __future__ import annotations
 
 import dataclasses
+import math
 import re
 from dataclasses import dataclass
 
@@ -51,10 +52,7 @@ class ParamShard:
 
     @property
     def numel(self) -> int:
-        n = 1
-        for s in self.shape:
-            n *= s
-        return n
+        return math.prod(self.shape)
 
 
 # ----------------------------------------------------------------------------- checks and sizes

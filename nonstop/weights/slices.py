@@ -8,6 +8,7 @@ K3's A_log [H] from [1, 1, H, 1]) sliced to [a, b) along dim d is ``prod(S[:d])`
 
 from __future__ import annotations
 
+import math
 import os
 import threading
 
@@ -51,12 +52,7 @@ class SliceReader:
         if dim is None:
             dim, start, stop = 0, 0, shape[0] if shape else 1
         stop = shape[dim] if stop is None else stop
-        outer = 1
-        for s in shape[:dim]:
-            outer *= s
-        inner = 1
-        for s in shape[dim + 1 :]:
-            inner *= s
+        outer, inner = math.prod(shape[:dim]), math.prod(shape[dim + 1 :])
         run = (stop - start) * inner * item
         stride = shape[dim] * inner * item
         if run == 0 or outer == 0:

@@ -128,6 +128,15 @@ def test_k3_program_has_two_token_all_to_alls_per_moe_layer():
     assert step.wire_bytes_per_token == pytest.approx((a2a + all_reduce + gather + engine) / 8, rel=1e-6)
 
 
+def test_rank_state_and_cache_are_the_group_share():
+    from nonstop.weights.footprint import footprint
+
+    whole = footprint(NANO, "bfloat16")
+    step = rank_step(NANO, Layout.make(tp=4, ep=4), rows=2)
+    assert step.state_bytes_per_sequence * 4 == whole.state_bytes_per_sequence  # KDA heads split 4 ways
+    assert step.cache_bytes_per_token == whole.cache_bytes_per_token  # the MLA latent is cached whole on each rank
+
+
 def test_program_command_prints_the_layout(capsys):
     from nonstop.cli import main
 
