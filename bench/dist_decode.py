@@ -86,15 +86,18 @@ def bench_rank(out_dir: str, model: str, tp: int, ep: int, batches: list[int], m
     cfg, model_dir = resolve_model(model)
     dtype = parse_dtype("auto", device)
     results, deltas = [], []
+    last: dict = {}  # comm.stats at the end of the previous step
     for chunks, overlap in modes:
         worker = build_worker(comm, cfg, model_dir, dtype, "reference", 0, chunks, overlap)
         handle = worker.handle
 
-        def counted(msg, handle=handle):  # per step: what this rank sent
-            before = {k: tuple(v) for k, v in comm.stats.items()}
-            out = handle(msg)
+        def counted(msg, handle=handle):  # per step: what this rank sent since the previous step ended
+            out = handle(msg)  # (rank 0 broadcast the step just before: counted in this step)
             if msg.kind == "step":
-                deltas.append({k: (v[0] - before.get(k, (0, 0))[0], v[1] - before.get(k, (0, 0))[1]) for k, v in comm.stats.items()})
+                now = {k: tuple(v) for k, v in comm.stats.items()}
+                deltas.append({k: (v[0] - last.get(k, (0, 0))[0], v[1] - last.get(k, (0, 0))[1]) for k, v in now.items()})
+                last.clear()
+                last.update(now)
             return out
 
         worker.handle = counted
