@@ -15,7 +15,7 @@ def add_layout_args(p: argparse.ArgumentParser, run: bool = True) -> None:
     g.add_argument("--world", type=positive_int, default=None, help="ranks in all (default max(T, E)); T and E must divide it; world / T attention groups run data-parallel")
     g.add_argument("--chunks", type=positive_int, default=None, help="pieces the MoE token exchange is cut into (default 2 on CUDA, 1 on CPU)")
     if run:
-        g.add_argument("--no-overlap", dest="overlap", action="store_false", default=None, help="run the chunks of the MoE exchange one after another instead of overlapping communication with the experts' compute (same outputs)")
+        g.add_argument("--overlap", action=argparse.BooleanOptionalAction, default=None, help="overlap the chunks of the MoE exchange with the experts' compute, or (--no-overlap) run them one after another; same outputs (default: overlapped on CUDA, not on CPU, where it only costs time)")
         g.add_argument("--dist-timeout", type=float, default=120.0, help="seconds a collective may wait for another rank before every rank stops with an error (default 120)")
 
 
@@ -45,6 +45,7 @@ def llm_class(args):
         return LLM
     layout = layout_from_args(args)
     if "RANK" not in os.environ:
+        check_before_start(args, layout)
         raise SystemExit(start_ranks(args, layout))
     from nonstop.dist.comm import init
     from nonstop.engine.distributed import print_failure_and_exit
@@ -54,6 +55,21 @@ def llm_class(args):
     if comm.rank != 0:
         raise SystemExit(follow_rank(args, comm))
     return functools.partial(DistributedLLM, comm=comm, chunks=args.chunks, overlap=args.overlap, on_failure=print_failure_and_exit)
+
+
+def check_before_start(args, layout) -> None:
+    """Refuse a layout the model or the backend cannot run before starting any rank (one clear error)."""
+    import torch
+
+    from nonstop.dist.shard import check_layout
+    from nonstop.engine.llm import check_device, resolve_model
+    from nonstop.runtime.distributed import check_backend
+
+    cfg, _ = resolve_model(args.model)
+    check_layout(cfg, layout)
+    check_backend(args.backend, torch.device(check_device(args.device).type), layout.world)
+    if check_device(args.device).type == "cuda" and torch.cuda.device_count() < layout.world:
+        raise ValueError(f"the layout needs {layout.world} ranks, one GPU each, but {torch.cuda.device_count()} are visible")
 
 
 def _rank_main(args) -> None:

@@ -14,6 +14,7 @@ Everything here is importable and usable without ``torch.distributed`` being ini
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 from nonstop.dist.placement import ExpertPlacement
@@ -45,7 +46,8 @@ class Layout:
             raise LayoutError(f"--world must be a positive integer, got {world!r}")
         for flag, value in (("--tp", tp), ("--ep", ep)):
             if w % value:
-                raise LayoutError(f"{flag} {value} does not divide the world size {w} (every rank must belong to one group of {value})")
+                hint = f"; give --world {math.lcm(tp, ep)}" if world is None else ""
+                raise LayoutError(f"{flag} {value} does not divide the world size {w} (every rank must belong to one group of {value}){hint}")
         return Layout(tp, ep, w, placement)
 
     # ------------------------------------------------------------------ sizes
