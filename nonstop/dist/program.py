@@ -28,7 +28,14 @@ import torch
 from nonstop.config import ModelConfig
 from nonstop.dist.layout import Layout
 from nonstop.dist.shard import vocab_rows
-from nonstop.program.cost import Collective, attach_costs, collective_op_cost, collective_op_tiles, op_collectives
+from nonstop.program.cost import (
+    Collective,
+    attach_costs,
+    collective_op_cost,
+    collective_op_tiles,
+    op_collectives,
+    step_io_collectives,
+)
 from nonstop.program.ir import BufferSpec, Cost, Program, SuperOp
 from nonstop.program.lower import lower
 
@@ -215,15 +222,8 @@ def merged(collectives: list[Collective]) -> list[Collective]:
 
 
 def engine_collectives(cfg: ModelConfig, layout: Layout, rank: int, rows: int) -> list[Collective]:
-    """The engine's own traffic per step: rank 0 broadcasts the step inputs (ids, slots, positions: ~24 B
-    per row plus a header) to every rank; the first rank of every other attention group returns its
-    logits to rank 0 (fp32 [rows, V]) on a gloo side channel."""
-    out = []
-    if layout.world > 1 and rank == 0:
-        out.append(Collective("broadcast", "world", layout.world, 1, (layout.world - 1) * (24 * rows * layout.dp + 256), "step inputs"))
-    if rank != 0 and layout.tp_rank(rank) == 0:
-        out.append(Collective("send", "world", 2, 1, rows * cfg.vocab_size * 4, "logits to rank 0"))
-    return out
+    """The engine's own traffic on ``rank`` per step (``program/cost.step_io_collectives``)."""
+    return step_io_collectives(layout.world, layout.dp, rank == 0, rank != 0 and layout.tp_rank(rank) == 0, rows, cfg.vocab_size)
 
 
 def rank_step(cfg: ModelConfig, layout: Layout, rows: int = 1, context: int = 1024, dtype: torch.dtype = torch.bfloat16, rank: int = 0, chunks: int = 1) -> RankStep:

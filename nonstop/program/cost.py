@@ -224,3 +224,19 @@ def collective_op_tiles(op: SuperOp, program: Program):
         return 1
 
     return tiles
+
+
+STEP_MESSAGE_BYTES_PER_ROW = 24  # token id, slot, position (the engine's step broadcast)
+STEP_MESSAGE_HEADER_BYTES = 256
+
+
+def step_io_collectives(world: int, dp: int, is_rank0: bool, leads_other_group: bool, rows: int, vocab: int) -> list[Collective]:
+    """The multi-rank engine's own traffic per step on one rank: rank 0 broadcasts the step inputs of
+    all ``dp`` attention groups to the other ranks; the first rank of every other group returns its
+    ``rows`` rows of fp32 logits to rank 0."""
+    out = []
+    if world > 1 and is_rank0:
+        out.append(Collective("broadcast", "world", world, 1, (world - 1) * (STEP_MESSAGE_BYTES_PER_ROW * rows * dp + STEP_MESSAGE_HEADER_BYTES), "step inputs"))
+    if leads_other_group:
+        out.append(Collective("send", "world", 2, 1, rows * vocab * 4, "logits to rank 0"))
+    return out
