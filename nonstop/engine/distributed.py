@@ -316,6 +316,11 @@ class ClusterExecutor:
 
     def rebalance(self, redundant: int = 0) -> dict:
         """Re-place the experts of every MoE layer for the load recorded so far (``RankWorker.rebalance``)."""
+        if self.cfg.moe is None:
+            raise ValueError(f"{self.cfg.family} model without routed experts: nothing to rebalance")
+        most = self.cfg.moe.num_experts * (self.layout.ep - 1)
+        if not 0 <= redundant <= most:
+            raise ValueError(f"redundant experts must be in 0..{most} (at most one replica of an expert per rank of the {self.layout.ep}-rank expert group)")
         with self._lock:
             msg = StepMessage("rebalance", self._take_log(), T=redundant)
             try:
