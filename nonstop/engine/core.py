@@ -69,9 +69,14 @@ class EngineCore:
         self.split_rows = batch_invariant and not executor.batch_invariant
         self.isolate_errors = isolate_errors
         self.speculative_decoder = speculative_decoder
-        self.cache = ModelCache(
-            cfg, num_slots, capacity=INITIAL_SLOT_TOKENS, dtype=dtype, device=device, page_size=page_size
-        )
+        # a multi-process executor (nonstop.engine.distributed) keeps the slots on its ranks
+        new_cache = getattr(executor, "new_cache", None)
+        if new_cache is not None:
+            self.cache = new_cache(num_slots, page_size)
+        else:
+            self.cache = ModelCache(
+                cfg, num_slots, capacity=INITIAL_SLOT_TOKENS, dtype=dtype, device=device, page_size=page_size
+            )
         self.free_slots = list(range(num_slots))[::-1]
         self.prefilling: list[Request] = []
         self.running: list[Request] = []

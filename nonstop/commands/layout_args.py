@@ -1,0 +1,123 @@
+"""``--tp / --ep / --world`` and the other flags of a multi-rank layout (``nonstop.dist``)."""
+
+from __future__ import annotations
+
+import argparse
+
+from nonstop.commands.common import positive_int
+
+
+def add_layout_args(p: argparse.ArgumentParser, run: bool = True) -> None:
+    """The layout flags; ``run``: also the flags of running one (timeouts, overlap, threads)."""
+    g = p.add_argument_group("parallel layout (nonstop.dist)")
+    g.add_argument("--tp", type=positive_int, default=1, help="tensor parallelism: attention and dense weights split over T ranks (default 1)")
+    g.add_argument("--ep", type=positive_int, default=1, help="expert parallelism: routed experts split over E ranks (default 1)")
+    g.add_argument("--world", type=positive_int, default=None, help="ranks in all (default max(T, E)); T and E must divide it; world / T attention groups run data-parallel")
+    g.add_argument("--chunks", type=positive_int, default=None, help="pieces the MoE token exchange is cut into (default 2 on CUDA, 1 on CPU)")
+    if run:
+        g.add_argument("--overlap", action=argparse.BooleanOptionalAction, default=None, help="overlap the chunks of the MoE exchange with the experts' compute, or (--no-overlap) run them one after another; same outputs (default: overlapped on CUDA, not on CPU, where it only costs time)")
+        g.add_argument("--dist-timeout", type=float, default=120.0, help="seconds a collective may wait for another rank before every rank stops with an error (default 120)")
+
+
+def layout_from_args(args):
+    """The ``Layout`` the flags ask for (LayoutError, a ValueError, when they do not fit)."""
+    from nonstop.dist.layout import Layout
+
+    return Layout.make(args.tp, args.ep, args.world)
+
+
+def wants_layout(args) -> bool:
+    return args.tp > 1 or args.ep > 1 or (args.world or 1) > 1
+
+
+def llm_class(args):
+    """The class a command builds its model with: ``LLM``, or under --tp / --ep this rank's
+    ``DistributedLLM``. In the process the user started (no RANK in the environment) it starts the
+    layout's ranks on this host - each runs the same command - and exits with rank 0's status; under
+    torchrun (or in a started rank) it joins the process group; a rank other than 0 follows rank 0's
+    steps and exits. Only rank 0 returns."""
+    import functools
+    import os
+
+    from nonstop.engine.llm import LLM
+
+    if not wants_layout(args):
+        return LLM
+    layout = layout_from_args(args)
+    if "RANK" not in os.environ:
+        check_before_start(args, layout)
+        raise SystemExit(start_ranks(args, layout))
+    from nonstop.dist.comm import init
+    from nonstop.engine.distributed import print_failure_and_exit
+    from nonstop.engine.distributed_llm import DistributedLLM
+
+    comm = init(layout, args.device, args.dist_timeout)
+    if comm.rank != 0:
+        raise SystemExit(follow_rank(args, comm))
+    return functools.partial(DistributedLLM, comm=comm, chunks=args.chunks, overlap=args.overlap, on_failure=print_failure_and_exit)
+
+
+def check_before_start(args, layout) -> None:
+    """Refuse a layout the model or the backend cannot run before starting any rank (one clear error)."""
+    import torch
+
+    from nonstop.dist.shard import check_layout
+    from nonstop.engine.llm import check_device, resolve_model
+    from nonstop.runtime.distributed import check_backend
+
+    cfg, _ = resolve_model(args.model)
+    check_layout(cfg, layout)
+    check_backend(args.backend, torch.device(check_device(args.device).type), layout.world)
+    if check_device(args.device).type == "cuda" and torch.cuda.device_count() < layout.world:
+        raise ValueError(f"the layout needs {layout.world} ranks, one GPU each, but {torch.cuda.device_count()} are visible")
+
+
+def _rank_main(args) -> None:
+    import sys
+
+    from nonstop.commands.errors import user_errors
+
+    with user_errors():
+        sys.exit(int(args.run(args) or 0))
+
+
+def start_ranks(args, layout) -> int:
+    """Run the command on ``layout.world`` local processes (``nonstop.dist.spawn``); rank 0's exit status."""
+    import sys
+
+    from nonstop.dist.launch import RankExited, spawn
+
+    threads = getattr(args, "threads", None)
+    print(f"nonstop: starting {layout.world} local ranks ({layout.describe()})", file=sys.stderr)
+    try:
+        spawn(_rank_main, layout.world, (args,), threads=threads)
+    except RankExited as exc:
+        if exc.rank > 0:
+            print(f"nonstop: error: {exc}; the other ranks were stopped", file=sys.stderr)
+        return exc.code if exc.code and exc.code > 0 else 1
+    except KeyboardInterrupt:
+        print("nonstop: interrupted; all ranks stopped", file=sys.stderr)
+        return 130
+    return 0
+
+
+def follow_rank(args, comm) -> int:
+    """A rank other than 0: load its part of the model and follow rank 0 until it says stop."""
+    import signal
+    import sys
+
+    from nonstop.dist.comm import RankFailure, shutdown
+    from nonstop.engine.distributed import build_worker, follow
+    from nonstop.engine.llm import parse_dtype, resolve_model
+
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # rank 0 (or the launcher) decides when to stop
+    try:
+        cfg, model_dir = resolve_model(args.model)
+        worker = build_worker(comm, cfg, model_dir, parse_dtype(args.dtype, args.device), args.backend, 0, args.chunks, args.overlap)
+        follow(worker)
+        return 0
+    except RankFailure as exc:
+        print(f"nonstop: error: {exc}", file=sys.stderr)
+        return 3
+    finally:
+        shutdown()
