@@ -13,7 +13,7 @@ def add_parser(sub) -> None:
 
 def run(args) -> int:
     from nonstop.config import preset_names
-    from nonstop.engine.llm import bundled_models, resolve_model
+    from nonstop.weights.resolve import bundled_models, resolve_model
     from nonstop.weights.footprint import footprint, human, layer_table
 
     if args.list:

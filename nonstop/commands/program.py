@@ -27,7 +27,7 @@ def _fmt(n: float) -> str:
 def run(args) -> int:
     import torch
 
-    from nonstop.engine.llm import DTYPES, resolve_model
+    from nonstop.weights.resolve import DTYPES, resolve_model
     from nonstop.model.build import random_model
     from nonstop.model.stack import CausalLM
     from nonstop.program.count import count_decode_ops

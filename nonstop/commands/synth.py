@@ -23,7 +23,7 @@ def add_parser(sub) -> None:
 
 def run(args) -> int:
     from nonstop.config import ModelConfig
-    from nonstop.engine.llm import ASSETS, DTYPES
+    from nonstop.weights.resolve import ASSETS, DTYPES
     from nonstop.weights.footprint import footprint, human
     from nonstop.weights.synth import write_checkpoint
 

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import torch
 
-from nonstop.config import ConfigError, ModelConfig, preset_names
+from nonstop.config import ModelConfig
 from nonstop.engine.core import EngineCore
 from nonstop.engine.requests import Request, RequestOutput
 from nonstop.engine.sampling import SamplingParams
@@ -17,39 +17,7 @@ from nonstop.engine.spec.config import SpecConfig, make_drafter
 from nonstop.engine.spec.step import SpecDecoder
 from nonstop.engine.tokenizer import Tokenizer
 from nonstop.runtime import make_executor
-
-ASSETS = Path(__file__).resolve().parent.parent / "assets"
-DEFAULT_MODEL = "k3-nano"
-DTYPES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16, "bf16": torch.bfloat16, "float16": torch.float16, "fp16": torch.float16}
-
-
-def parse_dtype(dtype, device: str) -> torch.dtype:
-    if dtype is None or dtype == "auto":
-        return torch.bfloat16 if str(device).startswith("cuda") else torch.float32
-    if isinstance(dtype, torch.dtype):
-        return dtype
-    if dtype not in DTYPES:
-        raise ValueError(f"unknown dtype {dtype!r}; choose one of: {', '.join(DTYPES)}")
-    return DTYPES[dtype]
-
-
-def bundled_models() -> list[str]:
-    return sorted(p.parent.name for p in ASSETS.glob("*/config.json"))
-
-
-def resolve_model(model: str | Path) -> tuple[ModelConfig, Path | None]:
-    """(config, checkpoint dir) for a directory, a bundled model name, or a preset (dir None: random weights)."""
-    path = Path(model)
-    if path.is_dir():
-        return ModelConfig.from_file(path), path
-    if (ASSETS / str(model) / "config.json").exists():
-        return ModelConfig.from_file(ASSETS / str(model)), ASSETS / str(model)
-    if str(model) in preset_names():
-        return ModelConfig.preset(str(model)), None
-    if path.exists():
-        raise ConfigError(f"{path} is not a directory: give the checkpoint directory (holding config.json)")
-    raise ConfigError(f"model {str(model)!r} is neither a checkpoint directory nor a known name; bundled: {', '.join(bundled_models()) or 'none'}; presets (random weights): {', '.join(preset_names())}")
-
+from nonstop.weights.resolve import DEFAULT_MODEL, check_device, parse_dtype, resolve_model
 
 def _eos_ids(cfg: ModelConfig, model_dir: Path | None) -> frozenset[int]:
     ids = set(cfg.eos_token_ids)
@@ -57,22 +25,6 @@ def _eos_ids(cfg: ModelConfig, model_dir: Path | None) -> frozenset[int]:
         eos = json.loads((model_dir / "generation_config.json").read_text()).get("eos_token_id")
         ids |= set(eos if isinstance(eos, list) else [eos] if isinstance(eos, int) else [])
     return frozenset(ids)
-
-
-def check_device(device: str | torch.device) -> torch.device:
-    """``device`` as a torch.device, or a ValueError saying why this machine cannot use it."""
-    try:
-        dev = torch.device(device)
-    except (RuntimeError, TypeError) as exc:
-        raise ValueError(f"device {device!r} is not a device torch knows: {exc}") from None
-    if dev.type == "cuda":
-        if not torch.cuda.is_available():
-            raise ValueError(f"device {device!r} asked for, but this torch ({torch.__version__}) sees no CUDA GPU; use --device cpu")
-        if dev.index is not None and dev.index >= torch.cuda.device_count():
-            raise ValueError(f"device {device!r} asked for, but only {torch.cuda.device_count()} CUDA device(s) are visible")
-    elif dev.type != "cpu":
-        raise ValueError(f"device {device!r} is not supported: use cpu or cuda[:N]")
-    return dev
 
 
 class LLM:

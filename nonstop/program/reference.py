@@ -32,6 +32,7 @@ from nonstop.model.moe import router_logits, routed_experts, select_experts
 from nonstop.model.norms import gated_rms_norm, l2_norm, rms_norm
 from nonstop.model.rows import rowwise
 from nonstop.model.philox import gumbel_noise
+from nonstop.model.sampling import filter_logits
 from nonstop.model.rope import apply_rope, rope_cos_sin
 from nonstop.program.ir import SuperOp
 
@@ -294,8 +295,6 @@ def sample(op, env):
     argmax_{i in K} (x_i + g_i), x = logits[r] / temperature[r], K = the finite entries of
     ``filter_logits`` (top-k, then top-p on the renormalised top-k set) and g the Philox noise of
     (seed[r], offset[r]) (``model/philox.gumbel_noise``): an exact draw from the filtered distribution."""
-    from nonstop.engine.sampling import filter_logits  # the sampler's definition of the filtered distribution
-
     logits, temperature, top_k, top_p, seed, offset = (env.buf[n] for n in op.reads)
     out = env.buf[op.writes[0]]
     for r in range(logits.shape[0]):

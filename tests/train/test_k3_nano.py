@@ -9,7 +9,8 @@ import torch
 
 from nonstop.cli import main
 from nonstop.config import ModelConfig
-from nonstop.engine.llm import ASSETS, LLM
+from nonstop.engine.llm import LLM
+from nonstop.weights.resolve import ASSETS
 from nonstop.engine.perplexity import score_token_ids
 from nonstop.engine.sampling import SamplingParams
 from nonstop.model.build import random_model
