@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from nonstop.commands.common import positive_int
+from nonstop.commands.common import add_threads_arg, positive_int
 
 INSTANTIATE_LIMIT = 2e9  # bytes of fp32 weights up to which the real-shaped model is built on the CPU
 
@@ -15,6 +15,7 @@ def add_parser(sub) -> None:
     p.add_argument("--context", type=int, default=1024, help="cached tokens per sequence for attention traffic (default 1024)")
     p.add_argument("--dtype", default="bfloat16", choices=["float32", "bfloat16", "float16"], help="weight dtype for byte counts (default bfloat16)")
     p.add_argument("--summary", action="store_true", help="one row per op kind instead of one per op")
+    add_threads_arg(p)
     p.set_defaults(run=run)
 
 
@@ -27,14 +28,16 @@ def _fmt(n: float) -> str:
 def run(args) -> int:
     import torch
 
-    from nonstop.weights.resolve import DTYPES, resolve_model
     from nonstop.model.build import random_model
     from nonstop.model.stack import CausalLM
     from nonstop.program.count import count_decode_ops
     from nonstop.program.lower import lower
     from nonstop.program.twin import narrow_twin
+    from nonstop.threads import set_threads
     from nonstop.weights.footprint import footprint
+    from nonstop.weights.resolve import DTYPES, resolve_model
 
+    set_threads(args.threads)
     cfg, _ = resolve_model(args.model)
     if args.num_layers:
         cfg = cfg.with_num_layers(args.num_layers)

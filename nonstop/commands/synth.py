@@ -5,7 +5,7 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from nonstop.commands.common import positive_int
+from nonstop.commands.common import add_threads_arg, positive_int
 
 
 def add_parser(sub) -> None:
@@ -18,15 +18,20 @@ def add_parser(sub) -> None:
     p.add_argument("--dtype", default="bfloat16", choices=["float32", "bfloat16", "float16"], help="float weight dtype on disk (default bfloat16)")
     p.add_argument("--num-layers", type=positive_int, help="keep only the first N layers (a slice of a large model)")
     p.add_argument("--shard-size", type=float, default=4.0, help="max shard size in GB; more shards get model.safetensors.index.json (default 4)")
+    p.add_argument("--no-preflight", dest="preflight", action="store_false", help="skip the check that the checkpoint fits in the free disk space")
+    add_threads_arg(p)
     p.set_defaults(run=run)
 
 
 def run(args) -> int:
     from nonstop.config import ModelConfig
-    from nonstop.weights.resolve import ASSETS, DTYPES
+    from nonstop.threads import set_threads
     from nonstop.weights.footprint import footprint, human
+    from nonstop.weights.preflight import check_disk
+    from nonstop.weights.resolve import ASSETS, DTYPES
     from nonstop.weights.synth import write_checkpoint
 
+    set_threads(args.threads)
     cfg = ModelConfig.from_file(args.config) if args.config else ModelConfig.preset(args.preset)
     if args.num_layers:
         cfg = cfg.with_num_layers(args.num_layers)
@@ -34,6 +39,9 @@ def run(args) -> int:
         raise ValueError("--shard-size must be positive")
     tokenizer_dir = ASSETS / args.preset if args.preset and (ASSETS / args.preset / "tokenizer.json").exists() else None
     size = footprint(cfg, args.dtype).weight_bytes
+    name = args.preset or args.config
+    if args.preflight:
+        check_disk(f"{name} ({cfg.num_hidden_layers} layers) at {args.dtype}", size, Path(args.out))
     print(f"writing {cfg.family} checkpoint ({human(size, 'B')}, {cfg.num_hidden_layers} layers) to {args.out}", file=sys.stderr)
 
     tty = sys.stderr.isatty()

@@ -25,7 +25,8 @@ class RequestOutput:
     token_ids: generated ids; logprobs: one {token_id: logprob} per generated token (when asked);
     prompt_logprobs: None for the first prompt position, then one dict per position (when asked);
     finish_reason: ``stop`` (eos, stop string or stop token), ``length``, ``abort`` (cancelled) or
-    ``error`` (then ``error`` says why); metrics: timings and counts.
+    ``error`` (then ``error`` says why); metrics: timings and counts; samples: with ``n`` > 1 the n
+    completions of the prompt (this output's own fields are the first's), else empty.
     """
 
     request_id: str
@@ -38,6 +39,7 @@ class RequestOutput:
     finish_reason: str | None
     metrics: dict = field(default_factory=dict)
     error: str | None = None
+    samples: list["RequestOutput"] = field(default_factory=list, repr=False)  # n > 1: all n completions
 
 
 @dataclass
