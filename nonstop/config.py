@@ -186,12 +186,17 @@ class ModelConfig:
         if not path.exists():
             raise ConfigError(f"config.json not found: {path}")
         try:
-            raw = json.loads(path.read_text())
-        except json.JSONDecodeError as exc:
+            raw = json.loads(path.read_text(encoding="utf-8"))
+        except (OSError, UnicodeDecodeError) as exc:
+            raise ConfigError(f"{path}: cannot read ({exc})") from None
+        except (json.JSONDecodeError, RecursionError) as exc:
             raise ConfigError(f"{path}: not valid JSON ({exc})") from None
         if not isinstance(raw, dict):
             raise ConfigError(f"{path}: top level must be a JSON object")
-        return ModelConfig.from_hf_dict(raw)
+        try:
+            return ModelConfig.from_hf_dict(raw)
+        except ConfigError as exc:
+            raise ConfigError(f"{path}: {exc}") from None
 
     @staticmethod
     def preset(name: str) -> "ModelConfig":

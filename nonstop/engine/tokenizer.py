@@ -145,7 +145,9 @@ class HFTokenizer(Tokenizer):
         self.special_ids = {i for i, t in self.tok.get_added_tokens_decoder().items() if t.special}
 
     def _encode(self, text: str, add_special_tokens: bool) -> list[int]:
-        return self.tok.encode(text, add_special_tokens=add_special_tokens).ids
+        # encode_batch releases the GIL while it works (encode holds it: a long prompt would stall every
+        # other thread, the server's event loop included)
+        return self.tok.encode_batch([text], add_special_tokens=add_special_tokens)[0].ids
 
     def decode(self, ids: list[int]) -> str:
         return self.tok.decode(list(ids), skip_special_tokens=True)

@@ -3,7 +3,8 @@ a ``CausalLM`` by the HF tensor names of ``checkpoint_layout``.
 
 Every failure is a ``CheckpointError`` naming the tensor and the file: a missing tensor, an
 unexpected one, a wrong shape or dtype, a truncated or corrupt file, a shard the index names but
-that is not there.
+that is not there, an index that is not ``{"weight_map": {tensor: shard file}}``, an fp8 tensor
+without a matching scale, float data holding NaN or infinity.
 """
 
 from __future__ import annotations
@@ -22,15 +23,34 @@ INDEX = "model.safetensors.index.json"
 FP8 = (torch.float8_e4m3fn, torch.float8_e5m2)
 
 
+def read_index(index_path: Path) -> dict[str, str]:
+    """The ``weight_map`` of a sharded checkpoint's index: {tensor name: shard file in the same directory}."""
+    try:
+        raw = json.loads(index_path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError) as exc:
+        raise CheckpointError(f"{index_path}: cannot read ({exc})") from None
+    except (json.JSONDecodeError, RecursionError) as exc:
+        raise CheckpointError(f"{index_path}: not valid JSON ({exc})") from None
+    weight_map = raw.get("weight_map") if isinstance(raw, dict) else None
+    if not isinstance(weight_map, dict):
+        got = type(weight_map).__name__ if isinstance(raw, dict) and "weight_map" in raw else "nothing"
+        raise CheckpointError(f"{index_path}: corrupt index: 'weight_map' must be an object of tensor name -> shard "
+                              f"file, got {got}")
+    for name, shard in weight_map.items():
+        if not isinstance(shard, str) or not shard or Path(shard).name != shard or shard in (".", ".."):
+            raise CheckpointError(f"{index_path}: corrupt index: tensor {name!r} maps to {shard!r}, not a shard file "
+                                  "name in the checkpoint directory")
+    return weight_map
+
+
 def checkpoint_files(model_dir: str | Path) -> dict[str, SafetensorsFile]:
     """name -> open file for every tensor of the checkpoint in ``model_dir``."""
     model_dir = Path(model_dir)
     index_path = model_dir / INDEX
     if index_path.exists():
-        try:
-            weight_map = json.loads(index_path.read_text())["weight_map"]
-        except (json.JSONDecodeError, KeyError, TypeError):
-            raise CheckpointError(f"{index_path}: corrupt index (expected a JSON object with 'weight_map')") from None
+        weight_map = read_index(index_path)
+        if not weight_map:
+            raise CheckpointError(f"{index_path}: the index lists no tensors")
         shard_names = sorted(set(weight_map.values()))
         shards = {}
         for s in shard_names:
@@ -58,6 +78,23 @@ def checkpoint_files(model_dir: str | Path) -> dict[str, SafetensorsFile]:
                 raise CheckpointError(f"tensor {name!r} appears in both {located[name].path.name} and {path.name}")
             located[name] = f
     return located
+
+
+def _check_fp8_scale(name: str, w_shape, scale_name: str, located: dict, block) -> None:
+    """The scale of a block-quantised fp8 weight [R, C] must be [ceil(R / b0), ceil(C / b1)]."""
+    f = located[scale_name]
+    _, s_shape = f.meta(scale_name)
+    want = (-(-w_shape[0] // block[0]), -(-w_shape[1] // block[1])) if len(w_shape) == 2 else None
+    if want is None or tuple(s_shape) != want:
+        raise CheckpointError(f"tensor {scale_name!r} in {f.path.name} has shape {list(s_shape)}, expected "
+                              f"{list(want) if want else 'a 2-D weight'} (block scales of {name!r} {list(w_shape)}, "
+                              f"blocks {list(block)})")
+
+
+def _check_finite(name: str, t: torch.Tensor, where: str) -> None:
+    if t.is_floating_point() and not bool(torch.isfinite(t).all()):
+        bad = int((~torch.isfinite(t)).sum())
+        raise CheckpointError(f"tensor {name!r} in {where} holds {bad} NaN or infinite value(s): corrupt data")
 
 
 def _resolve(spec: TensorSpec, located: dict) -> tuple[str, ...]:
@@ -93,8 +130,11 @@ def _read(name: str, spec: TensorSpec, located: dict, consumed: set, fp8_block) 
         scale_name = _fp8_scale_name(name)
         if scale_name not in located:
             raise CheckpointError(f"tensor {name!r} in {f.path.name} is fp8 but its scale {scale_name!r} is missing")
+        _check_fp8_scale(name, shape, scale_name, located, fp8_block)
         consumed.add(scale_name)
-        return _dequantize_fp8(t, located[scale_name].tensor(scale_name), fp8_block)
+        scale = located[scale_name].tensor(scale_name)
+        _check_finite(scale_name, scale.float(), located[scale_name].path.name)
+        return _dequantize_fp8(t, scale, fp8_block)
     if not dtype.is_floating_point:
         raise CheckpointError(f"tensor {name!r} in {f.path.name} has dtype {dtype}, expected a floating-point dtype (parameter {spec.param})")
     return t
@@ -116,13 +156,14 @@ def load_state_dict(cfg: ModelConfig, model_dir: str | Path, dtype: torch.dtype,
         more = f" (and {len(unexpected) - 1} more)" if len(unexpected) > 1 else ""
         raise CheckpointError(f"unexpected tensor {unexpected[0]!r} in {located[unexpected[0]].path.name}{more}: not part of a {cfg.family} model with this config")
     quant = (cfg.hf.get("text_config", cfg.hf) if cfg.family == "kimi_k3" else cfg.hf).get("quantization_config") or {}
-    fp8_block = tuple(quant.get("weight_block_size", (128, 128)))
+    fp8_block = tuple(quant.get("weight_block_size") or (128, 128))  # validated by the config parser
     state = {}
     for i, (spec, names) in enumerate(resolved):
         parts = [_read(n, spec, located, consumed, fp8_block) for n in names]
         t = torch.stack(parts) if len(names) > 1 or len(spec.names) > 1 else parts[0].reshape(spec.shape)
         target = {"float": dtype, "fp32": torch.float32, "u8": torch.uint8}[spec.kind]
         state[spec.param] = t.to(device=device, dtype=target, copy=True)
+        _check_finite(names[0], state[spec.param], located[names[0]].path.name)
         if progress is not None:
             progress(i + 1, len(resolved))
     return state
