@@ -166,8 +166,8 @@ def model_info(serve_args: str | None) -> dict | None:
         return None
     argv = shlex.split(serve_args)
     name = next((argv[i + 1] for i, a in enumerate(argv[:-1]) if a in ("--model", "-m")), "k3-nano")
-    from nonstop.weights.resolve import resolve_model
     from nonstop.weights.footprint import footprint
+    from nonstop.weights.resolve import resolve_model
 
     cfg, model_dir = resolve_model(name)
     fp = footprint(cfg, "float32")

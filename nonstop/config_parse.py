@@ -255,7 +255,8 @@ def _mlp_types(f: _Fields, n: int, moe: MoEConfig | None) -> tuple[str, ...]:
     if moe is None:
         return ("dense",) * n
     raw_types = f.raw.get("mlp_layer_types")
-    first_dense = f.at_least("first_k_dense_replace", 0, 1 if "linear_attn_config" in f.raw or "layer_types" in f.raw else 3, int)
+    kimi_layout = "linear_attn_config" in f.raw or "layer_types" in f.raw
+    first_dense = f.at_least("first_k_dense_replace", 0, 1 if kimi_layout else 3, int)
     freq = f.get("moe_layer_freq", 1, int)
     _require(freq >= 1, "field 'moe_layer_freq' must be >= 1")
     derived = tuple("moe" if (i >= first_dense and i % freq == 0) else "dense" for i in range(n))

@@ -89,8 +89,8 @@ def test_every_command_that_computes_takes_threads(command, monkeypatch):
     """--threads reaches torch through nonstop.threads.set_threads (parsed, then applied by the command)."""
     from nonstop.cli import build_parser
 
-    args = build_parser().parse_args([command, "--threads", "3"] + (["--out", "x"] if command in ("synth", "train") else [])
-                                     + (["--preset", "k3-nano"] if command == "synth" else []) + (["f"] if command == "perplexity" else []))
+    extra = {"synth": ["--out", "x", "--preset", "k3-nano"], "train": ["--out", "x"], "perplexity": ["f"]}
+    args = build_parser().parse_args([command, "--threads", "3", *extra.get(command, [])])
     assert args.threads == 3
 
 
@@ -135,7 +135,8 @@ def test_chat_reads_turns_from_piped_input(tmp_path, capsys, monkeypatch):
 
     model = _tiny_chat_model(tmp_path)
     monkeypatch.setattr("sys.stdin", io.StringIO("hello\n\n/reset\nagain\n/exit\nnever read\n"))
-    assert main(["chat", "--model", str(model), "-n", "4", "--temperature", "0", "--ignore-eos", "--system", "Be brief."]) == 0
+    argv = ["chat", "--model", str(model), "-n", "4", "--temperature", "0", "--ignore-eos", "--system", "Be brief."]
+    assert main(argv) == 0
     captured = capsys.readouterr()
     assert captured.err.count("[4 tokens") == 2 and "conversation cleared" in captured.err
     assert len(captured.out.splitlines()) == 2  # one line per reply
@@ -158,13 +159,13 @@ def test_a_model_larger_than_memory_is_refused_within_seconds():
     import time
 
     t0 = time.monotonic()
-    r = subprocess.run([sys.executable, "-m", "nonstop.cli", "generate", "-m", "kimi-k3", "hi"], capture_output=True, text=True, timeout=120)
+    cli = [sys.executable, "-m", "nonstop.cli", "generate", "-m", "kimi-k3"]
+    r = subprocess.run([*cli, "hi"], capture_output=True, text=True, timeout=120)
     elapsed = time.monotonic() - t0
     assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr
     assert re.search(r"kimi-k3 needs 1\.\d\d TB at float32 .*; this machine has [\d.]+ [GMT]B free", r.stderr), r.stderr
     assert elapsed < 30, elapsed
-    r = subprocess.run([sys.executable, "-m", "nonstop.cli", "generate", "-m", "kimi-k3", "--dtype", "bfloat16", "hi"],
-                       capture_output=True, text=True, timeout=120)
+    r = subprocess.run([*cli, "--dtype", "bfloat16", "hi"], capture_output=True, text=True, timeout=120)
     assert "kimi-k3 needs 1.56 TB at bfloat16" in r.stderr
 
 
@@ -195,5 +196,6 @@ def test_memory_preflight_decides_on_weights_plus_cache():
     check_memory("llama-3.2-1b", cfg, torch.bfloat16, cpu, 2, free=weights + cache)
     with pytest.raises(PreflightError):
         check_memory("llama-3.2-1b", cfg, torch.bfloat16, cpu, 2, free=weights + cache - 1)
-    with pytest.raises(PreflightError, match=r"llama-3.2-1b needs [\d.]+ GB at bfloat16 .*; this machine has 1 MB free"):
+    message = r"llama-3.2-1b needs [\d.]+ GB at bfloat16 .*; this machine has 1 MB free"
+    with pytest.raises(PreflightError, match=message):
         check_memory("llama-3.2-1b", cfg, torch.bfloat16, cpu, 2, free=10**6)

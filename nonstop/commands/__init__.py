@@ -2,4 +2,5 @@
 
 from nonstop.commands import chat, generate, info, perplexity, program, serve, synth, train
 
-COMMANDS = {"chat": chat, "generate": generate, "info": info, "perplexity": perplexity, "program": program, "serve": serve, "synth": synth, "train": train}
+COMMANDS = {"chat": chat, "generate": generate, "info": info, "perplexity": perplexity, "program": program,
+            "serve": serve, "synth": synth, "train": train}

@@ -11,11 +11,13 @@ COMMANDS_HELP = "/reset clears the conversation, /exit (or end of input) quits"
 
 def add_parser(sub) -> None:
     p = sub.add_parser(
-        "chat", help="chat with a model interactively (its chat template)",
-        description="Read one user message per line from standard input, render the conversation with the model's chat "
-        "template (the checkpoint's chat_template.jinja / tokenizer_config.json, or --chat-template FILE) and print the "
-        f"reply on standard output as it is generated. {COMMANDS_HELP}. Works with piped input: "
-        "`printf 'Hi\\n' | nonstop chat`. Sampling defaults come from the checkpoint's generation_config.json.")
+        "chat",
+        help="chat with a model interactively (its chat template)",
+        description="Read one user message per line from standard input, render the conversation with the model's "
+        "chat template (the checkpoint's chat_template.jinja / tokenizer_config.json, or --chat-template FILE) and "
+        f"print the reply on standard output as it is generated. {COMMANDS_HELP}. Works with piped input: "
+        "`printf 'Hi\\n' | nonstop chat`. Sampling defaults come from the checkpoint's generation_config.json.",
+    )
     add_model_args(p)
     add_sampling_args(p)
     p.add_argument("--system", default=None, help="a system message to start the conversation with")

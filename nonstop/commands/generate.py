@@ -5,16 +5,25 @@ from __future__ import annotations
 import sys
 import time
 
-from nonstop.commands.common import add_model_args, add_sampling_args, add_spec_args, llm_from_args, parse_token_ids
-from nonstop.commands.common import sampling_from_args, spec_from_args
+from nonstop.commands.common import (
+    add_model_args,
+    add_sampling_args,
+    add_spec_args,
+    llm_from_args,
+    parse_token_ids,
+    sampling_from_args,
+    spec_from_args,
+)
 
 
 def add_parser(sub) -> None:
     p = sub.add_parser(
-        "generate", help="generate a completion for a prompt",
-        description="Generate text from a prompt with the chosen model (default: the bundled k3-nano). Prints the prompt, "
-        "then the completion as it is generated, then a line with the token count and decode speed on stderr. Sampling "
-        "defaults come from the checkpoint's generation_config.json (flags override them).")
+        "generate",
+        help="generate a completion for a prompt",
+        description="Generate text from a prompt with the chosen model (default: the bundled k3-nano). Prints the "
+        "prompt, then the completion as it is generated, then a line with the token count and decode speed on "
+        "stderr. Sampling defaults come from the checkpoint's generation_config.json (flags override them).",
+    )
     p.add_argument("prompt", nargs="*", help="prompt text (several words are joined with spaces); default: 'The'")
     p.add_argument("--prompt-ids", type=parse_token_ids, help="prompt as token ids, e.g. '1,15,27' (instead of text)")
     add_model_args(p)
@@ -47,9 +56,14 @@ def run(args) -> int:
     speed = f"{m['decode_tokens_per_s']:.1f} tokens/s" if m["decode_tokens_per_s"] else "n/a tokens/s"
     spec = ""
     if m.get("verify_steps"):
-        spec = (f", {args.speculative} drafts: {m['accepted_tokens']}/{m['drafted_tokens']} accepted, "
-                f"{m['mean_accepted_length']:.2f} tokens/step")
-    print(f"[{llm.name} | {llm.backend} | {str(llm.dtype).replace('torch.', '')} | load {load_s:.1f}s] "
-          f"{m['generated_tokens']} tokens, prompt {m['prompt_tokens']} tokens, first token "
-          f"{m['time_to_first_token_s'] * 1000:.0f} ms, decode {speed}{spec} ({out.finish_reason})", file=sys.stderr)
+        spec = (
+            f", {args.speculative} drafts: {m['accepted_tokens']}/{m['drafted_tokens']} accepted, "
+            f"{m['mean_accepted_length']:.2f} tokens/step"
+        )
+    print(
+        f"[{llm.name} | {llm.backend} | {str(llm.dtype).replace('torch.', '')} | load {load_s:.1f}s] "
+        f"{m['generated_tokens']} tokens, prompt {m['prompt_tokens']} tokens, first token "
+        f"{m['time_to_first_token_s'] * 1000:.0f} ms, decode {speed}{spec} ({out.finish_reason})",
+        file=sys.stderr,
+    )
     return 0

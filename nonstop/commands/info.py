@@ -13,8 +13,8 @@ def add_parser(sub) -> None:
 
 def run(args) -> int:
     from nonstop.config import preset_names
-    from nonstop.weights.resolve import bundled_models, resolve_model
     from nonstop.weights.footprint import footprint, human, layer_table
+    from nonstop.weights.resolve import bundled_models, resolve_model
 
     if args.list:
         print("bundled:", ", ".join(bundled_models()) or "(none)")

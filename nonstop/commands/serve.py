@@ -2,11 +2,17 @@
 
 from __future__ import annotations
 
+import os
 import sys
 
-import os
-
-from nonstop.commands.common import add_model_args, add_spec_args, llm_from_args, positive_int, spec_from_args
+from nonstop.commands.common import (
+    add_checkpoint_file_args,
+    add_model_args,
+    add_spec_args,
+    llm_from_args,
+    positive_int,
+    spec_from_args,
+)
 
 
 def add_parser(sub) -> None:
@@ -16,9 +22,9 @@ def add_parser(sub) -> None:
         description="Serve a model (default: the bundled k3-nano) over HTTP: POST /v1/completions and /v1/chat/completions "
         "(streaming with stream=true), GET /v1/models, /health and /metrics (Prometheus). Requests are batched continuously: "
         "they join and leave between decode steps, long prompts are prefilled in chunks between the decode steps of running "
-        "streams, and when --max-waiting requests already wait for a slot new ones get HTTP 429 with Retry-After. Sampling "
-        "fields a request leaves out take the checkpoint's generation_config.json defaults. Needs the 'serve' extra "
-        "(pip install 'nonstop[serve]': fastapi, uvicorn, jinja2).",
+        "streams, and when --max-waiting requests already wait for a slot new ones get HTTP 429 with Retry-After. "
+        "Sampling fields a request leaves out take the checkpoint's generation_config.json defaults. Needs the "
+        "'serve' extra (pip install 'nonstop[serve]': fastapi, uvicorn).",
     )
     add_model_args(p)
     p.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1; 0.0.0.0 for all interfaces)")
@@ -30,10 +36,13 @@ def add_parser(sub) -> None:
     p.add_argument("--prefill-chunk", type=positive_int, default=128, help="prompt tokens prefilled per engine step, so long prompts do not stall running streams (default 128)")
     p.add_argument("--no-batch-invariant", dest="batch_invariant", action="store_false", help="decode all sequences in one batched forward: faster, but a sequence's tokens may then depend on what else is running (default: every sequence in a forward of its own, bit-identical whatever the load)")
     p.add_argument("--max-prompts", type=positive_int, default=16, help="prompts allowed in one /v1/completions request (default 16)")
-    p.add_argument("--api-key", default=os.environ.get("NONSTOP_API_KEY"), help="require 'Authorization: Bearer KEY' on every /v1 route (default: $NONSTOP_API_KEY; unset: no key)")
-    p.add_argument("--default-max-tokens", type=positive_int, default=None, help="max_tokens of requests that give none (default: the checkpoint's max_new_tokens; else 16 for completions and the rest of the context for chat)")
-    p.add_argument("--chat-template", default=None, help="jinja chat template file to use instead of the checkpoint's")
-    p.add_argument("--ignore-generation-config", dest="generation_config", action="store_false", help="do not take sampling defaults from the checkpoint's generation_config.json")
+    p.add_argument("--api-key", default=os.environ.get("NONSTOP_API_KEY"),
+                   help="require 'Authorization: Bearer KEY' on every /v1 route (default: $NONSTOP_API_KEY; "
+                   "unset: no key)")
+    p.add_argument("--default-max-tokens", type=positive_int, default=None,
+                   help="max_tokens of requests that give none (default: the checkpoint's max_new_tokens; else 16 for "
+                   "completions and the rest of the context for chat)")
+    add_checkpoint_file_args(p)
     p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"], help="server log level (default info)")
     add_spec_args(p)
     p.set_defaults(run=run)
@@ -56,7 +65,8 @@ def run(args) -> int:
     ctx = build_context(llm, args.served_model_name or [str(args.model)], max_batch=args.max_batch,
                         max_waiting=args.max_waiting, max_model_len=args.max_model_len, max_prompts=args.max_prompts,
                         api_key=args.api_key, default_max_tokens=args.default_max_tokens)
-    print(f"nonstop: serving {', '.join(ctx.served_names)} ({llm.backend}, context {ctx.limits.max_len}, {args.max_batch} slots) on http://{args.host}:{args.port}"
-          f"{' (API key required)' if args.api_key else ''}", file=sys.stderr)
+    print(f"nonstop: serving {', '.join(ctx.served_names)} ({llm.backend}, context {ctx.limits.max_len}, "
+          f"{args.max_batch} slots) on http://{args.host}:{args.port}{' (API key required)' if args.api_key else ''}",
+          file=sys.stderr)
     serve(ctx, args.host, args.port, args.log_level)
     return 0

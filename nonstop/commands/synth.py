@@ -18,7 +18,8 @@ def add_parser(sub) -> None:
     p.add_argument("--dtype", default="bfloat16", choices=["float32", "bfloat16", "float16"], help="float weight dtype on disk (default bfloat16)")
     p.add_argument("--num-layers", type=positive_int, help="keep only the first N layers (a slice of a large model)")
     p.add_argument("--shard-size", type=float, default=4.0, help="max shard size in GB; more shards get model.safetensors.index.json (default 4)")
-    p.add_argument("--no-preflight", dest="preflight", action="store_false", help="skip the check that the checkpoint fits in the free disk space")
+    p.add_argument("--no-preflight", dest="preflight", action="store_false",
+                   help="skip the check that the checkpoint fits in the free disk space")
     add_threads_arg(p)
     p.set_defaults(run=run)
 

@@ -18,7 +18,9 @@ class ChatTemplateError(ValueError):
     """No template, or the template refused the conversation or failed to render."""
 
 
-NO_TEMPLATE = "this model has no chat template (chat_template.jinja or tokenizer_config.json): give one with --chat-template FILE"
+NO_TEMPLATE = (
+    "this model has no chat template (chat_template.jinja or tokenizer_config.json): give one with --chat-template FILE"
+)
 
 
 def _tojson(value, ensure_ascii=False, indent=None, separators=None, sort_keys=False):
@@ -47,8 +49,9 @@ def _compile(template: str):
     def raise_exception(message):
         raise ChatTemplateError(message)
 
-    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True,
-                                        extensions=[GenerationBlock, "jinja2.ext.loopcontrols"])
+    env = ImmutableSandboxedEnvironment(
+        trim_blocks=True, lstrip_blocks=True, extensions=[GenerationBlock, "jinja2.ext.loopcontrols"]
+    )
     env.filters["tojson"] = _tojson
     env.globals["raise_exception"] = raise_exception
     env.globals["strftime_now"] = lambda fmt: datetime.now().strftime(fmt)
@@ -77,5 +80,7 @@ def render_chat(messages: list[dict], template: str | None, special_tokens: dict
 
 def chat_prompt(tokenizer, messages: list[dict]) -> list[int]:
     """Token ids of ``messages`` rendered by ``tokenizer``'s chat template (the template writes BOS)."""
-    text = render_chat(messages, tokenizer.chat_template, {"bos_token": tokenizer.bos_token, "eos_token": tokenizer.eos_token})
+    text = render_chat(
+        messages, tokenizer.chat_template, {"bos_token": tokenizer.bos_token, "eos_token": tokenizer.eos_token}
+    )
     return tokenizer.encode(text, add_special_tokens=False)

@@ -31,10 +31,10 @@ class IncrementalDecoder:
 
     def push(self, token: int) -> str:
         self.ids.append(token)
-        window = self.tokenizer.decode(self.ids[self.prefix:])
+        window = self.tokenizer.decode(self.ids[self.prefix :])
         if window.endswith(INCOMPLETE) and len(self.ids) - self.read < MAX_PENDING:
             return ""
-        new = window[len(self._read_text):]
+        new = window[len(self._read_text) :]
         self.prefix, self.read = self.read, len(self.ids)
-        self._read_text = self.tokenizer.decode(self.ids[self.prefix:])
+        self._read_text = self.tokenizer.decode(self.ids[self.prefix :])
         return new

@@ -17,8 +17,14 @@ from nonstop.engine.sampling import InvalidSamplingParam, SamplingParams
 from nonstop.weights.errors import CheckpointError
 
 FILE = "generation_config.json"
-SAMPLING_FIELDS = {"temperature": "temperature", "top_p": "top_p", "top_k": "top_k", "min_p": "min_p",
-                   "repetition_penalty": "repetition_penalty", "max_new_tokens": "max_tokens"}
+SAMPLING_FIELDS = {
+    "temperature": "temperature",
+    "top_p": "top_p",
+    "top_k": "top_k",
+    "min_p": "min_p",
+    "repetition_penalty": "repetition_penalty",
+    "max_new_tokens": "max_tokens",
+}
 
 
 @dataclass(frozen=True)

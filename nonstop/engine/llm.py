@@ -55,7 +55,8 @@ class LLM:
         if preflight:
             check_memory(self.name, self.cfg, self.dtype, self.device, max_batch)
         if self.model_dir is None:
-            print(f"nonstop: {model!r} is a preset: using random weights (seed {seed}) and byte tokens", file=sys.stderr)
+            print(f"nonstop: {model!r} is a preset: using random weights (seed {seed}) and byte tokens",
+                  file=sys.stderr)
             self.model = random_model(self.cfg, self.dtype, self.device, seed)
         else:
             report = _progress_printer(f"loading {self.model_dir}") if progress else None

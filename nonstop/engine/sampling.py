@@ -113,8 +113,15 @@ def apply_penalties(logits: torch.Tensor, params: SamplingParams, history) -> to
     seen, out_ids, counts = history.penalty_ids()
     dev = logits.device
     p = params
-    return penalize(logits, seen.to(dev), out_ids.to(dev), counts.to(dev), p.repetition_penalty, p.presence_penalty,
-                    p.frequency_penalty)
+    return penalize(
+        logits,
+        seen.to(dev),
+        out_ids.to(dev),
+        counts.to(dev),
+        p.repetition_penalty,
+        p.presence_penalty,
+        p.frequency_penalty,
+    )
 
 
 def sampling_probs(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:

@@ -37,8 +37,9 @@ def check_text(text: str, what: str = "text") -> None:
         text.encode("utf-8")
     except UnicodeEncodeError as exc:
         bad = ord(text[exc.start])
-        raise TokenizerError(f"{what} holds a lone surrogate U+{bad:04X} at character {exc.start}: "
-                             "not valid Unicode") from None
+        raise TokenizerError(
+            f"{what} holds a lone surrogate U+{bad:04X} at character {exc.start}: not valid Unicode"
+        ) from None
 
 
 def read_json(path: Path) -> dict:
@@ -94,7 +95,9 @@ class Tokenizer:
         return self.decode([token_id])
 
     @staticmethod
-    def load(model_dir: str | Path | None, vocab_size: int, mode: str = "auto", chat_template: str | Path | None = None) -> "Tokenizer":
+    def load(
+        model_dir: str | Path | None, vocab_size: int, mode: str = "auto", chat_template: str | Path | None = None
+    ) -> "Tokenizer":
         """The checkpoint's tokenizer (``mode`` auto), ``IdTokenizer`` (ids, or auto with no tokenizer
         files), ``ByteTokenizer`` (bytes, or auto for a preset: ``model_dir`` None)."""
         if mode not in MODES:
@@ -159,18 +162,20 @@ class HFTokenizer(Tokenizer):
 # Kimi's pre-tokeniser (tokenization_kimi.py of the Kimi K2 / Kimi Linear checkpoints): Han runs,
 # cased words with English contractions (letters other than Han), 1-3 digits, punctuation runs,
 # newlines and spaces. ``&&`` is a class intersection (tiktoken's regex engine supports it).
-KIMI_PATTERN = "|".join([
-    r"[\p{Han}]+",
-    r"[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}&&[^\p{Han}]]*[\p{Ll}\p{Lm}\p{Lo}\p{M}&&[^\p{Han}]]+"
-    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)?",
-    r"[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}&&[^\p{Han}]]+[\p{Ll}\p{Lm}\p{Lo}\p{M}&&[^\p{Han}]]*"
-    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)?",
-    r"\p{N}{1,3}",
-    r" ?[^\s\p{L}\p{N}]+[\r\n]*",
-    r"\s*[\r\n]+",
-    r"\s+(?!\S)",
-    r"\s+",
-])
+KIMI_PATTERN = "|".join(
+    [
+        r"[\p{Han}]+",
+        r"[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}&&[^\p{Han}]]*[\p{Ll}\p{Lm}\p{Lo}\p{M}&&[^\p{Han}]]+"
+        r"(?i:'s|'t|'re|'ve|'m|'ll|'d)?",
+        r"[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}&&[^\p{Han}]]+[\p{Ll}\p{Lm}\p{Lo}\p{M}&&[^\p{Han}]]*"
+        r"(?i:'s|'t|'re|'ve|'m|'ll|'d)?",
+        r"\p{N}{1,3}",
+        r" ?[^\s\p{L}\p{N}]+[\r\n]*",
+        r"\s*[\r\n]+",
+        r"\s+(?!\S)",
+        r"\s+",
+    ]
+)
 KIMI_SPECIAL_IDS = 256 + 2  # special-token ids after the base vocabulary
 MAX_ENCODE_CHARS = 400_000  # tiktoken is fed slices of at most this many characters ...
 MAX_RUN_CHARS = 25_000  # ... each without longer runs of whitespace or of non-whitespace
@@ -231,7 +236,9 @@ class TiktokenTokenizer(Tokenizer):
         specials = {named.get(i, f"<|reserved_token_{i}|>"): i for i in range(base, base + KIMI_SPECIAL_IDS)}
         specials.update({text: i for i, text in named.items() if i >= base + KIMI_SPECIAL_IDS})
         try:
-            self.enc = tiktoken.Encoding(path.name, pat_str=KIMI_PATTERN, mergeable_ranks=ranks, special_tokens=specials)
+            self.enc = tiktoken.Encoding(
+                path.name, pat_str=KIMI_PATTERN, mergeable_ranks=ranks, special_tokens=specials
+            )
         except ValueError as exc:
             raise TokenizerError(f"{path}: cannot build the tokenizer ({exc})") from None
         self.base = base
@@ -276,8 +283,10 @@ class ByteTokenizer(Tokenizer):
     def _encode(self, text: str, add_special_tokens: bool) -> list[int]:
         ids = list(text.encode("utf-8"))
         if any(i >= self.vocab_size for i in ids):
-            raise TokenizerError(f"this model's vocabulary ({self.vocab_size}) cannot hold every byte of the text; "
-                                 "pass token ids instead")
+            raise TokenizerError(
+                f"this model's vocabulary ({self.vocab_size}) cannot hold every byte of the text; "
+                "pass token ids instead"
+            )
         return ids
 
     def decode(self, ids: list[int]) -> str:
@@ -304,9 +313,13 @@ class IdTokenizer(Tokenizer):
         self.model_dir = model_dir
 
     def _encode(self, text: str, add_special_tokens: bool) -> list[int]:
-        where = f"{self.model_dir} has no tokenizer ({' or '.join(TOKENIZER_FILES)})" if self.model_dir else "no tokenizer"
-        raise TokenizerError(f"{where}: text cannot be encoded; give token ids (--prompt-ids, prompt_token_ids) "
-                             "or add the tokenizer files to the checkpoint")
+        where = (
+            f"{self.model_dir} has no tokenizer ({' or '.join(TOKENIZER_FILES)})" if self.model_dir else "no tokenizer"
+        )
+        raise TokenizerError(
+            f"{where}: text cannot be encoded; give token ids (--prompt-ids, prompt_token_ids) "
+            "or add the tokenizer files to the checkpoint"
+        )
 
     def decode(self, ids: list[int]) -> str:
         return ""

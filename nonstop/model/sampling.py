@@ -18,8 +18,9 @@ import math
 import torch
 
 
-def filter_logits(logits: torch.Tensor, temperature: float, top_k: int, top_p: float,
-                  min_p: float = 0.0) -> torch.Tensor:
+def filter_logits(
+    logits: torch.Tensor, temperature: float, top_k: int, top_p: float, min_p: float = 0.0
+) -> torch.Tensor:
     """logits [V] -> x [V] float64: (l - max l) / temperature on the kept tokens, -inf elsewhere.
 
     Kept, in this order (the order vLLM applies them; top-k and min-p commute):
@@ -30,8 +31,8 @@ def filter_logits(logits: torch.Tensor, temperature: float, top_k: int, top_p: f
               top_p: a token is dropped when the mass strictly above it is already >= top_p.
     ``top_k <= 0``, ``top_p >= 1`` and ``min_p <= 0`` switch those filters off.
     """
-    l = logits.double()
-    x = (l - l.max()) / temperature
+    wide = logits.double()
+    x = (wide - wide.max()) / temperature
     if 0 < top_k < x.shape[-1]:
         kth = torch.topk(x, top_k).values[-1]
         x = x.masked_fill(x < kth, float("-inf"))
@@ -45,8 +46,15 @@ def filter_logits(logits: torch.Tensor, temperature: float, top_k: int, top_p: f
     return x
 
 
-def penalize(logits: torch.Tensor, seen_ids: torch.Tensor, output_ids: torch.Tensor, output_counts: torch.Tensor,
-             repetition: float = 1.0, presence: float = 0.0, frequency: float = 0.0) -> torch.Tensor:
+def penalize(
+    logits: torch.Tensor,
+    seen_ids: torch.Tensor,
+    output_ids: torch.Tensor,
+    output_counts: torch.Tensor,
+    repetition: float = 1.0,
+    presence: float = 0.0,
+    frequency: float = 0.0,
+) -> torch.Tensor:
     """logits [V] -> penalised logits [V] (a copy, same dtype), as vLLM and transformers define them:
 
       repetition r (tokens of the prompt or the output so far, ``seen_ids``):

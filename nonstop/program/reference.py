@@ -28,12 +28,12 @@ from nonstop.model.attnres import attn_res_mix
 from nonstop.model.kda import conv_windows, kda_gate_lower_bound, kda_gate_softplus, kda_recurrent, short_conv
 from nonstop.model.linear import linear
 from nonstop.model.mla import absorb_query, latent_attention, unabsorb_output
-from nonstop.model.moe import router_logits, routed_experts, select_experts
+from nonstop.model.moe import routed_experts, router_logits, select_experts
 from nonstop.model.norms import gated_rms_norm, l2_norm, rms_norm
-from nonstop.model.rows import rowwise
 from nonstop.model.philox import gumbel_noise
-from nonstop.model.sampling import filter_logits
 from nonstop.model.rope import apply_rope, rope_cos_sin
+from nonstop.model.rows import rowwise
+from nonstop.model.sampling import filter_logits
 from nonstop.program.ir import SuperOp
 
 

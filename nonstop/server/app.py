@@ -99,8 +99,12 @@ class ErrorBoundary:
 async def read_body(request: Request, limit: int) -> bytes:
     """The request body, refused with 413 (and ``Connection: close``, as the rest is left unread) as soon
     as it exceeds ``limit`` bytes."""
-    too_large = APIError(413, f"request body exceeds the limit of {limit} bytes", code="request_too_large",
-                         headers={"Connection": "close"})
+    too_large = APIError(
+        413,
+        f"request body exceeds the limit of {limit} bytes",
+        code="request_too_large",
+        headers={"Connection": "close"},
+    )
     length = request.headers.get("content-length", "")
     if length.isdigit() and int(length) > limit:
         raise too_large
@@ -120,8 +124,12 @@ def _api_key_check(ctx: ServingContext):
         scheme, _, token = request.headers.get("authorization", "").partition(" ")
         given = token.strip().encode("utf-8", "replace")
         if scheme.lower() != "bearer" or not hmac.compare_digest(given, ctx.api_key.encode("utf-8")):
-            raise APIError(401, "missing or wrong API key: send 'Authorization: Bearer <key>'", code="invalid_api_key",
-                           headers={"WWW-Authenticate": "Bearer"})
+            raise APIError(
+                401,
+                "missing or wrong API key: send 'Authorization: Bearer <key>'",
+                code="invalid_api_key",
+                headers={"WWW-Authenticate": "Bearer"},
+            )
 
     return require_api_key
 
@@ -147,8 +155,12 @@ def create_app(ctx: ServingContext, manage_engine: bool = True) -> FastAPI:
     @app.get("/health")
     async def health():
         if not ctx.engine.running:
-            raise APIError(503, ctx.engine.fatal_error or "engine not running", code="engine_unavailable",
-                           headers={"Retry-After": "5"})
+            raise APIError(
+                503,
+                ctx.engine.fatal_error or "engine not running",
+                code="engine_unavailable",
+                headers={"Retry-After": "5"},
+            )
         return {"status": "ok", "active_sequences": ctx.engine.num_active, "queue_depth": ctx.engine.num_waiting}
 
     @app.get("/metrics")
@@ -156,8 +168,13 @@ def create_app(ctx: ServingContext, manage_engine: bool = True) -> FastAPI:
         return PlainTextResponse(ctx.metrics.render(), media_type=TEXT_CONTENT_TYPE)
 
     def model_card(name: str) -> dict:
-        return {"id": name, "object": "model", "created": int(ctx.started), "owned_by": "nonstop",
-                "max_model_len": limits.max_len}
+        return {
+            "id": name,
+            "object": "model",
+            "created": int(ctx.started),
+            "owned_by": "nonstop",
+            "max_model_len": limits.max_len,
+        }
 
     @app.get("/v1/models", dependencies=auth)
     async def models():
@@ -206,8 +223,12 @@ def _openapi_with_request_schemas(app: FastAPI) -> dict:
     FastAPI cannot see them), for API clients and fuzzers."""
     if app.openapi_schema:
         return app.openapi_schema
-    schema = get_openapi(title=app.title, version=app.version, routes=app.routes,
-                         description="OpenAI-compatible completions and chat completions (nonstop).")
+    schema = get_openapi(
+        title=app.title,
+        version=app.version,
+        routes=app.routes,
+        description="OpenAI-compatible completions and chat completions (nonstop).",
+    )
     components = schema.setdefault("components", {}).setdefault("schemas", {})
     for path, body in (("/v1/completions", CompletionBody), ("/v1/chat/completions", ChatCompletionBody)):
         js = body.model_json_schema(ref_template="#/components/schemas/{model}")
@@ -230,15 +251,21 @@ def _choices(count: int, n: int) -> list[Choice]:
     return [Choice(i, counts_prompt=i % n == 0) for i in range(count)]
 
 
-async def _respond(ctx: ServingContext, http: Request, requests, builder: ResponseBuilder, body, echoes: list[str] | None) -> Response:
+async def _respond(
+    ctx: ServingContext, http: Request, requests, builder: ResponseBuilder, body, echoes: list[str] | None
+) -> Response:
     submission = Submission(ctx.engine, ctx.metrics, requests)
     submission.start()
     choices = _choices(len(requests), body.n)
     if body.stream:
         # the background task also cancels when the client leaves before the stream's first chunk
         stream = _stream(submission, builder, choices, _include_usage(body), echoes)
-        return StreamingResponse(stream, media_type="text/event-stream", headers={"Cache-Control": "no-cache"},
-                                 background=BackgroundTask(submission.cancel))
+        return StreamingResponse(
+            stream,
+            media_type="text/event-stream",
+            headers={"Cache-Control": "no-cache"},
+            background=BackgroundTask(submission.cancel),
+        )
     try:
         async for index, event in submission.events(http.is_disconnected):
             choices[index].add(event)
@@ -252,7 +279,13 @@ async def _respond(ctx: ServingContext, http: Request, requests, builder: Respon
     return JSONResponse(builder.body(choices, echoes))
 
 
-async def _stream(submission: Submission, builder: ResponseBuilder, choices: list[Choice], include_usage: bool, echoes: list[str] | None):
+async def _stream(
+    submission: Submission,
+    builder: ResponseBuilder,
+    choices: list[Choice],
+    include_usage: bool,
+    echoes: list[str] | None,
+):
     """SSE chunks for one call; cancels its unfinished requests however the stream ends. An unexpected
     error mid-stream ends it with an ``error`` event (the status line is already sent)."""
     try:
@@ -260,12 +293,20 @@ async def _stream(submission: Submission, builder: ResponseBuilder, choices: lis
             if builder.kind == "chat":
                 yield sse(builder.role_chunk(c.index))
             elif echoes:
-                yield sse(builder.chunk([{"index": c.index, "text": echoes[c.index], "logprobs": None, "finish_reason": None}]))
+                yield sse(
+                    builder.chunk(
+                        [{"index": c.index, "text": echoes[c.index], "logprobs": None, "finish_reason": None}]
+                    )
+                )
         async for index, event in submission.events():
             offset = (len(echoes[index]) if echoes else 0) + choices[index].length
             choices[index].add(event)
             if event.finish_reason in ("error", "abort"):
-                yield sse(APIError(500, f"generation failed: {event.error or 'request aborted'}", code="generation_failed").body())
+                yield sse(
+                    APIError(
+                        500, f"generation failed: {event.error or 'request aborted'}", code="generation_failed"
+                    ).body()
+                )
                 submission.cancel()
                 break
             chunk = builder.delta_chunk(index, event, offset)

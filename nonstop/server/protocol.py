@@ -33,8 +33,19 @@ class StreamOptions(_Body):
     continuous_usage_stats: bool = False
 
 
-SAMPLING = ("temperature", "top_p", "top_k", "min_p", "repetition_penalty", "presence_penalty", "frequency_penalty",
-            "seed", "stop", "stop_token_ids", "ignore_eos")
+SAMPLING = (
+    "temperature",
+    "top_p",
+    "top_k",
+    "min_p",
+    "repetition_penalty",
+    "presence_penalty",
+    "frequency_penalty",
+    "seed",
+    "stop",
+    "stop_token_ids",
+    "ignore_eos",
+)
 
 
 class SamplingFields(_Body):

@@ -75,11 +75,15 @@ def _valid_unicode(text: str) -> bool:
 def parse_body(raw: bytes, model: type[BaseModel], limits: Limits) -> BaseModel:
     """Raw request bytes -> a validated body (413 when too large, 400 when malformed or invalid)."""
     if len(raw) > limits.max_body_bytes:
-        raise APIError(413, f"request body is {len(raw)} bytes; the limit is {limits.max_body_bytes}", code="request_too_large")
+        raise APIError(
+            413, f"request body is {len(raw)} bytes; the limit is {limits.max_body_bytes}", code="request_too_large"
+        )
     try:
         obj = json.loads(raw, parse_constant=_refuse_constant)
     except RecursionError:
-        raise bad_request(f"request body is nested too deeply (limit {MAX_DEPTH} levels)", code="invalid_json") from None
+        raise bad_request(
+            f"request body is nested too deeply (limit {MAX_DEPTH} levels)", code="invalid_json"
+        ) from None
     except (ValueError, UnicodeDecodeError) as exc:
         raise bad_request(f"request body is not valid JSON: {exc}", code="invalid_json") from None
     if not isinstance(obj, dict):
@@ -93,7 +97,11 @@ def parse_body(raw: bytes, model: type[BaseModel], limits: Limits) -> BaseModel:
         first = exc.errors()[0]
         where = ".".join(str(p) for p in first["loc"]) or "body"
         if first["type"] == "extra_forbidden":
-            raise bad_request(f"{where}: unknown parameter (not an OpenAI field this server knows)", param=where, code="unknown_parameter") from None
+            raise bad_request(
+                f"{where}: unknown parameter (not an OpenAI field this server knows)",
+                param=where,
+                code="unknown_parameter",
+            ) from None
         raise bad_request(f"{where}: {first['msg']}", param=where, code="invalid_value") from None
     for param, why in body.unsupported():
         raise bad_request(why, param=param, code="unsupported_parameter")
@@ -102,28 +110,48 @@ def parse_body(raw: bytes, model: type[BaseModel], limits: Limits) -> BaseModel:
 
 def check_model(name: str, served: list[str]) -> None:
     if name not in served:
-        raise APIError(404, f"the model {name!r} does not exist; this server serves: {', '.join(served)}", param="model", code="model_not_found")
+        raise APIError(
+            404,
+            f"the model {name!r} does not exist; this server serves: {', '.join(served)}",
+            param="model",
+            code="model_not_found",
+        )
 
 
 def resolve_max_tokens(requested: int | None, prompt_len: int, limits: Limits, default: int | None, param: str) -> int:
     """max_tokens to generate, or a 400 that says why not."""
     room = limits.max_len - prompt_len
     if room < 1:
-        raise bad_request(f"this model's maximum context length is {limits.max_len} tokens, and the prompt has {prompt_len}: shorten it", param="prompt" if param == "max_tokens" else "messages", code="context_length_exceeded")
+        raise bad_request(
+            f"this model's maximum context length is {limits.max_len} tokens, and the prompt has {prompt_len}: "
+            "shorten it",
+            param="prompt" if param == "max_tokens" else "messages",
+            code="context_length_exceeded",
+        )
     if requested is None:
         default = limits.default_max_tokens or default
         return room if default is None else min(default, room)
     if requested < 1:
         raise bad_request(f"{param} must be at least 1, got {requested}", param=param, code="invalid_value")
     if requested > room:
-        raise bad_request(f"this model's maximum context length is {limits.max_len} tokens; you asked for {prompt_len + requested} ({prompt_len} in the prompt, {requested} to generate)", param=param, code="context_length_exceeded")
+        raise bad_request(
+            f"this model's maximum context length is {limits.max_len} tokens; you asked for {prompt_len + requested} "
+            f"({prompt_len} in the prompt, {requested} to generate)",
+            param=param,
+            code="context_length_exceeded",
+        )
     return requested
 
 
 def sampling_params(body: SamplingFields, llm: LLM, max_tokens: int, logprobs: int | None) -> SamplingParams:
     """The request's sampling fields over the checkpoint's defaults."""
-    fields = {**llm.generation.defaults, **body.sampling_overrides(), "max_tokens": max_tokens, "n": body.n,
-              "logprobs": logprobs}
+    fields = {
+        **llm.generation.defaults,
+        **body.sampling_overrides(),
+        "max_tokens": max_tokens,
+        "n": body.n,
+        "logprobs": logprobs,
+    }
     try:
         return SamplingParams(**fields)
     except InvalidSamplingParam as exc:
@@ -147,22 +175,31 @@ def _check_choices(prompts: int, n: int, limits: Limits) -> None:
     if prompts > limits.max_prompts:
         raise bad_request(f"{prompts} prompts in one request; the limit is {limits.max_prompts}", param="prompt")
     if prompts * n > limits.max_choices:
-        raise bad_request(f"{prompts} prompt(s) x n={n} asks for {prompts * n} completions; the limit is {limits.max_choices}", param="n")
+        raise bad_request(
+            f"{prompts} prompt(s) x n={n} asks for {prompts * n} completions; the limit is {limits.max_choices}",
+            param="n",
+        )
 
 
-def _requests(llm: LLM, text: str | None, ids: list[int], params: SamplingParams, request_id: str, param: str) -> list[Request]:
+def _requests(
+    llm: LLM, text: str | None, ids: list[int], params: SamplingParams, request_id: str, param: str
+) -> list[Request]:
     try:
         return llm.make_requests(text, ids, params, request_id=request_id)
     except ValueError as exc:
         raise bad_request(str(exc), param=param) from None
 
 
-def completion_requests(body: CompletionBody, llm: LLM, limits: Limits, call_id: str) -> tuple[list[Request], list[str]]:
+def completion_requests(
+    body: CompletionBody, llm: LLM, limits: Limits, call_id: str
+) -> tuple[list[Request], list[str]]:
     """``n`` engine requests per prompt (prompt-major, as OpenAI numbers choices), and each choice's
     prompt text (for ``echo``)."""
     prompts = _prompt_list(body.prompt)
     if not prompts:
-        raise bad_request("prompt is empty: give a string, a list of strings or token ids", param="prompt", code="empty_prompt")
+        raise bad_request(
+            "prompt is empty: give a string, a list of strings or token ids", param="prompt", code="empty_prompt"
+        )
     _check_choices(len(prompts), body.n, limits)
     requests, echoes = [], []
     for i, p in enumerate(prompts):
@@ -172,7 +209,9 @@ def completion_requests(body: CompletionBody, llm: LLM, limits: Limits, call_id:
         except ValueError as exc:
             raise bad_request(str(exc), param="prompt") from None
         if not ids or text == "":
-            raise bad_request("prompt is empty: give at least one character or token", param="prompt", code="empty_prompt")
+            raise bad_request(
+                "prompt is empty: give at least one character or token", param="prompt", code="empty_prompt"
+            )
         n = resolve_max_tokens(body.max_tokens, len(ids), limits, COMPLETION_DEFAULT_MAX_TOKENS, "max_tokens")
         made = _requests(llm, text, ids, sampling_params(body, llm, n, body.logprobs), f"{call_id}-{i}", "prompt")
         requests += made

@@ -39,9 +39,10 @@ def size_text(n: float) -> str:
 
 def _cgroup_free() -> int | None:
     """Bytes left under this process's cgroup v2 / v1 memory limit (None when unlimited or unknown)."""
-    for limit_file, usage_file in (("/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory.current"),
-                                   ("/sys/fs/cgroup/memory/memory.limit_in_bytes",
-                                    "/sys/fs/cgroup/memory/memory.usage_in_bytes")):
+    for limit_file, usage_file in (
+        ("/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory.current"),
+        ("/sys/fs/cgroup/memory/memory.limit_in_bytes", "/sys/fs/cgroup/memory/memory.usage_in_bytes"),
+    ):
         try:
             limit = Path(limit_file).read_text().strip()
             usage = int(Path(usage_file).read_text().strip())
@@ -70,23 +71,28 @@ def available_memory(device: torch.device) -> int:
     return min(free, cgroup) if cgroup is not None else free
 
 
-def model_bytes(cfg: ModelConfig, dtype: torch.dtype, slots: int = 1, cache_tokens: int = CACHE_TOKENS_PER_SLOT) -> tuple[int, int]:
+def model_bytes(
+    cfg: ModelConfig, dtype: torch.dtype, slots: int = 1, cache_tokens: int = CACHE_TOKENS_PER_SLOT
+) -> tuple[int, int]:
     """(weight bytes at ``dtype``, cache bytes for ``slots`` sequences of ``cache_tokens`` tokens)."""
     fp = footprint(cfg, DTYPE_NAMES.get(dtype, "float32"))
     tokens = min(cache_tokens, cfg.max_position_embeddings)
     return fp.weight_bytes, slots * (fp.state_bytes_per_sequence + tokens * fp.cache_bytes_per_token)
 
 
-def check_memory(name: str, cfg: ModelConfig, dtype: torch.dtype, device: torch.device, slots: int = 1,
-                 free: int | None = None) -> None:
+def check_memory(
+    name: str, cfg: ModelConfig, dtype: torch.dtype, device: torch.device, slots: int = 1, free: int | None = None
+) -> None:
     """PreflightError when weights + cache of ``slots`` sequences exceed the free memory of ``device``."""
     weights, cache = model_bytes(cfg, dtype, slots)
     free = available_memory(device) if free is None else free
     if weights + cache > free:
         where = "this machine" if device.type == "cpu" else f"{device}"
-        raise PreflightError(f"{name} needs {size_text(weights + cache)} at {DTYPE_NAMES.get(dtype, dtype)} "
-                             f"({size_text(weights)} of weights, {size_text(cache)} of cache for {slots} "
-                             f"sequence(s)); {where} has {size_text(free)} free ({OVERRIDE_HINT})")
+        raise PreflightError(
+            f"{name} needs {size_text(weights + cache)} at {DTYPE_NAMES.get(dtype, dtype)} "
+            f"({size_text(weights)} of weights, {size_text(cache)} of cache for {slots} "
+            f"sequence(s)); {where} has {size_text(free)} free ({OVERRIDE_HINT})"
+        )
 
 
 def free_disk(path: Path) -> int:
@@ -101,4 +107,6 @@ def check_disk(what: str, nbytes: int, out: Path, free: int | None = None) -> No
     """PreflightError when writing ``nbytes`` into ``out`` would not fit its file system."""
     free = free_disk(out) if free is None else free
     if nbytes > free:
-        raise PreflightError(f"{what} needs {size_text(nbytes)} of disk; {out} has {size_text(free)} free ({OVERRIDE_HINT})")
+        raise PreflightError(
+            f"{what} needs {size_text(nbytes)} of disk; {out} has {size_text(free)} free ({OVERRIDE_HINT})"
+        )

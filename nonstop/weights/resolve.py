@@ -15,8 +15,14 @@ from nonstop.config import ConfigError, ModelConfig, preset_names
 
 ASSETS = Path(__file__).resolve().parent.parent / "assets"
 DEFAULT_MODEL = "k3-nano"
-DTYPES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
-          "float16": torch.float16, "fp16": torch.float16}
+DTYPES = {
+    "float32": torch.float32,
+    "fp32": torch.float32,
+    "bfloat16": torch.bfloat16,
+    "bf16": torch.bfloat16,
+    "float16": torch.float16,
+    "fp16": torch.float16,
+}
 
 
 def parse_dtype(dtype, device: str) -> torch.dtype:
@@ -45,8 +51,10 @@ def resolve_model(model: str | Path) -> tuple[ModelConfig, Path | None]:
         return ModelConfig.preset(str(model)), None
     if path.exists():
         raise ConfigError(f"{path} is not a directory: give the checkpoint directory (holding config.json)")
-    raise ConfigError(f"model {str(model)!r} is neither a checkpoint directory nor a known name; bundled: "
-                      f"{', '.join(bundled_models()) or 'none'}; presets (random weights): {', '.join(preset_names())}")
+    raise ConfigError(
+        f"model {str(model)!r} is neither a checkpoint directory nor a known name; bundled: "
+        f"{', '.join(bundled_models()) or 'none'}; presets (random weights): {', '.join(preset_names())}"
+    )
 
 
 def check_device(device: str | torch.device) -> torch.device:
@@ -57,11 +65,13 @@ def check_device(device: str | torch.device) -> torch.device:
         raise ValueError(f"device {device!r} is not a device torch knows: {exc}") from None
     if dev.type == "cuda":
         if not torch.cuda.is_available():
-            raise ValueError(f"device {device!r} asked for, but this torch ({torch.__version__}) sees no CUDA GPU; "
-                             "use --device cpu")
+            raise ValueError(
+                f"device {device!r} asked for, but this torch ({torch.__version__}) sees no CUDA GPU; use --device cpu"
+            )
         if dev.index is not None and dev.index >= torch.cuda.device_count():
-            raise ValueError(f"device {device!r} asked for, but only {torch.cuda.device_count()} CUDA device(s) "
-                             "are visible")
+            raise ValueError(
+                f"device {device!r} asked for, but only {torch.cuda.device_count()} CUDA device(s) are visible"
+            )
     elif dev.type != "cpu":
         raise ValueError(f"device {device!r} is not supported: use cpu or cuda[:N]")
     return dev

@@ -67,16 +67,18 @@ class SafetensorsFile:
         self.entries: dict[str, tuple[torch.dtype, tuple[int, ...], int, int]] = {}
         for name, e in header.items():
             if isinstance(e, dict) and isinstance(e.get("dtype"), str) and e["dtype"] not in DTYPES:
-                raise CheckpointError(f"{self.path}: tensor {name!r} has dtype {e['dtype']!r}, which nonstop cannot read "
-                                      f"(known: {', '.join(DTYPES)})")
+                raise CheckpointError(f"{self.path}: tensor {name!r} has dtype {e['dtype']!r}, which nonstop cannot "
+                                      f"read (known: {', '.join(DTYPES)})")
             try:
                 dtype = DTYPES[e["dtype"]]
                 shape = tuple(_int(s) for s in e["shape"])
                 begin, end = (_int(o) for o in e["data_offsets"])
             except (KeyError, TypeError, ValueError):
-                raise CheckpointError(f"{self.path}: corrupt header entry for tensor {name!r}: {str(e)[:200]}") from None
+                entry = str(e)[:200]
+                raise CheckpointError(f"{self.path}: corrupt header entry for tensor {name!r}: {entry}") from None
             if any(d < 0 for d in shape):
-                raise CheckpointError(f"{self.path}: corrupt header entry for tensor {name!r}: negative shape {list(shape)}")
+                raise CheckpointError(f"{self.path}: corrupt header entry for tensor {name!r}: negative shape "
+                                      f"{list(shape)}")
             numel = 1
             for s in shape:
                 numel *= s

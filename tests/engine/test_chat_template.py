@@ -22,15 +22,20 @@ def test_no_template_is_refused_with_the_way_out():
 
 def test_transformers_template_features():
     """tojson keeps non-ASCII text, {% generation %} blocks render their body, loop controls work."""
-    template = ("{% for m in messages %}{% if m['role'] == 'system' %}{% continue %}{% endif %}"
-                "{% generation %}{{ m | tojson }}{% endgeneration %}{% endfor %}")
+    template = (
+        "{% for m in messages %}{% if m['role'] == 'system' %}{% continue %}{% endif %}"
+        "{% generation %}{{ m | tojson }}{% endgeneration %}{% endfor %}"
+    )
     assert render_chat([{"role": "system", "content": "x"}, {"role": "user", "content": "é"}], template) == (
-        '{"role": "user", "content": "é"}')
+        '{"role": "user", "content": "é"}'
+    )
 
 
 def test_a_template_that_refuses_or_breaks_raises_a_clean_error():
     with pytest.raises(ChatTemplateError, match="no system"):
-        render_chat(MESSAGES, "{% if messages[0]['role'] == 'system' %}{{ raise_exception('no system messages') }}{% endif %}")
+        render_chat(
+            MESSAGES, "{% if messages[0]['role'] == 'system' %}{{ raise_exception('no system messages') }}{% endif %}"
+        )
     with pytest.raises(ChatTemplateError):
         render_chat(MESSAGES, "{{ messages[0].__class__.__mro__ }}{{ undefined_function() }}")
     with pytest.raises(ChatTemplateError, match="does not parse"):

@@ -34,7 +34,9 @@ def test_any_finite_temperature_and_top_p_give_a_distribution(temperature, top_p
 
 def test_huge_temperature_flattens_and_ties_survive_tiny_ones():
     logits = torch.tensor([3.0, 1.0, 3.0, -2.0])
-    assert torch.allclose(torch.softmax(filter_logits(logits, 1e300, -1, 1.0), -1).double(), torch.full((4,), 0.25, dtype=torch.float64))
+    assert torch.allclose(
+        torch.softmax(filter_logits(logits, 1e300, -1, 1.0), -1).double(), torch.full((4,), 0.25, dtype=torch.float64)
+    )
     tied = torch.softmax(filter_logits(logits, 1e-300, -1, 1.0), -1)
     assert tied.tolist() == [0.5, 0.0, 0.5, 0.0]
 
@@ -75,10 +77,20 @@ def test_presence_and_frequency_penalties_follow_openai():
         torch.testing.assert_close(got.double(), want, rtol=1e-6, atol=1e-6)
 
 
-@pytest.mark.parametrize("kwargs, param", [({"temperature": float("inf")}, "temperature"), ({"temperature": float("nan")}, "temperature"),
-                                           ({"seed": 2**64}, "seed"), ({"seed": -(2**63) - 1}, "seed"), ({"min_p": 1.5}, "min_p"),
-                                           ({"repetition_penalty": 0.0}, "repetition_penalty"), ({"n": 0}, "n"),
-                                           ({"presence_penalty": float("inf")}, "presence_penalty"), ({"top_p": 0.0}, "top_p")])
+@pytest.mark.parametrize(
+    "kwargs, param",
+    [
+        ({"temperature": float("inf")}, "temperature"),
+        ({"temperature": float("nan")}, "temperature"),
+        ({"seed": 2**64}, "seed"),
+        ({"seed": -(2**63) - 1}, "seed"),
+        ({"min_p": 1.5}, "min_p"),
+        ({"repetition_penalty": 0.0}, "repetition_penalty"),
+        ({"n": 0}, "n"),
+        ({"presence_penalty": float("inf")}, "presence_penalty"),
+        ({"top_p": 0.0}, "top_p"),
+    ],
+)
 def test_bad_values_name_their_parameter(kwargs, param):
     with pytest.raises(InvalidSamplingParam) as info:
         SamplingParams(**kwargs)
@@ -87,7 +99,9 @@ def test_bad_values_name_their_parameter(kwargs, param):
 
 @pytest.fixture(scope="module")
 def k3(tmp_path_factory):
-    path = write_checkpoint(ModelConfig.from_hf_dict(KIMI_K3), tmp_path_factory.mktemp("k3") / "m", seed=3, dtype=torch.float32)
+    path = write_checkpoint(
+        ModelConfig.from_hf_dict(KIMI_K3), tmp_path_factory.mktemp("k3") / "m", seed=3, dtype=torch.float32
+    )
     return LLM(path, dtype="float32")
 
 
@@ -97,20 +111,30 @@ def test_penalised_greedy_decoding_equals_a_plain_loop(k3):
     from transformers.generation.logits_process import RepetitionPenaltyLogitsProcessor
 
     prompt = [5, 9, 14, 200, 9]
-    params = SamplingParams(max_tokens=12, temperature=0, repetition_penalty=1.8, presence_penalty=0.4, frequency_penalty=0.3,
-                            ignore_eos=True)
+    params = SamplingParams(
+        max_tokens=12,
+        temperature=0,
+        repetition_penalty=1.8,
+        presence_penalty=0.4,
+        frequency_penalty=0.3,
+        ignore_eos=True,
+    )
     got = k3.generate(prompt_token_ids=[prompt], sampling=params)[0].token_ids
     ids, out = list(prompt), []
     with torch.inference_mode():
         for _ in range(12):
             logits = k3.model(torch.tensor([ids]))[0, -1:].float()
             logits = RepetitionPenaltyLogitsProcessor(1.8)(torch.tensor([ids]), logits)[0]
-            counts = torch.bincount(torch.tensor(out, dtype=torch.long), minlength=logits.shape[0]).float() if out else 0
+            counts = (
+                torch.bincount(torch.tensor(out, dtype=torch.long), minlength=logits.shape[0]).float() if out else 0
+            )
             logits = logits - 0.3 * counts - 0.4 * (torch.as_tensor(counts) > 0).float()
             out.append(int(logits.argmax()))
             ids.append(out[-1])
     assert got == out
-    plain = k3.generate(prompt_token_ids=[prompt], sampling=SamplingParams(max_tokens=12, temperature=0, ignore_eos=True))[0]
+    plain = k3.generate(
+        prompt_token_ids=[prompt], sampling=SamplingParams(max_tokens=12, temperature=0, ignore_eos=True)
+    )[0]
     assert plain.token_ids != got
 
 

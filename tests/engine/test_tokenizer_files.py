@@ -21,13 +21,39 @@ from nonstop.engine.tokenizer import KIMI_PATTERN, TiktokenTokenizer, Tokenizer,
 from nonstop.weights.synth import write_checkpoint
 from tests.tiny_configs import LLAMA
 
-MERGES = [b"th", b"the", b" t", b" the", b"ab", "文a".encode(), "中文".encode(), b"12", b"123", b"1234", b"45", b"in",
-          b"ing", b" c", b" ca", b" cat"]
+MERGES = [
+    b"th",
+    b"the",
+    b" t",
+    b" the",
+    b"ab",
+    "文a".encode(),
+    "中文".encode(),
+    b"12",
+    b"123",
+    b"1234",
+    b"45",
+    b"in",
+    b"ing",
+    b" c",
+    b" ca",
+    b" cat",
+]
 SPECIALS = ["[BOS]", "[EOS]", "<|im_end|>", "<|im_user|>", "<|im_assistant|>", "<|im_system|>", "<|im_middle|>"]
-KIMI_TEMPLATE = ("{% for m in messages %}<|im_{{ m['role'] }}|>{{ m['role'] }}<|im_middle|>{{ m['content'] }}<|im_end|>"
-                 "{% endfor %}{% if add_generation_prompt %}<|im_assistant|>assistant<|im_middle|>{% endif %}")
-SAMPLES = ["the cat", "中文a 12345 thing", "naïve café 🙂 — ok", "  spaces\n\nnewlines\ttabs", "Don't we've I'M",
-           "ÀÉÎõü ΑΒΓ абв", "x" * 40 + " " * 30, "[BOS]hello<|im_end|>"]
+KIMI_TEMPLATE = (
+    "{% for m in messages %}<|im_{{ m['role'] }}|>{{ m['role'] }}<|im_middle|>{{ m['content'] }}<|im_end|>"
+    "{% endfor %}{% if add_generation_prompt %}<|im_assistant|>assistant<|im_middle|>{% endif %}"
+)
+SAMPLES = [
+    "the cat",
+    "中文a 12345 thing",
+    "naïve café 🙂 — ok",
+    "  spaces\n\nnewlines\ttabs",
+    "Don't we've I'M",
+    "ÀÉÎõü ΑΒΓ абв",
+    "x" * 40 + " " * 30,
+    "[BOS]hello<|im_end|>",
+]
 
 
 def _ranks() -> dict[bytes, int]:
@@ -43,8 +69,15 @@ def write_kimi_tokenizer(d, template: str | None = KIMI_TEMPLATE) -> int:
     d.mkdir(parents=True, exist_ok=True)
     (d / "tiktoken.model").write_text("".join(f"{base64.b64encode(t).decode()} {r}\n" for t, r in ranks.items()))
     base = len(ranks)
-    added = {str(base + i): {"content": s, "special": True, "lstrip": False, "rstrip": False} for i, s in enumerate(SPECIALS)}
-    config = {"tokenizer_class": "TikTokenTokenizer", "bos_token": "[BOS]", "eos_token": "[EOS]", "added_tokens_decoder": added}
+    added = {
+        str(base + i): {"content": s, "special": True, "lstrip": False, "rstrip": False} for i, s in enumerate(SPECIALS)
+    }
+    config = {
+        "tokenizer_class": "TikTokenTokenizer",
+        "bos_token": "[BOS]",
+        "eos_token": "[EOS]",
+        "added_tokens_decoder": added,
+    }
     if template:
         config["chat_template"] = template
     (d / "tokenizer_config.json").write_text(json.dumps(config))
@@ -55,7 +88,9 @@ def write_kimi_tokenizer(d, template: str | None = KIMI_TEMPLATE) -> int:
 def kimi_dir(tmp_path_factory):
     d = tmp_path_factory.mktemp("kimi-tok")
     vocab = write_kimi_tokenizer(d)
-    cfg = ModelConfig.from_hf_dict({**LLAMA, "vocab_size": vocab, "bos_token_id": len(_ranks()), "eos_token_id": len(_ranks()) + 1})
+    cfg = ModelConfig.from_hf_dict(
+        {**LLAMA, "vocab_size": vocab, "bos_token_id": len(_ranks()), "eos_token_id": len(_ranks()) + 1}
+    )
     write_checkpoint(cfg, d, seed=2, dtype=torch.float32)
     (d / "tokenizer.json").unlink(missing_ok=True)  # synth writes a byte tokenizer; this checkpoint ships tiktoken only
     return d
@@ -65,8 +100,9 @@ def _oracle(d):
     """transformers' conversion of the same tiktoken file (its own BPE and regex engine)."""
     from transformers.convert_slow_tokenizer import TikTokenConverter
 
-    return TikTokenConverter(vocab_file=str(d / "tiktoken.model"), pattern=KIMI_PATTERN,
-                             additional_special_tokens=SPECIALS).converted()
+    return TikTokenConverter(
+        vocab_file=str(d / "tiktoken.model"), pattern=KIMI_PATTERN, additional_special_tokens=SPECIALS
+    ).converted()
 
 
 def test_tiktoken_files_encode_as_transformers_converts_them(kimi_dir):
@@ -84,7 +120,8 @@ def test_tiktoken_files_encode_as_transformers_converts_them(kimi_dir):
 
 def test_kimi_pre_tokenizer_splits(kimi_dir):
     tok, r = Tokenizer.load(kimi_dir, 10_000), _ranks()
-    assert tok.encode("中文a") == [r["中文".encode()], r[b"a"]]  # Han runs apart from Latin ("文a" is never merged)
+    # Han runs apart from Latin: the merge "文a" is never used
+    assert tok.encode("中文a") == [r["中文".encode()], r[b"a"]]
     assert tok.encode("12345") == [r[b"123"], r[b"45"]]  # at most 3 digits per piece ("1234" is never used)
     assert tok.encode("the cat") == [r[b"the"], r[b" cat"]]
 
@@ -105,7 +142,9 @@ def test_chat_with_the_checkpoints_template(kimi_dir):
     out = llm.chat(messages, SamplingParams(max_tokens=3, temperature=0, ignore_eos=True))
     base = len(_ranks())
     prompt = out.prompt_token_ids
-    assert prompt[0] == base + 5 and prompt.count(base + 6) == 3 and prompt[-1] == base + 6  # system, middles, open turn
+    assert (
+        prompt[0] == base + 5 and prompt.count(base + 6) == 3 and prompt[-1] == base + 6
+    )  # system, middles, open turn
     assert base + 3 in prompt and base + 4 in prompt
     assert llm.tokenizer.decode(prompt) == "systemBe brief.userthe catassistant"
     assert len(out.token_ids) == 3
@@ -145,7 +184,9 @@ def test_a_checkpoint_without_tokenizer_refuses_text_but_runs_token_ids(kimi_dir
     llm = LLM(d, dtype="float32", max_batch=1)
     with pytest.raises(TokenizerError, match=r"has no tokenizer .*token ids"):
         llm.generate(["hello"], SamplingParams(max_tokens=2))
-    out = llm.generate(prompt_token_ids=[[5, 6, 7]], sampling=SamplingParams(max_tokens=3, temperature=0, ignore_eos=True))[0]
+    out = llm.generate(
+        prompt_token_ids=[[5, 6, 7]], sampling=SamplingParams(max_tokens=3, temperature=0, ignore_eos=True)
+    )[0]
     assert len(out.token_ids) == 3 and out.text == ""
     capsys.readouterr()
     with pytest.raises(SystemExit) as e:
@@ -161,11 +202,29 @@ def test_generation_config_defaults(kimi_dir, tmp_path):
 
     d = tmp_path / "g"
     shutil.copytree(kimi_dir, d)
-    (d / "generation_config.json").write_text(json.dumps({"temperature": 0.6, "top_p": 0.9, "top_k": 20, "min_p": 0.02,
-                                                          "repetition_penalty": 1.1, "max_new_tokens": 7, "eos_token_id": [9]}))
+    (d / "generation_config.json").write_text(
+        json.dumps(
+            {
+                "temperature": 0.6,
+                "top_p": 0.9,
+                "top_k": 20,
+                "min_p": 0.02,
+                "repetition_penalty": 1.1,
+                "max_new_tokens": 7,
+                "eos_token_id": [9],
+            }
+        )
+    )
     llm = LLM(d, dtype="float32", max_batch=1)
     p = llm.default_sampling()
-    assert (p.temperature, p.top_p, p.top_k, p.min_p, p.repetition_penalty, p.max_tokens) == (0.6, 0.9, 20, 0.02, 1.1, 7)
+    assert (p.temperature, p.top_p, p.top_k, p.min_p, p.repetition_penalty, p.max_tokens) == (
+        0.6,
+        0.9,
+        20,
+        0.02,
+        1.1,
+        7,
+    )
     assert 9 in llm.eos_ids
     assert llm.default_sampling(temperature=0).temperature == 0
     out = llm.generate(prompt_token_ids=[[5, 6]])[0]  # no SamplingParams: the checkpoint's

@@ -6,9 +6,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from nonstop.model.sampling import filter_logits
 from nonstop.kernels.sample import KERNELS, gumbel_block, sample_op
 from nonstop.model.philox import gumbel_noise, philox4x32
+from nonstop.model.sampling import filter_logits
 from nonstop.program.reference import REFERENCE, StepEnv
 
 

@@ -19,7 +19,9 @@ from tests.server.inprocess import serve_in_thread
 
 def _post(server, path: str, body, **kw) -> httpx.Response:
     content = body if isinstance(body, bytes) else json.dumps(body).encode()
-    return httpx.post(server.api + path, content=content, headers={"content-type": "application/json"}, timeout=60, **kw)
+    return httpx.post(
+        server.api + path, content=content, headers={"content-type": "application/json"}, timeout=60, **kw
+    )
 
 
 def _error(response: httpx.Response, status: int, param: str | None = None) -> dict:
@@ -32,13 +34,20 @@ def _error(response: httpx.Response, status: int, param: str | None = None) -> d
 
 
 def _completion(server, **kw) -> dict:
-    r = _post(server, "/completions", {"model": MODEL_NAME, "prompt": "The sea", "max_tokens": 8, "ignore_eos": True, **kw})
+    r = _post(
+        server, "/completions", {"model": MODEL_NAME, "prompt": "The sea", "max_tokens": 8, "ignore_eos": True, **kw}
+    )
     assert r.status_code == 200, r.text
     return r.json()
 
 
 def _chat(server, **kw) -> dict:
-    body = {"model": MODEL_NAME, "messages": [{"role": "user", "content": "The sea"}], "max_tokens": 8, "ignore_eos": True}
+    body = {
+        "model": MODEL_NAME,
+        "messages": [{"role": "user", "content": "The sea"}],
+        "max_tokens": 8,
+        "ignore_eos": True,
+    }
     r = _post(server, "/chat/completions", {**body, **kw})
     assert r.status_code == 200, r.text
     return r.json()
@@ -47,8 +56,16 @@ def _chat(server, **kw) -> dict:
 # ------------------------------------------------------------------ sampling at extreme values
 
 
-@pytest.mark.parametrize("kw", [{"temperature": 1e-300}, {"temperature": 5e-324}, {"temperature": 1.0, "top_p": 1e-46},
-                                {"temperature": 2.0, "top_p": 5e-324}, {"temperature": 1e-30, "top_k": 1, "min_p": 1.0}])
+@pytest.mark.parametrize(
+    "kw",
+    [
+        {"temperature": 1e-300},
+        {"temperature": 5e-324},
+        {"temperature": 1.0, "top_p": 1e-46},
+        {"temperature": 2.0, "top_p": 5e-324},
+        {"temperature": 1e-30, "top_k": 1, "min_p": 1.0},
+    ],
+)
 def test_any_positive_temperature_and_top_p_work_and_tend_to_greedy(server, kw):
     """These were 500s ("probability tensor contains inf/nan"): the filtered set is the top token alone."""
     greedy_c, greedy_chat = _completion(server, temperature=0), _chat(server, temperature=0)
@@ -64,16 +81,26 @@ def _raw(template: str) -> bytes:
     return template.replace("MODEL", MODEL_NAME).encode()
 
 
-@pytest.mark.parametrize("path, raw, param", [
-    ("/completions", '{"model": "MODEL", "prompt": "a\\ud800b", "max_tokens": 2}', "prompt"),
-    ("/completions", '{"model": "MODEL", "prompt": ["ok", "\\udfff"], "max_tokens": 2}', "prompt[1]"),
-    ("/completions", '{"model": "MODEL", "prompt": "a", "stop": ["\\ud83d"], "max_tokens": 2}', "stop[0]"),
-    ("/completions", '{"model": "\\ud800", "prompt": "a"}', "model"),
-    ("/completions", '{"model": "MODEL", "prompt": "a", "user": "\\udc80"}', "user"),
-    ("/chat/completions", '{"model": "MODEL", "messages": [{"role": "user", "content": "x\\ud800"}]}', "messages[0].content"),
-    ("/chat/completions", '{"model": "MODEL", "messages": [{"role": "user", "content": [{"type": "text", "text": "\\ud800"}]}]}',
-     "messages[0].content[0].text"),
-])
+@pytest.mark.parametrize(
+    "path, raw, param",
+    [
+        ("/completions", '{"model": "MODEL", "prompt": "a\\ud800b", "max_tokens": 2}', "prompt"),
+        ("/completions", '{"model": "MODEL", "prompt": ["ok", "\\udfff"], "max_tokens": 2}', "prompt[1]"),
+        ("/completions", '{"model": "MODEL", "prompt": "a", "stop": ["\\ud83d"], "max_tokens": 2}', "stop[0]"),
+        ("/completions", '{"model": "\\ud800", "prompt": "a"}', "model"),
+        ("/completions", '{"model": "MODEL", "prompt": "a", "user": "\\udc80"}', "user"),
+        (
+            "/chat/completions",
+            '{"model": "MODEL", "messages": [{"role": "user", "content": "x\\ud800"}]}',
+            "messages[0].content",
+        ),
+        (
+            "/chat/completions",
+            '{"model": "MODEL", "messages": [{"role": "user", "content": [{"type": "text", "text": "\\ud800"}]}]}',
+            "messages[0].content[0].text",
+        ),
+    ],
+)
 def test_lone_surrogates_are_a_400(server, path, raw, param):
     _error(_post(server, path, _raw(raw)), 400, param)
     assert server.healthy()
@@ -81,7 +108,13 @@ def test_lone_surrogates_are_a_400(server, path, raw, param):
 
 @pytest.mark.parametrize("path", ["/completions", "/chat/completions"])
 def test_seeds_beyond_64_bits_are_a_400_naming_seed(server, path):
-    body = {"model": MODEL_NAME, "prompt": "a", "messages": [{"role": "user", "content": "a"}], "max_tokens": 2, "temperature": 0.8}
+    body = {
+        "model": MODEL_NAME,
+        "prompt": "a",
+        "messages": [{"role": "user", "content": "a"}],
+        "max_tokens": 2,
+        "temperature": 0.8,
+    }
     body.pop("messages" if path == "/completions" else "prompt")
     for seed in (2**64, -(2**63) - 1, 10**40):
         _error(_post(server, path, {**body, "seed": seed}), 400, "seed")
@@ -93,7 +126,13 @@ def test_seeds_beyond_64_bits_are_a_400_naming_seed(server, path):
 def test_deep_nesting_is_a_400(server, depth):
     raw = '{"model": "MODEL", "prompt": ' + "[" * depth + "1" + "]" * depth + "}"
     _error(_post(server, "/completions", _raw(raw)), 400)
-    raw = '{"model": "MODEL", "messages": [{"role": "user", "content": "a"}], "metadata": ' + '{"a": ' * depth + "1" + "}" * depth + "}"
+    raw = (
+        '{"model": "MODEL", "messages": [{"role": "user", "content": "a"}], "metadata": '
+        + '{"a": ' * depth
+        + "1"
+        + "}" * depth
+        + "}"
+    )
     _error(_post(server, "/chat/completions", _raw(raw)), 400)
     assert server.healthy()
 
@@ -147,7 +186,9 @@ def test_one_policy_for_fields(server):
         e = _error(_post(server, "/completions", {"model": MODEL_NAME, "prompt": "a", field: value}), 400, field)
         assert e["code"] == "unsupported_parameter"
     ext = {"min_p": 0.1, "repetition_penalty": 1.2, "top_k": 5, "presence_penalty": 0.5, "frequency_penalty": 0.5}
-    assert _post(server, "/completions", {"model": MODEL_NAME, "prompt": "a", "max_tokens": 2, **ext}).status_code == 200
+    assert (
+        _post(server, "/completions", {"model": MODEL_NAME, "prompt": "a", "max_tokens": 2, **ext}).status_code == 200
+    )
 
 
 def test_n_completions_per_prompt(server):
@@ -155,19 +196,31 @@ def test_n_completions_per_prompt(server):
     assert [c["index"] for c in out["choices"]] == [0, 1, 2]
     assert out["usage"]["prompt_tokens"] == len("The sea") and out["usage"]["completion_tokens"] == 18
     assert len({c["text"] for c in out["choices"]}) > 1  # independent draws
-    two = _post(server, "/completions", {"model": MODEL_NAME, "prompt": ["ab", "xyz"], "n": 2, "max_tokens": 2, "echo": True,
-                                         "temperature": 0}).json()
+    two = _post(
+        server,
+        "/completions",
+        {"model": MODEL_NAME, "prompt": ["ab", "xyz"], "n": 2, "max_tokens": 2, "echo": True, "temperature": 0},
+    ).json()
     assert [c["text"][:2] for c in sorted(two["choices"], key=lambda c: c["index"])] == ["ab", "ab", "xy", "xy"]
     assert two["usage"]["prompt_tokens"] == 5
-    chunks = list(server.client().chat.completions.create(model=MODEL_NAME, messages=[{"role": "user", "content": "hi"}], n=2,
-                                                          max_tokens=3, stream=True, temperature=0.7))
+    chunks = list(
+        server.client().chat.completions.create(
+            model=MODEL_NAME,
+            messages=[{"role": "user", "content": "hi"}],
+            n=2,
+            max_tokens=3,
+            stream=True,
+            temperature=0.7,
+        )
+    )
     assert {c.choices[0].index for c in chunks if c.choices} == {0, 1}
 
 
 def test_penalties_and_min_p_give_the_engines_tokens(server, model_dir):
     """Server and offline engine agree token for token, and the penalties change greedy output."""
-    params = dict(max_tokens=24, temperature=0, repetition_penalty=1.5, presence_penalty=0.7, frequency_penalty=0.6,
-                  min_p=0.05)
+    params = dict(
+        max_tokens=24, temperature=0, repetition_penalty=1.5, presence_penalty=0.7, frequency_penalty=0.6, min_p=0.05
+    )
     served = _completion(server, **params)["choices"][0]["text"]
     llm = LLM(model_dir, dtype="float32", max_batch=1)
     offline = llm.generate(["The sea"], SamplingParams(ignore_eos=True, **params))[0].text
@@ -192,13 +245,19 @@ def test_generation_config_defaults_and_the_api_key(model_dir, tmp_path):
         _error(httpx.get(s.api + "/models"), 401)
         _error(httpx.get(s.api + "/models", headers={"authorization": "Bearer wrong"}), 401)
         assert httpx.get(s.url + "/health").status_code == 200 and httpx.get(s.url + "/metrics").status_code == 200
-        chat = httpx.post(s.api + "/chat/completions", headers=auth, timeout=60,
-                          json={"model": MODEL_NAME, "messages": [{"role": "user", "content": "hi"}], "ignore_eos": True}).json()
+        chat = httpx.post(
+            s.api + "/chat/completions",
+            headers=auth,
+            timeout=60,
+            json={"model": MODEL_NAME, "messages": [{"role": "user", "content": "hi"}], "ignore_eos": True},
+        ).json()
         assert chat["usage"]["completion_tokens"] == 5
         body = {"model": MODEL_NAME, "prompt": "hello", "ignore_eos": True}
         a = httpx.post(s.api + "/completions", headers=auth, json=body, timeout=60).json()
         b = httpx.post(s.api + "/completions", headers=auth, json={**body, "temperature": 0}, timeout=60).json()
-        assert a["usage"]["completion_tokens"] == 5 and a["choices"][0]["text"] == b["choices"][0]["text"]  # greedy default
+        assert (
+            a["usage"]["completion_tokens"] == 5 and a["choices"][0]["text"] == b["choices"][0]["text"]
+        )  # greedy default
         import openai
 
         client = openai.OpenAI(base_url=s.api, api_key="sekret", max_retries=0, timeout=60)
@@ -214,8 +273,12 @@ def test_429_and_503_carry_retry_after(model_dir, tmp_path):
     try:
         body = {"model": MODEL_NAME, "prompt": "burst", "max_tokens": 30, "temperature": 0, "ignore_eos": True}
         results = []
-        threads = [threading.Thread(target=lambda: results.append(httpx.post(small.api + "/completions", json=body, timeout=60)))
-                   for _ in range(6)]
+        threads = [
+            threading.Thread(
+                target=lambda: results.append(httpx.post(small.api + "/completions", json=body, timeout=60))
+            )
+            for _ in range(6)
+        ]
         for t in threads:
             t.start()
         for t in threads:
@@ -253,7 +316,9 @@ def _http_exchange(port: int, requests: list[bytes]) -> list[bytes]:
 
 def _request(path: str, body: dict) -> bytes:
     data = json.dumps(body).encode()
-    return (f"POST {path} HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: {len(data)}\r\n\r\n").encode() + data
+    return (
+        f"POST {path} HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: {len(data)}\r\n\r\n"
+    ).encode() + data
 
 
 def test_an_unhandled_error_is_a_counted_500_and_the_connection_survives(llm, monkeypatch):
@@ -295,7 +360,9 @@ def test_a_huge_prompt_is_tokenized_off_the_event_loop(llm):
         with serve_in_thread(ctx) as url:
             body = {"model": MODEL_NAME, "prompt": "x" * 900_000, "max_tokens": 2}
             big = {}
-            t = threading.Thread(target=lambda: big.update(r=httpx.post(url + "/v1/completions", json=body, timeout=60)))
+            t = threading.Thread(
+                target=lambda: big.update(r=httpx.post(url + "/v1/completions", json=body, timeout=60))
+            )
             t.start()
             time.sleep(0.3)
             worst = 0.0

@@ -21,10 +21,49 @@ from tests.server.conftest import MODEL_NAME
 EXAMPLES = int(os.environ.get("NONSTOP_FUZZ_EXAMPLES", 150))
 BUDGET_S = 90.0 if "NONSTOP_FUZZ_EXAMPLES" not in os.environ else 3600.0
 
-EDGE_TEXT = ["", " ", "\x00", "\ud800", "\udfff", "a\ud83d", "\ud83d\ude00", "😀", "\u202eevil", "\ufeff", "e\u0301", "\r\n",
-             "<|im_end|>", "[EOS]", "{{ 7*7 }}", "%s%n", "\\", '"', "x" * 3000, "中文" * 50]
-EDGE_NUMBERS = [0, -1, 1, 2, -0.0, 1e-300, 5e-324, 1e-46, 0.5, 1.0000001, 2.0000001, 1e308, -1e308, 2**31, 2**63,
-                2**64, -(2**63) - 1, 10**30, 10**400]
+EDGE_TEXT = [
+    "",
+    " ",
+    "\x00",
+    "\ud800",
+    "\udfff",
+    "a\ud83d",
+    "\ud83d\ude00",
+    "😀",
+    "\u202eevil",
+    "\ufeff",
+    "e\u0301",
+    "\r\n",
+    "<|im_end|>",
+    "[EOS]",
+    "{{ 7*7 }}",
+    "%s%n",
+    "\\",
+    '"',
+    "x" * 3000,
+    "中文" * 50,
+]
+EDGE_NUMBERS = [
+    0,
+    -1,
+    1,
+    2,
+    -0.0,
+    1e-300,
+    5e-324,
+    1e-46,
+    0.5,
+    1.0000001,
+    2.0000001,
+    1e308,
+    -1e308,
+    2**31,
+    2**63,
+    2**64,
+    -(2**63) - 1,
+    10**30,
+    10**400,
+]
 
 
 def _nested(depth: int):
@@ -34,12 +73,23 @@ def _nested(depth: int):
     return value
 
 
-text = st.one_of(st.sampled_from(EDGE_TEXT), st.text(max_size=40),
-                 st.text(alphabet=st.characters(min_codepoint=0xD700, max_codepoint=0xE100), max_size=8))
-number = st.one_of(st.sampled_from(EDGE_NUMBERS), st.integers(-(10**25), 10**25),
-                   st.floats(allow_nan=False, allow_infinity=False))
-garbage = st.one_of(st.none(), st.booleans(), number, text, st.lists(st.integers(-5, 400), max_size=4),
-                    st.dictionaries(text, st.integers(), max_size=2), st.integers(40, 1500).map(_nested))
+text = st.one_of(
+    st.sampled_from(EDGE_TEXT),
+    st.text(max_size=40),
+    st.text(alphabet=st.characters(min_codepoint=0xD700, max_codepoint=0xE100), max_size=8),
+)
+number = st.one_of(
+    st.sampled_from(EDGE_NUMBERS), st.integers(-(10**25), 10**25), st.floats(allow_nan=False, allow_infinity=False)
+)
+garbage = st.one_of(
+    st.none(),
+    st.booleans(),
+    number,
+    text,
+    st.lists(st.integers(-5, 400), max_size=4),
+    st.dictionaries(text, st.integers(), max_size=2),
+    st.integers(40, 1500).map(_nested),
+)
 
 
 def _encodable(t: str) -> bool:
@@ -49,12 +99,20 @@ def _encodable(t: str) -> bool:
         return False
 
 
-clean_text = st.one_of(st.sampled_from([t for t in EDGE_TEXT if _encodable(t)]),
-                       st.text(st.characters(exclude_categories=["Cs"]), min_size=1, max_size=30))
+clean_text = st.one_of(
+    st.sampled_from([t for t in EDGE_TEXT if _encodable(t)]),
+    st.text(st.characters(exclude_categories=["Cs"]), min_size=1, max_size=30),
+)
 token_ids = st.lists(st.integers(0, 319), min_size=1, max_size=20)
-message = st.fixed_dictionaries({"role": st.sampled_from(["system", "user", "assistant", "developer"]),
-                                 "content": st.one_of(clean_text, st.lists(st.fixed_dictionaries(
-                                     {"type": st.just("text"), "text": clean_text}), min_size=1, max_size=2))})
+message = st.fixed_dictionaries(
+    {
+        "role": st.sampled_from(["system", "user", "assistant", "developer"]),
+        "content": st.one_of(
+            clean_text,
+            st.lists(st.fixed_dictionaries({"type": st.just("text"), "text": clean_text}), min_size=1, max_size=2),
+        ),
+    }
+)
 # field -> values a valid request may carry (garbage is drawn beside them)
 VALID = {
     "temperature": st.one_of(st.sampled_from([0, 1e-300, 5e-324, 1e-30, 0.7, 2.0]), st.floats(0, 2)),
@@ -73,8 +131,9 @@ VALID = {
     "max_tokens": st.integers(1, 6),
     "logprobs": st.integers(0, 20),
     "echo": st.booleans(),
-    "prompt": st.one_of(clean_text, st.lists(clean_text, min_size=1, max_size=3), token_ids,
-                        st.lists(token_ids, min_size=1, max_size=2)),
+    "prompt": st.one_of(
+        clean_text, st.lists(clean_text, min_size=1, max_size=3), token_ids, st.lists(token_ids, min_size=1, max_size=2)
+    ),
     "messages": st.lists(message, min_size=1, max_size=3),
     "top_logprobs": st.integers(0, 20),
     "stream_options": st.fixed_dictionaries({"include_usage": st.booleans()}),
@@ -115,8 +174,20 @@ def call(draw):
     if mode == "huge":
         raw = json.dumps({**body, "pad": "y" * (2 << 20)}).encode()
     elif mode == "raw":
-        raw = draw(st.sampled_from([b"", b"{", b"[]", b"null", b'{"model": NaN}', b"\xff\xfe", b'{"a":' * 5000,
-                                    json.dumps(body).encode()[: draw(st.integers(0, 40))]]))
+        raw = draw(
+            st.sampled_from(
+                [
+                    b"",
+                    b"{",
+                    b"[]",
+                    b"null",
+                    b'{"model": NaN}',
+                    b"\xff\xfe",
+                    b'{"a":' * 5000,
+                    json.dumps(body).encode()[: draw(st.integers(0, 40))],
+                ]
+            )
+        )
     return ("/chat/completions" if chat else "/completions"), body, mode, raw
 
 
@@ -129,7 +200,14 @@ def _check_response(r: httpx.Response, seen: collections.Counter) -> None:
 
 
 def _greedy(http: httpx.Client, server) -> list:
-    body = {"model": MODEL_NAME, "prompt": "Fixed prompt", "max_tokens": 12, "temperature": 0, "logprobs": 1, "ignore_eos": True}
+    body = {
+        "model": MODEL_NAME,
+        "prompt": "Fixed prompt",
+        "max_tokens": 12,
+        "temperature": 0,
+        "logprobs": 1,
+        "ignore_eos": True,
+    }
     r = http.post(server.api + "/completions", json=body)
     assert r.status_code == 200
     c = r.json()["choices"][0]
@@ -143,8 +221,13 @@ def test_fuzzed_requests_never_get_a_5xx(server):
         before = _greedy(http, server)
         errors_before = server.metric('nonstop_requests_total{endpoint="/v1/completions",status="500"}')
 
-        @settings(max_examples=EXAMPLES, deadline=None, derandomize="NONSTOP_FUZZ_RANDOM" not in os.environ, database=None,
-                  suppress_health_check=list(HealthCheck))
+        @settings(
+            max_examples=EXAMPLES,
+            deadline=None,
+            derandomize="NONSTOP_FUZZ_RANDOM" not in os.environ,
+            database=None,
+            suppress_health_check=list(HealthCheck),
+        )
         @given(call())
         def one(case):
             if time.monotonic() - started > BUDGET_S:
@@ -183,4 +266,5 @@ def test_fuzzed_requests_never_get_a_5xx(server):
         assert _greedy(http, server) == before
         for endpoint in ("/v1/completions", "/v1/chat/completions"):
             assert server.metric(f'nonstop_requests_total{{endpoint="{endpoint}",status="500"}}') == (
-                errors_before if endpoint == "/v1/completions" else 0)
+                errors_before if endpoint == "/v1/completions" else 0
+            )

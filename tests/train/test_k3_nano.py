@@ -10,11 +10,11 @@ import torch
 from nonstop.cli import main
 from nonstop.config import ModelConfig
 from nonstop.engine.llm import LLM
-from nonstop.weights.resolve import ASSETS
 from nonstop.engine.perplexity import score_token_ids
 from nonstop.engine.sampling import SamplingParams
 from nonstop.model.build import random_model
 from nonstop.train.corpus import HELDOUT_SAMPLE_PATH, load_heldout_sample
+from nonstop.weights.resolve import ASSETS
 
 NANO = ASSETS / "k3-nano"
 MAX_TOKENS = 2048  # of the 7.4k-token held-out sample: a stable estimate, fast on a CPU

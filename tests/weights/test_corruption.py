@@ -53,8 +53,9 @@ def _first_tensor(path) -> str:
 
 
 def _float_tensor(path) -> str:
-    return next(k for k, e in sorted(_header(path).items()) if k != "__metadata__" and e["dtype"] == "F32" and
-                "norm" in k)
+    return next(
+        k for k, e in sorted(_header(path).items()) if k != "__metadata__" and e["dtype"] == "F32" and "norm" in k
+    )
 
 
 def _rewrite(path, change) -> None:
@@ -285,14 +286,45 @@ def c_chat_template_not_utf8(d):
     return ["chat_template.jinja", "cannot read"]
 
 
-SINGLE = [c_config_missing, c_config_not_json, c_config_not_object, c_config_wrong_type, c_config_negative_context,
-          c_config_absurd_layers, c_truncated_data, c_no_header, c_header_longer_than_file, c_header_not_json,
-          c_header_entry_garbage, c_unknown_dtype, c_offsets_do_not_fit_shape, c_no_weights, c_tensor_twice,
-          c_missing_tensor, c_unexpected_tensor, c_wrong_shape, c_wrong_dtype, c_nan_in_weights,
-          c_generation_config_not_json, c_generation_config_bad_field, c_generation_config_bad_eos,
-          c_tokenizer_config_not_json, c_tokenizer_json_corrupt, c_tiktoken_model_corrupt, c_chat_template_not_utf8]
-SHARDED = [c_index_not_json, c_index_weight_map_list, c_index_value_not_string, c_index_value_escapes_dir,
-           c_index_empty, c_shard_missing, c_shard_lacks_listed_tensor, c_shard_is_a_directory]
+SINGLE = [
+    c_config_missing,
+    c_config_not_json,
+    c_config_not_object,
+    c_config_wrong_type,
+    c_config_negative_context,
+    c_config_absurd_layers,
+    c_truncated_data,
+    c_no_header,
+    c_header_longer_than_file,
+    c_header_not_json,
+    c_header_entry_garbage,
+    c_unknown_dtype,
+    c_offsets_do_not_fit_shape,
+    c_no_weights,
+    c_tensor_twice,
+    c_missing_tensor,
+    c_unexpected_tensor,
+    c_wrong_shape,
+    c_wrong_dtype,
+    c_nan_in_weights,
+    c_generation_config_not_json,
+    c_generation_config_bad_field,
+    c_generation_config_bad_eos,
+    c_tokenizer_config_not_json,
+    c_tokenizer_json_corrupt,
+    c_tiktoken_model_corrupt,
+    c_chat_template_not_utf8,
+]
+SHARDED = [
+    c_index_not_json,
+    c_index_weight_map_list,
+    c_index_value_not_string,
+    c_index_value_escapes_dir,
+    c_index_empty,
+    c_shard_missing,
+    c_shard_lacks_listed_tensor,
+    c_shard_is_a_directory,
+]
 CASES = [(c, False) for c in SINGLE] + [(c, True) for c in SHARDED]
 
 
