@@ -21,6 +21,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from nonstop.jsonfile import read_json_object
+
 FAMILIES = ("llama", "deepseek_v3", "kimi_linear", "kimi_k3")
 PRESET_DIR = Path(__file__).parent / "presets"
 
@@ -185,14 +187,7 @@ class ModelConfig:
             path = path / "config.json"
         if not path.exists():
             raise ConfigError(f"config.json not found: {path}")
-        try:
-            raw = json.loads(path.read_text(encoding="utf-8"))
-        except (OSError, UnicodeDecodeError) as exc:
-            raise ConfigError(f"{path}: cannot read ({exc})") from None
-        except (json.JSONDecodeError, RecursionError) as exc:
-            raise ConfigError(f"{path}: not valid JSON ({exc})") from None
-        if not isinstance(raw, dict):
-            raise ConfigError(f"{path}: top level must be a JSON object")
+        raw = read_json_object(path, ConfigError)
         try:
             return ModelConfig.from_hf_dict(raw)
         except ConfigError as exc:

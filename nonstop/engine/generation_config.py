@@ -9,11 +9,11 @@ JSON object, is a ``CheckpointError`` naming the file and the field.
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from nonstop.engine.sampling import InvalidSamplingParam, SamplingParams
+from nonstop.jsonfile import read_json_object
 from nonstop.weights.errors import CheckpointError
 
 FILE = "generation_config.json"
@@ -43,14 +43,7 @@ def load_generation_config(model_dir: Path | None) -> GenerationConfig:
     if model_dir is None or not (Path(model_dir) / FILE).exists():
         return GenerationConfig()
     path = Path(model_dir) / FILE
-    try:
-        raw = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError) as exc:
-        raise CheckpointError(f"{path}: cannot read ({exc})") from None
-    except (json.JSONDecodeError, RecursionError) as exc:
-        raise CheckpointError(f"{path}: not valid JSON ({exc})") from None
-    if not isinstance(raw, dict):
-        raise CheckpointError(f"{path}: must hold a JSON object, not {type(raw).__name__}")
+    raw = read_json_object(path, CheckpointError)
     eos = raw.get("eos_token_id")
     eos_list = eos if isinstance(eos, list) else [] if eos is None else [eos]
     if not all(isinstance(i, int) and not isinstance(i, bool) and i >= 0 for i in eos_list):

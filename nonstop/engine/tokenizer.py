@@ -19,9 +19,10 @@ from __future__ import annotations
 
 import base64
 import binascii
-import json
 import re
 from pathlib import Path
+
+from nonstop.jsonfile import read_json_object
 
 TOKENIZER_FILES = ("tokenizer.json", "tiktoken.model")
 MODES = ("auto", "ids", "bytes")
@@ -40,19 +41,6 @@ def check_text(text: str, what: str = "text") -> None:
         raise TokenizerError(
             f"{what} holds a lone surrogate U+{bad:04X} at character {exc.start}: not valid Unicode"
         ) from None
-
-
-def read_json(path: Path) -> dict:
-    """A JSON object from ``path``, or a TokenizerError naming the file."""
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError) as exc:
-        raise TokenizerError(f"{path}: cannot read ({exc})") from None
-    except (json.JSONDecodeError, RecursionError) as exc:
-        raise TokenizerError(f"{path}: not valid JSON ({exc})") from None
-    if not isinstance(data, dict):
-        raise TokenizerError(f"{path}: must hold a JSON object, not {type(data).__name__}")
-    return data
 
 
 def _special_text(value) -> str:
@@ -105,7 +93,7 @@ class Tokenizer:
         model_dir = Path(model_dir) if model_dir is not None else None
         config = {}
         if model_dir is not None and (model_dir / "tokenizer_config.json").exists():
-            config = read_json(model_dir / "tokenizer_config.json")
+            config = read_json_object(model_dir / "tokenizer_config.json", TokenizerError)
         if mode == "bytes" or (mode == "auto" and model_dir is None):
             tok: Tokenizer = ByteTokenizer(vocab_size, config)
         elif mode == "auto" and (model_dir / "tokenizer.json").exists():

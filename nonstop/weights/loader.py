@@ -9,12 +9,12 @@ without a matching scale, float data holding NaN or infinity.
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import torch
 
 from nonstop.config import ModelConfig
+from nonstop.jsonfile import read_json_object
 from nonstop.weights.errors import CheckpointError
 from nonstop.weights.layout import TensorSpec, checkpoint_layout, ignored_tensor
 from nonstop.weights.safetensors_file import SafetensorsFile
@@ -25,15 +25,10 @@ FP8 = (torch.float8_e4m3fn, torch.float8_e5m2)
 
 def read_index(index_path: Path) -> dict[str, str]:
     """The ``weight_map`` of a sharded checkpoint's index: {tensor name: shard file in the same directory}."""
-    try:
-        raw = json.loads(index_path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError) as exc:
-        raise CheckpointError(f"{index_path}: cannot read ({exc})") from None
-    except (json.JSONDecodeError, RecursionError) as exc:
-        raise CheckpointError(f"{index_path}: not valid JSON ({exc})") from None
-    weight_map = raw.get("weight_map") if isinstance(raw, dict) else None
+    raw = read_json_object(index_path, CheckpointError)
+    weight_map = raw.get("weight_map")
     if not isinstance(weight_map, dict):
-        got = type(weight_map).__name__ if isinstance(raw, dict) and "weight_map" in raw else "nothing"
+        got = type(weight_map).__name__ if "weight_map" in raw else "nothing"
         raise CheckpointError(f"{index_path}: corrupt index: 'weight_map' must be an object of tensor name -> shard "
                               f"file, got {got}")
     for name, shard in weight_map.items():
