@@ -125,6 +125,7 @@ def test_overload_gets_429_and_the_server_recovers(model_dir, tmp_path):
         for r in responses:
             if r.status_code == 429:
                 _assert_openai_error(r, 429)
+                assert int(r.headers["retry-after"]) >= 1  # when to try again
         assert small.wait_idle() == 0 and small.healthy()
         ok = httpx.post(small.api + "/completions", json={**body, "max_tokens": 2}, timeout=30)
         assert ok.status_code == 200
