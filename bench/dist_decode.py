@@ -24,7 +24,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import sys
 import tempfile
 import time
@@ -79,7 +78,7 @@ def bench_rank(out_dir: str, model: str, tp: int, ep: int, batches: list[int], m
     from nonstop.dist.comm import init, shutdown
     from nonstop.engine.core import EngineCore
     from nonstop.engine.distributed import ClusterExecutor, build_worker
-    from nonstop.engine.llm import parse_dtype, resolve_model
+    from nonstop.weights.resolve import parse_dtype, resolve_model
     from nonstop.engine.tokenizer import Tokenizer
 
     comm = init(Layout.make(tp, ep), device, timeout)
@@ -177,7 +176,7 @@ def main() -> None:
     from nonstop.dist import Layout
     from nonstop.dist.launch import rank_threads, spawn
     from nonstop.dist.program import rank_step
-    from nonstop.engine.llm import resolve_model
+    from nonstop.weights.resolve import resolve_model
     from nonstop.hostinfo import command_line, copy_bandwidth, decode_floor, environment
     from nonstop.program.footprint import model_footprint
 

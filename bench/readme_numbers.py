@@ -27,7 +27,7 @@ FLOOR_RUNS = ("cpu_decode.json", "spec_decode_cpu_k3-nano.json")
 
 def op_counts(model: str) -> dict:
     """{super_ops, eager_ops, counted_on} of ``model``'s batch-1 decode step (bf16, like ``nonstop program``)."""
-    from nonstop.engine.llm import resolve_model
+    from nonstop.weights.resolve import resolve_model
     from nonstop.program.count import decode_program
 
     program, eager, counted_on = decode_program(resolve_model(model)[0], torch.bfloat16)
@@ -36,7 +36,7 @@ def op_counts(model: str) -> dict:
 
 def super_ops(model: str) -> int:
     """Super-ops of ``model``'s decode step (lowered on the meta device: fast at any size)."""
-    from nonstop.engine.llm import resolve_model
+    from nonstop.weights.resolve import resolve_model
     from nonstop.model.build import meta_model
     from nonstop.program.lower import lower
 
@@ -46,7 +46,7 @@ def super_ops(model: str) -> int:
 def run_config(run: dict):
     """(ModelConfig, dtype) of the model a benchmark run measured."""
     from nonstop.config import ModelConfig
-    from nonstop.engine.llm import resolve_model
+    from nonstop.weights.resolve import resolve_model
 
     model = run["model"]
     cfg = ModelConfig.from_hf_dict(model["hf_config"]) if isinstance(model, dict) else resolve_model(model)[0]

@@ -186,8 +186,8 @@ def model_info(serve_args: str | None) -> dict | None:
     name = next((argv[i + 1] for i, a in enumerate(argv[:-1]) if a in ("--model", "-m")), "k3-nano")
     import torch
 
-    from nonstop.engine.llm import resolve_model
     from nonstop.program.footprint import model_footprint
+    from nonstop.weights.resolve import resolve_model
 
     cfg, model_dir = resolve_model(name)
     fp = model_footprint(cfg, torch.float32)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 
+from nonstop import __version__
 from nonstop.commands import COMMANDS
 
 
@@ -14,6 +15,7 @@ def build_parser() -> argparse.ArgumentParser:
         description="nonstop: decode hybrid KDA/MLA/MoE models (Kimi K3 family) fast at low concurrency. "
         "The default model is the bundled k3-nano, which runs offline on a CPU.",
     )
+    parser.add_argument("--version", action="version", version=f"nonstop {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     for name, module in COMMANDS.items():
         module.add_parser(sub)

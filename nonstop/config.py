@@ -32,6 +32,7 @@ from nonstop.config_types import (
     MoEConfig,
     RopeConfig,
 )
+from nonstop.jsonfile import read_json_object
 
 __all__ = [
     "FAMILIES",
@@ -115,13 +116,11 @@ class ModelConfig:
             path = path / "config.json"
         if not path.exists():
             raise ConfigError(f"config.json not found: {path}")
+        raw = read_json_object(path, ConfigError)
         try:
-            raw = json.loads(path.read_text())
-        except json.JSONDecodeError as exc:
-            raise ConfigError(f"{path}: not valid JSON ({exc})") from None
-        if not isinstance(raw, dict):
-            raise ConfigError(f"{path}: top level must be a JSON object")
-        return ModelConfig.from_hf_dict(raw)
+            return ModelConfig.from_hf_dict(raw)
+        except ConfigError as exc:
+            raise ConfigError(f"{path}: {exc}") from None
 
     @staticmethod
     def preset(name: str) -> ModelConfig:

@@ -50,6 +50,8 @@ _DEEPSEEK_ALIASES = {
 }
 
 _MISSING = object()
+MAX_LAYERS = 4096  # bounds on counts that size Python structures (a typo of 10**12 layers must not hang)
+MAX_EXPERTS = 1 << 16
 
 
 class _Fields:
@@ -96,10 +98,19 @@ class _Fields:
                 raise ConfigError(f"field {self._name(key)!r} must be a string, got {value!r}")
         return value
 
-    def positive(self, key: str, default=_MISSING) -> int:
+    def positive(self, key: str, default=_MISSING, limit: int | None = None) -> int:
         value = self.get(key, default, int)
         if value <= 0:
             raise ConfigError(f"field {self._name(key)!r} must be positive, got {value}")
+        if limit is not None and value > limit:
+            raise ConfigError(f"field {self._name(key)!r} is {value}: more than any model has (limit {limit})")
+        return value
+
+    def at_least(self, key: str, low: float, default=_MISSING, kind=float, strict: bool = False):
+        """A number >= ``low`` (> ``low`` when ``strict``); None stays None when it is the default."""
+        value = self.get(key, default, kind)
+        if value is not None and (value < low or (strict and value == low) or value != value):
+            raise ConfigError(f"field {self._name(key)!r} must be {'>' if strict else '>='} {low}, got {value!r}")
         return value
 
 
@@ -120,19 +131,21 @@ def _parse_rope(f: _Fields, dim: int, interleaved: bool, default_theta: float) -
     if isinstance(params, dict):
         merged.update(params)
     theta = merged.get("rope_theta", f.raw.get("rope_theta", default_theta))
+    if isinstance(theta, bool) or not isinstance(theta, (int, float)) or not theta > 0:
+        raise ConfigError(f"field 'rope_theta' must be a positive number, got {theta!r}")
     kind = merged.get("rope_type", merged.get("type", "default")) or "default"
-    if kind not in ("default", "linear", "llama3", "yarn"):
+    if not isinstance(kind, str) or kind not in ("default", "linear", "llama3", "yarn"):
         raise ConfigError(f"unsupported rope type {kind!r} in field 'rope_scaling'/'rope_parameters'")
     rf = _Fields(merged, "rope_parameters.")
-    factor = rf.get("factor", 1.0, float)
-    original = merged.get("original_max_position_embeddings")
+    factor = rf.at_least("factor", 0.0, 1.0, strict=True)
+    original = rf.at_least("original_max_position_embeddings", 1, None, int)
     if kind in ("llama3", "yarn") and original is None:
         if kind == "yarn" and factor:
             original = None  # derived below from max_position_embeddings / factor
         else:
             raise ConfigError("missing required field 'rope_parameters.original_max_position_embeddings'")
     if kind == "yarn" and original is None:
-        original = int(f.get("max_position_embeddings", 4096, int) / factor)
+        original = max(1, int(f.positive("max_position_embeddings", 4096) / factor))
     return RopeConfig(
         dim=dim,
         theta=float(theta),
@@ -140,13 +153,13 @@ def _parse_rope(f: _Fields, dim: int, interleaved: bool, default_theta: float) -
         interleaved=interleaved,
         factor=factor,
         original_max_position=original,
-        low_freq_factor=rf.get("low_freq_factor", 1.0, float),
-        high_freq_factor=rf.get("high_freq_factor", 4.0, float),
-        beta_fast=float(merged.get("beta_fast") or 32.0),
-        beta_slow=float(merged.get("beta_slow") or 1.0),
-        mscale=merged.get("mscale"),
-        mscale_all_dim=merged.get("mscale_all_dim"),
-        attention_factor=merged.get("attention_factor"),
+        low_freq_factor=rf.at_least("low_freq_factor", 0.0, 1.0, strict=True),
+        high_freq_factor=rf.at_least("high_freq_factor", 0.0, 4.0, strict=True),
+        beta_fast=rf.at_least("beta_fast", 0.0, 32.0, strict=True),
+        beta_slow=rf.at_least("beta_slow", 0.0, 1.0, strict=True),
+        mscale=rf.at_least("mscale", 0.0, None),
+        mscale_all_dim=rf.at_least("mscale_all_dim", 0.0, None),
+        attention_factor=rf.at_least("attention_factor", 0.0, None, strict=True),
         truncate=bool(merged.get("truncate", True)),
     )
 
@@ -163,11 +176,10 @@ def _eos_ids(f: _Fields) -> tuple[int, ...]:
     eos = f.raw.get("eos_token_id")
     if eos is None:
         return ()
-    if isinstance(eos, int):
-        return (eos,)
-    if isinstance(eos, list) and all(isinstance(e, int) for e in eos):
-        return tuple(eos)
-    raise ConfigError(f"field 'eos_token_id' must be an integer or a list of integers, got {eos!r}")
+    ids = [eos] if isinstance(eos, int) else eos
+    if isinstance(ids, list) and all(isinstance(e, int) and not isinstance(e, bool) and e >= 0 for e in ids):
+        return tuple(ids)
+    raise ConfigError(f"field 'eos_token_id' must be a token id (>= 0) or a list of them, got {eos!r}")
 
 
 def _mla(f: _Fields, family: str, rope: RopeConfig | None) -> MLAConfig:
@@ -197,7 +209,7 @@ def _mla(f: _Fields, family: str, rope: RopeConfig | None) -> MLAConfig:
 def _moe(f: _Fields, family: str) -> MoEConfig | None:
     if not f.has("num_experts"):
         return None
-    num_experts = f.positive("num_experts")
+    num_experts = f.positive("num_experts", limit=MAX_EXPERTS)
     top_k = f.positive("num_experts_per_token")
     _require(top_k <= num_experts, f"num_experts_per_token ({top_k}) exceeds num_experts ({num_experts})")
     kimi = family in ("kimi_linear", "kimi_k3")
@@ -224,6 +236,12 @@ def _moe(f: _Fields, family: str) -> MoEConfig | None:
     latent = f.get("routed_expert_hidden_size", None, int)
     expert_format = "dense"
     quant = f.raw.get("quantization_config")
+    if quant is not None and not isinstance(quant, dict):
+        raise ConfigError(f"field 'quantization_config' must be an object, got {quant!r}")
+    block = (quant or {}).get("weight_block_size")
+    if block is not None and not (isinstance(block, list) and len(block) == 2
+                                  and all(isinstance(b, int) and not isinstance(b, bool) and b > 0 for b in block)):
+        raise ConfigError(f"field 'quantization_config.weight_block_size' must be two positive integers, got {block!r}")
     if isinstance(quant, dict):
         fmt = str(quant.get("format", quant.get("quant_method", "")))
         if "mxfp4" in fmt:
@@ -236,12 +254,12 @@ def _moe(f: _Fields, family: str) -> MoEConfig | None:
         num_experts=num_experts,
         top_k=top_k,
         intermediate_size=f.positive("moe_intermediate_size"),
-        num_shared_experts=f.get("num_shared_experts", 1 if kimi else 1, int),
+        num_shared_experts=f.at_least("num_shared_experts", 0, 1, int),
         scoring=scoring,
         num_groups=groups,
         topk_groups=topk_groups,
         renormalize=f.get("moe_renormalize", True, bool),
-        routed_scaling_factor=f.get("routed_scaling_factor", 2.446 if kimi else 2.5, float),
+        routed_scaling_factor=f.at_least("routed_scaling_factor", 0.0, 2.446 if kimi else 2.5, strict=True),
         latent_size=latent,
         latent_norm=f.get("latent_moe_use_norm", False, bool) if latent else False,
         expert_format=expert_format,
@@ -252,9 +270,8 @@ def _mlp_types(f: _Fields, n: int, moe: MoEConfig | None) -> tuple[str, ...]:
     if moe is None:
         return ("dense",) * n
     raw_types = f.raw.get("mlp_layer_types")
-    first_dense = f.get(
-        "first_k_dense_replace", 1 if "linear_attn_config" in f.raw or "layer_types" in f.raw else 3, int
-    )
+    kimi_layout = "linear_attn_config" in f.raw or "layer_types" in f.raw
+    first_dense = f.at_least("first_k_dense_replace", 0, 1 if kimi_layout else 3, int)
     freq = f.get("moe_layer_freq", 1, int)
     _require(freq >= 1, "field 'moe_layer_freq' must be >= 1")
     derived = tuple("moe" if (i >= first_dense and i % freq == 0) else "dense" for i in range(n))
@@ -274,6 +291,8 @@ def _mlp_types(f: _Fields, n: int, moe: MoEConfig | None) -> tuple[str, ...]:
 
 def _kimi_attn_types(f: _Fields, n: int) -> tuple[str, ...]:
     lac = f.raw.get("linear_attn_config") or {}
+    if not isinstance(lac, dict):
+        raise ConfigError(f"field 'linear_attn_config' must be an object, got {lac!r}")
     from_lists = None
     if "kda_layers" in lac or "full_attn_layers" in lac:
         kda = lac.get("kda_layers")
@@ -320,6 +339,8 @@ def _kimi_attn_types(f: _Fields, n: int) -> tuple[str, ...]:
 
 def _kda(f: _Fields) -> KDAConfig:
     lac = f.raw.get("linear_attn_config") or {}
+    if not isinstance(lac, dict):
+        raise ConfigError(f"field 'linear_attn_config' must be an object, got {lac!r}")
     lf = _Fields(lac, "linear_attn_config.")
 
     def pick(inner: str, flat: str, default=_MISSING):
@@ -359,15 +380,13 @@ def _common(f: _Fields, family: str, n: int, attn_types, mlp_types, **extra) -> 
         num_hidden_layers=n,
         attn_types=tuple(attn_types),
         mlp_types=tuple(mlp_types),
-        intermediate_size=f.positive("intermediate_size")
-        if "dense" in mlp_types
-        else f.get("intermediate_size", 0, int),
-        rms_norm_eps=f.get("rms_norm_eps", 1e-5 if family.startswith("kimi") else 1e-6, float),
+        intermediate_size=f.positive("intermediate_size") if "dense" in mlp_types else f.get("intermediate_size", 0, int),
+        rms_norm_eps=f.at_least("rms_norm_eps", 0.0, 1e-5 if family.startswith("kimi") else 1e-6, strict=True),
         tie_word_embeddings=f.get("tie_word_embeddings", False, bool),
-        max_position_embeddings=f.get("max_position_embeddings", 4096, int),
-        bos_token_id=f.get("bos_token_id", None, int),
+        max_position_embeddings=f.positive("max_position_embeddings", 4096),
+        bos_token_id=f.at_least("bos_token_id", 0, None, int),
         eos_token_ids=_eos_ids(f),
-        pad_token_id=f.get("pad_token_id", None, int),
+        pad_token_id=f.at_least("pad_token_id", 0, None, int),
         **extra,
     )
 
@@ -377,14 +396,14 @@ def _act(f: _Fields) -> dict:
     _require(act in ("silu", "situ"), f"field 'hidden_act' must be silu or situ, got {act!r}")
     return dict(
         hidden_act=act,
-        situ_beta=f.get("activation_situ_beta", SITU_BETA, float),
-        situ_linear_beta=f.get("activation_situ_linear_beta", SITU_LINEAR_BETA, float),
+        situ_beta=f.at_least("activation_situ_beta", 0.0, SITU_BETA, strict=True),
+        situ_linear_beta=f.at_least("activation_situ_linear_beta", 0.0, SITU_LINEAR_BETA, strict=True),
     )
 
 
 def _parse_llama(raw: dict) -> dict:
     f = _Fields(raw)
-    n = f.positive("num_hidden_layers")
+    n = f.positive("num_hidden_layers", limit=MAX_LAYERS)
     heads = f.positive("num_attention_heads")
     kv_heads = f.get("num_key_value_heads", heads, int)
     _require(
@@ -399,7 +418,7 @@ def _parse_llama(raw: dict) -> dict:
             f"hidden_size ({hidden}) is not divisible by num_attention_heads ({heads}); give 'head_dim'",
         )
         head_dim = hidden // heads
-    _require(head_dim % 2 == 0, f"head_dim ({head_dim}) must be even for RoPE")
+    _require(head_dim > 0 and head_dim % 2 == 0, f"head_dim ({head_dim}) must be positive and even for RoPE")
     bias = f.get("attention_bias", False, bool)
     gqa = GQAConfig(num_heads=heads, num_kv_heads=kv_heads, head_dim=head_dim, bias=bias, out_bias=bias)
     rope = _parse_rope(f, head_dim, interleaved=False, default_theta=10000.0)
@@ -415,7 +434,7 @@ def _parse_llama(raw: dict) -> dict:
 
 def _parse_deepseek(raw: dict) -> dict:
     f = _Fields(raw, aliases=_DEEPSEEK_ALIASES)
-    n = f.positive("num_hidden_layers")
+    n = f.positive("num_hidden_layers", limit=MAX_LAYERS)
     rope_dim = f.get("qk_rope_head_dim", 0, int)
     _require(rope_dim > 0 and rope_dim % 2 == 0, f"field 'qk_rope_head_dim' must be positive and even, got {rope_dim}")
     rope = _parse_rope(f, rope_dim, interleaved=f.get("rope_interleave", True, bool), default_theta=10000.0)
@@ -432,7 +451,7 @@ def _parse_deepseek(raw: dict) -> dict:
 
 def _parse_kimi(raw: dict, text: dict, family: str) -> dict:
     f = _Fields(text, "text_config." if family == "kimi_k3" else "", aliases=_KIMI_ALIASES)
-    n = f.positive("num_hidden_layers")
+    n = f.positive("num_hidden_layers", limit=MAX_LAYERS)
     attn_types = _kimi_attn_types(f, n)
     moe = _moe(f, family)
     rope = None
@@ -446,7 +465,7 @@ def _parse_kimi(raw: dict, text: dict, family: str) -> dict:
         outer = _Fields(raw)
         for key in ("bos_token_id", "pad_token_id"):
             if outer.has(key):
-                common[key] = outer.get(key, kind=int)
+                common[key] = outer.at_least(key, 0, kind=int)
         if "eos_token_id" in raw:
             common["eos_token_ids"] = _eos_ids(outer)
         if "tie_word_embeddings" in raw:
@@ -474,6 +493,8 @@ def hf_config_fields(raw: dict) -> dict:
     model_type = raw.get("model_type")
     if model_type is None:
         raise ConfigError("missing required field 'model_type'")
+    if not isinstance(model_type, str):
+        raise ConfigError(f"field 'model_type' must be a string, got {model_type!r}")
     family = _MODEL_TYPE_FAMILY.get(model_type)
     if family is None:
         raise ConfigError(f"unsupported model_type {model_type!r}; supported: {', '.join(sorted(_MODEL_TYPE_FAMILY))}")

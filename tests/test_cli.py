@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 from collections import Counter
 
 import pytest
@@ -101,3 +102,128 @@ def test_bad_checkpoint_is_a_clear_error(tmp_path, capsys):
     with pytest.raises(SystemExit) as e:
         main(["generate", "--model", str(out), "--prompt-ids", "1"])
     assert e.value.code == 2 and "truncated" in capsys.readouterr().err
+
+
+def test_version(capsys):
+    import nonstop
+
+    with pytest.raises(SystemExit) as e:
+        main(["--version"])
+    assert e.value.code == 0 and capsys.readouterr().out.strip() == f"nonstop {nonstop.__version__}"
+
+
+@pytest.mark.parametrize("command", ["generate", "chat", "serve", "perplexity", "program", "synth", "train"])
+def test_every_command_that_computes_takes_threads(command, monkeypatch):
+    """--threads reaches torch through nonstop.threads.set_threads (parsed, then applied by the command)."""
+    from nonstop.cli import build_parser
+
+    extra = {"synth": ["--out", "x", "--preset", "k3-nano"], "train": ["--out", "x"], "perplexity": ["f"]}
+    args = build_parser().parse_args([command, "--threads", "3", *extra.get(command, [])])
+    assert args.threads == 3
+
+
+def test_threads_are_applied(tmp_path, capsys):
+    import torch
+
+    before = torch.get_num_threads()
+    try:
+        assert main(["program", "--model", "k3-nano", "--summary", "--threads", "1"]) == 0
+        assert torch.get_num_threads() == 1
+    finally:
+        torch.set_num_threads(before)
+    capsys.readouterr()
+
+
+def test_generate_streams_pieces_as_they_come(tmp_path, capsys, monkeypatch):
+    """The CLI prints each piece as the engine produces it: more than one write, and in order."""
+    import builtins
+
+    writes = []
+    real_print = builtins.print
+
+    def spy(*args, **kw):
+        if kw.get("end") == "" and kw.get("file") is None:
+            writes.append("".join(map(str, args)))
+        return real_print(*args, **kw)
+
+    monkeypatch.setattr(builtins, "print", spy)
+    assert main(["generate", "-n", "12", "--temperature", "0", "--ignore-eos", "The Python"]) == 0
+    out = capsys.readouterr().out
+    assert len(writes) > 3 and out.startswith("The Python") and "".join(writes) in out
+
+
+def _tiny_chat_model(tmp_path):
+    from tests.engine.tiny_models import TEST_CHAT_TEMPLATE, synth_checkpoint
+
+    return synth_checkpoint("k3", tmp_path / "chat", chat_template=TEST_CHAT_TEMPLATE)
+
+
+def test_chat_reads_turns_from_piped_input(tmp_path, capsys, monkeypatch):
+    import io
+
+    model = _tiny_chat_model(tmp_path)
+    monkeypatch.setattr("sys.stdin", io.StringIO("hello\n\n/reset\nagain\n/exit\nnever read\n"))
+    argv = ["chat", "--model", str(model), "-n", "4", "--temperature", "0", "--ignore-eos", "--system", "Be brief."]
+    assert main(argv) == 0
+    captured = capsys.readouterr()
+    assert captured.err.count("[4 tokens") == 2 and "conversation cleared" in captured.err
+    assert len(captured.out.splitlines()) == 2  # one line per reply
+
+
+def test_chat_without_a_template_is_a_clear_error(tmp_path, capsys):
+    from tests.engine.tiny_models import synth_checkpoint
+
+    model = synth_checkpoint("k3", tmp_path / "plain")
+    with pytest.raises(SystemExit) as e:
+        main(["chat", "--model", str(model)])
+    assert e.value.code == 2 and "--chat-template" in capsys.readouterr().err
+
+
+def test_a_model_larger_than_memory_is_refused_within_seconds():
+    """The issue's reproduction: a trillion-parameter preset on this machine ends at once with the sizes."""
+    import re
+    import subprocess
+    import sys
+    import time
+
+    t0 = time.monotonic()
+    cli = [sys.executable, "-m", "nonstop.cli", "generate", "-m", "kimi-k3"]
+    r = subprocess.run([*cli, "hi"], capture_output=True, text=True, timeout=120)
+    elapsed = time.monotonic() - t0
+    assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr
+    assert re.search(r"kimi-k3 needs 1\.\d\d TB at float32 .*; this machine has [\d.]+ [GMT]B free", r.stderr), r.stderr
+    assert elapsed < 30, elapsed
+    r = subprocess.run([*cli, "--dtype", "bfloat16", "hi"], capture_output=True, text=True, timeout=120)
+    assert "kimi-k3 needs 1.56 TB at bfloat16" in r.stderr
+
+
+def test_synth_checks_free_disk(tmp_path, capsys, monkeypatch):
+    import nonstop.program.preflight as preflight
+
+    monkeypatch.setattr(preflight, "free_disk", lambda path: 1000)
+    with pytest.raises(SystemExit) as e:
+        main(["synth", "--preset", "llama-3.2-1b", "--out", str(tmp_path / "big")])
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and re.search(r"needs 2\.47 GB of disk; .* has 1 KB free", err) and "--no-preflight" in err
+    assert not (tmp_path / "big").exists()
+    cfg = tmp_path / "config.json"
+    cfg.write_text(json.dumps(KIMI_K3))
+    assert main(["synth", "--config", str(cfg), "--out", str(tmp_path / "small"), "--no-preflight"]) == 0
+
+
+def test_memory_preflight_decides_on_weights_plus_cache():
+    import torch
+
+    from nonstop.config import ModelConfig
+    from nonstop.program.preflight import PreflightError, check_memory, model_bytes
+
+    cfg = ModelConfig.preset("llama-3.2-1b")
+    weights, cache = model_bytes(cfg, torch.bfloat16, slots=2)
+    assert cache > 0 and model_bytes(cfg, torch.float32, slots=2)[0] > weights
+    cpu = torch.device("cpu")
+    check_memory("llama-3.2-1b", cfg, torch.bfloat16, cpu, 2, free=weights + cache)
+    with pytest.raises(PreflightError):
+        check_memory("llama-3.2-1b", cfg, torch.bfloat16, cpu, 2, free=weights + cache - 1)
+    message = r"llama-3.2-1b needs [\d.]+ GB at bfloat16 .*; this machine has 1 MB free"
+    with pytest.raises(PreflightError, match=message):
+        check_memory("llama-3.2-1b", cfg, torch.bfloat16, cpu, 2, free=10**6)

@@ -1,8 +1,12 @@
-"""Turn the errors a user can fix into one clear line on stderr (exit status 2), never a traceback."""
+"""Turn the errors a user can fix into one clear line on stderr (exit status 2), never a traceback.
+
+Anything else is a bug in nonstop: one line saying so (exit status 1); NONSTOP_DEBUG=1 shows the traceback.
+"""
 
 from __future__ import annotations
 
 import contextlib
+import os
 import sys
 
 from nonstop.config import ConfigError
@@ -24,3 +28,9 @@ def user_errors():
     except KeyboardInterrupt:
         print("nonstop: interrupted", file=sys.stderr)
         raise SystemExit(130) from None
+    except Exception as exc:
+        if os.environ.get("NONSTOP_DEBUG"):
+            raise
+        print(f"nonstop: internal error: {type(exc).__name__}: {exc} (a bug: please report it; NONSTOP_DEBUG=1 shows "
+              "the traceback)", file=sys.stderr)
+        raise SystemExit(1) from None

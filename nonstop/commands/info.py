@@ -31,8 +31,8 @@ def run(args) -> int:
 
     from nonstop.commands.common import human
     from nonstop.config import preset_names
-    from nonstop.engine.llm import bundled_models, resolve_model
     from nonstop.program.footprint import model_footprint
+    from nonstop.weights.resolve import bundled_models, resolve_model
 
     if args.list:
         print("bundled:", ", ".join(bundled_models()) or "(none)")

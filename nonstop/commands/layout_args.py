@@ -62,7 +62,7 @@ def check_before_start(args, layout) -> None:
     import torch
 
     from nonstop.dist.shard import check_layout
-    from nonstop.engine.llm import check_device, resolve_model
+    from nonstop.weights.resolve import check_device, resolve_model
     from nonstop.runtime.distributed import check_backend
 
     cfg, _ = resolve_model(args.model)
@@ -108,7 +108,7 @@ def follow_rank(args, comm) -> int:
 
     from nonstop.dist.comm import RankFailure, shutdown
     from nonstop.engine.distributed import build_worker, follow
-    from nonstop.engine.llm import parse_dtype, resolve_model
+    from nonstop.weights.resolve import parse_dtype, resolve_model
 
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # rank 0 (or the launcher) decides when to stop
     try:

@@ -28,7 +28,7 @@ def add_parser(sub) -> None:
 def run(args) -> int:
     import torch
 
-    from nonstop.engine.llm import LLM
+    from nonstop.commands.common import llm_from_args
     from nonstop.engine.perplexity import score_token_ids
 
     path = Path(args.file)
@@ -38,7 +38,7 @@ def run(args) -> int:
         text = path.read_text(encoding="utf-8")
     except UnicodeDecodeError as exc:
         raise ValueError(f"{path}: not UTF-8 text ({exc.reason} at byte {exc.start})") from None
-    llm = LLM(args.model, dtype=args.dtype, device=args.device)
+    llm = llm_from_args(args, max_batch=1)
     ids = llm.tokenizer.encode(text)
     t0 = time.perf_counter()
     with torch.inference_mode():

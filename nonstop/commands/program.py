@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from nonstop.commands.common import positive_int
+from nonstop.commands.common import add_threads_arg, positive_int
 from nonstop.commands.layout_args import add_layout_args, layout_from_args, wants_layout
 from nonstop.commands.program_table import print_ops
 
@@ -37,13 +37,16 @@ def add_parser(sub) -> None:
     p.add_argument("--summary", action="store_true", help="one row per op kind instead of one per op")
     add_layout_args(p, run=False)
     p.add_argument("--rank", type=int, default=0, help="with a layout: the rank whose ops are listed (default 0)")
+    add_threads_arg(p)
     p.set_defaults(run=run)
 
 
 def run(args) -> int:
-    from nonstop.engine.llm import DTYPES, resolve_model
     from nonstop.program.count import decode_program
+    from nonstop.threads import set_threads
+    from nonstop.weights.resolve import DTYPES, resolve_model
 
+    set_threads(args.threads)
     cfg, _ = resolve_model(args.model)
     if args.num_layers:
         cfg = cfg.with_num_layers(args.num_layers)

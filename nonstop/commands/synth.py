@@ -5,7 +5,7 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from nonstop.commands.common import positive_int
+from nonstop.commands.common import add_threads_arg, positive_int
 
 
 def add_parser(sub) -> None:
@@ -36,16 +36,22 @@ def add_parser(sub) -> None:
         default=4.0,
         help="max shard size in GB; more shards get model.safetensors.index.json (default 4)",
     )
+    p.add_argument("--no-preflight", dest="preflight", action="store_false",
+                   help="skip the check that the checkpoint fits in the free disk space")
+    add_threads_arg(p)
     p.set_defaults(run=run)
 
 
 def run(args) -> int:
     from nonstop.commands.common import human
     from nonstop.config import ModelConfig
-    from nonstop.engine.llm import ASSETS, DTYPES
     from nonstop.program.footprint import model_footprint
+    from nonstop.threads import set_threads
+    from nonstop.program.preflight import check_disk
+    from nonstop.weights.resolve import ASSETS, DTYPES
     from nonstop.weights.synth import write_checkpoint
 
+    set_threads(args.threads)
     cfg = ModelConfig.from_file(args.config) if args.config else ModelConfig.preset(args.preset)
     if args.num_layers:
         cfg = cfg.with_num_layers(args.num_layers)
@@ -53,6 +59,9 @@ def run(args) -> int:
         raise ValueError("--shard-size must be positive")
     tokenizer_dir = ASSETS / args.preset if args.preset and (ASSETS / args.preset / "tokenizer.json").exists() else None
     size = model_footprint(cfg, DTYPES[args.dtype]).weight_bytes
+    name = args.preset or args.config
+    if args.preflight:
+        check_disk(f"{name} ({cfg.num_hidden_layers} layers) at {args.dtype}", size, Path(args.out))
     print(
         f"writing {cfg.family} checkpoint ({human(size, 'B')}, {cfg.num_hidden_layers} layers) to {args.out}",
         file=sys.stderr,

@@ -132,7 +132,7 @@ def add_parser(sub) -> None:
 def _device(args):
     import torch
 
-    from nonstop.engine.llm import check_device
+    from nonstop.weights.resolve import check_device
 
     if args.device is None:
         return torch.device("cuda") if torch.cuda.is_available() else torch.device("cpu")
@@ -142,7 +142,7 @@ def _device(args):
 def _default_model(kind: str) -> str:
     """k3-nano if its Program has ``kind``, else the first preset whose Program has it."""
     from nonstop.config import preset_names
-    from nonstop.engine.llm import resolve_model
+    from nonstop.weights.resolve import resolve_model
     from nonstop.tune.cases import layers_for
 
     for name in ["k3-nano"] + preset_names():
@@ -155,7 +155,7 @@ def _default_model(kind: str) -> str:
 
 
 def _target(args):
-    from nonstop.engine.llm import parse_dtype, resolve_model
+    from nonstop.weights.resolve import parse_dtype, resolve_model
     from nonstop.kernels import KERNELS
     from nonstop.tune.target import make_target
 

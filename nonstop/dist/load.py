@@ -15,7 +15,7 @@ import torch
 from nonstop.config import ModelConfig
 from nonstop.dist.layout import Layout
 from nonstop.dist.shard import ParamShard, rank_shards
-from nonstop.weights.loader import FP8, _fp8_scale_name, check_tensor, resolve_checkpoint
+from nonstop.weights.loader import FP8, _fp8_scale_name, check_finite, check_tensor, resolve_checkpoint
 from nonstop.weights.slices import SliceReader
 
 TARGET = {"fp32": torch.float32, "u8": torch.uint8}
@@ -55,7 +55,7 @@ def _fp8_part(w: torch.Tensor, scale_reader, dim: int | None, start: int, block:
 def _read_part(reader: SliceReader, located: dict, spec, name: str, dim, start: int, stop, shape, fp8_block) -> torch.Tensor:
     """Elements [start, stop) of ``dim`` of tensor ``name`` viewed as ``shape`` (fp8: dequantised)."""
     f = located[name]
-    if check_tensor(name, spec, located) in FP8 and spec.kind != "u8":
+    if check_tensor(name, spec, located, fp8_block) in FP8 and spec.kind != "u8":
         scale_name = _fp8_scale_name(name)
         w = reader.read(f, name, shape, dim, start, stop)
         return _fp8_part(w, lambda d, lo, hi: reader.read(located[scale_name], scale_name, None, d, lo, hi), dim, start, fp8_block)
@@ -86,6 +86,7 @@ def load_rank_state(cfg: ModelConfig, layout: Layout, rank: int, model_dir: str 
             else:
                 t = _pad(part(names[0], shard.dim, shard.start, shard.stop, spec.shape), shard)
             state[spec.param] = t.reshape(shard.shape).to(device=device, dtype=target)
+            check_finite(names[0], state[spec.param], located[names[0]].path.name)
             if progress is not None:
                 progress(i + 1, len(shards))
     finally:

@@ -19,9 +19,9 @@ import torch
 
 from nonstop.dist.comm import Comm
 from nonstop.engine.distributed import ClusterExecutor, build_worker
-from nonstop.engine.llm import LLM, _eos_ids, check_device, parse_dtype, resolve_model
+from nonstop.engine.llm import LLM
+from nonstop.weights.resolve import check_device
 from nonstop.engine.speculative.config import SpeculativeConfig, make_drafter
-from nonstop.engine.tokenizer import Tokenizer
 
 
 class TargetHead:
@@ -43,25 +43,28 @@ class DistributedLLM(LLM):
 
     Extra arguments: ``comm`` (from ``nonstop.dist.comm.init``), ``chunks`` / ``overlap`` of the MoE
     exchange (defaults: 2 overlapped chunks on CUDA, 1 on CPU), ``on_failure(message)`` called when
-    another rank fails (the CLI prints and exits).
+    another rank fails (the CLI prints and exits). ``preflight`` is accepted for the LLM signature; each
+    rank builds only its share of the weights, so the single-device memory check does not apply.
     """
 
-    def __init__(self, model="k3-nano", dtype=None, device: str = "cpu", backend: str = "reference", max_batch: int = 16, seed: int = 0, speculative: dict | None = None, progress: bool = False, prefill_chunk: int | None = None, batch_invariant: bool = False, *, comm: Comm, chunks: int | None = None, overlap: bool | None = None, on_failure=None):
+    def __init__(self, model="k3-nano", dtype=None, device: str = "cpu", backend: str = "reference",
+                 max_batch: int = 16, seed: int = 0, speculative: dict | None = None, progress: bool = False,
+                 prefill_chunk: int | None = None, batch_invariant: bool = False, tokenizer: str = "auto",
+                 chat_template=None, generation_config: bool = True, preflight: bool = True, *, comm: Comm, chunks: int | None = None,
+                 overlap: bool | None = None, on_failure=None):
         if comm.rank != 0:
-            raise ValueError(f"DistributedLLM runs on rank 0; rank {comm.rank} follows (nonstop.engine.distributed.follow)")
+            raise ValueError(
+                f"DistributedLLM runs on rank 0; rank {comm.rank} follows (nonstop.engine.distributed.follow)"
+            )
         check_device(device)
         self.device = comm.device
-        self.dtype = parse_dtype(dtype, str(device))
-        self.cfg, self.model_dir = resolve_model(model)
-        self.name = str(model)
+        self._resolve(model, dtype, device, tokenizer, chat_template, generation_config)
         if self.model_dir is None:
             print(f"nonstop: {model!r} is a preset: using random weights (seed {seed})", file=sys.stderr)
         worker = build_worker(comm, self.cfg, self.model_dir, self.dtype, backend, seed, chunks, overlap, progress)
         self.comm = comm
         self.layout = comm.layout
         self.executor = ClusterExecutor(worker, self.cfg, on_failure)
-        self.tokenizer = Tokenizer.load(self.model_dir, self.cfg.vocab_size)
-        self.eos_ids = _eos_ids(self.cfg, self.model_dir)
         self.backend = backend
         self.max_batch = max_batch
         self.prefill_chunk = prefill_chunk

@@ -2,77 +2,22 @@
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
-import json
 import sys
 from pathlib import Path
 
-import torch
-
-from nonstop.config import ConfigError, ModelConfig, preset_names
+from nonstop.engine.chat_template import chat_prompt
 from nonstop.engine.core import EngineCore
+from nonstop.engine.generation_config import GenerationConfig, load_generation_config
 from nonstop.engine.requests import Request, RequestOutput
 from nonstop.engine.sampling import SamplingParams
 from nonstop.engine.speculative.config import SpeculativeConfig, make_drafter
 from nonstop.engine.speculative.step import SpeculativeDecoder
 from nonstop.engine.tokenizer import Tokenizer
 from nonstop.runtime import make_executor
-
-ASSETS = Path(__file__).resolve().parent.parent / "assets"
-DEFAULT_MODEL = "k3-nano"
-DTYPES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16, "bf16": torch.bfloat16, "float16": torch.float16, "fp16": torch.float16}
-
-
-def parse_dtype(dtype, device: str) -> torch.dtype:
-    if dtype is None or dtype == "auto":
-        return torch.bfloat16 if str(device).startswith("cuda") else torch.float32
-    if isinstance(dtype, torch.dtype):
-        return dtype
-    if dtype not in DTYPES:
-        raise ValueError(f"unknown dtype {dtype!r}; choose one of: {', '.join(DTYPES)}")
-    return DTYPES[dtype]
-
-
-def bundled_models() -> list[str]:
-    return sorted(p.parent.name for p in ASSETS.glob("*/config.json"))
-
-
-def resolve_model(model: str | Path) -> tuple[ModelConfig, Path | None]:
-    """(config, checkpoint dir) for a directory, a bundled model name, or a preset (dir None: random weights)."""
-    path = Path(model)
-    if path.is_dir():
-        return ModelConfig.from_file(path), path
-    if (ASSETS / str(model) / "config.json").exists():
-        return ModelConfig.from_file(ASSETS / str(model)), ASSETS / str(model)
-    if str(model) in preset_names():
-        return ModelConfig.preset(str(model)), None
-    if path.exists():
-        raise ConfigError(f"{path} is not a directory: give the checkpoint directory (holding config.json)")
-    raise ConfigError(f"model {str(model)!r} is neither a checkpoint directory nor a known name; bundled: {', '.join(bundled_models()) or 'none'}; presets (random weights): {', '.join(preset_names())}")
-
-
-def _eos_ids(cfg: ModelConfig, model_dir: Path | None) -> frozenset[int]:
-    ids = set(cfg.eos_token_ids)
-    if model_dir is not None and (model_dir / "generation_config.json").exists():
-        eos = json.loads((model_dir / "generation_config.json").read_text()).get("eos_token_id")
-        ids |= set(eos if isinstance(eos, list) else [eos] if isinstance(eos, int) else [])
-    return frozenset(ids)
-
-
-def check_device(device: str | torch.device) -> torch.device:
-    """``device`` as a torch.device, or a ValueError saying why this machine cannot use it."""
-    try:
-        dev = torch.device(device)
-    except (RuntimeError, TypeError) as exc:
-        raise ValueError(f"device {device!r} is not a device torch knows: {exc}") from None
-    if dev.type == "cuda":
-        if not torch.cuda.is_available():
-            raise ValueError(f"device {device!r} asked for, but this torch ({torch.__version__}) sees no CUDA GPU; use --device cpu")
-        if dev.index is not None and dev.index >= torch.cuda.device_count():
-            raise ValueError(f"device {device!r} asked for, but only {torch.cuda.device_count()} CUDA device(s) are visible")
-    elif dev.type != "cpu":
-        raise ValueError(f"device {device!r} is not supported: use cpu or cuda[:N]")
-    return dev
+from nonstop.program.preflight import check_memory
+from nonstop.weights.resolve import DEFAULT_MODEL, check_device, parse_dtype, resolve_model
 
 
 class LLM:
@@ -87,23 +32,33 @@ class LLM:
     tokens per step and verify them in one forward; outputs stay exactly those of plain decoding
     (greedy; sampling: exactly distributed), and each output's metrics gain drafted_tokens,
     accepted_tokens, verify_steps and mean_accepted_length (tokens per verification step).
+    tokenizer: ``auto`` (the checkpoint's tokenizer.json or tiktoken.model; without one, text prompts
+    are refused and token ids are used as they are), ``ids`` or ``bytes`` (``engine/tokenizer``).
+    chat_template: a jinja file replacing the checkpoint's. generation_config: use the checkpoint's
+    generation_config.json as the default sampling (``default_sampling``). preflight: refuse a model
+    larger than the free memory before allocating it (``weights/preflight``).
     """
 
-    def __init__(self, model: str | Path = DEFAULT_MODEL, dtype=None, device: str = "cpu", backend: str = "reference", max_batch: int = 16, seed: int = 0, speculative: dict | None = None, progress: bool = False, prefill_chunk: int | None = None, batch_invariant: bool = False):
+    def __init__(self, model: str | Path = DEFAULT_MODEL, dtype=None, device: str = "cpu", backend: str = "reference",
+                 max_batch: int = 16, seed: int = 0, speculative: dict | None = None, progress: bool = False,
+                 prefill_chunk: int | None = None, batch_invariant: bool = False, tokenizer: str = "auto",
+                 chat_template: str | Path | None = None, generation_config: bool = True, preflight: bool = True):
         from nonstop.model.build import load_model, random_model
 
         self.device = check_device(device)
-        self.dtype = parse_dtype(dtype, str(device))
-        self.cfg, self.model_dir = resolve_model(model)
-        self.name = str(model)
+        self._resolve(model, dtype, device, tokenizer, chat_template, generation_config)
+        if preflight:
+            check_memory(self.name, self.cfg, self.dtype, self.device, max_batch)
         if self.model_dir is None:
-            print(f"nonstop: {model!r} is a preset: using random weights (seed {seed})", file=sys.stderr)
+            print(f"nonstop: {model!r} is a preset: using random weights (seed {seed}) and byte tokens",
+                  file=sys.stderr)
             self.model = random_model(self.cfg, self.dtype, self.device, seed)
         else:
             report = _progress_printer(f"loading {self.model_dir}") if progress else None
             self.model = load_model(self.cfg, self.model_dir, self.dtype, self.device, report)
-        self.tokenizer = Tokenizer.load(self.model_dir, self.cfg.vocab_size)
-        self.eos_ids = _eos_ids(self.cfg, self.model_dir)
+        if not self.tokenizer.accepts_text:
+            print(f"nonstop: {self.model_dir} has no tokenizer: prompts must be token ids and outputs are token ids "
+                  "only", file=sys.stderr)
         self.backend = backend
         self.executor = make_executor(backend, self.model)
         self.max_batch = max_batch
@@ -113,8 +68,24 @@ class LLM:
         self.drafter = make_drafter(self.speculative_config, self.model, self.model_dir) if self.speculative_config else None
         self._ids = itertools.count()
 
+    def _resolve(self, model, dtype, device, tokenizer: str, chat_template, generation_config: bool) -> None:
+        """What every rank-0 engine knows before it builds weights: dtype, config, checkpoint directory,
+        tokenizer (with its chat template), generation defaults and end-of-sequence ids."""
+        self.dtype = parse_dtype(dtype, str(device))
+        self.cfg, self.model_dir = resolve_model(model)
+        self.name = str(model)
+        self.tokenizer = Tokenizer.load(self.model_dir, self.cfg.vocab_size, tokenizer, chat_template)
+        self.generation = load_generation_config(self.model_dir) if generation_config else GenerationConfig()
+        self.eos_ids = frozenset(self.cfg.eos_token_ids) | self.generation.eos_token_ids
+
+    def default_sampling(self, **overrides) -> SamplingParams:
+        """SamplingParams from the checkpoint's generation_config.json, ``overrides`` (not None) on top."""
+        return self.generation.sampling(**overrides)
+
     # ------------------------------------------------------------------ requests
-    def make_request(self, prompt: str | None, prompt_ids: list[int] | None, params: SamplingParams, request_id: str | None = None) -> Request:
+    def make_request(self, prompt: str | None, prompt_ids: list[int] | None, params: SamplingParams,
+                     request_id: str | None = None) -> Request:
+        """One engine request (``params.n`` is not expanded here: see ``make_requests``)."""
         if prompt_ids is None:
             if not isinstance(prompt, str):
                 raise TypeError(f"prompts must be strings, got {type(prompt).__name__}")
@@ -126,16 +97,36 @@ class LLM:
                 raise ValueError(f"token id {bad[0]} is outside the vocabulary (0..{self.cfg.vocab_size - 1})")
         if not prompt_ids:
             raise ValueError("empty prompt: give at least one token")
+        if self.speculative_config and params.penalized:
+            raise ValueError("repetition, presence and frequency penalties are not supported with speculative "
+                             "decoding")
         return Request(request_id or str(next(self._ids)), prompt, prompt_ids, params, self.eos_ids)
+
+    def make_requests(self, prompt: str | None, prompt_ids: list[int] | None, params: SamplingParams,
+                      request_id: str | None = None) -> list[Request]:
+        """``params.n`` requests for one prompt; completion i samples with seed ``params.seed_for(i)``."""
+        if params.n == 1:
+            return [self.make_request(prompt, prompt_ids, params, request_id)]
+        first = self.make_request(prompt, prompt_ids, dataclasses.replace(params, n=1), request_id)
+        base = first.request_id
+        out = []
+        for i in range(params.n):
+            one = dataclasses.replace(params, n=1, seed=params.seed_for(i))
+            out.append(Request(f"{base}-{i}", prompt, first.prompt_ids, one, self.eos_ids))
+        return out
 
     def new_core(self, num_slots: int, isolate_errors: bool = False, max_len: int | None = None) -> EngineCore:
         """An ``EngineCore`` with ``num_slots`` slots and this LLM's prefill chunk and batch invariance."""
         config = self.speculative_config
         decoder = SpeculativeDecoder(config, self.drafter) if config else None
-        return EngineCore(self.cfg, self.executor, self.tokenizer, num_slots, self.dtype, self.device, max_len=max_len, prefill_chunk=self.prefill_chunk, batch_invariant=self.batch_invariant, isolate_errors=isolate_errors, speculative_decoder=decoder)
+        return EngineCore(self.cfg, self.executor, self.tokenizer, num_slots, self.dtype, self.device, max_len=max_len,
+                          prefill_chunk=self.prefill_chunk, batch_invariant=self.batch_invariant,
+                          isolate_errors=isolate_errors, speculative_decoder=decoder)
 
-    def generate(self, prompts=None, sampling: SamplingParams | list[SamplingParams] | None = None, prompt_token_ids=None) -> list[RequestOutput]:
-        """Generate for each prompt (strings) or each token-id list; one RequestOutput per prompt, in order."""
+    def generate(self, prompts=None, sampling: SamplingParams | list[SamplingParams] | None = None,
+                 prompt_token_ids=None) -> list[RequestOutput]:
+        """Generate for each prompt (strings) or each token-id list; one RequestOutput per prompt, in order
+        (with ``n`` > 1 its ``samples`` hold the n completions). ``sampling`` None: ``default_sampling()``."""
         if (prompts is None) == (prompt_token_ids is None):
             raise ValueError("give exactly one of prompts or prompt_token_ids")
         if prompts is not None:
@@ -147,10 +138,22 @@ class LLM:
             items = [(None, list(x)) for x in ids]
         if not items:
             return []
-        params = sampling if isinstance(sampling, list) else [sampling or SamplingParams()] * len(items)
+        params = sampling if isinstance(sampling, list) else [sampling or self.default_sampling()] * len(items)
         if len(params) != len(items):
             raise ValueError(f"got {len(params)} SamplingParams for {len(items)} prompts")
-        requests = [self.make_request(p, ids, sp) for (p, ids), sp in zip(items, params)]
+        groups = [self.make_requests(p, ids, sp) for (p, ids), sp in zip(items, params)]
+        self._run([r for g in groups for r in g])
+        return [_gathered(g) for g in groups]
+
+    def chat(self, messages: list[dict], sampling: SamplingParams | None = None) -> RequestOutput:
+        """The assistant's reply to ``messages`` ([{role, content}]), prompted with the chat template."""
+        ids = chat_prompt(self.tokenizer, messages)
+        return self.generate(prompt_token_ids=[ids], sampling=sampling)[0]
+
+    def _run(self, requests: list[Request], on_text=None) -> None:
+        """Run ``requests`` to the end; ``on_text(request, new text)`` as text arrives (streaming)."""
+        if not requests:
+            return
         core = self.new_core(min(self.max_batch, len(requests)))
         for req in requests:
             core.check_length(req)
@@ -158,8 +161,24 @@ class LLM:
         while pending or core.active:
             while pending and core.has_free_slot:
                 core.admit(pending.pop(0))
-            core.step()
-        return [r.output() for r in requests]
+            for req, text in core.step():
+                if on_text is not None and text:
+                    on_text(req, text)
+
+    def stream(self, prompt: str | None = None, sampling: SamplingParams | None = None,
+               prompt_ids: list[int] | None = None, on_text=None) -> RequestOutput:
+        """Generate one completion, calling ``on_text(new text)`` as each piece becomes visible."""
+        req = self.make_request(prompt, prompt_ids, sampling or self.default_sampling())
+        self._run([req], (lambda _, text: on_text(text)) if on_text is not None else None)
+        return req.output()
+
+
+def _gathered(requests: list[Request]) -> RequestOutput:
+    """The output of one prompt: its only request's, or for n > 1 the first's with all n in ``samples``."""
+    outputs = [r.output() for r in requests]
+    if len(outputs) == 1:
+        return outputs[0]
+    return dataclasses.replace(outputs[0], samples=outputs)
 
 
 def _progress_printer(label: str):

@@ -1,12 +1,19 @@
-"""Request state and outputs: token bookkeeping, incremental detokenisation, stop conditions."""
+"""Request state and outputs: token bookkeeping, incremental detokenisation, stop conditions.
+
+Each generated token costs the same whatever the output length: the text grows through an
+``IncrementalDecoder`` (a few tokens decoded per step), stop strings are searched only where a new
+match can be (the new text and the stop length before it), and penalties read per-token counts.
+"""
 
 from __future__ import annotations
 
+import collections
 import time
 from dataclasses import dataclass, field
 
 import torch
 
+from nonstop.engine.detokenize import IncrementalDecoder
 from nonstop.engine.sampling import SamplingParams
 from nonstop.engine.tokenizer import Tokenizer
 
@@ -18,7 +25,8 @@ class RequestOutput:
     token_ids: generated ids; logprobs: one {token_id: logprob} per generated token (when asked);
     prompt_logprobs: None for the first prompt position, then one dict per position (when asked);
     finish_reason: ``stop`` (eos, stop string or stop token), ``length``, ``abort`` (cancelled) or
-    ``error`` (then ``error`` says why); metrics: timings and counts.
+    ``error`` (then ``error`` says why); metrics: timings and counts; samples: with ``n`` > 1 the n
+    completions of the prompt (this output's own fields are the first's), else empty.
     """
 
     request_id: str
@@ -31,6 +39,7 @@ class RequestOutput:
     finish_reason: str | None
     metrics: dict = field(default_factory=dict)
     error: str | None = None
+    samples: list["RequestOutput"] = field(default_factory=list, repr=False)  # n > 1: all n completions
 
 
 @dataclass
@@ -43,7 +52,6 @@ class Request:
     output_ids: list[int] = field(default_factory=list)
     logprobs: list[dict] | None = None
     prompt_logprobs: list | None = None
-    text: str = ""
     finish_reason: str | None = None
     error: str | None = None
     slot: int = -1
@@ -54,7 +62,13 @@ class Request:
     finished_at: float | None = None
     extra_metrics: dict = field(default_factory=dict)
     draft_state: object = field(default=None, repr=False)  # the speculative drafter's per-request state
-    _sent: int = field(default=0, repr=False)  # characters of ``text`` already returned by ``append``
+    _pieces: list[str] = field(default_factory=list, repr=False)  # the text, in the pieces it was decoded in
+    _length: int = field(default=0, repr=False)  # characters in _pieces
+    _tail: str = field(default="", repr=False)  # the last (longest stop string - 1) characters of the text
+    _unsent: str = field(default="", repr=False)  # text not yet returned by ``append`` (a possible stop start)
+    _decoder: IncrementalDecoder | None = field(default=None, repr=False)
+    _counts: collections.Counter = field(default_factory=collections.Counter, repr=False)
+    _seen_prompt: torch.Tensor | None = field(default=None, repr=False)
 
     def __post_init__(self):
         if self.params.logprobs is not None:
@@ -62,6 +76,21 @@ class Request:
         if not self.params.greedy:
             self.generator = torch.Generator()
             self.generator.manual_seed(self.params.seed if self.params.seed is not None else torch.seed())
+
+    @property
+    def text(self) -> str:
+        """The visible text so far (stop string and end token excluded)."""
+        if len(self._pieces) > 1:
+            self._pieces[:] = ["".join(self._pieces)]
+        return self._pieces[0] if self._pieces else ""
+
+    def penalty_ids(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """(distinct ids of prompt + output, distinct output ids, their counts) for the penalties."""
+        if self._seen_prompt is None:
+            self._seen_prompt = torch.tensor(sorted(set(self.prompt_ids)), dtype=torch.long)
+        out = torch.tensor(list(self._counts), dtype=torch.long)
+        counts = torch.tensor(list(self._counts.values()), dtype=torch.float32)
+        return torch.cat([self._seen_prompt, out]).unique(), out, counts
 
     @property
     def finished(self) -> bool:
@@ -83,24 +112,48 @@ class Request:
         self.output_ids.append(token)
         if self.logprobs is not None and logprob_row is not None:
             self.logprobs.append(logprob_row)
+        self._counts[token] += 1
         p = self.params
         hit_eos = token in self.eos_ids and not p.ignore_eos
-        visible_ids = self.output_ids[:-1] if hit_eos or token in p.stop_token_ids else self.output_ids
-        full = tokenizer.decode(visible_ids)
-        if not full.endswith("\ufffd"):  # else an incomplete UTF-8 sequence: wait for the next token
-            self.text = full
-        stops = [at for at in (self.text.find(s) for s in p.stop_strings) if at >= 0]
-        if stops:
-            self.text = self.text[: min(stops)]
+        ends = hit_eos or token in p.stop_token_ids
+        if self._decoder is None:
+            self._decoder = IncrementalDecoder(tokenizer)
+        new = "" if ends else self._decoder.push(token)
+        stop_at = self._add_text(new)
+        if stop_at is not None:
+            self._cut_text(stop_at)
             self._finish("stop", now)
-        elif hit_eos or token in p.stop_token_ids:
+        elif ends:
             self._finish("stop", now)
         elif len(self.output_ids) >= p.max_tokens:
             self._finish("length", now)
-        end = len(self.text) if self.finished else len(self.text) - _stop_prefix_len(self.text, p.stop_strings)
-        new = self.text[self._sent : end]
-        self._sent = max(self._sent, end)
-        return new
+        hold = 0 if self.finished else _stop_prefix_len(self._tail, p.stop_strings)
+        split = max(0, len(self._unsent) - hold)
+        out, self._unsent = self._unsent[:split], self._unsent[split:]
+        return out
+
+    def _add_text(self, new: str) -> int | None:
+        """Append ``new`` to the text; the position of the first stop string now in it (None if none).
+        An earlier match would have ended the request, so a new one ends inside ``new``."""
+        if not new:
+            return None
+        stops = self.params.stop_strings
+        window = self._tail + new
+        base = self._length - len(self._tail)
+        found = [at for at in (window.find(s) for s in stops) if at >= 0]
+        self._pieces.append(new)
+        self._length += len(new)
+        self._unsent += new
+        keep = max((len(s) for s in stops), default=1) - 1
+        self._tail = window[max(0, len(window) - keep):] if keep else ""
+        return base + min(found) if found else None
+
+    def _cut_text(self, end: int) -> None:
+        """Truncate the text to its first ``end`` characters (the match starts after what was sent)."""
+        cut = self._length - end
+        self._pieces[:] = [self.text[:end]]
+        self._length = end
+        self._unsent = self._unsent[: len(self._unsent) - cut]
 
     def _finish(self, reason: str, now: float) -> None:
         self.finish_reason = reason

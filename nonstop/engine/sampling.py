@@ -1,23 +1,60 @@
-"""SamplingParams and the token sampler (greedy, temperature, top-k, top-p with a seeded RNG)."""
+"""SamplingParams and the host sampler: greedy, temperature, top-k, top-p, min-p, penalties, seeded RNG.
+
+The math of the filtered distribution and of the penalties lives in ``nonstop/model/sampling.py``.
+"""
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
 import torch
 
+from nonstop.model.sampling import filter_logits, penalize
+
+__all__ = ["InvalidSamplingParam", "SamplingParams", "filter_logits", "sample", "sampling_probs", "top_logprobs"]
+
+SEED_RANGE = (-(2**63), 2**64 - 1)  # what torch.Generator.manual_seed accepts
+
+
+class InvalidSamplingParam(ValueError):
+    """A sampling parameter out of range; ``param`` names it."""
+
+    def __init__(self, param: str, message: str):
+        super().__init__(message)
+        self.param = param
+
+
+def _is_int(v) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def _is_number(v) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+
 
 @dataclass
 class SamplingParams:
-    """How to generate. ``temperature == 0`` is greedy. ``top_k`` <= 0 and ``top_p == 1`` disable those
-    filters. ``logprobs`` / ``prompt_logprobs``: how many top alternatives to return per position
-    (the sampled / actual token is always included); log-probabilities are those of the model's own
-    distribution, before temperature, top-k and top-p."""
+    """How to generate.
+
+    ``temperature == 0`` is greedy (any finite temperature > 0 samples). ``top_k`` <= 0, ``top_p == 1``
+    and ``min_p == 0`` disable those filters (``model/sampling.filter_logits``). Penalties, applied to
+    the logits before anything else (greedy included), as in vLLM: ``repetition_penalty`` (> 0, 1 = off)
+    on tokens of the prompt and the output, ``presence_penalty`` / ``frequency_penalty`` on tokens of
+    the output (``model/sampling.penalize``). ``n``: completions per prompt (sample i uses seed + i).
+    ``logprobs`` / ``prompt_logprobs``: how many top alternatives to return per position (the sampled /
+    actual token is always included); log-probabilities are those of the model's own distribution,
+    before penalties, temperature and filters."""
 
     max_tokens: int = 16
     temperature: float = 1.0
     top_p: float = 1.0
     top_k: int = -1
+    min_p: float = 0.0
+    repetition_penalty: float = 1.0
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    n: int = 1
     seed: int | None = None
     stop: list[str] | str | None = None
     stop_token_ids: list[int] | None = None
@@ -27,54 +64,77 @@ class SamplingParams:
     stop_strings: list[str] = field(init=False, repr=False)
 
     def __post_init__(self):
-        def check(cond, msg):
+        def check(cond, param, want):
             if not cond:
-                raise ValueError(msg)
+                raise InvalidSamplingParam(param, f"{param} must be {want}, got {getattr(self, param)!r}")
 
-        check(isinstance(self.max_tokens, int) and not isinstance(self.max_tokens, bool) and self.max_tokens >= 1, f"max_tokens must be an integer >= 1, got {self.max_tokens!r}")
-        check(isinstance(self.temperature, (int, float)) and self.temperature >= 0 and self.temperature == self.temperature, f"temperature must be >= 0, got {self.temperature!r}")
-        check(isinstance(self.top_p, (int, float)) and 0 < self.top_p <= 1, f"top_p must be in (0, 1], got {self.top_p!r}")
-        check(isinstance(self.top_k, int) and not isinstance(self.top_k, bool), f"top_k must be an integer, got {self.top_k!r}")
-        check(self.seed is None or (isinstance(self.seed, int) and not isinstance(self.seed, bool)), f"seed must be an integer, got {self.seed!r}")
+        check(_is_int(self.max_tokens) and self.max_tokens >= 1, "max_tokens", "an integer >= 1")
+        check(_is_number(self.temperature) and self.temperature >= 0, "temperature", "a finite number >= 0")
+        check(_is_number(self.top_p) and 0 < self.top_p <= 1, "top_p", "in (0, 1]")
+        check(_is_int(self.top_k), "top_k", "an integer")
+        check(_is_number(self.min_p) and 0 <= self.min_p <= 1, "min_p", "in [0, 1]")
+        rep = self.repetition_penalty
+        check(_is_number(rep) and rep > 0, "repetition_penalty", "a finite number > 0")
+        check(_is_number(self.presence_penalty), "presence_penalty", "a finite number")
+        check(_is_number(self.frequency_penalty), "frequency_penalty", "a finite number")
+        check(_is_int(self.n) and self.n >= 1, "n", "an integer >= 1")
+        seed_ok = self.seed is None or (_is_int(self.seed) and SEED_RANGE[0] <= self.seed <= SEED_RANGE[1])
+        check(seed_ok, "seed", "an integer in [-2^63, 2^64 - 1]")
         for name in ("logprobs", "prompt_logprobs"):
             v = getattr(self, name)
-            check(v is None or (isinstance(v, int) and not isinstance(v, bool) and v >= 0), f"{name} must be an integer >= 0, got {v!r}")
+            check(v is None or (_is_int(v) and v >= 0), name, "an integer >= 0")
         stops = [self.stop] if isinstance(self.stop, str) else list(self.stop or [])
-        check(all(isinstance(s, str) and s for s in stops), f"stop must be a non-empty string or a list of them, got {self.stop!r}")
+        check(all(isinstance(s, str) and s for s in stops), "stop", "a non-empty string or a list of them")
         self.stop_strings = stops
         ids = list(self.stop_token_ids or [])
-        check(all(isinstance(i, int) and not isinstance(i, bool) and i >= 0 for i in ids), f"stop_token_ids must be non-negative integers, got {self.stop_token_ids!r}")
+        check(all(_is_int(i) and i >= 0 for i in ids), "stop_token_ids", "a list of non-negative integers")
         self.stop_token_ids = ids
 
     @property
     def greedy(self) -> bool:
         return self.temperature == 0
 
+    @property
+    def penalized(self) -> bool:
+        return self.repetition_penalty != 1.0 or self.presence_penalty != 0.0 or self.frequency_penalty != 0.0
 
-def filter_logits(logits: torch.Tensor, temperature: float, top_k: int, top_p: float) -> torch.Tensor:
-    """logits [V] fp32 -> tempered logits with everything outside top-k / the top-p nucleus at -inf."""
-    x = logits / temperature
-    if 0 < top_k < x.shape[-1]:
-        kth = torch.topk(x, top_k).values[-1]
-        x = x.masked_fill(x < kth, float("-inf"))
-    if top_p < 1.0:
-        sorted_x, order = torch.sort(x, descending=True, stable=True)  # ties: lowest id first, like the device sampler
-        probs = torch.softmax(sorted_x, dim=-1)
-        before = torch.cumsum(probs, dim=-1) - probs  # mass strictly above each token
-        drop = before >= top_p  # keep the smallest prefix whose mass reaches top_p
-        x = x.scatter(0, order, sorted_x.masked_fill(drop, float("-inf")))
-    return x
+    def seed_for(self, index: int) -> int | None:
+        """The seed of completion ``index`` of ``n`` (seed + index, wrapped into the seed range)."""
+        if self.seed is None:
+            return None
+        return (self.seed + index - SEED_RANGE[0]) % 2**64 + SEED_RANGE[0]
+
+
+def apply_penalties(logits: torch.Tensor, params: SamplingParams, history) -> torch.Tensor:
+    """logits [V] with ``params``' penalties applied; ``history.penalty_ids()`` gives (seen ids, output
+    ids, output counts) as in ``model/sampling.penalize`` (a ``Request`` provides it)."""
+    if not params.penalized or history is None:
+        return logits
+    seen, out_ids, counts = history.penalty_ids()
+    dev = logits.device
+    p = params
+    return penalize(
+        logits,
+        seen.to(dev),
+        out_ids.to(dev),
+        counts.to(dev),
+        p.repetition_penalty,
+        p.presence_penalty,
+        p.frequency_penalty,
+    )
 
 
 def sampling_probs(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
-    """The distribution a request samples from: [V] fp32 (one-hot argmax for greedy)."""
+    """The distribution a request samples from: [V] float64 (one-hot argmax for greedy)."""
     if params.greedy:
-        return torch.nn.functional.one_hot(logits.argmax(), logits.shape[-1]).float()
-    return torch.softmax(filter_logits(logits.float(), params.temperature, params.top_k, params.top_p), dim=-1)
+        return torch.nn.functional.one_hot(logits.argmax(), logits.shape[-1]).double()
+    return torch.softmax(filter_logits(logits, params.temperature, params.top_k, params.top_p, params.min_p), dim=-1)
 
 
-def sample(logits: torch.Tensor, params: SamplingParams, generator: torch.Generator | None) -> int:
-    """One token id from logits [V] (fp32): argmax when greedy, else a draw from ``sampling_probs``."""
+def sample(logits: torch.Tensor, params: SamplingParams, generator: torch.Generator | None, history=None) -> int:
+    """One token id from logits [V] (fp32): penalties (with ``history``), then argmax when greedy, else a
+    draw from ``sampling_probs``."""
+    logits = apply_penalties(logits, params, history)
     if params.greedy:
         return int(logits.argmax())
     probs = sampling_probs(logits, params)

@@ -1,24 +1,79 @@
-"""Tokenizers: a checkpoint's ``tokenizer.json`` via HF ``tokenizers``, or a byte-level fallback."""
+"""Tokenizers of a checkpoint, found the way its files ship them.
+
+* ``tokenizer.json`` (HF ``tokenizers``): Llama, DeepSeek, k3-nano, synthetic checkpoints.
+* ``tiktoken.model`` (the ``tiktoken`` package): Kimi K2 / Kimi Linear / Kimi K3. The file holds one
+  ``<base64 token bytes> <rank>`` line per base token; the special tokens take the 256 + 2 ids after
+  the base vocabulary, named by ``added_tokens_decoder`` in ``tokenizer_config.json`` (unnamed ones
+  ``<|reserved_token_{id}|>``), and the pre-tokeniser is Kimi's regex (Han runs apart from other
+  letters). Special tokens written in the text (as chat templates write them) encode as themselves.
+* neither: ``IdTokenizer``, which refuses text (give token ids) and decodes to nothing, so nothing
+  is silently read as bytes. ``ByteTokenizer`` (token id = UTF-8 byte) serves presets with random
+  weights and is chosen explicitly with ``tokenizer="bytes"``.
+
+The chat template comes from ``--chat-template FILE``, else ``chat_template.jinja`` beside the
+weights, else ``chat_template`` in ``tokenizer_config.json`` (a string, or the ``default`` entry of a
+list of named templates), as transformers resolves it. Every file error names the file.
+"""
 
 from __future__ import annotations
 
-import json
+import base64
+import binascii
+import re
 from pathlib import Path
+
+from nonstop.jsonfile import read_json_object
+
+TOKENIZER_FILES = ("tokenizer.json", "tiktoken.model")
+MODES = ("auto", "ids", "bytes")
 
 
 class TokenizerError(ValueError):
     pass
 
 
+def check_text(text: str, what: str = "text") -> None:
+    """Refuse text that is not valid Unicode (a lone UTF-16 surrogate, as JSON can spell one)."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        bad = ord(text[exc.start])
+        raise TokenizerError(
+            f"{what} holds a lone surrogate U+{bad:04X} at character {exc.start}: not valid Unicode"
+        ) from None
+
+
+def _special_text(value) -> str:
+    """A special token as tokenizer_config.json spells it: a string or {"content": ...}."""
+    if isinstance(value, dict):
+        value = value.get("content")
+    return value if isinstance(value, str) else ""
+
+
 class Tokenizer:
-    """encode(text) -> ids, decode(ids) -> text, plus the special tokens the engine needs."""
+    """encode(text) -> ids, decode(ids) -> text, plus the special tokens and the chat template."""
 
     name = "base"
     chat_template: str | None = None
+    accepts_text = True
+
+    def __init__(self, vocab_size: int, config: dict | None = None):
+        self.vocab_size = vocab_size
+        self.config = config or {}
+        self.bos_token = _special_text(self.config.get("bos_token"))
+        self.eos_token = _special_text(self.config.get("eos_token"))
 
     def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
         """Token ids of ``text``; ``add_special_tokens=False`` leaves out BOS and the like (for text
         rendered by a chat template, which writes its own)."""
+        check_text(text)
+        ids = self._encode(text, add_special_tokens)
+        bad = [i for i in ids if i >= self.vocab_size]
+        if bad:
+            raise TokenizerError(f"tokenizer produced id {bad[0]} outside the model's vocabulary of {self.vocab_size}")
+        return ids
+
+    def _encode(self, text: str, add_special_tokens: bool) -> list[int]:
         raise NotImplementedError
 
     def decode(self, ids: list[int]) -> str:
@@ -28,35 +83,62 @@ class Tokenizer:
         return self.decode([token_id])
 
     @staticmethod
-    def load(model_dir: str | Path | None, vocab_size: int) -> "Tokenizer":
-        """The checkpoint's tokenizer.json if there is one, else bytes as token ids."""
-        if model_dir is not None and (Path(model_dir) / "tokenizer.json").exists():
-            return HFTokenizer(Path(model_dir), vocab_size)
-        return ByteTokenizer(vocab_size)
+    def load(
+        model_dir: str | Path | None, vocab_size: int, mode: str = "auto", chat_template: str | Path | None = None
+    ) -> "Tokenizer":
+        """The checkpoint's tokenizer (``mode`` auto), ``IdTokenizer`` (ids, or auto with no tokenizer
+        files), ``ByteTokenizer`` (bytes, or auto for a preset: ``model_dir`` None)."""
+        if mode not in MODES:
+            raise ValueError(f"tokenizer mode must be one of {', '.join(MODES)}, got {mode!r}")
+        model_dir = Path(model_dir) if model_dir is not None else None
+        config = {}
+        if model_dir is not None and (model_dir / "tokenizer_config.json").exists():
+            config = read_json_object(model_dir / "tokenizer_config.json", TokenizerError)
+        if mode == "bytes" or (mode == "auto" and model_dir is None):
+            tok: Tokenizer = ByteTokenizer(vocab_size, config)
+        elif mode == "auto" and (model_dir / "tokenizer.json").exists():
+            tok = HFTokenizer(model_dir, vocab_size, config)
+        elif mode == "auto" and (model_dir / "tiktoken.model").exists():
+            tok = TiktokenTokenizer(model_dir, vocab_size, config)
+        else:
+            tok = IdTokenizer(vocab_size, config, model_dir)
+        tok.chat_template = find_chat_template(model_dir, config, chat_template)
+        return tok
+
+
+def find_chat_template(model_dir: Path | None, config: dict, override: str | Path | None) -> str | None:
+    """The chat template text: ``override`` (a file), else chat_template.jinja, else tokenizer_config's."""
+    if override is not None:
+        path = Path(override)
+        try:
+            return path.read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError) as exc:
+            raise TokenizerError(f"chat template {path}: cannot read ({exc})") from None
+    if model_dir is not None and (model_dir / "chat_template.jinja").exists():
+        return find_chat_template(None, {}, model_dir / "chat_template.jinja")
+    t = config.get("chat_template")
+    if isinstance(t, list):
+        t = next((x.get("template") for x in t if isinstance(x, dict) and x.get("name") == "default"), None)
+    return t if isinstance(t, str) and t else None
 
 
 class HFTokenizer(Tokenizer):
     name = "tokenizer.json"
 
-    def __init__(self, model_dir: Path, vocab_size: int):
+    def __init__(self, model_dir: Path, vocab_size: int, config: dict | None = None):
         from tokenizers import Tokenizer as _Tok
 
+        super().__init__(vocab_size, config)
         try:
             self.tok = _Tok.from_file(str(model_dir / "tokenizer.json"))
         except Exception as exc:  # tokenizers raises its own Exception type
             raise TokenizerError(f"{model_dir / 'tokenizer.json'}: cannot load tokenizer ({exc})") from None
-        self.vocab_size = vocab_size
-        config_path = model_dir / "tokenizer_config.json"
-        self.config = json.loads(config_path.read_text()) if config_path.exists() else {}
-        self.chat_template = self.config.get("chat_template")
         self.special_ids = {i for i, t in self.tok.get_added_tokens_decoder().items() if t.special}
 
-    def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
-        ids = self.tok.encode(text, add_special_tokens=add_special_tokens).ids
-        bad = [i for i in ids if i >= self.vocab_size]
-        if bad:
-            raise TokenizerError(f"tokenizer produced id {bad[0]} outside the model's vocabulary of {self.vocab_size}")
-        return ids
+    def _encode(self, text: str, add_special_tokens: bool) -> list[int]:
+        # encode_batch releases the GIL while it works (encode holds it: a long prompt would stall every
+        # other thread, the server's event loop included)
+        return self.tok.encode_batch([text], add_special_tokens=add_special_tokens)[0].ids
 
     def decode(self, ids: list[int]) -> str:
         return self.tok.decode(list(ids), skip_special_tokens=True)
@@ -65,19 +147,133 @@ class HFTokenizer(Tokenizer):
         return self.tok.token_to_id(text)
 
 
+# Kimi's pre-tokeniser (tokenization_kimi.py of the Kimi K2 / Kimi Linear checkpoints): Han runs,
+# cased words with English contractions (letters other than Han), 1-3 digits, punctuation runs,
+# newlines and spaces. ``&&`` is a class intersection (tiktoken's regex engine supports it).
+KIMI_PATTERN = "|".join(
+    [
+        r"[\p{Han}]+",
+        r"[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}&&[^\p{Han}]]*[\p{Ll}\p{Lm}\p{Lo}\p{M}&&[^\p{Han}]]+"
+        r"(?i:'s|'t|'re|'ve|'m|'ll|'d)?",
+        r"[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}&&[^\p{Han}]]+[\p{Ll}\p{Lm}\p{Lo}\p{M}&&[^\p{Han}]]*"
+        r"(?i:'s|'t|'re|'ve|'m|'ll|'d)?",
+        r"\p{N}{1,3}",
+        r" ?[^\s\p{L}\p{N}]+[\r\n]*",
+        r"\s*[\r\n]+",
+        r"\s+(?!\S)",
+        r"\s+",
+    ]
+)
+KIMI_SPECIAL_IDS = 256 + 2  # special-token ids after the base vocabulary
+MAX_ENCODE_CHARS = 400_000  # tiktoken is fed slices of at most this many characters ...
+MAX_RUN_CHARS = 25_000  # ... each without longer runs of whitespace or of non-whitespace
+
+
+def read_tiktoken_ranks(path: Path) -> dict[bytes, int]:
+    """{token bytes: rank} from a tiktoken BPE file (``<base64> <rank>`` per line); ranks must be
+    0..N-1, each once."""
+    try:
+        lines = path.read_bytes().splitlines()
+    except OSError as exc:
+        raise TokenizerError(f"{path}: cannot read ({exc})") from None
+    ranks: dict[bytes, int] = {}
+    for n, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        parts = line.split()
+        try:
+            if len(parts) != 2:
+                raise ValueError
+            token, rank = base64.b64decode(parts[0], validate=True), int(parts[1])
+        except (ValueError, binascii.Error):
+            raise TokenizerError(f"{path}: line {n} is not '<base64 token> <rank>': {line[:60]!r}") from None
+        if token in ranks:
+            raise TokenizerError(f"{path}: line {n}: token {token!r} listed twice")
+        ranks[token] = rank
+    if not ranks:
+        raise TokenizerError(f"{path}: no tokens")
+    if sorted(ranks.values()) != list(range(len(ranks))):
+        raise TokenizerError(f"{path}: ranks must be 0..{len(ranks) - 1}, each once")
+    return ranks
+
+
+def _slices(text: str):
+    """``text`` cut into pieces for tiktoken: at most MAX_ENCODE_CHARS characters, and a run of
+    whitespace (or of non-whitespace) longer than MAX_RUN_CHARS cut every MAX_RUN_CHARS characters."""
+    for start in range(0, len(text), MAX_ENCODE_CHARS):
+        part = text[start : start + MAX_ENCODE_CHARS]
+        cut = 0
+        for run in re.finditer(r"\s+|\S+", part):
+            for at in range(run.start() + MAX_RUN_CHARS, run.end(), MAX_RUN_CHARS):
+                yield part[cut:at]
+                cut = at
+        yield part[cut:]
+
+
+class TiktokenTokenizer(Tokenizer):
+    name = "tiktoken.model"
+
+    def __init__(self, model_dir: Path, vocab_size: int, config: dict | None = None):
+        import tiktoken
+
+        super().__init__(vocab_size, config)
+        path = model_dir / "tiktoken.model"
+        ranks = read_tiktoken_ranks(path)
+        base = len(ranks)
+        named = self._named_specials(model_dir)
+        specials = {named.get(i, f"<|reserved_token_{i}|>"): i for i in range(base, base + KIMI_SPECIAL_IDS)}
+        specials.update({text: i for i, text in named.items() if i >= base + KIMI_SPECIAL_IDS})
+        try:
+            self.enc = tiktoken.Encoding(
+                path.name, pat_str=KIMI_PATTERN, mergeable_ranks=ranks, special_tokens=specials
+            )
+        except ValueError as exc:
+            raise TokenizerError(f"{path}: cannot build the tokenizer ({exc})") from None
+        self.base = base
+        self.special_ids = set(specials.values())
+
+    def _named_specials(self, model_dir: Path) -> dict[int, str]:
+        """{id: text} of ``added_tokens_decoder`` in tokenizer_config.json."""
+        where = model_dir / "tokenizer_config.json"
+        decoder = self.config.get("added_tokens_decoder") or {}
+        if not isinstance(decoder, dict):
+            raise TokenizerError(f"{where}: added_tokens_decoder must be an object of id -> token")
+        out = {}
+        for key, value in decoder.items():
+            text = _special_text(value)
+            if not (isinstance(key, str) and key.isdigit() and text):
+                raise TokenizerError(f"{where}: added_tokens_decoder entry {key!r}: {value!r} is not id -> token")
+            out[int(key)] = text
+        return out
+
+    def _encode(self, text: str, add_special_tokens: bool) -> list[int]:
+        ids: list[int] = []
+        for piece in _slices(text):
+            ids += self.enc.encode(piece, allowed_special="all")
+        return ids
+
+    def decode(self, ids: list[int]) -> str:
+        """Text of the base-vocabulary ids (special tokens left out, as HF's skip_special_tokens)."""
+        return self.enc.decode([i for i in ids if 0 <= i < self.base])
+
+    def token_id(self, text: str) -> int | None:
+        try:
+            return self.enc.encode_single_token(text)
+        except KeyError:
+            return None
+
+
 class ByteTokenizer(Tokenizer):
     """Token id = UTF-8 byte value; ids of 256 and above decode to ``<|id|>``."""
 
     name = "bytes"
 
-    def __init__(self, vocab_size: int):
-        self.vocab_size = vocab_size
-
-    def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
+    def _encode(self, text: str, add_special_tokens: bool) -> list[int]:
         ids = list(text.encode("utf-8"))
         if any(i >= self.vocab_size for i in ids):
             raise TokenizerError(
-                f"this checkpoint has no tokenizer.json and its vocabulary ({self.vocab_size}) cannot hold every byte of the text; pass token ids instead"
+                f"this model's vocabulary ({self.vocab_size}) cannot hold every byte of the text; "
+                "pass token ids instead"
             )
         return ids
 
@@ -92,3 +288,26 @@ class ByteTokenizer(Tokenizer):
             out.append(f"<|{i}|>")
         out.append(pending.decode("utf-8", errors="replace"))
         return "".join(out)
+
+
+class IdTokenizer(Tokenizer):
+    """No tokenizer: prompts must be token ids, outputs are token ids (their text is empty)."""
+
+    name = "none"
+    accepts_text = False
+
+    def __init__(self, vocab_size: int, config: dict | None = None, model_dir: Path | None = None):
+        super().__init__(vocab_size, config)
+        self.model_dir = model_dir
+
+    def _encode(self, text: str, add_special_tokens: bool) -> list[int]:
+        where = (
+            f"{self.model_dir} has no tokenizer ({' or '.join(TOKENIZER_FILES)})" if self.model_dir else "no tokenizer"
+        )
+        raise TokenizerError(
+            f"{where}: text cannot be encoded; give token ids (--prompt-ids, prompt_token_ids) "
+            "or add the tokenizer files to the checkpoint"
+        )
+
+    def decode(self, ids: list[int]) -> str:
+        return ""

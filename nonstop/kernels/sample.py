@@ -7,7 +7,7 @@ engine samples on the host today; this op is not in the lowered program. Its twi
 Per row r (all parameters are per-row buffers, so one launch serves a batch of different requests):
     temperature[r] == 0:  argmax_i logits[r, i]                           (first maximal index)
     otherwise:            argmax_{i in K} (x_i + g_i),  x = logits[r] / temperature[r]   (Gumbel-max)
-where K = the finite entries of ``engine/sampling.filter_logits(logits[r], temperature, top_k, top_p)``
+where K = the finite entries of ``model/sampling.filter_logits(logits[r], temperature, top_k, top_p)``
 (top-k then top-p on the renormalised top-k distribution) and g the Gumbel noise of Philox4x32-10 with
 key seed[r] and counter (i // 4, offset[r]) (``model/philox.gumbel_noise``). Gumbel-max over K draws
 exactly from softmax(x) restricted to K; a caller advances ``offset`` every step (e.g. the request's

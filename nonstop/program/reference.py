@@ -28,11 +28,12 @@ from nonstop.model.attnres import attn_res_mix
 from nonstop.model.kda import conv_windows, kda_gate_lower_bound, kda_gate_softplus, kda_recurrent, short_conv
 from nonstop.model.linear import linear
 from nonstop.model.mla import absorb_query, latent_attention, unabsorb_output
-from nonstop.model.moe import router_logits, routed_experts, select_experts
+from nonstop.model.moe import routed_experts, router_logits, select_experts
 from nonstop.model.norms import gated_rms_norm, l2_norm, rms_norm
-from nonstop.model.rows import rowwise
 from nonstop.model.philox import gumbel_noise
 from nonstop.model.rope import apply_rope, rope_cos_sin
+from nonstop.model.rows import rowwise
+from nonstop.model.sampling import filter_logits
 from nonstop.program.ir import SuperOp
 
 
@@ -294,8 +295,6 @@ def sample(op, env):
     argmax_{i in K} (x_i + g_i), x = logits[r] / temperature[r], K = the finite entries of
     ``filter_logits`` (top-k, then top-p on the renormalised top-k set) and g the Philox noise of
     (seed[r], offset[r]) (``model/philox.gumbel_noise``): an exact draw from the filtered distribution."""
-    from nonstop.engine.sampling import filter_logits  # the sampler's definition of the filtered distribution
-
     logits, temperature, top_k, top_p, seed, offset = (env.buf[n] for n in op.reads)
     out = env.buf[op.writes[0]]
     for r in range(logits.shape[0]):

@@ -1,30 +1,42 @@
 """The OpenAI-compatible HTTP app: /v1/completions, /v1/chat/completions (whole or streamed as
-server-sent events), /v1/models, /health and /metrics, over one ``EngineLoop``.
+server-sent events), /v1/models, /v1/models/{id}, /health and /metrics, over one ``EngineLoop``.
 
 Streams end with ``data: [DONE]``; with ``stream_options.include_usage`` a last chunk carries the
 usage. A client that disconnects (mid-stream, or while waiting for a whole response) has its
 requests cancelled so their slots free at once. A request that fails inside the engine gets an error
 body (or an ``error`` event mid-stream); the server keeps serving.
+
+Request bodies are read with a size limit, then parsed, validated, tokenized and rendered in a worker
+thread, so a large prompt never stalls the event loop (``/health`` and running streams stay live).
+With an API key every ``/v1`` route wants ``Authorization: Bearer <key>``. ``/openapi.json`` carries
+the request schemas of both POST endpoints.
 """
 
 from __future__ import annotations
 
+import hmac
+import logging
 import time
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 
-from fastapi import FastAPI, Request
+from fastapi import Depends, FastAPI, Request
+from fastapi.openapi.utils import get_openapi
 from fastapi.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
 from starlette.background import BackgroundTask
+from starlette.concurrency import run_in_threadpool
 
+import nonstop
 from nonstop.engine.llm import LLM
 from nonstop.engine.loop import EngineLoop
-from nonstop.server.errors import APIError, install_error_handlers
+from nonstop.server.errors import APIError, install_error_handlers, internal_error
 from nonstop.server.metrics import TEXT_CONTENT_TYPE, ServerMetrics
 from nonstop.server.protocol import ChatCompletionBody, CompletionBody
 from nonstop.server.responses import Choice, ResponseBuilder, sse, usage
 from nonstop.server.submission import Submission
-from nonstop.server.translate import Limits, chat_request, check_model, completion_requests, new_id, parse_body
+from nonstop.server.translate import Limits, chat_requests, check_model, completion_requests, new_id, parse_body
+
+log = logging.getLogger("nonstop.server")
 
 
 @dataclass
@@ -35,6 +47,7 @@ class ServingContext:
     engine: EngineLoop
     served_names: list[str]
     limits: Limits
+    api_key: str | None = None
     metrics: ServerMetrics = field(init=False)
     started: float = field(default_factory=time.time)
 
@@ -42,12 +55,22 @@ class ServingContext:
         self.metrics = ServerMetrics(active=lambda: self.engine.num_active, waiting=lambda: self.engine.num_waiting)
 
 
-ROUTES = ("/v1/completions", "/v1/chat/completions", "/v1/models", "/health", "/metrics")
+ROUTES = ("/v1/completions", "/v1/chat/completions", "/v1/models", "/health", "/metrics", "/openapi.json")
 
 
-class RequestCounter:
-    """ASGI middleware counting HTTP responses by route and status (pure ASGI, so streaming and
-    disconnect detection pass through untouched). Unknown paths count as ``other``."""
+def route_label(path: str) -> str:
+    """The endpoint a path counts under in /metrics (unknown paths: ``other``)."""
+    if path in ROUTES:
+        return path
+    return "/v1/models/{model}" if path.startswith("/v1/models/") else "other"
+
+
+class ErrorBoundary:
+    """Pure ASGI middleware (streaming and disconnect detection pass through untouched): counts every
+    response by route and status, and turns an exception nothing handled into a complete 500 response
+    with an OpenAI error body, so it is counted and the keep-alive connection stays usable. If the
+    response had already started there is nothing valid left to send: the exception goes on and the
+    server closes the connection."""
 
     def __init__(self, app, metrics: ServerMetrics):
         self.app, self.metrics = app, metrics
@@ -55,13 +78,60 @@ class RequestCounter:
     async def __call__(self, scope, receive, send):
         if scope["type"] != "http":
             return await self.app(scope, receive, send)
+        started = False
 
         async def counting_send(message):
+            nonlocal started
             if message["type"] == "http.response.start":
-                self.metrics.count_request(scope["path"] if scope["path"] in ROUTES else "other", message["status"])
+                started = True
+                self.metrics.count_request(route_label(scope["path"]), message["status"])
             await send(message)
 
-        await self.app(scope, receive, counting_send)
+        try:
+            await self.app(scope, receive, counting_send)
+        except Exception as exc:
+            log.exception("unhandled error in %s %s", scope.get("method"), scope.get("path"))
+            if started:
+                raise
+            await internal_error(exc).response()(scope, receive, counting_send)
+
+
+async def read_body(request: Request, limit: int) -> bytes:
+    """The request body, refused with 413 (and ``Connection: close``, as the rest is left unread) as soon
+    as it exceeds ``limit`` bytes."""
+    too_large = APIError(
+        413,
+        f"request body exceeds the limit of {limit} bytes",
+        code="request_too_large",
+        headers={"Connection": "close"},
+    )
+    length = request.headers.get("content-length", "")
+    if length.isdigit() and int(length) > limit:
+        raise too_large
+    chunks, size = [], 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > limit:
+            raise too_large
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
+def _api_key_check(ctx: ServingContext):
+    async def require_api_key(request: Request) -> None:
+        if ctx.api_key is None:
+            return
+        scheme, _, token = request.headers.get("authorization", "").partition(" ")
+        given = token.strip().encode("utf-8", "replace")
+        if scheme.lower() != "bearer" or not hmac.compare_digest(given, ctx.api_key.encode("utf-8")):
+            raise APIError(
+                401,
+                "missing or wrong API key: send 'Authorization: Bearer <key>'",
+                code="invalid_api_key",
+                headers={"WWW-Authenticate": "Bearer"},
+            )
+
+    return require_api_key
 
 
 def create_app(ctx: ServingContext, manage_engine: bool = True) -> FastAPI:
@@ -75,59 +145,127 @@ def create_app(ctx: ServingContext, manage_engine: bool = True) -> FastAPI:
         if manage_engine:
             ctx.engine.stop()
 
-    app = FastAPI(title="nonstop", lifespan=lifespan)
+    app = FastAPI(title="nonstop", version=nonstop.__version__, lifespan=lifespan)
     app.state.ctx = ctx
     install_error_handlers(app)
-    app.add_middleware(RequestCounter, metrics=ctx.metrics)
+    app.add_middleware(ErrorBoundary, metrics=ctx.metrics)
+    auth = [Depends(_api_key_check(ctx))]
+    limits = ctx.limits
 
     @app.get("/health")
     async def health():
         if not ctx.engine.running:
-            raise APIError(503, ctx.engine.fatal_error or "engine not running", code="engine_unavailable")
+            raise APIError(
+                503,
+                ctx.engine.fatal_error or "engine not running",
+                code="engine_unavailable",
+                headers={"Retry-After": "5"},
+            )
         return {"status": "ok", "active_sequences": ctx.engine.num_active, "queue_depth": ctx.engine.num_waiting}
 
     @app.get("/metrics")
     async def metrics():
         return PlainTextResponse(ctx.metrics.render(), media_type=TEXT_CONTENT_TYPE)
 
-    @app.get("/v1/models")
+    def model_card(name: str) -> dict:
+        return {
+            "id": name,
+            "object": "model",
+            "created": int(ctx.started),
+            "owned_by": "nonstop",
+            "max_model_len": limits.max_len,
+        }
+
+    @app.get("/v1/models", dependencies=auth)
     async def models():
-        data = [{"id": name, "object": "model", "created": int(ctx.started), "owned_by": "nonstop", "max_model_len": ctx.limits.max_len} for name in ctx.served_names]
-        return {"object": "list", "data": data}
+        return {"object": "list", "data": [model_card(name) for name in ctx.served_names]}
 
-    @app.post("/v1/completions")
+    @app.get("/v1/models/{model_id:path}", dependencies=auth)
+    async def model(model_id: str):
+        check_model(model_id, ctx.served_names)
+        return model_card(model_id)
+
+    @app.post("/v1/completions", dependencies=auth)
     async def completions(request: Request):
-        body = parse_body(await request.body(), CompletionBody, ctx.limits)
-        check_model(body.model, ctx.served_names)
+        raw = await read_body(request, limits.max_body_bytes)
         call_id = new_id("cmpl")
-        requests, echoes = completion_requests(body, ctx.llm, ctx.limits, call_id)
-        builder = ResponseBuilder("completion", body.model, ctx.llm.tokenizer, body.logprobs, call_id)
-        return await _respond(ctx, request, requests, builder, body.stream, _include_usage(body), echoes if body.echo else None)
 
-    @app.post("/v1/chat/completions")
+        def prepare():
+            body = parse_body(raw, CompletionBody, limits)
+            check_model(body.model, ctx.served_names)
+            return body, *completion_requests(body, ctx.llm, limits, call_id)
+
+        body, requests, echoes = await run_in_threadpool(prepare)
+        builder = ResponseBuilder("completion", body.model, ctx.llm.tokenizer, body.logprobs, call_id)
+        return await _respond(ctx, request, requests, builder, body, echoes if body.echo else None)
+
+    @app.post("/v1/chat/completions", dependencies=auth)
     async def chat_completions(request: Request):
-        body = parse_body(await request.body(), ChatCompletionBody, ctx.limits)
-        check_model(body.model, ctx.served_names)
+        raw = await read_body(request, limits.max_body_bytes)
         call_id = new_id("chatcmpl")
-        req = chat_request(body, ctx.llm, ctx.limits, call_id)
+
+        def prepare():
+            body = parse_body(raw, ChatCompletionBody, limits)
+            check_model(body.model, ctx.served_names)
+            return body, chat_requests(body, ctx.llm, limits, call_id)
+
+        body, requests = await run_in_threadpool(prepare)
         top = (body.top_logprobs or 0) if body.logprobs else None
         builder = ResponseBuilder("chat", body.model, ctx.llm.tokenizer, top, call_id)
-        return await _respond(ctx, request, [req], builder, body.stream, _include_usage(body), None)
+        return await _respond(ctx, request, requests, builder, body, None)
 
+    app.openapi = lambda: _openapi_with_request_schemas(app)
     return app
+
+
+def _openapi_with_request_schemas(app: FastAPI) -> dict:
+    """FastAPI's document plus the JSON schemas of the two request bodies (the routes read raw bytes, so
+    FastAPI cannot see them), for API clients and fuzzers."""
+    if app.openapi_schema:
+        return app.openapi_schema
+    schema = get_openapi(
+        title=app.title,
+        version=app.version,
+        routes=app.routes,
+        description="OpenAI-compatible completions and chat completions (nonstop).",
+    )
+    components = schema.setdefault("components", {}).setdefault("schemas", {})
+    for path, body in (("/v1/completions", CompletionBody), ("/v1/chat/completions", ChatCompletionBody)):
+        js = body.model_json_schema(ref_template="#/components/schemas/{model}")
+        components.update(js.pop("$defs", {}))
+        components[body.__name__] = js
+        schema["paths"][path]["post"]["requestBody"] = {
+            "required": True,
+            "content": {"application/json": {"schema": {"$ref": f"#/components/schemas/{body.__name__}"}}},
+        }
+    app.openapi_schema = schema
+    return schema
 
 
 def _include_usage(body) -> bool:
     return bool(body.stream_options and body.stream_options.include_usage)
 
 
-async def _respond(ctx: ServingContext, http: Request, requests, builder: ResponseBuilder, stream: bool, include_usage: bool, echoes: list[str] | None) -> Response:
+def _choices(count: int, n: int) -> list[Choice]:
+    """One Choice per request; the prompt's tokens count once per prompt (choice i·n of its n)."""
+    return [Choice(i, counts_prompt=i % n == 0) for i in range(count)]
+
+
+async def _respond(
+    ctx: ServingContext, http: Request, requests, builder: ResponseBuilder, body, echoes: list[str] | None
+) -> Response:
     submission = Submission(ctx.engine, ctx.metrics, requests)
     submission.start()
-    if stream:
+    choices = _choices(len(requests), body.n)
+    if body.stream:
         # the background task also cancels when the client leaves before the stream's first chunk
-        return StreamingResponse(_stream(submission, builder, len(requests), include_usage, echoes), media_type="text/event-stream", headers={"Cache-Control": "no-cache"}, background=BackgroundTask(submission.cancel))
-    choices = [Choice(i) for i in range(len(requests))]
+        stream = _stream(submission, builder, choices, _include_usage(body), echoes)
+        return StreamingResponse(
+            stream,
+            media_type="text/event-stream",
+            headers={"Cache-Control": "no-cache"},
+            background=BackgroundTask(submission.cancel),
+        )
     try:
         async for index, event in submission.events(http.is_disconnected):
             choices[index].add(event)
@@ -141,21 +279,34 @@ async def _respond(ctx: ServingContext, http: Request, requests, builder: Respon
     return JSONResponse(builder.body(choices, echoes))
 
 
-async def _stream(submission: Submission, builder: ResponseBuilder, n: int, include_usage: bool, echoes: list[str] | None):
-    """SSE chunks for one call; cancels its unfinished requests however the stream ends."""
-    choices = [Choice(i) for i in range(n)]
+async def _stream(
+    submission: Submission,
+    builder: ResponseBuilder,
+    choices: list[Choice],
+    include_usage: bool,
+    echoes: list[str] | None,
+):
+    """SSE chunks for one call; cancels its unfinished requests however the stream ends. An unexpected
+    error mid-stream ends it with an ``error`` event (the status line is already sent)."""
     try:
-        for i in range(n):
+        for c in choices:
             if builder.kind == "chat":
-                yield sse(builder.role_chunk(i))
+                yield sse(builder.role_chunk(c.index))
             elif echoes:
-                yield sse(builder.chunk([{"index": i, "text": echoes[i], "logprobs": None, "finish_reason": None}]))
+                yield sse(
+                    builder.chunk(
+                        [{"index": c.index, "text": echoes[c.index], "logprobs": None, "finish_reason": None}]
+                    )
+                )
         async for index, event in submission.events():
-            offset = len(echoes[index]) if echoes else 0
-            offset += len(choices[index].text)
+            offset = (len(echoes[index]) if echoes else 0) + choices[index].length
             choices[index].add(event)
             if event.finish_reason in ("error", "abort"):
-                yield sse(APIError(500, f"generation failed: {event.error or 'request aborted'}", code="generation_failed").body())
+                yield sse(
+                    APIError(
+                        500, f"generation failed: {event.error or 'request aborted'}", code="generation_failed"
+                    ).body()
+                )
                 submission.cancel()
                 break
             chunk = builder.delta_chunk(index, event, offset)
@@ -164,6 +315,10 @@ async def _stream(submission: Submission, builder: ResponseBuilder, n: int, incl
         else:
             if include_usage:
                 yield sse(builder.chunk([], usage(choices)))
+        yield sse("[DONE]")
+    except Exception as exc:
+        log.exception("stream failed")
+        yield sse(internal_error(exc).body())
         yield sse("[DONE]")
     finally:
         submission.cancel()

@@ -10,14 +10,19 @@ from nonstop.server.app import ServingContext, create_app
 from nonstop.server.translate import Limits
 
 
-def build_context(llm: LLM, served_names: list[str], max_batch: int = 16, max_waiting: int = 256, max_model_len: int | None = None, max_prompts: int = 16, max_body_bytes: int = 1 << 20) -> ServingContext:
+def build_context(llm: LLM, served_names: list[str], max_batch: int = 16, max_waiting: int = 256,
+                  max_model_len: int | None = None, max_prompts: int = 16, max_body_bytes: int = 1 << 20,
+                  api_key: str | None = None, default_max_tokens: int | None = None) -> ServingContext:
     """An engine loop with ``max_batch`` slots (errors isolated per request; prefill chunk and batch
-    invariance as ``llm`` was made with) and the server's limits."""
+    invariance as ``llm`` was made with) and the server's limits. default_max_tokens: for requests
+    without max_tokens (None: the checkpoint's generation_config.json ``max_new_tokens``, if any)."""
     context = llm.cfg.max_position_embeddings
     max_len = min(max_model_len or context, context)
     core = llm.new_core(max_batch, isolate_errors=True, max_len=max_len)
     engine = EngineLoop(core, max_waiting=max_waiting)
-    return ServingContext(llm=llm, engine=engine, served_names=served_names, limits=Limits(max_len=max_len, max_prompts=max_prompts, max_body_bytes=max_body_bytes))
+    default = default_max_tokens or llm.generation.defaults.get("max_tokens")
+    limits = Limits(max_len=max_len, max_prompts=max_prompts, max_body_bytes=max_body_bytes, default_max_tokens=default)
+    return ServingContext(llm=llm, engine=engine, served_names=served_names, limits=limits, api_key=api_key)
 
 
 def serve(ctx: ServingContext, host: str = "127.0.0.1", port: int = 8000, log_level: str = "info") -> None:

@@ -1,9 +1,18 @@
-"""Request bodies of the OpenAI API (the fields we serve), validated strictly.
+"""Request bodies of the OpenAI API, validated strictly, with one policy for every field:
 
-Types are strict (``"5"`` is not an int); ranges follow the OpenAI reference. Unknown fields are
-ignored; known fields we cannot honour (n > 1, penalties, logit_bias, tools, ...) are refused by
-``unsupported`` rather than silently dropped. ``top_k``, ``ignore_eos`` and ``stop_token_ids`` are
-extensions (as in vLLM), sent by the openai client through ``extra_body``.
+* honoured: the fields below without a note, and vLLM's extensions ``top_k``, ``min_p``,
+  ``repetition_penalty``, ``ignore_eos`` and ``stop_token_ids`` (the openai client sends them through
+  ``extra_body``);
+* accepted and ignored, because they never change the output: ``user``, ``metadata``, ``store``,
+  ``service_tier``, ``prompt_cache_key``, ``safety_identifier``, ``parallel_tool_calls``;
+* refused (400 ``unsupported_parameter``) when set to anything but their neutral value, because we
+  cannot honour them: ``logit_bias``, ``suffix``, ``best_of`` != n, ``tools``, ``functions``,
+  ``response_format`` other than text, ``audio``, ``modalities`` other than text, ``prediction``,
+  ``reasoning_effort``, ``web_search_options``, ``verbosity``;
+* any other field: refused (400 ``unknown_parameter``), so a misspelt name never goes unnoticed.
+
+Types are strict (``"5"`` is not an int); ranges follow the OpenAI reference. Sampling fields left
+out (or null) take the checkpoint's generation_config.json defaults.
 """
 
 from __future__ import annotations
@@ -12,43 +21,65 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+SEED_MIN, SEED_MAX = -(2**63), 2**64 - 1
+
 
 class _Body(BaseModel):
-    model_config = ConfigDict(strict=True, extra="ignore")
+    model_config = ConfigDict(strict=True, extra="forbid")
 
 
 class StreamOptions(_Body):
     include_usage: bool = False
+    continuous_usage_stats: bool = False
+
+
+SAMPLING = (
+    "temperature",
+    "top_p",
+    "top_k",
+    "min_p",
+    "repetition_penalty",
+    "presence_penalty",
+    "frequency_penalty",
+    "seed",
+    "stop",
+    "stop_token_ids",
+    "ignore_eos",
+)
 
 
 class SamplingFields(_Body):
     model: str
     max_tokens: int | None = None
-    temperature: float = Field(1.0, ge=0.0, le=2.0)
-    top_p: float = Field(1.0, gt=0.0, le=1.0)
-    top_k: int = Field(-1, ge=-1)
+    temperature: float | None = Field(None, ge=0.0, le=2.0)
+    top_p: float | None = Field(None, gt=0.0, le=1.0)
+    top_k: int | None = Field(None, ge=-1)
+    min_p: float | None = Field(None, ge=0.0, le=1.0)
+    repetition_penalty: float | None = Field(None, gt=0.0, le=100.0)
+    presence_penalty: float | None = Field(None, ge=-2.0, le=2.0)
+    frequency_penalty: float | None = Field(None, ge=-2.0, le=2.0)
     n: int = Field(1, ge=1, le=128)
-    seed: int | None = None
+    seed: int | None = Field(None, ge=SEED_MIN, le=SEED_MAX)
     stop: str | list[str] | None = None
-    stop_token_ids: list[int] | None = None
+    stop_token_ids: list[int] | None = Field(None, max_length=64)
     ignore_eos: bool = False
     stream: bool = False
     stream_options: StreamOptions | None = None
-    presence_penalty: float = Field(0.0, ge=-2.0, le=2.0)
-    frequency_penalty: float = Field(0.0, ge=-2.0, le=2.0)
     logit_bias: dict[str, float] | None = None
     user: str | None = None
+    metadata: dict[str, str] | None = None
+    store: bool | None = None
+    service_tier: str | None = None
+    prompt_cache_key: str | None = None
+    safety_identifier: str | None = None
+
+    def sampling_overrides(self) -> dict:
+        """The sampling fields this request sets (others take the model's defaults)."""
+        return {name: getattr(self, name) for name in SAMPLING if getattr(self, name) is not None}
 
     def unsupported(self) -> list[tuple[str, str]]:
         """(field, why) for set fields this server cannot honour."""
-        out = []
-        if self.n != 1:
-            out.append(("n", "only n=1 is supported"))
-        for name in ("presence_penalty", "frequency_penalty"):
-            if getattr(self, name) != 0:
-                out.append((name, f"{name} is not supported (leave it 0)"))
-        if self.logit_bias:
-            out.append(("logit_bias", "logit_bias is not supported"))
+        out = [("logit_bias", "logit_bias is not supported")] if self.logit_bias else []
         if isinstance(self.stop, list) and len(self.stop) > 16:
             out.append(("stop", "at most 16 stop strings"))
         return out
@@ -68,8 +99,8 @@ class CompletionBody(SamplingFields):
 
     def unsupported(self) -> list[tuple[str, str]]:
         out = super().unsupported()
-        if self.best_of not in (None, 1):
-            out.append(("best_of", "only best_of=1 is supported"))
+        if self.best_of not in (None, self.n):
+            out.append(("best_of", "best_of must equal n (candidates are not ranked)"))
         if self.suffix:
             out.append(("suffix", "suffix is not supported"))
         return out
@@ -81,9 +112,16 @@ class TextPart(_Body):
 
 
 class ChatMessage(_Body):
+    """One message; ``tool_calls`` / ``tool_call_id`` reach the chat template, ``refusal`` and
+    ``annotations`` (sent back by clients that echo a response message) are ignored."""
+
     role: Literal["system", "developer", "user", "assistant", "tool"]
     content: str | list[TextPart] | None = None
     name: str | None = None
+    tool_calls: list[dict] | None = None
+    tool_call_id: str | None = None
+    refusal: str | None = None
+    annotations: list[dict] | None = None
 
     def text(self) -> str:
         if self.content is None:
@@ -91,6 +129,13 @@ class ChatMessage(_Body):
         if isinstance(self.content, str):
             return self.content
         return "".join(part.text for part in self.content)
+
+    def for_template(self) -> dict:
+        out = {"role": self.role, "content": self.text()}
+        for name in ("name", "tool_calls", "tool_call_id"):
+            if getattr(self, name) is not None:
+                out[name] = getattr(self, name)
+        return out
 
 
 class ChatCompletionBody(SamplingFields):
@@ -102,14 +147,32 @@ class ChatCompletionBody(SamplingFields):
     top_logprobs: int | None = Field(None, ge=0, le=20)
     tools: list[dict] | None = None
     tool_choice: str | dict | None = None
+    functions: list[dict] | None = None
+    function_call: str | dict | None = None
+    parallel_tool_calls: bool | None = None
     response_format: dict | None = None
+    audio: dict | None = None
+    modalities: list[str] | None = None
+    prediction: dict | None = None
+    reasoning_effort: str | None = None
+    web_search_options: dict | None = None
+    verbosity: str | None = None
 
     def unsupported(self) -> list[tuple[str, str]]:
         out = super().unsupported()
-        if self.tools:
-            out.append(("tools", "tool calling is not supported"))
+        for name in ("tools", "functions"):
+            if getattr(self, name):
+                out.append((name, "tool calling is not supported"))
+        for name in ("tool_choice", "function_call"):
+            if getattr(self, name) not in (None, "none", "auto"):
+                out.append((name, "tool calling is not supported"))
         if self.response_format and self.response_format.get("type") not in (None, "text"):
             out.append(("response_format", "only the text response format is supported"))
+        if self.modalities not in (None, ["text"]):
+            out.append(("modalities", "only text output is supported"))
+        for name in ("audio", "prediction", "reasoning_effort", "web_search_options", "verbosity"):
+            if getattr(self, name) is not None:
+                out.append((name, f"{name} is not supported"))
         if self.top_logprobs is not None and not self.logprobs:
             out.append(("top_logprobs", "top_logprobs needs logprobs=true"))
         return out

@@ -28,19 +28,28 @@ def finish_reason(reason: str | None) -> str | None:
 
 @dataclass
 class Choice:
-    """What one request has produced so far."""
+    """What one request has produced so far. ``counts_prompt``: its prompt's tokens count in ``usage``
+    (false for the 2nd..n-th completion of one prompt)."""
 
     index: int
+    counts_prompt: bool = True
     prompt_tokens: int = 0
-    text: str = ""
+    pieces: list[str] = field(default_factory=list)
+    length: int = 0  # characters of text
     token_ids: list[int] = field(default_factory=list)
     logprobs: list[dict[int, float]] = field(default_factory=list)
     finish_reason: str | None = None
     error: str | None = None
 
+    @property
+    def text(self) -> str:
+        return "".join(self.pieces)
+
     def add(self, event: StreamEvent) -> None:
         self.prompt_tokens = len(event.request.prompt_ids)
-        self.text += event.text
+        if event.text:
+            self.pieces.append(event.text)
+            self.length += len(event.text)
         self.token_ids += event.token_ids
         self.logprobs += event.logprobs or []
         if event.finished:
@@ -49,7 +58,7 @@ class Choice:
 
 
 def usage(choices: list[Choice]) -> dict:
-    prompt = sum(c.prompt_tokens for c in choices)
+    prompt = sum(c.prompt_tokens for c in choices if c.counts_prompt)
     completion = sum(len(c.token_ids) for c in choices)
     return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
 

@@ -17,6 +17,7 @@ from nonstop.server.errors import APIError
 from nonstop.server.metrics import ServerMetrics
 
 DISCONNECT_POLL_S = 0.25
+RETRY_AFTER_S = 1  # what a 429 / 503 asks the client to wait before retrying
 
 
 class Submission:
@@ -38,8 +39,10 @@ class Submission:
         except (EngineOverloaded, EngineStopped) as exc:
             self.cancel()
             if isinstance(exc, EngineOverloaded):
-                raise APIError(429, f"server overloaded: {exc}", code="queue_full") from None
-            raise APIError(503, f"server unavailable: {exc}", code="engine_unavailable") from None
+                raise APIError(429, f"server overloaded: {exc}", code="queue_full",
+                               headers={"Retry-After": str(RETRY_AFTER_S)}) from None
+            raise APIError(503, f"server unavailable: {exc}", code="engine_unavailable",
+                           headers={"Retry-After": str(RETRY_AFTER_S)}) from None
 
     def _sink(self, loop: asyncio.AbstractEventLoop, index: int) -> Callable[[StreamEvent], None]:
         def sink(event: StreamEvent) -> None:

@@ -1,9 +1,14 @@
 """Request bodies -> engine ``Request`` objects, with every check a client can fail (400/404/413).
 
-Checks: the body is a JSON object under the size limit, its fields have the right types and ranges
-(``protocol``), the model is one we serve, the prompt is not empty and fits the context, and
-max_tokens is >= 1 and fits what is left of the context (when absent: 16 for completions, the rest
-of the context for chat, as OpenAI does).
+Checks: the body is strict JSON (no NaN / Infinity) under the size limit, nested at most
+``MAX_DEPTH`` levels and free of lone UTF-16 surrogates (which no tokenizer can encode); its fields have
+the right types and ranges (``protocol``); the model is one we serve; the prompt is not empty and fits
+the context; max_tokens is >= 1 and fits what is left of the context. When max_tokens is absent: the
+server's default (``--default-max-tokens``, else the checkpoint's ``max_new_tokens``), else 16 for
+completions and the rest of the context for chat, as OpenAI does. Sampling fields left out take the
+checkpoint's generation_config.json defaults.
+
+These functions tokenize and render templates, so the app runs them off the event loop.
 """
 
 from __future__ import annotations
@@ -14,14 +19,15 @@ from dataclasses import dataclass
 
 from pydantic import BaseModel, ValidationError
 
+from nonstop.engine.chat_template import ChatTemplateError, chat_prompt
 from nonstop.engine.llm import LLM
 from nonstop.engine.requests import Request
-from nonstop.engine.sampling import SamplingParams
-from nonstop.server.chat import ChatTemplateError, render_chat
+from nonstop.engine.sampling import InvalidSamplingParam, SamplingParams
 from nonstop.server.errors import APIError, bad_request
 from nonstop.server.protocol import ChatCompletionBody, CompletionBody, SamplingFields
 
 COMPLETION_DEFAULT_MAX_TOKENS = 16
+MAX_DEPTH = 32  # JSON nesting levels a body may have (the schema needs 6)
 
 
 @dataclass
@@ -31,23 +37,71 @@ class Limits:
     max_len: int  # context length: prompt + generated tokens
     max_body_bytes: int = 1 << 20
     max_prompts: int = 16
+    max_choices: int = 64  # prompts x n in one call
+    default_max_tokens: int | None = None
+
+
+def _refuse_constant(name: str):
+    raise ValueError(f"{name} is not a JSON number")
+
+
+def _check_tree(obj) -> tuple[str, str] | None:
+    """(problem, JSON path) for the first string with a lone surrogate or a level beyond MAX_DEPTH."""
+    stack = [(obj, "body", 1)]
+    while stack:
+        node, path, depth = stack.pop()
+        if depth > MAX_DEPTH:
+            return f"nested more than {MAX_DEPTH} levels deep", path
+        if isinstance(node, dict):
+            for key, value in node.items():
+                if not _valid_unicode(key):
+                    return "a key holds a lone UTF-16 surrogate (not valid Unicode)", path
+                stack.append((value, f"{path}.{key}" if path != "body" else key, depth + 1))
+        elif isinstance(node, list):
+            stack.extend((value, f"{path}[{i}]", depth + 1) for i, value in enumerate(node))
+        elif isinstance(node, str) and not _valid_unicode(node):
+            return "holds a lone UTF-16 surrogate (not valid Unicode)", path
+    return None
+
+
+def _valid_unicode(text: str) -> bool:
+    try:
+        text.encode("utf-8")
+        return True
+    except UnicodeEncodeError:
+        return False
 
 
 def parse_body(raw: bytes, model: type[BaseModel], limits: Limits) -> BaseModel:
     """Raw request bytes -> a validated body (413 when too large, 400 when malformed or invalid)."""
     if len(raw) > limits.max_body_bytes:
-        raise APIError(413, f"request body is {len(raw)} bytes; the limit is {limits.max_body_bytes}", code="request_too_large")
+        raise APIError(
+            413, f"request body is {len(raw)} bytes; the limit is {limits.max_body_bytes}", code="request_too_large"
+        )
     try:
-        obj = json.loads(raw)
+        obj = json.loads(raw, parse_constant=_refuse_constant)
+    except RecursionError:
+        raise bad_request(
+            f"request body is nested too deeply (limit {MAX_DEPTH} levels)", code="invalid_json"
+        ) from None
     except (ValueError, UnicodeDecodeError) as exc:
         raise bad_request(f"request body is not valid JSON: {exc}", code="invalid_json") from None
     if not isinstance(obj, dict):
         raise bad_request("request body must be a JSON object")
+    problem = _check_tree(obj)
+    if problem:
+        raise bad_request(f"{problem[1]}: {problem[0]}", param=problem[1], code="invalid_value")
     try:
         body = model.model_validate(obj)
     except ValidationError as exc:
         first = exc.errors()[0]
         where = ".".join(str(p) for p in first["loc"]) or "body"
+        if first["type"] == "extra_forbidden":
+            raise bad_request(
+                f"{where}: unknown parameter (not an OpenAI field this server knows)",
+                param=where,
+                code="unknown_parameter",
+            ) from None
         raise bad_request(f"{where}: {first['msg']}", param=where, code="invalid_value") from None
     for param, why in body.unsupported():
         raise bad_request(why, param=param, code="unsupported_parameter")
@@ -56,28 +110,52 @@ def parse_body(raw: bytes, model: type[BaseModel], limits: Limits) -> BaseModel:
 
 def check_model(name: str, served: list[str]) -> None:
     if name not in served:
-        raise APIError(404, f"the model {name!r} does not exist; this server serves: {', '.join(served)}", param="model", code="model_not_found")
+        raise APIError(
+            404,
+            f"the model {name!r} does not exist; this server serves: {', '.join(served)}",
+            param="model",
+            code="model_not_found",
+        )
 
 
 def resolve_max_tokens(requested: int | None, prompt_len: int, limits: Limits, default: int | None, param: str) -> int:
     """max_tokens to generate, or a 400 that says why not."""
     room = limits.max_len - prompt_len
     if room < 1:
-        raise bad_request(f"this model's maximum context length is {limits.max_len} tokens, and the prompt has {prompt_len}: shorten it", param="prompt" if param == "max_tokens" else "messages", code="context_length_exceeded")
+        raise bad_request(
+            f"this model's maximum context length is {limits.max_len} tokens, and the prompt has {prompt_len}: "
+            "shorten it",
+            param="prompt" if param == "max_tokens" else "messages",
+            code="context_length_exceeded",
+        )
     if requested is None:
+        default = limits.default_max_tokens or default
         return room if default is None else min(default, room)
     if requested < 1:
         raise bad_request(f"{param} must be at least 1, got {requested}", param=param, code="invalid_value")
     if requested > room:
-        raise bad_request(f"this model's maximum context length is {limits.max_len} tokens; you asked for {prompt_len + requested} ({prompt_len} in the prompt, {requested} to generate)", param=param, code="context_length_exceeded")
+        raise bad_request(
+            f"this model's maximum context length is {limits.max_len} tokens; you asked for {prompt_len + requested} "
+            f"({prompt_len} in the prompt, {requested} to generate)",
+            param=param,
+            code="context_length_exceeded",
+        )
     return requested
 
 
-def sampling_params(body: SamplingFields, max_tokens: int, logprobs: int | None) -> SamplingParams:
+def sampling_params(body: SamplingFields, llm: LLM, max_tokens: int, logprobs: int | None) -> SamplingParams:
+    """The request's sampling fields over the checkpoint's defaults."""
+    fields = {
+        **llm.generation.defaults,
+        **body.sampling_overrides(),
+        "max_tokens": max_tokens,
+        "n": body.n,
+        "logprobs": logprobs,
+    }
     try:
-        return SamplingParams(max_tokens=max_tokens, temperature=body.temperature, top_p=body.top_p, top_k=body.top_k, seed=body.seed, stop=body.stop, stop_token_ids=body.stop_token_ids, logprobs=logprobs, ignore_eos=body.ignore_eos)
-    except ValueError as exc:
-        raise bad_request(str(exc), code="invalid_value") from None
+        return SamplingParams(**fields)
+    except InvalidSamplingParam as exc:
+        raise bad_request(str(exc), param=exc.param, code="invalid_value") from None
 
 
 def new_id(prefix: str) -> str:
@@ -93,13 +171,36 @@ def _prompt_list(prompt) -> list[str | list[int]]:
     return list(prompt)
 
 
-def completion_requests(body: CompletionBody, llm: LLM, limits: Limits, call_id: str) -> tuple[list[Request], list[str]]:
-    """One engine request per prompt, and each prompt's text (for ``echo``)."""
+def _check_choices(prompts: int, n: int, limits: Limits) -> None:
+    if prompts > limits.max_prompts:
+        raise bad_request(f"{prompts} prompts in one request; the limit is {limits.max_prompts}", param="prompt")
+    if prompts * n > limits.max_choices:
+        raise bad_request(
+            f"{prompts} prompt(s) x n={n} asks for {prompts * n} completions; the limit is {limits.max_choices}",
+            param="n",
+        )
+
+
+def _requests(
+    llm: LLM, text: str | None, ids: list[int], params: SamplingParams, request_id: str, param: str
+) -> list[Request]:
+    try:
+        return llm.make_requests(text, ids, params, request_id=request_id)
+    except ValueError as exc:
+        raise bad_request(str(exc), param=param) from None
+
+
+def completion_requests(
+    body: CompletionBody, llm: LLM, limits: Limits, call_id: str
+) -> tuple[list[Request], list[str]]:
+    """``n`` engine requests per prompt (prompt-major, as OpenAI numbers choices), and each choice's
+    prompt text (for ``echo``)."""
     prompts = _prompt_list(body.prompt)
     if not prompts:
-        raise bad_request("prompt is empty: give a string, a list of strings or token ids", param="prompt", code="empty_prompt")
-    if len(prompts) > limits.max_prompts:
-        raise bad_request(f"{len(prompts)} prompts in one request; the limit is {limits.max_prompts}", param="prompt")
+        raise bad_request(
+            "prompt is empty: give a string, a list of strings or token ids", param="prompt", code="empty_prompt"
+        )
+    _check_choices(len(prompts), body.n, limits)
     requests, echoes = [], []
     for i, p in enumerate(prompts):
         text = p if isinstance(p, str) else None
@@ -108,35 +209,27 @@ def completion_requests(body: CompletionBody, llm: LLM, limits: Limits, call_id:
         except ValueError as exc:
             raise bad_request(str(exc), param="prompt") from None
         if not ids or text == "":
-            raise bad_request("prompt is empty: give at least one character or token", param="prompt", code="empty_prompt")
+            raise bad_request(
+                "prompt is empty: give at least one character or token", param="prompt", code="empty_prompt"
+            )
         n = resolve_max_tokens(body.max_tokens, len(ids), limits, COMPLETION_DEFAULT_MAX_TOKENS, "max_tokens")
-        try:
-            req = llm.make_request(text, ids, sampling_params(body, n, body.logprobs), request_id=f"{call_id}-{i}")
-        except ValueError as exc:
-            raise bad_request(str(exc), param="prompt") from None
-        requests.append(req)
-        echoes.append(text if text is not None else llm.tokenizer.decode(ids))
+        made = _requests(llm, text, ids, sampling_params(body, llm, n, body.logprobs), f"{call_id}-{i}", "prompt")
+        requests += made
+        echo = text if text is not None else llm.tokenizer.decode(ids) if body.echo else ""
+        echoes += [echo] * len(made)
     return requests, echoes
 
 
-def _template(tok) -> str | None:
-    """The tokenizer's chat template: a string, or the ``default`` entry of a list of named ones."""
-    t = tok.chat_template
-    if isinstance(t, list):
-        t = next((x.get("template") for x in t if isinstance(x, dict) and x.get("name") == "default"), None)
-    return t if isinstance(t, str) and t else None
-
-
-def chat_request(body: ChatCompletionBody, llm: LLM, limits: Limits, call_id: str) -> Request:
+def chat_requests(body: ChatCompletionBody, llm: LLM, limits: Limits, call_id: str) -> list[Request]:
+    """``n`` engine requests for the conversation rendered by the model's chat template."""
     if not body.messages:
         raise bad_request("messages is empty: give at least one message", param="messages", code="empty_prompt")
-    messages = [{"role": m.role, "content": m.text(), **({"name": m.name} if m.name else {})} for m in body.messages]
-    tok = llm.tokenizer
-    template = _template(tok)
+    _check_choices(1, body.n, limits)
     try:
-        text = render_chat(messages, template, getattr(tok, "config", None))
-        ids = tok.encode(text, add_special_tokens=template is None)
-    except (ChatTemplateError, ValueError) as exc:
+        ids = chat_prompt(llm.tokenizer, [m.for_template() for m in body.messages])
+    except ChatTemplateError as exc:
+        raise bad_request(str(exc), param="messages", code="chat_template_error") from None
+    except ValueError as exc:
         raise bad_request(str(exc), param="messages") from None
     if not ids:
         raise bad_request("the conversation renders to an empty prompt", param="messages", code="empty_prompt")
@@ -144,4 +237,4 @@ def chat_request(body: ChatCompletionBody, llm: LLM, limits: Limits, call_id: st
     param = "max_completion_tokens" if body.max_completion_tokens is not None else "max_tokens"
     n = resolve_max_tokens(requested, len(ids), limits, None, param)
     top = (body.top_logprobs or 0) if body.logprobs else None
-    return llm.make_request(None, ids, sampling_params(body, n, top), request_id=f"{call_id}-0")
+    return _requests(llm, None, ids, sampling_params(body, llm, n, top), f"{call_id}-0", "messages")

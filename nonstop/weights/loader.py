@@ -3,17 +3,18 @@ a ``CausalLM`` by the HF tensor names of ``checkpoint_layout``.
 
 Every failure is a ``CheckpointError`` naming the tensor and the file: a missing tensor, an
 unexpected one, a wrong shape or dtype, a truncated or corrupt file, a shard the index names but
-that is not there.
+that is not there, an index that is not ``{"weight_map": {tensor: shard file}}``, an fp8 tensor
+without a matching scale, float data holding NaN or infinity.
 """
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import torch
 
 from nonstop.config import ModelConfig
+from nonstop.jsonfile import read_json_object
 from nonstop.weights.errors import CheckpointError
 from nonstop.weights.layout import TensorSpec, checkpoint_layout, ignored_tensor
 from nonstop.weights.safetensors_file import SafetensorsFile
@@ -22,15 +23,29 @@ INDEX = "model.safetensors.index.json"
 FP8 = (torch.float8_e4m3fn, torch.float8_e5m2)
 
 
+def read_index(index_path: Path) -> dict[str, str]:
+    """The ``weight_map`` of a sharded checkpoint's index: {tensor name: shard file in the same directory}."""
+    raw = read_json_object(index_path, CheckpointError)
+    weight_map = raw.get("weight_map")
+    if not isinstance(weight_map, dict):
+        got = type(weight_map).__name__ if "weight_map" in raw else "nothing"
+        raise CheckpointError(f"{index_path}: corrupt index: 'weight_map' must be an object of tensor name -> shard "
+                              f"file, got {got}")
+    for name, shard in weight_map.items():
+        if not isinstance(shard, str) or not shard or Path(shard).name != shard or shard in (".", ".."):
+            raise CheckpointError(f"{index_path}: corrupt index: tensor {name!r} maps to {shard!r}, not a shard file "
+                                  "name in the checkpoint directory")
+    return weight_map
+
+
 def checkpoint_files(model_dir: str | Path) -> dict[str, SafetensorsFile]:
     """name -> open file for every tensor of the checkpoint in ``model_dir``."""
     model_dir = Path(model_dir)
     index_path = model_dir / INDEX
     if index_path.exists():
-        try:
-            weight_map = json.loads(index_path.read_text())["weight_map"]
-        except (json.JSONDecodeError, KeyError, TypeError):
-            raise CheckpointError(f"{index_path}: corrupt index (expected a JSON object with 'weight_map')") from None
+        weight_map = read_index(index_path)
+        if not weight_map:
+            raise CheckpointError(f"{index_path}: the index lists no tensors")
         shard_names = sorted(set(weight_map.values()))
         shards = {}
         for s in shard_names:
@@ -62,6 +77,24 @@ def checkpoint_files(model_dir: str | Path) -> dict[str, SafetensorsFile]:
     return located
 
 
+def _check_fp8_scale(name: str, w_shape, scale_name: str, located: dict, block) -> None:
+    """The scale of a block-quantised fp8 weight [R, C] must be [ceil(R / b0), ceil(C / b1)]."""
+    f = located[scale_name]
+    _, s_shape = f.meta(scale_name)
+    want = (-(-w_shape[0] // block[0]), -(-w_shape[1] // block[1])) if len(w_shape) == 2 else None
+    if want is None or tuple(s_shape) != want:
+        raise CheckpointError(f"tensor {scale_name!r} in {f.path.name} has shape {list(s_shape)}, expected "
+                              f"{list(want) if want else 'a 2-D weight'} (block scales of {name!r} {list(w_shape)}, "
+                              f"blocks {list(block)})")
+
+
+def check_finite(name: str, t: torch.Tensor, where: str) -> None:
+    """CheckpointError when the float tensor ``name`` (read from file ``where``) holds NaN or inf."""
+    if t.is_floating_point() and not bool(torch.isfinite(t).all()):
+        bad = int((~torch.isfinite(t)).sum())
+        raise CheckpointError(f"tensor {name!r} in {where} holds {bad} NaN or infinite value(s): corrupt data")
+
+
 def _resolve(spec: TensorSpec, located: dict) -> tuple[str, ...]:
     for names in (spec.names, *spec.aliases):
         if all(n in located for n in names):
@@ -81,9 +114,10 @@ def _dequantize_fp8(w: torch.Tensor, scale_inv: torch.Tensor, block: tuple[int, 
     return w.float() * rows.repeat_interleave(block[1], 1)[:, : w.shape[1]]
 
 
-def check_tensor(name: str, spec: TensorSpec, located: dict) -> torch.dtype:
+def check_tensor(name: str, spec: TensorSpec, located: dict, fp8_block: tuple[int, int]) -> torch.dtype:
     """The dtype of tensor ``name`` after checking its shape and dtype against ``spec`` (CheckpointError
-    naming the tensor and file); fp8 weights need their ``weight_scale_inv`` beside them."""
+    naming the tensor and file); fp8 weights need their ``weight_scale_inv`` beside them, one scale per
+    ``fp8_block`` block."""
     f = located[name]
     dtype, shape = f.meta(name)
     if shape != spec.hf_shape:
@@ -94,18 +128,21 @@ def check_tensor(name: str, spec: TensorSpec, located: dict) -> torch.dtype:
     elif dtype in FP8:
         if _fp8_scale_name(name) not in located:
             raise CheckpointError(f"tensor {name!r} in {f.path.name} is fp8 but its scale {_fp8_scale_name(name)!r} is missing")
+        _check_fp8_scale(name, shape, _fp8_scale_name(name), located, fp8_block)
     elif not dtype.is_floating_point:
         raise CheckpointError(f"tensor {name!r} in {f.path.name} has dtype {dtype}, expected a floating-point dtype (parameter {spec.param})")
     return dtype
 
 
 def _read(name: str, spec: TensorSpec, located: dict, consumed: set, fp8_block) -> torch.Tensor:
-    dtype = check_tensor(name, spec, located)
+    dtype = check_tensor(name, spec, located, fp8_block)
     t = located[name].tensor(name)
     if dtype in FP8 and spec.kind != "u8":
         scale_name = _fp8_scale_name(name)
         consumed.add(scale_name)
-        return _dequantize_fp8(t, located[scale_name].tensor(scale_name), fp8_block)
+        scale = located[scale_name].tensor(scale_name)
+        check_finite(scale_name, scale.float(), located[scale_name].path.name)
+        return _dequantize_fp8(t, scale, fp8_block)
     return t
 
 
@@ -122,7 +159,7 @@ def resolve_checkpoint(cfg: ModelConfig, model_dir: str | Path) -> tuple[dict, l
         more = f" (and {len(unexpected) - 1} more)" if len(unexpected) > 1 else ""
         raise CheckpointError(f"unexpected tensor {unexpected[0]!r} in {located[unexpected[0]].path.name}{more}: not part of a {cfg.family} model with this config")
     quant = (cfg.hf.get("text_config", cfg.hf) if cfg.family == "kimi_k3" else cfg.hf).get("quantization_config") or {}
-    return located, resolved, tuple(quant.get("weight_block_size", (128, 128)))
+    return located, resolved, tuple(quant.get("weight_block_size") or (128, 128))  # validated by the config parser
 
 
 def load_state_dict(cfg: ModelConfig, model_dir: str | Path, dtype: torch.dtype, device="cpu", progress=None) -> dict[str, torch.Tensor]:
@@ -138,6 +175,7 @@ def load_state_dict(cfg: ModelConfig, model_dir: str | Path, dtype: torch.dtype,
         parts = [_read(n, spec, located, consumed, fp8_block) for n in names]
         t = torch.stack(parts) if len(names) > 1 or len(spec.names) > 1 else parts[0].reshape(spec.shape)
         state[spec.param] = t.to(device=device, dtype=spec.torch_dtype(dtype), copy=True)
+        check_finite(names[0], state[spec.param], located[names[0]].path.name)
         if progress is not None:
             progress(i + 1, len(resolved))
     return state

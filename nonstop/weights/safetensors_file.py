@@ -33,6 +33,13 @@ DTYPES = {
 }
 
 
+def _int(value) -> int:
+    """A JSON integer (not a float, a string or a bool)."""
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ValueError(value)
+    return value
+
+
 class SafetensorsFile:
     def __init__(self, path: str | Path):
         self.path = Path(path)
@@ -50,7 +57,7 @@ class SafetensorsFile:
             raise CheckpointError(f"{self.path}: cannot read ({exc.strerror})") from None
         try:
             header = json.loads(raw)
-        except (json.JSONDecodeError, UnicodeDecodeError):
+        except (json.JSONDecodeError, UnicodeDecodeError, RecursionError):
             raise CheckpointError(f"{self.path}: corrupt safetensors header (not JSON)") from None
         if not isinstance(header, dict):
             raise CheckpointError(f"{self.path}: corrupt safetensors header")
@@ -59,12 +66,19 @@ class SafetensorsFile:
         data_size = size - self.data_start
         self.entries: dict[str, tuple[torch.dtype, tuple[int, ...], int, int]] = {}
         for name, e in header.items():
+            if isinstance(e, dict) and isinstance(e.get("dtype"), str) and e["dtype"] not in DTYPES:
+                raise CheckpointError(f"{self.path}: tensor {name!r} has dtype {e['dtype']!r}, which nonstop cannot "
+                                      f"read (known: {', '.join(DTYPES)})")
             try:
                 dtype = DTYPES[e["dtype"]]
-                shape = tuple(int(s) for s in e["shape"])
-                begin, end = (int(o) for o in e["data_offsets"])
+                shape = tuple(_int(s) for s in e["shape"])
+                begin, end = (_int(o) for o in e["data_offsets"])
             except (KeyError, TypeError, ValueError):
-                raise CheckpointError(f"{self.path}: corrupt header entry for tensor {name!r}: {e!r}") from None
+                entry = str(e)[:200]
+                raise CheckpointError(f"{self.path}: corrupt header entry for tensor {name!r}: {entry}") from None
+            if any(d < 0 for d in shape):
+                raise CheckpointError(f"{self.path}: corrupt header entry for tensor {name!r}: negative shape "
+                                      f"{list(shape)}")
             numel = 1
             for s in shape:
                 numel *= s

@@ -54,7 +54,7 @@ def run_scenarios(out_dir: str, scenarios: list[dict]) -> None:
     from nonstop.dist.comm import init, shutdown
     from nonstop.engine.distributed import build_worker, follow
     from nonstop.engine.distributed_llm import DistributedLLM
-    from nonstop.engine.llm import resolve_model
+    from nonstop.weights.resolve import resolve_model
 
     rank = int(os.environ["RANK"])
     refs: dict = {}
@@ -101,7 +101,7 @@ def failing_rank(out_dir: str, model: str, mode: str, timeout: float) -> None:
     from nonstop.dist.comm import RankFailure, init
     from nonstop.engine.distributed import build_worker
     from nonstop.engine.distributed_llm import DistributedLLM
-    from nonstop.engine.llm import resolve_model
+    from nonstop.weights.resolve import resolve_model
     from nonstop.engine.sampling import SamplingParams
 
     comm = init(Layout.make(1, 2), "cpu", timeout)

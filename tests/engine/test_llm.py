@@ -7,8 +7,8 @@ import torch
 
 from nonstop import LLM, SamplingParams
 from nonstop.config import ModelConfig
-from nonstop.engine.sampling import filter_logits
 from nonstop.engine.tokenizer import ByteTokenizer, TokenizerError
+from nonstop.model.sampling import filter_logits
 from nonstop.weights.synth import write_checkpoint
 from tests.tiny_configs import KIMI_K3, LLAMA
 

@@ -1,14 +1,14 @@
 """The ``sample`` super-op: Philox bits equal Triton's, the kernel picks exactly the twin's tokens, ties
-follow a stable sort, and the draws follow the filtered distribution of ``engine/sampling.filter_logits``."""
+follow a stable sort, and the draws follow the filtered distribution of ``model/sampling.filter_logits``."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
-from nonstop.engine.sampling import filter_logits
 from nonstop.kernels.sample import KERNELS, gumbel_block, sample_op
 from nonstop.model.philox import gumbel_noise, philox4x32
+from nonstop.model.sampling import filter_logits
 from nonstop.program.reference import REFERENCE, StepEnv
 
 

@@ -40,13 +40,15 @@ BAD_COMPLETIONS = {
     "top_p zero": ({**OK_COMPLETION, "top_p": 0}, 400),
     "top_p above one": ({**OK_COMPLETION, "top_p": 1.5}, 400),
     "top_k below -1": ({**OK_COMPLETION, "top_k": -3}, 400),
-    "n above one": ({**OK_COMPLETION, "n": 3}, 400),
+    "n above the limit": ({**OK_COMPLETION, "n": 129}, 400),
+    "prompts x n above the limit": ({**OK_COMPLETION, "prompt": ["a"] * 9, "n": 8}, 400),
     "logprobs too many": ({**OK_COMPLETION, "logprobs": 500}, 400),
     "stop wrong type": ({**OK_COMPLETION, "stop": [1, 2]}, 400),
     "empty stop string": ({**OK_COMPLETION, "stop": [""]}, 400),
     "seed string": ({**OK_COMPLETION, "seed": "abc"}, 400),
     "stream not bool": ({**OK_COMPLETION, "stream": "yes"}, 400),
-    "presence penalty": ({**OK_COMPLETION, "presence_penalty": 1.0}, 400),
+    "presence penalty out of range": ({**OK_COMPLETION, "presence_penalty": 2.5}, 400),
+    "unknown field": ({**OK_COMPLETION, "max_token": 5}, 400),
     "too many prompts": ({**OK_COMPLETION, "prompt": ["a"] * 100}, 400),
     "body too large": ({**OK_COMPLETION, "prompt": "x" * (2 << 20)}, 413),
 }
@@ -123,6 +125,7 @@ def test_overload_gets_429_and_the_server_recovers(model_dir, tmp_path):
         for r in responses:
             if r.status_code == 429:
                 _assert_openai_error(r, 429)
+                assert int(r.headers["retry-after"]) >= 1  # when to try again
         assert small.wait_idle() == 0 and small.healthy()
         ok = httpx.post(small.api + "/completions", json={**body, "max_tokens": 2}, timeout=30)
         assert ok.status_code == 200

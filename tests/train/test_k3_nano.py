@@ -9,11 +9,12 @@ import torch
 
 from nonstop.cli import main
 from nonstop.config import ModelConfig
-from nonstop.engine.llm import ASSETS, LLM
+from nonstop.engine.llm import LLM
 from nonstop.engine.perplexity import score_token_ids
 from nonstop.engine.sampling import SamplingParams
 from nonstop.model.build import random_model
 from nonstop.train.corpus import HELDOUT_SAMPLE_PATH, load_heldout_sample
+from nonstop.weights.resolve import ASSETS
 
 NANO = ASSETS / "k3-nano"
 MAX_TOKENS = 2048  # of the 7.4k-token held-out sample: a stable estimate, fast on a CPU
@@ -46,7 +47,7 @@ def test_bundled_files_and_size():
     assert cfg.moe.latent_size < cfg.hidden_size and cfg.moe.num_shared_experts >= 1 and cfg.hidden_act == "situ"
     assert cfg.num_hidden_layers % cfg.attn_res_block_size != 0 and cfg.num_hidden_layers > cfg.attn_res_block_size
     gen = json.loads((NANO / "generation_config.json").read_text())
-    assert gen["eos_token_id"] == 1 and gen["do_sample"] is False
+    assert gen["eos_token_id"] == 1 and gen["do_sample"] is True  # sampling defaults: tests/engine/test_k3_nano_defaults.py
 
 
 def test_default_model_is_the_bundled_one(nano):

@@ -1,0 +1,40 @@
+"""Incremental detokenisation: the text of a growing token sequence at a cost per token that does not
+depend on how long the sequence already is.
+
+Two offsets into the ids: ``prefix`` (where the decode window starts) and ``read`` (the end of what
+has been turned into text). Each new token decodes the window ids[prefix:] and the already-read part
+ids[prefix:read]; the new text is the difference. When the window ends in an incomplete UTF-8
+sequence (decoded as U+FFFD) nothing is emitted and the window grows until the character completes;
+otherwise both offsets move forward. Starting both decodes at the same token keeps decoders that
+treat the first token of a call specially (SentencePiece's leading space) consistent, so the pieces
+add up to ``tokenizer.decode(ids)`` for byte-level BPE, tiktoken and byte tokenizers, minus a trailing
+incomplete character (held back, as the whole-sequence decode would show it as U+FFFD).
+
+Windows span a few tokens (one character's worth), so each step decodes O(1) tokens.
+"""
+
+from __future__ import annotations
+
+INCOMPLETE = "\ufffd"
+MAX_PENDING = 16  # tokens a window may wait for a character to complete; beyond: invalid bytes, emitted
+
+
+class IncrementalDecoder:
+    """Feed token ids one at a time with ``push``; each call returns the newly completed text."""
+
+    def __init__(self, tokenizer):
+        self.tokenizer = tokenizer
+        self.ids: list[int] = []
+        self.prefix = 0  # the decode window starts here
+        self.read = 0  # ids[:read] are text already
+        self._read_text = ""  # decode(ids[prefix:read])
+
+    def push(self, token: int) -> str:
+        self.ids.append(token)
+        window = self.tokenizer.decode(self.ids[self.prefix :])
+        if window.endswith(INCOMPLETE) and len(self.ids) - self.read < MAX_PENDING:
+            return ""
+        new = window[len(self._read_text) :]
+        self.prefix, self.read = self.read, len(self.ids)
+        self._read_text = self.tokenizer.decode(self.ids[self.prefix :])
+        return new

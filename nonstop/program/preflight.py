@@ -1,0 +1,112 @@
+"""Preflight: refuse, before allocating anything, work this machine cannot hold.
+
+``check_memory`` compares what a loaded model occupies (weights at the chosen dtype from
+``model_footprint``, the cost model's view, plus every slot's recurrent state and its attention cache for ``cache_tokens``
+tokens) with the memory free on the device: ``MemAvailable`` (bounded by the cgroup limit, in a
+container) on a CPU, ``cudaMemGetInfo`` on a GPU. ``check_disk`` compares a checkpoint's size with the
+free space of the file system it goes to. Both raise ``PreflightError`` with one line such as
+"kimi-k3 needs 1.56 TB at bfloat16; this machine has 23 GB free".
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+from pathlib import Path
+
+import torch
+
+from nonstop.config import ModelConfig
+from nonstop.program.footprint import model_footprint
+
+DTYPE_NAMES = {torch.float32: "float32", torch.bfloat16: "bfloat16", torch.float16: "float16"}
+CACHE_TOKENS_PER_SLOT = 1024  # attention cache counted per slot (it grows by pages as sequences grow)
+OVERRIDE_HINT = "pass --no-preflight to try anyway"
+
+
+class PreflightError(ValueError):
+    """The machine lacks the memory or disk space the work needs."""
+
+
+def size_text(n: float) -> str:
+    """Bytes in decimal units with three digits: 1.56 TB, 23 GB, 512 MB."""
+    for unit in ("B", "KB", "MB", "GB", "TB"):
+        if abs(n) < 1000 or unit == "TB":
+            return f"{n:.3g} {unit}"
+        n /= 1000
+    return f"{n:.3g} TB"
+
+
+def _cgroup_free() -> int | None:
+    """Bytes left under this process's cgroup v2 / v1 memory limit (None when unlimited or unknown)."""
+    for limit_file, usage_file in (
+        ("/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory.current"),
+        ("/sys/fs/cgroup/memory/memory.limit_in_bytes", "/sys/fs/cgroup/memory/memory.usage_in_bytes"),
+    ):
+        try:
+            limit = Path(limit_file).read_text().strip()
+            usage = int(Path(usage_file).read_text().strip())
+        except (OSError, ValueError):
+            continue
+        if limit.isdigit() and int(limit) < 1 << 60:
+            return max(0, int(limit) - usage)
+    return None
+
+
+def available_memory(device: torch.device) -> int:
+    """Bytes free for a model on ``device`` now."""
+    if device.type == "cuda":
+        free, _ = torch.cuda.mem_get_info(device)
+        return int(free)
+    free = None
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                free = int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    if free is None:
+        free = os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    cgroup = _cgroup_free()
+    return min(free, cgroup) if cgroup is not None else free
+
+
+def model_bytes(
+    cfg: ModelConfig, dtype: torch.dtype, slots: int = 1, cache_tokens: int = CACHE_TOKENS_PER_SLOT
+) -> tuple[int, int]:
+    """(weight bytes at ``dtype``, cache bytes for ``slots`` sequences of ``cache_tokens`` tokens)."""
+    fp = model_footprint(cfg, dtype)
+    tokens = min(cache_tokens, cfg.max_position_embeddings)
+    return fp.weight_bytes, slots * (fp.state_bytes_per_sequence + tokens * fp.cache_bytes_per_token)
+
+
+def check_memory(
+    name: str, cfg: ModelConfig, dtype: torch.dtype, device: torch.device, slots: int = 1, free: int | None = None
+) -> None:
+    """PreflightError when weights + cache of ``slots`` sequences exceed the free memory of ``device``."""
+    weights, cache = model_bytes(cfg, dtype, slots)
+    free = available_memory(device) if free is None else free
+    if weights + cache > free:
+        where = "this machine" if device.type == "cpu" else f"{device}"
+        raise PreflightError(
+            f"{name} needs {size_text(weights + cache)} at {DTYPE_NAMES.get(dtype, dtype)} "
+            f"({size_text(weights)} of weights, {size_text(cache)} of cache for {slots} "
+            f"sequence(s)); {where} has {size_text(free)} free ({OVERRIDE_HINT})"
+        )
+
+
+def free_disk(path: Path) -> int:
+    """Free bytes on the file system that ``path`` (or its nearest existing parent) is on."""
+    path = Path(path).absolute()
+    while not path.exists() and path != path.parent:
+        path = path.parent
+    return shutil.disk_usage(path).free
+
+
+def check_disk(what: str, nbytes: int, out: Path, free: int | None = None) -> None:
+    """PreflightError when writing ``nbytes`` into ``out`` would not fit its file system."""
+    free = free_disk(out) if free is None else free
+    if nbytes > free:
+        raise PreflightError(
+            f"{what} needs {size_text(nbytes)} of disk; {out} has {size_text(free)} free ({OVERRIDE_HINT})"
+        )

@@ -1,0 +1,77 @@
+"""Which model a name means, and the dtype / device it runs in.
+
+``resolve_model(name)`` turns a checkpoint directory, a bundled model (``nonstop/assets/<name>``) or a
+preset (``nonstop/presets/<name>.json``, random weights) into its ``ModelConfig`` and directory.
+Commands, benchmarks and ``LLM`` all resolve models here.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+from nonstop.config import ConfigError, ModelConfig, preset_names
+
+ASSETS = Path(__file__).resolve().parent.parent / "assets"
+DEFAULT_MODEL = "k3-nano"
+DTYPES = {
+    "float32": torch.float32,
+    "fp32": torch.float32,
+    "bfloat16": torch.bfloat16,
+    "bf16": torch.bfloat16,
+    "float16": torch.float16,
+    "fp16": torch.float16,
+}
+
+
+def parse_dtype(dtype, device: str) -> torch.dtype:
+    """``auto`` (or None): bf16 on CUDA, fp32 elsewhere; else a torch dtype or one of ``DTYPES``."""
+    if dtype is None or dtype == "auto":
+        return torch.bfloat16 if str(device).startswith("cuda") else torch.float32
+    if isinstance(dtype, torch.dtype):
+        return dtype
+    if dtype not in DTYPES:
+        raise ValueError(f"unknown dtype {dtype!r}; choose one of: {', '.join(DTYPES)}")
+    return DTYPES[dtype]
+
+
+def bundled_models() -> list[str]:
+    return sorted(p.parent.name for p in ASSETS.glob("*/config.json"))
+
+
+def resolve_model(model: str | Path) -> tuple[ModelConfig, Path | None]:
+    """(config, checkpoint dir) for a directory, a bundled model name, or a preset (dir None: random weights)."""
+    path = Path(model)
+    if path.is_dir():
+        return ModelConfig.from_file(path), path
+    if (ASSETS / str(model) / "config.json").exists():
+        return ModelConfig.from_file(ASSETS / str(model)), ASSETS / str(model)
+    if str(model) in preset_names():
+        return ModelConfig.preset(str(model)), None
+    if path.exists():
+        raise ConfigError(f"{path} is not a directory: give the checkpoint directory (holding config.json)")
+    raise ConfigError(
+        f"model {str(model)!r} is neither a checkpoint directory nor a known name; bundled: "
+        f"{', '.join(bundled_models()) or 'none'}; presets (random weights): {', '.join(preset_names())}"
+    )
+
+
+def check_device(device: str | torch.device) -> torch.device:
+    """``device`` as a torch.device, or a ValueError saying why this machine cannot use it."""
+    try:
+        dev = torch.device(device)
+    except (RuntimeError, TypeError) as exc:
+        raise ValueError(f"device {device!r} is not a device torch knows: {exc}") from None
+    if dev.type == "cuda":
+        if not torch.cuda.is_available():
+            raise ValueError(
+                f"device {device!r} asked for, but this torch ({torch.__version__}) sees no CUDA GPU; use --device cpu"
+            )
+        if dev.index is not None and dev.index >= torch.cuda.device_count():
+            raise ValueError(
+                f"device {device!r} asked for, but only {torch.cuda.device_count()} CUDA device(s) are visible"
+            )
+    elif dev.type != "cpu":
+        raise ValueError(f"device {device!r} is not supported: use cpu or cuda[:N]")
+    return dev

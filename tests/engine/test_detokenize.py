@@ -1,0 +1,135 @@
+"""Incremental detokenisation: streamed text equals decoding everything again at every token (the
+simple rule it replaces), including multi-byte characters split across tokens, and each token costs
+a bounded number of decoded ids whatever the output length."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from nonstop.engine.detokenize import IncrementalDecoder
+from nonstop.engine.requests import Request, _stop_prefix_len
+from nonstop.engine.sampling import SamplingParams
+from nonstop.engine.tokenizer import ByteTokenizer, Tokenizer
+from nonstop.weights.resolve import ASSETS
+
+TEXT = "Grüße, 世界! naïve café — 🙂 emoji, ĳ ligature; plain ascii words follow. Ωμέγα ∑ ≤ ≥ "
+
+
+def _k3_nano_tokenizer() -> Tokenizer:
+    return Tokenizer.load(ASSETS / "k3-nano", 6144)
+
+
+def _tokenizers() -> dict[str, Tokenizer]:
+    return {"bytes": ByteTokenizer(300), "k3-nano BPE": _k3_nano_tokenizer()}
+
+
+class CountingTokenizer:
+    """Wraps a tokenizer and counts the ids passed to ``decode``."""
+
+    def __init__(self, inner):
+        self.inner, self.decoded, self.calls, self.largest = inner, 0, 0, 0
+
+    def decode(self, ids):
+        self.decoded += len(ids)
+        self.calls += 1
+        self.largest = max(self.largest, len(ids))
+        return self.inner.decode(ids)
+
+
+def _reference_stream(ids: list[int], tok, stops: list[str], eos: int | None = None):
+    """The rule before incremental decoding: decode every visible id again after each token; hold back
+    a text end that may start a stop string; stop at the first stop string."""
+    text, sent, pieces = "", 0, []
+    for n in range(1, len(ids) + 1):
+        ends = ids[n - 1] == eos
+        full = tok.decode(ids[: n - 1] if ends else ids[:n])
+        if not full.endswith("\ufffd"):
+            text = full
+        hits = [at for at in (text.find(s) for s in stops) if at >= 0]
+        done = bool(hits) or ends or n == len(ids)
+        if hits:
+            text = text[: min(hits)]
+        end = len(text) if done else len(text) - _stop_prefix_len(text, stops)
+        pieces.append(text[sent:end])
+        sent = max(sent, end)
+        if done:
+            break
+    return pieces, text
+
+
+def _stream(ids: list[int], tok, stops: list[str], eos: int | None = None):
+    params = SamplingParams(temperature=0, max_tokens=len(ids), stop=stops or None)
+    req = Request("r", None, [1], params, frozenset([eos] if eos is not None else []))
+    pieces = []
+    for t in ids:
+        pieces.append(req.append(t, tok))
+        if req.finished:
+            break
+    return pieces, req.text
+
+
+@pytest.mark.parametrize("name", ["bytes", "k3-nano BPE"])
+def test_pieces_equal_the_whole_decode_on_multibyte_text(name):
+    tok = _tokenizers()[name]
+    ids = tok.encode(TEXT * 3)
+    dec = IncrementalDecoder(tok)
+    pieces = [dec.push(t) for t in ids]
+    assert "".join(pieces) == tok.decode(ids) == TEXT * 3
+    if name == "bytes":  # every multi-byte character arrives in pieces: nothing is shown half-done
+        assert all("\ufffd" not in p for p in pieces) and "" in pieces
+
+
+@pytest.mark.parametrize("name", ["bytes", "k3-nano BPE"])
+def test_requests_stream_exactly_what_the_whole_decode_rule_streams(name):
+    """Random token streams (random ids, so also invalid UTF-8 and cut characters), random stop strings
+    taken from the text itself, an end token: same pieces, same final text as the old rule."""
+    tok = _tokenizers()[name]
+    rng = random.Random(7)
+    base = tok.encode(TEXT * 4)
+    for trial in range(60):
+        if trial % 3 == 0:
+            ids = [rng.randrange(0, 256) for _ in range(rng.randrange(1, 60))]
+        else:
+            start = rng.randrange(0, len(base) - 5)
+            ids = base[start : start + rng.randrange(1, 60)]
+        whole = tok.decode(ids)
+        stops = []
+        for _ in range(rng.randrange(0, 3)):
+            if len(whole) > 2:
+                a = rng.randrange(0, len(whole) - 1)
+                stops.append(whole[a : a + rng.randrange(1, 5)])
+        stops = [s for s in stops if s and "\ufffd" not in s]
+        eos = ids[rng.randrange(len(ids))] if trial % 4 == 1 else None
+        want = _reference_stream(ids, tok, stops, eos)
+        got = _stream(ids, tok, stops, eos)
+        assert got == want, (trial, ids, stops, eos)
+
+
+def test_a_character_split_across_tokens_appears_once_complete():
+    tok = ByteTokenizer(256)
+    dec = IncrementalDecoder(tok)
+    emoji = "🙂".encode()  # 4 bytes
+    assert [dec.push(b) for b in b"a" + emoji + b"b"] == ["a", "", "", "", "🙂", "b"]
+
+
+@pytest.mark.parametrize("name", ["bytes", "k3-nano BPE"])
+def test_cost_per_token_does_not_grow_with_the_output(name):
+    """Ids decoded per token: the same bound for a 100-token and a 2000-token output (the old rule
+    decoded the whole output each time: ~1000 ids per token at 2000 tokens)."""
+    tok = _tokenizers()[name]
+    ids = tok.encode(TEXT * 60)
+    assert len(ids) >= 2000
+    per_token = {}
+    for n in (100, 2000):
+        counting = CountingTokenizer(tok)
+        params = SamplingParams(temperature=0, max_tokens=n, stop=["never-in-the-text"])
+        req = Request("r", None, [1], params, frozenset())
+        for t in ids[:n]:
+            req.append(t, counting)
+        assert req.text == _reference_stream(ids[:n], tok, [])[1]
+        per_token[n] = counting.decoded / n
+        assert counting.largest <= 12, counting.largest  # a window spans a few tokens
+        assert counting.calls <= 2 * n
+    assert per_token[2000] <= per_token[100] * 1.5 + 0.5, per_token
