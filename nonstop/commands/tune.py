@@ -110,7 +110,7 @@ def add_parser(sub) -> None:
     p.add_argument("--llm-max-tokens", type=int, default=8192, help="max tokens per reply (default 8192)")
     p.add_argument("--no-store", action="store_true", help="do not write the tuning store (report only)")
     p.set_defaults(run=run)
-    tsub = p.add_subparsers(dest="tune_command", metavar="verify")
+    tsub = p.add_subparsers(dest="tune_command", metavar="verify", help="verify one candidate kernel file (see `nonstop tune verify --help`)")
     v = tsub.add_parser(
         "verify",
         help="verify one candidate kernel file (exit 0 accepted, 1 rejected)",
