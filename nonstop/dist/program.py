@@ -31,8 +31,6 @@ from nonstop.dist.shard import vocab_rows
 from nonstop.program.cost import (
     Collective,
     attach_costs,
-    collective_op_cost,
-    collective_op_tiles,
     op_collectives,
     step_io_collectives,
 )
@@ -92,10 +90,6 @@ def distribute(program: Program, cfg: ModelConfig, layout: Layout, rank: int, ch
             ops.append(op)
     out = Program(program.cfg, ops, buffers, program.dtype, program.max_rows)
     attach_costs(out)
-    for op in out.ops:
-        if op.kind in ("tp_all_reduce", "vocab_gather", "embed_shard", "moe_ep"):
-            op.cost = collective_op_cost(op, out)
-            op.tiles = collective_op_tiles(op, out)
     return out
 
 

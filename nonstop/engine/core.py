@@ -23,7 +23,6 @@ import logging
 import torch
 
 from nonstop.cache.pages import PAGE_SIZE
-from nonstop.cache.state import INITIAL_SLOT_TOKENS, ModelCache
 from nonstop.config import ModelConfig
 from nonstop.engine.requests import Request
 from nonstop.engine.sampling import sample, top_logprobs
@@ -69,14 +68,7 @@ class EngineCore:
         self.split_rows = batch_invariant and not executor.batch_invariant
         self.isolate_errors = isolate_errors
         self.speculative_decoder = speculative_decoder
-        # a multi-process executor (nonstop.engine.distributed) keeps the slots on its ranks
-        new_cache = getattr(executor, "new_cache", None)
-        if new_cache is not None:
-            self.cache = new_cache(num_slots, page_size)
-        else:
-            self.cache = ModelCache(
-                cfg, num_slots, capacity=INITIAL_SLOT_TOKENS, dtype=dtype, device=device, page_size=page_size
-            )
+        self.cache = executor.new_cache(cfg, num_slots, dtype, device, page_size)
         self.free_slots = list(range(num_slots))[::-1]
         self.prefilling: list[Request] = []
         self.running: list[Request] = []

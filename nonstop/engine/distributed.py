@@ -25,12 +25,14 @@ from dataclasses import dataclass, field
 
 import torch
 
+from nonstop.cache.pages import PAGE_SIZE
 from nonstop.cache.state import ModelCache, StepBatch
 from nonstop.config import ModelConfig
 from nonstop.dist.comm import Comm, RankFailure
 from nonstop.dist.layout import Layout
 from nonstop.model.rows import is_row_exact, row_exact
 from nonstop.runtime.distributed import RankExecutor
+from nonstop.runtime.interface import Executor
 
 CACHE_CAPACITY = 64  # tokens per slot reserved up front (the pools grow on demand), as EngineCore
 
@@ -193,9 +195,9 @@ def follow(worker: RankWorker) -> None:
 # ----------------------------------------------------------------------------- rank 0
 
 
-class ClusterExecutor:
+class ClusterExecutor(Executor):
     """The executor ``EngineCore`` drives on rank 0: ``forward`` / ``forward_hidden`` of a step of the
-    whole layout, and ``new_cache`` (EngineCore's hook) for the cluster's slots."""
+    whole layout, and ``new_cache`` for the cluster's slots (kept on the ranks)."""
 
     def __init__(self, worker: RankWorker, cfg: ModelConfig, on_failure=None):
         self.worker = worker
@@ -219,8 +221,9 @@ class ClusterExecutor:
         return self.comm.layout
 
     # ------------------------------------------------------------------ caches
-    def new_cache(self, num_slots: int, page_size: int = 16) -> ClusterCache:
-        """EngineCore's hook: a cache of ``num_slots`` slots spread over the attention groups."""
+    def new_cache(self, cfg=None, num_slots: int = 1, dtype=None, device=None, page_size: int = PAGE_SIZE) -> ClusterCache:
+        """A cache of ``num_slots`` slots spread over the attention groups (their state lives on the ranks;
+        ``cfg``, ``dtype`` and ``device`` are the layout's own)."""
         cache = ClusterCache(self, next(self._ids), num_slots, page_size)
         weakref.finalize(cache, self.log, ("drop", cache.cache_id))
         return cache
@@ -332,7 +335,7 @@ class ClusterExecutor:
 
     def forward(self, input_ids: torch.Tensor, cache, batch: StepBatch | None, last_only: bool = False) -> torch.Tensor:
         if cache is None:  # cache-free scoring: a temporary cache of B slots from position 0
-            cache = self.new_cache(input_ids.shape[0])
+            cache = self.new_cache(num_slots=input_ids.shape[0])
             batch = cache.batch(list(range(input_ids.shape[0])), input_ids.shape[1])
         return self._step(input_ids, cache, batch, last_only, ())[0]
 

@@ -20,8 +20,8 @@ import torch
 from nonstop.dist.comm import Comm
 from nonstop.engine.distributed import ClusterExecutor, build_worker
 from nonstop.engine.llm import LLM
-from nonstop.weights.resolve import check_device
 from nonstop.engine.speculative.config import SpeculativeConfig, make_drafter
+from nonstop.weights.resolve import check_device
 
 
 class TargetHead:

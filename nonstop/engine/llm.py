@@ -15,8 +15,8 @@ from nonstop.engine.sampling import SamplingParams
 from nonstop.engine.speculative.config import SpeculativeConfig, make_drafter
 from nonstop.engine.speculative.step import SpeculativeDecoder
 from nonstop.engine.tokenizer import Tokenizer
-from nonstop.runtime import make_executor
 from nonstop.program.preflight import check_memory
+from nonstop.runtime import make_executor
 from nonstop.weights.resolve import DEFAULT_MODEL, check_device, parse_dtype, resolve_model
 
 

@@ -191,9 +191,12 @@ def make_tiles(op: SuperOp, program: Program):
 
 
 def attach_costs(program: Program) -> None:
+    """Give every op of ``program`` its ``cost`` and ``tiles`` (collective super-ops of a multi-rank
+    Program included)."""
     for op in program.ops:
-        op.cost = make_cost(op, program)
-        op.tiles = make_tiles(op, program)
+        collective = op.kind in COLLECTIVE_KINDS
+        op.cost = (collective_op_cost if collective else make_cost)(op, program)
+        op.tiles = (collective_op_tiles if collective else make_tiles)(op, program)
 
 
 # ----------------------------------------------------------------------------- collectives (multi-rank programs)
@@ -261,7 +264,7 @@ def collective_op_cost(op: SuperOp, program: Program):
     act_out = sum(buffers[b].row_numel * elt[buffers[b].dtype] for b in op.writes)
     cfg = program.cfg
 
-    def cost(rows: int, context: int, sequences: int | None = None) -> Cost:
+    def cost(rows: int, context: int = 0, sequences: int | None = None) -> Cost:
         if op.kind == "embed_shard":
             weight = rows * cfg.hidden_size * program.dtype.itemsize // op.attrs["tp_ranks"]
             return Cost(weight, weight + rows * act_in, rows * act_out, 0)
@@ -304,10 +307,10 @@ def op_collectives(op: SuperOp, program: Program, rows: int) -> list[Collective]
 
 
 def collective_op_tiles(op: SuperOp, program: Program):
-    """``tiles(rows, sequences)``: one per launch for a collective; the local experts' GEMV tiles for
+    """``tiles(rows, context, sequences)``: one per launch for a collective; the local experts' GEMV tiles for
     ``moe_ep`` (experts touched x intermediate tiles)."""
 
-    def tiles(rows: int, sequences: int | None = None) -> int:
+    def tiles(rows: int, context: int = 0, sequences: int | None = None) -> int:
         if op.kind == "moe_ep":
             return max(1, moe_ep_traffic(op, rows)["touched"]) * math.ceil(op.attrs["moe"].intermediate_size / TILE_N)
         return 1

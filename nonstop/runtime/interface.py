@@ -15,7 +15,8 @@ from typing import Protocol, runtime_checkable
 
 import torch
 
-from nonstop.cache.state import ModelCache, StepBatch
+from nonstop.cache.state import INITIAL_SLOT_TOKENS, ModelCache, StepBatch
+from nonstop.config import ModelConfig
 
 
 @runtime_checkable
@@ -50,3 +51,12 @@ class Executor(Protocol):
         """``forward`` (all rows, [B, T, V]) plus the residual stream entering each layer in ``taps``
         ({tap: [B, T, d]}; tap = the layer count: the final residual), for a drafter that reads them."""
         ...
+
+    def new_cache(
+        self, cfg: ModelConfig, num_slots: int, dtype: torch.dtype, device: torch.device, page_size: int
+    ) -> ModelCache:
+        """The ``num_slots`` cache slots the engine decodes in: by default a ``ModelCache`` in this
+        process (a multi-process executor keeps its slots on its ranks)."""
+        return ModelCache(
+            cfg, num_slots, capacity=INITIAL_SLOT_TOKENS, dtype=dtype, device=device, page_size=page_size
+        )

@@ -77,7 +77,7 @@ def _wait_ranks(proc: subprocess.Popen, n: int, deadline: float = 120) -> list[i
 
 
 def test_cli_generate_under_a_layout_prints_the_single_process_tokens():
-    common = ["generate", "--prompt-ids", "5,6,7", "-n", "8", "--ids", "--dist-timeout", "30"]
+    common = ["generate", "--prompt-ids", "5,6,7", "-n", "8", "--temperature", "0", "--ids", "--dist-timeout", "30"]
     single = subprocess.run([sys.executable, "-m", "nonstop", *common], check=False, cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)}, capture_output=True, text=True, timeout=300)
     multi = _cli(*common, "--tp", "2", "--ep", "2")
     out, err = multi.communicate(timeout=300)
@@ -117,7 +117,6 @@ def test_cli_serve_under_a_layout_answers_like_a_single_process():
     import urllib.request
 
     from nonstop.engine.llm import LLM
-    from nonstop.engine.sampling import SamplingParams
 
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -136,7 +135,8 @@ def test_cli_serve_under_a_layout_answers_like_a_single_process():
         body = json.dumps({"model": "k3-nano", "prompt": "The Python interpreter", "max_tokens": 10, "temperature": 0}).encode()
         req = urllib.request.Request(url + "/v1/completions", body, {"content-type": "application/json"})
         text = json.loads(urllib.request.urlopen(req, timeout=120).read())["choices"][0]["text"]
-        expected = LLM("k3-nano").generate(["The Python interpreter"], SamplingParams(max_tokens=10, temperature=0))[0].text
+        single = LLM("k3-nano")  # the server samples with the checkpoint's defaults under the request's fields
+        expected = single.generate(["The Python interpreter"], single.default_sampling(max_tokens=10, temperature=0))[0].text
         assert text == expected
         ranks = _rank_pids(proc.pid)
     finally:
