@@ -79,25 +79,48 @@ def _dequantize_fp8(w: torch.Tensor, scale_inv: torch.Tensor, block: tuple[int, 
     return w.float() * rows.repeat_interleave(block[1], 1)[:, : w.shape[1]]
 
 
-def _read(name: str, spec: TensorSpec, located: dict, consumed: set, fp8_block) -> torch.Tensor:
+def check_tensor(name: str, spec: TensorSpec, located: dict) -> torch.dtype:
+    """The dtype of tensor ``name`` after checking its shape and dtype against ``spec`` (CheckpointError
+    naming the tensor and file); fp8 weights need their ``weight_scale_inv`` beside them."""
     f = located[name]
     dtype, shape = f.meta(name)
     if shape != spec.hf_shape:
         raise CheckpointError(f"tensor {name!r} in {f.path.name} has shape {list(shape)}, expected {list(spec.hf_shape)} (parameter {spec.param})")
-    t = f.tensor(name)
     if spec.kind == "u8":
         if dtype != torch.uint8:
             raise CheckpointError(f"tensor {name!r} in {f.path.name} has dtype {dtype}, expected torch.uint8 (packed MXFP4)")
-        return t
-    if dtype in FP8:
+    elif dtype in FP8:
+        if _fp8_scale_name(name) not in located:
+            raise CheckpointError(f"tensor {name!r} in {f.path.name} is fp8 but its scale {_fp8_scale_name(name)!r} is missing")
+    elif not dtype.is_floating_point:
+        raise CheckpointError(f"tensor {name!r} in {f.path.name} has dtype {dtype}, expected a floating-point dtype (parameter {spec.param})")
+    return dtype
+
+
+def _read(name: str, spec: TensorSpec, located: dict, consumed: set, fp8_block) -> torch.Tensor:
+    dtype = check_tensor(name, spec, located)
+    t = located[name].tensor(name)
+    if dtype in FP8 and spec.kind != "u8":
         scale_name = _fp8_scale_name(name)
-        if scale_name not in located:
-            raise CheckpointError(f"tensor {name!r} in {f.path.name} is fp8 but its scale {scale_name!r} is missing")
         consumed.add(scale_name)
         return _dequantize_fp8(t, located[scale_name].tensor(scale_name), fp8_block)
-    if not dtype.is_floating_point:
-        raise CheckpointError(f"tensor {name!r} in {f.path.name} has dtype {dtype}, expected a floating-point dtype (parameter {spec.param})")
     return t
+
+
+def resolve_checkpoint(cfg: ModelConfig, model_dir: str | Path) -> tuple[dict, list[tuple[TensorSpec, tuple[str, ...]]], tuple[int, int]]:
+    """Open the checkpoint's files (headers only) and match them to ``cfg``: (name -> file, [(spec, the HF
+    names holding it)] in checkpoint order, fp8 weight block). CheckpointError for a missing or an
+    unexpected tensor."""
+    located = checkpoint_files(model_dir)
+    resolved = [(spec, _resolve(spec, located)) for spec in checkpoint_layout(cfg)]
+    consumed = {n for _, names in resolved for n in names}
+    fp8_scales = {_fp8_scale_name(n) for n in consumed}
+    unexpected = [n for n in located if n not in consumed and n not in fp8_scales and not ignored_tensor(cfg, n)]
+    if unexpected:
+        more = f" (and {len(unexpected) - 1} more)" if len(unexpected) > 1 else ""
+        raise CheckpointError(f"unexpected tensor {unexpected[0]!r} in {located[unexpected[0]].path.name}{more}: not part of a {cfg.family} model with this config")
+    quant = (cfg.hf.get("text_config", cfg.hf) if cfg.family == "kimi_k3" else cfg.hf).get("quantization_config") or {}
+    return located, resolved, tuple(quant.get("weight_block_size", (128, 128)))
 
 
 def load_state_dict(cfg: ModelConfig, model_dir: str | Path, dtype: torch.dtype, device="cpu", progress=None) -> dict[str, torch.Tensor]:
@@ -106,17 +129,8 @@ def load_state_dict(cfg: ModelConfig, model_dir: str | Path, dtype: torch.dtype,
     Float weights are cast to ``dtype``; router weights and biases, A_log and dt_bias stay fp32; packed
     MXFP4 experts stay uint8. ``progress(done, total)`` is called after each parameter.
     """
-    located = checkpoint_files(model_dir)
-    specs = checkpoint_layout(cfg)
-    resolved = [(spec, _resolve(spec, located)) for spec in specs]
+    located, resolved, fp8_block = resolve_checkpoint(cfg, model_dir)
     consumed = {n for _, names in resolved for n in names}
-    fp8_scales = {_fp8_scale_name(n) for n in consumed}
-    unexpected = [n for n in located if n not in consumed and n not in fp8_scales and not ignored_tensor(cfg, n)]
-    if unexpected:
-        more = f" (and {len(unexpected) - 1} more)" if len(unexpected) > 1 else ""
-        raise CheckpointError(f"unexpected tensor {unexpected[0]!r} in {located[unexpected[0]].path.name}{more}: not part of a {cfg.family} model with this config")
-    quant = (cfg.hf.get("text_config", cfg.hf) if cfg.family == "kimi_k3" else cfg.hf).get("quantization_config") or {}
-    fp8_block = tuple(quant.get("weight_block_size", (128, 128)))
     state = {}
     for i, (spec, names) in enumerate(resolved):
         parts = [_read(n, spec, located, consumed, fp8_block) for n in names]

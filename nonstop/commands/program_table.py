@@ -1,0 +1,67 @@
+"""``nonstop program``'s tables: the ops of a Program, and one rank's Program under a layout (--tp / --ep)
+from shapes alone."""
+
+from __future__ import annotations
+
+
+def _fmt(n: float) -> str:
+    from nonstop.weights.footprint import human
+
+    return human(n)
+
+
+def print_ops(program, rows: int, context: int, summary: bool) -> None:
+    """The table of ops (or op kinds) with weights, bytes read / written, FLOPs, tiles, and the total."""
+    table = []
+    if summary:
+        groups: dict = {}
+        for op in program.ops:
+            g = groups.setdefault(op.kind, [op.kind, 0, None, 0])
+            g[1] += 1
+            c = op.cost(rows, context)
+            g[2] = c if g[2] is None else g[2] + c
+            g[3] += op.tiles(rows)
+        table = [(f"{k} ×{n}", "", c, t) for k, n, c, t in groups.values()]
+    else:
+        table = [(op.name, op.kind, op.cost(rows, context), op.tiles(rows)) for op in program.ops]
+    header = f"{'op':<24} {'kind':<18} {'weights':>9} {'read':>9} {'written':>9} {'FLOPs':>9} {'tiles':>6}"
+    print(header)
+    print("-" * len(header))
+    for name, kind, c, t in table:
+        print(f"{name:<24} {kind:<18} {_fmt(c.weight_bytes):>9} {_fmt(c.bytes_read):>9} {_fmt(c.bytes_written):>9} {_fmt(c.flops):>9} {t:>6}")
+    total = program.total_cost(rows, context)
+    print("-" * len(header))
+    print(f"{'total':<24} {'':<18} {_fmt(total.weight_bytes):>9} {_fmt(total.bytes_read):>9} {_fmt(total.bytes_written):>9} {_fmt(total.flops):>9} {sum(op.tiles(rows) for op in program.ops):>6}")
+
+
+
+def print_rank_program(args, cfg, layout, dtype) -> int:
+    from nonstop.dist.program import rank_step
+    from nonstop.dist.shard import check_layout
+
+    check_layout(cfg, layout)
+    if not 0 <= args.rank < layout.world:
+        raise ValueError(f"--rank must be in 0..{layout.world - 1}, got {args.rank}")
+    chunks = args.chunks or 1
+    step = rank_step(cfg, layout, args.rows, args.context, dtype, args.rank, chunks)
+    print(f"decode program of {args.model} ({cfg.family}, {cfg.num_hidden_layers} layers, {args.dtype}) under {layout.describe()}")
+    print(f"rank {args.rank}, {args.rows} row(s) per attention group ({step.tokens} tokens per step), context {args.context}; shapes only (no weights built)")
+    if cfg.moe is not None:
+        placement = layout.placement_for(next(i for i, t in enumerate(cfg.mlp_types) if t == "moe"), cfg.moe.num_experts)
+        print(f"experts: {placement.describe()}; MoE exchange in {chunks} chunk(s)")
+    print_ops(step.program, args.rows, args.context, args.summary)
+    w = step.weight_bytes
+    print(f"\nweights per rank: {_fmt(min(w))}B - {_fmt(max(w))}B (rank {args.rank}: {_fmt(w[args.rank])}B; all ranks {_fmt(sum(w))}B)")
+    print(f"\ncollectives per step on rank {args.rank}:")
+    header = f"  {'kind':<11} {'group':<9} {'launches':>8} {'bytes sent':>11}  purpose"
+    print(header)
+    for c in step.collectives:
+        print(f"  {c.kind:<11} {f'{c.group}({c.ranks})':<9} {c.count:>8} {_fmt(c.wire_bytes) + 'B':>11}  {c.purpose}")
+    a2a = step.token_all_to_alls
+    moe_layers = a2a // 2
+    print(f"  total: {sum(c.count for c in step.collectives)} launches, {_fmt(step.wire_bytes)}B sent by rank {args.rank}")
+    print(f"all-to-alls per step: {a2a} token exchanges (dispatch + combine, 2 per MoE layer x {moe_layers} MoE layers)"
+          + (f", {step.launches('all_to_all', ('split sizes',))} split-size exchanges" if a2a else ""))
+    print(f"bytes on the wire per token per rank: {_fmt(step.wire_bytes_per_token)}B (the average rank's bytes sent per step / {step.tokens} tokens per step)")
+    print(f"super-ops per step: {len(step.program.ops)} (rank {args.rank}, collectives included)")
+    return 0

@@ -1,0 +1,100 @@
+"""Sharded loading: a rank reads only its part of every tensor (by HF name and slice) - its heads, its
+part of the dense and shared weights, its vocabulary rows, its experts (MXFP4 included) - with
+positioned reads of exactly those bytes (``weights/slices.py``), never the whole checkpoint.
+
+fp8 block-scaled weights (DeepSeek-V3 / Kimi K2) are read as the fp8 part plus the scale blocks that
+cover it, and dequantised: w = w_fp8 · scale_inv[i // block0, j // block1].
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+from nonstop.config import ModelConfig
+from nonstop.dist.layout import Layout
+from nonstop.dist.shard import ParamShard, rank_shards
+from nonstop.weights.loader import FP8, _fp8_scale_name, check_tensor, resolve_checkpoint
+from nonstop.weights.slices import SliceReader
+
+TARGET = {"fp32": torch.float32, "u8": torch.uint8}
+
+
+def take_shard(full: torch.Tensor, shard: ParamShard) -> torch.Tensor:
+    """A rank's part of a whole parameter tensor (random weights, tests): the same cut the loader reads."""
+    if shard.experts is not None:
+        return full[list(shard.experts)] if shard.experts else full[:0]
+    if shard.dim is None:
+        return full
+    part = full.narrow(shard.dim, shard.start, shard.stop - shard.start)
+    return _pad(part, shard)
+
+
+def _pad(part: torch.Tensor, shard: ParamShard) -> torch.Tensor:
+    if not shard.pad:
+        return part
+    zeros = part.new_zeros(*part.shape[: shard.dim], shard.pad, *part.shape[shard.dim + 1 :])
+    return torch.cat([part, zeros], dim=shard.dim)
+
+
+def _fp8_part(w: torch.Tensor, scale_reader, dim: int | None, start: int, block: tuple[int, int]) -> torch.Tensor:
+    """Dequantise the fp8 part w [n, k] (rows or columns [start, start + size) of dim ``dim`` of the full
+    matrix) with the scale blocks covering it: ``scale_reader(dim, lo, hi)`` reads scale blocks [lo, hi)."""
+    n, k = w.shape
+    if dim is None:
+        dim, start = 0, 0
+    size = w.shape[dim]
+    lo, hi = start // block[dim], -(-(start + size) // block[dim])
+    scale = scale_reader(dim, lo, hi).float()
+    scale = scale.repeat_interleave(block[0], 0).repeat_interleave(block[1], 1)
+    scale = scale.narrow(dim, start - lo * block[dim], size)
+    return w.float() * scale[:n, :k]
+
+
+def _read_part(reader: SliceReader, located: dict, spec, name: str, dim, start: int, stop, shape, fp8_block) -> torch.Tensor:
+    """Elements [start, stop) of ``dim`` of tensor ``name`` viewed as ``shape`` (fp8: dequantised)."""
+    f = located[name]
+    if check_tensor(name, spec, located) in FP8 and spec.kind != "u8":
+        scale_name = _fp8_scale_name(name)
+        w = reader.read(f, name, shape, dim, start, stop)
+        return _fp8_part(w, lambda d, lo, hi: reader.read(located[scale_name], scale_name, None, d, lo, hi), dim, start, fp8_block)
+    return reader.read(f, name, shape, dim, start, stop)
+
+
+def load_rank_state(cfg: ModelConfig, layout: Layout, rank: int, model_dir: str | Path, dtype: torch.dtype, device="cpu", reader: SliceReader | None = None, progress=None) -> dict[str, torch.Tensor]:
+    """{internal param: this rank's part} read from ``model_dir``; float weights cast to ``dtype``, router
+    and A_log/dt_bias kept fp32, packed MXFP4 kept uint8. ``reader.bytes_read`` counts what was read."""
+    own = reader is None
+    reader = reader or SliceReader()
+    located, resolved, fp8_block = resolve_checkpoint(cfg, model_dir)
+    shards = rank_shards(cfg, layout, rank)
+    state = {}
+    try:
+        for i, ((spec, names), shard) in enumerate(zip(resolved, shards)):
+            target = TARGET.get(spec.kind, dtype)
+
+            def part(name, dim, start, stop, shape, spec=spec):
+                return _read_part(reader, located, spec, name, dim, start, stop, shape, fp8_block)
+
+            if shard.experts is not None:
+                parts = [part(names[e], None, 0, None, spec.hf_shape) for e in shard.experts]
+                t = torch.stack(parts) if parts else torch.empty(0, *spec.hf_shape)
+            else:
+                t = _pad(part(names[0], shard.dim, shard.start, shard.stop, spec.shape), shard)
+            state[spec.param] = t.reshape(shard.shape).to(device=device, dtype=target)
+            if progress is not None:
+                progress(i + 1, len(shards))
+    finally:
+        if own:
+            reader.close()
+    return state
+
+
+def random_rank_state(cfg: ModelConfig, layout: Layout, rank: int, dtype: torch.dtype, device="cpu", seed: int = 0) -> dict[str, torch.Tensor]:
+    """This rank's part of the random weights ``random_model(cfg, dtype, seed=seed)`` would hold (the
+    whole state is drawn in checkpoint order, then cut; for presets and tests)."""
+    from nonstop.weights.synth import random_state_dict
+
+    full = random_state_dict(cfg, dtype, "cpu", seed)
+    return {s.spec.param: take_shard(full[s.spec.param], s).to(device) for s in rank_shards(cfg, layout, rank)}

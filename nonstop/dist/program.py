@@ -1,0 +1,218 @@
+"""A rank's decode Program: the single-device Program of its model plus collective super-ops.
+
+``distribute(program, ...)`` rewrites the Program that ``lower`` made of a rank's model (``dist/model.py``):
+
+* ``embed`` -> ``embed_shard`` (the rows of this rank's vocabulary part, zeros elsewhere) + ``tp_all_reduce``;
+* every op that adds a partial sum to the residual stream (``linear_residual`` = o_proj, dense ``mlp``,
+  ``moe_tail`` = latent up-projection + shared experts) writes its part - on the attention group's first
+  rank added to the stream (with the biases), on the others alone - and a ``tp_all_reduce`` sums them;
+* ``moe_experts`` -> ``moe_ep``: this rank's share of the rows (contiguous parts over the attention group)
+  is routed, the (token, expert) pairs go to the ranks holding the experts (``all_to_all_single`` with
+  uneven splits, in ``chunks`` overlapped pieces), the experts run there and the outputs come back;
+* ``lm_head`` writes this rank's vocabulary part; ``vocab_gather`` gathers the logits on the attention
+  group's first rank (the one that returns them to the engine).
+Without tensor parallelism only ``moe_ep`` appears; a one-rank layout leaves the Program as it is.
+
+``rank_step(cfg, layout, rows)`` gives, from shapes alone (meta tensors, no weights), a rank's ops with
+their costs, the weight bytes of every rank and every collective's kind, count and bytes on the wire.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from functools import lru_cache
+
+import torch
+
+from nonstop.config import ModelConfig
+from nonstop.dist.layout import Layout
+from nonstop.dist.shard import vocab_rows
+from nonstop.program.cost import Collective, attach_costs, collective_op_cost, collective_op_tiles, op_collectives
+from nonstop.program.ir import BufferSpec, Cost, Program, SuperOp
+from nonstop.program.lower import lower
+
+RESIDUAL_KINDS = ("linear_residual", "mlp", "moe_tail")  # ops adding a partial sum to the stream
+LEADER_BIASES = ("b", "down_b")
+
+
+def _all_reduce(after: SuperOp, buffer: str, T: int, purpose: str) -> SuperOp:
+    return SuperOp(f"{after.name}.all_reduce", "tp_all_reduce", after.layer, (buffer,), (buffer,), {}, {"tp_ranks": T, "purpose": purpose})
+
+
+def _moe_ep(op: SuperOp, layout: Layout, rank: int, chunks: int, overlap: bool) -> SuperOp:
+    mc = op.attrs["moe"]
+    placement = layout.placement_for(op.layer, mc.num_experts)
+    ep_rank = layout.ep_rank(rank)
+    attrs = dict(op.attrs)
+    attrs.update(
+        placement=placement, ep_ranks=layout.ep, ep_rank=ep_rank, tp_ranks=layout.tp, tp_rank=layout.tp_rank(rank),
+        chunks=chunks, overlap=overlap, top_k=mc.top_k, local_experts=len(placement.local(ep_rank)),
+        physical_experts=placement.physical, max_local=placement.max_local, local_fraction=placement.local_fraction(ep_rank),
+    )
+    return SuperOp(f"L{op.layer}.moe_ep", "moe_ep", op.layer, op.reads, op.writes, dict(op.weights), attrs)
+
+
+def distribute(program: Program, cfg: ModelConfig, layout: Layout, rank: int, chunks: int = 1, overlap: bool = False) -> Program:
+    """The rank's Program (see the module docstring) from the Program of its model."""
+    if layout.single:
+        return program
+    T, leader = layout.tp, layout.tp_rank(rank) == 0
+    buffers = dict(program.buffers)
+    ops: list[SuperOp] = []
+    for op in program.ops:
+        if op.kind == "embed" and T > 1:
+            shard = SuperOp("embed", "embed_shard", None, op.reads, op.writes, op.weights, {"vocab_start": layout.tp_rank(rank) * vocab_rows(cfg, layout), "tp_ranks": T})
+            ops += [shard, _all_reduce(shard, op.writes[0], T, "embedding rows")]
+        elif op.kind in RESIDUAL_KINDS and T > 1:
+            if not leader:
+                op.attrs["accumulate"] = False
+                for name in LEADER_BIASES:
+                    op.weights.pop(name, None)
+            ops += [op, _all_reduce(op, op.writes[0], T, "partial sums of " + {"linear_residual": "o_proj", "mlp": "the dense MLP", "moe_tail": "MoE outputs"}[op.kind])]
+        elif op.kind == "moe_experts":
+            ops.append(_moe_ep(op, layout, rank, chunks, overlap))
+        elif op.kind == "lm_head" and T > 1:
+            buffers["logits_shard"] = BufferSpec("logits_shard", program.buffers["logits"].row_shape, "float32")
+            buffers["logits"] = BufferSpec("logits", (cfg.vocab_size,), "float32")
+            op.writes = ("logits_shard",)
+            ops += [op, SuperOp("logits_gather", "vocab_gather", None, ("logits_shard",), ("logits",), {}, {"tp_ranks": T, "tp_rank": layout.tp_rank(rank), "vocab": cfg.vocab_size})]
+        else:
+            ops.append(op)
+    out = Program(program.cfg, ops, buffers, program.dtype, program.max_rows)
+    attach_costs(out)
+    for op in out.ops:
+        if op.kind in ("tp_all_reduce", "vocab_gather", "embed_shard", "moe_ep"):
+            op.cost = collective_op_cost(op, out)
+            op.tiles = collective_op_tiles(op, out)
+    return out
+
+
+def lower_rank(model, cfg: ModelConfig, layout: Layout, rank: int, chunks: int = 1, overlap: bool = False) -> Program:
+    """``distribute(lower(model))`` for a rank's model (``dist/model.py``)."""
+    return distribute(lower(model), cfg, layout, rank, chunks, overlap)
+
+
+# ----------------------------------------------------------------------------- shapes only
+
+
+def shapes_program(cfg: ModelConfig, layout: Layout, rank: int = 0, dtype: torch.dtype = torch.bfloat16, chunks: int = 1) -> Program:
+    """The rank's Program built on meta tensors (no weights, no process group); cached per arguments
+    (a planner asks for the same layouts again and again)."""
+    try:
+        return _cached_shapes_program(cfg, layout, rank, dtype, chunks)
+    except TypeError:  # unhashable (a per-layer placement dict): build it afresh
+        return _shapes_program(cfg, layout, rank, dtype, chunks)
+
+
+def _shapes_program(cfg, layout, rank, dtype, chunks) -> Program:
+    from nonstop.dist.model import build_rank_model, meta_rank_state
+
+    model = build_rank_model(cfg, layout, rank, meta_rank_state(cfg, layout, rank, dtype))
+    return lower_rank(model, cfg, layout, rank, chunks)
+
+
+_cached_shapes_program = lru_cache(maxsize=16)(_shapes_program)
+
+
+@dataclass
+class RankStep:
+    """One rank's share of a decode step of ``rows`` rows per attention group (``rows · dp`` tokens).
+
+    ops: (name, kind, Cost) per super-op; weight_bytes: what every rank holds (list by rank);
+    collectives: every collective of the step with its count and bytes sent by this rank (the Program's
+    collective super-ops, then the engine's step input broadcast and logits return)."""
+
+    cfg: ModelConfig
+    layout: Layout
+    rank: int
+    rows: int
+    context: int
+    program: Program
+    ops: list[tuple[str, str, Cost]]
+    weight_bytes: list[int]
+    collectives: list[Collective] = field(default_factory=list)
+
+    @property
+    def tokens(self) -> int:
+        return self.rows * self.layout.dp
+
+    @property
+    def total(self) -> Cost:
+        total = Cost(0, 0, 0, 0)
+        for _, _, c in self.ops:
+            total = total + c
+        return total
+
+    @property
+    def wire_bytes(self) -> float:
+        return sum(c.wire_bytes for c in self.collectives)
+
+    def launches(self, kind: str, purposes: tuple[str, ...] | None = None) -> int:
+        return sum(c.count for c in self.collectives if c.kind == kind and (purposes is None or c.purpose in purposes))
+
+    @property
+    def mean_wire_bytes(self) -> float:
+        """Bytes sent per step by the average rank (the attention group's ranks route different numbers
+        of rows; only rank 0 broadcasts the step inputs; only group leaders return logits)."""
+        T = self.layout.tp
+        per_tp = [sum(c.wire_bytes for c in collectives_as(self.program, self.rows, t)) for t in range(T)]
+        engine = [sum(c.wire_bytes for c in engine_collectives(self.cfg, self.layout, r, self.rows)) for r in range(self.layout.world)]
+        return sum(per_tp) / T + sum(engine) / self.layout.world
+
+    @property
+    def wire_bytes_per_token(self) -> float:
+        """Bytes on the wire per decoded token per rank: the average rank's bytes per step / tokens per step."""
+        return self.mean_wire_bytes / max(1, self.tokens)
+
+    @property
+    def token_all_to_alls(self) -> int:
+        """Token exchanges (dispatch + combine) per step, each counted once however many chunks it has."""
+        return sum(1 for op in self.program.ops if op.kind == "moe_ep" and op.attrs["ep_ranks"] > 1) * 2
+
+
+def collectives_as(program: Program, rows: int, tp_rank: int) -> list[Collective]:
+    """The Program's collectives as attention-group rank ``tp_rank`` would run them (its share of rows)."""
+    out = []
+    for op in program.ops:
+        if op.kind in ("moe_ep", "vocab_gather"):
+            op = dataclasses.replace(op, attrs={**op.attrs, "tp_rank": tp_rank})
+        out += op_collectives(op, program, rows)
+    return out
+
+
+def merged(collectives: list[Collective]) -> list[Collective]:
+    """Collectives of the same kind, group and purpose summed."""
+    out: dict[tuple, Collective] = {}
+    for c in collectives:
+        key = (c.kind, c.group, c.ranks, c.purpose)
+        if key in out:
+            o = out[key]
+            out[key] = Collective(c.kind, c.group, c.ranks, o.count + c.count, o.wire_bytes + c.wire_bytes, c.purpose)
+        else:
+            out[key] = c
+    return list(out.values())
+
+
+def engine_collectives(cfg: ModelConfig, layout: Layout, rank: int, rows: int) -> list[Collective]:
+    """The engine's own traffic per step: rank 0 broadcasts the step inputs (ids, slots, positions: ~24 B
+    per row plus a header) to every rank; the first rank of every other attention group returns its
+    logits to rank 0 (fp32 [rows, V]) on a gloo side channel."""
+    out = []
+    if layout.world > 1 and rank == 0:
+        out.append(Collective("broadcast", "world", layout.world, 1, (layout.world - 1) * (24 * rows * layout.dp + 256), "step inputs"))
+    if rank != 0 and layout.tp_rank(rank) == 0:
+        out.append(Collective("send", "world", 2, 1, rows * cfg.vocab_size * 4, "logits to rank 0"))
+    return out
+
+
+def rank_step(cfg: ModelConfig, layout: Layout, rows: int = 1, context: int = 1024, dtype: torch.dtype = torch.bfloat16, rank: int = 0, chunks: int = 1) -> RankStep:
+    """Rank ``rank``'s ops, weights and collectives for a step of ``rows`` rows per attention group at
+    ``context`` cached tokens per sequence (shapes only)."""
+    from nonstop.dist.model import rank_weight_bytes
+
+    program = shapes_program(cfg, layout, rank, dtype, chunks)
+    ops = [(op.name, op.kind, op.cost(rows, context)) for op in program.ops]
+    collectives = [c for op in program.ops for c in op_collectives(op, program, rows)]
+    collectives = merged(collectives) + engine_collectives(cfg, layout, rank, rows)
+    return RankStep(cfg, layout, rank, rows, context, program, ops, rank_weight_bytes(cfg, layout, dtype.itemsize), collectives)
