@@ -1,48 +1,68 @@
-"""Per-rank traffic and collectives of one decode step under a parallel layout.
+"""Per-rank traffic and collectives of one decode step under a parallel layout, from ``nonstop.dist``.
 
-TO BE REPLACED: this is the planner's minimal adapter until ``nonstop/dist`` (branch dist11) provides
-the engine's own ``Layout`` and its shapes-only per-rank weight bytes and collective list; the time
-model (``timing.py``) only consumes ``RankOp`` / ``Collective`` lists and does not change.
+A plan layout is ``tp`` ranks per attention group, ``dp`` attention groups (world = tp·dp ranks) and
+``ep`` for the routed experts:
 
-Layout: ``tp`` ranks split attention heads and dense matrices (one attention group), ``dp`` attention
-groups hold disjoint sequences, world = tp·dp ranks. Routed experts: ``ep`` = 1 keeps every expert in
-each attention group, each split tp ways; ``ep`` > 1 places E/ep whole experts on each of ep rank
-groups, each expert split etp = world/ep ways, tokens exchanged by all-to-all dispatch/combine.
+* ``ep`` > 1: ``nonstop.dist``'s expert parallelism - whole experts spread over expert groups of ep
+  ranks (each group holds every expert), tokens exchanged by all-to-all dispatch / combine;
+* ``ep`` = 1 with tp > 1: experts *tensor*-parallel inside each attention group (every expert split
+  tp ways by its intermediate dimension: vLLM's and SGLang's default without expert parallelism). The
+  engine's ``dist.Layout`` has no such mode yet; the planner takes the rank Program of the same
+  per-rank bytes (``Layout.make(tp, ep=tp)``) and replaces the token exchange by the all-reduce of the
+  routed sum (K3: before the latent RMSNorm, which is not linear; the MoE output all-reduce follows).
 
-Distinct experts: R = B·(K+1) routed rows each pick k of E experts, so an expert is touched with
-p = 1 - (1 - k/E)^R; a rank holding n = E/ep experts streams the most-loaded rank's count
-E[max over ep ranks of Binomial(n, p)] (the step waits for the busiest rank).
+Every rank's weights, ops and collective sizes come from ``dist.program.shapes_program`` (shapes only).
+The step waits for the busiest rank: routed experts are counted as the expected maximum over the
+expert group's ranks. R rows routed into an expert group each pick k of E experts, so an expert is
+touched with p = 1 - (1 - k/E)^R and a rank holding n experts streams E[max of ep Binomial(n, p)].
 """
 
 from __future__ import annotations
 
+import functools
+import json
 import math
 from dataclasses import dataclass
 
-from nonstop.plan.workload import PlanError, Workload
+from nonstop.dist.layout import Layout as DistLayout
+from nonstop.dist.layout import LayoutError
+from nonstop.plan.workload import COLLECTIVE_KINDS, PlanError, Precision, Workload, build_workload
 
-DISPATCH_BYTES = 1  # fp8 tokens to the experts (DeepEP low-latency / vLLM / SGLang default)
-COMBINE_BYTES = 2  # bf16 expert outputs back
-ACT_BYTES = 2  # bf16 hidden states in TP all-reduces
+SHARDINGS = ("production", "engine")
 
 
 @dataclass(frozen=True)
 class Layout:
+    """``sharding``: "engine" = exactly ``nonstop.dist``'s parts; "production" = the same, but K3's latent
+    projections split tp ways as vLLM / SGLang / the TPU megakernel do (``workload.PRODUCTION_SPLIT``)."""
+
     tp: int = 1
     dp: int = 1
     ep: int = 1
+    sharding: str = "production"
 
     @property
     def world(self) -> int:
         return self.tp * self.dp
 
     @property
-    def etp(self) -> int:
-        """Ranks one expert is split over."""
-        return self.tp if self.ep == 1 else self.world // self.ep
+    def expert_tp(self) -> bool:
+        """Routed experts split tp ways inside each attention group (no token exchange)."""
+        return self.ep == 1 and self.tp > 1
+
+    def dist_layout(self) -> DistLayout:
+        """The engine's layout with the same per-rank bytes (see the module docstring)."""
+        return DistLayout.make(self.tp, self.tp if self.expert_tp else self.ep, self.world)
+
+    def weight_bytes(self, op) -> float:
+        """The bytes of ``op``'s weights one rank streams under this layout's sharding."""
+        if self.sharding == "production" and self.tp > 1:
+            return op.weight_bytes - op.engine_replicated_bytes * (1 - 1 / self.tp)
+        return op.weight_bytes
 
     def describe(self) -> str:
-        return f"TP{self.tp}" + (f" DP{self.dp}" if self.dp > 1 else "") + (f" EP{self.ep}" if self.ep > 1 else "")
+        experts = f"EP{self.ep}" if self.ep > 1 else ("experts TP" if self.expert_tp else "")
+        return " ".join(x for x in (f"TP{self.tp}", f"DP{self.dp}" if self.dp > 1 else "", experts) if x)
 
 
 @dataclass(frozen=True)
@@ -60,32 +80,53 @@ class RankOp:
 
 @dataclass(frozen=True)
 class Collective:
-    kind: str  # all_reduce | reduce_scatter | all_gather | all_to_all
+    kind: str  # all_reduce | all_gather | gather | all_to_all | broadcast | send
     ranks: int
-    bytes: float  # message per rank (all_reduce / all_gather: the full tensor; all_to_all: sent)
-    count: int  # per step
+    wire_bytes: float  # sent by this rank per step, all calls
+    count: int  # calls per step
     label: str
 
 
 def check_layout(workload: Workload, layout: Layout) -> None:
-    cfg = workload.cfg
     for name, value in (("tp", layout.tp), ("dp", layout.dp), ("ep", layout.ep)):
         if value < 1:
             raise PlanError(f"--{name} must be >= 1, got {value}")
-    heads = [
-        h for h in (cfg.kda and cfg.kda.num_heads, cfg.mla and cfg.mla.num_heads, cfg.gqa and cfg.gqa.num_heads) if h
-    ]
-    for h in heads:
-        if h % layout.tp:
-            raise PlanError(f"--tp {layout.tp} does not divide the {h} attention heads of {workload.name}")
-    if layout.ep > 1:
-        if not workload.moe_ops:
-            raise PlanError(f"{workload.name} has no routed experts: --ep must be 1")
-        if layout.world % layout.ep:
-            raise PlanError(f"--ep {layout.ep} must divide the {layout.world} ranks (tp {layout.tp} x dp {layout.dp})")
-        experts = workload.moe_ops[0].expert.num_experts
-        if layout.ep > experts:
-            raise PlanError(f"--ep {layout.ep} exceeds the {experts} routed experts")
+    if layout.sharding not in SHARDINGS:
+        raise PlanError(f"unknown sharding {layout.sharding!r}; choose one of: {', '.join(SHARDINGS)}")
+    if layout.ep > 1 and not workload.moe_ops:
+        raise PlanError(f"{workload.name} has no routed experts: --ep must be 1")
+    if layout.ep > 1 and layout.ep > workload.moe_ops[0].expert.num_experts:
+        raise PlanError(f"--ep {layout.ep} exceeds the {workload.moe_ops[0].expert.num_experts} routed experts")
+    try:
+        from nonstop.dist.shard import check_layout as check_shapes
+
+        check_shapes(workload.cfg, layout.dist_layout())
+    except LayoutError as exc:
+        raise PlanError(str(exc)) from None
+
+
+@functools.lru_cache(maxsize=32)
+def _rank_workload(cfg_json: str, name: str, precision: Precision, tp: int, dp: int, ep: int) -> Workload:
+    from nonstop.config import ModelConfig
+    from nonstop.dist.program import shapes_program
+
+    cfg = ModelConfig.from_hf_dict(json.loads(cfg_json))
+    layout = Layout(tp, dp, ep)
+    program = shapes_program(cfg, layout.dist_layout(), rank=0)
+    return build_workload(cfg, name, precision, program)
+
+
+def rank_workload(workload: Workload, layout: Layout) -> Workload:
+    """Rank 0's part of ``workload`` under ``layout`` (the single-device workload when world is 1)."""
+    check_layout(workload, layout)
+    if layout.world == 1:
+        return workload
+    cfg_json = json.dumps(workload.cfg.to_hf_dict(), sort_keys=True)
+    return _rank_workload(cfg_json, workload.name, workload.precision, layout.tp, layout.dp, layout.ep)
+
+
+def with_sharding(layout: Layout, sharding: str) -> Layout:
+    return Layout(layout.tp, layout.dp, layout.ep, sharding)
 
 
 def expected_max_binomial(n: int, p: float, groups: int) -> float:
@@ -95,127 +136,98 @@ def expected_max_binomial(n: int, p: float, groups: int) -> float:
     total, cdf, pmf = 0.0, 0.0, (1 - p) ** n
     for x in range(n):
         cdf += pmf
-        total += 1.0 - min(cdf, 1.0) ** groups
-        pmf *= (n - x) / (x + 1) * p / (1 - p)
-        if 1.0 - min(cdf, 1.0) ** groups < 1e-12 and x > n * p:
+        tail = 1.0 - min(cdf, 1.0) ** groups
+        total += tail
+        if tail < 1e-12 and x > n * p:
             break
+        pmf *= (n - x) / (x + 1) * p / (1 - p)
     return total
 
 
-def experts_touched(num_experts: int, top_k: int, routed_rows: int, ep: int) -> float:
-    """Distinct experts the busiest of ``ep`` expert groups streams for ``routed_rows`` rows."""
+def experts_touched(num_experts: int, top_k: int, routed_rows: float, local: int, ranks: int) -> float:
+    """Distinct experts the busiest of ``ranks`` ranks (``local`` experts each) streams for ``routed_rows``."""
     p = 1.0 - (1.0 - top_k / num_experts) ** routed_rows
-    return expected_max_binomial(math.ceil(num_experts / ep), p, ep)
+    return expected_max_binomial(local, p, ranks)
 
 
-def rank_ops(workload: Workload, layout: Layout, batch: int, context: int, rows_per_seq: int) -> list[RankOp]:
-    """Work of the busiest rank: its attention group's sequences, its share of the experts."""
+def _group_rows(layout: Layout, rows: int) -> float:
+    """Rows routed into one expert group: rows per attention group x attention groups feeding it."""
+    return rows if layout.expert_tp or layout.ep == 1 else rows * layout.ep / layout.tp
+
+
+def rank_ops(rank: Workload, layout: Layout, batch: int, context: int, rows_per_seq: int) -> list[RankOp]:
+    """Work of rank 0 (its attention group's sequences, its experts) for one step."""
     seqs = math.ceil(batch / layout.dp)
     rows = seqs * rows_per_seq
-    routed_rows = batch * rows_per_seq
-    tp = layout.tp
     out = []
-    for op in workload.ops:
+    for op in rank.ops:
+        if op.kind in COLLECTIVE_KINDS:
+            continue
         if op.expert is not None:
             ex = op.expert
-            if layout.ep > 1:  # experts see every group's rows; each rank computes 1/world of the pairs
-                touched, flops = (
-                    experts_touched(ex.num_experts, ex.top_k, routed_rows, layout.ep),
-                    2 * ex.params_each * routed_rows * ex.top_k / layout.world,
-                )
-            else:  # each attention group holds all experts (split tp ways) and routes only its rows
-                touched, flops = (
-                    experts_touched(ex.num_experts, ex.top_k, rows, 1),
-                    2 * ex.params_each * rows * ex.top_k / tp,
-                )
+            routed = _group_rows(layout, rows)
+            if layout.expert_tp:  # every rank streams 1/tp of each touched expert: balanced
+                touched = experts_touched(ex.num_experts, ex.top_k, routed, ex.num_experts, 1)
+                weight, pairs = touched * ex.bytes_each / layout.tp, routed * ex.top_k / layout.tp
+            else:
+                ranks = max(1, layout.ep)
+                touched = experts_touched(ex.num_experts, ex.top_k, routed, ex.local, ranks)
+                weight, pairs = touched * ex.bytes_each, routed * ex.top_k * ex.local / ex.num_experts
+            flops = 2 * ex.params_each * pairs
             out.append(
                 RankOp(
-                    op.name,
-                    op.kind,
-                    touched * ex.bytes_each / layout.etp + op.weight_bytes,
-                    rows * op.act_bytes_per_row,
-                    flops,
-                    op.dtype,
-                    touched,
+                    op.name, op.kind, weight + op.weight_bytes, rows * op.act_bytes_per_row, flops, op.dtype, touched
                 )
             )
             continue
-        weight = (op.weight_bytes - op.replicated_bytes) / tp + op.replicated_bytes
         state = (
-            rows * op.act_bytes_per_row
-            + seqs * op.state_bytes_per_seq / tp
-            + rows * context * op.cache_bytes_per_row_ctx * _cache_share(workload, op, tp)
+            rows * op.act_bytes_per_row + seqs * op.state_bytes_per_seq + rows * context * op.cache_bytes_per_row_ctx
         )
-        flops = (rows * op.flops_per_row + rows * context * op.flops_per_row_ctx) / tp
-        out.append(RankOp(op.name, op.kind, weight, state, flops, op.dtype))
+        flops = rows * op.flops_per_row + rows * context * op.flops_per_row_ctx
+        out.append(RankOp(op.name, op.kind, layout.weight_bytes(op), state, flops, op.dtype))
     return out
 
 
-def _cache_share(workload: Workload, op, tp: int) -> float:
-    """Fraction of an attention cache one TP rank reads: MLA's latent is shared by all heads, so every
-    rank reads all of it; GQA splits its KV heads (replicated when there are fewer than tp)."""
-    if op.kind == "gqa_attn":
-        return 1.0 / min(tp, workload.cfg.gqa.num_kv_heads)
-    return 1.0
+def collectives(rank: Workload, layout: Layout, batch: int, rows_per_seq: int) -> list[Collective]:
+    """Every collective rank 0 takes part in during one step (``dist`` program's own sizes)."""
+    if layout.world == 1:
+        return []
+    from nonstop.dist.program import engine_collectives, merged
+    from nonstop.program.cost import op_collectives
 
-
-def collectives(workload: Workload, layout: Layout, batch: int, rows_per_seq: int) -> list[Collective]:
-    """Every collective one rank takes part in during one step, grouped by kind and size."""
-    cfg = workload.cfg
-    tp, d = layout.tp, workload.hidden
+    program, cfg = rank.program, rank.cfg
     rows = math.ceil(batch / layout.dp) * rows_per_seq
-    n_layers = cfg.num_hidden_layers
-    n_moe = len(workload.moe_ops)
-    out: list[Collective] = []
-    if tp > 1:
-        out.append(Collective("all_reduce", tp, rows * d * ACT_BYTES, n_layers, "attention output (TP)"))
-        n_dense = n_layers - n_moe
-        if n_dense:
-            out.append(Collective("all_reduce", tp, rows * d * ACT_BYTES, n_dense, "dense MLP output (TP)"))
-        out.append(Collective("all_gather", tp, rows * cfg.vocab_size * 4, 1, "LM-head logits (TP)"))
-    if not n_moe:
-        return out
-    ex = workload.moe_ops[0].expert
-    if layout.ep == 1:
-        if tp > 1:
-            if cfg.moe.latent_size:  # K3: the routed latent sum must be complete before its RMSNorm
-                out.append(
-                    Collective(
+    found = []
+    for op in program.ops:
+        if op.kind == "moe_ep" and layout.expert_tp:
+            if cfg.moe.latent_size:  # the routed latent sum, complete before its RMSNorm
+                from nonstop.program.cost import Collective as DistCollective
+                from nonstop.program.cost import all_reduce_wire_bytes
+
+                spec = program.buffers["moe_out"]
+                nbytes = rows * spec.row_numel * spec.torch_dtype(program.dtype).itemsize
+                found.append(
+                    DistCollective(
                         "all_reduce",
-                        tp,
-                        rows * ex.width * ACT_BYTES,
-                        n_moe,
-                        "routed latent sum (TP, before the latent norm)",
+                        "tp",
+                        layout.tp,
+                        1,
+                        all_reduce_wire_bytes(nbytes, layout.tp),
+                        "routed latent sum (experts TP)",
                     )
                 )
-            out.append(Collective("all_reduce", tp, rows * d * ACT_BYTES, n_moe, "MoE output (TP)"))
-        return out
-    local = rows / tp  # tokens leave from the rank that owns them after a reduce-scatter
-    peers = (layout.ep - 1) / layout.ep
-    if tp > 1:
-        out.append(
-            Collective("reduce_scatter", tp, rows * d * ACT_BYTES, n_moe, "attention output to token shards (TP)")
-        )
-        out.append(Collective("all_gather", tp, rows * d * ACT_BYTES, n_moe, "MoE output back to the TP group"))
-    sent = local * ex.top_k * ex.width * layout.etp * peers
-    out.append(Collective("all_to_all", layout.world, sent * DISPATCH_BYTES, n_moe, "MoE dispatch (EP, fp8)"))
-    out.append(Collective("all_to_all", layout.world, sent * COMBINE_BYTES, n_moe, "MoE combine (EP, bf16)"))
-    return out
+            continue
+        found += op_collectives(op, program, rows)
+    found = merged(found) + engine_collectives(cfg, layout.dist_layout(), 0, rows)
+    return [Collective(c.kind, c.ranks, c.wire_bytes, c.count, f"{c.purpose} ({c.group})") for c in found if c.count]
 
 
-def resident_bytes(workload: Workload, layout: Layout, batch: int, context: int) -> dict:
-    """Bytes one rank holds: weights (its experts whole), KDA state and attention cache of its sequences."""
+def resident_bytes(rank: Workload, layout: Layout, batch: int, context: int) -> dict:
+    """Bytes rank 0 holds: its weights (every local expert), KDA state and attention cache of its sequences."""
     seqs = math.ceil(batch / layout.dp)
-    weights = 0.0
-    for op in workload.ops:
-        if op.expert is not None:
-            ex = op.expert
-            held = ex.num_experts if layout.ep == 1 else math.ceil(ex.num_experts / layout.ep)
-            weights += held * ex.bytes_each / layout.etp + op.weight_bytes
-        else:
-            weights += (op.weight_bytes - op.replicated_bytes) / layout.tp + op.replicated_bytes
-    state = seqs * workload.state_bytes_per_seq() / layout.tp
-    cache = sum(
-        seqs * context * op.cache_bytes_per_row_ctx * _cache_share(workload, op, layout.tp) for op in workload.ops
+    state = seqs * sum(op.state_bytes_per_seq for op in rank.ops) / 2
+    cache = seqs * context * sum(op.cache_bytes_per_row_ctx for op in rank.ops)
+    weights = sum(
+        layout.weight_bytes(op) + (op.expert.bytes_each * op.expert.local if op.expert else 0) for op in rank.ops
     )
     return {"weights": weights, "state": state, "cache": cache}

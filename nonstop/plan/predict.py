@@ -15,7 +15,7 @@ from pathlib import Path
 
 from nonstop.plan.chips import Chip
 from nonstop.plan.draft import draft_shape
-from nonstop.plan.layout import Layout, check_layout, collectives, rank_ops, resident_bytes
+from nonstop.plan.layout import Layout, collectives, rank_ops, rank_workload, resident_bytes
 from nonstop.plan.timing import EXECUTORS, Constants, StepTime, step_time
 from nonstop.plan.workload import PlanError, Workload
 
@@ -134,7 +134,7 @@ class Prediction:
                     "kind": c.kind,
                     "ranks": c.ranks,
                     "count": c.count,
-                    "bytes_per_call": c.bytes,
+                    "wire_bytes": c.wire_bytes,
                     "latency_ms": c.latency_ms,
                     "bandwidth_ms": c.bandwidth_ms,
                     "crosses_scale_out": c.crosses_scale_out,
@@ -175,11 +175,11 @@ def predict(
         raise PlanError(f"unknown executor {executor!r}; choose one of: {', '.join(EXECUTORS)}")
     if batch < 1 or context < 0:
         raise PlanError(f"--batch must be >= 1 and --context >= 0, got {batch} and {context}")
-    check_layout(workload, layout)
+    rank = rank_workload(workload, layout)
     consts = consts or Constants.load()
     rows_per_seq = spec.drafts + 1 if spec else 1
-    ops = rank_ops(workload, layout, batch, context, rows_per_seq)
-    colls = collectives(workload, layout, batch, rows_per_seq)
+    ops = rank_ops(rank, layout, batch, context, rows_per_seq)
+    colls = collectives(rank, layout, batch, rows_per_seq)
     eager = None
     if executor == "eager":
         import json
@@ -189,7 +189,7 @@ def predict(
     slots = math.ceil(batch / layout.dp) * spec.drafts if spec else 0
     t = step_time(ops, colls, chip, consts, executor, eager, draft, layout, slots)
     return Prediction(
-        workload, chip, layout, batch, context, spec, executor, t, resident_bytes(workload, layout, batch, context)
+        workload, chip, layout, batch, context, spec, executor, t, resident_bytes(rank, layout, batch, context)
     )
 
 

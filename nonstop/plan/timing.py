@@ -50,7 +50,7 @@ class CollectiveTime:
     kind: str
     ranks: int
     count: int
-    bytes: float  # per rank per call
+    wire_bytes: float  # sent by the rank per step, all calls
     latency_ms: float  # all calls
     bandwidth_ms: float  # all calls
     crosses_scale_out: bool
@@ -114,15 +114,12 @@ def collective_time(c: Collective, chip: Chip, consts: Constants) -> CollectiveT
         chip.up_latency_us * math.log2(max(inside, 1)) + chip.out_latency_us * math.log2(max(domains, 1))
     )
     latency_s = hops * 1e-6 if n > 1 else 0.0
-    wire = {"all_reduce": 2 * (n - 1) / n, "reduce_scatter": (n - 1) / n, "all_gather": (n - 1) / n, "all_to_all": 1.0}[
-        c.kind
-    ] * c.bytes
     out_frac = max(0.0, 1.0 - domain / n)
     per_rank_up = chip.up_gbps * 1e9 / chip.devices_per_chip
     per_rank_out = chip.out_gbps * 1e9 / chip.devices_per_chip
-    bandwidth_s = max((1 - out_frac) * wire / per_rank_up, out_frac * wire / per_rank_out)
+    bandwidth_s = max((1 - out_frac) * c.wire_bytes / per_rank_up, out_frac * c.wire_bytes / per_rank_out)
     return CollectiveTime(
-        c.label, c.kind, n, c.count, c.bytes, c.count * latency_s * 1e3, c.count * bandwidth_s * 1e3, domains > 1
+        c.label, c.kind, n, c.count, c.wire_bytes, c.count * latency_s * 1e3, bandwidth_s * 1e3, domains > 1
     )
 
 

@@ -1,8 +1,9 @@
 """The model side of a plan: per super-op traffic and work, from the engine's own Program costs.
 
-The model is built on the meta device (shapes only, no weights) and lowered by ``program/lower.py``;
-each op's ``cost(rows, context, sequences)`` (``program/cost.py``) is linear in its arguments, so a
-few evaluations give per-op coefficients (one decode step, the whole unsharded model):
+The model is built on the meta device (shapes only, no weights) and lowered by ``program/lower.py``,
+or for a parallel layout by ``dist/program.py`` (a rank's Program: its part of every weight plus the
+collective super-ops). Each op's ``cost(rows, context, sequences)`` (``program/cost.py``) is linear in
+its arguments, so a few evaluations give per-op coefficients (one decode step, one rank):
 
     bytes(op) = W_op + r·a_op + s·S_op + r·L·c_op          (weights, activations, state, cache)
     flops(op) = r·f_op + r·L·g_op
@@ -18,7 +19,7 @@ from __future__ import annotations
 
 import functools
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -36,9 +37,12 @@ FORMAT_ALIASES = {
     "fp4": "mxfp4",
     "int4": "mxfp4",
 }
-REPLICATED = frozenset(
-    {"router", "bias", "norm", "query", "q_norm", "kv_norm", "o_norm", "latent_norm", "A_log", "dt_bias", "inv_freq"}
-)
+COLLECTIVE_KINDS = ("tp_all_reduce", "vocab_gather")  # super-ops that are only communication
+# K3's latent projections: nonstop.dist replicates them on every tensor-parallel rank; vLLM / SGLang /
+# the TPU megakernel split them (column-parallel down, row-parallel up), which ``sharding="production"``
+# models by dividing their bytes by tp
+PRODUCTION_SPLIT = ("latent_down", "latent_up")
+EXPERT_KINDS = ("moe_experts", "moe_ep")
 CONTEXT_PROBE = 1024
 
 
@@ -93,7 +97,8 @@ RELEASED_FP8 = frozenset({"deepseek_v3"})
 class ExpertShape:
     """The routed experts of one MoE layer."""
 
-    num_experts: int
+    num_experts: int  # in the model
+    local: int  # held by this rank (all of them on one device)
     top_k: int
     bytes_each: float  # one expert's weights in the serving format
     params_each: int
@@ -102,13 +107,13 @@ class ExpertShape:
 
 @dataclass(frozen=True)
 class OpShape:
-    """One super-op's per-step coefficients (whole model, unsharded); see the module docstring."""
+    """One super-op's per-step coefficients on its rank; see the module docstring."""
 
     name: str
     kind: str
     layer: int | None
-    weight_bytes: float  # W_op, serving format (0 for routed experts: see ``expert``)
-    replicated_bytes: float  # part of W_op every tensor-parallel rank keeps whole
+    weight_bytes: float  # W_op, serving format (routed experts: only the router bias; see ``expert``)
+    engine_replicated_bytes: float  # part of W_op ``nonstop.dist`` keeps whole that production stacks split
     act_bytes_per_row: float  # a_op
     state_bytes_per_seq: float  # S_op (KDA recurrent + conv state, read and written)
     cache_bytes_per_row_ctx: float  # c_op (attention cache read per cached token)
@@ -120,21 +125,22 @@ class OpShape:
 
 @dataclass(frozen=True)
 class Workload:
-    """A model as the planner sees it: ops, the per-sequence state, the attention cache format."""
+    """A model (or one rank's part of it) as the planner sees it, with the Program it came from."""
 
     name: str
     cfg: ModelConfig
     precision: Precision
     ops: tuple[OpShape, ...]
     hidden: int
+    program: object = field(default=None, compare=False, repr=False)
 
     @property
     def moe_ops(self) -> list[OpShape]:
         return [o for o in self.ops if o.expert is not None]
 
     def total_weight_bytes(self) -> float:
-        """All weights of the model in the serving formats (every expert)."""
-        return sum(o.weight_bytes + (o.expert.bytes_each * o.expert.num_experts if o.expert else 0) for o in self.ops)
+        """All weights held (every local expert) in the serving formats."""
+        return sum(o.weight_bytes + (o.expert.bytes_each * o.expert.local if o.expert else 0) for o in self.ops)
 
     def active_weight_bytes(self) -> float:
         """Weights one token reads at batch 1 (top-k experts per MoE layer)."""
@@ -158,42 +164,41 @@ def _matrix_params(op) -> int:
 
 
 def _weight_bytes(op, precision: Precision) -> tuple[float, float]:
-    """(serving bytes, replicated part) of a non-expert op: matrices in ``precision.dense``, vectors as stored."""
+    """(serving bytes, the PRODUCTION_SPLIT part) of a non-expert op's weights: matrices in
+    ``precision.dense``, vectors as stored; the router stays bf16 (fp32 logits from a bf16 matrix)."""
     per_param = FORMAT_BYTES[precision.dense]
-    total = replicated = 0.0
+    total = split = 0.0
     for name, t in op.weights.items():
-        nbytes = (
-            t.numel() * per_param if t.dim() >= 2 and t.is_floating_point() and name not in ("conv",) else _nbytes(t)
-        )
-        if name == "router":  # routing logits run in fp32 from a bf16 matrix: not quantised
-            nbytes = _nbytes(t)
+        matrix = t.dim() >= 2 and t.is_floating_point() and name not in ("conv", "router")
+        nbytes = t.numel() * per_param if matrix else _nbytes(t)
         total += nbytes
-        if name in REPLICATED:
-            replicated += nbytes
-        elif name == "w_in" and op.kind == "mla_in_proj":  # q_a / kv_a rows are replicated, g_proj is split
-            sizes = op.attrs["in_sizes"]
-            replicated += nbytes * sum(sizes[:2]) / sum(sizes)
-    return total, replicated
+        split += nbytes if name in PRODUCTION_SPLIT else 0.0
+    return total, split
 
 
 def _expert_shape(op, precision: Precision, cfg: ModelConfig) -> ExpertShape:
     mc = op.attrs["moe"]
+    local = op.attrs.get("local_experts", mc.num_experts)
     tensors = {n: t for n, t in op.weights.items() if n != "bias"}
-    params = (
-        sum(
-            2 * t.numel() if n.endswith("_packed") else t.numel()
-            for n, t in tensors.items()
-            if not n.endswith("_scale")
-        )
-        // mc.num_experts
-    )
-    return ExpertShape(
-        mc.num_experts, mc.top_k, params * FORMAT_BYTES[precision.experts], params, mc.latent_size or cfg.hidden_size
-    )
+    params = sum(
+        2 * t.numel() if n.endswith("_packed") else t.numel() for n, t in tensors.items() if not n.endswith("_scale")
+    ) // max(local, 1)
+    width = mc.latent_size or cfg.hidden_size
+    return ExpertShape(mc.num_experts, local, mc.top_k, params * FORMAT_BYTES[precision.experts], params, width)
 
 
-def _coefficients(op, precision: Precision) -> dict:
+def _coefficients(op, program, precision: Precision) -> dict:
     """Linear coefficients of ``op.cost`` (reads + writes, FLOPs) in rows, sequences and context."""
+    if op.kind in EXPERT_KINDS:  # activations only; expert weights and FLOPs depend on the routing
+        elt = {"model": program.dtype.itemsize, "float32": 4, "int64": 8}
+        act = sum(program.buffers[b].row_numel * elt[program.buffers[b].dtype] for b in op.reads + op.writes)
+        return {
+            "act_bytes_per_row": act,
+            "state_bytes_per_seq": 0.0,
+            "cache_bytes_per_row_ctx": 0.0,
+            "flops_per_row": 0.0,
+            "flops_per_row_ctx": 0.0,
+        }
 
     def traffic(r, ctx, s):
         c = op.cost(r, ctx, s)
@@ -229,26 +234,25 @@ def program_for(cfg: ModelConfig):
     return _program(json.dumps(cfg.to_hf_dict(), sort_keys=True))
 
 
-def build_workload(cfg: ModelConfig, name: str, precision: Precision | None = None) -> Workload:
+def build_workload(cfg: ModelConfig, name: str, precision: Precision | None = None, program=None) -> Workload:
+    """The workload of ``program`` (default: the single-device Program of ``cfg``)."""
     precision = precision or Precision.released(cfg)
-    program = program_for(cfg)
+    program = program if program is not None else program_for(cfg)
     ops = []
     for op in program.ops:
-        coeff = _coefficients(op, precision)
-        if op.kind == "moe_experts":
+        coeff = _coefficients(op, program, precision)
+        if op.kind in EXPERT_KINDS:
             ex = _expert_shape(op, precision, cfg)
             bias = _nbytes(op.weights["bias"])
             ops.append(
                 OpShape(
-                    op.name, op.kind, op.layer, bias, bias, dtype=FORMAT_DTYPE[precision.experts], expert=ex, **coeff
+                    op.name, op.kind, op.layer, bias, 0.0, dtype=FORMAT_DTYPE[precision.experts], expert=ex, **coeff
                 )
             )
             continue
-        weight, replicated = _weight_bytes(op, precision)
-        if op.kind == "embed":  # a gather: one row per token, already in act_bytes_per_row
-            weight = replicated = 0.0
+        weight, split = _weight_bytes(op, precision)
+        if op.kind in ("embed", "embed_shard"):  # a gather: one row per token, already in act_bytes_per_row
+            weight = 0.0
             coeff["act_bytes_per_row"] = cfg.hidden_size * FORMAT_BYTES["bf16"]
-        ops.append(
-            OpShape(op.name, op.kind, op.layer, weight, replicated, dtype=FORMAT_DTYPE[precision.dense], **coeff)
-        )
-    return Workload(name, cfg, precision, tuple(ops), cfg.hidden_size)
+        ops.append(OpShape(op.name, op.kind, op.layer, weight, split, dtype=FORMAT_DTYPE[precision.dense], **coeff))
+    return Workload(name, cfg, precision, tuple(ops), cfg.hidden_size, program)
