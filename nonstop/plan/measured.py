@@ -8,6 +8,7 @@ threads, executor), ms per token and tokens/s, and the file it came from.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import json
 import os
@@ -29,6 +30,12 @@ class Measurement:
     threads: int | None = None
     spec_accept: float | None = None  # mean accepted length when speculative
     spec_draft: int | None = None
+    model: str | None = None  # the model name, or None when ``hf_config`` describes it
+    hf_config: dict | None = None
+    executor: str = "eager"  # how the planner should price it (the reference executor runs eager torch ops)
+    context: int = 64  # mean cached tokens during the measured decode
+    copy_gbps: float | None = None  # the memory bandwidth the same run measured (CPU results)
+    serial: int = 1  # steps run one after another per generated token of each user (batch-invariant server: clients)
 
 
 def load_results(results_dir: Path = RESULTS_DIR) -> list[tuple[str, dict]]:
@@ -75,18 +82,19 @@ def matmul_tflops() -> float:
 
 @functools.lru_cache(maxsize=1)
 def op_overhead_us() -> float:
-    """Cost of one tiny eager torch op on this machine (dispatch overhead), in microseconds."""
+    """Cost of one tiny eager torch op on this machine (dispatch overhead), in microseconds: CPU time of
+    this process (``time.process_time``), so other processes sharing the cores do not inflate it."""
     import torch
 
     x = torch.ones(8)
-    for _ in range(200):
+    for _ in range(500):
         x = x + 1.0
     best = float("inf")
-    for _ in range(3):
-        t0 = time.perf_counter()
+    for _ in range(5):
+        t0 = time.process_time()
         for _ in range(2000):
             x = x + 1.0
-        best = min(best, (time.perf_counter() - t0) / 2000)
+        best = min(best, (time.process_time() - t0) / 2000)
     return best * 1e6
 
 
@@ -122,113 +130,136 @@ def cpu_entry(base: dict) -> dict:
 # ----------------------------------------------------------------------------- measurements
 
 
-def _same_config(hf_config: dict | None, cfg) -> bool:
-    if not isinstance(hf_config, dict):
-        return False
-    from nonstop.config import ModelConfig
-
-    try:
-        other = ModelConfig.from_hf_dict(hf_config)
-    except Exception:  # noqa: BLE001 - a result file of another format
-        return False
-    return other.replace(hf={}) == cfg.replace(hf={})
+def _cpu_rows(name: str, data: dict) -> list[Measurement]:
+    rows = [
+        dataclasses.replace(m, copy_gbps=(data.get("bandwidth_floor") or {}).get("copy_GBps"))
+        for m in _cpu_rows_of(name, data)
+    ]
+    return rows
 
 
-def _cpu_rows(name: str, data: dict, cfg, model_name: str) -> list[Measurement]:
+def _cpu_rows_of(name: str, data: dict) -> list[Measurement]:
     rows = []
     kind = data.get("benchmark")
-    if kind == "cpu_decode" and _same_config((data.get("model") or {}).get("hf_config"), cfg):
+    threads = (data.get("machine") or {}).get("threads", data.get("threads"))
+    if kind == "cpu_decode":
         res = data["results"]["nonstop_reference"]["decode_tokens_per_s"]
-        threads = data.get("threads")
+        what = f"reference executor, batch {data['batch']}, {data['dtype']}, {threads} threads"
+        ctx = data.get("prompt_len", 32) + data.get("new_tokens", 64) // 2
+        hf = (data.get("model") or {}).get("hf_config")
         rows.append(
             Measurement(
                 name,
-                f"reference executor, batch {data['batch']}, {data['dtype']}, {threads} threads",
+                what,
                 data["batch"],
                 data["dtype"],
                 1e3 / res,
                 res * data["batch"],
                 threads,
+                hf_config=hf,
+                context=ctx,
             )
         )
-    elif kind == "spec_decode" and data.get("model") == model_name:
+    elif kind == "spec_decode":
         modes = data["results"]["heldout"]["modes"]
-        threads = (data.get("machine") or {}).get("threads")
-        plain = modes.get("plain")
-        if plain:
-            tps = plain["decode_tokens_per_s"]
-            rows.append(
-                Measurement(
-                    name,
-                    f"{data.get('backend', 'reference')} executor, batch 1, fp32, {threads} thread(s), held-out prompts",
-                    1,
-                    "float32",
-                    1e3 / tps,
-                    tps,
-                    threads,
-                )
-            )
+        ctx = max(data["results"]["heldout"].get("prompt_tokens", [48])) + data.get("max_tokens", 64) // 2
         for mode, row in modes.items():
-            if mode.startswith("dspark"):
-                tps, k = row["decode_tokens_per_s"], int(mode.split("-k")[-1])
+            tps = row["decode_tokens_per_s"]
+            if mode == "plain":
+                what = f"{data.get('backend', 'reference')} executor, batch 1, fp32, {threads} thread(s)"
+                rows.append(
+                    Measurement(name, what, 1, "float32", 1e3 / tps, tps, threads, model=data["model"], context=ctx)
+                )
+            elif mode.startswith("dspark"):
+                k, accept = int(mode.split("-k")[-1]), row["mean_accepted_length"]
+                what = f"DSpark k={k}, batch 1, fp32, {threads} thread(s), accepted length {accept}"
                 rows.append(
                     Measurement(
-                        name,
-                        f"DSpark k={k}, batch 1, fp32, {threads} thread(s), accepted length {row['mean_accepted_length']}",
-                        1,
-                        "float32",
-                        1e3 / tps,
-                        tps,
-                        threads,
-                        row["mean_accepted_length"],
-                        k,
+                        name, what, 1, "float32", 1e3 / tps, tps, threads, accept, k, data["model"], context=ctx
                     )
                 )
-    elif kind == "serve_load" and data.get("model") == model_name:
+    elif kind == "serve_load":
         res, load = data["results"], data["load"]
         tpot = (res.get("tpot_s") or {}).get("p50")
         if tpot:
             threads = (data.get("machine") or {}).get("server_threads")
             batched = "no-batch-invariant" in (data.get("server") or {}).get("serve_args", "")
-            what = f"server, {load['clients']} clients ({'batched decode' if batched else 'default batching'}), {threads} thread(s), TPOT p50"
+            mode = "batched decode" if batched else "batch-invariant: one sequence per step"
+            what = f"server, {load['clients']} clients ({mode}), {threads} thread(s), TPOT p50"
+            ctx = load.get("prompt_chars", 200) // 4 + load.get("max_tokens", 64) // 2
+            clients = load["clients"]
+            batch, serial = (clients, 1) if batched else (1, clients)
             rows.append(
-                Measurement(name, what, load["clients"], "float32", tpot * 1e3, res["output_tokens_per_s"], threads)
+                Measurement(
+                    name,
+                    what,
+                    batch,
+                    "float32",
+                    tpot * 1e3,
+                    res["output_tokens_per_s"],
+                    threads,
+                    model=data["model"],
+                    context=ctx,
+                    serial=serial,
+                )
             )
     return rows
 
 
-def measurements(cfg, model_name: str, chip_key: str, results_dir: Path = RESULTS_DIR) -> list[Measurement]:
-    """nonstop's own decode measurements of this model on this chip (empty when there are none)."""
-    rows: list[Measurement] = []
-    for name, data in load_results(results_dir):
-        gpu = (data.get("environment") or {}).get("gpu")
-        if chip_key == "cpu" and not gpu:
-            rows += _cpu_rows(name, data, cfg, model_name)
-        elif gpu and chip_key.replace("-", "") in gpu.lower().replace(" ", "").replace("-", ""):
-            rows += _gpu_rows(name, data, model_name)
-    return rows
-
-
-def _gpu_rows(name: str, data: dict, model_name: str) -> list[Measurement]:
+def _gpu_rows(name: str, data: dict) -> list[Measurement]:
     """Whole-model batch-1 rows of ``bench/decode.py`` (shapes timed at full depth on one GPU)."""
     rows = []
     for shape in data.get("shapes", []):
-        if shape.get("shape") != model_name:
-            continue
         for sl in shape.get("slices", []):
             if sl.get("layers") != shape.get("full_layers"):
                 continue
             for timing in sl.get("timings", []):
                 for row in timing.get("rows", []):
-                    if "ms_per_token" in row:
+                    if "ms_per_token" in row and row.get("row") in ("superop", "megakernel"):
+                        what = f"{row['row']} executor, batch 1, bf16, context {timing['context']}"
+                        ms = row["ms_per_token"]
+                        executor = "megakernel" if row["row"] == "megakernel" else "kernels"
                         rows.append(
                             Measurement(
                                 name,
-                                f"{row['row']} executor, batch 1, bf16, context {timing['context']}",
+                                what,
                                 1,
                                 "bfloat16",
-                                row["ms_per_token"],
-                                1e3 / row["ms_per_token"],
+                                ms,
+                                1e3 / ms,
+                                model=shape["shape"],
+                                executor=executor,
+                                context=timing["context"],
                             )
                         )
     return rows
+
+
+def all_measurements(chip_key: str, results_dir: Path = RESULTS_DIR) -> list[Measurement]:
+    """Every nonstop decode measurement in ``bench/results`` taken on this chip."""
+    rows: list[Measurement] = []
+    for name, data in load_results(results_dir):
+        gpu = (data.get("environment") or {}).get("gpu")
+        if chip_key == "cpu" and not gpu:
+            rows += _cpu_rows(name, data)
+        elif gpu and chip_key.replace("-", "") in gpu.lower().replace(" ", "").replace("-", ""):
+            rows += _gpu_rows(name, data)
+    return rows
+
+
+def same_model(m: Measurement, cfg, model_name: str) -> bool:
+    if m.model is not None:
+        return m.model == model_name
+    if not isinstance(m.hf_config, dict):
+        return False
+    from nonstop.config import ModelConfig
+
+    try:
+        return ModelConfig.from_hf_dict(m.hf_config).replace(hf={}) == cfg.replace(hf={})
+    except Exception:  # noqa: BLE001 - a result file of another format
+        return False
+
+
+def measurements(cfg, model_name: str, chip_key: str, results_dir: Path = RESULTS_DIR) -> list[Measurement]:
+    """nonstop's own decode measurements of this model on this chip (empty when there are none)."""
+    return [m for m in all_measurements(chip_key, results_dir) if same_model(m, cfg, model_name)]
