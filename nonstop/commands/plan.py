@@ -129,6 +129,10 @@ def _layout(args, chips: int, devices: int):
 
     ranks = chips * devices
     tp, dp = args.tp, args.dp
+    where = f"the {ranks} ranks ({chips} chip(s) x {devices} device(s))"
+    for flag, value in (("--tp", tp), ("--dp", dp), ("--ep", args.ep)):
+        if value is not None and ranks % value:
+            raise ValueError(f"{flag} {value} does not divide {where}")
     if tp is None and dp is None:
         tp, dp = ranks, 1
     elif tp is None:
@@ -136,9 +140,7 @@ def _layout(args, chips: int, devices: int):
     elif dp is None:
         dp = ranks // tp
     if tp * dp != ranks:
-        raise ValueError(
-            f"--tp {tp} x --dp {dp} = {tp * dp} ranks, but {chips} chip(s) of {devices} device(s) give {ranks}"
-        )
+        raise ValueError(f"--tp {tp} x --dp {dp} = {tp * dp} ranks, not {where}")
     return Layout(tp, dp, args.ep or 1, args.sharding)
 
 

@@ -54,11 +54,12 @@ class Layout:
         """The engine's layout with the same per-rank bytes (see the module docstring)."""
         return DistLayout.make(self.tp, self.tp if self.expert_tp else self.ep, self.world)
 
-    def weight_bytes(self, op) -> float:
-        """The bytes of ``op``'s weights one rank streams under this layout's sharding."""
+    def weight_bytes(self, op, held: bool = False) -> float:
+        """The bytes of ``op``'s weights one rank streams (``held``: keeps) under this layout's sharding."""
+        nbytes = op.held_bytes if held else op.weight_bytes
         if self.sharding == "production" and self.tp > 1:
-            return op.weight_bytes - op.engine_replicated_bytes * (1 - 1 / self.tp)
-        return op.weight_bytes
+            return nbytes - op.engine_replicated_bytes * (1 - 1 / self.tp)
+        return nbytes
 
     def describe(self) -> str:
         experts = f"EP{self.ep}" if self.ep > 1 else ("experts TP" if self.expert_tp else "")
@@ -228,6 +229,6 @@ def resident_bytes(rank: Workload, layout: Layout, batch: int, context: int) -> 
     state = seqs * sum(op.state_bytes_per_seq for op in rank.ops) / 2
     cache = seqs * context * sum(op.cache_bytes_per_row_ctx for op in rank.ops)
     weights = sum(
-        layout.weight_bytes(op) + (op.expert.bytes_each * op.expert.local if op.expert else 0) for op in rank.ops
+        layout.weight_bytes(op, held=True) + (op.expert.bytes_each * op.expert.local if op.expert else 0) for op in rank.ops
     )
     return {"weights": weights, "state": state, "cache": cache}

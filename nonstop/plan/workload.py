@@ -114,6 +114,7 @@ class OpShape:
     layer: int | None
     weight_bytes: float  # W_op, serving format (routed experts: only the router bias; see ``expert``)
     engine_replicated_bytes: float  # part of W_op ``nonstop.dist`` keeps whole that production stacks split
+    held_bytes: float  # weights the rank keeps (W_op, plus the whole table of a gathered embedding)
     act_bytes_per_row: float  # a_op
     state_bytes_per_seq: float  # S_op (KDA recurrent + conv state, read and written)
     cache_bytes_per_row_ctx: float  # c_op (attention cache read per cached token)
@@ -140,7 +141,7 @@ class Workload:
 
     def total_weight_bytes(self) -> float:
         """All weights held (every local expert) in the serving formats."""
-        return sum(o.weight_bytes + (o.expert.bytes_each * o.expert.local if o.expert else 0) for o in self.ops)
+        return sum(o.held_bytes + (o.expert.bytes_each * o.expert.local if o.expert else 0) for o in self.ops)
 
     def active_weight_bytes(self) -> float:
         """Weights one token reads at batch 1 (top-k experts per MoE layer)."""
@@ -246,13 +247,14 @@ def build_workload(cfg: ModelConfig, name: str, precision: Precision | None = No
             bias = _nbytes(op.weights["bias"])
             ops.append(
                 OpShape(
-                    op.name, op.kind, op.layer, bias, 0.0, dtype=FORMAT_DTYPE[precision.experts], expert=ex, **coeff
+                    op.name, op.kind, op.layer, bias, 0.0, bias, dtype=FORMAT_DTYPE[precision.experts], expert=ex, **coeff
                 )
             )
             continue
-        weight, split = _weight_bytes(op, precision)
+        held, split = _weight_bytes(op, precision)
+        weight = held
         if op.kind in ("embed", "embed_shard"):  # a gather: one row per token, already in act_bytes_per_row
             weight = 0.0
             coeff["act_bytes_per_row"] = cfg.hidden_size * FORMAT_BYTES["bf16"]
-        ops.append(OpShape(op.name, op.kind, op.layer, weight, split, dtype=FORMAT_DTYPE[precision.dense], **coeff))
+        ops.append(OpShape(op.name, op.kind, op.layer, weight, split, held, dtype=FORMAT_DTYPE[precision.dense], **coeff))
     return Workload(name, cfg, precision, tuple(ops), cfg.hidden_size, program)
