@@ -6,6 +6,7 @@ import sys
 import time
 
 from nonstop.commands.common import add_model_args, add_spec_args, parse_token_ids, positive_int, spec_from_args
+from nonstop.commands.layout_args import add_layout_args, llm_class
 
 
 def add_parser(sub) -> None:
@@ -22,17 +23,18 @@ def add_parser(sub) -> None:
     p.add_argument("--ignore-eos", action="store_true", help="keep generating past the end-of-sequence token")
     p.add_argument("--ids", action="store_true", help="also print the generated token ids")
     add_spec_args(p)
+    add_layout_args(p)
     p.set_defaults(run=run)
 
 
 def run(args) -> int:
-    from nonstop.engine.llm import LLM
     from nonstop.engine.sampling import SamplingParams
 
     if args.prompt and args.prompt_ids:
         raise ValueError("give a text prompt or --prompt-ids, not both")
     params = SamplingParams(max_tokens=args.max_tokens, temperature=args.temperature, top_p=args.top_p, top_k=args.top_k, seed=args.seed, stop=args.stop, ignore_eos=args.ignore_eos)
     t0 = time.perf_counter()
+    LLM = llm_class(args)  # under --tp / --ep: starts or joins the ranks (nonstop.dist); only rank 0 goes on
     llm = LLM(args.model, dtype=args.dtype, device=args.device, backend=args.backend, progress=True, speculative=spec_from_args(args))
     load_s = time.perf_counter() - t0
     if args.prompt_ids:

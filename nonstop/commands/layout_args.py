@@ -28,3 +28,80 @@ def layout_from_args(args):
 
 def wants_layout(args) -> bool:
     return args.tp > 1 or args.ep > 1 or (args.world or 1) > 1
+
+
+def llm_class(args):
+    """The class a command builds its model with: ``LLM``, or under --tp / --ep this rank's
+    ``DistributedLLM``. In the process the user started (no RANK in the environment) it starts the
+    layout's ranks on this host - each runs the same command - and exits with rank 0's status; under
+    torchrun (or in a started rank) it joins the process group; a rank other than 0 follows rank 0's
+    steps and exits. Only rank 0 returns."""
+    import functools
+    import os
+
+    from nonstop.engine.llm import LLM
+
+    if not wants_layout(args):
+        return LLM
+    layout = layout_from_args(args)
+    if "RANK" not in os.environ:
+        raise SystemExit(start_ranks(args, layout))
+    from nonstop.dist.comm import init
+    from nonstop.engine.distributed import print_failure_and_exit
+    from nonstop.engine.distributed_llm import DistributedLLM
+
+    comm = init(layout, args.device, args.dist_timeout)
+    if comm.rank != 0:
+        raise SystemExit(follow_rank(args, comm))
+    return functools.partial(DistributedLLM, comm=comm, chunks=args.chunks, overlap=args.overlap, on_failure=print_failure_and_exit)
+
+
+def _rank_main(args) -> None:
+    import sys
+
+    from nonstop.commands.errors import user_errors
+
+    with user_errors():
+        sys.exit(int(args.run(args) or 0))
+
+
+def start_ranks(args, layout) -> int:
+    """Run the command on ``layout.world`` local processes (``nonstop.dist.spawn``); rank 0's exit status."""
+    import sys
+
+    from nonstop.dist.launch import RankExited, spawn
+
+    threads = getattr(args, "threads", None)
+    print(f"nonstop: starting {layout.world} local ranks ({layout.describe()})", file=sys.stderr)
+    try:
+        spawn(_rank_main, layout.world, (args,), threads=threads)
+    except RankExited as exc:
+        if exc.rank > 0:
+            print(f"nonstop: error: {exc}; the other ranks were stopped", file=sys.stderr)
+        return exc.code if exc.code and exc.code > 0 else 1
+    except KeyboardInterrupt:
+        print("nonstop: interrupted; all ranks stopped", file=sys.stderr)
+        return 130
+    return 0
+
+
+def follow_rank(args, comm) -> int:
+    """A rank other than 0: load its part of the model and follow rank 0 until it says stop."""
+    import signal
+    import sys
+
+    from nonstop.dist.comm import RankFailure, shutdown
+    from nonstop.engine.distributed import build_worker, follow
+    from nonstop.engine.llm import parse_dtype, resolve_model
+
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # rank 0 (or the launcher) decides when to stop
+    try:
+        cfg, model_dir = resolve_model(args.model)
+        worker = build_worker(comm, cfg, model_dir, parse_dtype(args.dtype, args.device), args.backend, 0, args.chunks, args.overlap)
+        follow(worker)
+        return 0
+    except RankFailure as exc:
+        print(f"nonstop: error: {exc}", file=sys.stderr)
+        return 3
+    finally:
+        shutdown()

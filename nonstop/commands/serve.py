@@ -5,6 +5,7 @@ from __future__ import annotations
 import sys
 
 from nonstop.commands.common import add_model_args, add_spec_args, positive_int, spec_from_args
+from nonstop.commands.layout_args import add_layout_args, llm_class
 
 
 def add_parser(sub) -> None:
@@ -29,6 +30,7 @@ def add_parser(sub) -> None:
     p.add_argument("--threads", type=positive_int, default=None, help="torch CPU threads (default: torch's choice)")
     p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"], help="server log level (default info)")
     add_spec_args(p)
+    add_layout_args(p)
     p.set_defaults(run=run)
 
 
@@ -40,13 +42,13 @@ def run(args) -> int:
         raise ValueError(f"nonstop serve needs {exc.name}: pip install 'nonstop[serve]'") from None
     import torch
 
-    from nonstop.engine.llm import LLM
     from nonstop.server import build_context, serve
 
     if args.threads:
         torch.set_num_threads(args.threads)
     if not 0 < args.port < 65536:
         raise ValueError(f"--port must be in 1..65535, got {args.port}")
+    LLM = llm_class(args)  # under --tp / --ep: starts or joins the ranks (nonstop.dist); only rank 0 goes on
     llm = LLM(args.model, dtype=args.dtype, device=args.device, backend=args.backend, max_batch=args.max_batch, progress=True, prefill_chunk=args.prefill_chunk, batch_invariant=args.batch_invariant, speculative=spec_from_args(args))
     ctx = build_context(llm, args.served_model_name or [str(args.model)], max_batch=args.max_batch, max_waiting=args.max_waiting, max_model_len=args.max_model_len, max_prompts=args.max_prompts)
     print(f"nonstop: serving {', '.join(ctx.served_names)} ({llm.backend}, context {ctx.limits.max_len}, {args.max_batch} slots) on http://{args.host}:{args.port}", file=sys.stderr)

@@ -70,6 +70,10 @@ def distribute(program: Program, cfg: ModelConfig, layout: Layout, rank: int, ch
                 for name in LEADER_BIASES:
                     op.weights.pop(name, None)
             ops += [op, _all_reduce(op, op.writes[0], T, "partial sums of " + {"linear_residual": "o_proj", "mlp": "the dense MLP", "moe_tail": "MoE outputs"}[op.kind])]
+        elif op.kind == "moe_front" and "shared_gate_up" in op.weights:
+            op.attrs["shared_width"] = op.weights["shared_gate_up"].shape[0] // 2  # this rank's part
+            buffers["moe_shared_act"] = BufferSpec("moe_shared_act", (op.attrs["shared_width"],))
+            ops.append(op)
         elif op.kind == "moe_experts":
             ops.append(_moe_ep(op, layout, rank, chunks, overlap))
         elif op.kind == "lm_head" and T > 1:

@@ -50,7 +50,9 @@ class EngineCore:
         self.split_rows = batch_invariant and not getattr(executor, "batch_invariant", False)
         self.isolate_errors = isolate_errors
         self.spec = speculative
-        self.cache = ModelCache(cfg, num_slots, capacity=64, dtype=dtype, device=device, page_size=page_size)
+        # hook: a multi-process executor (nonstop.engine.distributed) keeps the slots on its ranks
+        new_cache = getattr(executor, "new_cache", None)
+        self.cache = new_cache(num_slots, page_size) if new_cache else ModelCache(cfg, num_slots, capacity=64, dtype=dtype, device=device, page_size=page_size)
         self.free_slots = list(range(num_slots))[::-1]
         self.prefilling: list[Request] = []
         self.running: list[Request] = []
