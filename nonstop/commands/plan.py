@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import argparse
 import json
 import sys
 
@@ -33,7 +32,8 @@ def add_parser(sub) -> None:
     p.add_argument(
         "--ep",
         type=positive_int,
-        help="expert parallel: experts spread over EP ranks; 1 (default with a layout) = experts tensor-parallel in each attention group",
+        help="expert parallel: experts spread over EP ranks; 1 (default with a layout) = experts "
+        "tensor-parallel in each attention group",
     )
     p.add_argument(
         "--batch", type=positive_int, default=1, help="concurrent sequences in the whole deployment (default 1)"
@@ -52,7 +52,8 @@ def add_parser(sub) -> None:
     p.add_argument(
         "--executor",
         choices=["kernels", "megakernel", "eager"],
-        help="kernels: one launch per super-op in a captured graph (vLLM / SGLang / nonstop superop, default); megakernel: one persistent kernel per step; eager: one launch per aten op (default on the cpu chip)",
+        help="kernels: one launch per super-op in a captured graph (vLLM / SGLang / nonstop superop, default); "
+        "megakernel: one persistent kernel per step; eager: one launch per aten op (default on the cpu chip)",
     )
     p.add_argument(
         "--weights", help="dense weight format: bf16, fp8, fp32 (default: the checkpoint's; fp32 on the cpu chip)"
@@ -63,7 +64,8 @@ def add_parser(sub) -> None:
         "--sharding",
         choices=["production", "engine"],
         default="production",
-        help="production (default): K3's latent projections split tp ways as vLLM/SGLang do; engine: exactly nonstop.dist's parts",
+        help="production (default): K3's latent projections split tp ways as vLLM/SGLang do; "
+        "engine: exactly nonstop.dist's parts",
     )
     p.add_argument(
         "--chip-file", help="JSON file of extra or overriding chip entries (same form as nonstop/plan/chips.json)"
@@ -78,7 +80,8 @@ def add_parser(sub) -> None:
     p.add_argument(
         "--json",
         action="store_true",
-        help="print one JSON object (ms_per_token, tokens_per_s_per_user, tokens_per_s_total, fits, bytes_per_chip, bound, breakdown ...)",
+        help="print one JSON object (ms_per_token, tokens_per_s_per_user, tokens_per_s_total, fits, "
+        "bytes_per_chip, bound, breakdown ...)",
     )
     p.set_defaults(run=run)
 
@@ -87,7 +90,8 @@ def _list_chips(chip_file) -> int:
     from nonstop.plan.chips import chip_from_entry, load_catalogue
 
     print(
-        f"{'chip':<8} {'name':<44} {'HBM GB':>7} {'TB/s':>5} {'bf16':>6} {'fp8':>6} {'fp4':>6} {'up':>5} {'GB/s':>5} {'out GB/s':>8}"
+        f"{'chip':<8} {'name':<44} {'HBM GB':>7} {'TB/s':>5} {'bf16':>6} {'fp8':>6} {'fp4':>6} {'up':>5}"
+        f" {'GB/s':>5} {'out GB/s':>8}"
     )
     for key, entry in sorted(load_catalogue(chip_file).items()):
         if key == "cpu":
@@ -96,7 +100,8 @@ def _list_chips(chip_file) -> int:
         c = chip_from_entry(key, entry)
         tf = [f"{c.tflops.get(d) or '-':>6}" for d in ("bf16", "fp8", "fp4")]
         print(
-            f"{key:<8} {c.name:<44} {c.hbm_gb:>7g} {c.hbm_gbps / 1000:>5.2f} {' '.join(tf)} {c.up_domain:>5} {c.up_gbps:>5g} {c.out_gbps:>8g}"
+            f"{key:<8} {c.name:<44} {c.hbm_gb:>7g} {c.hbm_gbps / 1000:>5.2f} {' '.join(tf)} {c.up_domain:>5}"
+            f" {c.up_gbps:>5g} {c.out_gbps:>8g}"
         )
     print(
         "(dense TFLOP/s; up = scale-up domain in chips; GB/s per chip per direction; sources: nonstop/plan/chips.json)"
@@ -144,16 +149,26 @@ def _layout(args, chips: int, devices: int):
     return Layout(tp, dp, args.ep or 1, args.sharding)
 
 
-def _fewest_chips(workload, chip, args, spec, executor, model_dir, progress):
+def _fewest_chips(workload, chip, request: dict, sharding: str, progress):
     from nonstop.plan.search import search
 
     for n in (1, 2, 4, 8, 16, 32, 64, 128, 256, 512):
-        cands = search(
-            workload, chip, n, args.batch, args.context, spec, executor, None, model_dir, args.sharding, progress
-        )
+        cands = search(workload, chip, n, **request, sharding=sharding, progress=progress)
         if cands and cands[0].fits:
             return n, cands
     return n, cands
+
+
+def _measured_json(rows: list[dict]) -> list[dict]:
+    return [
+        {
+            "run": r["measurement"].what,
+            "source": r["measurement"].source,
+            "measured_ms_per_token": r["measurement"].ms_per_token,
+            "predicted_ms_per_token": r["predicted_ms_per_token"],
+        }
+        for r in rows
+    ]
 
 
 def run(args) -> int:
@@ -186,64 +201,28 @@ def run(args) -> int:
     if args.measured:
         rows = measured_side_by_side(all_measurements(chip.key), chip, args.model, workload_for_measurement(overrides))
         if args.json:
-            print(
-                json.dumps(
-                    [
-                        {
-                            "run": r["measurement"].what,
-                            "source": r["measurement"].source,
-                            "measured_ms_per_token": r["measurement"].ms_per_token,
-                            "predicted_ms_per_token": r["predicted_ms_per_token"],
-                        }
-                        for r in rows
-                    ],
-                    indent=2,
-                )
-            )
+            print(json.dumps(_measured_json(rows), indent=2))
         else:
             print(measured_table(rows) if rows else f"no nonstop measurement on {chip.key} in bench/results")
         return 0
 
     layout_given = any(v is not None for v in (args.tp, args.dp, args.ep))
     chips = args.chips or (1 if chip.kind == "cpu" else None)
+    request = {"batch": args.batch, "context": args.context, "spec": spec, "executor": executor, "model_dir": model_dir}
     cands = None
     if layout_given:
         if chips is None:
             raise ValueError("give --chips with --tp/--dp/--ep")
-        best = predict(
-            workload,
-            chip,
-            _layout(args, chips, chip.devices_per_chip),
-            args.batch,
-            args.context,
-            spec,
-            executor,
-            None,
-            model_dir,
-        )
+        best = predict(workload, chip, _layout(args, chips, chip.devices_per_chip), **request)
     else:
         if chips is None:
-            chips, cands = _fewest_chips(workload, chip, args, spec, executor, model_dir, progress)
+            chips, cands = _fewest_chips(workload, chip, request, args.sharding, progress)
         else:
-            cands = search(
-                workload,
-                chip,
-                chips,
-                args.batch,
-                args.context,
-                spec,
-                executor,
-                None,
-                model_dir,
-                args.sharding,
-                progress,
-            )
+            cands = search(workload, chip, chips, **request, sharding=args.sharding, progress=progress)
         if not cands:
             raise ValueError(f"no layout of {chips} {chip.key} chip(s) splits {args.model}'s attention heads")
         first = cands[0]
-        best = first.prediction or predict(
-            workload, chip, first.layout, args.batch, args.context, spec, executor, None, model_dir
-        )
+        best = first.prediction or predict(workload, chip, first.layout, **request)
 
     ours = measurements(cfg, args.model, chip.key)
     side = measured_side_by_side(ours, chip, args.model, workload_for_measurement(overrides)) if ours else []
@@ -263,15 +242,7 @@ def run(args) -> int:
                 }
                 for c in cands
             ]
-        out["measured"] = [
-            {
-                "run": r["measurement"].what,
-                "source": r["measurement"].source,
-                "measured_ms_per_token": r["measurement"].ms_per_token,
-                "predicted_ms_per_token": r["predicted_ms_per_token"],
-            }
-            for r in side
-        ]
+        out["measured"] = _measured_json(side)
         print(json.dumps(out, indent=2))
         return 0
     if cands is not None:
@@ -295,6 +266,7 @@ def run(args) -> int:
         print(measured_table(side))
     else:
         print(
-            f"no nonstop measurement of {args.model} on {chip.key} in bench/results (today only CPU results exist; try --chip cpu -m k3-nano, or --measured)"
+            f"no nonstop measurement of {args.model} on {chip.key} in bench/results "
+            "(today only CPU results exist; try --chip cpu -m k3-nano, or --measured)"
         )
     return 0

@@ -87,7 +87,8 @@ def main(argv: list[str] | None = None) -> int:
     print(table(rows))
     worst = max(abs(r.error) for r in rows)
     print(
-        f"\nfitted in {time.time() - t0:.0f} s on {len(points)} points: rms log error {math.sqrt(loss):.3f}, worst |error| {worst:.1%}"
+        f"\nfitted in {time.time() - t0:.0f} s on {len(points)} points: "
+        f"rms log error {math.sqrt(loss):.3f}, worst |error| {worst:.1%}"
     )
     for name in ("eta_hbm", "eta_flops", *FITTED[1:]):
         print(f"  {name:<16} {getattr(consts, name):.4g}{'' if name in FITTED else '  (fixed prior)'}")

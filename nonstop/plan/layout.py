@@ -229,6 +229,7 @@ def resident_bytes(rank: Workload, layout: Layout, batch: int, context: int) -> 
     state = seqs * sum(op.state_bytes_per_seq for op in rank.ops) / 2
     cache = seqs * context * sum(op.cache_bytes_per_row_ctx for op in rank.ops)
     weights = sum(
-        layout.weight_bytes(op, held=True) + (op.expert.bytes_each * op.expert.local if op.expert else 0) for op in rank.ops
+        layout.weight_bytes(op, held=True) + (op.expert.bytes_each * op.expert.local if op.expert else 0)
+        for op in rank.ops
     )
     return {"weights": weights, "state": state, "cache": cache}

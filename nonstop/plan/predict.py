@@ -83,8 +83,9 @@ class Prediction:
     def why_not(self) -> str:
         r, gb = self.resident, 1e9
         return (
-            f"needs {self.bytes_per_rank / gb:.1f} GB per rank (weights {r['weights'] / gb:.1f} + KDA state {r['state'] / gb:.1f} + attention cache "
-            f"{r['cache'] / gb:.1f}) but a rank of {self.chip.key} offers {self.capacity_per_rank / gb:.1f} GB ({USABLE_HBM:.0%} of {self.chip.rank_hbm_bytes / gb:.1f} GB HBM)"
+            f"needs {self.bytes_per_rank / gb:.1f} GB per rank (weights {r['weights'] / gb:.1f} + KDA state "
+            f"{r['state'] / gb:.1f} + attention cache {r['cache'] / gb:.1f}) but a rank of {self.chip.key} offers "
+            f"{self.capacity_per_rank / gb:.1f} GB ({USABLE_HBM:.0%} of {self.chip.rank_hbm_bytes / gb:.1f} GB HBM)"
         )
 
     def to_json(self) -> dict:

@@ -29,10 +29,15 @@ def describe(p: Prediction) -> str:
     spec = f", speculative: {p.spec.drafts} drafts, accepted length {p.spec.accept}" if p.spec else ""
     prec = p.workload.precision
     lines = [
-        f"{p.workload.name} on {p.chips:g} x {chip.key} ({chip.name}), {lay.describe()}"
-        f" ({lay.world} ranks, {lay.sharding} sharding), {p.executor} executor",
-        f"batch {p.batch} sequence(s), context {p.context} tokens{spec}; weights {prec.dense}, experts {prec.experts},"
-        f" attention cache {prec.cache}",
+        (
+            f"{p.workload.name} on {p.chips:g} x {chip.key} ({chip.name}), {lay.describe()}"
+            f" ({lay.world} ranks, {lay.sharding} sharding), {p.executor} executor"
+        ),
+        (
+            f"batch {p.batch} sequence(s), context {p.context} tokens{spec}; weights {prec.dense},"
+            f" experts {prec.experts},"
+            f" attention cache {prec.cache}"
+        ),
         "",
         f"  ms per step          {t.total_ms:8.3f}",
         f"  ms per token         {p.ms_per_token:8.3f}   (per user)",
@@ -40,8 +45,11 @@ def describe(p: Prediction) -> str:
         f"  tokens/s in total    {p.tokens_per_s_total:8.1f}   ({p.tokens_per_s_total / p.chips:.1f} per chip)",
         f"  bound                {t.bound()}",
         "",
-        f"memory per chip: {_gb(p.bytes_per_rank * chip.devices_per_chip)} of {_gb(p.capacity_per_rank * chip.devices_per_chip)}"
-        f" usable ({USABLE_HBM:.0%} of {chip.hbm_gb:g} GB) -> {'fits' if p.fits else 'DOES NOT FIT'}",
+        (
+            f"memory per chip: {_gb(p.bytes_per_rank * chip.devices_per_chip)} of "
+            f"{_gb(p.capacity_per_rank * chip.devices_per_chip)}"
+            f" usable ({USABLE_HBM:.0%} of {chip.hbm_gb:g} GB) -> {'fits' if p.fits else 'DOES NOT FIT'}"
+        ),
     ]
     r = p.resident
     lines.append(
@@ -74,15 +82,16 @@ def describe(p: Prediction) -> str:
 
 
 def layout_table(cands: list[Candidate], top: int) -> str:
-    lines = [
-        f"{'layout':<22} {'ranks':>5} {'GB/chip':>8} {'fits':>5} {'ms/token':>9} {'tok/s/user':>10} {'tok/s total':>11}  bound"
-    ]
+    header = f"{'layout':<22} {'ranks':>5} {'GB/chip':>8} {'fits':>5} {'ms/token':>9} {'tok/s/user':>10}"
+    lines = [header + f" {'tok/s total':>11}  bound"]
     for c in cands[:top]:
         p = c.prediction
         dpc = p.chip.devices_per_chip if p else 1
-        row = f"{c.layout.describe():<22} {c.layout.world:>5} {c.bytes_per_rank * dpc / GB:>8.1f} {'yes' if c.fits else 'no':>5}"
+        fits = "yes" if c.fits else "no"
+        row = f"{c.layout.describe():<22} {c.layout.world:>5} {c.bytes_per_rank * dpc / GB:>8.1f} {fits:>5}"
         if p is not None:
-            row += f" {p.ms_per_token:>9.3f} {p.tokens_per_s_per_user:>10.1f} {p.tokens_per_s_total:>11.1f}  {p.time.bound()}"
+            row += f" {p.ms_per_token:>9.3f} {p.tokens_per_s_per_user:>10.1f} {p.tokens_per_s_total:>11.1f}"
+            row += f"  {p.time.bound()}"
         else:
             row += f" {'-':>9} {'-':>10} {'-':>11}  (needs >= {c.bytes_per_rank / GB:.0f} GB per rank)"
         lines.append(row)

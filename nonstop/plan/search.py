@@ -9,9 +9,9 @@ layouts that cannot fit before their rank Program is built; the rest are predict
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
 
 from nonstop.plan.chips import Chip
 from nonstop.plan.layout import Layout, check_layout

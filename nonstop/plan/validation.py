@@ -81,6 +81,52 @@ def table(rows: list[Row]) -> str:
     lines = [f"{'point':<28} {'role':<11} {'metric':<22} {'published':>10} {'predicted':>10} {'error':>7}  bound"]
     for r in rows:
         lines.append(
-            f"{r.point['id']:<28} {r.point['role']:<11} {r.point['metric']:<22} {r.published:>10.2f} {r.predicted:>10.2f} {r.error:>+7.1%}  {r.prediction.time.bound()}"
+            f"{r.point['id']:<28} {r.point['role']:<11} {r.point['metric']:<22} {r.published:>10.2f}"
+            f" {r.predicted:>10.2f} {r.error:>+7.1%}  {r.prediction.time.bound()}"
         )
     return "\n".join(lines)
+
+
+def what_if(chips: int = 128, tps: tuple[int, ...] = (8, 16, 32)) -> list[tuple]:
+    """The seed report's 5.85 ms/token on 128 chips of unstated type: K3 at batch 1 on each catalogue chip,
+    attention TP over ``tps`` with every expert spread (EP = all ranks), both executors."""
+    from nonstop.plan.chips import chip_names
+
+    workload = _workload("kimi-k3", ())
+    rows = []
+    for name in chip_names():
+        if name == "cpu":
+            continue
+        chip = get_chip(name)
+        ranks = chips * chip.devices_per_chip
+        for executor in ("kernels", "megakernel"):
+            preds = [predict(workload, chip, Layout(tp, ranks // tp, ranks), 1, 4096, None, executor) for tp in tps]
+            best = min((p for p in preds if p.fits), key=lambda p: p.ms_per_token)
+            rows.append((name, executor, best.layout.describe(), best.ms_per_token, best.time.bound()))
+    return rows
+
+
+def main(argv: list[str] | None = None) -> int:
+    import argparse
+
+    parser = argparse.ArgumentParser(
+        prog="python -m nonstop.plan.validation",
+        description="Print the planner's predictions of every published point in validation.json.",
+    )
+    parser.add_argument(
+        "--what-if",
+        action="store_true",
+        help="also K3 at batch 1 on 128 chips of each kind (the seed report's 5.85 ms/token)",
+    )
+    args = parser.parse_args(argv)
+    print(table(evaluate(load_points())))
+    if args.what_if:
+        print()
+        print(f"{'chip':<8} {'executor':<11} {'layout':<18} {'ms/token':>8}  bound")
+        for name, executor, layout, ms, bound in what_if():
+            print(f"{name:<8} {executor:<11} {layout:<18} {ms:>8.2f}  {bound}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -247,7 +247,15 @@ def build_workload(cfg: ModelConfig, name: str, precision: Precision | None = No
             bias = _nbytes(op.weights["bias"])
             ops.append(
                 OpShape(
-                    op.name, op.kind, op.layer, bias, 0.0, bias, dtype=FORMAT_DTYPE[precision.experts], expert=ex, **coeff
+                    op.name,
+                    op.kind,
+                    op.layer,
+                    bias,
+                    0.0,
+                    bias,
+                    dtype=FORMAT_DTYPE[precision.experts],
+                    expert=ex,
+                    **coeff,
                 )
             )
             continue
@@ -256,5 +264,7 @@ def build_workload(cfg: ModelConfig, name: str, precision: Precision | None = No
         if op.kind in ("embed", "embed_shard"):  # a gather: one row per token, already in act_bytes_per_row
             weight = 0.0
             coeff["act_bytes_per_row"] = cfg.hidden_size * FORMAT_BYTES["bf16"]
-        ops.append(OpShape(op.name, op.kind, op.layer, weight, split, held, dtype=FORMAT_DTYPE[precision.dense], **coeff))
+        ops.append(
+            OpShape(op.name, op.kind, op.layer, weight, split, held, dtype=FORMAT_DTYPE[precision.dense], **coeff)
+        )
     return Workload(name, cfg, precision, tuple(ops), cfg.hidden_size, program)

@@ -15,8 +15,18 @@ def test_catalogue_has_every_named_chip_with_sources():
     entries = load_catalogue()
     for key in NAMED:
         chip = chip_from_entry(key, entries[key])  # validates every required figure and its source
-        for path in ("hbm_gb", "hbm_gbps", "tflops.bf16", "tflops.fp8", "tflops.fp4", "scale_up.domain",
-                     "scale_up.gbps", "scale_up.latency_us", "scale_out.gbps", "scale_out.latency_us"):
+        for path in (
+            "hbm_gb",
+            "hbm_gbps",
+            "tflops.bf16",
+            "tflops.fp8",
+            "tflops.fp4",
+            "scale_up.domain",
+            "scale_up.gbps",
+            "scale_up.latency_us",
+            "scale_out.gbps",
+            "scale_out.latency_us",
+        ):
             assert chip.sources.get(path), f"{key}: no source for {path}"
         assert chip.rank_flops("fp8") >= chip.rank_flops("bf16") > 0
 

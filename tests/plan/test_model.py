@@ -2,13 +2,21 @@
 
 from __future__ import annotations
 
+import itertools
 import random
 
 import pytest
 
 from nonstop.config import ModelConfig
 from nonstop.plan.chips import get_chip
-from nonstop.plan.layout import Collective, Layout, expected_max_binomial, experts_touched, rank_workload, resident_bytes
+from nonstop.plan.layout import (
+    Collective,
+    Layout,
+    expected_max_binomial,
+    experts_touched,
+    rank_workload,
+    resident_bytes,
+)
 from nonstop.plan.predict import Spec, predict
 from nonstop.plan.timing import Constants, collective_time
 from nonstop.plan.workload import Precision, build_workload
@@ -42,7 +50,9 @@ def test_k2_is_priced_in_its_released_fp8():
     assert bf16.active_weight_bytes() == pytest.approx(2 * k2.active_weight_bytes(), rel=0.01)
 
 
-@pytest.mark.parametrize("layout", [Layout(1), Layout(2, 1, 1, "engine"), Layout(2, 2, 4, "engine"), Layout(4, 1, 2, "engine")])
+@pytest.mark.parametrize(
+    "layout", [Layout(1), Layout(2, 1, 1, "engine"), Layout(2, 2, 4, "engine"), Layout(4, 1, 2, "engine")]
+)
 def test_rank_weights_equal_nonstop_dist(nano, layout):
     """Engine sharding: a rank's weights are exactly the parts nonstop.dist gives it (an independent count
     over the checkpoint layout)."""
@@ -74,7 +84,7 @@ def test_expected_max_binomial_matches_sampling():
 def test_experts_touched_grows_with_the_batch_and_saturates():
     counts = [experts_touched(896, 16, rows, 896, 1) for rows in (1, 2, 8, 64, 4096)]
     assert counts[0] == pytest.approx(16)
-    assert all(a < b for a, b in zip(counts, counts[1:]))
+    assert all(a < b for a, b in itertools.pairwise(counts))
     assert counts[-1] == pytest.approx(896, rel=1e-6)
     assert experts_touched(896, 16, 1, 112, 8) > 16 / 8  # the busiest of 8 ranks holds more than the mean
 

@@ -65,7 +65,10 @@ def test_list_chips(capsys):
         (["-m", "kimi-k3", "--chip", "h200", "--chips", "8", "--tp", "3"], "does not divide"),
         (["-m", "kimi-k3", "--chip", "h200", "--chips", "8", "--tp", "5", "--dp", "1"], "ranks"),
         (["-m", "kimi-k3", "--chip", "h200", "--chips", "8", "--tp", "8", "--spec-accept", "9"], "spec-accept"),
-        (["-m", "kimi-k3", "--chip", "h200", "--chips", "8", "--tp", "8", "--experts", "int3"], "unknown weight format"),
+        (
+            ["-m", "kimi-k3", "--chip", "h200", "--chips", "8", "--tp", "8", "--experts", "int3"],
+            "unknown weight format",
+        ),
         (["-m", "kimi-k3"], "give --chip"),
     ],
 )

@@ -61,7 +61,27 @@ def test_fit_metadata_names_the_calibration_points(calibration):
 
 def test_held_out_gb200_baseline_through_the_cli(capsys):
     """Inferact's GB200 baseline (16 GPUs, batch 8: 636 tok/s in total) was never fitted."""
-    assert main(["plan", "-m", "kimi-k3", "--chip", "gb200", "--chips", "16", "--tp", "16", "--batch", "8", "--context", "1024", "--json"]) == 0
+    assert (
+        main(
+            [
+                "plan",
+                "-m",
+                "kimi-k3",
+                "--chip",
+                "gb200",
+                "--chips",
+                "16",
+                "--tp",
+                "16",
+                "--batch",
+                "8",
+                "--context",
+                "1024",
+                "--json",
+            ]
+        )
+        == 0
+    )
     out = json.loads(capsys.readouterr().out)
     assert out["fits"] and out["layout"] == {"tp": 16, "dp": 1, "ep": 1, "ranks": 16, "devices_per_chip": 1}
     assert abs(out["tokens_per_s_total"] / 636 - 1) < 0.25
