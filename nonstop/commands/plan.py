@@ -52,8 +52,9 @@ def add_parser(sub) -> None:
     p.add_argument(
         "--executor",
         choices=["kernels", "megakernel", "eager"],
-        help="kernels: one launch per super-op in a captured graph (vLLM / SGLang / nonstop superop, default); "
-        "megakernel: one persistent kernel per step; eager: one launch per aten op (default on the cpu chip)",
+        help="kernels: one launch per super-op in a captured graph (vLLM / SGLang / nonstop superop); "
+        "megakernel: one persistent kernel per step; eager: one launch per aten op. Default: the chip's - kernels "
+        "on GPUs, megakernel on TPU7x (XLA runs a step as one program), eager on the cpu chip",
     )
     p.add_argument(
         "--weights", help="dense weight format: bf16, fp8, fp32 (default: the checkpoint's; fp32 on the cpu chip)"
@@ -194,7 +195,7 @@ def run(args) -> int:
     cfg, model_dir = resolve_model(args.model)
     workload = build_workload(cfg, args.model, _precision(args, cfg, chip))
     spec = _spec(args)
-    executor = args.executor or ("eager" if chip.kind == "cpu" else "kernels")
+    executor = args.executor or chip.executor
     progress = None if args.json else (lambda msg: print(msg, file=sys.stderr, flush=True))
     overrides = {k: v for k, v in (("dense", args.weights), ("experts", args.experts), ("cache", args.cache)) if v}
 

@@ -46,6 +46,7 @@ class Chip:
     out_latency_us: float
     launch_us: float  # per-kernel launch cost inside a captured graph (CPU: eager op dispatch)
     kind: str = "accelerator"
+    executor: str = "kernels"  # the executor a plan on this chip defaults to
     sources: dict = field(default_factory=dict, compare=False)
 
     # ---- per rank (a rank is one device; TPU7x has two per chip)
@@ -109,6 +110,7 @@ def chip_from_entry(key: str, entry: dict) -> Chip:
         out_latency_us=out["latency_us"],
         launch_us=entry["launch_us"],
         kind=str(entry.get("kind", "accelerator")),
+        executor=str(entry.get("executor", "kernels")),
         sources=dict(sources),
     )
 
