@@ -1,6 +1,6 @@
 """Subcommands of the ``nonstop`` CLI, one module each (``add_parser(subparsers)`` sets ``run``)."""
 
-from nonstop.commands import chat, generate, info, perplexity, program, serve, synth, train, tune
+from nonstop.commands import chat, generate, info, perplexity, plan, program, serve, synth, train, tune
 
-COMMANDS = {"chat": chat, "generate": generate, "info": info, "perplexity": perplexity, "program": program,
-            "serve": serve, "synth": synth, "train": train, "tune": tune}
+COMMANDS = {"chat": chat, "generate": generate, "info": info, "perplexity": perplexity, "plan": plan,
+            "program": program, "serve": serve, "synth": synth, "train": train, "tune": tune}

@@ -1,0 +1,273 @@
+"""``nonstop plan``: predict memory fit and ms/token of a model on a cluster of chips (``nonstop/plan``)."""
+
+from __future__ import annotations
+
+import json
+import sys
+
+from nonstop.commands.common import positive_int
+
+DESCRIPTION = (
+    "Predict whether a model fits a cluster and how fast it decodes, before renting it. The model side comes "
+    "from nonstop's own decode Program (every super-op's bytes and FLOPs, shapes only) and, for a parallel "
+    "layout, from nonstop.dist's per-rank Program and collective sizes; the chip side from a catalogue of "
+    "public specs with sources (--list-chips; add one with --chip-file). A few efficiency constants, shared "
+    "by every prediction, are fitted on published Kimi K3 decode results (docs/plan.md). Without --tp/--ep/--dp "
+    "every layout is tried and the best that fit are shown. Layout sizes count ranks (devices): a TPU7x chip "
+    "is two ranks."
+)
+
+
+def add_parser(sub) -> None:
+    p = sub.add_parser("plan", help="predict memory fit and ms/token on a cluster", description=DESCRIPTION)
+    p.add_argument(
+        "--model", "-m", default="kimi-k3", help="preset, bundled model or checkpoint directory (default kimi-k3)"
+    )
+    p.add_argument("--chip", help="chip name from the catalogue (see --list-chips), or 'cpu' for this machine")
+    p.add_argument(
+        "--chips", type=positive_int, help="number of chips (default: the fewest of 1, 2, 4, ... 512 that fit)"
+    )
+    p.add_argument("--tp", type=positive_int, help="ranks per attention group (tensor parallel)")
+    p.add_argument("--dp", type=positive_int, help="attention groups (data parallel); tp x dp = ranks")
+    p.add_argument(
+        "--ep",
+        type=positive_int,
+        help="expert parallel: experts spread over EP ranks; 1 (default with a layout) = experts "
+        "tensor-parallel in each attention group",
+    )
+    p.add_argument(
+        "--batch", type=positive_int, default=1, help="concurrent sequences in the whole deployment (default 1)"
+    )
+    p.add_argument(
+        "--context", type=int, default=4096, help="mean cached tokens per sequence while decoding (default 4096)"
+    )
+    p.add_argument(
+        "--spec-accept", type=float, help="speculative decoding: mean accepted length per step incl. the bonus token"
+    )
+    p.add_argument(
+        "--spec-draft",
+        type=positive_int,
+        help="speculative decoding: tokens drafted per step (default 7 with --spec-accept); K+1 rows are verified",
+    )
+    p.add_argument(
+        "--executor",
+        choices=["kernels", "megakernel", "eager"],
+        help="kernels: one launch per super-op in a captured graph (vLLM / SGLang / nonstop superop); "
+        "megakernel: one persistent kernel per step; eager: one launch per aten op. Default: the chip's - kernels "
+        "on GPUs, megakernel on TPU7x (XLA runs a step as one program), eager on the cpu chip",
+    )
+    p.add_argument(
+        "--weights", help="dense weight format: bf16, fp8, fp32 (default: the checkpoint's; fp32 on the cpu chip)"
+    )
+    p.add_argument("--experts", help="routed expert format: mxfp4, nvfp4, fp8, bf16 (default: the checkpoint's)")
+    p.add_argument("--kv-cache", dest="cache", help="attention cache format: bf16 (default) or fp8")
+    p.add_argument(
+        "--sharding",
+        choices=["production", "engine"],
+        default="production",
+        help="production (default): K3's latent projections split tp ways as vLLM/SGLang do; "
+        "engine: exactly nonstop.dist's parts",
+    )
+    p.add_argument(
+        "--chip-file", help="JSON file of extra or overriding chip entries (same form as nonstop/plan/chips.json)"
+    )
+    p.add_argument("--top", type=positive_int, default=5, help="layouts shown by the search (default 5)")
+    p.add_argument(
+        "--measured",
+        action="store_true",
+        help="predict every nonstop measurement in bench/results on this chip, side by side",
+    )
+    p.add_argument("--list-chips", action="store_true", help="list the catalogue with its figures and exit")
+    p.add_argument(
+        "--json",
+        action="store_true",
+        help="print one JSON object (ms_per_token, tokens_per_s_per_user, tokens_per_s_total, fits, "
+        "bytes_per_chip, bound, breakdown ...)",
+    )
+    p.set_defaults(run=run)
+
+
+def _list_chips(chip_file) -> int:
+    from nonstop.plan.chips import chip_from_entry, load_catalogue
+
+    print(
+        f"{'chip':<8} {'name':<44} {'HBM GB':>7} {'TB/s':>5} {'bf16':>6} {'fp8':>6} {'fp4':>6} {'up':>5}"
+        f" {'GB/s':>5} {'out GB/s':>8}"
+    )
+    for key, entry in sorted(load_catalogue(chip_file).items()):
+        if key == "cpu":
+            print(f"{'cpu':<8} this machine: figures measured (bench/results copy bandwidth, a matmul, an eager op)")
+            continue
+        c = chip_from_entry(key, entry)
+        tf = [f"{c.tflops.get(d) or '-':>6}" for d in ("bf16", "fp8", "fp4")]
+        print(
+            f"{key:<8} {c.name:<44} {c.hbm_gb:>7g} {c.hbm_gbps / 1000:>5.2f} {' '.join(tf)} {c.up_domain:>5}"
+            f" {c.up_gbps:>5g} {c.out_gbps:>8g}"
+        )
+    print(
+        "(dense TFLOP/s; up = scale-up domain in chips; GB/s per chip per direction; sources: nonstop/plan/chips.json)"
+    )
+    return 0
+
+
+def _precision(args, cfg, chip):
+    from nonstop.plan.workload import Precision
+
+    dense = args.weights or ("fp32" if chip.kind == "cpu" else None)
+    experts = args.experts or (
+        "fp32" if chip.kind == "cpu" and not (cfg.moe and cfg.moe.expert_format == "mxfp4") else None
+    )
+    return Precision.released(cfg, dense, experts, args.cache)
+
+
+def _spec(args):
+    from nonstop.plan.predict import Spec
+
+    if args.spec_accept is None:
+        if args.spec_draft is not None:
+            raise ValueError("--spec-draft needs --spec-accept (the mean accepted length per step)")
+        return None
+    return Spec(args.spec_accept, args.spec_draft or 7)
+
+
+def _layout(args, chips: int, devices: int):
+    from nonstop.plan.layout import Layout
+
+    ranks = chips * devices
+    tp, dp = args.tp, args.dp
+    where = f"the {ranks} ranks ({chips} chip(s) x {devices} device(s))"
+    for flag, value in (("--tp", tp), ("--dp", dp), ("--ep", args.ep)):
+        if value is not None and ranks % value:
+            raise ValueError(f"{flag} {value} does not divide {where}")
+    if tp is None and dp is None:
+        tp, dp = ranks, 1
+    elif tp is None:
+        tp = ranks // dp
+    elif dp is None:
+        dp = ranks // tp
+    if tp * dp != ranks:
+        raise ValueError(f"--tp {tp} x --dp {dp} = {tp * dp} ranks, not {where}")
+    return Layout(tp, dp, args.ep or 1, args.sharding)
+
+
+def _fewest_chips(workload, chip, request: dict, sharding: str, progress):
+    from nonstop.plan.search import search
+
+    for n in (1, 2, 4, 8, 16, 32, 64, 128, 256, 512):
+        cands = search(workload, chip, n, **request, sharding=sharding, progress=progress)
+        if cands and cands[0].fits:
+            return n, cands
+    return n, cands
+
+
+def _measured_json(rows: list[dict]) -> list[dict]:
+    return [
+        {
+            "run": r["measurement"].what,
+            "source": r["measurement"].source,
+            "measured_ms_per_token": r["measurement"].ms_per_token,
+            "predicted_ms_per_token": r["predicted_ms_per_token"],
+        }
+        for r in rows
+    ]
+
+
+def run(args) -> int:
+    from nonstop.weights.resolve import resolve_model
+    from nonstop.plan.chips import get_chip
+    from nonstop.plan.measured import all_measurements, measurements
+    from nonstop.plan.predict import predict
+    from nonstop.plan.report import (
+        describe,
+        layout_table,
+        measured_side_by_side,
+        measured_table,
+        workload_for_measurement,
+    )
+    from nonstop.plan.search import search
+    from nonstop.plan.workload import build_workload
+
+    if args.list_chips:
+        return _list_chips(args.chip_file)
+    if not args.chip:
+        raise ValueError("give --chip NAME (nonstop plan --list-chips lists them; 'cpu' is this machine)")
+    chip = get_chip(args.chip, args.chip_file)
+    cfg, model_dir = resolve_model(args.model)
+    workload = build_workload(cfg, args.model, _precision(args, cfg, chip))
+    spec = _spec(args)
+    executor = args.executor or chip.executor
+    progress = None if args.json else (lambda msg: print(msg, file=sys.stderr, flush=True))
+    overrides = {k: v for k, v in (("dense", args.weights), ("experts", args.experts), ("cache", args.cache)) if v}
+
+    if args.measured:
+        rows = measured_side_by_side(all_measurements(chip.key), chip, args.model, workload_for_measurement(overrides))
+        if args.json:
+            print(json.dumps(_measured_json(rows), indent=2))
+        else:
+            print(measured_table(rows) if rows else f"no nonstop measurement on {chip.key} in bench/results")
+        return 0
+
+    layout_given = any(v is not None for v in (args.tp, args.dp, args.ep))
+    chips = args.chips or (1 if chip.kind == "cpu" else None)
+    request = {"batch": args.batch, "context": args.context, "spec": spec, "executor": executor, "model_dir": model_dir}
+    cands = None
+    if layout_given:
+        if chips is None:
+            raise ValueError("give --chips with --tp/--dp/--ep")
+        best = predict(workload, chip, _layout(args, chips, chip.devices_per_chip), **request)
+    else:
+        if chips is None:
+            chips, cands = _fewest_chips(workload, chip, request, args.sharding, progress)
+        else:
+            cands = search(workload, chip, chips, **request, sharding=args.sharding, progress=progress)
+        if not cands:
+            raise ValueError(f"no layout of {chips} {chip.key} chip(s) splits {args.model}'s attention heads")
+        first = cands[0]
+        best = first.prediction or predict(workload, chip, first.layout, **request)
+
+    ours = measurements(cfg, args.model, chip.key)
+    side = measured_side_by_side(ours, chip, args.model, workload_for_measurement(overrides)) if ours else []
+    if args.json:
+        out = best.to_json()
+        if not best.fits:
+            out["why_not"] = best.why_not()
+        if cands is not None:
+            out["layouts"] = [
+                {
+                    "tp": c.layout.tp,
+                    "dp": c.layout.dp,
+                    "ep": c.layout.ep,
+                    "fits": c.fits,
+                    "bytes_per_chip": c.bytes_per_rank * chip.devices_per_chip,
+                    "ms_per_token": c.prediction.ms_per_token if c.prediction else None,
+                }
+                for c in cands
+            ]
+        out["measured"] = _measured_json(side)
+        print(json.dumps(out, indent=2))
+        return 0
+    if cands is not None:
+        fitting = [c for c in cands if c.fits]
+        print(
+            f"{args.model} on {chips} x {chip.key}: {len(fitting)} of {len(cands)} layouts fit"
+            + ("" if fitting else " - none fits")
+        )
+        print(layout_table(cands, args.top))
+        print()
+        if not fitting:
+            print(f"does not fit: even the smallest layout ({first.layout.describe()}) {best.why_not()}")
+            print()
+            print("what it would do if it fit (the smallest layout):")
+        else:
+            print("best layout:")
+    print(describe(best))
+    print()
+    if side:
+        print(f"nonstop's own measurements of {args.model} on {chip.key} (bench/results), predicted for the same runs:")
+        print(measured_table(side))
+    else:
+        print(
+            f"no nonstop measurement of {args.model} on {chip.key} in bench/results "
+            "(today only CPU results exist; try --chip cpu -m k3-nano, or --measured)"
+        )
+    return 0

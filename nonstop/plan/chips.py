@@ -1,0 +1,152 @@
+"""The chip catalogue: public specs as data (``chips.json``), each figure with its source.
+
+A ``Chip`` is one accelerator as the planner sees it: HBM capacity and bandwidth, dense tensor peaks
+per dtype, and the two network tiers (scale-up domain: NVLink / Infinity Fabric / ICI; scale-out:
+InfiniBand / Ethernet / DCN). ``--chip-file`` adds or overrides entries with a JSON file of the same
+form. The ``cpu`` entry is filled from this machine's measurements (``measured.py``).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+
+CATALOGUE = Path(__file__).with_name("chips.json")
+DTYPE_ORDER = ("fp4", "fp8", "bf16", "fp32")  # narrow -> wide; an unsupported dtype runs at the next wider one
+REQUIRED = (
+    "hbm_gb",
+    "hbm_gbps",
+    "tflops.bf16",
+    "scale_up.domain",
+    "scale_up.gbps",
+    "scale_up.latency_us",
+    "scale_out.gbps",
+    "scale_out.latency_us",
+    "launch_us",
+)
+
+
+class ChipError(ValueError):
+    """A bad chip name or chip file (shown to the user as one line)."""
+
+
+@dataclass(frozen=True)
+class Chip:
+    key: str
+    name: str
+    hbm_gb: float  # capacity per chip, 1e9 B
+    hbm_gbps: float  # peak HBM bandwidth per chip, 1e9 B/s
+    tflops: dict  # dense peak per dtype ("bf16", "fp8", "fp4", optional "fp32"); None = not native
+    devices_per_chip: int  # ranks per chip (TPU7x: 2 TensorCores)
+    up_domain: int  # chips in one scale-up domain
+    up_gbps: float  # scale-up bandwidth per chip per direction
+    up_latency_us: float
+    out_gbps: float  # scale-out bandwidth per chip per direction
+    out_latency_us: float
+    launch_us: float  # per-kernel launch cost inside a captured graph (CPU: eager op dispatch)
+    kind: str = "accelerator"
+    executor: str = "kernels"  # the executor a plan on this chip defaults to
+    sources: dict = field(default_factory=dict, compare=False)
+
+    # ---- per rank (a rank is one device; TPU7x has two per chip)
+    @property
+    def rank_hbm_bytes(self) -> float:
+        return self.hbm_gb * 1e9 / self.devices_per_chip
+
+    @property
+    def rank_hbm_bps(self) -> float:
+        return self.hbm_gbps * 1e9 / self.devices_per_chip
+
+    def rank_flops(self, dtype: str) -> float:
+        """Dense peak FLOP/s of one rank for matmuls whose weights are ``dtype`` (falls back to the next
+        wider dtype the chip runs natively)."""
+        start = DTYPE_ORDER.index(dtype if dtype in DTYPE_ORDER else "bf16")
+        for d in DTYPE_ORDER[start:]:
+            if self.tflops.get(d):
+                return self.tflops[d] * 1e12 / self.devices_per_chip
+        raise ChipError(f"chip {self.key!r} lists no tensor peak for {dtype} or any wider dtype")
+
+    @property
+    def up_domain_ranks(self) -> int:
+        return self.up_domain * self.devices_per_chip
+
+
+def _get(entry: dict, path: str):
+    value = entry
+    for part in path.split("."):
+        if not isinstance(value, dict) or part not in value:
+            return None
+        value = value[part]
+    return value
+
+
+def chip_from_entry(key: str, entry: dict) -> Chip:
+    """Validate one catalogue entry: every required figure present and positive, each with a source."""
+    if not isinstance(entry, dict):
+        raise ChipError(f"chip {key!r}: an entry must be a JSON object")
+    sources = entry.get("sources") or {}
+    for path in REQUIRED:
+        value = _get(entry, path)
+        if not isinstance(value, (int, float)) or isinstance(value, bool) or value <= 0:
+            raise ChipError(f"chip {key!r}: {path} must be a positive number, got {value!r}")
+        if path not in sources:
+            raise ChipError(f"chip {key!r}: figure {path} has no source (add sources[{path!r}])")
+    for dtype, value in (entry.get("tflops") or {}).items():
+        if value is not None and f"tflops.{dtype}" not in sources:
+            raise ChipError(f"chip {key!r}: figure tflops.{dtype} has no source")
+    up, out = entry["scale_up"], entry["scale_out"]
+    return Chip(
+        key=key,
+        name=str(entry.get("name", key)),
+        hbm_gb=entry["hbm_gb"],
+        hbm_gbps=entry["hbm_gbps"],
+        tflops=dict(entry["tflops"]),
+        devices_per_chip=int(entry.get("devices_per_chip", 1)),
+        up_domain=int(up["domain"]),
+        up_gbps=up["gbps"],
+        up_latency_us=up["latency_us"],
+        out_gbps=out["gbps"],
+        out_latency_us=out["latency_us"],
+        launch_us=entry["launch_us"],
+        kind=str(entry.get("kind", "accelerator")),
+        executor=str(entry.get("executor", "kernels")),
+        sources=dict(sources),
+    )
+
+
+def _read_json(path: Path) -> dict:
+    try:
+        data = json.loads(Path(path).read_text())
+    except FileNotFoundError:
+        raise ChipError(f"chip file not found: {path}") from None
+    except json.JSONDecodeError as exc:
+        raise ChipError(f"chip file {path}: not valid JSON ({exc})") from None
+    if not isinstance(data, dict):
+        raise ChipError(f"chip file {path}: the top level must be an object of chip entries")
+    return {k.lower(): v for k, v in data.items() if not k.startswith("_")}
+
+
+def load_catalogue(chip_file: str | Path | None = None) -> dict[str, dict]:
+    """Raw entries of the bundled catalogue, plus (overriding) those of ``chip_file``."""
+    entries = _read_json(CATALOGUE)
+    if chip_file is not None:
+        entries.update(_read_json(Path(chip_file)))
+    return entries
+
+
+def get_chip(name: str, chip_file: str | Path | None = None) -> Chip:
+    """The chip called ``name`` (case-insensitive); ``cpu`` is measured on this machine."""
+    entries = load_catalogue(chip_file)
+    key = name.lower()
+    if key not in entries:
+        raise ChipError(f"unknown chip {name!r}; known chips: {', '.join(sorted(entries))} (add one with --chip-file)")
+    if key == "cpu" and (chip_file is None or "cpu" not in _read_json(Path(chip_file))):
+        from nonstop.plan.measured import cpu_entry
+
+        return chip_from_entry(key, cpu_entry(entries[key]))
+    return chip_from_entry(key, entries[key])
+
+
+def chip_names(chip_file: str | Path | None = None) -> list[str]:
+    return sorted(load_catalogue(chip_file))

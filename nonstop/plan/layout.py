@@ -1,0 +1,235 @@
+"""Per-rank traffic and collectives of one decode step under a parallel layout, from ``nonstop.dist``.
+
+A plan layout is ``tp`` ranks per attention group, ``dp`` attention groups (world = tp·dp ranks) and
+``ep`` for the routed experts:
+
+* ``ep`` > 1: ``nonstop.dist``'s expert parallelism - whole experts spread over expert groups of ep
+  ranks (each group holds every expert), tokens exchanged by all-to-all dispatch / combine;
+* ``ep`` = 1 with tp > 1: experts *tensor*-parallel inside each attention group (every expert split
+  tp ways by its intermediate dimension: vLLM's and SGLang's default without expert parallelism). The
+  engine's ``dist.Layout`` has no such mode yet; the planner takes the rank Program of the same
+  per-rank bytes (``Layout.make(tp, ep=tp)``) and replaces the token exchange by the all-reduce of the
+  routed sum (K3: before the latent RMSNorm, which is not linear; the MoE output all-reduce follows).
+
+Every rank's weights, ops and collective sizes come from ``dist.program.shapes_program`` (shapes only).
+The step waits for the busiest rank: routed experts are counted as the expected maximum over the
+expert group's ranks. R rows routed into an expert group each pick k of E experts, so an expert is
+touched with p = 1 - (1 - k/E)^R and a rank holding n experts streams E[max of ep Binomial(n, p)].
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import math
+from dataclasses import dataclass
+
+from nonstop.dist.layout import Layout as DistLayout
+from nonstop.dist.layout import LayoutError
+from nonstop.plan.workload import COLLECTIVE_KINDS, PlanError, Precision, Workload, build_workload
+
+SHARDINGS = ("production", "engine")
+
+
+@dataclass(frozen=True)
+class Layout:
+    """``sharding``: "engine" = exactly ``nonstop.dist``'s parts; "production" = the same, but K3's latent
+    projections split tp ways as vLLM / SGLang / the TPU megakernel do (``workload.PRODUCTION_SPLIT``)."""
+
+    tp: int = 1
+    dp: int = 1
+    ep: int = 1
+    sharding: str = "production"
+
+    @property
+    def world(self) -> int:
+        return self.tp * self.dp
+
+    @property
+    def expert_tp(self) -> bool:
+        """Routed experts split tp ways inside each attention group (no token exchange)."""
+        return self.ep == 1 and self.tp > 1
+
+    def dist_layout(self) -> DistLayout:
+        """The engine's layout with the same per-rank bytes (see the module docstring)."""
+        return DistLayout.make(self.tp, self.tp if self.expert_tp else self.ep, self.world)
+
+    def weight_bytes(self, op, held: bool = False) -> float:
+        """The bytes of ``op``'s weights one rank streams (``held``: keeps) under this layout's sharding."""
+        nbytes = op.held_bytes if held else op.weight_bytes
+        if self.sharding == "production" and self.tp > 1:
+            return nbytes - op.engine_replicated_bytes * (1 - 1 / self.tp)
+        return nbytes
+
+    def describe(self) -> str:
+        experts = f"EP{self.ep}" if self.ep > 1 else ("experts TP" if self.expert_tp else "")
+        return " ".join(x for x in (f"TP{self.tp}", f"DP{self.dp}" if self.dp > 1 else "", experts) if x)
+
+
+@dataclass(frozen=True)
+class RankOp:
+    """One op's work on the busiest rank for one step."""
+
+    name: str
+    kind: str
+    weight_bytes: float
+    state_bytes: float  # KDA state, attention cache, activations
+    flops: float
+    dtype: str
+    expert_slices: float = 0.0  # distinct expert weight slices streamed (routed experts only)
+
+
+@dataclass(frozen=True)
+class Collective:
+    kind: str  # all_reduce | all_gather | gather | all_to_all | broadcast | send
+    ranks: int
+    wire_bytes: float  # sent by this rank per step, all calls
+    count: int  # calls per step
+    label: str
+
+
+def check_layout(workload: Workload, layout: Layout) -> None:
+    for name, value in (("tp", layout.tp), ("dp", layout.dp), ("ep", layout.ep)):
+        if value < 1:
+            raise PlanError(f"--{name} must be >= 1, got {value}")
+    if layout.sharding not in SHARDINGS:
+        raise PlanError(f"unknown sharding {layout.sharding!r}; choose one of: {', '.join(SHARDINGS)}")
+    if layout.ep > 1 and not workload.moe_ops:
+        raise PlanError(f"{workload.name} has no routed experts: --ep must be 1")
+    if layout.ep > 1 and layout.ep > workload.moe_ops[0].expert.num_experts:
+        raise PlanError(f"--ep {layout.ep} exceeds the {workload.moe_ops[0].expert.num_experts} routed experts")
+    try:
+        from nonstop.dist.shard import check_layout as check_shapes
+
+        check_shapes(workload.cfg, layout.dist_layout())
+    except LayoutError as exc:
+        raise PlanError(str(exc)) from None
+
+
+@functools.lru_cache(maxsize=32)
+def _rank_workload(cfg_json: str, name: str, precision: Precision, tp: int, dp: int, ep: int) -> Workload:
+    from nonstop.config import ModelConfig
+    from nonstop.dist.program import shapes_program
+
+    cfg = ModelConfig.from_hf_dict(json.loads(cfg_json))
+    layout = Layout(tp, dp, ep)
+    program = shapes_program(cfg, layout.dist_layout(), rank=0)
+    return build_workload(cfg, name, precision, program)
+
+
+def rank_workload(workload: Workload, layout: Layout) -> Workload:
+    """Rank 0's part of ``workload`` under ``layout`` (the single-device workload when world is 1)."""
+    check_layout(workload, layout)
+    if layout.world == 1:
+        return workload
+    cfg_json = json.dumps(workload.cfg.to_hf_dict(), sort_keys=True)
+    return _rank_workload(cfg_json, workload.name, workload.precision, layout.tp, layout.dp, layout.ep)
+
+
+def with_sharding(layout: Layout, sharding: str) -> Layout:
+    return Layout(layout.tp, layout.dp, layout.ep, sharding)
+
+
+def expected_max_binomial(n: int, p: float, groups: int) -> float:
+    """E[max of ``groups`` independent Binomial(n, p)] = sum_x (1 - F(x)^groups)."""
+    if groups == 1 or p <= 0.0 or p >= 1.0:
+        return n * p
+    total, cdf, pmf = 0.0, 0.0, (1 - p) ** n
+    for x in range(n):
+        cdf += pmf
+        tail = 1.0 - min(cdf, 1.0) ** groups
+        total += tail
+        if tail < 1e-12 and x > n * p:
+            break
+        pmf *= (n - x) / (x + 1) * p / (1 - p)
+    return total
+
+
+def experts_touched(num_experts: int, top_k: int, routed_rows: float, local: int, ranks: int) -> float:
+    """Distinct experts the busiest of ``ranks`` ranks (``local`` experts each) streams for ``routed_rows``."""
+    p = 1.0 - (1.0 - top_k / num_experts) ** routed_rows
+    return expected_max_binomial(local, p, ranks)
+
+
+def _group_rows(layout: Layout, rows: int) -> float:
+    """Rows routed into one expert group: rows per attention group x attention groups feeding it."""
+    return rows if layout.expert_tp or layout.ep == 1 else rows * layout.ep / layout.tp
+
+
+def rank_ops(rank: Workload, layout: Layout, batch: int, context: int, rows_per_seq: int) -> list[RankOp]:
+    """Work of rank 0 (its attention group's sequences, its experts) for one step."""
+    seqs = math.ceil(batch / layout.dp)
+    rows = seqs * rows_per_seq
+    out = []
+    for op in rank.ops:
+        if op.kind in COLLECTIVE_KINDS:
+            continue
+        if op.expert is not None:
+            ex = op.expert
+            routed = _group_rows(layout, rows)
+            if layout.expert_tp:  # every rank streams 1/tp of each touched expert: balanced
+                touched = experts_touched(ex.num_experts, ex.top_k, routed, ex.num_experts, 1)
+                weight, pairs = touched * ex.bytes_each / layout.tp, routed * ex.top_k / layout.tp
+            else:
+                ranks = max(1, layout.ep)
+                touched = experts_touched(ex.num_experts, ex.top_k, routed, ex.local, ranks)
+                weight, pairs = touched * ex.bytes_each, routed * ex.top_k * ex.local / ex.num_experts
+            flops = 2 * ex.params_each * pairs
+            out.append(
+                RankOp(
+                    op.name, op.kind, weight + op.weight_bytes, rows * op.act_bytes_per_row, flops, op.dtype, touched
+                )
+            )
+            continue
+        state = (
+            rows * op.act_bytes_per_row + seqs * op.state_bytes_per_seq + rows * context * op.cache_bytes_per_row_ctx
+        )
+        flops = rows * op.flops_per_row + rows * context * op.flops_per_row_ctx
+        out.append(RankOp(op.name, op.kind, layout.weight_bytes(op), state, flops, op.dtype))
+    return out
+
+
+def collectives(rank: Workload, layout: Layout, batch: int, rows_per_seq: int) -> list[Collective]:
+    """Every collective rank 0 takes part in during one step (``dist`` program's own sizes)."""
+    if layout.world == 1:
+        return []
+    from nonstop.dist.program import engine_collectives, merged
+    from nonstop.program.cost import op_collectives
+
+    program, cfg = rank.program, rank.cfg
+    rows = math.ceil(batch / layout.dp) * rows_per_seq
+    found = []
+    for op in program.ops:
+        if op.kind == "moe_ep" and layout.expert_tp:
+            if cfg.moe.latent_size:  # the routed latent sum, complete before its RMSNorm
+                from nonstop.program.cost import Collective as DistCollective
+                from nonstop.program.cost import all_reduce_wire_bytes
+
+                spec = program.buffers["moe_out"]
+                nbytes = rows * spec.row_numel * spec.torch_dtype(program.dtype).itemsize
+                found.append(
+                    DistCollective(
+                        "all_reduce",
+                        "tp",
+                        layout.tp,
+                        1,
+                        all_reduce_wire_bytes(nbytes, layout.tp),
+                        "routed latent sum (experts TP)",
+                    )
+                )
+            continue
+        found += op_collectives(op, program, rows)
+    found = merged(found) + engine_collectives(cfg, layout.dist_layout(), 0, rows)
+    return [Collective(c.kind, c.ranks, c.wire_bytes, c.count, f"{c.purpose} ({c.group})") for c in found if c.count]
+
+
+def resident_bytes(rank: Workload, layout: Layout, batch: int, context: int) -> dict:
+    """Bytes rank 0 holds: its weights (every local expert), KDA state and attention cache of its sequences."""
+    seqs = math.ceil(batch / layout.dp)
+    state = seqs * sum(op.state_bytes_per_seq for op in rank.ops) / 2
+    cache = seqs * context * sum(op.cache_bytes_per_row_ctx for op in rank.ops)
+    weights = sum(
+        layout.weight_bytes(op, held=True) + (op.expert.bytes_each * op.expert.local if op.expert else 0)
+        for op in rank.ops
+    )
+    return {"weights": weights, "state": state, "cache": cache}

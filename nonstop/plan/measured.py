@@ -1,0 +1,265 @@
+"""nonstop's own measurements (``bench/results/*.json``) and this machine's figures for the ``cpu`` chip.
+
+A measurement sits beside a prediction only when it was taken on the same chip (``cpu``: results
+whose machine has no GPU; a GPU chip: results whose ``environment.gpu`` names it) and for the same
+model. ``measurements(model_cfg, chip)`` returns them as plain rows: what was run (batch, dtype,
+threads, executor), ms per token and tokens/s, and the file it came from.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import json
+import os
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+RESULTS_DIR = Path(__file__).resolve().parents[2] / "bench" / "results"
+
+
+@dataclass(frozen=True)
+class Measurement:
+    source: str  # file name under bench/results
+    what: str  # e.g. "reference executor, batch 1, fp32, 2 threads"
+    batch: int
+    dtype: str
+    ms_per_token: float  # per user (decode time per generated token of one sequence)
+    tokens_per_s_total: float
+    threads: int | None = None
+    spec_accept: float | None = None  # mean accepted length when speculative
+    spec_draft: int | None = None
+    model: str | None = None  # the model name, or None when ``hf_config`` describes it
+    hf_config: dict | None = None
+    executor: str = "eager"  # how the planner should price it (the reference executor runs eager torch ops)
+    context: int = 64  # mean cached tokens during the measured decode
+    copy_gbps: float | None = None  # the memory bandwidth the same run measured (CPU results)
+    serial: int = 1  # steps run one after another per generated token of each user (batch-invariant server: clients)
+
+
+def load_results(results_dir: Path = RESULTS_DIR) -> list[tuple[str, dict]]:
+    out = []
+    if not results_dir.is_dir():
+        return out
+    for path in sorted(results_dir.glob("*.json")):
+        try:
+            out.append((path.name, json.loads(path.read_text())))
+        except (OSError, json.JSONDecodeError):
+            continue
+    return out
+
+
+# ----------------------------------------------------------------------------- the cpu chip
+
+
+def recorded_copy_gbps(results_dir: Path = RESULTS_DIR) -> tuple[float, str] | None:
+    """The newest copy bandwidth a CPU benchmark recorded (GB/s, read + written), with its file."""
+    best = None
+    for name, data in load_results(results_dir):
+        floor = data.get("bandwidth_floor") or {}
+        gbps = floor.get("copy_GBps")
+        if gbps and not (data.get("environment") or {}).get("gpu"):
+            stamp = str(data.get("time", ""))
+            if best is None or stamp > best[2]:
+                best = (float(gbps), name, stamp)
+    return None if best is None else (best[0], best[1])
+
+
+@functools.lru_cache(maxsize=1)
+def matmul_tflops() -> float:
+    """fp32 matmul peak of this machine (best of a few 512x512 products at the current thread count)."""
+    import torch
+
+    a, b = torch.randn(512, 512), torch.randn(512, 512)
+    best = float("inf")
+    for _ in range(5):
+        t0 = time.perf_counter()
+        a @ b
+        best = min(best, time.perf_counter() - t0)
+    return 2 * 512**3 / best / 1e12
+
+
+@functools.lru_cache(maxsize=1)
+def op_overhead_us() -> float:
+    """Cost of one tiny eager torch op on this machine (dispatch overhead), in microseconds: CPU time of
+    this process (``time.process_time``), so other processes sharing the cores do not inflate it."""
+    import torch
+
+    x = torch.ones(8)
+    for _ in range(500):
+        x = x + 1.0
+    best = float("inf")
+    for _ in range(5):
+        t0 = time.process_time()
+        for _ in range(2000):
+            x = x + 1.0
+        best = min(best, (time.process_time() - t0) / 2000)
+    return best * 1e6
+
+
+def physical_memory_gb() -> float:
+    try:
+        return os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE") / 1e9
+    except (ValueError, OSError, AttributeError):
+        return 16.0
+
+
+@functools.lru_cache(maxsize=1)
+def _cpu_figures() -> tuple[float, float, float, float, str]:
+    recorded = recorded_copy_gbps()
+    if recorded is None:
+        from nonstop.hostinfo import copy_bandwidth
+
+        gbps, note = copy_bandwidth()["copy_GBps"], "measured now (no CPU result in bench/results)"
+    else:
+        gbps, note = recorded[0], f"bench/results/{recorded[1]}"
+    return gbps, physical_memory_gb(), matmul_tflops(), op_overhead_us(), note
+
+
+def cpu_entry(base: dict) -> dict:
+    """The catalogue's ``cpu`` entry with this machine's measured figures filled in."""
+    gbps, mem_gb, tflops, launch_us, note = _cpu_figures()
+    entry = json.loads(json.dumps(base))
+    entry.update(hbm_gb=round(mem_gb, 1), hbm_gbps=round(gbps, 2), launch_us=round(launch_us, 2))
+    entry["tflops"] = {"bf16": tflops, "fp8": None, "fp4": None, "fp32": tflops}
+    entry["sources"]["hbm_gbps"] = f"measured copy bandwidth (read + written), {note}"
+    return entry
+
+
+# ----------------------------------------------------------------------------- measurements
+
+
+def _cpu_rows(name: str, data: dict) -> list[Measurement]:
+    rows = [
+        dataclasses.replace(m, copy_gbps=(data.get("bandwidth_floor") or {}).get("copy_GBps"))
+        for m in _cpu_rows_of(name, data)
+    ]
+    return rows
+
+
+def _cpu_rows_of(name: str, data: dict) -> list[Measurement]:
+    rows = []
+    kind = data.get("benchmark")
+    threads = (data.get("machine") or {}).get("threads", data.get("threads"))
+    if kind == "cpu_decode":
+        res = data["results"]["nonstop_reference"]["decode_tokens_per_s"]
+        what = f"reference executor, batch {data['batch']}, {data['dtype']}, {threads} threads"
+        ctx = data.get("prompt_len", 32) + data.get("new_tokens", 64) // 2
+        hf = (data.get("model") or {}).get("hf_config")
+        rows.append(
+            Measurement(
+                name,
+                what,
+                data["batch"],
+                data["dtype"],
+                1e3 / res,
+                res * data["batch"],
+                threads,
+                hf_config=hf,
+                context=ctx,
+            )
+        )
+    elif kind == "spec_decode":
+        modes = data["results"]["heldout"]["modes"]
+        ctx = max(data["results"]["heldout"].get("prompt_tokens", [48])) + data.get("max_tokens", 64) // 2
+        for mode, row in modes.items():
+            tps = row["decode_tokens_per_s"]
+            if mode == "plain":
+                what = f"{data.get('backend', 'reference')} executor, batch 1, fp32, {threads} thread(s)"
+                rows.append(
+                    Measurement(name, what, 1, "float32", 1e3 / tps, tps, threads, model=data["model"], context=ctx)
+                )
+            elif mode.startswith("dspark"):
+                k, accept = int(mode.split("-k")[-1]), row["mean_accepted_length"]
+                what = f"DSpark k={k}, batch 1, fp32, {threads} thread(s), accepted length {accept}"
+                rows.append(
+                    Measurement(
+                        name, what, 1, "float32", 1e3 / tps, tps, threads, accept, k, data["model"], context=ctx
+                    )
+                )
+    elif kind == "serve_load":
+        res, load = data["results"], data["load"]
+        tpot = (res.get("tpot_s") or {}).get("p50")
+        if tpot:
+            threads = (data.get("machine") or {}).get("server_threads")
+            batched = "no-batch-invariant" in (data.get("server") or {}).get("serve_args", "")
+            mode = "batched decode" if batched else "batch-invariant: one sequence per step"
+            what = f"server, {load['clients']} clients ({mode}), {threads} thread(s), TPOT p50"
+            ctx = load.get("prompt_chars", 200) // 4 + load.get("max_tokens", 64) // 2
+            clients = load["clients"]
+            batch, serial = (clients, 1) if batched else (1, clients)
+            rows.append(
+                Measurement(
+                    name,
+                    what,
+                    batch,
+                    "float32",
+                    tpot * 1e3,
+                    res["output_tokens_per_s"],
+                    threads,
+                    model=data["model"],
+                    context=ctx,
+                    serial=serial,
+                )
+            )
+    return rows
+
+
+def _gpu_rows(name: str, data: dict) -> list[Measurement]:
+    """Whole-model batch-1 rows of ``bench/decode.py`` (shapes timed at full depth on one GPU)."""
+    rows = []
+    for shape in data.get("shapes", []):
+        for sl in shape.get("slices", []):
+            if sl.get("layers") != shape.get("full_layers"):
+                continue
+            for timing in sl.get("timings", []):
+                for row in timing.get("rows", []):
+                    if "ms_per_token" in row and row.get("row") in ("superop", "megakernel"):
+                        what = f"{row['row']} executor, batch 1, bf16, context {timing['context']}"
+                        ms = row["ms_per_token"]
+                        executor = "megakernel" if row["row"] == "megakernel" else "kernels"
+                        rows.append(
+                            Measurement(
+                                name,
+                                what,
+                                1,
+                                "bfloat16",
+                                ms,
+                                1e3 / ms,
+                                model=shape["shape"],
+                                executor=executor,
+                                context=timing["context"],
+                            )
+                        )
+    return rows
+
+
+def all_measurements(chip_key: str, results_dir: Path = RESULTS_DIR) -> list[Measurement]:
+    """Every nonstop decode measurement in ``bench/results`` taken on this chip."""
+    rows: list[Measurement] = []
+    for name, data in load_results(results_dir):
+        gpu = (data.get("environment") or {}).get("gpu")
+        if chip_key == "cpu" and not gpu:
+            rows += _cpu_rows(name, data)
+        elif gpu and chip_key.replace("-", "") in gpu.lower().replace(" ", "").replace("-", ""):
+            rows += _gpu_rows(name, data)
+    return rows
+
+
+def same_model(m: Measurement, cfg, model_name: str) -> bool:
+    if m.model is not None:
+        return m.model == model_name
+    if not isinstance(m.hf_config, dict):
+        return False
+    from nonstop.config import ModelConfig
+
+    try:
+        return ModelConfig.from_hf_dict(m.hf_config).replace(hf={}) == cfg.replace(hf={})
+    except Exception:  # noqa: BLE001 - a result file of another format
+        return False
+
+
+def measurements(cfg, model_name: str, chip_key: str, results_dir: Path = RESULTS_DIR) -> list[Measurement]:
+    """nonstop's own decode measurements of this model on this chip (empty when there are none)."""
+    return [m for m in all_measurements(chip_key, results_dir) if same_model(m, cfg, model_name)]

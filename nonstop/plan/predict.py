@@ -1,0 +1,194 @@
+"""One prediction: a model, a chip, a layout, a batch and context, optionally speculative decoding.
+
+rows per sequence  = K + 1 (K drafts verified with the current token; 1 without speculation)
+tokens per step    = A (mean accepted length incl. the bonus token; 1 without speculation)
+ms per token       = T_step / A            (what one user waits per generated token)
+tokens/s per user  = 1000 · A / T_step;    in total = batch · tokens/s per user
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from dataclasses import dataclass
+from pathlib import Path
+
+from nonstop.plan.chips import Chip
+from nonstop.plan.draft import draft_shape
+from nonstop.plan.layout import Layout, collectives, rank_ops, rank_workload, resident_bytes
+from nonstop.plan.timing import EXECUTORS, Constants, StepTime, step_time
+from nonstop.plan.workload import PlanError, Workload
+
+USABLE_HBM = 0.92  # of HBM left for weights, KV/KDA state and cache (runtime context, activations, comm buffers)
+
+
+@dataclass(frozen=True)
+class Spec:
+    accept: float  # mean accepted length per step, incl. the bonus token (1 <= A <= K + 1)
+    drafts: int  # K tokens drafted per step
+
+    def __post_init__(self):
+        if self.drafts < 1:
+            raise PlanError(f"--spec-draft must be >= 1, got {self.drafts}")
+        if not 1.0 <= self.accept <= self.drafts + 1:
+            raise PlanError(
+                f"--spec-accept must lie in [1, spec-draft + 1] = [1, {self.drafts + 1}], got {self.accept}"
+            )
+
+
+@dataclass
+class Prediction:
+    workload: Workload
+    chip: Chip
+    layout: Layout
+    batch: int
+    context: int
+    spec: Spec | None
+    executor: str
+    time: StepTime
+    resident: dict  # bytes per rank: weights, state, cache
+
+    @property
+    def chips(self) -> float:
+        return self.layout.world / self.chip.devices_per_chip
+
+    @property
+    def tokens_per_step(self) -> float:
+        return self.spec.accept if self.spec else 1.0
+
+    @property
+    def ms_per_token(self) -> float:
+        return self.time.total_ms / self.tokens_per_step
+
+    @property
+    def tokens_per_s_per_user(self) -> float:
+        return 1e3 / self.ms_per_token
+
+    @property
+    def tokens_per_s_total(self) -> float:
+        return self.batch * self.tokens_per_s_per_user
+
+    @property
+    def bytes_per_rank(self) -> float:
+        return sum(self.resident.values())
+
+    @property
+    def capacity_per_rank(self) -> float:
+        return self.chip.rank_hbm_bytes * USABLE_HBM
+
+    @property
+    def fits(self) -> bool:
+        return self.bytes_per_rank <= self.capacity_per_rank
+
+    def why_not(self) -> str:
+        r, gb = self.resident, 1e9
+        return (
+            f"needs {self.bytes_per_rank / gb:.1f} GB per rank (weights {r['weights'] / gb:.1f} + KDA state "
+            f"{r['state'] / gb:.1f} + attention cache {r['cache'] / gb:.1f}) but a rank of {self.chip.key} offers "
+            f"{self.capacity_per_rank / gb:.1f} GB ({USABLE_HBM:.0%} of {self.chip.rank_hbm_bytes / gb:.1f} GB HBM)"
+        )
+
+    def to_json(self) -> dict:
+        t = self.time
+        dpc = self.chip.devices_per_chip
+        return {
+            "model": self.workload.name,
+            "chip": self.chip.key,
+            "chips": self.chips,
+            "layout": {
+                "tp": self.layout.tp,
+                "dp": self.layout.dp,
+                "ep": self.layout.ep,
+                "ranks": self.layout.world,
+                "devices_per_chip": dpc,
+            },
+            "precision": self.workload.precision.__dict__,
+            "executor": self.executor,
+            "batch": self.batch,
+            "context": self.context,
+            "spec": None
+            if self.spec is None
+            else {"accept": self.spec.accept, "drafts": self.spec.drafts, "verify_rows": self.spec.drafts + 1},
+            "step_ms": t.total_ms,
+            "ms_per_token": self.ms_per_token,
+            "tokens_per_s_per_user": self.tokens_per_s_per_user,
+            "tokens_per_s_total": self.tokens_per_s_total,
+            "tokens_per_s_per_chip": self.tokens_per_s_total / self.chips,
+            "fits": self.fits,
+            "bytes_per_chip": self.bytes_per_rank * dpc,
+            "bytes_per_chip_detail": {k: v * dpc for k, v in self.resident.items()},
+            "capacity_per_chip": self.capacity_per_rank * dpc,
+            "bound": t.bound(),
+            "breakdown_ms": {
+                "weights": t.weights_ms,
+                "state_and_cache": t.state_ms,
+                "compute": t.compute_ms,
+                "expert_fetch": t.expert_fetch_ms,
+                "collectives": t.collectives_ms,
+                "launch": t.launch_ms,
+                "draft": t.draft_ms,
+            },
+            "kernels_per_step": t.kernels,
+            "collectives": [
+                {
+                    "label": c.label,
+                    "kind": c.kind,
+                    "ranks": c.ranks,
+                    "count": c.count,
+                    "wire_bytes": c.wire_bytes,
+                    "latency_ms": c.latency_ms,
+                    "bandwidth_ms": c.bandwidth_ms,
+                    "crosses_scale_out": c.crosses_scale_out,
+                }
+                for c in t.collectives
+            ],
+        }
+
+
+@functools.lru_cache(maxsize=8)
+def _eager_ops(cfg_json: str) -> int:
+    """aten ops of one reference decode step (counted on a narrow twin: the count does not depend on widths)."""
+    import json
+
+    import torch
+
+    from nonstop.config import ModelConfig
+    from nonstop.model.build import random_model
+    from nonstop.program.count import count_decode_ops
+    from nonstop.program.twin import narrow_twin
+
+    cfg = ModelConfig.from_hf_dict(json.loads(cfg_json))
+    return count_decode_ops(random_model(narrow_twin(cfg), torch.float32)).total
+
+
+def predict(
+    workload: Workload,
+    chip: Chip,
+    layout: Layout,
+    batch: int = 1,
+    context: int = 4096,
+    spec: Spec | None = None,
+    executor: str = "kernels",
+    consts: Constants | None = None,
+    model_dir: Path | None = None,
+) -> Prediction:
+    if executor not in EXECUTORS:
+        raise PlanError(f"unknown executor {executor!r}; choose one of: {', '.join(EXECUTORS)}")
+    if batch < 1 or context < 0:
+        raise PlanError(f"--batch must be >= 1 and --context >= 0, got {batch} and {context}")
+    rank = rank_workload(workload, layout)
+    consts = consts or Constants.load()
+    rows_per_seq = spec.drafts + 1 if spec else 1
+    ops = rank_ops(rank, layout, batch, context, rows_per_seq)
+    colls = collectives(rank, layout, batch, rows_per_seq)
+    eager = None
+    if executor == "eager":
+        import json
+
+        eager = _eager_ops(json.dumps(workload.cfg.to_hf_dict(), sort_keys=True))
+    draft = draft_shape(workload.cfg, model_dir, spec.drafts) if spec else None
+    slots = math.ceil(batch / layout.dp) * spec.drafts if spec else 0
+    t = step_time(ops, colls, chip, consts, executor, eager, draft, layout, slots)
+    return Prediction(
+        workload, chip, layout, batch, context, spec, executor, t, resident_bytes(rank, layout, batch, context)
+    )

@@ -1,0 +1,151 @@
+"""Text for ``nonstop plan``: one prediction in full, a table of layouts, predicted beside measured."""
+
+from __future__ import annotations
+
+import dataclasses
+
+from nonstop.plan.measured import Measurement
+from nonstop.plan.predict import USABLE_HBM, Prediction, Spec, predict
+from nonstop.plan.search import Candidate
+from nonstop.plan.workload import Precision, build_workload
+
+GB = 1e9
+
+
+def _gb(x: float) -> str:
+    return f"{x / GB:,.1f} GB"
+
+
+def _bytes(x: float) -> str:
+    for unit, scale in (("GB", 1e9), ("MB", 1e6), ("KB", 1e3)):
+        if x >= scale:
+            return f"{x / scale:.3g} {unit}"
+    return f"{x:.0f} B"
+
+
+def describe(p: Prediction) -> str:
+    """The full report of one prediction."""
+    t, chip, lay = p.time, p.chip, p.layout
+    spec = f", speculative: {p.spec.drafts} drafts, accepted length {p.spec.accept}" if p.spec else ""
+    prec = p.workload.precision
+    lines = [
+        (
+            f"{p.workload.name} on {p.chips:g} x {chip.key} ({chip.name}), {lay.describe()}"
+            f" ({lay.world} ranks, {lay.sharding} sharding), {p.executor} executor"
+        ),
+        (
+            f"batch {p.batch} sequence(s), context {p.context} tokens{spec}; weights {prec.dense},"
+            f" experts {prec.experts},"
+            f" attention cache {prec.cache}"
+        ),
+        "",
+        f"  ms per step          {t.total_ms:8.3f}",
+        f"  ms per token         {p.ms_per_token:8.3f}   (per user)",
+        f"  tokens/s per user    {p.tokens_per_s_per_user:8.1f}",
+        f"  tokens/s in total    {p.tokens_per_s_total:8.1f}   ({p.tokens_per_s_total / p.chips:.1f} per chip)",
+        f"  bound                {t.bound()}",
+        "",
+        (
+            f"memory per chip: {_gb(p.bytes_per_rank * chip.devices_per_chip)} of "
+            f"{_gb(p.capacity_per_rank * chip.devices_per_chip)}"
+            f" usable ({USABLE_HBM:.0%} of {chip.hbm_gb:g} GB) -> {'fits' if p.fits else 'DOES NOT FIT'}"
+        ),
+    ]
+    r = p.resident
+    lines.append(
+        f"  weights {_gb(r['weights'])}, KDA state {_gb(r['state'])}, attention cache {_gb(r['cache'])} per rank"
+    )
+    if not p.fits:
+        lines.append(f"  {p.why_not()}")
+    parts = [
+        ("weight streaming", t.weights_ms),
+        ("KV / KDA state reads", t.state_ms),
+        ("compute-bound ops", t.compute_ms),
+        ("expert fetch latency", t.expert_fetch_ms),
+        ("collectives", t.collectives_ms),
+        (f"launch gaps ({t.kernels} kernels)", t.launch_ms),
+        ("speculative draft", t.draft_ms),
+    ]
+    lines += ["", "step time (busiest rank):"]
+    for name, ms in parts:
+        if ms > 0 or name.startswith(("weight", "collect")):
+            lines.append(f"  {name:<30} {ms:8.3f} ms  {ms / t.total_ms:6.1%}")
+    if t.collectives:
+        lines += ["", f"collectives per step ({sum(c.count for c in t.collectives)} calls):"]
+        for c in sorted(t.collectives, key=lambda c: -c.ms):
+            where = "scale-out" if c.crosses_scale_out else "scale-up"
+            lines.append(
+                f"  {c.count:4d} x {c.kind:<10} {c.ranks:4d} ranks {where:<9} {_bytes(c.wire_bytes):>9} sent"
+                f"  latency {c.latency_ms:7.3f} ms  bandwidth {c.bandwidth_ms:7.3f} ms  {c.label}"
+            )
+    return "\n".join(lines)
+
+
+def layout_table(cands: list[Candidate], top: int) -> str:
+    header = f"{'layout':<22} {'ranks':>5} {'GB/chip':>8} {'fits':>5} {'ms/token':>9} {'tok/s/user':>10}"
+    lines = [header + f" {'tok/s total':>11}  bound"]
+    for c in cands[:top]:
+        p = c.prediction
+        dpc = p.chip.devices_per_chip if p else 1
+        fits = "yes" if c.fits else "no"
+        row = f"{c.layout.describe():<22} {c.layout.world:>5} {c.bytes_per_rank * dpc / GB:>8.1f} {fits:>5}"
+        if p is not None:
+            row += f" {p.ms_per_token:>9.3f} {p.tokens_per_s_per_user:>10.1f} {p.tokens_per_s_total:>11.1f}"
+            row += f"  {p.time.bound()}"
+        else:
+            row += f" {'-':>9} {'-':>10} {'-':>11}  (needs >= {c.bytes_per_rank / GB:.0f} GB per rank)"
+        lines.append(row)
+    return "\n".join(lines)
+
+
+def measured_side_by_side(rows: list[Measurement], chip, model_name: str, workload_for, consts=None) -> list[dict]:
+    """Each measurement with the planner's prediction of the same run (its batch, dtype, executor,
+    speculation and, on a CPU, the copy bandwidth that run measured)."""
+    out = []
+    for m in rows:
+        run_chip = dataclasses.replace(chip, hbm_gbps=m.copy_gbps) if m.copy_gbps else chip
+        workload = workload_for(m)
+        spec = Spec(m.spec_accept, m.spec_draft) if m.spec_accept else None
+        from nonstop.plan.layout import Layout
+
+        p = predict(workload, run_chip, Layout(), m.batch, m.context, spec, m.executor, consts, _model_dir(m))
+        out.append({"measurement": m, "predicted_ms_per_token": p.ms_per_token * m.serial, "prediction": p})
+    return out
+
+
+def _model_dir(m: Measurement):
+    if m.model is None:
+        return None
+    from nonstop.weights.resolve import resolve_model
+
+    try:
+        return resolve_model(m.model)[1]
+    except ValueError:
+        return None
+
+
+def measured_table(rows: list[dict]) -> str:
+    lines = [f"{'measured run':<64} {'measured':>9} {'predicted':>9} {'pred/meas':>9}  source"]
+    for r in rows:
+        m = r["measurement"]
+        lines.append(
+            f"{m.what[:64]:<64} {m.ms_per_token:>9.2f} {r['predicted_ms_per_token']:>9.2f}"
+            f" {r['predicted_ms_per_token'] / m.ms_per_token:>9.2f}  bench/results/{m.source}"
+        )
+    return "\n".join(lines)
+
+
+def workload_for_measurement(precision_overrides: dict):
+    """A function building the workload a measurement ran (its model, fp32 on a CPU)."""
+
+    def build(m: Measurement):
+        from nonstop.config import ModelConfig
+        from nonstop.weights.resolve import resolve_model
+
+        cfg = resolve_model(m.model)[0] if m.model else ModelConfig.from_hf_dict(m.hf_config)
+        fmt = {"float32": "fp32", "bfloat16": "bf16", "float16": "bf16"}.get(m.dtype, "bf16")
+        experts = None if cfg.moe and cfg.moe.expert_format == "mxfp4" else fmt
+        prec = Precision.released(cfg, **{"dense": fmt, "experts": experts, **precision_overrides})
+        return build_workload(cfg, m.model or "(config in the result file)", prec)
+
+    return build

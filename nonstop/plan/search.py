@@ -1,0 +1,86 @@
+"""Layout search: every tensor / data / expert-parallel split of N chips, the fitting ones predicted.
+
+Candidates: tp over the divisors of the ranks that split the attention heads, dp = ranks / tp, and for
+a MoE model ep = 1 (experts tensor-parallel in each attention group) or any divisor of the ranks >= 2.
+A cheap lower bound of a rank's bytes (every weight split as far as the layout allows) drops the
+layouts that cannot fit before their rank Program is built; the rest are predicted in full.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from nonstop.plan.chips import Chip
+from nonstop.plan.layout import Layout, check_layout
+from nonstop.plan.predict import USABLE_HBM, Prediction, Spec, predict
+from nonstop.plan.timing import Constants
+from nonstop.plan.workload import PlanError, Workload
+
+
+@dataclass
+class Candidate:
+    layout: Layout
+    bytes_per_rank: float  # exact when ``prediction`` is set, else a lower bound
+    prediction: Prediction | None = None
+
+    @property
+    def fits(self) -> bool:
+        return self.prediction is not None and self.prediction.fits
+
+
+def candidate_layouts(workload: Workload, ranks: int, sharding: str = "production") -> list[Layout]:
+    out = []
+    for tp in (d for d in range(1, ranks + 1) if ranks % d == 0):
+        eps = [1] + ([e for e in range(2, ranks + 1) if ranks % e == 0] if workload.moe_ops else [])
+        for ep in eps:
+            layout = Layout(tp, ranks // tp, ep, sharding)
+            try:
+                check_layout(workload, layout)
+            except PlanError:
+                continue
+            out.append(layout)
+    return out
+
+
+def lower_bound_bytes(workload: Workload, layout: Layout, batch: int, context: int) -> float:
+    """A rank holds at least: dense weights / tp, its experts, its sequences' state / tp and cache / tp."""
+    dense = sum(op.weight_bytes for op in workload.ops)
+    experts = sum(op.expert.bytes_each * op.expert.num_experts for op in workload.moe_ops)
+    held = experts / (layout.tp if layout.expert_tp else layout.ep)
+    seqs = math.ceil(batch / layout.dp)
+    resident = seqs * (workload.state_bytes_per_seq() + context * workload.cache_bytes_per_token()) / layout.tp
+    return dense / layout.tp + held + resident
+
+
+def search(
+    workload: Workload,
+    chip: Chip,
+    chips: int,
+    batch: int,
+    context: int,
+    spec: Spec | None = None,
+    executor: str = "kernels",
+    consts: Constants | None = None,
+    model_dir: Path | None = None,
+    sharding: str = "production",
+    progress: Callable[[str], None] | None = None,
+) -> list[Candidate]:
+    """Every candidate layout; those that fit first (fastest first), then the rest (smallest first)."""
+    ranks = chips * chip.devices_per_chip
+    capacity = chip.rank_hbm_bytes * USABLE_HBM
+    out = []
+    layouts = candidate_layouts(workload, ranks, sharding)
+    for i, layout in enumerate(layouts):
+        bound = lower_bound_bytes(workload, layout, batch, context)
+        if bound > capacity:
+            out.append(Candidate(layout, bound))
+            continue
+        if progress:
+            progress(f"[{i + 1}/{len(layouts)}] {layout.describe()}: building its rank Program")
+        p = predict(workload, chip, layout, batch, context, spec, executor, consts, model_dir)
+        out.append(Candidate(layout, p.bytes_per_rank, p))
+    out.sort(key=lambda c: (not c.fits, c.prediction.ms_per_token if c.fits else c.bytes_per_rank))
+    return out

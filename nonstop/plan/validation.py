@@ -1,0 +1,132 @@
+"""Published decode results (``validation.json``) and the planner's predictions of them.
+
+``evaluate(points)`` predicts every point through the same path as ``nonstop plan`` and returns rows
+of (point, metric, published, predicted, error = predicted / published - 1).
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+from nonstop.plan.chips import get_chip
+from nonstop.plan.layout import Layout
+from nonstop.plan.predict import Prediction, Spec, predict
+from nonstop.plan.timing import Constants
+from nonstop.plan.workload import Precision, build_workload
+
+POINTS = Path(__file__).with_name("validation.json")
+METRICS = ("ms_per_token", "tokens_per_s_per_user", "tokens_per_s_total", "tokens_per_s_per_chip")
+
+
+@dataclass
+class Row:
+    point: dict
+    published: float
+    predicted: float
+    prediction: Prediction
+
+    @property
+    def error(self) -> float:
+        return self.predicted / self.published - 1.0
+
+
+def load_points(role: str | None = None, path: Path = POINTS) -> list[dict]:
+    points = json.loads(Path(path).read_text())["points"]
+    return [p for p in points if role is None or p["role"] == role]
+
+
+@functools.lru_cache(maxsize=16)
+def _workload(model: str, precision: tuple = ()):
+    from nonstop.weights.resolve import resolve_model
+
+    cfg, _ = resolve_model(model)
+    return build_workload(cfg, model, Precision.released(cfg, **dict(precision)))
+
+
+def predict_point(point: dict, consts: Constants | None = None) -> Prediction:
+    spec = Spec(**point["spec"]) if point.get("spec") else None
+    layout = Layout(point.get("tp", 1), point.get("dp", 1), point.get("ep", 1))
+    chip = get_chip(point["chip"])
+    workload = _workload(point["model"], tuple(sorted((point.get("precision") or {}).items())))
+    return predict(
+        workload,
+        chip,
+        layout,
+        point["batch"],
+        point.get("context", 1024),
+        spec,
+        point.get("executor", "kernels"),
+        consts,
+    )
+
+
+def metric_value(pred: Prediction, metric: str) -> float:
+    if metric == "tokens_per_s_per_chip":
+        return pred.tokens_per_s_total / pred.chips
+    return getattr(pred, metric)
+
+
+def evaluate(points: list[dict], consts: Constants | None = None) -> list[Row]:
+    rows = []
+    for p in points:
+        pred = predict_point(p, consts)
+        rows.append(Row(p, p["published"], metric_value(pred, p["metric"]), pred))
+    return rows
+
+
+def table(rows: list[Row]) -> str:
+    lines = [f"{'point':<28} {'role':<11} {'metric':<22} {'published':>10} {'predicted':>10} {'error':>7}  bound"]
+    for r in rows:
+        lines.append(
+            f"{r.point['id']:<28} {r.point['role']:<11} {r.point['metric']:<22} {r.published:>10.2f}"
+            f" {r.predicted:>10.2f} {r.error:>+7.1%}  {r.prediction.time.bound()}"
+        )
+    return "\n".join(lines)
+
+
+def what_if(chips: int = 128, tps: tuple[int, ...] = (8, 16, 32)) -> list[tuple]:
+    """The seed report's 5.85 ms/token on 128 chips of unstated type: K3 at batch 1 on each catalogue chip,
+    attention TP over ``tps`` with every expert spread (EP = all ranks), both executors."""
+    from nonstop.plan.chips import chip_names
+
+    workload = _workload("kimi-k3", ())
+    rows = []
+    for name in chip_names():
+        if name == "cpu":
+            continue
+        chip = get_chip(name)
+        ranks = chips * chip.devices_per_chip
+        for executor in ("kernels", "megakernel"):
+            preds = [predict(workload, chip, Layout(tp, ranks // tp, ranks), 1, 4096, None, executor) for tp in tps]
+            best = min((p for p in preds if p.fits), key=lambda p: p.ms_per_token)
+            rows.append((name, executor, best.layout.describe(), best.ms_per_token, best.time.bound()))
+    return rows
+
+
+def main(argv: list[str] | None = None) -> int:
+    import argparse
+
+    parser = argparse.ArgumentParser(
+        prog="python -m nonstop.plan.validation",
+        description="Print the planner's predictions of every published point in validation.json.",
+    )
+    parser.add_argument(
+        "--what-if",
+        action="store_true",
+        help="also K3 at batch 1 on 128 chips of each kind (the seed report's 5.85 ms/token)",
+    )
+    args = parser.parse_args(argv)
+    print(table(evaluate(load_points())))
+    if args.what_if:
+        print()
+        print(f"{'chip':<8} {'executor':<11} {'layout':<18} {'ms/token':>8}  bound")
+        for name, executor, layout, ms, bound in what_if():
+            print(f"{name:<8} {executor:<11} {layout:<18} {ms:>8.2f}  {bound}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

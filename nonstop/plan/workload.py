@@ -1,0 +1,273 @@
+"""The model side of a plan: per super-op traffic and work, from the engine's own Program costs.
+
+The model is built on the meta device (shapes only, no weights) and lowered by ``program/lower.py``,
+or for a parallel layout by ``dist/program.py`` (a rank's Program: its part of every weight plus the
+collective super-ops). Each op's ``cost(rows, context, sequences)`` (``program/cost.py``) is linear in
+its arguments, so a few evaluations give per-op coefficients (one decode step, one rank):
+
+    bytes(op) = W_op + r·a_op + s·S_op + r·L·c_op          (weights, activations, state, cache)
+    flops(op) = r·f_op + r·L·g_op
+
+r = rows (sequences × tokens per sequence), s = sequences, L = cached tokens per sequence. Weights are
+re-priced in the serving precision (``Precision``): dense matrices at ``dense`` bytes/param, routed
+experts at ``experts`` bytes/param (K3's MXFP4 as packed: 4.25 bits/param incl. its E8M0 scales).
+Routed experts are kept apart (``ExpertShape``): which of them a step touches depends on the batch
+and the layout, not on the op alone.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+from dataclasses import dataclass, field
+
+import torch
+
+from nonstop.config import ModelConfig
+
+# bytes per parameter of each serving format (block scales included: fp8 128x128 blocks of fp32 scales,
+# MXFP4 one E8M0 byte per 32 values, NVFP4 one fp8 byte per 16)
+FORMAT_BYTES = {"fp32": 4.0, "bf16": 2.0, "fp8": 1.0 + 4 / (128 * 128), "mxfp4": 0.5 + 1 / 32, "nvfp4": 0.5 + 1 / 16}
+FORMAT_DTYPE = {"fp32": "fp32", "bf16": "bf16", "fp8": "fp8", "mxfp4": "fp4", "nvfp4": "fp4"}
+FORMAT_ALIASES = {
+    "float32": "fp32",
+    "bfloat16": "bf16",
+    "float16": "bf16",
+    "fp16": "bf16",
+    "fp4": "mxfp4",
+    "int4": "mxfp4",
+}
+COLLECTIVE_KINDS = ("tp_all_reduce", "vocab_gather")  # super-ops that are only communication
+# K3's latent projections: nonstop.dist replicates them on every tensor-parallel rank; vLLM / SGLang /
+# the TPU megakernel split them (column-parallel down, row-parallel up), which ``sharding="production"``
+# models by dividing their bytes by tp
+PRODUCTION_SPLIT = ("latent_down", "latent_up")
+EXPERT_KINDS = ("moe_experts", "moe_ep")
+CONTEXT_PROBE = 1024
+
+
+class PlanError(ValueError):
+    """A request the planner cannot answer (shown as one line)."""
+
+
+def serving_format(name: str) -> str:
+    key = FORMAT_ALIASES.get(name.lower(), name.lower())
+    if key not in FORMAT_BYTES:
+        raise PlanError(f"unknown weight format {name!r}; choose one of: {', '.join(FORMAT_BYTES)}")
+    return key
+
+
+@dataclass(frozen=True)
+class Precision:
+    """Serving formats: dense (non-expert) matrices, routed experts, attention cache."""
+
+    dense: str = "bf16"
+    experts: str = "bf16"
+    cache: str = "bf16"
+
+    @staticmethod
+    def released(
+        cfg: ModelConfig, dense: str | None = None, experts: str | None = None, cache: str | None = None
+    ) -> Precision:
+        """The checkpoint's own formats unless overridden: ``quantization_config`` of the config (K3:
+        MXFP4 experts, bf16 rest; fp8 checkpoints such as Kimi K2 / DeepSeek-V3: fp8 everywhere)."""
+        hf = cfg.hf or {}
+        quant = hf.get("quantization_config") or (hf.get("text_config") or {}).get("quantization_config")
+        base_dense, base_experts = "bf16", "mxfp4" if cfg.moe and cfg.moe.expert_format == "mxfp4" else "bf16"
+        if (
+            isinstance(quant, dict)
+            and (quant.get("quant_method") == "fp8" or quant.get("fmt") == "e4m3")
+            or cfg.family in RELEASED_FP8
+        ):
+            base_dense = base_experts = "fp8"
+        return Precision(
+            serving_format(dense or base_dense),
+            serving_format(experts or base_experts),
+            serving_format(cache or "bf16"),
+        )
+
+
+# families whose released checkpoints are fp8 block-scaled even when the bundled preset omits the
+# quantization_config (moonshotai/Kimi-K2-Instruct, deepseek-ai/DeepSeek-V3: weight_block_size 128x128);
+# Kimi K2 parses as the deepseek_v3 family
+RELEASED_FP8 = frozenset({"deepseek_v3"})
+
+
+@dataclass(frozen=True)
+class ExpertShape:
+    """The routed experts of one MoE layer."""
+
+    num_experts: int  # in the model
+    local: int  # held by this rank (all of them on one device)
+    top_k: int
+    bytes_each: float  # one expert's weights in the serving format
+    params_each: int
+    width: int  # dispatched activation width (K3: the latent; others: hidden)
+
+
+@dataclass(frozen=True)
+class OpShape:
+    """One super-op's per-step coefficients on its rank; see the module docstring."""
+
+    name: str
+    kind: str
+    layer: int | None
+    weight_bytes: float  # W_op, serving format (routed experts: only the router bias; see ``expert``)
+    engine_replicated_bytes: float  # part of W_op ``nonstop.dist`` keeps whole that production stacks split
+    held_bytes: float  # weights the rank keeps (W_op, plus the whole table of a gathered embedding)
+    act_bytes_per_row: float  # a_op
+    state_bytes_per_seq: float  # S_op (KDA recurrent + conv state, read and written)
+    cache_bytes_per_row_ctx: float  # c_op (attention cache read per cached token)
+    flops_per_row: float  # f_op
+    flops_per_row_ctx: float  # g_op
+    dtype: str  # tensor-core dtype of its weights ("bf16", "fp8", "fp4", "fp32")
+    expert: ExpertShape | None = None
+
+
+@dataclass(frozen=True)
+class Workload:
+    """A model (or one rank's part of it) as the planner sees it, with the Program it came from."""
+
+    name: str
+    cfg: ModelConfig
+    precision: Precision
+    ops: tuple[OpShape, ...]
+    hidden: int
+    program: object = field(default=None, compare=False, repr=False)
+
+    @property
+    def moe_ops(self) -> list[OpShape]:
+        return [o for o in self.ops if o.expert is not None]
+
+    def total_weight_bytes(self) -> float:
+        """All weights held (every local expert) in the serving formats."""
+        return sum(o.held_bytes + (o.expert.bytes_each * o.expert.local if o.expert else 0) for o in self.ops)
+
+    def active_weight_bytes(self) -> float:
+        """Weights one token reads at batch 1 (top-k experts per MoE layer)."""
+        return sum(o.weight_bytes + (o.expert.bytes_each * o.expert.top_k if o.expert else 0) for o in self.ops)
+
+    def state_bytes_per_seq(self) -> float:
+        """Resident state per sequence (KDA recurrent + conv windows; read and written each step: / 2)."""
+        return sum(o.state_bytes_per_seq for o in self.ops) / 2
+
+    def cache_bytes_per_token(self) -> float:
+        """Attention cache per cached token (MLA latent / GQA K and V), all layers."""
+        return sum(o.cache_bytes_per_row_ctx for o in self.ops)
+
+
+def _nbytes(t: torch.Tensor) -> int:
+    return t.numel() * t.element_size()
+
+
+def _matrix_params(op) -> int:
+    return sum(t.numel() for n, t in op.weights.items() if t.dim() >= 2 and n not in ("embed", "conv"))
+
+
+def _weight_bytes(op, precision: Precision) -> tuple[float, float]:
+    """(serving bytes, the PRODUCTION_SPLIT part) of a non-expert op's weights: matrices in
+    ``precision.dense``, vectors as stored; the router stays bf16 (fp32 logits from a bf16 matrix)."""
+    per_param = FORMAT_BYTES[precision.dense]
+    total = split = 0.0
+    for name, t in op.weights.items():
+        matrix = t.dim() >= 2 and t.is_floating_point() and name not in ("conv", "router")
+        if matrix:
+            nbytes = t.numel() * per_param
+        elif name == "router":  # loaded in fp32 for exact routing; served and streamed in bf16
+            nbytes = t.numel() * FORMAT_BYTES["bf16"]
+        else:
+            nbytes = _nbytes(t)
+        total += nbytes
+        split += nbytes if name in PRODUCTION_SPLIT else 0.0
+    return total, split
+
+
+def _expert_shape(op, precision: Precision, cfg: ModelConfig) -> ExpertShape:
+    mc = op.attrs["moe"]
+    local = op.attrs.get("local_experts", mc.num_experts)
+    tensors = {n: t for n, t in op.weights.items() if n != "bias"}
+    params = sum(
+        2 * t.numel() if n.endswith("_packed") else t.numel() for n, t in tensors.items() if not n.endswith("_scale")
+    ) // max(local, 1)
+    width = mc.latent_size or cfg.hidden_size
+    return ExpertShape(mc.num_experts, local, mc.top_k, params * FORMAT_BYTES[precision.experts], params, width)
+
+
+def _coefficients(op, program, precision: Precision) -> dict:
+    """Linear coefficients of ``op.cost`` (reads + writes, FLOPs) in rows, sequences and context."""
+    if op.kind in EXPERT_KINDS:  # activations only; expert weights and FLOPs depend on the routing
+        elt = {"model": program.dtype.itemsize, "float32": 4, "int64": 8}
+        act = sum(program.buffers[b].row_numel * elt[program.buffers[b].dtype] for b in op.reads + op.writes)
+        return {
+            "act_bytes_per_row": act,
+            "state_bytes_per_seq": 0.0,
+            "cache_bytes_per_row_ctx": 0.0,
+            "flops_per_row": 0.0,
+            "flops_per_row_ctx": 0.0,
+        }
+
+    def traffic(r, ctx, s):
+        c = op.cost(r, ctx, s)
+        return c.bytes_read + c.bytes_written - c.weight_bytes, c.flops
+
+    base_b, base_f = traffic(1, 0, 0)
+    two_b, two_f = traffic(2, 0, 0)
+    seq_b, _ = traffic(1, 0, 1)
+    ctx_b, ctx_f = traffic(1, CONTEXT_PROBE, 0)
+    cache_scale = FORMAT_BYTES[precision.cache] / 2 if op.kind in ("mla_attn", "gqa_attn") else 1.0
+    return {
+        "act_bytes_per_row": two_b - base_b,
+        "state_bytes_per_seq": seq_b - base_b,
+        "cache_bytes_per_row_ctx": (ctx_b - base_b) / CONTEXT_PROBE * cache_scale,
+        "flops_per_row": two_f - base_f,
+        "flops_per_row_ctx": (ctx_f - base_f) / CONTEXT_PROBE,
+    }
+
+
+@functools.lru_cache(maxsize=8)
+def _program(cfg_json: str):
+    from nonstop.model.build import meta_model
+    from nonstop.program.lower import lower
+
+    cfg = ModelConfig.from_hf_dict(json.loads(cfg_json))
+    return lower(meta_model(cfg, torch.bfloat16))
+
+
+def program_for(cfg: ModelConfig):
+    """The bf16 decode Program of ``cfg``, lowered from a meta-device model (cached per config)."""
+    return _program(json.dumps(cfg.to_hf_dict(), sort_keys=True))
+
+
+def build_workload(cfg: ModelConfig, name: str, precision: Precision | None = None, program=None) -> Workload:
+    """The workload of ``program`` (default: the single-device Program of ``cfg``)."""
+    precision = precision or Precision.released(cfg)
+    program = program if program is not None else program_for(cfg)
+    ops = []
+    for op in program.ops:
+        coeff = _coefficients(op, program, precision)
+        if op.kind in EXPERT_KINDS:
+            ex = _expert_shape(op, precision, cfg)
+            bias = _nbytes(op.weights["bias"])
+            ops.append(
+                OpShape(
+                    op.name,
+                    op.kind,
+                    op.layer,
+                    bias,
+                    0.0,
+                    bias,
+                    dtype=FORMAT_DTYPE[precision.experts],
+                    expert=ex,
+                    **coeff,
+                )
+            )
+            continue
+        held, split = _weight_bytes(op, precision)
+        weight = held
+        if op.kind in ("embed", "embed_shard"):  # a gather: one row per token, already in act_bytes_per_row
+            weight = 0.0
+            coeff["act_bytes_per_row"] = cfg.hidden_size * FORMAT_BYTES["bf16"]
+        ops.append(
+            OpShape(op.name, op.kind, op.layer, weight, split, held, dtype=FORMAT_DTYPE[precision.dense], **coeff)
+        )
+    return Workload(name, cfg, precision, tuple(ops), cfg.hidden_size, program)

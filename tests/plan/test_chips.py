@@ -1,0 +1,71 @@
+"""The chip catalogue: every chip the issue names, every figure with a source, --chip-file entries."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from nonstop.plan.chips import ChipError, chip_from_entry, chip_names, get_chip, load_catalogue
+
+NAMED = ("h100", "h200", "b200", "b300", "gb200", "gb300", "mi300x", "mi325x", "mi355x", "tpu-v7")
+
+
+def test_catalogue_has_every_named_chip_with_sources():
+    entries = load_catalogue()
+    for key in NAMED:
+        chip = chip_from_entry(key, entries[key])  # validates every required figure and its source
+        for path in (
+            "hbm_gb",
+            "hbm_gbps",
+            "tflops.bf16",
+            "tflops.fp8",
+            "tflops.fp4",
+            "scale_up.domain",
+            "scale_up.gbps",
+            "scale_up.latency_us",
+            "scale_out.gbps",
+            "scale_out.latency_us",
+        ):
+            assert chip.sources.get(path), f"{key}: no source for {path}"
+        assert chip.rank_flops("fp8") >= chip.rank_flops("bf16") > 0
+
+
+def test_dtype_fallback_and_devices_per_chip():
+    h200, tpu, b300 = get_chip("h200"), get_chip("TPU-V7"), get_chip("b300")
+    assert h200.rank_flops("fp4") == h200.rank_flops("fp8")  # Hopper: no FP4, runs at the FP8 rate
+    assert b300.rank_flops("fp4") > b300.rank_flops("fp8")
+    assert tpu.devices_per_chip == 2 and tpu.rank_hbm_bytes == pytest.approx(tpu.hbm_gb * 1e9 / 2)
+
+
+def test_chip_file_adds_and_overrides(tmp_path):
+    entry = json.loads(json.dumps(load_catalogue()["h200"]))
+    entry.update(name="my accelerator", hbm_gb=500)
+    path = tmp_path / "chips.json"
+    path.write_text(json.dumps({"X1": entry, "h100": {**entry, "hbm_gb": 96}}))
+    assert get_chip("x1", path).hbm_gb == 500
+    assert get_chip("h100", path).hbm_gb == 96
+    assert "x1" in chip_names(path)
+
+
+@pytest.mark.parametrize(
+    "entry, message",
+    [
+        ({"hbm_gb": -1}, "hbm_gb must be a positive number"),
+        ({"sources": {}}, "has no source"),
+        ({"scale_up": {"domain": 8, "gbps": 450}}, "scale_up.latency_us must be a positive number"),
+    ],
+)
+def test_bad_chip_entries_name_the_figure(entry, message):
+    base = json.loads(json.dumps(load_catalogue()["h200"]))
+    base.update(entry)
+    with pytest.raises(ChipError, match=message):
+        chip_from_entry("bad", base)
+
+
+def test_unknown_chip_lists_the_known_ones(tmp_path):
+    with pytest.raises(ChipError, match="known chips: .*h200"):
+        get_chip("h900")
+    (tmp_path / "c.json").write_text("{not json")
+    with pytest.raises(ChipError, match="not valid JSON"):
+        get_chip("h200", tmp_path / "c.json")

@@ -1,0 +1,80 @@
+"""``nonstop plan`` end to end: fit / no fit, layout search, --json, measurements, clear errors."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from nonstop.cli import main
+
+
+def test_k3_does_not_fit_8_h200_and_says_why(capsys):
+    assert main(["plan", "-m", "kimi-k3", "--chip", "h200", "--chips", "8"]) == 0
+    out = capsys.readouterr().out
+    assert "none fits" in out and "does not fit" in out
+    assert "GB per rank" in out and "129.7 GB" in out  # what it needs against what an H200 offers
+
+
+def test_k3_fits_16_h200_and_the_search_ranks_layouts(capsys):
+    assert main(["plan", "-m", "kimi-k3", "--chip", "h200", "--chips", "16", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    for key in ("ms_per_token", "tokens_per_s_per_user", "tokens_per_s_total", "fits", "bytes_per_chip", "bound"):
+        assert key in out
+    assert out["fits"] and out["bytes_per_chip"] <= out["capacity_per_chip"]
+    fitting = [c for c in out["layouts"] if c["fits"]]
+    assert len(fitting) >= 2 and fitting[0]["ms_per_token"] == pytest.approx(out["ms_per_token"])
+    assert [c["ms_per_token"] for c in fitting] == sorted(c["ms_per_token"] for c in fitting)
+    assert any(not c["fits"] for c in out["layouts"])
+
+
+def test_explicit_layout_json_with_speculation(capsys):
+    argv = ["plan", "-m", "kimi-k3", "--chip", "b300", "--chips", "8", "--tp", "8", "--spec-accept", "3", "--json"]
+    assert main(argv) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["spec"] == {"accept": 3.0, "drafts": 7, "verify_rows": 8}
+    assert out["ms_per_token"] == pytest.approx(out["step_ms"] / 3)
+    assert {c["kind"] for c in out["collectives"]} >= {"all_reduce"}
+
+
+def test_cpu_plan_sits_beside_nonstop_measurements(capsys):
+    assert main(["plan", "-m", "k3-nano", "--chip", "cpu"]) == 0
+    out = capsys.readouterr().out
+    assert "eager executor" in out and "bench/results/spec_decode_cpu_k3-nano.json" in out
+    assert main(["plan", "--chip", "cpu", "--measured", "--json"]) == 0
+    rows = json.loads(capsys.readouterr().out)
+    assert any(r["source"] == "cpu_decode.json" for r in rows)
+    assert all(r["predicted_ms_per_token"] > 0 and r["measured_ms_per_token"] > 0 for r in rows)
+
+
+def test_no_measurement_on_a_gpu_is_said_plainly(capsys):
+    assert main(["plan", "-m", "k3-nano", "--chip", "h100", "--chips", "1"]) == 0
+    assert "no nonstop measurement of k3-nano on h100" in capsys.readouterr().out
+
+
+def test_list_chips(capsys):
+    assert main(["plan", "--list-chips"]) == 0
+    out = capsys.readouterr().out
+    assert all(name in out for name in ("h100", "gb300", "mi355x", "tpu-v7", "cpu"))
+
+
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["--chip", "h900", "--chips", "8"], "unknown chip 'h900'"),
+        (["-m", "kimi-k3", "--chip", "h200", "--chips", "8", "--tp", "3"], "does not divide"),
+        (["-m", "kimi-k3", "--chip", "h200", "--chips", "8", "--tp", "5", "--dp", "1"], "ranks"),
+        (["-m", "kimi-k3", "--chip", "h200", "--chips", "8", "--tp", "8", "--spec-accept", "9"], "spec-accept"),
+        (
+            ["-m", "kimi-k3", "--chip", "h200", "--chips", "8", "--tp", "8", "--experts", "int3"],
+            "unknown weight format",
+        ),
+        (["-m", "kimi-k3"], "give --chip"),
+    ],
+)
+def test_bad_input_is_one_line(argv, message, capsys):
+    with pytest.raises(SystemExit) as e:
+        main(["plan", *argv])
+    assert e.value.code == 2
+    err = capsys.readouterr().err
+    assert message in err and len(err.strip().splitlines()) == 1
