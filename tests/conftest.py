@@ -11,6 +11,9 @@ import os
 import sys
 
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+# The default CPU backend ("cpu") compiles its step (seconds to minutes per model on 2 cores): tests
+# run its program eagerly unless they ask for compile=True (tests/runtime/test_cpu_executor.py).
+os.environ.setdefault("NONSTOP_CPU_COMPILE", "0")
 # Triton kernels run under the interpreter on machines without a GPU; the flag is read when the
 # kernels' decorators run, so it must be set before any test imports nonstop.kernels.
 if not os.path.exists("/dev/nvidia0"):

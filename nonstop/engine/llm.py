@@ -16,7 +16,7 @@ from nonstop.engine.sampling import SamplingParams
 from nonstop.engine.spec.config import SpecConfig, make_drafter
 from nonstop.engine.spec.step import SpecDecoder
 from nonstop.engine.tokenizer import Tokenizer
-from nonstop.runtime import make_executor
+from nonstop.runtime import make_executor, resolve_backend
 
 ASSETS = Path(__file__).resolve().parent.parent / "assets"
 DEFAULT_MODEL = "k3-nano"
@@ -80,7 +80,8 @@ class LLM:
 
     model: checkpoint directory (HF ``config.json`` + safetensors), a bundled model (``k3-nano``) or a
     preset name (random weights). dtype: ``auto`` (fp32 on CPU, bf16 on CUDA) or a torch dtype / name.
-    backend: ``reference`` | ``superop`` | ``megakernel``. max_batch: sequences decoded together.
+    backend: ``auto`` (``cpu`` on a CPU, else ``reference``) | ``reference`` | ``superop`` | ``megakernel`` |
+    ``cpu`` | ``cpu-bf16`` | ``cpu-int8`` (``nonstop.runtime.cpu``: 16- / 8-bit weights). max_batch: sequences decoded together.
     prefill_chunk: prompt tokens per prefill forward (None: whole prompts). batch_invariant: each
     sequence in a forward of its own, so its tokens do not depend on the others (see ``EngineCore``).
     speculative: ``{"method": "ngram" | "dspark", "num_tokens": k, ...}`` (``SpecConfig``): draft k
@@ -89,7 +90,7 @@ class LLM:
     accepted_tokens, verify_steps and mean_accepted_length (tokens per verification step).
     """
 
-    def __init__(self, model: str | Path = DEFAULT_MODEL, dtype=None, device: str = "cpu", backend: str = "reference", max_batch: int = 16, seed: int = 0, speculative: dict | None = None, progress: bool = False, prefill_chunk: int | None = None, batch_invariant: bool = False):
+    def __init__(self, model: str | Path = DEFAULT_MODEL, dtype=None, device: str = "cpu", backend: str = "auto", max_batch: int = 16, seed: int = 0, speculative: dict | None = None, progress: bool = False, prefill_chunk: int | None = None, batch_invariant: bool = False):
         from nonstop.model.build import load_model, random_model
 
         self.device = check_device(device)
@@ -104,8 +105,8 @@ class LLM:
             self.model = load_model(self.cfg, self.model_dir, self.dtype, self.device, report)
         self.tokenizer = Tokenizer.load(self.model_dir, self.cfg.vocab_size)
         self.eos_ids = _eos_ids(self.cfg, self.model_dir)
-        self.backend = backend
-        self.executor = make_executor(backend, self.model)
+        self.backend = resolve_backend(backend, self.device)
+        self.executor = make_executor(self.backend, self.model)
         self.max_batch = max_batch
         self.prefill_chunk = prefill_chunk
         self.batch_invariant = batch_invariant
