@@ -45,6 +45,6 @@ def load_kernels(progress: bool = True) -> str | None:
                 load(name="nonstop_cpu_gemv", sources=[str(SOURCE)], extra_cflags=["-O3", "-fopenmp"], extra_ldflags=["-fopenmp"], is_python_module=False, build_directory=str(build), verbose=False)
             _register_fakes()
             _state["error"] = None
-        except Exception as exc:  # no compiler, headers, or a build error: report, do not fail the model
+        except (OSError, RuntimeError, ImportError) as exc:  # no compiler or headers, a build error: report it
             _state["error"] = f"{type(exc).__name__}: {str(exc).strip().splitlines()[0] if str(exc).strip() else exc}"
         return _state["error"]

@@ -9,8 +9,6 @@ into one graph; the caches are updated in place.
 
 from __future__ import annotations
 
-import torch
-
 from nonstop.cache.state import StepBatch
 from nonstop.program.ir import Program
 from nonstop.program.reference import StepEnv
