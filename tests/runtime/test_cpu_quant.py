@@ -46,7 +46,9 @@ def test_kernels_equal_torch_on_the_same_weights(M, N, K):
         torch.testing.assert_close(packed.linear(x, bias), want, rtol=1e-5, atol=1e-4)
     if K % 8 == 0:
         packed = Int8Weight(w, kernels=True, group=8)
-        torch.testing.assert_close(packed.linear(x[:, None], None)[:, 0], x @ packed.dequantized().t(), rtol=1e-5, atol=1e-4)
+        torch.testing.assert_close(
+            packed.linear(x[:, None], None)[:, 0], x @ packed.dequantized().t(), rtol=1e-5, atol=1e-4
+        )
 
 
 @pytest.mark.parametrize("weights", ["bfloat16", "int8"])
@@ -60,4 +62,6 @@ def test_quantized_executor_equals_the_reference_on_its_weights(name, weights):
     assert ex.stats["weights"] == weights
     assert not torch.equal(before, model.lm_head_weight)  # the model now computes with rounded weights
     prompts, max_tokens = [[3, 4, 5, 6, 9], [7, 8]], [8, 5]
-    assert greedy_tokens(model, ex, prompts, max_tokens) == greedy_tokens(model, ReferenceExecutor(model), prompts, max_tokens)
+    assert greedy_tokens(model, ex, prompts, max_tokens) == greedy_tokens(
+        model, ReferenceExecutor(model), prompts, max_tokens
+    )

@@ -20,6 +20,8 @@ by reason: cache-free scoring, prefill (more than one token per row), speculativ
 from __future__ import annotations
 
 import os
+import sys
+import time
 import types
 
 import torch
@@ -34,9 +36,10 @@ from nonstop.runtime.cpu.kernels import load_kernels
 from nonstop.runtime.cpu.ops import CPU_OPS
 from nonstop.runtime.cpu.pack import pack_program
 from nonstop.runtime.cpu.step import run_step
-from nonstop.runtime.cpu.threads import configure_threads
+from nonstop.runtime.cpu.threads import configure_threads, weight_bytes_per_token
 
 WEIGHT_FORMATS = ("auto", "float32", "bfloat16", "int8")
+RECOMPILE_SECONDS = 1.0  # a step of a known shape class this slow was compiled again
 
 
 def resolve_weights(weights: str, model_dtype: torch.dtype) -> str:
@@ -69,19 +72,30 @@ class CPUExecutor:
     """``forward(input_ids [B, T], cache, batch, last_only)`` -> fp32 logits; see the module docstring.
 
     weights: ``auto`` | ``float32`` | ``bfloat16`` | ``int8``. compile: False runs the same step
-    eagerly (tests, debugging); None: compile unless the environment says ``NONSTOP_CPU_COMPILE=0``. threads: torch threads (None: ``threads.default_threads()``).
+    eagerly (tests, debugging); None: compile unless the environment says ``NONSTOP_CPU_COMPILE=0``.
+    threads: torch threads (None: ``threads.default_threads()``).
     progress: announce compiles on stderr.
     """
 
     name = "cpu"
 
-    def __init__(self, model: CausalLM, weights: str = "auto", compile: bool | None = None, threads: int | None = None, progress: bool = True):
+    def __init__(
+        self,
+        model: CausalLM,
+        weights: str = "auto",
+        compile: bool | None = None,
+        threads: int | None = None,
+        progress: bool = True,
+    ):
         device = model.embed_tokens.weight.device
         if device.type != "cpu":
-            raise ValueError(f"backend 'cpu' runs on the CPU, but the model is on {device}; use backend 'superop' or 'reference' there")
+            raise ValueError(
+                f"backend 'cpu' runs on the CPU, but the model is on {device}; "
+                "use backend 'superop' or 'reference' there"
+            )
         self.model = model
         self.weights = resolve_weights(weights, model.embed_tokens.weight.dtype)
-        self.threads = configure_threads(threads)
+        self.threads = configure_threads(threads, weight_bytes_per_token(model))
         self.progress = progress
         kernels_error = load_kernels(progress) if self.weights != "float32" else None
         self.program = lower(model)
@@ -98,15 +112,20 @@ class CPUExecutor:
         self.stats = {
             "weights": self.weights,
             "threads": self.threads,
-            "kernels": "not needed (fp32 weights)" if self.weights == "float32" else kernels_error or "C++ GEMV kernels",
+            "kernels": "not needed (fp32 weights)"
+            if self.weights == "float32"
+            else kernels_error or "C++ GEMV kernels",
             "compiled_steps": 0,
             "reference_steps": 0,
             "reference_reasons": {},
             "compile_seconds": {},
+            "recompiles": 0,
         }
 
     # ------------------------------------------------------------------ routing
-    def _fallback_reason(self, input_ids: torch.Tensor, cache: ModelCache | None, batch: StepBatch | None) -> str | None:
+    def _fallback_reason(
+        self, input_ids: torch.Tensor, cache: ModelCache | None, batch: StepBatch | None
+    ) -> str | None:
         if cache is None or batch is None:
             return "scoring without a cache"
         if batch.keep_states:
@@ -136,16 +155,33 @@ class CPUExecutor:
             mark_dynamic_sizes(args[2:])
         self.stats["compiled_steps"] += 1
         shape = self._shape_class(input_ids.shape[0], read_rows.shape[1])
-        if not self.compiled or shape in self._shapes:
+        if not self.compiled:
             return self._step(*args)[0]
-        with announced(f"compiling the decode step for {shape} (cached for later runs)", enabled=self.progress) as timing:
+        if shape in self._shapes:
+            t0 = time.perf_counter()
+            logits = self._step(*args)[0]
+            if time.perf_counter() - t0 > RECOMPILE_SECONDS:  # torch.compile specialised again (e.g. new input kinds)
+                self.stats["recompiles"] += 1
+                if self.progress:
+                    print(
+                        f"nonstop cpu: the decode step for {shape} was compiled again "
+                        f"({time.perf_counter() - t0:.1f} s)",
+                        file=sys.stderr,
+                        flush=True,
+                    )
+            return logits
+        with announced(
+            f"compiling the decode step for {shape} (cached for later runs)", enabled=self.progress
+        ) as timing:
             logits = self._step(*args)[0]
         self._shapes.add(shape)
         self.stats["compile_seconds"][shape] = round(timing["seconds"], 2)
         return logits
 
     # ------------------------------------------------------------------ executor interface
-    def forward(self, input_ids: torch.Tensor, cache: ModelCache | None, batch: StepBatch | None, last_only: bool = False) -> torch.Tensor:
+    def forward(
+        self, input_ids: torch.Tensor, cache: ModelCache | None, batch: StepBatch | None, last_only: bool = False
+    ) -> torch.Tensor:
         reason = self._fallback_reason(input_ids, cache, batch)
         if reason is not None:
             return self._reference(reason)(input_ids, cache, batch, last_only=last_only)
@@ -156,4 +192,3 @@ class CPUExecutor:
     def forward_hidden(self, input_ids: torch.Tensor, cache: ModelCache, batch: StepBatch, taps: tuple[int, ...]):
         """(logits [B, T, V], {tap: residual stream entering layer tap [B, T, d]}) - the reference's."""
         return self._reference("hidden states (drafter)").forward_hidden(input_ids, cache, batch, taps)
-

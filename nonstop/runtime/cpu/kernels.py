@@ -41,8 +41,18 @@ def load_kernels(progress: bool = True) -> str | None:
         build.mkdir(parents=True, exist_ok=True)
         fresh = not any(build.glob("*.so"))
         try:
-            with announced(f"building the C++ GEMV kernels into {build} (once per machine)", enabled=progress and fresh):
-                load(name="nonstop_cpu_gemv", sources=[str(SOURCE)], extra_cflags=["-O3", "-fopenmp"], extra_ldflags=["-fopenmp"], is_python_module=False, build_directory=str(build), verbose=False)
+            with announced(
+                f"building the C++ GEMV kernels into {build} (once per machine)", enabled=progress and fresh
+            ):
+                load(
+                    name="nonstop_cpu_gemv",
+                    sources=[str(SOURCE)],
+                    extra_cflags=["-O3", "-fopenmp"],
+                    extra_ldflags=["-fopenmp"],
+                    is_python_module=False,
+                    build_directory=str(build),
+                    verbose=False,
+                )
             _register_fakes()
             _state["error"] = None
         except (OSError, RuntimeError, ImportError) as exc:  # no compiler or headers, a build error: report it

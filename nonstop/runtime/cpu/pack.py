@@ -18,7 +18,23 @@ from nonstop.program.ir import Program
 from nonstop.runtime.cpu.packed import FORMATS
 from nonstop.weights.quant import dequantize_int8, quantize_int8
 
-LINEAR_ROLES = frozenset({"w", "w_in", "w_qkv", "gate", "up", "down", "q_b", "f_b", "g_b", "latent_down", "latent_up", "shared_gate_up", "shared_down"})
+LINEAR_ROLES = frozenset(
+    {
+        "w",
+        "w_in",
+        "w_qkv",
+        "gate",
+        "up",
+        "down",
+        "q_b",
+        "f_b",
+        "g_b",
+        "latent_down",
+        "latent_up",
+        "shared_gate_up",
+        "shared_down",
+    }
+)
 
 
 def _pack_experts(experts, fmt: str) -> dict:

@@ -50,7 +50,11 @@ class Int8Weight:
 
     def linear(self, x: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
         rows = _rows(x)
-        y = torch.ops.nonstop_cpu.linear_int8(rows, self.q, self.s, self.group) if self.kernels else F.linear(rows, self.dequantized())
+        y = (
+            torch.ops.nonstop_cpu.linear_int8(rows, self.q, self.s, self.group)
+            if self.kernels
+            else F.linear(rows, self.dequantized())
+        )
         y = y.reshape(*x.shape[:-1], self.shape[0])
         return y if bias is None else y + bias.float()
 

@@ -1,8 +1,12 @@
-"""The CPU executor's default thread count: one per physical core this process may run on.
+"""The CPU executor's default thread count.
 
-Hyper-threads share a core's load/store units, and decode is bound by reading weights, so a second
-thread per core adds synchronisation, not bandwidth. An explicit choice always wins: ``NONSTOP_THREADS``,
-else ``OMP_NUM_THREADS`` (which torch already honours), else this default.
+A model that reads at least ``SMALL_MODEL_BYTES`` of weights per token is bound by memory bandwidth:
+one thread per physical core this process may run on (hyper-threads share a core's load/store
+units: a second thread per core adds synchronisation, not bandwidth). A smaller one (k3-nano: 29 MB,
+hundreds of small products per step) is bound by per-call overhead, and every parallel region
+costs a thread handshake that a small product does not repay (on a shared machine a descheduled
+worker stalls the whole region): one thread. An explicit choice always wins: ``threads``, else
+``NONSTOP_THREADS``, else ``OMP_NUM_THREADS``.
 """
 
 from __future__ import annotations
@@ -29,17 +33,30 @@ def physical_cores() -> int:
     return max(1, len(cores))
 
 
-def default_threads() -> int:
+SMALL_MODEL_BYTES = 64 << 20
+
+
+def weight_bytes_per_token(model) -> int:
+    """Weight bytes a decode step of ``model`` (a ``CausalLM``) reads at batch 1, in its dtype."""
+    from nonstop.weights.footprint import footprint
+
+    name = str(model.embed_tokens.weight.dtype).replace("torch.", "")
+    return footprint(model.cfg, name if name in ("float32", "bfloat16", "float16") else "float32").bytes_per_token
+
+
+def default_threads(bytes_per_token: int | None = None) -> int:
     for var in ("NONSTOP_THREADS", "OMP_NUM_THREADS"):
         value = os.environ.get(var, "")
         if value.isdigit() and int(value) > 0:
             return int(value)
+    if bytes_per_token is not None and bytes_per_token < SMALL_MODEL_BYTES:
+        return 1
     return physical_cores()
 
 
-def configure_threads(threads: int | None = None) -> int:
-    """Set torch's intra-op threads to ``threads`` (or ``default_threads()``); returns the count."""
-    n = threads if threads else default_threads()
+def configure_threads(threads: int | None = None, bytes_per_token: int | None = None) -> int:
+    """Set torch's intra-op threads to ``threads`` (or ``default_threads(bytes_per_token)``); returns the count."""
+    n = threads if threads else default_threads(bytes_per_token)
     if torch.get_num_threads() != n:
         torch.set_num_threads(n)
     return n
