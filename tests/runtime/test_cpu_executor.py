@@ -9,6 +9,8 @@ function run eagerly (``compile=False``) is checked on all of them.
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 import torch
 
@@ -26,6 +28,7 @@ from nonstop.runtime.executors import ReferenceExecutor, make_executor, resolve_
 from tests.runtime.helpers import greedy_tokens, tiny_model
 from tests.tiny_configs import TINY_CONFIGS
 
+ROOT = Path(__file__).resolve().parents[2]
 PROMPTS = [[3, 4, 5, 6, 9], [7, 8], list(range(10, 23))]
 MAX_TOKENS = [9, 4, 12]
 
@@ -133,3 +136,19 @@ def test_cpu_backend_refuses_other_devices_and_unknown_formats():
     model.embed_tokens = torch.nn.Embedding(3, 4, device="meta")  # a non-CPU device without a GPU
     with pytest.raises(ValueError, match="runs on the CPU"):
         CPUExecutor(model)
+
+
+def test_k3_nano_greedy_tokens_through_the_default_backend():
+    """The bundled model, two prompts decoded together, through ``LLM``'s default backend on a CPU."""
+    from nonstop import LLM, SamplingParams
+
+    text = (ROOT / "nonstop" / "assets" / "heldout_sample.txt").read_text()
+    params = SamplingParams(max_tokens=12, temperature=0, ignore_eos=True)
+    outs = {}
+    for backend in ("auto", "reference"):
+        llm = LLM("k3-nano", backend=backend)
+        prompts = [llm.tokenizer.encode(text[i : i + 120]) for i in (0, 900)]
+        outs[backend] = [o.token_ids for o in llm.generate(prompt_token_ids=prompts, sampling=params)]
+        if backend == "auto":
+            assert llm.backend == "cpu" and llm.executor.stats["compiled_steps"] == 11
+    assert outs["auto"] == outs["reference"]

@@ -37,6 +37,7 @@ from nonstop.runtime.cpu.ops import CPU_OPS
 from nonstop.runtime.cpu.pack import pack_program
 from nonstop.runtime.cpu.step import run_step
 from nonstop.runtime.cpu.threads import configure_threads, weight_bytes_per_token
+from nonstop.weights.quant import DEFAULT_GROUP
 
 WEIGHT_FORMATS = ("auto", "float32", "bfloat16", "int8")
 RECOMPILE_SECONDS = 1.0  # a step of a known shape class this slow was compiled again
@@ -73,7 +74,8 @@ class CPUExecutor:
 
     weights: ``auto`` | ``float32`` | ``bfloat16`` | ``int8``. compile: False runs the same step
     eagerly (tests, debugging); None: compile unless the environment says ``NONSTOP_CPU_COMPILE=0``.
-    threads: torch threads (None: ``threads.default_threads()``).
+    threads: torch threads (None: ``threads.default_threads()``). int8_group: input columns per int8
+    scale (``weights.quant``; per channel where it does not divide K; 0: always per channel).
     progress: announce compiles on stderr.
     """
 
@@ -86,6 +88,7 @@ class CPUExecutor:
         compile: bool | None = None,
         threads: int | None = None,
         progress: bool = True,
+        int8_group: int = DEFAULT_GROUP,
     ):
         device = model.embed_tokens.weight.device
         if device.type != "cpu":
@@ -99,7 +102,7 @@ class CPUExecutor:
         self.progress = progress
         kernels_error = load_kernels(progress) if self.weights != "float32" else None
         self.program = lower(model)
-        pack_program(self.program, self.weights, kernels=kernels_error is None)
+        pack_program(self.program, self.weights, kernels=kernels_error is None, group=int8_group)
         if compile is None:
             compile = os.environ.get("NONSTOP_CPU_COMPILE", "1") != "0"
         self.compiled = compile

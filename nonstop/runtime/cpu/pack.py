@@ -16,7 +16,7 @@ import torch
 
 from nonstop.program.ir import Program
 from nonstop.runtime.cpu.packed import FORMATS
-from nonstop.weights.quant import dequantize_int8, quantize_int8
+from nonstop.weights.quant import DEFAULT_GROUP, dequantize_int8, group_size, quantize_int8
 
 LINEAR_ROLES = frozenset(
     {
@@ -57,9 +57,10 @@ def _pack_experts(experts, fmt: str) -> dict:
     return stacks
 
 
-def pack_program(program: Program, fmt: str, kernels: bool) -> None:
+def pack_program(program: Program, fmt: str, kernels: bool, group: int = DEFAULT_GROUP) -> None:
     """Convert ``program``'s weights to ``fmt`` (float32 | bfloat16 | int8); activations become fp32.
-    kernels: the C++ kernels are loaded (else packed weights compute in torch)."""
+    kernels: the C++ kernels are loaded (else packed weights compute in torch). group: int8 scale group
+    (columns per scale where it divides K, else per channel; 0: always per channel)."""
     done: dict[int, object] = {}  # a tensor shared by ops (tied embeddings) is packed once
     for op in program.ops:
         if op.kind == "moe_experts":
@@ -70,7 +71,8 @@ def pack_program(program: Program, fmt: str, kernels: bool) -> None:
             if role not in LINEAR_ROLES or not isinstance(w, torch.Tensor) or w.dim() != 2:
                 continue
             if id(w) not in done:
-                packed = FORMATS[fmt](w, kernels)
+                extra = {"group": group_size(w.shape[-1], group) if group else w.shape[-1]} if fmt == "int8" else {}
+                packed = FORMATS[fmt](w, kernels, **extra)
                 w.data.copy_(packed.dequantized().to(w.dtype))
                 done[id(w)] = packed
             op.weights[role] = done[id(w)]
