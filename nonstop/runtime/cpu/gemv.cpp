@@ -71,6 +71,36 @@ __attribute__((target("avx512f,avx512bw"))) float dot_i8_avx512(const float* x, 
   return acc + dot_i8_scalar(x + k, w + k, K - k);
 }
 
+// Four rows of W (``stride`` elements apart) against one row of x over ``K`` columns: four independent
+// accumulator chains, each x vector loaded once.
+__attribute__((target("avx512f,avx512bw"))) void dot4_bf16_avx512(const float* x, const uint16_t* w, int64_t K,
+                                                                  int64_t stride, float* out) {
+  __m512 a[4] = {_mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps()};
+  int64_t k = 0;
+  for (; k + 16 <= K; k += 16) {
+    __m512 xv = _mm512_loadu_ps(x + k);
+    for (int r = 0; r < 4; ++r) {
+      __m512i wv = _mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i*)(w + r * stride + k))), 16);
+      a[r] = _mm512_fmadd_ps(xv, _mm512_castsi512_ps(wv), a[r]);
+    }
+  }
+  for (int r = 0; r < 4; ++r) out[r] = _mm512_reduce_add_ps(a[r]) + dot_bf16_scalar(x + k, w + r * stride + k, K - k);
+}
+
+__attribute__((target("avx512f,avx512bw"))) void dot4_i8_avx512(const float* x, const int8_t* w, int64_t K,
+                                                                int64_t stride, float* out) {
+  __m512 a[4] = {_mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps()};
+  int64_t k = 0;
+  for (; k + 16 <= K; k += 16) {
+    __m512 xv = _mm512_loadu_ps(x + k);
+    for (int r = 0; r < 4; ++r) {
+      __m512 wv = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i*)(w + r * stride + k))));
+      a[r] = _mm512_fmadd_ps(xv, wv, a[r]);
+    }
+  }
+  for (int r = 0; r < 4; ++r) out[r] = _mm512_reduce_add_ps(a[r]) + dot_i8_scalar(x + k, w + r * stride + k, K - k);
+}
+
 __attribute__((target("avx2,fma"))) float hsum256(__m256 v) {
   __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
   s = _mm_add_ps(s, _mm_movehl_ps(s, s));
@@ -128,8 +158,16 @@ at::Tensor linear_bf16(const at::Tensor& x, const at::Tensor& w) {
   const uint16_t* wp = reinterpret_cast<const uint16_t*>(w.data_ptr());
   float* yp = y.data_ptr<float>();
   DotBf16 dot = isa() == 2 ? dot_bf16_avx512 : isa() == 1 ? dot_bf16_avx2 : dot_bf16_scalar;
+  const bool wide = isa() == 2;
   at::parallel_for(0, N, grain(K), [&](int64_t n0, int64_t n1) {
-    for (int64_t n = n0; n < n1; ++n)
+    int64_t n = n0;
+    for (; wide && n + 4 <= n1; n += 4)
+      for (int64_t m = 0; m < M; ++m) {
+        float out[4];
+        dot4_bf16_avx512(xp + m * K, wp + n * K, K, K, out);
+        for (int r = 0; r < 4; ++r) yp[m * N + n + r] = out[r];
+      }
+    for (; n < n1; ++n)
       for (int64_t m = 0; m < M; ++m) yp[m * N + n] = dot(xp + m * K, wp + n * K, K);
   });
   return y;
@@ -147,8 +185,19 @@ at::Tensor linear_int8(const at::Tensor& x, const at::Tensor& q, const at::Tenso
   float* yp = y.data_ptr<float>();
   const int64_t G = K / group;
   DotI8 dot = isa() == 2 ? dot_i8_avx512 : isa() == 1 ? dot_i8_avx2 : dot_i8_scalar;
+  const bool wide = isa() == 2;
   at::parallel_for(0, N, grain(K), [&](int64_t n0, int64_t n1) {
-    for (int64_t n = n0; n < n1; ++n)
+    int64_t n = n0;
+    for (; wide && n + 4 <= n1; n += 4)  // four rows at once; each group's partial dot scaled by its row's scale
+      for (int64_t m = 0; m < M; ++m) {
+        float acc[4] = {0.f, 0.f, 0.f, 0.f}, part[4];
+        for (int64_t g = 0; g < G; ++g) {
+          dot4_i8_avx512(xp + m * K + g * group, qp + n * K + g * group, group, K, part);
+          for (int r = 0; r < 4; ++r) acc[r] += sp[(n + r) * G + g] * part[r];
+        }
+        for (int r = 0; r < 4; ++r) yp[m * N + n + r] = acc[r];
+      }
+    for (; n < n1; ++n)
       for (int64_t m = 0; m < M; ++m) {
         float acc = 0.f;
         for (int64_t g = 0; g < G; ++g) acc += sp[n * G + g] * dot(xp + m * K + g * group, qp + n * K + g * group, group);
