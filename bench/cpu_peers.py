@@ -1,7 +1,7 @@
 """CPU decode against the peers: nonstop (each weight format) vs transformers, llama.cpp and vLLM's CPU build.
 
 One interleaved run on one Llama checkpoint (random weights written by ``nonstop synth``'s writer, with
-a byte-level ``tokenizer.json``; default shape ~245M parameters), batch 1, greedy, the same prompt
+k3-nano's BPE ``tokenizer.json``; default shape ~245M parameters), batch 1, greedy, the same prompt
 and thread count for every system, plus the bundled k3-nano alone (nonstop only: no peer runs it).
 
 Every system runs in a worker process of its own (llama.cpp and vLLM from their own virtual
@@ -9,9 +9,10 @@ environments: --llama-python, --vllm-python) that loads its model once, warms up
 its step here; the compile time is recorded) and then answers "measure" requests. The driver asks
 each worker in turn, round after round (--rounds), so machine load affects all alike; a system's
 figure is its best round (the least disturbed on a shared machine), all rounds are in the JSON.
-Decode tokens/s = (N - 1) / (time(N new tokens) - time(1 new token)): prefill and first token
-excluded for every system. The copy bandwidth (``hostinfo.copy_bandwidth_gbps``) is measured before
-and after the rounds; each system's floor = its weight bytes per token / the best copy bandwidth:
+Decode tokens/s = (N - 1) / (time of the N-th new token - time of the first), clocked per token inside
+each system's own generation loop (nonstop's request metrics, llama.cpp's token iterator, a
+transformers streamer; vLLM: time(N tokens) - time(1 token)): prefill and first token excluded.
+The copy bandwidth (``hostinfo.copy_bandwidth_gbps``) is measured before and after the rounds; each system's floor = its weight bytes per token / the best copy bandwidth:
 fp32 4, bf16/f16 2, nonstop int8 1 + 4/group (fp32 scales), llama.cpp q8_0 34/32 bytes per weight.
 Greedy agreement = leading tokens equal to nonstop's reference at fp32, out of N. The load average
 is recorded before, after each round and at the end. Results: JSON and a PNG chart in bench/results/.
@@ -21,7 +22,7 @@ is recorded before, after each round and at the end. Results: JSON and a PNG cha
 
 GGUF files are made with llama.cpp's own converter (``convert_hf_to_gguf.py`` from llama-cpp-python's
 source package, --llama-src) from the same safetensors; its pre-tokenizer check is told "default"
-(the byte-level tokenizer is not one it knows; tokens are fed as ids, so the vocabulary's text is moot).
+(k3-nano's tokenizer is not one it knows; tokens are fed as ids, so the vocabulary's text is moot).
 Not part of CI (llama-cpp-python builds from source for ~30 minutes on 2 cores).
 """
 
@@ -37,19 +38,11 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
+TOKENIZER = ROOT / "nonstop" / "assets" / "k3-nano"  # a BPE tokenizer.json with merges (llama.cpp needs them)
 BYTES_PER_WEIGHT = {"float32": 4.0, "bfloat16": 2.0, "float16": 2.0, "f32": 4.0, "f16": 2.0, "q8_0": 34 / 32}
 
 
 # ----------------------------------------------------------------------------- workers (one process each)
-
-
-def _rate(generate, n: int) -> tuple[float, list[int]]:
-    t0 = time.perf_counter()
-    generate(1)
-    t1 = time.perf_counter()
-    ids = generate(n)
-    t2 = time.perf_counter()
-    return (n - 1) / ((t2 - t1) - (t1 - t0)), ids
 
 
 def _nonstop_worker(spec: dict):
@@ -66,7 +59,8 @@ def _nonstop_worker(spec: dict):
 
     def generate(n):
         params = SamplingParams(max_tokens=n, temperature=0, ignore_eos=True)
-        return llm.generate(prompt_token_ids=[prompt], sampling=params)[0].token_ids
+        out = llm.generate(prompt_token_ids=[prompt], sampling=params)[0]
+        return out.metrics["decode_tokens_per_s"], out.token_ids
 
     generate(4)  # warm-up: compiles the step (batch 1) on the first run, loads it from the cache later
     info = {
@@ -88,10 +82,24 @@ def _transformers_worker(spec: dict):
     model = transformers.AutoModelForCausalLM.from_pretrained(spec["model"], dtype=getattr(torch, spec["dtype"])).eval()
     prompt = torch.tensor([spec["prompt"]])
 
+    class Clock:  # generate's streamer: put() gets the prompt, then each new token
+        def __init__(self):
+            self.times = []
+
+        def put(self, value):
+            self.times.append(time.perf_counter())
+
+        def end(self):
+            pass
+
     def generate(n):
+        clock = Clock()
         with torch.no_grad():
-            out = model.generate(prompt, max_new_tokens=n, do_sample=False, eos_token_id=None, pad_token_id=0)
-        return out[0, prompt.shape[1] :].tolist()
+            out = model.generate(
+                prompt, max_new_tokens=n, do_sample=False, eos_token_id=None, pad_token_id=0, streamer=clock
+            )
+        tokens = clock.times[1:]
+        return (len(tokens) - 1) / (tokens[-1] - tokens[0]), out[0, prompt.shape[1] :].tolist()
 
     generate(2)
     return generate, {"transformers": transformers.__version__}
@@ -107,12 +115,13 @@ def _llama_cpp_worker(spec: dict):
 
     def generate(n):
         llm.reset()  # no reuse of the previous prompt's cache: every generation prefills
-        out = []
+        out, times = [], []
         for tok in llm.generate(prompt, temp=0.0, top_k=1, reset=True):
+            times.append(time.perf_counter())
             out.append(int(tok))
             if len(out) == n:
                 break
-        return out
+        return (n - 1) / (times[-1] - times[0]), out
 
     generate(2)
     return generate, {"llama_cpp_python": llama_cpp.__version__}
@@ -131,9 +140,16 @@ def _vllm_worker(spec: dict):
     )
     prompt = {"prompt_token_ids": spec["prompt"]}
 
-    def generate(n):
+    def tokens(n):
         params = vllm.SamplingParams(max_tokens=n, temperature=0.0, ignore_eos=True)
         return list(llm.generate([prompt], params, use_tqdm=False)[0].outputs[0].token_ids)
+
+    def generate(n):  # no per-token clock here: time(n tokens) - time(1 token)
+        t0 = time.perf_counter()
+        tokens(1)
+        t1 = time.perf_counter()
+        ids = tokens(n)
+        return (n - 1) / ((time.perf_counter() - t1) - (t1 - t0)), ids
 
     generate(2)
     return generate, {"vllm": vllm.__version__}
@@ -162,7 +178,7 @@ def worker_main(spec: dict) -> None:
     for line in sys.stdin:
         if line.strip() != "run":
             break
-        rate, ids = _rate(generate, spec["tokens"])
+        rate, ids = generate(spec["tokens"])
         out.write(json.dumps({"tokens_per_s": rate, "ids": ids}) + "\n")
         out.flush()
 
@@ -236,7 +252,7 @@ def make_llama_checkpoint(args, path: Path):
     cfg = ModelConfig.from_hf_dict(hf)
     if not (path / "config.json").exists():
         print(f"writing the {args.layers}-layer Llama checkpoint to {path}", file=sys.stderr)
-        write_checkpoint(cfg, path, seed=0, dtype=torch.float32)
+        write_checkpoint(cfg, path, seed=0, dtype=torch.float32, tokenizer_dir=TOKENIZER)
     config = json.loads((path / "config.json").read_text())
     if "architectures" not in config:  # llama.cpp's converter and vLLM pick the model class from it
         config["architectures"] = ["LlamaForCausalLM"]

@@ -40,7 +40,6 @@ from nonstop.runtime.cpu.threads import configure_threads, weight_bytes_per_toke
 from nonstop.weights.quant import DEFAULT_GROUP
 
 WEIGHT_FORMATS = ("auto", "float32", "bfloat16", "int8")
-RECOMPILE_SECONDS = 1.0  # a step of a known shape class this slow was compiled again
 
 
 def resolve_weights(weights: str, model_dtype: torch.dtype) -> str:
@@ -55,6 +54,13 @@ def _own_copy(fn):
     """``fn`` with a code object of its own: torch.compile keeps its compiled graphs per code object,
     so each executor gets its own cache (no limit shared with other models, freed with the executor)."""
     return types.FunctionType(fn.__code__.replace(), fn.__globals__, fn.__name__, fn.__defaults__)
+
+
+def _compiled_graphs() -> int:
+    """Graphs torch.compile has produced in this process so far."""
+    from torch._dynamo.utils import counters
+
+    return counters["stats"]["unique_graphs"]
 
 
 def mark_dynamic_sizes(step_args) -> None:
@@ -161,9 +167,10 @@ class CPUExecutor:
         if not self.compiled:
             return self._step(*args)[0]
         if shape in self._shapes:
+            graphs = _compiled_graphs()
             t0 = time.perf_counter()
             logits = self._step(*args)[0]
-            if time.perf_counter() - t0 > RECOMPILE_SECONDS:  # torch.compile specialised again (e.g. new input kinds)
+            if _compiled_graphs() > graphs:  # torch.compile specialised the step again (e.g. a new input kind)
                 self.stats["recompiles"] += 1
                 if self.progress:
                     print(
