@@ -13,7 +13,8 @@ Decode tokens/s = (N - 1) / (time of the N-th new token - time of the first), cl
 each system's own generation loop (nonstop's request metrics, llama.cpp's token iterator, a
 transformers streamer; vLLM: time(N tokens) - time(1 token)): prefill and first token excluded.
 The copy bandwidth (``hostinfo.copy_bandwidth_gbps``) is measured before and after the rounds; each
-system's floor = its weight bytes per token / the best copy bandwidth: fp32 4, bf16/f16 2, nonstop int8 1 + 4/group (fp32 scales), llama.cpp q8_0 34/32 bytes per weight.
+system's floor = its weight bytes per token / the best copy bandwidth: fp32 4, bf16/f16 2,
+nonstop int8 1 + 4/group (fp32 scales), llama.cpp q8_0 34/32 bytes per weight.
 Greedy agreement = leading tokens equal to nonstop's reference at fp32, out of N. The load average
 is recorded before, after each round and at the end. Results: JSON and a PNG chart in bench/results/.
 
