@@ -169,8 +169,9 @@ WORKERS = {
 
 def worker_main(spec: dict) -> None:
     """Load, warm up, then answer one JSON line per request line ("run" -> rate and ids; "quit")."""
-    out = sys.stdout
-    sys.stdout = sys.stderr  # libraries that print must not break the protocol
+    sys.stdout.flush()
+    out = os.fdopen(os.dup(1), "w")  # the protocol's own copy of stdout
+    os.dup2(2, 1)  # whatever else writes to stdout (libraries, their subprocesses) goes to stderr
     try:
         generate, info = WORKERS[spec["system"]](spec)
         out.write(json.dumps({"ready": True, **info}) + "\n")
@@ -207,14 +208,20 @@ class Worker:
             self.proc.wait(60)
 
     def _read(self, timeout: float) -> dict:
+        """The worker's next JSON line (other lines are passed to stderr), or an error row."""
         import select
 
-        ready, _, _ = select.select([self.proc.stdout], [], [], timeout)
-        line = self.proc.stdout.readline() if ready else ""
-        if not line:
-            self.proc.kill()
-            return {"ready": False, "error": "the worker ended or timed out without an answer"}
-        return json.loads(line)
+        deadline = time.monotonic() + timeout
+        while True:
+            ready, _, _ = select.select([self.proc.stdout], [], [], max(0.0, deadline - time.monotonic()))
+            line = self.proc.stdout.readline() if ready else ""
+            if not line:
+                self.proc.kill()
+                return {"ready": False, "error": "the worker ended or timed out without an answer"}
+            try:
+                return json.loads(line)
+            except json.JSONDecodeError:
+                print(line.rstrip(), file=sys.stderr)
 
     def run(self) -> dict:
         self.proc.stdin.write("run\n")
