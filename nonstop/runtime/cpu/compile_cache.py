@@ -24,8 +24,15 @@ def cache_root() -> Path:
 
 
 def use_inductor_cache() -> Path:
-    """Point torch.compile's on-disk cache at ``cache_root()/inductor`` unless the user chose one."""
-    path = Path(os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", str(cache_root() / "inductor")))
+    """Point torch.compile's on-disk cache at ``cache_root()/inductor`` unless the user chose one (torch
+    writes its default, a per-user temp dir, into TORCHINDUCTOR_CACHE_DIR on first use: that one is ours
+    to replace; inductor reads the variable each time it needs the directory)."""
+    from torch._inductor.runtime.cache_dir_utils import default_cache_dir
+
+    current = os.environ.get("TORCHINDUCTOR_CACHE_DIR")
+    if current is None or current == default_cache_dir():
+        os.environ["TORCHINDUCTOR_CACHE_DIR"] = str(cache_root() / "inductor")
+    path = Path(os.environ["TORCHINDUCTOR_CACHE_DIR"])
     path.mkdir(parents=True, exist_ok=True)
     return path
 
