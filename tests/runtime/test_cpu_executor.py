@@ -50,7 +50,7 @@ def test_eager_program_step_gives_the_reference_tokens(name):
 @pytest.mark.parametrize("name", ["llama", "kimi_k3"])
 def test_compiled_step_gives_the_reference_tokens(name):
     model = tiny_model(name)
-    ex = CPUExecutor(model, progress=False)
+    ex = CPUExecutor(model, compile=True, progress=False)
     assert greedy_tokens(model, ex, PROMPTS, MAX_TOKENS) == _reference_tokens(name)
     assert ex.stats["compiled_steps"] == max(MAX_TOKENS) - 1
     assert set(ex.stats["compile_seconds"]) == {"batch B>1, context L>1", "batch 1, context L>1"}
