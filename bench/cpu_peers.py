@@ -340,7 +340,7 @@ def chart(result: dict, path: Path) -> None:
     for col, (key, title) in enumerate(groups):
         rows = [(name, r) for name, r in result[key]["systems"].items() if r.get("tokens_per_s")]
         names = [n for n, _ in rows]
-        colors = ["tab:blue" if n.startswith("nonstop") else "tab:gray" for n in names]
+        colors = ["tab:blue" if "nonstop" in n else "tab:gray" for n in names]
         for row, (field, label) in enumerate(
             (("tokens_per_s", "decode tok/s"), ("percent_of_floor", "% of bandwidth floor"))
         ):
