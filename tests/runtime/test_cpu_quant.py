@@ -35,7 +35,7 @@ def test_group_size_rule():
 
 
 @pytest.mark.skipif(KERNELS_MISSING is not None, reason=f"C++ kernels unavailable: {KERNELS_MISSING}")
-@pytest.mark.parametrize("M,N,K", [(1, 5, 37), (3, 17, 200), (2, 9, 1031)])
+@pytest.mark.parametrize("M,N,K", [(1, 5, 37), (3, 17, 200), (2, 9, 1031), (3, 13, 256)])
 def test_kernels_equal_torch_on_the_same_weights(M, N, K):
     g = torch.Generator().manual_seed(M * N + K)
     x = torch.randn(M, K, generator=g)
@@ -44,8 +44,8 @@ def test_kernels_equal_torch_on_the_same_weights(M, N, K):
     for packed in (Bf16Weight(w, kernels=True), Int8Weight(w, kernels=True, group=K)):
         want = x @ packed.dequantized().t() + bias
         torch.testing.assert_close(packed.linear(x, bias), want, rtol=1e-5, atol=1e-4)
-    if K % 8 == 0:
-        packed = Int8Weight(w, kernels=True, group=8)
+    for group in [g for g in (8, 32, 128) if K % g == 0]:  # several scales per row (vector path when 16 | group)
+        packed = Int8Weight(w, kernels=True, group=group)
         torch.testing.assert_close(
             packed.linear(x[:, None], None)[:, 0], x @ packed.dequantized().t(), rtol=1e-5, atol=1e-4
         )

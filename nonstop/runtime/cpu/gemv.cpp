@@ -101,6 +101,26 @@ __attribute__((target("avx512f,avx512bw"))) void dot4_i8_avx512(const float* x, 
   for (int r = 0; r < 4; ++r) out[r] = _mm512_reduce_add_ps(a[r]) + dot_i8_scalar(x + k, w + r * stride + k, K - k);
 }
 
+// Four int8 rows with one scale per ``group`` columns (group % 16 == 0): each group's partial sums are
+// scaled and accumulated in vector registers; one horizontal sum per row at the end.
+__attribute__((target("avx512f,avx512bw"))) void dot4_i8_groups_avx512(const float* x, const int8_t* w, int64_t K,
+                                                                       int64_t group, const float* s, int64_t G,
+                                                                       float* out) {
+  __m512 a[4] = {_mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps()};
+  for (int64_t g = 0; g < G; ++g) {
+    __m512 p[4] = {_mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps()};
+    for (int64_t k = g * group; k < (g + 1) * group; k += 16) {
+      __m512 xv = _mm512_loadu_ps(x + k);
+      for (int r = 0; r < 4; ++r) {
+        __m512 wv = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i*)(w + r * K + k))));
+        p[r] = _mm512_fmadd_ps(xv, wv, p[r]);
+      }
+    }
+    for (int r = 0; r < 4; ++r) a[r] = _mm512_fmadd_ps(p[r], _mm512_set1_ps(s[r * G + g]), a[r]);
+  }
+  for (int r = 0; r < 4; ++r) out[r] = _mm512_reduce_add_ps(a[r]);
+}
+
 __attribute__((target("avx2,fma"))) float hsum256(__m256 v) {
   __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
   s = _mm_add_ps(s, _mm_movehl_ps(s, s));
@@ -188,6 +208,8 @@ at::Tensor linear_int8(const at::Tensor& x, const at::Tensor& q, const at::Tenso
   const bool wide = isa() == 2;
   at::parallel_for(0, N, grain(K), [&](int64_t n0, int64_t n1) {
     int64_t n = n0;
+    for (; wide && group % 16 == 0 && n + 4 <= n1; n += 4)
+      for (int64_t m = 0; m < M; ++m) dot4_i8_groups_avx512(xp + m * K, qp + n * K, K, group, sp + n * G, G, yp + m * N + n);
     for (; wide && n + 4 <= n1; n += 4)  // four rows at once; each group's partial dot scaled by its row's scale
       for (int64_t m = 0; m < M; ++m) {
         float acc[4] = {0.f, 0.f, 0.f, 0.f}, part[4];
