@@ -10,7 +10,15 @@ def add_model_args(p: argparse.ArgumentParser, backend: bool = True) -> None:
     p.add_argument("--dtype", default="auto", help="float32 | bfloat16 | float16 | auto (fp32 on CPU, bf16 on CUDA)")
     p.add_argument("--device", default="cpu", help="cpu or cuda[:N]")
     if backend:
-        p.add_argument("--backend", default="auto", choices=["auto", "reference", "superop", "megakernel", "cpu", "cpu-bf16", "cpu-int8"], help="executor: auto (cpu on a CPU, reference elsewhere), reference (plain torch, the oracle), superop (Triton super-operators), megakernel (one persistent kernel), cpu (the step compiled for CPUs; first use of a step shape compiles, cached under ~/.cache/nonstop), cpu-bf16 / cpu-int8 (the same with 16-bit / 8-bit weight-only quantised weights)")
+        p.add_argument(
+            "--backend",
+            default="auto",
+            choices=["auto", "reference", "superop", "megakernel", "cpu", "cpu-bf16", "cpu-int8"],
+            help="executor: auto (cpu on a CPU, reference elsewhere), reference (plain torch, the oracle), superop "
+            "(Triton super-operators), megakernel (one persistent kernel), cpu (the step compiled for CPUs; the "
+            "first use of a step shape compiles, cached under ~/.cache/nonstop), cpu-bf16 / cpu-int8 (the same "
+            "with 16-bit / 8-bit weight-only quantised weights)",
+        )
 
 
 def parse_token_ids(text: str) -> list[int]:

@@ -81,7 +81,8 @@ class LLM:
     model: checkpoint directory (HF ``config.json`` + safetensors), a bundled model (``k3-nano``) or a
     preset name (random weights). dtype: ``auto`` (fp32 on CPU, bf16 on CUDA) or a torch dtype / name.
     backend: ``auto`` (``cpu`` on a CPU, else ``reference``) | ``reference`` | ``superop`` | ``megakernel`` |
-    ``cpu`` | ``cpu-bf16`` | ``cpu-int8`` (``nonstop.runtime.cpu``: 16- / 8-bit weights). max_batch: sequences decoded together.
+    ``cpu`` | ``cpu-bf16`` | ``cpu-int8`` (``nonstop.runtime.cpu``: 16- / 8-bit weights).
+    max_batch: sequences decoded together.
     prefill_chunk: prompt tokens per prefill forward (None: whole prompts). batch_invariant: each
     sequence in a forward of its own, so its tokens do not depend on the others (see ``EngineCore``).
     speculative: ``{"method": "ngram" | "dspark", "num_tokens": k, ...}`` (``SpecConfig``): draft k
