@@ -80,7 +80,8 @@ __attribute__((target("avx512f,avx512bw"))) void dot4_bf16_avx512(const float* x
   for (; k + 16 <= K; k += 16) {
     __m512 xv = _mm512_loadu_ps(x + k);
     for (int r = 0; r < 4; ++r) {
-      __m512i wv = _mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i*)(w + r * stride + k))), 16);
+      __m256i raw = _mm256_loadu_si256((const __m256i*)(w + r * stride + k));
+      __m512i wv = _mm512_slli_epi32(_mm512_cvtepu16_epi32(raw), 16);
       a[r] = _mm512_fmadd_ps(xv, _mm512_castsi512_ps(wv), a[r]);
     }
   }
@@ -163,7 +164,8 @@ int isa() {  // 2: AVX-512, 1: AVX2+FMA, 0: scalar
 
 void check(const at::Tensor& x, const at::Tensor& w, at::ScalarType wt) {
   TORCH_CHECK(x.dim() == 2 && x.scalar_type() == at::kFloat && x.is_contiguous(), "x must be a contiguous fp32 [M, K]");
-  TORCH_CHECK(w.dim() == 2 && w.scalar_type() == wt && w.is_contiguous(), "weight must be contiguous [N, K] of the packed type");
+  TORCH_CHECK(w.dim() == 2 && w.scalar_type() == wt && w.is_contiguous(),
+              "weight must be contiguous [N, K] of the packed type");
   TORCH_CHECK(x.size(1) == w.size(1), "x and weight disagree on K");
 }
 
@@ -197,7 +199,8 @@ at::Tensor linear_int8(const at::Tensor& x, const at::Tensor& q, const at::Tenso
   check(x, q, at::kChar);
   const int64_t M = x.size(0), N = q.size(0), K = x.size(1);
   TORCH_CHECK(group > 0 && K % group == 0, "group must divide K");
-  TORCH_CHECK(s.scalar_type() == at::kFloat && s.is_contiguous() && s.size(0) == N && s.size(1) == K / group, "scales must be fp32 [N, K/group]");
+  TORCH_CHECK(s.scalar_type() == at::kFloat && s.is_contiguous() && s.size(0) == N && s.size(1) == K / group,
+              "scales must be fp32 [N, K/group]");
   at::Tensor y = at::empty({M, N}, x.options());
   const float* xp = x.data_ptr<float>();
   const int8_t* qp = q.data_ptr<int8_t>();
@@ -209,7 +212,8 @@ at::Tensor linear_int8(const at::Tensor& x, const at::Tensor& q, const at::Tenso
   at::parallel_for(0, N, grain(K), [&](int64_t n0, int64_t n1) {
     int64_t n = n0;
     for (; wide && group % 16 == 0 && n + 4 <= n1; n += 4)
-      for (int64_t m = 0; m < M; ++m) dot4_i8_groups_avx512(xp + m * K, qp + n * K, K, group, sp + n * G, G, yp + m * N + n);
+      for (int64_t m = 0; m < M; ++m)
+        dot4_i8_groups_avx512(xp + m * K, qp + n * K, K, group, sp + n * G, G, yp + m * N + n);
     for (; wide && n + 4 <= n1; n += 4)  // four rows at once; each group's partial dot scaled by its row's scale
       for (int64_t m = 0; m < M; ++m) {
         float acc[4] = {0.f, 0.f, 0.f, 0.f}, part[4];
@@ -222,7 +226,8 @@ at::Tensor linear_int8(const at::Tensor& x, const at::Tensor& q, const at::Tenso
     for (; n < n1; ++n)
       for (int64_t m = 0; m < M; ++m) {
         float acc = 0.f;
-        for (int64_t g = 0; g < G; ++g) acc += sp[n * G + g] * dot(xp + m * K + g * group, qp + n * K + g * group, group);
+        for (int64_t g = 0; g < G; ++g)
+          acc += sp[n * G + g] * dot(xp + m * K + g * group, qp + n * K + g * group, group);
         yp[m * N + n] = acc;
       }
   });
