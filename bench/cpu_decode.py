@@ -85,7 +85,7 @@ def main() -> None:
     cfg = ModelConfig.from_hf_dict(KIMI_LINEAR_512)
     with tempfile.TemporaryDirectory() as tmp:
         path = write_checkpoint(cfg, Path(tmp) / "m", seed=0, dtype=dtype)
-        llm = LLM(path, dtype=args.dtype)
+        llm = LLM(path, dtype=args.dtype, backend="reference")  # the row is labelled nonstop_reference
         ref = transformers.AutoModelForCausalLM.from_pretrained(
             path, dtype=dtype, experts_implementation="eager"
         ).eval()

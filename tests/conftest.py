@@ -13,6 +13,9 @@ import sys
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 # A tuning store in the user's cache would swap stored winners into the kernel tests (tests/tune set their own).
 os.environ["NONSTOP_TUNING_STORE"] = "off"
+# The default CPU backend ("cpu") compiles its step (seconds to minutes per model on 2 cores): tests
+# run its program eagerly unless they ask for compile=True (tests/runtime/test_cpu_executor.py).
+os.environ.setdefault("NONSTOP_CPU_COMPILE", "0")
 # Triton kernels run under the interpreter on machines without a GPU; the flag is read when the
 # kernels' decorators run, so it must be set before any test imports nonstop.kernels.
 if not os.path.exists("/dev/nvidia0"):

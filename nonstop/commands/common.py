@@ -22,12 +22,12 @@ def add_model_args(p: argparse.ArgumentParser, backend: bool = True) -> None:
     if backend:
         p.add_argument(
             "--backend",
-            default="reference",
-            choices=["reference", "superop", "megakernel"],
-            help=(
-                "executor: reference (plain torch), superop (Triton super-operators), megakernel (one persistent "
-                "kernel)"
-            ),
+            default="auto",
+            choices=["auto", "reference", "superop", "megakernel", "cpu", "cpu-bf16", "cpu-int8"],
+            help="executor: auto (cpu on a CPU, reference elsewhere), reference (plain torch, the oracle), superop "
+            "(Triton super-operators), megakernel (one persistent kernel), cpu (the step compiled for CPUs; the "
+            "first use of a step shape compiles, cached under ~/.cache/nonstop), cpu-bf16 / cpu-int8 (the same "
+            "with 16-bit / 8-bit weight-only quantised weights)",
         )
     p.add_argument("--tokenizer", default="auto", choices=["auto", "ids", "bytes"],
                    help="auto: the checkpoint's tokenizer.json or tiktoken.model (without one, prompts must be "

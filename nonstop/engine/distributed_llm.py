@@ -47,7 +47,7 @@ class DistributedLLM(LLM):
     rank builds only its share of the weights, so the single-device memory check does not apply.
     """
 
-    def __init__(self, model="k3-nano", dtype=None, device: str = "cpu", backend: str = "reference",
+    def __init__(self, model="k3-nano", dtype=None, device: str = "cpu", backend: str = "auto",
                  max_batch: int = 16, seed: int = 0, speculative: dict | None = None, progress: bool = False,
                  prefill_chunk: int | None = None, batch_invariant: bool = False, tokenizer: str = "auto",
                  chat_template=None, generation_config: bool = True, preflight: bool = True, *, comm: Comm, chunks: int | None = None,
@@ -65,7 +65,7 @@ class DistributedLLM(LLM):
         self.comm = comm
         self.layout = comm.layout
         self.executor = ClusterExecutor(worker, self.cfg, on_failure)
-        self.backend = backend
+        self.backend = self.executor.name
         self.max_batch = max_batch
         self.prefill_chunk = prefill_chunk
         self.batch_invariant = batch_invariant

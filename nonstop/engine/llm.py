@@ -16,7 +16,7 @@ from nonstop.engine.speculative.config import SpeculativeConfig, make_drafter
 from nonstop.engine.speculative.step import SpeculativeDecoder
 from nonstop.engine.tokenizer import Tokenizer
 from nonstop.program.preflight import check_memory
-from nonstop.runtime import make_executor
+from nonstop.runtime import make_executor, resolve_backend
 from nonstop.weights.resolve import DEFAULT_MODEL, check_device, parse_dtype, resolve_model
 
 
@@ -25,7 +25,9 @@ class LLM:
 
     model: checkpoint directory (HF ``config.json`` + safetensors), a bundled model (``k3-nano``) or a
     preset name (random weights). dtype: ``auto`` (fp32 on CPU, bf16 on CUDA) or a torch dtype / name.
-    backend: ``reference`` | ``superop`` | ``megakernel``. max_batch: sequences decoded together.
+    backend: ``auto`` (``cpu`` on a CPU, else ``reference``) | ``reference`` | ``superop`` | ``megakernel`` |
+    ``cpu`` | ``cpu-bf16`` | ``cpu-int8`` (``nonstop.runtime.cpu``: 16- / 8-bit weights).
+    max_batch: sequences decoded together.
     prefill_chunk: prompt tokens per prefill forward (None: whole prompts). batch_invariant: each
     sequence in a forward of its own, so its tokens do not depend on the others (see ``EngineCore``).
     speculative: ``{"method": "ngram" | "dspark", "num_tokens": k, ...}`` (``SpeculativeConfig``): draft k
@@ -36,10 +38,10 @@ class LLM:
     are refused and token ids are used as they are), ``ids`` or ``bytes`` (``engine/tokenizer``).
     chat_template: a jinja file replacing the checkpoint's. generation_config: use the checkpoint's
     generation_config.json as the default sampling (``default_sampling``). preflight: refuse a model
-    larger than the free memory before allocating it (``weights/preflight``).
+    larger than the free memory before allocating it (``program/preflight``).
     """
 
-    def __init__(self, model: str | Path = DEFAULT_MODEL, dtype=None, device: str = "cpu", backend: str = "reference",
+    def __init__(self, model: str | Path = DEFAULT_MODEL, dtype=None, device: str = "cpu", backend: str = "auto",
                  max_batch: int = 16, seed: int = 0, speculative: dict | None = None, progress: bool = False,
                  prefill_chunk: int | None = None, batch_invariant: bool = False, tokenizer: str = "auto",
                  chat_template: str | Path | None = None, generation_config: bool = True, preflight: bool = True):
@@ -59,8 +61,8 @@ class LLM:
         if not self.tokenizer.accepts_text:
             print(f"nonstop: {self.model_dir} has no tokenizer: prompts must be token ids and outputs are token ids "
                   "only", file=sys.stderr)
-        self.backend = backend
-        self.executor = make_executor(backend, self.model)
+        self.backend = resolve_backend(backend, self.device)
+        self.executor = make_executor(self.backend, self.model)
         self.max_batch = max_batch
         self.prefill_chunk = prefill_chunk
         self.batch_invariant = batch_invariant

@@ -11,7 +11,10 @@ from nonstop.model.rows import is_row_exact
 
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
     """y = x Wᵀ (+ b): x [..., in], weight [out, in] -> [..., out]. In ``row_exact()`` mode each row is
-    its own one-row product, bit-identical to the same row computed alone (``nonstop.model.rows``)."""
+    its own one-row product, bit-identical to the same row computed alone (``nonstop.model.rows``).
+    ``weight`` may also be a packed low-precision weight (``runtime/cpu/packed.py``) computing it itself."""
+    if not isinstance(weight, torch.Tensor):
+        return weight.linear(x, bias)
     if is_row_exact() and x[..., 0].numel() > 1:
         rows = x.reshape(-1, 1, x.shape[-1])  # R one-row products in one batched call
         y = torch.bmm(rows, weight.t().expand(rows.shape[0], *weight.t().shape))

@@ -32,7 +32,10 @@ def row_exact(enabled: bool = True):
         _ROW_EXACT.reset(token)
 
 
+@torch.compiler.assume_constant_result
 def is_row_exact() -> bool:
+    """The flag; a compiled function bakes in its value when traced (the CPU executor compiles only
+    steps that run outside ``row_exact()`` and runs row-exact steps eagerly)."""
     return _ROW_EXACT.get()
 
 

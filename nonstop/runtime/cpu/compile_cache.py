@@ -1,0 +1,66 @@
+"""Where the CPU executor keeps what it compiles, and how it tells the user while it compiles.
+
+Everything lives under ``cache_root()`` = $NONSTOP_CACHE_DIR, else $XDG_CACHE_HOME/nonstop, else
+~/.cache/nonstop: ``inductor/`` (torch.compile's kernels and graphs, unless TORCHINDUCTOR_CACHE_DIR
+is already set) and ``ext/`` (the C++ GEMV kernels). A later process finds them there, so a step
+shape compiles once per machine and torch version; later runs only trace and load.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import threading
+import time
+from contextlib import contextmanager
+from pathlib import Path
+
+
+def cache_root() -> Path:
+    if os.environ.get("NONSTOP_CACHE_DIR"):
+        return Path(os.environ["NONSTOP_CACHE_DIR"])
+    base = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
+    return base / "nonstop"
+
+
+def use_inductor_cache() -> Path:
+    """Point torch.compile's on-disk cache at ``cache_root()/inductor`` unless the user chose one (torch
+    writes its default, a per-user temp dir, into TORCHINDUCTOR_CACHE_DIR on first use: that one is ours
+    to replace; inductor reads the variable each time it needs the directory)."""
+    from torch._inductor.runtime.cache_dir_utils import default_cache_dir
+
+    current = os.environ.get("TORCHINDUCTOR_CACHE_DIR")
+    if current is None or current == default_cache_dir():
+        os.environ["TORCHINDUCTOR_CACHE_DIR"] = str(cache_root() / "inductor")
+    path = Path(os.environ["TORCHINDUCTOR_CACHE_DIR"])
+    path.mkdir(parents=True, exist_ok=True)
+    return path
+
+
+@contextmanager
+def announced(what: str, enabled: bool = True, every_s: float = 10.0):
+    """Print ``what`` on stderr before the block, a line every ``every_s`` seconds while it runs, and
+    the elapsed time after it. Yields a dict that receives ``seconds``."""
+    result: dict = {}
+    if not enabled:
+        t0 = time.perf_counter()
+        yield result
+        result["seconds"] = time.perf_counter() - t0
+        return
+    print(f"nonstop cpu: {what} ...", file=sys.stderr, flush=True)
+    done = threading.Event()
+    t0 = time.perf_counter()
+
+    def heartbeat():
+        while not done.wait(every_s):
+            print(f"nonstop cpu: ... still {what} ({time.perf_counter() - t0:.0f} s)", file=sys.stderr, flush=True)
+
+    thread = threading.Thread(target=heartbeat, daemon=True)
+    thread.start()
+    try:
+        yield result
+    finally:
+        done.set()
+        thread.join()
+        result["seconds"] = time.perf_counter() - t0
+        print(f"nonstop cpu: {what}: done in {result['seconds']:.1f} s", file=sys.stderr, flush=True)

@@ -1,0 +1,205 @@
+"""The ``cpu`` executor: the decode step as one compiled program on the CPU.
+
+The model's Program (``program/lower.py``: weights packed per super-op) runs as one function
+(``step.run_step``) that ``torch.compile`` (inductor, C++ kernels) turns into fused loops around the
+matrix products, so a step costs a few hundred native calls instead of the ~2,000 eager torch ops
+of the reference. Compiled once per step shape class (dynamic sizes: batch rows, context length,
+cache pool) and cached on disk (``compile_cache``); compiling is announced on stderr.
+
+Weights (``weights``): ``float32`` (as loaded, fp32 activations), ``bfloat16`` (16-bit weights) or
+``int8`` (8-bit weight-only, ``weights.quant``), the last two through the C++ kernels of
+``kernels.py`` with fp32 activations and accumulation. ``auto``: bfloat16 for a model loaded in a
+16-bit dtype, else float32. The model's own parameters are set to the values the packed weights
+represent, so a call that runs the reference model computes with the same weights.
+
+Calls the compiled step does not cover run the reference model, counted in ``stats["reference_steps"]``
+by reason: cache-free scoring, prefill (more than one token per row), speculative verification
+(``keep_states`` / ``row_exact``: every row as a one-token step) and ``forward_hidden`` (drafters).
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+import types
+
+import torch
+
+from nonstop.cache.state import ModelCache, StepBatch
+from nonstop.model.rows import is_row_exact
+from nonstop.model.stack import CausalLM
+from nonstop.program.lower import lower
+from nonstop.runtime.cpu.cache_view import cache_tensors, step_rows
+from nonstop.runtime.cpu.compile_cache import announced, use_inductor_cache
+from nonstop.runtime.cpu.kernels import load_kernels
+from nonstop.runtime.cpu.ops import CPU_OPS
+from nonstop.runtime.cpu.pack import pack_program
+from nonstop.runtime.cpu.step import run_step
+from nonstop.runtime.interface import Executor
+from nonstop.threads import configure_threads
+from nonstop.weights.quant import DEFAULT_GROUP
+
+WEIGHT_FORMATS = ("auto", "float32", "bfloat16", "int8")
+
+
+def resolve_weights(weights: str, model_dtype: torch.dtype) -> str:
+    if weights not in WEIGHT_FORMATS:
+        raise ValueError(f"unknown CPU weight format {weights!r}; choose one of: {', '.join(WEIGHT_FORMATS)}")
+    if weights != "auto":
+        return weights
+    return "float32" if model_dtype == torch.float32 else "bfloat16"
+
+
+def _own_copy(fn):
+    """``fn`` with a code object of its own: torch.compile keeps its compiled graphs per code object,
+    so each executor gets its own cache (no limit shared with other models, freed with the executor)."""
+    return types.FunctionType(fn.__code__.replace(), fn.__globals__, fn.__name__, fn.__defaults__)
+
+
+def _compiled_graphs() -> int:
+    """Graphs torch.compile has produced in this process so far."""
+    from torch._dynamo.utils import counters
+
+    return counters["stats"]["unique_graphs"]
+
+
+def mark_dynamic_sizes(step_args) -> None:
+    """Compile the step once for any batch size, context length, pool size and slot count: every dim of
+    the step's inputs except the per-row feature dims (weights, reached through the program, stay static)."""
+    ids, slots, start, write_rows, read_rows, tensors = step_args
+    for t in (ids, slots, start, write_rows, read_rows):
+        torch._dynamo.maybe_mark_dynamic(t, 0)
+    torch._dynamo.maybe_mark_dynamic(read_rows, 1)
+    for layer in tensors:
+        for t in layer.values() if isinstance(layer, dict) else layer:
+            torch._dynamo.maybe_mark_dynamic(t, 0)
+
+
+class CPUExecutor(Executor):
+    """``forward(input_ids [B, T], cache, batch, last_only)`` -> fp32 logits; see the module docstring.
+
+    weights: ``auto`` | ``float32`` | ``bfloat16`` | ``int8``. compile: False runs the same step
+    eagerly (tests, debugging); None: compile unless the environment says ``NONSTOP_CPU_COMPILE=0``.
+    threads: torch threads (None: ``nonstop.threads.default_threads()``). int8_group: input columns per int8
+    scale (``weights.quant``; per channel where it does not divide K; 0: always per channel).
+    progress: announce compiles on stderr.
+    """
+
+    name = "cpu"
+
+    def __init__(
+        self,
+        model: CausalLM,
+        weights: str = "auto",
+        compile: bool | None = None,
+        threads: int | None = None,
+        progress: bool = True,
+        int8_group: int = DEFAULT_GROUP,
+    ):
+        device = model.embed_tokens.weight.device
+        if device.type != "cpu":
+            raise ValueError(
+                f"backend 'cpu' runs on the CPU, but the model is on {device}; "
+                "use backend 'superop' or 'reference' there"
+            )
+        self.model = model
+        self.weights = resolve_weights(weights, model.embed_tokens.weight.dtype)
+        self.program = lower(model)
+        self.threads = configure_threads(threads, self.program.total_cost(rows=1).weight_bytes)
+        self.progress = progress
+        kernels_error = load_kernels(progress) if self.weights != "float32" else None
+        pack_program(self.program, self.weights, kernels=kernels_error is None, group=int8_group)
+        if compile is None:
+            compile = os.environ.get("NONSTOP_CPU_COMPILE", "1") != "0"
+        self.compiled = compile
+        if compile:
+            use_inductor_cache()
+            self._step = torch.compile(_own_copy(run_step), fullgraph=True)
+        else:
+            self._step = run_step
+        self._shapes: set = set()
+        self.stats = {
+            "weights": self.weights,
+            "threads": self.threads,
+            "kernels": "not needed (fp32 weights)"
+            if self.weights == "float32"
+            else kernels_error or "C++ GEMV kernels",
+            "compiled_steps": 0,
+            "reference_steps": 0,
+            "reference_reasons": {},
+            "compile_seconds": {},
+            "recompiles": 0,
+        }
+
+    # ------------------------------------------------------------------ routing
+    def _fallback_reason(
+        self, input_ids: torch.Tensor, cache: ModelCache | None, batch: StepBatch | None
+    ) -> str | None:
+        if cache is None or batch is None:
+            return "scoring without a cache"
+        if batch.keep_states:
+            return "speculative verification (keep_states)"
+        if is_row_exact():
+            return "row_exact step"
+        if input_ids.shape[1] != 1:
+            return "prefill (T > 1)"
+        return None
+
+    def _reference(self, reason: str):
+        self.stats["reference_steps"] += 1
+        reasons = self.stats["reference_reasons"]
+        reasons[reason] = reasons.get(reason, 0) + 1
+        return self.model
+
+    # ------------------------------------------------------------------ the compiled step
+    def _shape_class(self, B: int, L: int) -> str:
+        return f"batch {'1' if B == 1 else 'B>1'}, context {'1' if L == 1 else 'L>1'}"
+
+    def run_compiled(self, input_ids: torch.Tensor, cache: ModelCache, batch: StepBatch) -> torch.Tensor:
+        """One step through the compiled program; logits [B·T, V] fp32."""
+        write_rows, read_rows = step_rows(cache, batch)
+        tensors = cache_tensors(cache)
+        args = (self.program, CPU_OPS, input_ids, batch.slots, batch.start, write_rows, read_rows, tensors)
+        if self.compiled:
+            mark_dynamic_sizes(args[2:])
+        self.stats["compiled_steps"] += 1
+        shape = self._shape_class(input_ids.shape[0], read_rows.shape[1])
+        if not self.compiled:
+            return self._step(*args)[0]
+        if shape in self._shapes:
+            graphs = _compiled_graphs()
+            t0 = time.perf_counter()
+            logits = self._step(*args)[0]
+            if _compiled_graphs() > graphs:  # torch.compile specialised the step again (e.g. a new input kind)
+                self.stats["recompiles"] += 1
+                if self.progress:
+                    print(
+                        f"nonstop cpu: the decode step for {shape} was compiled again "
+                        f"({time.perf_counter() - t0:.1f} s)",
+                        file=sys.stderr,
+                        flush=True,
+                    )
+            return logits
+        with announced(
+            f"compiling the decode step for {shape} (cached for later runs)", enabled=self.progress
+        ) as timing:
+            logits = self._step(*args)[0]
+        self._shapes.add(shape)
+        self.stats["compile_seconds"][shape] = round(timing["seconds"], 2)
+        return logits
+
+    # ------------------------------------------------------------------ executor interface
+    def forward(
+        self, input_ids: torch.Tensor, cache: ModelCache | None, batch: StepBatch | None, last_only: bool = False
+    ) -> torch.Tensor:
+        reason = self._fallback_reason(input_ids, cache, batch)
+        if reason is not None:
+            return self._reference(reason)(input_ids, cache, batch, last_only=last_only)
+        B, T = input_ids.shape
+        logits = self.run_compiled(input_ids, cache, batch).view(B, T, -1)
+        return logits[:, -1] if last_only else logits
+
+    def forward_hidden(self, input_ids: torch.Tensor, cache: ModelCache, batch: StepBatch, taps: tuple[int, ...]):
+        """(logits [B, T, V], {tap: residual stream entering layer tap [B, T, d]}) - the reference's."""
+        return self._reference("hidden states (drafter)").forward_hidden(input_ids, cache, batch, taps)

@@ -1,0 +1,79 @@
+"""Put a Program's weights into the CPU executor's format (in place).
+
+* Every weight a super-op multiplies with ``model.linear.linear`` (roles in ``LINEAR_ROLES``) becomes a
+  packed weight (``packed.FORMATS``) for ``bfloat16`` / ``int8``; ``float32`` keeps the tensors.
+* Routed experts get ``op.attrs["dense_experts"]`` for ``ops.moe_experts_gathered``: the stacked
+  weights (MXFP4 dequantised to fp32), as bf16 or int8 (Q, per-channel scales) when asked.
+* The tensors a packed weight replaces are overwritten with the values it represents, so the model
+  (which shares them: lowering made its parameters views of the packed tensors) computes with the
+  same weights when a call runs the reference.
+Router, norms, conv taps, MLA's absorbed W_UK / W_UV and the embedding stay as loaded.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from nonstop.program.ir import Program
+from nonstop.runtime.cpu.packed import FORMATS
+from nonstop.weights.quant import DEFAULT_GROUP, dequantize_int8, group_size, quantize_int8
+
+LINEAR_ROLES = frozenset(
+    {
+        "w",
+        "w_in",
+        "w_qkv",
+        "gate",
+        "up",
+        "down",
+        "q_b",
+        "f_b",
+        "g_b",
+        "latent_down",
+        "latent_up",
+        "shared_gate_up",
+        "shared_down",
+    }
+)
+
+
+def _pack_experts(experts, fmt: str) -> dict:
+    stacks = {}
+    for name in ("w1", "w3", "w2"):
+        if experts.fmt != "dense":  # already 4-bit: keep its exact values, in fp32
+            E = getattr(experts, f"{name}_packed").shape[0]
+            stacks[name] = torch.stack([experts.weight(name, e, torch.float32) for e in range(E)])
+            continue
+        w = getattr(experts, name)
+        if fmt == "bfloat16":
+            stacks[name] = w.to(torch.bfloat16)
+            w.data.copy_(stacks[name].to(w.dtype))
+        elif fmt == "int8":
+            q, s = quantize_int8(w, w.shape[-1])
+            stacks[name] = (q, s)
+            w.data.copy_(dequantize_int8(q, s).to(w.dtype))
+        else:
+            stacks[name] = w
+    return stacks
+
+
+def pack_program(program: Program, fmt: str, kernels: bool, group: int = DEFAULT_GROUP) -> None:
+    """Convert ``program``'s weights to ``fmt`` (float32 | bfloat16 | int8); activations become fp32.
+    kernels: the C++ kernels are loaded (else packed weights compute in torch). group: int8 scale group
+    (columns per scale where it divides K, else per channel; 0: always per channel)."""
+    done: dict[int, object] = {}  # a tensor shared by ops (tied embeddings) is packed once
+    for op in program.ops:
+        if op.kind == "moe_experts":
+            op.attrs["dense_experts"] = _pack_experts(op.attrs["experts"], fmt)
+        if fmt == "float32":
+            continue
+        for role, w in list(op.weights.items()):
+            if role not in LINEAR_ROLES or not isinstance(w, torch.Tensor) or w.dim() != 2:
+                continue
+            if id(w) not in done:
+                extra = {"group": group_size(w.shape[-1], group) if group else w.shape[-1]} if fmt == "int8" else {}
+                packed = FORMATS[fmt](w, kernels, **extra)
+                w.data.copy_(packed.dequantized().to(w.dtype))
+                done[id(w)] = packed
+            op.weights[role] = done[id(w)]
+    program.dtype = torch.float32

@@ -1,0 +1,67 @@
+"""Low-precision weights of the ``cpu`` executor: int8 quantization bounds, the C++ GEMV kernels
+against torch on odd shapes, and the quantized executor against the reference model running on the
+same (dequantised) weights."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from nonstop.runtime.cpu import CPUExecutor
+from nonstop.runtime.cpu.kernels import load_kernels
+from nonstop.runtime.cpu.packed import Bf16Weight, Int8Weight
+from nonstop.runtime.executors import ReferenceExecutor
+from nonstop.weights.quant import dequantize_int8, group_size, quantize_int8
+from tests.runtime.helpers import greedy_tokens, tiny_model
+
+KERNELS_MISSING = load_kernels(progress=False)
+
+
+@pytest.mark.parametrize("shape,group", [((7, 40), 40), ((5, 256), 128), ((3, 4, 96), 32)])
+def test_int8_error_is_at_most_half_a_step(shape, group):
+    w = torch.randn(shape, generator=torch.Generator().manual_seed(1)) * 3
+    w[..., 0, :group] = 0  # an all-zero group must not divide by zero
+    q, s = quantize_int8(w, group)
+    assert q.dtype == torch.int8 and s.shape == (*shape[:-1], shape[-1] // group)
+    err = (dequantize_int8(q, s) - w).abs().view(*shape[:-1], -1, group)
+    assert bool((err <= s[..., None] / 2 + 1e-6).all())
+    assert int(q.abs().max()) == 127  # the largest magnitude of a group maps to ±127
+
+
+def test_group_size_rule():
+    assert group_size(256) == 128 and group_size(40) == 40 and group_size(128) == 128 and group_size(384, 64) == 64
+    with pytest.raises(ValueError, match="does not divide"):
+        quantize_int8(torch.ones(2, 10), 3)
+
+
+@pytest.mark.skipif(KERNELS_MISSING is not None, reason=f"C++ kernels unavailable: {KERNELS_MISSING}")
+@pytest.mark.parametrize("M,N,K", [(1, 5, 37), (3, 17, 200), (2, 9, 1031), (3, 13, 256)])
+def test_kernels_equal_torch_on_the_same_weights(M, N, K):
+    g = torch.Generator().manual_seed(M * N + K)
+    x = torch.randn(M, K, generator=g)
+    w = torch.randn(N, K, generator=g)
+    bias = torch.randn(N, generator=g)
+    for packed in (Bf16Weight(w, kernels=True), Int8Weight(w, kernels=True, group=K)):
+        want = x @ packed.dequantized().t() + bias
+        torch.testing.assert_close(packed.linear(x, bias), want, rtol=1e-5, atol=1e-4)
+    for group in [g for g in (8, 32, 128) if K % g == 0]:  # several scales per row (vector path when 16 | group)
+        packed = Int8Weight(w, kernels=True, group=group)
+        torch.testing.assert_close(
+            packed.linear(x[:, None], None)[:, 0], x @ packed.dequantized().t(), rtol=1e-5, atol=1e-4
+        )
+
+
+@pytest.mark.parametrize("weights", ["bfloat16", "int8"])
+@pytest.mark.parametrize("name", ["llama", "kimi_k3"])
+def test_quantized_executor_equals_the_reference_on_its_weights(name, weights):
+    """After packing, the model's parameters hold the values the packed weights represent, so the
+    reference on that model is the oracle of the quantized path (up to summation order)."""
+    model = tiny_model(name)
+    before = model.lm_head_weight.clone()
+    ex = CPUExecutor(model, weights=weights, compile=False, progress=False)
+    assert ex.stats["weights"] == weights
+    assert not torch.equal(before, model.lm_head_weight)  # the model now computes with rounded weights
+    prompts, max_tokens = [[3, 4, 5, 6, 9], [7, 8]], [8, 5]
+    assert greedy_tokens(model, ex, prompts, max_tokens) == greedy_tokens(
+        model, ReferenceExecutor(model), prompts, max_tokens
+    )
