@@ -174,3 +174,20 @@ def test_world_2_superop_split_kv_heads_and_dspark(tmp_path, models):
     assert _no_host_syncs(graphs["stats"]["executor"])
     for kind in ("a2a_dispatch", "a2a_combine", "all_reduce"):
         assert graphs["stats"][kind] == results["k3_superop_tp2_ep2"]["stats"][kind], kind
+
+
+def test_world_8_one_expert_per_rank(tmp_path):
+    """k3-nano's 8 experts one per rank (8 processes on this small machine, one torch thread each): a decode
+    step of one or two tokens routes 2-4 pairs, so most ranks receive no real token (only the static
+    exchange's empty rows) in every MoE layer. Then TP 2 x EP 8: four attention groups, two of them idle."""
+    prompts = [[5, 6, 7], [300, 12]]
+    scenarios = [
+        {"name": "nano_ep8", "model": NANO, "tp": 1, "ep": 8, "prompts": prompts, "max_tokens": 4, "logprobs": 2,
+         "exchange": "static"},
+        {"name": "nano_ep8_dynamic", "model": NANO, "tp": 1, "ep": 8, "prompts": prompts, "max_tokens": 4,
+         "logprobs": 2, "exchange": "dynamic"},
+        {"name": "nano_tp2_ep8", "model": NANO, "tp": 2, "ep": 8, "prompts": prompts, "max_tokens": 4},
+    ]
+    results = _run(tmp_path, 8, scenarios, deadline=240)
+    _check(results)
+    _same_as_dynamic(results)
