@@ -203,7 +203,8 @@ def collectives_as(program: Program, rows: int, tp_rank: int) -> list[Collective
     for op in program.ops:
         if op.kind in ("moe_ep", "vocab_gather"):
             rank = op.attrs.get("rank", 0) - op.attrs["tp_rank"] + tp_rank
-            op = dataclasses.replace(op, attrs={**op.attrs, "tp_rank": tp_rank, "rank": rank})
+            place = {"ep_rank": rank % op.attrs["ep_ranks"]} if op.kind == "moe_ep" else {}
+            op = dataclasses.replace(op, attrs={**op.attrs, "tp_rank": tp_rank, "rank": rank, **place})
         out += op_collectives(op, program, rows)
     return out
 

@@ -124,6 +124,18 @@ def test_static_wire_bytes_are_the_whole_buffers():
     assert two["dispatch (expert inputs)"].count == 2 * moe_layers
 
 
+def test_static_wire_bytes_of_the_average_rank():
+    # TP 2 x EP 2, 3 rows: rank 0 routes 2 rows, rank 1 one; each holds 4 experts (top-2), so each sends the
+    # other 2 rows' worth of pairs per routed row: rank 0 sends 4 rows and gets 2 back to return, rank 1 the reverse
+    from nonstop.dist.program import collectives_as
+
+    step = rank_step(NANO, Layout.make(2, 2), rows=3, exchange="static")
+    row = NANO.moe.latent_size * 2
+    per_rank = [sum(c.wire_bytes for c in collectives_as(step.program, 3, t) if c.kind == "all_to_all") for t in range(2)]
+    moe_layers = NANO.mlp_types.count("moe")
+    assert per_rank == [moe_layers * (4 * (row + 4) + 2 * row), moe_layers * (2 * (row + 4) + 4 * row)]
+
+
 def test_the_choice_of_mode():
     layout = Layout.make(2, 4)
     ops = shapes_program(NANO, layout, 0, torch.float32).ops
