@@ -98,11 +98,10 @@ def experts_kernel(op, z: torch.Tensor, slots: torch.Tensor, max_rows: int = 16)
     batch_first = slots.view(-1, max_rows)[:, :1].clamp(min=0).expand(-1, max_rows).reshape(-1)
     slots = torch.where(slots >= 0, slots, batch_first)
     out = torch.empty_like(z)
-    rows = torch.arange(max_rows, device=z.device)
+    experts = torch.arange(n_local, device=z.device)
     for start in range(0, padded, max_rows):
         part, ids = z[start : start + max_rows].contiguous(), slots[start : start + max_rows]
-        logits = torch.full((max_rows, n_local), -ONE_HOT_LOGIT, dtype=torch.float32, device=z.device)
-        logits[rows, ids] = ONE_HOT_LOGIT
+        logits = torch.where(experts[None, :] == ids[:, None], ONE_HOT_LOGIT, -ONE_HOT_LOGIT).float()
         acc = torch.zeros(part.shape, dtype=torch.float32, device=z.device)
         launch_moe_experts(local_op, SimpleNamespace(buf={"moe_logits": logits, "moe_in": part, "moe_out": acc}))
         out[start : start + max_rows] = acc.to(z.dtype)
