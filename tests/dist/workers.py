@@ -28,7 +28,8 @@ def _layout(sc: dict):
 
     placement = None
     if sc.get("placement_slots") is not None:
-        placement = ExpertPlacement(sum(len(s) for s in sc["placement_slots"]), tuple(tuple(s) for s in sc["placement_slots"]))
+        slots = tuple(tuple(s) for s in sc["placement_slots"])
+        placement = ExpertPlacement(len({e for s in slots for e in s}), slots)  # replicas allowed
     if sc.get("redundant_load") is not None:
         placement = ExpertPlacement.rebalanced(sc["redundant_load"], sc["ep"], redundant=sc["redundant"])
     return Layout.make(sc["tp"], sc["ep"], sc.get("world"), placement)
