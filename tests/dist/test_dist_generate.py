@@ -156,8 +156,8 @@ def test_world_2_superop_split_kv_heads_and_dspark(tmp_path, models):
         {"name": "llama_tp2", "model": models["llama_kv2"], "tp": 2, "ep": 1, "prompts": [[3, 4, 5]], "prompt_logprobs": 2},
         {"name": "nano_ep2_tp2", "model": NANO, "tp": 2, "ep": 2, "prompts": PROMPTS[:2], "chunks": 2, "overlap": True},
         # rank 1 holds only a replica of expert 0, which rank 0 holds too: it never receives a real token
-        {"name": "nano_ep2_rank1_gets_nothing", "model": NANO, "tp": 1, "ep": 2, "prompts": PROMPTS[:2], "max_tokens": 4,
-         "placement_slots": [[0, 1, 2, 3, 4, 5, 6, 7], [0]]},
+        {"name": "nano_ep2_rank1_gets_nothing", "model": NANO, "tp": 1, "ep": 2, "prompts": PROMPTS[:2],
+         "max_tokens": 4, "placement_slots": [[0, 1, 2, 3, 4, 5, 6, 7], [0]]},
         {"name": "nano_ep2_redundant", "model": NANO, "tp": 1, "ep": 2, "prompts": PROMPTS[:2], "max_tokens": 4,
          "redundant_load": [9, 1, 1, 5, 1, 1, 1, 7], "redundant": 3},
         {"name": "nano_ep2_dspark", "model": NANO, "tp": 1, "ep": 2, "prompts": REPEATS, "max_tokens": 12, "speculative": {"method": "dspark", "num_tokens": 3}},

@@ -131,7 +131,8 @@ def test_static_wire_bytes_of_the_average_rank():
 
     step = rank_step(NANO, Layout.make(2, 2), rows=3, exchange="static")
     row = NANO.moe.latent_size * 2
-    per_rank = [sum(c.wire_bytes for c in collectives_as(step.program, 3, t) if c.kind == "all_to_all") for t in range(2)]
+    per_rank = [sum(c.wire_bytes for c in collectives_as(step.program, 3, t) if c.kind == "all_to_all")
+                for t in range(2)]
     moe_layers = NANO.mlp_types.count("moe")
     assert per_rank == [moe_layers * (4 * (row + 4) + 2 * row), moe_layers * (2 * (row + 4) + 4 * row)]
 

@@ -85,8 +85,9 @@ def run_scenarios(out_dir: str, scenarios: list[dict]) -> None:
             else:
                 cfg, model_dir = resolve_model(sc["model"])
                 backend = sc.get("backend", "reference")
-                worker = build_worker(comm, cfg, model_dir, torch.float32, backend, 0, sc.get("chunks"), sc.get("overlap"),
-                                      exchange=sc.get("exchange", "auto"), graphs=sc.get("graphs", "auto"))
+                worker = build_worker(comm, cfg, model_dir, torch.float32, backend, 0, sc.get("chunks"),
+                                      sc.get("overlap"), exchange=sc.get("exchange", "auto"),
+                                      graphs=sc.get("graphs", "auto"))
                 follow(worker)
     except BaseException:
         traceback.print_exc()
