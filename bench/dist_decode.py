@@ -210,7 +210,8 @@ def main() -> None:
                     dtype = torch.float32 if args.device == "cpu" else torch.bfloat16
                     rows_per_group = B // layout.dp
                     device_type = args.device.split(":")[0]
-                    mode, _ = engine_exchange(cfg, layout, rows_per_group, r["chunks"], dtype, device_type, r["exchange"])
+                    mode, _ = engine_exchange(cfg, layout, rows_per_group, r["chunks"], dtype, device_type,
+                                              r["exchange"])
                     step = rank_step(cfg, layout, rows_per_group, 24, dtype, chunks=r["chunks"], exchange=mode)
                     predicted = step.wire_bytes_per_token
                 row = {"world": world, "tp": tp, "ep": ep, "dp": layout.dp, "batch": B, "overlap": r["overlap"], "chunks": r["chunks"],
