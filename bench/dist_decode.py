@@ -4,7 +4,9 @@ For each world size W (default 2 and 4) and layout (EP W; TP 2 x EP W), the rank
 ``nonstop.dist.spawn`` (gloo on CPU, NCCL with --device cuda: the script is the same) and, for each
 MoE exchange mode (overlap on: ``--chunks`` pieces overlapped with the experts; off: one piece) and
 batch size B (default 1 and 8), rank 0 drives an ``EngineCore``: B held-out prompts are prefilled, a
-few warm-up decode steps run, then ``--steps`` decode steps are timed. The peer is the single-process
+few warm-up decode steps run, then ``--steps`` decode steps are timed. ``--exchanges`` (default
+auto) adds the MoE exchange modes to compare (static: fixed-capacity buffers; dynamic: split sizes
+first). The peer is the single-process
 engine on the same checkpoint (reference executor, all CPU threads), measured in the same run.
 
 Reported per row: decode tokens/s (B tokens per step), speed relative to the peer, all-to-alls per
@@ -71,7 +73,8 @@ def drive(core, batch_prompts: list[list[int]], warmup: int, steps: int, device,
 # ----------------------------------------------------------------------------- one rank
 
 
-def bench_rank(out_dir: str, model: str, tp: int, ep: int, batches: list[int], modes: list[tuple[int, bool]], warmup: int, steps: int, device: str, timeout: float) -> None:
+def bench_rank(out_dir: str, model: str, tp: int, ep: int, batches: list[int], modes: list[tuple[int, bool, str]],
+               warmup: int, steps: int, device: str, timeout: float) -> None:
     import torch.distributed as dist
 
     from nonstop.dist import Layout
@@ -86,8 +89,8 @@ def bench_rank(out_dir: str, model: str, tp: int, ep: int, batches: list[int], m
     dtype = parse_dtype("auto", device)
     results, deltas = [], []
     last: dict = {}  # comm.stats at the end of the previous step
-    for chunks, overlap in modes:
-        worker = build_worker(comm, cfg, model_dir, dtype, "reference", 0, chunks, overlap)
+    for chunks, overlap, exchange in modes:
+        worker = build_worker(comm, cfg, model_dir, dtype, "reference", 0, chunks, overlap, exchange=exchange)
         handle = worker.handle
 
         def counted(msg, handle=handle):  # per step: what this rank sent since the previous step ended
@@ -107,7 +110,9 @@ def bench_rank(out_dir: str, model: str, tp: int, ep: int, batches: list[int], m
                 window = {}
                 row = drive(core, prompts(core.tokenizer, B, 16), warmup, steps, comm.device, lambda edge, window=window: window.__setitem__(edge, len(deltas)))
                 executor.close()
-                results.append({"chunks": chunks, "overlap": overlap, "batch": B, "window": window, **row})
+                used = dict(worker.executor.stats["exchange_steps"])
+                results.append({"chunks": chunks, "overlap": overlap, "exchange": exchange, "exchange_steps": used,
+                                "batch": B, "window": window, **row})
             else:
                 while (msg := comm.broadcast_object()).kind != "stop":
                     worker.handle(msg)
@@ -169,13 +174,15 @@ def main() -> None:
     ap.add_argument("--warmup", type=int, default=4)
     ap.add_argument("--chunks", type=int, default=2, help="pieces of the overlapped MoE exchange")
     ap.add_argument("--device", default="cpu", help="cpu (gloo) or cuda (NCCL, one GPU per rank)")
+    ap.add_argument("--exchanges", default="auto",
+                    help="MoE exchange modes to compare: auto, static, dynamic (comma-separated)")
     ap.add_argument("--timeout", type=float, default=300.0, help="collective timeout, seconds")
     ap.add_argument("--out", default=None, help="default: bench/results/dist_decode_<device>_<model>.json")
     args = ap.parse_args()
 
     from nonstop.dist import Layout
     from nonstop.dist.launch import rank_threads, spawn
-    from nonstop.dist.program import rank_step
+    from nonstop.dist.program import engine_exchange, rank_step
     from nonstop.weights.resolve import resolve_model
     from nonstop.hostinfo import command_line, copy_bandwidth, decode_floor, environment
     from nonstop.program.footprint import model_footprint
@@ -185,7 +192,8 @@ def main() -> None:
     cfg, _ = resolve_model(args.model)
     peer, peer_threads = single_process(args.model, batches, args.warmup, args.steps, args.device, sorted({1, torch.get_num_threads()}))
     print("single process: " + ", ".join(f"batch {B}: {r['tokens_per_s']:.1f} tok/s" for B, r in peer.items()), file=sys.stderr, flush=True)
-    modes = [(args.chunks, True), (1, False)]
+    modes = [(chunks, overlap, exchange) for exchange in args.exchanges.split(",")
+             for chunks, overlap in ((args.chunks, True), (1, False))]
     rows = []
     for world in [int(w) for w in args.worlds.split(",")]:
         layouts = [(1, world)] + ([(2, world)] if world > 2 and world % 2 == 0 else [])
@@ -199,16 +207,26 @@ def main() -> None:
                 traffic = window_traffic(got["deltas"], r["window"], B * args.steps)
                 predicted = None
                 if B % layout.dp == 0:
-                    predicted = rank_step(cfg, layout, rows=B // layout.dp, context=24, dtype=torch.float32 if args.device == "cpu" else torch.bfloat16, chunks=r["chunks"]).wire_bytes_per_token
+                    dtype = torch.float32 if args.device == "cpu" else torch.bfloat16
+                    rows_per_group = B // layout.dp
+                    device_type = args.device.split(":")[0]
+                    mode, _ = engine_exchange(cfg, layout, rows_per_group, r["chunks"], dtype, device_type,
+                                              r["exchange"])
+                    step = rank_step(cfg, layout, rows_per_group, 24, dtype, chunks=r["chunks"], exchange=mode)
+                    predicted = step.wire_bytes_per_token
                 row = {"world": world, "tp": tp, "ep": ep, "dp": layout.dp, "batch": B, "overlap": r["overlap"], "chunks": r["chunks"],
+                       "exchange": r["exchange"], "exchange_steps": r["exchange_steps"],
                        "tokens_per_s": round(r["tokens_per_s"], 2), "single_process_tokens_per_s": round(peer[B]["tokens_per_s"], 2),
                        "relative_to_single_process": round(r["tokens_per_s"] / peer[B]["tokens_per_s"], 3),
                        **{k: (round(v, 2) if isinstance(v, float) else v) for k, v in traffic.items()},
                        "predicted_wire_bytes_per_token_per_rank": None if predicted is None else round(predicted, 1),
                        "greedy_identical_to_single_process": r["tokens"] == peer[B]["tokens"]}
                 rows.append(row)
-                print(f"W={world} tp{tp} ep{ep} batch {B} {'overlap' if r['overlap'] else 'no overlap'}: {row['tokens_per_s']} tok/s ({row['relative_to_single_process']}x single), "
-                      f"{row['token_all_to_alls_per_step']:.0f} token all-to-alls/step, {row['wire_bytes_per_token_per_rank'] / 1e3:.1f} KB/token/rank", file=sys.stderr, flush=True)
+                overlapped = "overlap" if r["overlap"] else "no overlap"
+                print(f"W={world} tp{tp} ep{ep} batch {B} {r['exchange']} {overlapped}: "
+                      f"{row['tokens_per_s']} tok/s ({row['relative_to_single_process']}x single), "
+                      f"{row['token_all_to_alls_per_step']:.0f} token all-to-alls/step, "
+                      f"{row['wire_bytes_per_token_per_rank'] / 1e3:.1f} KB/token/rank", file=sys.stderr, flush=True)
     dtype = "float32" if args.device == "cpu" else "bfloat16"
     if args.device == "cpu":
         floor = decode_floor(model_footprint(cfg, torch.float32).bytes_per_token, copy_bandwidth()["copy_GBps"])
@@ -234,10 +252,12 @@ def main() -> None:
     out = Path(args.out or f"bench/results/dist_decode_{args.device.split(':')[0]}_{Path(args.model).name}.json")
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(result, indent=2) + "\n")
-    print(f"{'W':>2} {'tp':>2} {'ep':>2} {'B':>2} {'overlap':>7} {'tok/s':>7} {'x single':>8} {'a2a/step':>8} {'KB/tok/rank':>11} {'predicted':>9} same")
+    print(f"{'W':>2} {'tp':>2} {'ep':>2} {'B':>2} {'exchange':>8} {'overlap':>7} {'tok/s':>7} {'x single':>8} "
+          f"{'a2a/step':>8} {'KB/tok/rank':>11} {'predicted':>9} same")
     for r in rows:
         pred = "" if r["predicted_wire_bytes_per_token_per_rank"] is None else f"{r['predicted_wire_bytes_per_token_per_rank'] / 1e3:.1f}"
-        print(f"{r['world']:>2} {r['tp']:>2} {r['ep']:>2} {r['batch']:>2} {r['overlap']!s:>7} {r['tokens_per_s']:>7.1f} {r['relative_to_single_process']:>8.2f} "
+        print(f"{r['world']:>2} {r['tp']:>2} {r['ep']:>2} {r['batch']:>2} {r['exchange']:>8} {r['overlap']!s:>7} "
+              f"{r['tokens_per_s']:>7.1f} {r['relative_to_single_process']:>8.2f} "
               f"{r['token_all_to_alls_per_step']:>8.0f} {r['wire_bytes_per_token_per_rank'] / 1e3:>11.1f} {pred:>9} {r['greedy_identical_to_single_process']}")
     print("single process: " + ", ".join(f"batch {B}: {v} tok/s" for B, v in result["single_process"].items()))
     if floor:

@@ -19,7 +19,8 @@ def add_parser(sub) -> None:
             "counted on a narrow twin with the same layers (op counts do not depend on widths). With --tp / --ep it "
             "prints one rank's Program under that layout from shapes alone (no weights built): its ops with the "
             "collective super-ops, the weight bytes every rank holds, the collectives per step with the bytes each "
-            "sends, and bytes on the wire per token per rank."
+            "sends, and bytes on the wire per token per rank, with the MoE exchange mode the engine would pick on "
+            "--device (--exchange static|dynamic shows the other)."
         ),
     )
     p.add_argument("--model", "-m", default="k3-nano", help="checkpoint directory, bundled model or preset")
@@ -37,6 +38,13 @@ def add_parser(sub) -> None:
     p.add_argument("--summary", action="store_true", help="one row per op kind instead of one per op")
     add_layout_args(p, run=False)
     p.add_argument("--rank", type=int, default=0, help="with a layout: the rank whose ops are listed (default 0)")
+    p.add_argument(
+        "--device",
+        choices=("cuda", "cpu"),
+        default="cuda",
+        help="with a layout: the device the ranks would run on, which sets the engine's defaults shown - MoE "
+        "chunks (2 on CUDA, 1 on CPU) and the exchange mode --exchange auto picks (default cuda)",
+    )
     add_threads_arg(p)
     p.set_defaults(run=run)
 

@@ -36,19 +36,23 @@ def print_ops(program, rows: int, context: int, summary: bool) -> None:
 
 
 def print_rank_program(args, cfg, layout, dtype) -> int:
-    from nonstop.dist.program import rank_step
+    from nonstop.dist.program import engine_exchange, rank_step
     from nonstop.dist.shard import check_layout
 
     check_layout(cfg, layout)
     if not 0 <= args.rank < layout.world:
         raise ValueError(f"--rank must be in 0..{layout.world - 1}, got {args.rank}")
-    chunks = args.chunks or 1
-    step = rank_step(cfg, layout, args.rows, args.context, dtype, args.rank, chunks)
+    chunks = args.chunks or (2 if args.device == "cuda" else 1)  # the engine's default
+    mode, reason = engine_exchange(cfg, layout, args.rows, chunks, dtype, args.device, args.exchange)
+    step = rank_step(cfg, layout, args.rows, args.context, dtype, args.rank, chunks, mode)
     print(f"decode program of {args.model} ({cfg.family}, {cfg.num_hidden_layers} layers, {args.dtype}) under {layout.describe()}")
     print(f"rank {args.rank}, {args.rows} row(s) per attention group ({step.tokens} tokens per step), context {args.context}; shapes only (no weights built)")
     if cfg.moe is not None:
         placement = layout.placement_for(next(i for i, t in enumerate(cfg.mlp_types) if t == "moe"), cfg.moe.num_experts)
-        print(f"experts: {placement.describe()}; MoE exchange in {chunks} chunk(s)")
+        other = "dynamic" if mode == "static" else "static"
+        chosen = "--exchange" if args.exchange != "auto" else "the engine picks it"
+        print(f"experts: {placement.describe()}; MoE exchange in {chunks} chunk(s), {mode} on {args.device} "
+              f"({chosen}: {reason}; --exchange {other} shows the other mode)")
     print_ops(step.program, args.rows, args.context, args.summary)
     w = step.weight_bytes
     print(f"\nweights per rank: {_fmt(min(w))}B - {_fmt(max(w))}B (rank {args.rank}: {_fmt(w[args.rank])}B; all ranks {_fmt(sum(w))}B)")

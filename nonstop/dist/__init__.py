@@ -8,7 +8,8 @@
 * ``program.py``    a rank's Program with collective super-ops; ``rank_step``: costs from shapes alone
 * ``comm.py``       process groups, ``init`` (env:// or given rank/world), guarded collectives
 * ``ops.py``        the collective super-ops' implementations (plain torch + torch.distributed)
-* ``moe.py``        MoE dispatch / combine over ``all_to_all_single`` with uneven splits, chunked overlap
+* ``moe.py``        MoE dispatch / combine over ``all_to_all_single``, chunked overlap
+* ``exchange.py``   the static (fixed-capacity, capturable) exchange and the choice of exchange mode
 * ``launch.py``     ``spawn``: start the ranks of one host (torch.multiprocessing); torchrun works too
 The layout, placement, sharding and cost pieces need no process group (a planner imports them).
 """

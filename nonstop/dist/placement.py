@@ -121,13 +121,23 @@ class ExpertPlacement:
                     where[r, e] = i
         return count, rank, local, where
 
+    def tables_on(self, device) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+        """``_tables`` on ``device`` (copied there once: routing on the device reads nothing back)."""
+        device = torch.device(device)
+        if device.type == "cpu":
+            return self._tables
+        cache = self.__dict__.setdefault("_tables_on", {})
+        if device not in cache:
+            cache[device] = tuple(t.to(device) for t in self._tables)
+        return cache[device]
+
     def route(self, experts: torch.Tensor, source: int) -> tuple[torch.Tensor, torch.Tensor]:
         """Logical expert ids [n] of the pairs of rank ``source`` -> (destination rank [n], local slot
-        index on it [n]) (CPU long tensors)."""
-        count, rank, local, where = self._tables
-        e = experts.to("cpu", torch.long)
+        index on it [n]) (long tensors on the device of ``experts``; no host synchronisation)."""
+        count, rank, local, where = self.tables_on(experts.device)
+        e = experts.long()
         mine = where[source, e]
-        pick = (source + torch.arange(e.shape[0])) % count[e]
+        pick = (source + torch.arange(e.shape[0], device=e.device)) % count[e]
         dest = torch.where(mine >= 0, torch.full_like(e, source), rank[e, pick])
         slot = torch.where(mine >= 0, mine, local[e, pick])
         return dest, slot

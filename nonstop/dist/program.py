@@ -45,21 +45,24 @@ def _all_reduce(after: SuperOp, buffer: str, T: int, purpose: str) -> SuperOp:
     return SuperOp(f"{after.name}.all_reduce", "tp_all_reduce", after.layer, (buffer,), (buffer,), {}, {"tp_ranks": T, "purpose": purpose})
 
 
-def _moe_ep(op: SuperOp, layout: Layout, rank: int, chunks: int, overlap: bool) -> SuperOp:
+def _moe_ep(op: SuperOp, layout: Layout, rank: int, chunks: int, overlap: bool, exchange: str) -> SuperOp:
     mc = op.attrs["moe"]
     placement = layout.placement_for(op.layer, mc.num_experts)
     ep_rank = layout.ep_rank(rank)
     attrs = dict(op.attrs)
     attrs.update(
         placement=placement, ep_ranks=layout.ep, ep_rank=ep_rank, tp_ranks=layout.tp, tp_rank=layout.tp_rank(rank),
+        rank=rank, world=layout.world, exchange=exchange,
         chunks=chunks, overlap=overlap, top_k=mc.top_k, local_experts=len(placement.local(ep_rank)),
         physical_experts=placement.physical, max_local=placement.max_local, local_fraction=placement.local_fraction(ep_rank),
     )
     return SuperOp(f"L{op.layer}.moe_ep", "moe_ep", op.layer, op.reads, op.writes, dict(op.weights), attrs)
 
 
-def distribute(program: Program, cfg: ModelConfig, layout: Layout, rank: int, chunks: int = 1, overlap: bool = False) -> Program:
-    """The rank's Program (see the module docstring) from the Program of its model."""
+def distribute(program: Program, cfg: ModelConfig, layout: Layout, rank: int, chunks: int = 1, overlap: bool = False,
+               exchange: str = "dynamic") -> Program:
+    """The rank's Program (see the module docstring) from the Program of its model; ``exchange``: the MoE
+    exchange mode its costs describe (the executor picks the mode of each step: ``dist/exchange.py``)."""
     if layout.single:
         return program
     T, leader = layout.tp, layout.tp_rank(rank) == 0
@@ -80,7 +83,7 @@ def distribute(program: Program, cfg: ModelConfig, layout: Layout, rank: int, ch
             buffers["moe_shared_act"] = BufferSpec("moe_shared_act", (op.attrs["shared_width"],))
             ops.append(op)
         elif op.kind == "moe_experts":
-            ops.append(_moe_ep(op, layout, rank, chunks, overlap))
+            ops.append(_moe_ep(op, layout, rank, chunks, overlap, exchange))
         elif op.kind == "lm_head" and T > 1:
             buffers["logits_shard"] = BufferSpec("logits_shard", program.buffers["logits"].row_shape, "float32")
             buffers["logits"] = BufferSpec("logits", (cfg.vocab_size,), "float32")
@@ -101,20 +104,21 @@ def lower_rank(model, cfg: ModelConfig, layout: Layout, rank: int, chunks: int =
 # ----------------------------------------------------------------------------- shapes only
 
 
-def shapes_program(cfg: ModelConfig, layout: Layout, rank: int = 0, dtype: torch.dtype = torch.bfloat16, chunks: int = 1) -> Program:
-    """The rank's Program built on meta tensors (no weights, no process group); cached per arguments
-    (a planner asks for the same layouts again and again)."""
+def shapes_program(cfg: ModelConfig, layout: Layout, rank: int = 0, dtype: torch.dtype = torch.bfloat16,
+                   chunks: int = 1, exchange: str = "dynamic") -> Program:
+    """The rank's Program built on meta tensors (no weights, no process group), its MoE costs for the
+    ``exchange`` mode; cached per arguments (a planner asks for the same layouts again and again)."""
     try:
-        return _cached_shapes_program(cfg, layout, rank, dtype, chunks)
+        return _cached_shapes_program(cfg, layout, rank, dtype, chunks, exchange)
     except TypeError:  # unhashable (a per-layer placement dict): build it afresh
-        return _shapes_program(cfg, layout, rank, dtype, chunks)
+        return _shapes_program(cfg, layout, rank, dtype, chunks, exchange)
 
 
-def _shapes_program(cfg, layout, rank, dtype, chunks) -> Program:
+def _shapes_program(cfg, layout, rank, dtype, chunks, exchange) -> Program:
     from nonstop.dist.model import build_rank_model, meta_rank_state
 
     model = build_rank_model(cfg, layout, rank, meta_rank_state(cfg, layout, rank, dtype))
-    return lower_rank(model, cfg, layout, rank, chunks)
+    return distribute(lower(model), cfg, layout, rank, chunks, exchange=exchange)
 
 
 _cached_shapes_program = lru_cache(maxsize=16)(_shapes_program)
@@ -126,7 +130,8 @@ class RankStep:
 
     ops: (name, kind, Cost) per super-op; weight_bytes: what every rank holds (list by rank);
     collectives: every collective of the step with its count and bytes sent by this rank (the Program's
-    collective super-ops, then the engine's step input broadcast and logits return)."""
+    collective super-ops, then the engine's step input broadcast and logits return); exchange: the MoE
+    exchange mode (dynamic | static) the costs describe."""
 
     cfg: ModelConfig
     layout: Layout
@@ -137,6 +142,7 @@ class RankStep:
     ops: list[tuple[str, str, Cost]]
     weight_bytes: list[int]
     collectives: list[Collective] = field(default_factory=list)
+    exchange: str = "dynamic"
 
     @property
     def tokens(self) -> int:
@@ -196,7 +202,9 @@ def collectives_as(program: Program, rows: int, tp_rank: int) -> list[Collective
     out = []
     for op in program.ops:
         if op.kind in ("moe_ep", "vocab_gather"):
-            op = dataclasses.replace(op, attrs={**op.attrs, "tp_rank": tp_rank})
+            rank = op.attrs.get("rank", 0) - op.attrs["tp_rank"] + tp_rank
+            place = {"ep_rank": rank % op.attrs["ep_ranks"]} if op.kind == "moe_ep" else {}
+            op = dataclasses.replace(op, attrs={**op.attrs, "tp_rank": tp_rank, "rank": rank, **place})
         out += op_collectives(op, program, rows)
     return out
 
@@ -219,13 +227,28 @@ def engine_collectives(cfg: ModelConfig, layout: Layout, rank: int, rows: int) -
     return step_io_collectives(layout.world, layout.dp, rank == 0, rank != 0 and layout.tp_rank(rank) == 0, rows, cfg.vocab_size)
 
 
-def rank_step(cfg: ModelConfig, layout: Layout, rows: int = 1, context: int = 1024, dtype: torch.dtype = torch.bfloat16, rank: int = 0, chunks: int = 1) -> RankStep:
+def engine_exchange(cfg: ModelConfig, layout: Layout, rows: int, chunks: int, dtype: torch.dtype, device_type: str,
+                    requested: str = "auto") -> tuple[str, str]:
+    """(mode, reason): the MoE exchange the engine picks (``dist/exchange.choose_exchange``, graphs on auto)
+    for decode steps of ``rows`` rows per attention group on ``device_type``."""
+    from nonstop.dist.exchange import choose_exchange
+
+    program = shapes_program(cfg, layout, 0, dtype, chunks)
+    moe_in = program.buffers.get("moe_in")
+    width = 0 if moe_in is None else moe_in.row_numel * dtype.itemsize
+    return choose_exchange(requested, program.ops, (rows,) * layout.dp, program.max_rows, device_type, False, width)
+
+
+def rank_step(cfg: ModelConfig, layout: Layout, rows: int = 1, context: int = 1024, dtype: torch.dtype = torch.bfloat16,
+              rank: int = 0, chunks: int = 1, exchange: str = "dynamic") -> RankStep:
     """Rank ``rank``'s ops, weights and collectives for a step of ``rows`` rows per attention group at
-    ``context`` cached tokens per sequence (shapes only)."""
+    ``context`` cached tokens per sequence (shapes only), the MoE tokens exchanged in the ``exchange``
+    mode (dynamic | static)."""
     from nonstop.dist.model import rank_weight_bytes
 
-    program = shapes_program(cfg, layout, rank, dtype, chunks)
+    program = shapes_program(cfg, layout, rank, dtype, chunks, exchange)
     ops = [(op.name, op.kind, op.cost(rows, context)) for op in program.ops]
     collectives = [c for op in program.ops for c in op_collectives(op, program, rows)]
     collectives = merged(collectives) + engine_collectives(cfg, layout, rank, rows)
-    return RankStep(cfg, layout, rank, rows, context, program, ops, rank_weight_bytes(cfg, layout, dtype.itemsize), collectives)
+    weights = rank_weight_bytes(cfg, layout, dtype.itemsize)
+    return RankStep(cfg, layout, rank, rows, context, program, ops, weights, collectives, exchange)

@@ -164,16 +164,18 @@ class RankWorker:
         if msg.kind != "step":
             return None, {}
         part = msg.groups[self.comm.dp_index]
+        group_rows = tuple(len(g[0]) * msg.T if g is not None else 0 for g in msg.groups)
         with row_exact(msg.row_exact):
             if part is None:
-                self.executor.idle()
+                self.executor.idle(group_rows)
                 return None, {}
             slots, starts, ids = part
             dev = self.comm.device
             cache = self.caches[msg.cache_id]
             batch = StepBatch(torch.tensor(slots, device=dev), torch.tensor(starts, device=dev), msg.T, keep_states=msg.keep_states)
             cache.pages.reserve_rows(batch.slots, batch.end)
-            logits, hidden = self.executor.run(torch.tensor(ids, dtype=torch.long, device=dev), cache, batch, msg.taps)
+            ids = torch.tensor(ids, dtype=torch.long, device=dev)
+            logits, hidden = self.executor.run(ids, cache, batch, msg.taps, group_rows)
         if logits is not None and msg.last_only:
             logits = logits[:, -1:]
         if self.comm.leader and self.comm.rank != 0:
@@ -346,14 +348,18 @@ class ClusterExecutor(Executor):
 # ----------------------------------------------------------------------------- building a rank
 
 
-def build_worker(comm: Comm, cfg: ModelConfig, model_dir, dtype: torch.dtype, backend: str = "reference", seed: int = 0, chunks: int | None = None, overlap: bool | None = None, progress: bool = False) -> RankWorker:
-    """Load this rank's part of the model (sharded reads; random weights for a preset) and its executor."""
+def build_worker(comm: Comm, cfg: ModelConfig, model_dir, dtype: torch.dtype, backend: str = "reference", seed: int = 0,
+                 chunks: int | None = None, overlap: bool | None = None, progress: bool = False, exchange: str = "auto",
+                 graphs="auto") -> RankWorker:
+    """Load this rank's part of the model (sharded reads; random weights for a preset) and its executor
+    (``exchange``: the MoE exchange mode, auto | static | dynamic; ``graphs``: CUDA-graph capture)."""
     from nonstop.dist.load import load_rank_state, random_rank_state
     from nonstop.dist.model import build_rank_model
-    from nonstop.runtime.distributed import check_backend
+    from nonstop.runtime.distributed import check_backend, check_exchange
 
     layout, rank, device = comm.layout, comm.rank, comm.device
     check_backend(backend, device, layout.world)
+    check_exchange(exchange)
 
     def source(layout: Layout, only=None, progress=None) -> dict[str, torch.Tensor]:
         if model_dir is None:
@@ -369,7 +375,7 @@ def build_worker(comm: Comm, cfg: ModelConfig, model_dir, dtype: torch.dtype, ba
     gpu = device.type == "cuda"
     chunks = chunks or (2 if gpu else 1)
     overlap = gpu if overlap is None else overlap
-    return RankWorker(comm, RankExecutor(comm, cfg, model, backend, chunks, overlap), dtype, source)
+    return RankWorker(comm, RankExecutor(comm, cfg, model, backend, chunks, overlap, exchange, graphs), dtype, source)
 
 
 def print_failure_and_exit(message: str) -> None:

@@ -42,7 +42,9 @@ class DistributedLLM(LLM):
     """``LLM`` whose decode steps run on every rank of ``comm``'s layout (rank 0 only).
 
     Extra arguments: ``comm`` (from ``nonstop.dist.comm.init``), ``chunks`` / ``overlap`` of the MoE
-    exchange (defaults: 2 overlapped chunks on CUDA, 1 on CPU), ``on_failure(message)`` called when
+    exchange (defaults: 2 overlapped chunks on CUDA, 1 on CPU), ``exchange`` its mode (auto | static |
+    dynamic: ``nonstop/dist/exchange.py``), ``graphs`` CUDA-graph capture of the rank steps (auto: CUDA,
+    superop, static exchange), ``on_failure(message)`` called when
     another rank fails (the CLI prints and exits). ``preflight`` is accepted for the LLM signature; each
     rank builds only its share of the weights, so the single-device memory check does not apply.
     """
@@ -51,7 +53,7 @@ class DistributedLLM(LLM):
                  max_batch: int = 16, seed: int = 0, speculative: dict | None = None, progress: bool = False,
                  prefill_chunk: int | None = None, batch_invariant: bool = False, tokenizer: str = "auto",
                  chat_template=None, generation_config: bool = True, preflight: bool = True, *, comm: Comm, chunks: int | None = None,
-                 overlap: bool | None = None, on_failure=None):
+                 overlap: bool | None = None, exchange: str = "auto", graphs="auto", on_failure=None):
         if comm.rank != 0:
             raise ValueError(
                 f"DistributedLLM runs on rank 0; rank {comm.rank} follows (nonstop.engine.distributed.follow)"
@@ -61,7 +63,8 @@ class DistributedLLM(LLM):
         self._resolve(model, dtype, device, tokenizer, chat_template, generation_config)
         if self.model_dir is None:
             print(f"nonstop: {model!r} is a preset: using random weights (seed {seed})", file=sys.stderr)
-        worker = build_worker(comm, self.cfg, self.model_dir, self.dtype, backend, seed, chunks, overlap, progress)
+        worker = build_worker(comm, self.cfg, self.model_dir, self.dtype, backend, seed, chunks, overlap, progress,
+                              exchange, graphs)
         self.comm = comm
         self.layout = comm.layout
         self.executor = ClusterExecutor(worker, self.cfg, on_failure)

@@ -207,7 +207,8 @@ def attach_costs(program: Program) -> None:
 # counted per rank as bytes *sent* by that rank (ring algorithms for all-reduce / all-gather):
 #   all-reduce of N bytes over n ranks: 2·(n-1)/n·N;  all-gather of n parts of P bytes: (n-1)·P;
 #   gather to one rank: P from each other rank;
-#   all-to-all: the rows sent to other ranks (pairs whose expert lives on the sender itself stay local).
+#   all-to-all: the rows sent to other ranks (pairs whose expert lives on the sender itself stay local);
+#               in the static exchange the whole fixed-capacity buffers for the other ranks.
 
 COLLECTIVE_KINDS = ("tp_all_reduce", "vocab_gather", "embed_shard", "moe_ep")
 
@@ -243,16 +244,67 @@ def owned_rows(rows: int, ranks: int, index: int) -> int:
     return base + (1 if index < extra else 0)
 
 
+# The MoE token exchange runs in one of two modes (``nonstop/dist/exchange.py`` chooses):
+#   dynamic: split sizes first (int32 [chunks, local experts] per peer), then exactly the pairs whose
+#            expert lives on another rank, one z row each way;
+#   static:  every chunk, a fixed-capacity buffer per peer (``static_capacity`` rows of [int32 local expert
+#            slot | z row], padding included) out, the same rows' outputs back; no size exchange.
+EXCHANGE_MODES = ("dynamic", "static")
+SLOT_ID_BYTES = 4  # the static exchange's per-row header: the local expert slot (int32; -1: empty)
+
+
+def static_capacity(rows_routed: int, top_k: int, chunks: int, held: int) -> int:
+    """Rows a rank that routes ``rows_routed`` rows reserves per chunk for a peer holding ``held`` distinct
+    experts: the most (token, expert) pairs it can send there in one chunk. A chunk holds at most
+    ceil(n·k / chunks) of the n·k pairs (cut in (row, j) order), and a row's k distinct experts put at most
+    min(k, held) pairs on one rank."""
+    return min(-(-rows_routed * top_k // chunks), rows_routed * min(top_k, held))
+
+
+def routed_rows(group_rows: tuple[int, ...], tp: int, ep: int, rank: int) -> list[int]:
+    """Rows each rank of ``rank``'s expert group routes in a step where attention group g has
+    ``group_rows[g]`` rows (its tp ranks route contiguous parts: ``owned_rows``)."""
+    first = rank // ep * ep
+    return [owned_rows(group_rows[r // tp], tp, r % tp) for r in range(first, first + ep)]
+
+
+def static_splits(op: SuperOp, group_rows: tuple[int, ...]) -> tuple[list[int], list[int]]:
+    """(send [E], recv [E]): rows per chunk ``op``'s rank sends to / receives from each rank of its expert
+    group in the static exchange; every rank derives the same figures from the step's rows per attention
+    group and the placement, so no size is exchanged or read from a device."""
+    a = op.attrs
+    E, me, k, C = a["ep_ranks"], a["ep_rank"], a["top_k"], a["chunks"]
+    routed = routed_rows(group_rows, a["tp_ranks"], E, a["rank"])
+    held = [len(set(s)) for s in a["placement"].slots]
+    send = [static_capacity(routed[me], k, C, held[d]) for d in range(E)]
+    recv = [static_capacity(routed[s], k, C, held[me]) for s in range(E)]
+    return send, recv
+
+
+def uniform_rows(op: SuperOp, rows: int) -> tuple[int, ...]:
+    """Rows per attention group when each of the layout's groups has ``rows``."""
+    return (rows,) * (op.attrs["world"] // op.attrs["tp_ranks"])
+
+
 def moe_ep_traffic(op: SuperOp, rows: int) -> dict:
     """Expected per-step facts of a ``moe_ep`` op on its rank at ``rows`` rows per attention group:
-    sent / received (token, expert) pairs, the share of them that crosses the wire, experts touched."""
+    sent / received (token, expert) pairs, the share of them that crosses the wire, experts touched;
+    ``exchange``: the mode the op's costs describe (``attrs["exchange"]``, default dynamic) and, for the
+    static mode, the rows of the fixed-capacity buffers sent / received per step (all chunks)."""
     a = op.attrs
     sent = owned_rows(rows, a["tp_ranks"], a["tp_rank"]) * a["top_k"]
     # the expert group's ranks route rows / tp_ranks rows each on average; a rank receives the pairs of its
     # share of the physical experts
     received = rows * a["ep_ranks"] / a["tp_ranks"] * a["top_k"] * a["local_experts"] / max(1, a["physical_experts"])
     remote = 1.0 - a["local_fraction"]
-    return {"sent": sent, "received": received, "sent_remote": sent * remote, "received_remote": received * remote, "touched": min(a["local_experts"], math.ceil(received))}
+    out = {"sent": sent, "received": received, "sent_remote": sent * remote, "received_remote": received * remote,
+           "touched": min(a["local_experts"], math.ceil(received)), "exchange": a.get("exchange", "dynamic")}
+    if out["exchange"] == "static":
+        send, recv = static_splits(op, uniform_rows(op, rows))
+        me, C = a["ep_rank"], a["chunks"]
+        out.update(buffer_sent=C * sum(send), buffer_received=C * sum(recv),
+                   buffer_sent_remote=C * (sum(send) - send[me]), buffer_received_remote=C * (sum(recv) - recv[me]))
+    return out
 
 
 def collective_op_cost(op: SuperOp, program: Program):
@@ -276,7 +328,10 @@ def collective_op_cost(op: SuperOp, program: Program):
             elements = sum(2 * w.numel() if n.endswith("_packed") else w.numel() for n, w in experts.items() if not n.endswith("_scale")) // n_local
             weight = per_expert * t["touched"] + _nbytes(op.weights["bias"])
             width_bytes = buffers["moe_in"].row_numel * program.dtype.itemsize
-            payload = (t["sent"] + t["received"]) * width_bytes
+            if t["exchange"] == "static":  # the whole buffers are written, sent and read back, padding included
+                payload = (t["buffer_sent"] + t["buffer_received"]) * (2 * width_bytes + SLOT_ID_BYTES)
+            else:
+                payload = (t["sent"] + t["received"]) * width_bytes
             return Cost(weight, weight + rows * act_in + payload, rows * act_out + payload, int(2 * elements * t["received"]))
         return Cost(0, rows * act_in, rows * act_out, rows * buffers[op.reads[0]].row_numel if op.kind == "tp_all_reduce" else 0)
 
@@ -298,6 +353,13 @@ def op_collectives(op: SuperOp, program: Program, rows: int) -> list[Collective]
         t = moe_ep_traffic(op, rows)
         width_bytes = buffers["moe_in"].row_numel * program.dtype.itemsize
         chunks, E = a["chunks"], a["ep_ranks"]
+        if t["exchange"] == "static":  # what all_to_all_single really sends: the fixed-capacity rows, padding included
+            return [
+                Collective("all_to_all", "ep", E, chunks, t["buffer_sent_remote"] * (width_bytes + SLOT_ID_BYTES),
+                           "dispatch (expert inputs)"),
+                Collective("all_to_all", "ep", E, chunks, t["buffer_received_remote"] * width_bytes,
+                           "combine (expert outputs)"),
+            ]
         return [
             Collective("all_to_all", "ep", E, 1, (E - 1) * chunks * a["max_local"] * 4, "split sizes"),
             Collective("all_to_all", "ep", E, chunks, t["sent_remote"] * width_bytes, "dispatch (expert inputs)"),

@@ -28,7 +28,8 @@ def _layout(sc: dict):
 
     placement = None
     if sc.get("placement_slots") is not None:
-        placement = ExpertPlacement(sum(len(s) for s in sc["placement_slots"]), tuple(tuple(s) for s in sc["placement_slots"]))
+        slots = tuple(tuple(s) for s in sc["placement_slots"])
+        placement = ExpertPlacement(len({e for s in slots for e in s}), slots)  # replicas allowed
     if sc.get("redundant_load") is not None:
         placement = ExpertPlacement.rebalanced(sc["redundant_load"], sc["ep"], redundant=sc["redundant"])
     return Layout.make(sc["tp"], sc["ep"], sc.get("world"), placement)
@@ -64,10 +65,14 @@ def run_scenarios(out_dir: str, scenarios: list[dict]) -> None:
             if rank == 0:
                 ref = _reference(sc, refs)
                 t0 = time.perf_counter()
-                llm = DistributedLLM(sc["model"], dtype="float32", backend=sc.get("backend", "reference"), max_batch=len(sc["prompts"]), speculative=sc.get("speculative"), comm=comm, chunks=sc.get("chunks"), overlap=sc.get("overlap"))
+                llm = DistributedLLM(sc["model"], dtype="float32", backend=sc.get("backend", "reference"),
+                                     max_batch=len(sc["prompts"]), speculative=sc.get("speculative"), comm=comm,
+                                     chunks=sc.get("chunks"), overlap=sc.get("overlap"),
+                                     exchange=sc.get("exchange", "auto"), graphs=sc.get("graphs", "auto"))
                 try:
                     got = _outputs(llm.generate(prompt_token_ids=sc["prompts"], sampling=_params(sc)))
                     stats = {k: list(v) for k, v in comm.stats.items()}
+                    stats["executor"] = llm.executor.worker.executor.stats
                     if sc.get("rebalance") is not None:  # re-place the experts for the load just recorded, run again
                         placements = llm.rebalance(sc["rebalance"])
                         stats["physical_experts"] = sorted({p.physical for p in placements.values()})
@@ -79,7 +84,11 @@ def run_scenarios(out_dir: str, scenarios: list[dict]) -> None:
                     pickle.dump({"ref": ref, "got": got, "seconds": time.perf_counter() - t0, "stats": stats}, fh)
             else:
                 cfg, model_dir = resolve_model(sc["model"])
-                follow(build_worker(comm, cfg, model_dir, torch.float32, sc.get("backend", "reference"), 0, sc.get("chunks"), sc.get("overlap")))
+                backend = sc.get("backend", "reference")
+                worker = build_worker(comm, cfg, model_dir, torch.float32, backend, 0, sc.get("chunks"),
+                                      sc.get("overlap"), exchange=sc.get("exchange", "auto"),
+                                      graphs=sc.get("graphs", "auto"))
+                follow(worker)
     except BaseException:
         traceback.print_exc()
         raise
