@@ -44,7 +44,7 @@ import torch
 import triton
 import triton.language as tl
 
-from nonstop.kernels.pdl import pdl_launch_args, pdl_wait
+from nonstop.kernels.launch import launcher, pdl_launch_args
 from nonstop.program.ir import BufferSpec, SuperOp
 
 SAMPLE_READS = ("logits", "sample_temperature", "sample_top_k", "sample_top_p", "sample_seed", "sample_offset")
@@ -195,8 +195,19 @@ def _top_k_mass(row_ptr, V, temperature, m, k, lo_x, hi_x, BLOCK_Q: tl.constexpr
 
 
 @triton.jit
-def sample_tile(row, logits_ptr, stride_logits, temperature_ptr, top_k_ptr, top_p_ptr, seed_ptr, offset_ptr, out_ptr, V,
-                BLOCK_Q: tl.constexpr):
+def sample_tile(
+    row,
+    logits_ptr,
+    stride_logits,
+    temperature_ptr,
+    top_k_ptr,
+    top_p_ptr,
+    seed_ptr,
+    offset_ptr,
+    out_ptr,
+    V,
+    BLOCK_Q: tl.constexpr,
+):
     """next token of one row; see the module docstring."""
     row_ptr = logits_ptr + row.to(tl.int64) * stride_logits
     temperature = tl.load(temperature_ptr + row)
@@ -214,7 +225,9 @@ def sample_tile(row, logits_ptr, stride_logits, temperature_ptr, top_k_ptr, top_
         searching = use_k | use_p
         while searching:
             x_j = tl.div_rn(tl.load(row_ptr + j), temperature)
-            count, above_mass, ge_mass, next_j = _scan(row_ptr, V, temperature, seed, off_lo, off_hi, m, x_j, j, BLOCK_Q)
+            count, above_mass, ge_mass, next_j = _scan(
+                row_ptr, V, temperature, seed, off_lo, off_hi, m, x_j, j, BLOCK_Q
+            )
             keep = (count < k) | (use_k == 0)
             if keep & use_p:
                 if z_k < 0:
@@ -234,12 +247,7 @@ def sample_tile(row, logits_ptr, stride_logits, temperature_ptr, top_k_ptr, top_
     tl.store(out_ptr + row, j.to(tl.int64))
 
 
-@triton.jit
-def _sample_kernel(logits_ptr, stride_logits, temperature_ptr, top_k_ptr, top_p_ptr, seed_ptr, offset_ptr, out_ptr, V,
-                   BLOCK_Q: tl.constexpr, USE_PDL: tl.constexpr):
-    pdl_wait(USE_PDL)
-    sample_tile(tl.program_id(0), logits_ptr, stride_logits, temperature_ptr, top_k_ptr, top_p_ptr, seed_ptr, offset_ptr,
-                out_ptr, V, BLOCK_Q)
+sample_kernel = launcher(sample_tile)
 
 
 def sample(op, env, BLOCK_Q: int | None = None):
@@ -250,8 +258,20 @@ def sample(op, env, BLOCK_Q: int | None = None):
     assert logits.dtype == torch.float32 and logits.stride(1) == 1
     if BLOCK_Q is None:
         BLOCK_Q = min(1024, max(16, triton.next_power_of_2(triton.cdiv(V, 4))))
-    _sample_kernel[(R,)](logits, logits.stride(0), temperature, top_k, top_p, seed, offset, out, V, BLOCK_Q=BLOCK_Q, num_warps=8,
-                         **pdl_launch_args(env))
+    sample_kernel[(R,)](
+        logits,
+        logits.stride(0),
+        temperature,
+        top_k,
+        top_p,
+        seed,
+        offset,
+        out,
+        V,
+        BLOCK_Q=BLOCK_Q,
+        num_warps=8,
+        **pdl_launch_args(env),
+    )
 
 
 KERNELS = {"sample": sample}

@@ -8,8 +8,6 @@ them). ``stats`` reports per-step facts such as kernel launches.
 
 from __future__ import annotations
 
-import os
-
 import torch
 
 from nonstop.cache.state import ModelCache, StepBatch
@@ -53,7 +51,9 @@ KERNEL_BACKENDS = ("superop", "megakernel")
 
 def triton_interpreter() -> bool:
     """True when Triton runs kernels in its CPU interpreter (``TRITON_INTERPRET=1``, set before import)."""
-    return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
+    from nonstop.kernels.platform import interpreting
+
+    return interpreting()
 
 
 def make_executor(backend: str, model: CausalLM):

@@ -51,7 +51,9 @@ class PoisonedMegakernel(MegakernelExecutor):
 def test_megakernel_gives_the_reference_tokens(name):
     model = tiny_model(name)
     ex = PoisonedMegakernel(model)
-    assert greedy_tokens(model, ex, PROMPTS, MAX_TOKENS) == greedy_tokens(model, ReferenceExecutor(model), PROMPTS, MAX_TOKENS)
+    assert greedy_tokens(model, ex, PROMPTS, MAX_TOKENS) == greedy_tokens(
+        model, ReferenceExecutor(model), PROMPTS, MAX_TOKENS
+    )
     assert ex.stats["program_steps"] == 3 and ex.stats["reference_steps"] == 0
     assert ex.stats["launches_per_step"] == 1
     assert all(c["launches"] == 1 and c["host_syncs"] == 0 for c in ex.stats["launches"].values())
@@ -159,7 +161,9 @@ def test_heads_split_into_several_rope_tiles(monkeypatch):
     monkeypatch.setattr(gqa, "PAIRS_PER_TILE", 2)  # head_dim 10: 5 pairs -> 3 tiles per head
     model = tiny_model("llama")
     ex = PoisonedMegakernel(model)
-    assert greedy_tokens(model, ex, [[3, 4, 5]], [2]) == greedy_tokens(model, ReferenceExecutor(model), [[3, 4, 5]], [2])
+    assert greedy_tokens(model, ex, [[3, 4, 5]], [2]) == greedy_tokens(
+        model, ReferenceExecutor(model), [[3, 4, 5]], [2]
+    )
     assert ex.stats["schedule"]["1x3"]["kinds"]["gqa_qkv_rope"]["tasks"] == model.cfg.num_hidden_layers * 7 * 3
 
 
@@ -258,7 +262,10 @@ def test_tasks_write_only_their_declared_regions(name, monkeypatch):
     if name == "llama":  # swap the declarations of the LM head's first two tiles: the audit notices
         s = mk.schedule
         i, j = [k for k, t in enumerate(s.tasks) if s.ops[t.op].kind == "lm_head"][:2]
-        s.tasks[i], s.tasks[j] = dataclasses.replace(s.tasks[i], regions=s.tasks[j].regions), dataclasses.replace(s.tasks[j], regions=s.tasks[i].regions)
+        s.tasks[i], s.tasks[j] = (
+            dataclasses.replace(s.tasks[i], regions=s.tasks[j].regions),
+            dataclasses.replace(s.tasks[j], regions=s.tasks[i].regions),
+        )
         assert any("lm_head" in p and "logits" in p for p in audit_writes(mk, env))
 
 
@@ -267,7 +274,9 @@ def test_cuda_graph_logic_replays_the_one_launch():
     megakernel step is captured once per shape and replayed, tokens unchanged."""
     model = tiny_model("llama")
     ex = MegakernelExecutor(model, graphs="emulate")
-    assert greedy_tokens(model, ex, [[3, 4], [5]], [3, 3]) == greedy_tokens(model, ReferenceExecutor(model), [[3, 4], [5]], [3, 3])
+    assert greedy_tokens(model, ex, [[3, 4], [5]], [3, 3]) == greedy_tokens(
+        model, ReferenceExecutor(model), [[3, 4], [5]], [3, 3]
+    )
     assert ex.stats["graph_captures"] >= 3 and ex.stats["graph_replays"] >= 1 and ex.stats["launches_per_step"] == 1
 
 
@@ -281,7 +290,9 @@ def test_speculative_verification_through_the_megakernel():
     params = SamplingParams(max_tokens=3, temperature=0, ignore_eos=True)
     want = generate(model, ReferenceExecutor(model), [[3, 4, 5]], params)
     ex = MegakernelExecutor(model)
-    got = generate(model, ex, [[3, 4, 5]], params, ScriptedDrafter({"0": want[0].token_ids}, 1, model.cfg.vocab_size), num_tokens=2)
+    got = generate(
+        model, ex, [[3, 4, 5]], params, ScriptedDrafter({"0": want[0].token_ids}, 1, model.cfg.vocab_size), num_tokens=2
+    )
     assert [o.token_ids for o in got] == [o.token_ids for o in want]
     assert got[0].metrics["accepted_tokens"] > 0 and any("+states" in shape for shape in ex.stats["launches"])
 

@@ -27,7 +27,9 @@ def program(request):
     return lower(random_model(ModelConfig.from_hf_dict(TINY_CONFIGS[request.param]), torch.float32, seed=2))
 
 
-@pytest.mark.parametrize("B,T,persistent,split", [(1, 1, True, False), (3, 2, True, False), (2, 3, False, False), (2, 2, True, True)])
+@pytest.mark.parametrize(
+    "B,T,persistent,split", [(1, 1, True, False), (3, 2, True, False), (2, 3, False, False), (2, 2, True, True)]
+)
 def test_schedule_validates(program, B, T, persistent, split):
     s = build_schedule(program, B, T, CONFIG, persistent, split_counters=split)
     validate(s)
@@ -78,14 +80,23 @@ def test_tiles_write_each_output_exactly_once(program):
 def test_gemv_weights_are_streamed_once(program):
     """The tiles of a GEMV kind slice its weight rows into a partition of dim 0."""
     s = build_schedule(program, 1, 1, CONFIG, True)
-    roles = {"linear_residual": "w", "lm_head": "w", "mla_in_proj": "w_in", "kda_in_proj": "w_in", "moe_front": "router"}
+    roles = {
+        "linear_residual": "w",
+        "lm_head": "w",
+        "mla_in_proj": "w_in",
+        "kda_in_proj": "w_in",
+        "moe_front": "router",
+    }
     for oi, info in enumerate(s.ops):
         role = roles.get(info.kind)
         if role is None:
             continue
         spans = sorted((w.start, w.stop) for t in s.tasks if t.op == oi for w in t.weights if w.role == role)
         rows = program.ops[info.program_op].weights[role].shape[0]
-        assert spans[0][0] == 0 and spans[-1][1] == rows and all(a[1] == b[0] for a, b in zip(spans, spans[1:])), (info.name, spans)
+        assert spans[0][0] == 0 and spans[-1][1] == rows and all(a[1] == b[0] for a, b in zip(spans, spans[1:])), (
+            info.name,
+            spans,
+        )
 
 
 def test_prefetch_order_and_dynamic_weights(program):
@@ -104,10 +115,18 @@ def test_encoding_describes_the_tasks(program):
     assert enc["tasks"].shape == (len(s.tasks), 9) and enc["counters"].dtype == torch.int64
     for i in range(0, len(s.tasks), 7):
         t, row = s.tasks[i], describe_task(enc, i)
-        assert (row["opcode"], row["op"], row["stage"], row["tile"], row["counter"]) == (t.opcode, t.op, t.stage, t.tile, t.counter)
+        assert (row["opcode"], row["op"], row["stage"], row["tile"], row["counter"]) == (
+            t.opcode,
+            t.op,
+            t.stage,
+            t.tile,
+            t.counter,
+        )
         assert enc["opcodes"][t.opcode] == (s.ops[t.op].kind, s.ops[t.op].stages[t.stage].name)
         assert row["waits"] == [(w.counter, w.base, w.per_step) for w in t.waits]
-        assert [(r, d, a, b, abs(n)) for r, d, a, b, n in row["weights"]] == [(w.role, w.dim, w.start, w.stop, w.nbytes) for w in t.weights]
+        assert [(r, d, a, b, abs(n)) for r, d, a, b, n in row["weights"]] == [
+            (w.role, w.dim, w.start, w.stop, w.nbytes) for w in t.weights
+        ]
 
 
 def test_stats(program):

@@ -22,7 +22,13 @@ from tests.tiny_configs import TINY_CONFIGS
 
 WORKERS = (1, 3, 16, 64)
 STEPS = 3
-CONFIG = TilingConfig(block_n=16, attn_split=4, max_context=16, attn_block_m=4, blocks=(("moe_experts", 8), ("kda_in_proj", 12), ("mla_in_proj", 12)))
+CONFIG = TilingConfig(
+    block_n=16,
+    attn_split=4,
+    max_context=16,
+    attn_block_m=4,
+    blocks=(("moe_experts", 8), ("kda_in_proj", 12), ("mla_in_proj", 12)),
+)
 
 
 @pytest.mark.parametrize("seed", range(24))
@@ -33,7 +39,15 @@ def test_synthetic_schedules_match_sequential(seed):
     run_sequential(s, STEPS, want)
     for workers in WORKERS:
         got = ChecksumActions(s)
-        r = simulate(s, STEPS, workers, seed=seed * 10 + workers, actions=got, bias=(0.0, 0.5, 0.9)[seed % 3], slow_workers=0.3 * (seed % 2))
+        r = simulate(
+            s,
+            STEPS,
+            workers,
+            seed=seed * 10 + workers,
+            actions=got,
+            bias=(0.0, 0.5, 0.9)[seed % 3],
+            slow_workers=0.3 * (seed % 2),
+        )
         assert r.ok, r.summary()
         assert got.values == want.values
         assert all((got.buffers[k] == v).all() for k, v in want.buffers.items())
@@ -49,7 +63,9 @@ def family(request):
 def _run(model, program, s, workers, seed, steps=STEPS, B=2, T=2):
     st = prepare_steps(model, B, T, steps, seed=seed)
     actions = ProgramActions(s, program, st.cache, st.batches, st.ids[0], st.ids)
-    result = simulate(s, steps, workers, seed=seed, actions=actions, bias=0.5 if workers > 1 else 0.0, slow_workers=0.25)
+    result = simulate(
+        s, steps, workers, seed=seed, actions=actions, bias=0.5 if workers > 1 else 0.0, slow_workers=0.25
+    )
     return result, actions.end(steps), reference_logits(program, prepare_steps(model, B, T, steps, seed=seed))
 
 

@@ -4,8 +4,8 @@ PDL needs an sm_90 GPU; here the launches of one step (every op of the program p
 are recorded without running (``LaunchRecorder``: nothing executes, so no ``gdc_wait`` under the
 interpreter) with ``env.pdl`` True and False. With PDL every Triton launch gets ``USE_PDL=True`` and
 ``launch_pdl=True``; without, ``USE_PDL=False`` and no ``launch_pdl``. Together the configurations launch
-every launcher kernel that takes ``USE_PDL``. The megakernel built from a PDL recording bakes
-``USE_PDL=False`` in and launches without ``launch_pdl``.
+every declared launcher of the kernel families (``launch.launcher``). The megakernel built from a PDL
+recording drops ``USE_PDL`` and launches without ``launch_pdl``.
 """
 
 from __future__ import annotations
@@ -22,26 +22,25 @@ from tests.runtime.helpers import tiny_model
 pytest.importorskip("triton")
 
 from nonstop.kernels import FAMILY_MODULES  # noqa: E402
+from nonstop.kernels import launch as kernel_launch  # noqa: E402
 from nonstop.runtime.cuda_graph import fit_pools  # noqa: E402
 from nonstop.runtime.megakernel.executor import MegakernelExecutor  # noqa: E402
 from nonstop.runtime.megakernel.plan import build_plan  # noqa: E402
-from nonstop.runtime.megakernel.record import python_function, record_ops  # noqa: E402
+from nonstop.runtime.megakernel.record import record_ops  # noqa: E402
 from nonstop.runtime.superop import ExecEnv, kernel_table  # noqa: E402
 
 CONFIGS = ["llama", "kimi_k3", "kimi_k3_mxfp4", "deepseek_v3"]
 
 
 def pdl_launcher_functions() -> dict:
-    """{name: Python function} of the ``@triton.jit`` functions of the kernel modules that take ``USE_PDL``."""
-    found = {}
-    for family in FAMILY_MODULES + ("gemv", "sample"):
-        module = importlib.import_module(f"nonstop.kernels.{family}")
-        for value in vars(module).values():
-            fn = python_function(value)
-            if hasattr(value, "fn") and getattr(fn, "__module__", None) == module.__name__:
-                if "USE_PDL" in inspect.signature(fn).parameters:
-                    found[fn.__name__] = fn
-    return found
+    """{name: Python function} of the declared launchers of the kernel family modules."""
+    for family in FAMILY_MODULES:
+        importlib.import_module(f"nonstop.kernels.{family}")
+    return {
+        fn.__name__: fn
+        for fn, decl in kernel_launch.DECLARATIONS.items()
+        if kernel_launch.python_function(decl.tile_fn).__module__.startswith("nonstop.kernels.")
+    }
 
 
 def pdl_launchers() -> set[str]:
@@ -84,17 +83,20 @@ def test_every_launcher_kernel_is_covered(recorded):
     launched = {launch.name for (_, pdl), (_, per_op) in recorded.items() if pdl for ops in per_op for launch in ops}
     expected = pdl_launchers()
     assert len(expected) >= 15
-    assert expected == launched, f"launchers never launched here: {expected - launched}; launched without USE_PDL: {launched - expected}"
+    assert expected == launched, (
+        f"launchers never launched here: {expected - launched}; launched without USE_PDL: {launched - expected}"
+    )
 
 
 def test_every_launcher_waits_before_its_body():
     """A launch with ``launch_pdl`` may start before its predecessor ends: the launcher's first statement
-    (after the docstring) must be the wait."""
+    must be the wait, its second the tile function, on the launcher's own parameters (minus USE_PDL)."""
     for name, fn in pdl_launcher_functions().items():
         body = [line.strip() for line in inspect.getsource(fn).split("):", 1)[1].splitlines() if line.strip()]
-        if body[0].startswith('"""'):
-            body = body[next(i for i, line in enumerate(body) if line.endswith('"""') and (i > 0 or line.count('"""') == 2)) + 1:]
         assert body[0] == "pdl_wait(USE_PDL)", (name, body[0])
+        params = [p for p in inspect.signature(fn).parameters if p != "USE_PDL"]
+        assert body[1].startswith("tile_fn(tl.program_id(0), ") and all(p in body[1] for p in params), (name, body[1])
+        assert len(body) == 2, name
 
 
 def test_megakernel_plan_drops_pdl(recorded):
@@ -105,3 +107,7 @@ def test_megakernel_plan_drops_pdl(recorded):
     consts = [p for cls in plan.classes for p in cls.params if p.name == "USE_PDL"]
     assert consts and all(p.kind == "const" and p.value is False for p in consts)
     assert "launch_pdl" not in plan.launch_options
+    from nonstop.runtime.megakernel import codegen
+
+    source = codegen.megakernel_source(plan.classes, plan.max_p, plan.max_s, 16)
+    assert "USE_PDL" not in source and "gdc_wait" not in source

@@ -21,10 +21,10 @@ import torch
 import triton
 import triton.language as tl
 
+from nonstop.kernels.launch import launcher
 from nonstop.program.ir import BufferSpec, SuperOp
 from nonstop.runtime.megakernel.regions import Access
 from nonstop.runtime.megakernel.schedule import BufferInfo, StageSpec, TileSpec
-
 
 LOG = 64  # token log entries per sequence (a ring indexed by position)
 
@@ -40,13 +40,13 @@ def advance_tile(b, next_ids_ptr, ids_ptr, start_ptr, log_ptr, stride_log, T, LO
     tl.store(start_ptr + b, start + T)
 
 
-@triton.jit
-def _advance_kernel(next_ids_ptr, ids_ptr, start_ptr, log_ptr, stride_log, T, LOG: tl.constexpr, BLOCK_T: tl.constexpr):
-    advance_tile(tl.program_id(0), next_ids_ptr, ids_ptr, start_ptr, log_ptr, stride_log, T, LOG, BLOCK_T)
+advance_kernel = launcher(advance_tile)
 
 
-def advance_twin(next_ids: torch.Tensor, ids: torch.Tensor, start: torch.Tensor, token_log: torch.Tensor, T: int) -> None:
-    """Plain-torch twin of ``_advance_kernel`` (in place): next_ids / ids [B·T], start [B], token_log [B, LOG]."""
+def advance_twin(
+    next_ids: torch.Tensor, ids: torch.Tensor, start: torch.Tensor, token_log: torch.Tensor, T: int
+) -> None:
+    """Plain-torch twin of ``advance_tile`` (in place): next_ids / ids [B·T], start [B], token_log [B, LOG]."""
     B = start.shape[0]
     ids.copy_(next_ids)
     b = torch.arange(B, device=start.device)
@@ -64,7 +64,16 @@ def buffer_specs() -> dict:
 
 def launch(op, env) -> None:
     T, log = env.T, env.buf["token_log"]
-    _advance_kernel[(env.B,)](env.buf["next_ids"], env.buf["ids"], env.batch.start, log, log.stride(0), T, LOG=LOG, BLOCK_T=triton.next_power_of_2(T))
+    advance_kernel[(env.B,)](
+        env.buf["next_ids"],
+        env.buf["ids"],
+        env.batch.start,
+        log,
+        log.stride(0),
+        T,
+        LOG=LOG,
+        BLOCK_T=triton.next_power_of_2(T),
+    )
 
 
 def tiling(ctx, op, args=None) -> list[StageSpec]:
@@ -74,7 +83,12 @@ def tiling(ctx, op, args=None) -> list[StageSpec]:
     tiles = []
     for b in range(ctx.B):
         rows = ctx.seq_rows(b)
-        regs = (ctx.box(next_ids, Access.READ, rows), ctx.box(ids, Access.WRITE, rows), ctx.box(start, Access.READ, (b, b + 1)), ctx.box(start, Access.WRITE, (b, b + 1)),
-                ctx.box(log, Access.WRITE, (b, b + 1)))
+        regs = (
+            ctx.box(next_ids, Access.READ, rows),
+            ctx.box(ids, Access.WRITE, rows),
+            ctx.box(start, Access.READ, (b, b + 1)),
+            ctx.box(start, Access.WRITE, (b, b + 1)),
+            ctx.box(log, Access.WRITE, (b, b + 1)),
+        )
         tiles.append(TileSpec(b, regs, (), f"seq {b}"))
     return [StageSpec("main", tiles)]

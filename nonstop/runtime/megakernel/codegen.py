@@ -20,9 +20,9 @@ Generated code, per class k (``opcode`` k):
 (pointers 16-byte aligned in every instance, and per-instance integers divisible by 16, carry
 ``tl.multiple_of`` hints: what Triton's launcher specialisation would have told the compiler).
 
-Stage bodies of one-phase launchers are the launcher's source with ``tl.program_id(0)`` -> ``tile``,
-``tl.num_programs(0)`` -> ``ntiles`` (written to a module next to the megakernel whose globals are the
-launcher module's); two-phase launchers use the hand-written bodies of ``stages.py``.
+A class's body is its launcher's tile function (``nonstop.kernels.launch.declaration``), called with
+the task's tile, the recorded arguments by parameter name, and ``PHASE`` = its stage's phase for the
+two-phase super-ops.
 """
 
 from __future__ import annotations
@@ -31,17 +31,26 @@ import hashlib
 import importlib.util
 import inspect
 import os
-import re
 import sys
 import tempfile
-import textwrap
 
 import torch
 
+from nonstop.kernels.launch import python_function
+
 TORCH_TO_TL = {
-    torch.float32: "tl.float32", torch.float16: "tl.float16", torch.bfloat16: "tl.bfloat16", torch.float64: "tl.float64",
-    torch.int8: "tl.int8", torch.uint8: "tl.uint8", torch.int16: "tl.int16", torch.int32: "tl.int32", torch.int64: "tl.int64",
-    torch.bool: "tl.int1", torch.float8_e4m3fn: "tl.float8e4nv", torch.float8_e5m2: "tl.float8e5",
+    torch.float32: "tl.float32",
+    torch.float16: "tl.float16",
+    torch.bfloat16: "tl.bfloat16",
+    torch.float64: "tl.float64",
+    torch.int8: "tl.int8",
+    torch.uint8: "tl.uint8",
+    torch.int16: "tl.int16",
+    torch.int32: "tl.int32",
+    torch.int64: "tl.int64",
+    torch.bool: "tl.int1",
+    torch.float8_e4m3fn: "tl.float8e4nv",
+    torch.float8_e5m2: "tl.float8e5",
 }
 
 _MODULES: dict[str, object] = {}
@@ -80,30 +89,6 @@ def is_constexpr(param: inspect.Parameter) -> bool:
     return getattr(ann, "__name__", "") == "constexpr"
 
 
-def generic_stage_body(fn):
-    """The one-stage body of launcher ``fn``: its source with the program id replaced by ``mk_tile``."""
-    source = textwrap.dedent(inspect.getsource(fn))
-    name = fn.__name__
-    if "atomic_" in source:  # tickets / last-arriver counters of its own: its phases must be schedule stages
-        raise ValueError(f"{name} runs an in-kernel protocol (atomics in the launcher); give it stage bodies in megakernel/stages.py")
-    body_name = f"{name}__stage"
-    header = re.compile(rf"def\s+{re.escape(name)}\s*\(")
-    if not header.search(source):
-        raise ValueError(f"cannot find the definition of {name} in its source")
-    source = header.sub(f"def {body_name}(mk_tile, mk_ntiles, ", source, count=1)
-    source = re.sub(r"tl\.program_id\(\s*(axis\s*=\s*)?0\s*\)", "mk_tile", source)
-    source = re.sub(r"tl\.num_programs\(\s*(axis\s*=\s*)?0\s*\)", "mk_ntiles", source)
-    if "program_id" in source or "num_programs" in source:
-        raise ValueError(f"{name}: launcher uses a grid axis other than 0; give it a stage body in stages.py")
-    module = fn.__module__
-    text = (f'"""Generated: the megakernel stage body of {module}.{name}."""\n'
-            "import triton\nimport triton.language as tl\n"
-            f"import {module} as _src\n"
-            "globals().update({k: v for k, v in vars(_src).items() if not k.startswith('__')})\n\n\n"
-            + source)
-    return getattr(load_source(name.strip("_"), text), body_name)
-
-
 def const_literal(value) -> str:
     """Source text of a constexpr value."""
     if type(value).__name__ == "constexpr":
@@ -114,8 +99,14 @@ def const_literal(value) -> str:
         return repr(value)
     name = getattr(value, "name", None)
     if name is not None and type(value).__module__.startswith("triton"):  # a tl.dtype
-        return {"fp32": "tl.float32", "fp16": "tl.float16", "bf16": "tl.bfloat16", "fp64": "tl.float64",
-                "fp8e4nv": "tl.float8e4nv", "fp8e5": "tl.float8e5"}.get(name, f"tl.{name}")
+        return {
+            "fp32": "tl.float32",
+            "fp16": "tl.float16",
+            "bf16": "tl.bfloat16",
+            "fp64": "tl.float64",
+            "fp8e4nv": "tl.float8e4nv",
+            "fp8e5": "tl.float8e5",
+        }.get(name, f"tl.{name}")
     raise ValueError(f"cannot write constexpr {value!r} into generated source")
 
 
@@ -127,13 +118,15 @@ def megakernel_source(classes: list, max_p: int, max_s: int, prefetch_lines: int
     """Source of ``megakernel`` dispatching on ``opcode`` to ``classes`` (``plan.TaskClass``)."""
     imports, branches = {}, []
     for k, cls in enumerate(classes):
-        body = cls.body
+        fn = python_function(cls.body)
         alias = f"body_{k}"
-        imports[alias] = (body.fn.__module__ if hasattr(body, "fn") else body.__module__, (body.fn if hasattr(body, "fn") else body).__name__)
-        lines, args = [], []
+        imports[alias] = (fn.__module__, fn.__name__)
+        lines, value_of = [], {}
         for p in cls.params:
+            if p.name == "USE_PDL":  # the launcher's own wait: the megakernel orders tasks by its counters
+                continue
             if p.kind == "const":
-                args.append(const_literal(p.value))
+                value_of[p.name] = const_literal(p.value)
                 continue
             var = f"a{k}_{p.name}"  # unique per branch: Triton merges same-named values of if/else branches
             if p.kind == "ptr":
@@ -151,10 +144,18 @@ def megakernel_source(classes: list, max_p: int, max_s: int, prefetch_lines: int
             if p.align16:  # what Triton's launcher would have told the compiler (16-byte aligned / divisible)
                 value = f"tl.multiple_of({value}, 16)"
             lines.append(f"{var} = {value}")
-            args.append(var)
-        lines.append(f"{alias}(tile, ntiles, {', '.join(args)})")
+            value_of[p.name] = var
+        own = list(inspect.signature(fn).parameters)[2 if cls.num_tiles else 1 :]
+        args = (
+            ["tile"]
+            + (["ntiles"] if cls.num_tiles else [])
+            + [str(cls.phase) if n == "PHASE" else value_of[n] for n in own]
+        )
+        lines.append(f"{alias}({', '.join(args)})")
         head = "if" if k == 0 else "elif"
-        branches.append(f"        {head} opcode == {k}:  # {cls.label}\n" + "".join(f"            {ln}\n" for ln in lines))
+        branches.append(
+            f"        {head} opcode == {k}:  # {cls.label}\n" + "".join(f"            {ln}\n" for ln in lines)
+        )
     import_text = "".join(f"from {mod} import {name} as {alias}\n" for alias, (mod, name) in imports.items())
     return f'''"""Generated persistent megakernel ({len(classes)} task classes). See nonstop/runtime/megakernel/kernel.py."""
 import triton

@@ -30,7 +30,7 @@ from nonstop.runtime.launch_count import LaunchCounter
 from nonstop.runtime.megakernel import advance
 from nonstop.runtime.megakernel.kernel import StepKernel
 from nonstop.runtime.megakernel.stats import schedule_stats
-from nonstop.runtime.superop import ExecEnv, SuperOpExecutor, StaticStep
+from nonstop.runtime.superop import ExecEnv, StaticStep, SuperOpExecutor
 
 
 class MegakernelExecutor(SuperOpExecutor):
@@ -41,11 +41,27 @@ class MegakernelExecutor(SuperOpExecutor):
 
     name = "megakernel"
 
-    def __init__(self, model: CausalLM, graphs="auto", copy_logits: bool = True, program: Program | None = None, grid: int | None = None, kernels: dict | None = None):
+    def __init__(
+        self,
+        model: CausalLM,
+        graphs="auto",
+        copy_logits: bool = True,
+        program: Program | None = None,
+        grid: int | None = None,
+        kernels: dict | None = None,
+    ):
         from nonstop.kernels.sample import sample_op
 
         try:
-            super().__init__(model, use_kernels=True, graphs=graphs, pdl=False, kernels=kernels, copy_logits=copy_logits, program=program)
+            super().__init__(
+                model,
+                use_kernels=True,
+                graphs=graphs,
+                pdl=False,
+                kernels=kernels,
+                copy_logits=copy_logits,
+                program=program,
+            )
         except ValueError as exc:  # a kind without a kernel: name this backend
             raise ValueError(str(exc).replace("backend 'superop'", "backend 'megakernel'")) from None
         program = copy.copy(self.program)  # the step's program plus the sampling buffers
@@ -82,8 +98,13 @@ class MegakernelExecutor(SuperOpExecutor):
         if mk is not None and mk.signature != signature and not mk.refresh(env):
             mk = None  # the launches tile differently now: a new schedule (validated again)
         if mk is None:
-            mk = self._kernels[id(step)] = StepKernel(self.program, [*self.program.ops, *self.extra_ops], self.impl, env, self.device, self.grid)
-            self.stats["schedule"][step.name] = schedule_stats(mk.schedule) | {"task_classes": len(mk.plan.classes), "grid": mk.grid}
+            mk = self._kernels[id(step)] = StepKernel(
+                self.program, [*self.program.ops, *self.extra_ops], self.impl, env, self.device, self.grid
+            )
+            self.stats["schedule"][step.name] = schedule_stats(mk.schedule) | {
+                "task_classes": len(mk.plan.classes),
+                "grid": mk.grid,
+            }
         mk.signature = self.storage_signature(env.cache)  # recording may have grown a workspace
         return mk
 
@@ -92,7 +113,7 @@ class MegakernelExecutor(SuperOpExecutor):
         (``KDAState.history_for`` sets ``history_rows[:, slots] = T``) when they are called - once, at
         recording. Every launch of such a step repeats that bookkeeping (one indexed store per KDA
         layer; plain decode steps have none)."""
-        if getattr(env.batch, "keep_states", False):
+        if env.batch.keep_states:
             for layer in env.cache.layers:
                 rows = getattr(layer, "history_rows", None)
                 if rows is not None:
@@ -116,7 +137,7 @@ class MegakernelExecutor(SuperOpExecutor):
         """One step; the kernel reads only the shape's static tensors (ids, slots, starts), so its
         recorded addresses stay valid from step to step."""
         B, T = input_ids.shape
-        step = self.static_step(B, T, getattr(batch, "keep_states", False))
+        step = self.static_step(B, T, batch.keep_states)
         step.buf["ids"].copy_(input_ids.reshape(-1))
         step.slots.copy_(batch.slots)
         step.start.copy_(batch.start)
@@ -138,7 +159,7 @@ class MegakernelExecutor(SuperOpExecutor):
         Returns the step's sampled tokens [B, 1] (device; greedy unless the ``sample_*`` buffers say
         otherwise). The caller keeps ``cache.advance(batch)`` as usual."""
         B = batch.slots.shape[0]
-        step = self.static_step(B, 1, getattr(batch, "keep_states", False))
+        step = self.static_step(B, 1, batch.keep_states)
         self._require_launched(step)
         self.stats["program_steps"] += 1
         self._run_step(cache, step)
@@ -169,7 +190,9 @@ class MegakernelExecutor(SuperOpExecutor):
 
     def _require_launched(self, step: StaticStep) -> None:
         if id(step) not in self._kernels:
-            raise ValueError(f"no step of shape {step.name} ran yet: the first step of a shape takes its inputs from forward()")
+            raise ValueError(
+                f"no step of shape {step.name} ran yet: the first step of a shape takes its inputs from forward()"
+            )
 
     def next_ids(self, B: int, T: int = 1, keep_states: bool = False) -> torch.Tensor:
         """The tokens the last step of shape (B, T) sampled on the device, [B, T] (int64)."""

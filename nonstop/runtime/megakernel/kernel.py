@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import torch
 
-from nonstop.kernels.gemv import num_sms
+from nonstop.kernels.platform import num_sms
 from nonstop.runtime.megakernel import codegen
 from nonstop.runtime.megakernel.plan import build_plan
 from nonstop.runtime.megakernel.record import record_ops
@@ -62,11 +62,15 @@ class StepKernel:
         self.B, self.T = env.B, env.T
         launches = record_ops(ops, kernels, env)
         self.plan = build_plan(launches, device)
-        self.schedule, codes, instances, ntiles = kernel_schedule(program, ops, launches, self.plan, self.B, self.T, start=env.batch.start, persistent=True)
+        self.schedule, codes, instances, ntiles = kernel_schedule(
+            program, ops, launches, self.plan, self.B, self.T, start=env.batch.start, persistent=True
+        )
         try:  # a race, deadlock or early release: refuse before anything is launched
             validate(self.schedule)
         except ScheduleError as exc:
-            raise ScheduleError(f"megakernel schedule for {self.B}x{self.T} rows rejected by the validator: {exc}") from exc
+            raise ScheduleError(
+                f"megakernel schedule for {self.B}x{self.T} rows rejected by the validator: {exc}"
+            ) from exc
         self._encode(codes, instances, ntiles)
         self.counters = torch.zeros(len(self.schedule.counters), dtype=torch.int64, device=device)
         self.ticket = torch.zeros(1, dtype=torch.int64, device=device)
@@ -96,7 +100,9 @@ class StepKernel:
         """Re-record the arguments (cache storage moved: new addresses). False when the launches now
         tile differently (e.g. a wider page table changed the split-KV count): build a new kernel."""
         plan = build_plan(record_ops(self.ops, self.kernels, env), self.device)
-        if [[(r.name, r.ntiles) for r in runs] for runs in plan.stages] != [[(r.name, r.ntiles) for r in runs] for runs in self.plan.stages]:
+        if [[(r.name, r.ntiles) for r in runs] for runs in plan.stages] != [
+            [(r.name, r.ntiles) for r in runs] for runs in self.plan.stages
+        ]:
             return False
         recompile = plan.signature() != self.plan.signature()
         self.plan = plan
@@ -111,7 +117,19 @@ class StepKernel:
 
     def launch(self, num_steps: int = 1) -> None:
         p = self.plan
-        self.kernel[(self.grid,)](self.tasks, self.waits, self.prefetch, self.counters, self.ticket, self.state, self.sink,
-                                  p.ptrs, p.ints, p.floats, self.num_tasks, num_steps, NUM_FIELDS=NUM_FIELDS,
-                                  num_warps=p.launch_options.get("num_warps", 4))
-
+        self.kernel[(self.grid,)](
+            self.tasks,
+            self.waits,
+            self.prefetch,
+            self.counters,
+            self.ticket,
+            self.state,
+            self.sink,
+            p.ptrs,
+            p.ints,
+            p.floats,
+            self.num_tasks,
+            num_steps,
+            NUM_FIELDS=NUM_FIELDS,
+            num_warps=p.launch_options.get("num_warps", 4),
+        )

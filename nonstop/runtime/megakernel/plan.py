@@ -4,6 +4,8 @@
   stages   per op, the ``(stage name, class, instance, ntiles)`` of each phase, in order;
   classes  ``TaskClass`` list: the opcode of a task is its class index (see ``codegen``);
   ptrs / ints / floats   the argument tables, one row per instance (= recorded launch).
+A launcher's stages are its declared phases (``nonstop.kernels.launch``: one, or two for the two-phase
+super-ops); a class calls the launcher's tile function with ``PHASE`` = the stage's phase (1, 2).
 Argument kinds: ``const`` (a constexpr: part of the class), ``ptr`` (a tensor: its address, dtype in
 the class), ``int`` / ``float`` (scalars: baked into the class when equal in all its instances).
 """
@@ -15,8 +17,8 @@ from dataclasses import dataclass, field
 
 import torch
 
+from nonstop.kernels.launch import declaration
 from nonstop.runtime.megakernel import codegen
-from nonstop.runtime.megakernel.stages import STAGES
 
 
 @dataclass
@@ -32,9 +34,15 @@ class Param:
 
 @dataclass
 class TaskClass:
+    """A stage body with its compile-time facts: ``body`` the launcher's tile function, ``phase`` the
+    ``PHASE`` it runs (0: a one-phase tile function, which takes none), ``num_tiles`` whether the tile
+    function takes the stage's tile count."""
+
     body: object
     params: list[Param]
     label: str
+    phase: int = 0
+    num_tiles: bool = False
     instances: list[int] = field(default_factory=list)
 
 
@@ -59,21 +67,36 @@ class Plan:
 
     def signature(self) -> tuple:
         """What the generated source depends on (classes, table widths)."""
-        return tuple((id(c.body), tuple((p.name, p.kind, repr(p.value) if p.kind == "const" or p.uniform else "", p.dtype, p.slot, p.align16) for p in c.params)) for c in self.classes) + (self.max_p, self.max_s)
+        return tuple(
+            (
+                id(c.body),
+                c.phase,
+                tuple(
+                    (
+                        p.name,
+                        p.kind,
+                        repr(p.value) if p.kind == "const" or p.uniform else "",
+                        p.dtype,
+                        p.slot,
+                        p.align16,
+                    )
+                    for p in c.params
+                ),
+            )
+            for c in self.classes
+        ) + (self.max_p, self.max_s)
 
 
-_BODIES: dict = {}
-
-
-def stages_of(launch) -> list[tuple[str, object, int]]:
-    """(stage name, body, ntiles) of a recorded launch."""
-    spec = STAGES.get(launch.name)
-    if spec is None:
-        body = _BODIES.get(launch.fn)
-        if body is None:
-            body = _BODIES[launch.fn] = codegen.generic_stage_body(launch.fn)
-        return [("main", body, launch.grid)]
-    return [(name, body, int(ntiles(launch.args, launch.grid))) for name, body, ntiles in spec]
+def stages_of(launch) -> list[tuple[str, object, int, int, bool]]:
+    """(stage name, tile function, PHASE, ntiles, takes num_tiles) of a recorded launch."""
+    decl = declaration(launch.fn)
+    if decl is None:
+        raise ValueError(
+            f"{launch.name} is not a declared launcher (nonstop.kernels.launch.launcher): the megakernel cannot run it"
+        )
+    phases = decl.phase_tiles(launch.args, launch.grid)
+    two = len(phases) > 1
+    return [(name, decl.tile_fn, k + 1 if two else 0, n, decl.num_tiles) for k, (name, n) in enumerate(phases)]
 
 
 def describe_args(launch) -> list[tuple[str, str, object]]:
@@ -119,8 +142,15 @@ def build_plan(launches: list[list], device) -> Plan:
                 if k == "launch_pdl":  # one persistent launch: nothing to overlap with
                     continue
                 options[k] = max(options.get(k, v), v) if isinstance(v, int) and not isinstance(v, bool) else v
-            for stage_name, body, ntiles in stages_of(launch):
-                key = (id(body), tuple((n, kind, repr(v) if kind == "const" else (v.dtype if kind == "ptr" else kind)) for n, kind, v in args))
+            for stage_name, body, phase, ntiles, num_tiles in stages_of(launch):
+                key = (
+                    id(body),
+                    phase,
+                    tuple(
+                        (n, kind, repr(v) if kind == "const" else (v.dtype if kind == "ptr" else kind))
+                        for n, kind, v in args
+                    ),
+                )
                 if key not in keyed:
                     keyed[key] = len(classes)
                     p_slot = s_slot = 0
@@ -134,7 +164,7 @@ def build_plan(launches: list[list], device) -> Plan:
                             s_slot += 1
                         else:
                             params.append(Param(n, kind, value=v))
-                    classes.append(TaskClass(body, params, f"{launch.name}/{stage_name}"))
+                    classes.append(TaskClass(body, params, f"{launch.name}/{stage_name}", phase, num_tiles))
                 cls = keyed[key]
                 classes[cls].instances.append(inst)
                 runs.append(StageRun(stage_name, cls, inst, ntiles))

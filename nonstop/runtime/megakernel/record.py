@@ -12,6 +12,7 @@ from __future__ import annotations
 import inspect
 from dataclasses import dataclass
 
+from nonstop.kernels.launch import python_function
 from nonstop.runtime.launch_count import TritonRunPatch, _grid_size
 
 LAUNCH_OPTIONS = {"num_warps", "num_stages", "num_ctas", "launch_pdl", "maxnreg", "enable_fp_fusion", "debug"}
@@ -31,14 +32,6 @@ class Launch:
     @property
     def name(self) -> str:
         return self.fn.__name__
-
-
-def python_function(kernel):
-    """The plain Python function behind a ``JITFunction`` / ``InterpretedFunction`` / autotuner."""
-    fn = kernel
-    while hasattr(fn, "fn"):
-        fn = fn.fn
-    return fn
 
 
 class LaunchRecorder:
@@ -84,4 +77,3 @@ def record_ops(ops, kernels: dict, env) -> list[list[Launch]]:
             kernels[op.kind](op, env)
             out.append(rec.launches[start:])
     return out
-

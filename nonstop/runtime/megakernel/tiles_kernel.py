@@ -10,8 +10,9 @@ splits its work differently from the shared table:
   gqa_attn     split: tile ((b·HKV + g)·MB + mb)·NS + s (split 0 writes the output itself when the
                sequence fits one split); combine: tile (b·HKV + g)·MB + mb merges the others
   moe_front    router tiles of BLOCK_NR experts, then latent / shared tiles of BLOCK_N
-  moe_experts  P persistent programs: each routes, then strides over (expert, chunk) items; every tile
-               reads the logits and moe_in and accumulates (fp32 atomics) into all of moe_out
+  moe_experts  gate_up: P persistent programs, each routes, then strides over (slot, chunk) items,
+               writing act[slot rows, chunk] of the scratch (program 0 also the slots' experts and row
+               weights); down: BLOCK_NO columns of moe_out from every slot, in slot order
   sample       one tile per row: next_ids[r] from logits[r]
   advance      one tile per sequence: the next step's ids and start (``advance.py``)
 
@@ -40,11 +41,24 @@ def mlp(ctx: TileContext, op, args: dict) -> list[StageSpec]:
     src = ctx.buf(op.reads[0])
     I, D = args["I"], args["D"]
     act = ctx.scratch("mlp_h", I)  # the kernels' one h workspace, shared by every MLP
-    gate_up = [TileSpec(j, (ctx.box(src, READ), ctx.box(act, WRITE, cols=(a, b))),
-                        ctx.weights(ctx.weight(op, "gate", 0, a, b), ctx.weight(op, "up", 0, a, b), ctx.weight(op, "norm")), f"inter {a}:{b}")
-               for j, (a, b) in enumerate(chunks(I, args["BLOCK_I"]))]
-    down = [TileSpec(j, (ctx.box(act, READ), *target_regions(ctx, op, (a, b))), ctx.weights(ctx.weight(op, "down", 0, a, b)), f"cols {a}:{b}")
-            for j, (a, b) in enumerate(chunks(D, args["BLOCK_N"]))]
+    gate_up = [
+        TileSpec(
+            j,
+            (ctx.box(src, READ), ctx.box(act, WRITE, cols=(a, b))),
+            ctx.weights(ctx.weight(op, "gate", 0, a, b), ctx.weight(op, "up", 0, a, b), ctx.weight(op, "norm")),
+            f"inter {a}:{b}",
+        )
+        for j, (a, b) in enumerate(chunks(I, args["BLOCK_I"]))
+    ]
+    down = [
+        TileSpec(
+            j,
+            (ctx.box(act, READ), *target_regions(ctx, op, (a, b))),
+            ctx.weights(ctx.weight(op, "down", 0, a, b)),
+            f"cols {a}:{b}",
+        )
+        for j, (a, b) in enumerate(chunks(D, args["BLOCK_N"]))
+    ]
     return [StageSpec("gate_up", gate_up), StageSpec("down", down)]
 
 
@@ -68,7 +82,11 @@ def gqa_qkv_rope(ctx: TileContext, op, args: dict) -> list[StageSpec]:
             p0, p1 = pb * BP, min((pb + 1) * BP, half)
             spans = [(2 * p0, 2 * p1)] if a["interleaved"] else [(p0, p1), (half + p0, half + p1)]
             regs = [ctx.box(src, READ)] + [ctx.box(out, WRITE, cols=(base + c0, base + c1)) for c0, c1 in spans]
-            w = ctx.weights(*(ctx.weight(op, "w_qkv", 0, j * D + c0, j * D + c1) for c0, c1 in spans), ctx.weight(op, "norm"), ctx.weight(op, "inv_freq"))
+            w = ctx.weights(
+                *(ctx.weight(op, "w_qkv", 0, j * D + c0, j * D + c1) for c0, c1 in spans),
+                ctx.weight(op, "norm"),
+                ctx.weight(op, "inv_freq"),
+            )
             tiles.append(TileSpec(j * PB + pb, tuple(regs), w, f"{label} pairs {p0}:{p1}"))
     return [StageSpec("main", tiles)]
 
@@ -96,7 +114,10 @@ def gqa_attn(ctx: TileContext, op, args: dict) -> list[StageSpec]:
                 for s in range(NS):
                     regs = list(kv)
                     for r, h0, h1 in per_row:
-                        regs += [ctx.box(q, READ, (r, r + 1), (h0 * D, h1 * D)), ctx.box(cells, WRITE, (r, r + 1), (s * H + h0, s * H + h1))]
+                        regs += [
+                            ctx.box(q, READ, (r, r + 1), (h0 * D, h1 * D)),
+                            ctx.box(cells, WRITE, (r, r + 1), (s * H + h0, s * H + h1)),
+                        ]
                         if s == 0:  # a sequence that fits one split is written here, not merged
                             regs.append(ctx.box(out, WRITE, (r, r + 1), (h0 * D, h1 * D)))
                     split.append(TileSpec(group * NS + s, tuple(regs), (), f"b{b} g{g} mb{mb} s{s}"))
@@ -120,32 +141,77 @@ def moe_front(ctx: TileContext, op, args: dict) -> list[StageSpec]:
     for a, b in chunks(args["E"], args["BLOCK_NR"]):
         tile([ctx.box(logits, WRITE, cols=(a, b))], [ctx.weight(op, "router", 0, a, b)], f"router {a}:{b}")
     for a, b in chunks(args["W"], args["BLOCK_N"]):
-        tile([ctx.box(moe_in, WRITE, cols=(a, b)), ctx.box(moe_out, WRITE, cols=(a, b))], [ctx.weight(op, "latent_down", 0, a, b)], f"latent {a}:{b}")
+        tile(
+            [ctx.box(moe_in, WRITE, cols=(a, b)), ctx.box(moe_out, WRITE, cols=(a, b))],
+            [ctx.weight(op, "latent_down", 0, a, b)],
+            f"latent {a}:{b}",
+        )
     if args["HAS_SHARED"]:
         S = args["S"]
         act = ctx.buf("moe_shared_act")
         for a, b in chunks(S, args["BLOCK_N"]):
-            tile([ctx.box(act, WRITE, cols=(a, b))], [ctx.weight(op, "shared_gate_up", 0, a, b), ctx.weight(op, "shared_gate_up", 0, S + a, S + b)], f"shared {a}:{b}")
+            tile(
+                [ctx.box(act, WRITE, cols=(a, b))],
+                [ctx.weight(op, "shared_gate_up", 0, a, b), ctx.weight(op, "shared_gate_up", 0, S + a, S + b)],
+                f"shared {a}:{b}",
+            )
     return [StageSpec("main", tiles)]
 
 
-def moe_experts(ctx: TileContext, op, args: dict, programs: int) -> list[StageSpec]:
+def moe_experts(ctx: TileContext, op, args: dict) -> list[StageSpec]:
     logits, moe_in, moe_out = ctx.buf(op.reads[0]), ctx.buf(op.reads[1]), ctx.buf(op.writes[0])
-    regs = (ctx.box(logits, READ), ctx.box(moe_in, READ), ctx.box(moe_out, ACC))
-    inter = op.attrs["moe"].intermediate_size
-    first = ctx.weights(ctx.weight(op, "bias"), *_expert_slices(ctx, op, 0, min(inter, args["BLOCK_I"]), inter))
-    return [StageSpec("main", [TileSpec(p, regs, first, f"program {p}/{programs}") for p in range(programs)])]
+    R, I, slots, P, n_chunks = ctx.R, args["I"], args["slots"], args["n_gate_up"], args["n_chunks"]
+    act = ctx._add(BufferInfo("moe_experts.act", slots * R, I, "scratch"))
+    route = ctx._add(BufferInfo("moe_experts.route", slots, 2, "scratch"))  # (expert, row weights) per slot
+    first = ctx.weights(ctx.weight(op, "bias"), *_expert_slices(ctx, op, 0, min(I, args["BLOCK_I"]), I))
+    gate_up = []
+    for p in range(P):
+        regs = [ctx.box(logits, READ), ctx.box(moe_in, READ)]
+        for t in range(p, slots * n_chunks, P):  # the items this program may get (slots past the distinct ones exit)
+            s, j = divmod(t, n_chunks)
+            regs.append(
+                ctx.box(act, WRITE, (s * R, (s + 1) * R), (j * args["BLOCK_I"], min((j + 1) * args["BLOCK_I"], I)))
+            )
+        if p == 0:
+            regs.append(ctx.box(route, WRITE))
+        gate_up.append(TileSpec(p, tuple(regs), first, f"program {p}/{P}"))
+    down = [
+        TileSpec(
+            j, (ctx.box(act, READ), ctx.box(route, READ), ctx.box(moe_out, WRITE, cols=(a, b))), (), f"cols {a}:{b}"
+        )
+        for j, (a, b) in enumerate(chunks(args["K"], args["BLOCK_NO"]))
+    ]
+    return [StageSpec("gate_up", gate_up), StageSpec("down", down)]
 
 
 def sample(ctx: TileContext, op, args: dict) -> list[StageSpec]:
     logits, out = ctx.buf(op.reads[0]), ctx.buf(op.writes[0])
     params = [ctx.buf(n) for n in op.reads[1:]]
-    tiles = [TileSpec(r, (ctx.box(logits, READ, (r, r + 1)), *(ctx.box(p, READ, (r, r + 1)) for p in params), ctx.box(out, WRITE, (r, r + 1))), (), f"row {r}")
-             for r in range(ctx.R)]
+    tiles = [
+        TileSpec(
+            r,
+            (
+                ctx.box(logits, READ, (r, r + 1)),
+                *(ctx.box(p, READ, (r, r + 1)) for p in params),
+                ctx.box(out, WRITE, (r, r + 1)),
+            ),
+            (),
+            f"row {r}",
+        )
+        for r in range(ctx.R)
+    ]
     return [StageSpec("main", tiles)]
 
 
-OWN = {"mlp": mlp, "gqa_qkv_rope": gqa_qkv_rope, "gqa_attn": gqa_attn, "moe_front": moe_front, "sample": sample, "advance": advance.tiling}
+OWN = {
+    "mlp": mlp,
+    "gqa_qkv_rope": gqa_qkv_rope,
+    "gqa_attn": gqa_attn,
+    "moe_front": moe_front,
+    "moe_experts": moe_experts,
+    "sample": sample,
+    "advance": advance.tiling,
+}
 
 
 def op_config(base: TilingConfig, kind: str, args: dict) -> TilingConfig:
@@ -154,7 +220,12 @@ def op_config(base: TilingConfig, kind: str, args: dict) -> TilingConfig:
     if "BLOCK_N" in args:
         config = replace(config, blocks=((kind, int(args["BLOCK_N"])),))
     if kind == "mla_attn":
-        config = replace(config, attn_split=int(args["SPLIT"]), max_context=int(args["SPLIT"]) * int(args["NS"]), attn_block_m=int(args["BLOCK_M"]))
+        config = replace(
+            config,
+            attn_split=int(args["SPLIT"]),
+            max_context=int(args["SPLIT"]) * int(args["NS"]),
+            attn_block_m=int(args["BLOCK_M"]),
+        )
     return config
 
 
@@ -164,9 +235,7 @@ def tile_op(ctx: TileContext, op, runs: list, launches: list) -> list[StageSpec]
         raise ScheduleError(f"{op.name}: {len(launches)} launches; the megakernel schedule needs one launch per op")
     args = launches[0].args
     base = ctx.config
-    if op.kind == "moe_experts":
-        stages = moe_experts(ctx, op, args, runs[0].ntiles)
-    elif op.kind in OWN:
+    if op.kind in OWN:
         stages = OWN[op.kind](ctx, op, args)
     else:
         ctx.config = op_config(base, op.kind, args)
@@ -183,7 +252,11 @@ def tile_op(ctx: TileContext, op, runs: list, launches: list) -> list[StageSpec]
 
 def reads_tensor(launches: list, tensor) -> bool:
     """Does any of ``launches`` take ``tensor`` (by address) as an argument?"""
-    return any(isinstance(v, torch.Tensor) and v.data_ptr() == tensor.data_ptr() for launch in launches for v in launch.args.values())
+    return any(
+        isinstance(v, torch.Tensor) and v.data_ptr() == tensor.data_ptr()
+        for launch in launches
+        for v in launch.args.values()
+    )
 
 
 def declare_start_reads(ctx: TileContext, stages: list[StageSpec]) -> list[StageSpec]:
@@ -194,7 +267,17 @@ def declare_start_reads(ctx: TileContext, stages: list[StageSpec]) -> list[Stage
     return [StageSpec(s.name, [replace(t, regions=(*t.regions, box)) for t in s.tiles]) for s in stages]
 
 
-def kernel_schedule(program, ops: list, launches: list[list], plan, B: int, T: int, start=None, persistent: bool = False, split_counters: bool = True):
+def kernel_schedule(
+    program,
+    ops: list,
+    launches: list[list],
+    plan,
+    B: int,
+    T: int,
+    start=None,
+    persistent: bool = False,
+    split_counters: bool = True,
+):
     """(Schedule, opcode, instance and tile count per task): the tasks of ``ops`` (the program's ops
     plus appended ones such as ``sample``) in op / stage / tile order, counters and waits derived from
     their regions. A task's opcode is the plan's task class of its (op, stage). ``start``: the step's

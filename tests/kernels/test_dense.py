@@ -1,4 +1,4 @@
-"""Shared super-op kernels (embed, linear_residual, lm_head, mlp, attnres_mix_norm) against their twins
+"""Dense super-op kernels (embed, linear_residual, lm_head, mlp, attnres_mix_norm) against their twins
 inside real decode steps, and the GEMV / activation tile helpers against torch."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from nonstop.kernels import common, gemv
+from nonstop.kernels import activations, dense, gemv, launch
 from nonstop.model.activations import glu
 from nonstop.model.norms import rms_norm
 from tests.kernels.harness import check_kernel
@@ -25,6 +25,8 @@ def one_torch_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(threads)
+
+
 # (dtype, B, T): both dtypes see T = 1 and T = 3 (R = 1, 3, 6, 9 rows: the FMA and the mma paths)
 FULL = [(F32, 1, 1), (F16, 3, 1), (F32, 2, 3), (F16, 3, 3)]
 SHORT = [(F32, 1, 1), (F16, 3, 3)]  # for kimi_k3, whose model and prefill cost ~5 s per check
@@ -37,43 +39,58 @@ def _cases(configs, cases):
 @pytest.mark.parametrize("config,dtype,B,T", _cases(["llama"], FULL) + _cases(["kimi_k3"], SHORT))
 def test_mlp(config, dtype, B, T):
     """llama: SwiGLU with the plain residual h; kimi_k3: SiTU into the attnres partial sum."""
-    check_kernel("mlp", TINY_CONFIGS[config], common.KERNELS["mlp"], dtype, B=B, T=T, seed=B + T)
+    check_kernel("mlp", TINY_CONFIGS[config], dense.KERNELS["mlp"], dtype, B=B, T=T, seed=B + T)
 
 
 @pytest.mark.parametrize("config,dtype,B,T", _cases(["llama"], FULL) + _cases(["kimi_k3"], SHORT))
 def test_linear_residual(config, dtype, B, T):
     """llama: o_proj with bias, accumulating; kimi_k3: accumulating and block-opening (store) o_projs."""
-    check_kernel("linear_residual", TINY_CONFIGS[config], common.KERNELS["linear_residual"], dtype, B=B, T=T, seed=B)
+    check_kernel("linear_residual", TINY_CONFIGS[config], dense.KERNELS["linear_residual"], dtype, B=B, T=T, seed=B)
 
 
 @pytest.mark.parametrize("config,dtype,B,T", _cases(["llama"], FULL) + _cases(["kimi_k3"], SHORT))
 def test_lm_head(config, dtype, B, T):
     """llama: tied head with the final RMSNorm fused; kimi_k3: untied head after the final mix."""
-    check_kernel("lm_head", TINY_CONFIGS[config], common.KERNELS["lm_head"], dtype, B=B, T=T, seed=T)
+    check_kernel("lm_head", TINY_CONFIGS[config], dense.KERNELS["lm_head"], dtype, B=B, T=T, seed=T)
 
 
 @pytest.mark.parametrize("config,dtype,B,T", _cases(["llama"], SHORT) + _cases(["kimi_k3"], [(F16, 2, 3)]))
 def test_embed(config, dtype, B, T):
-    check_kernel("embed", TINY_CONFIGS[config], common.KERNELS["embed"], dtype, B=B, T=T)
+    check_kernel("embed", TINY_CONFIGS[config], dense.KERNELS["embed"], dtype, B=B, T=T)
 
 
 @pytest.mark.parametrize("config,dtype,B,T", _cases(["kimi_k3"], FULL))
 def test_attnres_mix_norm(config, dtype, B, T):
     """All 15 mixes of the 7-layer model: 1 to 3 completed blocks, with and without a block store."""
-    assert check_kernel("attnres_mix_norm", TINY_CONFIGS[config], common.KERNELS["attnres_mix_norm"], dtype, B=B, T=T, seed=B * T) == 15
+    assert (
+        check_kernel(
+            "attnres_mix_norm", TINY_CONFIGS[config], dense.KERNELS["attnres_mix_norm"], dtype, B=B, T=T, seed=B * T
+        )
+        == 15
+    )
 
 
-@pytest.mark.parametrize("config,kind", [(c, k) for c in ("deepseek_v3", "kimi_linear") for k in ("mlp", "linear_residual", "lm_head")] + [("kimi_linear_layer_types", "mlp")])
+@pytest.mark.parametrize(
+    "config,kind",
+    [(c, k) for c in ("deepseek_v3", "kimi_linear") for k in ("mlp", "linear_residual", "lm_head")]
+    + [("kimi_linear_layer_types", "mlp")],
+)
 def test_other_families(config, kind):
     """The same kinds inside the MLA / KDA / MoE families (dense first layer, untied heads, odd widths)."""
-    check_kernel(kind, TINY_CONFIGS[config], common.KERNELS[kind], F16, B=2, T=3)
+    check_kernel(kind, TINY_CONFIGS[config], dense.KERNELS[kind], F16, B=2, T=3)
 
 
 def test_mlp_many_tasks_and_counter_reset():
     """Five h chunks of 16 and three down tiles of 16 (R = 6: the mma path); the counters end at zero."""
-    check_kernel("mlp", TINY_CONFIGS["llama"], functools.partial(common.mlp, BLOCK_I=16, BLOCK_K=16, BLOCK_N=16, BLOCK_KD=16), F32, B=2, T=3)
-    _, count = common.mlp_workspace("cpu", torch.float32, 1)
-    assert not count.any()
+    check_kernel(
+        "mlp",
+        TINY_CONFIGS["llama"],
+        functools.partial(dense.mlp, BLOCK_I=16, BLOCK_K=16, BLOCK_N=16, BLOCK_KD=16),
+        F32,
+        B=2,
+        T=3,
+    )
+    assert not launch.phase_counters("mlp", "cpu").any()
 
 
 # ----------------------------------------------------------------------------- tile helpers vs torch
@@ -109,11 +126,11 @@ def test_glu_tile(act):
     @triton.jit
     def kernel(g_ptr, u_ptr, out_ptr, ACT: tl.constexpr, N: tl.constexpr):
         i = tl.arange(0, N)
-        h = common.glu_tile(tl.load(g_ptr + i), tl.load(u_ptr + i), ACT, 4.0, 25.0, tl.float32)
+        h = activations.glu_tile(tl.load(g_ptr + i), tl.load(u_ptr + i), ACT, 4.0, 25.0, tl.float32)
         tl.store(out_ptr + i, h)
 
     z = torch.cat([torch.linspace(-60, 60, 200), torch.linspace(-0.3, 0.3, 56)])
     g, u = z, z.flip(0) * 0.7
     out = torch.empty_like(z)
-    kernel[(1,)](g, u, out, ACT=common.SITU if act == "situ" else common.SILU, N=z.numel())
+    kernel[(1,)](g, u, out, ACT=activations.SITU if act == "situ" else activations.SILU, N=z.numel())
     torch.testing.assert_close(out, glu(g, u, act, 4.0, 25.0), rtol=2e-6, atol=1e-6)
