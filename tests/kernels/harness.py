@@ -129,12 +129,18 @@ def check_kernel(
             kernel(op, got)
             for name in op.writes:
                 torch.testing.assert_close(
-                    got.buf[name].float(), want.buf[name].float(), **tol, msg=lambda m, op=op, name=name: f"{op.name} -> {name}: {m}"
+                    got.buf[name].float(),
+                    want.buf[name].float(),
+                    **tol,
+                    msg=lambda m, op=op, name=name: f"{op.name} -> {name}: {m}",
                 )
             got_state = _state_tensors(got)
             for name, t in _state_tensors(want).items():
                 torch.testing.assert_close(
-                    got_state[name].float(), t.float(), **tol, msg=lambda m, op=op, name=name: f"{op.name} state {name}: {m}"
+                    got_state[name].float(),
+                    t.float(),
+                    **tol,
+                    msg=lambda m, op=op, name=name: f"{op.name} state {name}: {m}",
                 )
             checked += 1
         REFERENCE[op.kind](op, env)

@@ -4,17 +4,18 @@ from __future__ import annotations
 
 import dataclasses
 
-from nonstop.runtime.megakernel.regions import Access, Region
-from nonstop.runtime.megakernel.schedule import (
+from nonstop.runtime.megakernel.tasks import (
+    Access,
     BufferInfo,
     Counter,
     OpTiles,
+    Region,
     Schedule,
     StageSpec,
     TileSpec,
     Wait,
-    assemble,
 )
+from nonstop.runtime.megakernel.tiling.waits import assemble
 
 
 def replace_task(s: Schedule, i: int, **changes) -> Schedule:

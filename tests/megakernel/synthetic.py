@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import random
 
-from nonstop.runtime.megakernel.regions import Access, Region
-from nonstop.runtime.megakernel.schedule import BufferInfo, OpTiles, StageSpec, TileSpec, assemble
+from nonstop.runtime.megakernel.tasks import Access, BufferInfo, OpTiles, Region, StageSpec, TileSpec
+from nonstop.runtime.megakernel.tiling.waits import assemble
 
 R, W, A, P = Access.READ, Access.WRITE, Access.ACCUMULATE, Access.READ_PAST
 

@@ -22,7 +22,7 @@ from tests.tiny_configs import TINY_CONFIGS
 pytest.importorskip("triton")
 
 from nonstop.runtime.megakernel.executor import MegakernelExecutor  # noqa: E402
-from nonstop.runtime.megakernel.schedule import ScheduleError  # noqa: E402
+from nonstop.runtime.megakernel.tasks import ScheduleError  # noqa: E402
 
 K3_NANO = Path(__file__).resolve().parents[2] / "nonstop" / "assets" / "k3-nano"
 PROMPTS = [[3, 4, 5], [7, 8]]  # prefills of 3 and 2 rows (B = 1), then decode steps of B = 2
@@ -215,7 +215,7 @@ def test_kernel_schedule_survives_adversarial_interleavings(name):
     tickets, slow workers, out-of-order bias, with the shadow race detector."""
     from nonstop.cache.state import ModelCache
     from nonstop.runtime.cuda_graph import fit_pools
-    from nonstop.runtime.megakernel.simulate import hunt
+    from nonstop.runtime.megakernel.verify.simulate import hunt
     from nonstop.runtime.superop import ExecEnv
 
     model = tiny_model(name)
@@ -240,7 +240,7 @@ def test_tasks_write_only_their_declared_regions(name, monkeypatch):
     import nonstop.kernels.gqa as gqa
     from nonstop.cache.state import ModelCache
     from nonstop.runtime.cuda_graph import fit_pools
-    from nonstop.runtime.megakernel.audit import audit_writes
+    from nonstop.runtime.megakernel.verify.audit import audit_writes
     from nonstop.runtime.superop import ExecEnv
 
     monkeypatch.setattr(gqa, "PAIRS_PER_TILE", 2)  # several RoPE tiles per head

@@ -24,9 +24,9 @@ pytest.importorskip("triton")
 from nonstop.kernels import FAMILY_MODULES  # noqa: E402
 from nonstop.kernels import launch as kernel_launch  # noqa: E402
 from nonstop.runtime.cuda_graph import fit_pools  # noqa: E402
+from nonstop.runtime.megakernel.codegen.plan import build_plan  # noqa: E402
+from nonstop.runtime.megakernel.codegen.record import record_ops  # noqa: E402
 from nonstop.runtime.megakernel.executor import MegakernelExecutor  # noqa: E402
-from nonstop.runtime.megakernel.plan import build_plan  # noqa: E402
-from nonstop.runtime.megakernel.record import record_ops  # noqa: E402
 from nonstop.runtime.superop import ExecEnv, kernel_table  # noqa: E402
 
 CONFIGS = ["llama", "kimi_k3", "kimi_k3_mxfp4", "deepseek_v3"]
@@ -107,7 +107,7 @@ def test_megakernel_plan_drops_pdl(recorded):
     consts = [p for cls in plan.classes for p in cls.params if p.name == "USE_PDL"]
     assert consts and all(p.kind == "const" and p.value is False for p in consts)
     assert "launch_pdl" not in plan.launch_options
-    from nonstop.runtime.megakernel import codegen
+    from nonstop.runtime.megakernel.codegen import source
 
-    source = codegen.megakernel_source(plan.classes, plan.max_p, plan.max_s, 16)
-    assert "USE_PDL" not in source and "gdc_wait" not in source
+    text = source.megakernel_source(plan.classes, plan.max_p, plan.max_s, 16)
+    assert "USE_PDL" not in text and "gdc_wait" not in text

@@ -23,8 +23,6 @@ import triton.language as tl
 
 from nonstop.kernels.launch import launcher
 from nonstop.program.ir import BufferSpec, SuperOp
-from nonstop.runtime.megakernel.regions import Access
-from nonstop.runtime.megakernel.schedule import BufferInfo, StageSpec, TileSpec
 
 LOG = 64  # token log entries per sequence (a ring indexed by position)
 
@@ -74,21 +72,3 @@ def launch(op, env) -> None:
         LOG=LOG,
         BLOCK_T=triton.next_power_of_2(T),
     )
-
-
-def tiling(ctx, op, args=None) -> list[StageSpec]:
-    """Tile b: reads next_ids rows of b, writes ids rows of b, token_log row b and start[b]."""
-    next_ids, ids, log = ctx.buf("next_ids"), ctx.buf("ids"), ctx.buf("token_log")
-    start = ctx._add(BufferInfo("start", ctx.B, 1, "state"))
-    tiles = []
-    for b in range(ctx.B):
-        rows = ctx.seq_rows(b)
-        regs = (
-            ctx.box(next_ids, Access.READ, rows),
-            ctx.box(ids, Access.WRITE, rows),
-            ctx.box(start, Access.READ, (b, b + 1)),
-            ctx.box(start, Access.WRITE, (b, b + 1)),
-            ctx.box(log, Access.WRITE, (b, b + 1)),
-        )
-        tiles.append(TileSpec(b, regs, (), f"seq {b}"))
-    return [StageSpec("main", tiles)]

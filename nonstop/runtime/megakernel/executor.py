@@ -29,8 +29,21 @@ from nonstop.runtime.cuda_graph import fit_pools
 from nonstop.runtime.launch_count import LaunchCounter
 from nonstop.runtime.megakernel import advance
 from nonstop.runtime.megakernel.kernel import StepKernel
-from nonstop.runtime.megakernel.stats import schedule_stats
+from nonstop.runtime.megakernel.verify.stats import schedule_stats
 from nonstop.runtime.superop import ExecEnv, StaticStep, SuperOpExecutor
+
+
+def megakernel_program(program: Program, vocab_size: int) -> tuple[Program, list]:
+    """(``program`` plus the buffers of device sampling and ``advance``, the ops a step appends after the LM
+    head: ``sample`` then ``advance``)."""
+    from nonstop.kernels.sample import sample_op
+
+    program = copy.copy(program)
+    program.buffers = dict(program.buffers)
+    sample, specs = sample_op(vocab_size)
+    program.buffers.update(specs)
+    program.buffers.update(advance.buffer_specs())
+    return program, [sample, advance.advance_op()]
 
 
 class MegakernelExecutor(SuperOpExecutor):
@@ -50,8 +63,6 @@ class MegakernelExecutor(SuperOpExecutor):
         grid: int | None = None,
         kernels: dict | None = None,
     ):
-        from nonstop.kernels.sample import sample_op
-
         try:
             super().__init__(
                 model,
@@ -64,13 +75,7 @@ class MegakernelExecutor(SuperOpExecutor):
             )
         except ValueError as exc:  # a kind without a kernel: name this backend
             raise ValueError(str(exc).replace("backend 'superop'", "backend 'megakernel'")) from None
-        program = copy.copy(self.program)  # the step's program plus the sampling buffers
-        program.buffers = dict(program.buffers)
-        sample, specs = sample_op(model.cfg.vocab_size)
-        program.buffers.update(specs)
-        program.buffers.update(advance.buffer_specs())
-        self.program = program
-        self.extra_ops = [sample, advance.advance_op()]  # after the LM head: device sampling, next inputs
+        self.program, self.extra_ops = megakernel_program(self.program, model.cfg.vocab_size)
         self.impl = dict(self.impl, advance=advance.launch)
         self.grid = grid
         self._kernels: dict[int, StepKernel] = {}  # id(step) -> its megakernel

@@ -18,9 +18,19 @@ import sys
 import time
 
 SIGNATURE = {
-    "tasks_ptr": "*i32", "waits_ptr": "*i32", "prefetch_ptr": "*i64", "counters_ptr": "*i64", "ticket_ptr": "*i64",
-    "state_ptr": "*i64", "sink_ptr": "*i32", "ptrs_ptr": "*i64", "ints_ptr": "*i64", "floats_ptr": "*fp32",
-    "num_tasks": "i32", "num_steps": "i32", "NUM_FIELDS": "constexpr",
+    "tasks_ptr": "*i32",
+    "waits_ptr": "*i32",
+    "prefetch_ptr": "*i64",
+    "counters_ptr": "*i64",
+    "ticket_ptr": "*i64",
+    "state_ptr": "*i64",
+    "sink_ptr": "*i32",
+    "ptrs_ptr": "*i64",
+    "ints_ptr": "*i64",
+    "floats_ptr": "*fp32",
+    "num_tasks": "i32",
+    "num_steps": "i32",
+    "NUM_FIELDS": "constexpr",
 }
 
 
@@ -36,9 +46,18 @@ def compile_file(path: str, arch: int = 90, num_warps: int = 8) -> dict:
     t0 = time.perf_counter()
     from nonstop.runtime.megakernel.kernel import NUM_FIELDS
 
-    kernel = triton.compile(ASTSource(module.megakernel, SIGNATURE, constexprs={"NUM_FIELDS": NUM_FIELDS}), target=GPUTarget("cuda", arch, 32), options={"num_warps": num_warps})
-    return {"arch": f"sm_{arch}", "seconds": round(time.perf_counter() - t0, 1), "shared_bytes": kernel.metadata.shared,
-            "stages": {k: len(v) for k, v in kernel.asm.items() if isinstance(v, (str, bytes))}, **ptxas_report(kernel.asm["ptx"], arch)}
+    kernel = triton.compile(
+        ASTSource(module.megakernel, SIGNATURE, constexprs={"NUM_FIELDS": NUM_FIELDS}),
+        target=GPUTarget("cuda", arch, 32),
+        options={"num_warps": num_warps},
+    )
+    return {
+        "arch": f"sm_{arch}",
+        "seconds": round(time.perf_counter() - t0, 1),
+        "shared_bytes": kernel.metadata.shared,
+        "stages": {k: len(v) for k, v in kernel.asm.items() if isinstance(v, (str, bytes))},
+        **ptxas_report(kernel.asm["ptx"], arch),
+    }
 
 
 def ptxas_report(ptx: str, arch: int) -> dict:
@@ -56,12 +75,20 @@ def ptxas_report(ptx: str, arch: int) -> dict:
             exe = os.path.join(bin_dir, name)
             if not os.path.exists(exe):
                 continue
-            out = subprocess.run([exe, f"-arch=sm_{arch}a" if arch >= 90 else f"-arch=sm_{arch}", "-v", f.name, "-o", os.devnull], capture_output=True, text=True)
+            out = subprocess.run(
+                [exe, f"-arch=sm_{arch}a" if arch >= 90 else f"-arch=sm_{arch}", "-v", f.name, "-o", os.devnull],
+                capture_output=True,
+                text=True,
+            )
             text = out.stdout + out.stderr
             regs = re.search(r"Used (\d+) registers", text)
             spills = re.search(r"(\d+) bytes spill stores, (\d+) bytes spill loads", text)
             if regs:
-                return {"registers": int(regs.group(1)), "spill_store_bytes": int(spills.group(1)) if spills else None, "spill_load_bytes": int(spills.group(2)) if spills else None}
+                return {
+                    "registers": int(regs.group(1)),
+                    "spill_store_bytes": int(spills.group(1)) if spills else None,
+                    "spill_load_bytes": int(spills.group(2)) if spills else None,
+                }
         return {}
     finally:
         os.unlink(f.name)
@@ -71,7 +98,13 @@ def compile_in_subprocess(path: str, arch: int = 90, timeout: float = 600) -> di
     """``compile_file`` in a fresh interpreter without TRITON_INTERPRET; raises with Triton's error."""
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     env.setdefault("TRITON_DEFAULT_FP_FUSION", "1")
-    done = subprocess.run([sys.executable, "-m", "nonstop.runtime.megakernel.gpu_compile", path, "--arch", str(arch)], capture_output=True, text=True, env=env, timeout=timeout)
+    done = subprocess.run(
+        [sys.executable, "-m", "nonstop.runtime.megakernel.gpu_compile", path, "--arch", str(arch)],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=timeout,
+    )
     if done.returncode != 0:
         raise RuntimeError(f"megakernel does not compile for sm_{arch}:\n{done.stderr[-4000:]}")
     return json.loads(done.stdout.strip().splitlines()[-1])

@@ -1,11 +1,12 @@
 """The persistent megakernel of one step shape: schedule, generated kernel, tables, one launch per step.
 
-``StepKernel(program, ops, kernels, env, device, grid)`` records the ops' launches (``record``), groups
-them into task classes (``plan``), tiles the ops to match (``tiles_kernel``; a *persistent* schedule:
-step e+1's tasks also wait for what they need of step e, so one launch may run several steps),
-validates the schedule (``validate``: a rejection raises ``ScheduleError`` before anything is
-launched), and generates the kernel (``codegen``). ``refresh(env)`` re-records the arguments only (cache storage moved: new
-addresses, same schedule). ``launch(num_steps)`` runs one step (or several back to back).
+``StepKernel(program, ops, kernels, env, device, grid)`` records the ops' launches (``codegen.record``),
+groups them into task classes (``codegen.plan``), tiles the ops as the launches do (``tiling``; a
+*persistent* schedule: step e+1's tasks also wait for what they need of step e, so one launch may run
+several steps), validates the schedule (``verify.validate``: a rejection raises ``ScheduleError`` before
+anything is launched), and generates the kernel (``codegen.source``). ``refresh(env)`` re-records the
+arguments only (cache storage moved: new addresses, same schedule). ``launch(num_steps)`` runs one step
+(or several back to back).
 
 Device tensors the kernel reads:
   tasks     int32 [N, 7]  opcode (task class), instance, tile, ntiles, counter, wait_begin, wait_end
@@ -24,12 +25,12 @@ from __future__ import annotations
 import torch
 
 from nonstop.kernels.platform import num_sms
-from nonstop.runtime.megakernel import codegen
-from nonstop.runtime.megakernel.plan import build_plan
-from nonstop.runtime.megakernel.record import record_ops
-from nonstop.runtime.megakernel.schedule import ScheduleError
-from nonstop.runtime.megakernel.tiles_kernel import kernel_schedule
-from nonstop.runtime.megakernel.validate import validate
+from nonstop.runtime.megakernel.codegen import source
+from nonstop.runtime.megakernel.codegen.plan import build_plan
+from nonstop.runtime.megakernel.codegen.record import record_ops
+from nonstop.runtime.megakernel.tasks import ScheduleError
+from nonstop.runtime.megakernel.tiling import tile_step
+from nonstop.runtime.megakernel.verify.validate import validate
 
 PREFETCH_LINES = 1024  # cache lines (128 B) of a task's first weight slice requested before its waits: 128 KiB
 # (one int32 per line, 4 registers a thread at 8 warps; 132 SMs x 128 KiB = 17 MB in flight, a third of L2)
@@ -53,6 +54,18 @@ def prefetch_row(op, weights) -> tuple[int, int]:
     return 0, 0
 
 
+def step_schedule(program, ops, kernels: dict, env, device) -> tuple:
+    """(launches per op, Plan, Schedule, opcode / instance / tile count per task) of one step of ``ops``
+    (launch functions ``kernels``; ``env`` the step's buffers, cache and batch): its launches recorded,
+    grouped into task classes, tiled as they run. Nothing is launched or validated here."""
+    launches = record_ops(ops, kernels, env)
+    plan = build_plan(launches, device)
+    schedule, codes, instances, ntiles = tile_step(
+        program, ops, launches, plan, env.B, env.T, start=env.batch.start, persistent=True
+    )
+    return launches, plan, schedule, codes, instances, ntiles
+
+
 class StepKernel:
     """The megakernel of one step shape (B sequences × T tokens)."""
 
@@ -60,11 +73,7 @@ class StepKernel:
         self.program, self.ops, self.kernels, self.device = program, ops, kernels, device
         self.grid = grid or num_sms(device)  # one program per SM (2 under the interpreter)
         self.B, self.T = env.B, env.T
-        launches = record_ops(ops, kernels, env)
-        self.plan = build_plan(launches, device)
-        self.schedule, codes, instances, ntiles = kernel_schedule(
-            program, ops, launches, self.plan, self.B, self.T, start=env.batch.start, persistent=True
-        )
+        _, self.plan, self.schedule, codes, instances, ntiles = step_schedule(program, ops, kernels, env, device)
         try:  # a race, deadlock or early release: refuse before anything is launched
             validate(self.schedule)
         except ScheduleError as exc:
@@ -91,9 +100,8 @@ class StepKernel:
         self.prefetch = torch.tensor(prefetch, dtype=torch.int64).view(-1, 2).to(self.device)
 
     def _compile(self) -> None:
-        source = codegen.megakernel_source(self.plan.classes, self.plan.max_p, self.plan.max_s, PREFETCH_LINES)
-        self.source = source
-        module = codegen.load_source("megakernel", source)
+        self.source = source.megakernel_source(self.plan.classes, self.plan.max_p, self.plan.max_s, PREFETCH_LINES)
+        module = source.load_source("megakernel", self.source)
         self.kernel, self.path = module.megakernel, module.__file__
 
     def refresh(self, env) -> bool:

@@ -10,8 +10,9 @@ holding the highest ticket instead of a random pick: it drives later tasks ahead
 which is how misordered pairs show up. With ``slow_workers`` some workers move rarely (a slow or
 preempted SM), so the tasks they hold fall far behind. ``stall`` names one ticket whose worker moves
 only when nothing else can: every task not ordered after it then runs first, so any access that
-conflicts with the stalled task and is not ordered after it is caught (``hunt`` stalls each ticket). When no worker can move before the end, the run is a
-deadlock and the result names the stuck tasks and the counters they wait on.
+conflicts with the stalled task and is not ordered after it is caught (``hunt`` stalls each ticket).
+When no worker can move before the end, the run is a deadlock and the result names the stuck tasks and
+the counters they wait on.
 
 Non-persistent schedules (one launch per step) get a barrier between steps: tickets of step e+1 are
 handed out only after every task of step e finished and ``actions.between_steps(e)`` ran (the host).
@@ -25,8 +26,8 @@ from __future__ import annotations
 import random
 from dataclasses import dataclass, field
 
-from nonstop.runtime.megakernel.schedule import Schedule
-from nonstop.runtime.megakernel.shadow import Shadow
+from nonstop.runtime.megakernel.tasks import Schedule
+from nonstop.runtime.megakernel.verify.shadow import Shadow
 
 IDLE, WAITING, RUNNING = 0, 1, 2
 
@@ -80,7 +81,18 @@ class _Worker:
     blocked: tuple[int, int] | None = None  # (counter, target) of the wait it was last found short of
 
 
-def simulate(s: Schedule, steps: int = 3, workers: int = 4, seed: int = 0, actions=None, bias: float = 0.0, slow_workers: float = 0.0, stall: int | None = None, stop_on_hazard: bool = True, shadow: Shadow | None = None) -> SimResult:
+def simulate(
+    s: Schedule,
+    steps: int = 3,
+    workers: int = 4,
+    seed: int = 0,
+    actions=None,
+    bias: float = 0.0,
+    slow_workers: float = 0.0,
+    stall: int | None = None,
+    stop_on_hazard: bool = True,
+    shadow: Shadow | None = None,
+) -> SimResult:
     """Run ``steps`` steps of ``s`` with ``workers`` workers in a seeded random interleaving."""
     actions = actions or NoActions()
     shadow = shadow or Shadow(s)
@@ -140,7 +152,11 @@ def simulate(s: Schedule, steps: int = 3, workers: int = 4, seed: int = 0, actio
             c = s.tasks[i].counter
             per_step = s.counters[c].per_step
             if not e * per_step <= counters[c] < (e + 1) * per_step:
-                result.counter_errors.append(f"step {e}: task {s.task_name(i)} increments {s.counter_name(c)} at {counters[c]}, outside its step's range [{e * per_step}, {(e + 1) * per_step}): increments of different steps overtook each other")
+                result.counter_errors.append(
+                    f"step {e}: task {s.task_name(i)} increments {s.counter_name(c)} at {counters[c]}, outside its "
+                    f"step's range [{e * per_step}, {(e + 1) * per_step}): increments of different steps overtook "
+                    "each other"
+                )
             counters[c] += 1
             w.state, w.ticket, w.pending = IDLE, -1, None
             result.finished += 1
@@ -154,7 +170,9 @@ def simulate(s: Schedule, steps: int = 3, workers: int = 4, seed: int = 0, actio
     if result.finished == total:
         for c, counter in enumerate(s.counters):
             if counters[c] != steps * counter.per_step:
-                result.counter_errors.append(f"{s.counter_name(c)} ends at {counters[c]}, expected {steps} * {counter.per_step}")
+                result.counter_errors.append(
+                    f"{s.counter_name(c)} ends at {counters[c]}, expected {steps} * {counter.per_step}"
+                )
     return result
 
 
@@ -164,9 +182,17 @@ def _deadlock_report(s: Schedule, pool: list[_Worker], counters: list[int], next
         if w.state != WAITING:
             continue
         e, i = divmod(w.ticket, N)
-        unmet = [f"{s.counter_name(x.counter)} at {counters[x.counter]} < {x.target(e)}" for x in s.tasks[i].waits if counters[x.counter] < x.target(e)]
+        unmet = [
+            f"{s.counter_name(x.counter)} at {counters[x.counter]} < {x.target(e)}"
+            for x in s.tasks[i].waits
+            if counters[x.counter] < x.target(e)
+        ]
         stuck.append(f"step {e} task {s.task_name(i)} waits on " + ", ".join(unmet))
-    return f"no worker can move (next ticket {next_ticket}): " + "; ".join(stuck[:6]) + (f"; ... {len(stuck) - 6} more" if len(stuck) > 6 else "")
+    return (
+        f"no worker can move (next ticket {next_ticket}): "
+        + "; ".join(stuck[:6])
+        + (f"; ... {len(stuck) - 6} more" if len(stuck) > 6 else "")
+    )
 
 
 def hunt(s: Schedule, steps: int = 3, workers: int = 64, tickets=None, seeds: int = 8) -> SimResult | None:

@@ -19,8 +19,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from nonstop.runtime.megakernel.regions import Access, describe_elements
-from nonstop.runtime.megakernel.schedule import Schedule
+from nonstop.runtime.megakernel.tasks import Access, Schedule, describe_elements
 
 
 def region_index(region, cols: int) -> np.ndarray:
@@ -89,10 +88,26 @@ class Shadow:
             if r.access == Access.READ:
                 mods, _ = self._counts(b, epoch)
                 want = exp[0] + self._scale(b, epoch) * self.step_mods[b][idx]
-                self._report(out, i, epoch, r, idx, mods[idx] < want, "read it before a write of it (earlier in the queue) finished")
+                self._report(
+                    out,
+                    i,
+                    epoch,
+                    r,
+                    idx,
+                    mods[idx] < want,
+                    "read it before a write of it (earlier in the queue) finished",
+                )
             elif r.access == Access.READ_PAST and epoch > 0:
                 mods, _ = self._counts(b, epoch - 1)
-                self._report(out, i, epoch, r, idx, mods[idx] < self.step_mods[b][idx], "read previous steps' rows before the previous step's write of them finished")
+                self._report(
+                    out,
+                    i,
+                    epoch,
+                    r,
+                    idx,
+                    mods[idx] < self.step_mods[b][idx],
+                    "read previous steps' rows before the previous step's write of them finished",
+                )
         return out
 
     def on_finish(self, i: int, epoch: int) -> list[str]:
@@ -121,4 +136,6 @@ class Shadow:
             return
         b = self.s.buffers[region.buffer]
         first = int(idx[np.argmax(bad)])
-        out.append(f"step {epoch}: task {self.s.task_name(i)} {what}: {describe_elements(b.name, b.cols, first, first + 1)}")
+        out.append(
+            f"step {epoch}: task {self.s.task_name(i)} {what}: {describe_elements(b.name, b.cols, first, first + 1)}"
+        )

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import torch
 
-from nonstop.runtime.megakernel.regions import Access
+from nonstop.runtime.megakernel.tasks import Access
 
 
 def _changed(before: torch.Tensor, after: torch.Tensor) -> torch.Tensor:
@@ -37,8 +37,21 @@ def run_one(mk, i: int) -> None:
     tasks[0, 4:7] = 0  # counter 0 of a scratch counter set, no waits
     scratch = torch.zeros(1, dtype=torch.int64, device=mk.device)
     p = mk.plan
-    mk.kernel[(1,)](tasks, mk.waits, mk.prefetch[i : i + 1], scratch, torch.zeros(1, dtype=torch.int64, device=mk.device),
-                    torch.zeros(2, dtype=torch.int64, device=mk.device), mk.sink, p.ptrs, p.ints, p.floats, 1, 1, NUM_FIELDS=tasks.shape[1])
+    mk.kernel[(1,)](
+        tasks,
+        mk.waits,
+        mk.prefetch[i : i + 1],
+        scratch,
+        torch.zeros(1, dtype=torch.int64, device=mk.device),
+        torch.zeros(2, dtype=torch.int64, device=mk.device),
+        mk.sink,
+        p.ptrs,
+        p.ints,
+        p.floats,
+        1,
+        1,
+        NUM_FIELDS=tasks.shape[1],
+    )
 
 
 def audit_writes(mk, env) -> list[str]:
@@ -55,5 +68,7 @@ def audit_writes(mk, env) -> list[str]:
             stray = changed & ~allowed_mask(s, task, n, tuple(changed.shape))
             if stray.any():
                 r, c = (int(x) for x in stray.nonzero()[0])
-                problems.append(f"{s.task_name(i)} wrote {n}[{r}, {c}] ({int(stray.sum())} elements) outside its declared regions")
+                problems.append(
+                    f"{s.task_name(i)} wrote {n}[{r}, {c}] ({int(stray.sum())} elements) outside its declared regions"
+                )
     return problems

@@ -1,4 +1,4 @@
-"""What tiling functions build with: the buffer registry of one schedule and region / weight helpers.
+"""What tilings build with: the buffer registry of one step's schedule and region / weight helpers.
 
 Buffers of a schedule for a step of B sequences x T tokens (R = B*T rows):
   Program buffers        ``[R, row_numel]`` by their Program name.
@@ -6,46 +6,26 @@ Buffers of a schedule for a step of B sequences x T tokens (R = B*T rows):
                          the step's new tokens; append-only (older tokens: ``READ_PAST``).
   KDA state              ``L{i}.recurrent`` ``[B, H*D*D]`` and ``L{i}.conv`` ``[B, 3*C*(K-1)]``: row b is
                          sequence b's slot (slots of a step are distinct).
-  scratch                schedule-owned intermediates between the stages of one op (``mlp_act``,
-                         ``mla_partial``), shared by every layer like the Program's buffers.
+  workspaces             the kernels' scratch between the phases of a two-phase op, shared by every op of
+                         the kind as the workspace is (``nonstop.kernels.launch.workspace``), in the layout
+                         the kernels and the checks' twins agree on.
+  ``start``              the step's start positions ``[B, 1]`` (read by the attention and KDA tiles,
+                         advanced by ``advance``).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import replace
 
 from nonstop.program.ir import Program, SuperOp
-from nonstop.runtime.megakernel.regions import Access, Region
-from nonstop.runtime.megakernel.schedule import BufferInfo, WeightSlice
-
-
-@dataclass(frozen=True)
-class TilingConfig:
-    """block_n: GEMV output rows (moe_experts: intermediate rows) per tile; ``blocks`` overrides it per
-    kind, e.g. ``(("mla_in_proj", 32),)`` to match a kernel's BLOCK_N. MLA attention: ``attn_split``
-    keys per split tile, enough splits for ``max_context`` tokens, ``attn_block_m`` (row, head) query
-    items per split tile."""
-
-    block_n: int = 64
-    attn_split: int = 256
-    max_context: int = 4096
-    attn_block_m: int = 32
-    blocks: tuple[tuple[str, int], ...] = ()
-
-    @property
-    def attn_splits(self) -> int:
-        return -(-self.max_context // self.attn_split)
-
-    def block(self, kind: str) -> int:
-        return dict(self.blocks).get(kind, self.block_n)
+from nonstop.runtime.megakernel.tasks import Access, BufferInfo, Region, WeightSlice
 
 
 class TileContext:
-    def __init__(self, program: Program, B: int, T: int, config: TilingConfig):
+    def __init__(self, program: Program, B: int, T: int):
         self.program = program
         self.cfg = program.cfg
         self.B, self.T, self.R = B, T, B * T
-        self.config = config
         self.buffers: list[BufferInfo] = []
         self._index: dict[str, int] = {}
 
@@ -66,14 +46,25 @@ class TileContext:
     def state(self, layer: int, tensor: str, cols: int) -> int:
         return self._add(BufferInfo(f"L{layer}.{tensor}", self.B, cols, "state", False, layer, tensor))
 
-    def scratch(self, name: str, cols: int) -> int:
-        return self._add(BufferInfo(name, self.R, cols, "scratch"))
+    def scratch(self, name: str, rows: int, cols: int) -> int:
+        """A workspace seen as [rows, cols]; a later, larger use of the same workspace grows it."""
+        b = self._add(BufferInfo(name, rows, cols, "scratch"))
+        info = self.buffers[b]
+        if rows * cols > info.size:
+            self.buffers[b] = replace(info, rows=max(rows, info.rows), cols=max(cols, info.cols))
+        return b
+
+    def start(self) -> int:
+        """The step's start positions, one row per sequence."""
+        return self._add(BufferInfo("start", self.B, 1, "step"))
 
     def cols(self, b: int) -> int:
         return self.buffers[b].cols
 
     # ------------------------------------------------------------------ regions
-    def box(self, b: int, access: Access, rows: tuple[int, int] | None = None, cols: tuple[int, int] | None = None) -> Region:
+    def box(
+        self, b: int, access: Access, rows: tuple[int, int] | None = None, cols: tuple[int, int] | None = None
+    ) -> Region:
         """Region of buffer index b: rows/cols default to all."""
         r0, r1 = rows if rows is not None else (0, self.buffers[b].rows)
         c0, c1 = cols if cols is not None else (0, self.buffers[b].cols)
@@ -84,7 +75,9 @@ class TileContext:
         return b * self.T, (b + 1) * self.T
 
     # ------------------------------------------------------------------ weights
-    def weight(self, op: SuperOp, role: str, dim: int = -1, start: int = 0, stop: int | None = None, dynamic: bool = False) -> WeightSlice | None:
+    def weight(
+        self, op: SuperOp, role: str, dim: int = -1, start: int = 0, stop: int | None = None, dynamic: bool = False
+    ) -> WeightSlice | None:
         """Slice [start, stop) along ``dim`` of ``op.weights[role]`` (dim -1: whole); ``dynamic``: one
         expert (dim 0) chosen at run time. None if the op has no such weight."""
         t = op.weights.get(role)

@@ -2,7 +2,7 @@
 
 ``build_plan(launches)`` (one list of ``record.Launch`` per program op) gives a ``Plan``:
   stages   per op, the ``(stage name, class, instance, ntiles)`` of each phase, in order;
-  classes  ``TaskClass`` list: the opcode of a task is its class index (see ``codegen``);
+  classes  ``TaskClass`` list: the opcode of a task is its class index (see ``source``);
   ptrs / ints / floats   the argument tables, one row per instance (= recorded launch).
 A launcher's stages are its declared phases (``nonstop.kernels.launch``: one, or two for the two-phase
 super-ops); a class calls the launcher's tile function with ``PHASE`` = the stage's phase (1, 2).
@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 import torch
 
 from nonstop.kernels.launch import declaration
-from nonstop.runtime.megakernel import codegen
+from nonstop.runtime.megakernel.codegen import source
 
 
 @dataclass
@@ -109,7 +109,7 @@ def describe_args(launch) -> list[tuple[str, str, object]]:
             raise ValueError(f"{launch.name}: argument {name} missing")
         if name == "USE_PDL":  # a launch-level wait; the megakernel orders its tasks by its own counters
             value = False
-        if codegen.is_constexpr(p):
+        if source.is_constexpr(p):
             out.append((name, "const", value))
         elif isinstance(value, torch.Tensor):
             out.append((name, "ptr", value))
@@ -157,7 +157,7 @@ def build_plan(launches: list[list], device) -> Plan:
                     params = []
                     for n, kind, v in args:
                         if kind == "ptr":
-                            params.append(Param(n, kind, dtype=codegen.TORCH_TO_TL[v.dtype], slot=p_slot))
+                            params.append(Param(n, kind, dtype=source.TORCH_TO_TL[v.dtype], slot=p_slot))
                             p_slot += 1
                         elif kind in ("int", "float"):
                             params.append(Param(n, kind, slot=s_slot))
@@ -194,7 +194,7 @@ def build_plan(launches: list[list], device) -> Plan:
                 continue
             col = (ints if param.kind == "int" else floats)[cls.instances, param.slot]
             if param.kind == "int":
-                param.dtype = codegen.int_type(col.tolist())
+                param.dtype = source.int_type(col.tolist())
             if bool((col == col[0]).all()):
                 param.uniform, param.value = True, col[0].item()
             elif param.kind == "int":

@@ -32,8 +32,7 @@ O(log s + segments it overlaps). No task-pair closure is ever formed.
 from __future__ import annotations
 
 from nonstop.runtime.megakernel.frontier import Frontier, counter_of, epoch_of, key_of
-from nonstop.runtime.megakernel.regions import VERB, Access, describe_elements
-from nonstop.runtime.megakernel.schedule import Schedule, ScheduleError
+from nonstop.runtime.megakernel.tasks import VERB, Access, Schedule, ScheduleError, describe_elements
 
 __all__ = ["ScheduleError", "validate"]
 
@@ -57,7 +56,9 @@ def _counters_in_range(s: Schedule) -> bool:
     C = len(s.counters)
     for i, t in enumerate(s.tasks):
         if not 0 <= t.counter < C:
-            raise ScheduleError(f"task {s.task_name(i)} increments counter {t.counter}, but the schedule has {C} counters")
+            raise ScheduleError(
+                f"task {s.task_name(i)} increments counter {t.counter}, but the schedule has {C} counters"
+            )
     return True
 
 
@@ -65,15 +66,25 @@ def _check_structure(s: Schedule, owners) -> None:
     for i, t in enumerate(s.tasks):
         for r in t.regions:
             if not 0 <= r.buffer < len(s.buffers):
-                raise ScheduleError(f"task {s.task_name(i)} touches buffer {r.buffer}, but the schedule has {len(s.buffers)} buffers")
+                raise ScheduleError(
+                    f"task {s.task_name(i)} touches buffer {r.buffer}, but the schedule has {len(s.buffers)} buffers"
+                )
             b = s.buffers[r.buffer]
             if not (0 <= r.r0 < r.r1 <= b.rows and 0 <= r.c0 < r.c1 <= b.cols):
-                raise ScheduleError(f"task {s.task_name(i)} {VERB[r.access]} {r.describe(b.name)}, outside (or an empty part of) {b.name} [{b.rows}, {b.cols}]")
+                raise ScheduleError(
+                    f"task {s.task_name(i)} {VERB[r.access]} {r.describe(b.name)}, outside (or an empty part of) "
+                    f"{b.name} [{b.rows}, {b.cols}]"
+                )
             if r.access == Access.READ_PAST and not b.append_only:
-                raise ScheduleError(f"task {s.task_name(i)} reads earlier steps' rows of {b.name}, which is not an append-only buffer")
+                raise ScheduleError(
+                    f"task {s.task_name(i)} reads earlier steps' rows of {b.name}, which is not an append-only buffer"
+                )
     for c, (counter, tasks) in enumerate(zip(s.counters, owners)):
         if tasks and counter.per_step != len(tasks):
-            raise ScheduleError(f"{s.counter_name(c)} records per_step {counter.per_step} but {len(tasks)} tasks increment it (first {s.task_name(tasks[0])})")
+            raise ScheduleError(
+                f"{s.counter_name(c)} records per_step {counter.per_step} but {len(tasks)} tasks increment it (first "
+                f"{s.task_name(tasks[0])})"
+            )
 
 
 def _check_waits(s: Schedule, owners) -> None:
@@ -81,15 +92,28 @@ def _check_waits(s: Schedule, owners) -> None:
         for w in t.waits:
             who = f"task {s.task_name(i)}"
             if not 0 <= w.counter < len(s.counters) or not owners[w.counter]:
-                raise ScheduleError(f"{who} waits on {s.counter_name(w.counter)}, which no task increments: the wait can never be satisfied")
+                raise ScheduleError(
+                    f"{who} waits on {s.counter_name(w.counter)}, which no task increments: the wait can never be "
+                    "satisfied"
+                )
             grows = len(owners[w.counter])
             what = s.counter_name(w.counter)
             if w.per_step != grows:
-                raise ScheduleError(f"{who} waits on {what} with target e*{w.per_step}+{w.base}, but {what} grows by {grows} per step: wrong epoch scaling (from step 1 on it waits for the wrong increments)")
+                raise ScheduleError(
+                    f"{who} waits on {what} with target e*{w.per_step}+{w.base}, but {what} grows by {grows} per "
+                    "step: wrong epoch scaling (from step 1 on it waits for the wrong increments)"
+                )
             if w.base > grows:
-                raise ScheduleError(f"{who} waits on {what} for {w.base} increments, but only {grows} tasks increment it per step: the wait can never be satisfied within its step")
+                raise ScheduleError(
+                    f"{who} waits on {what} for {w.base} increments, but only {grows} tasks increment it per step: "
+                    "the wait can never be satisfied within its step"
+                )
             if w.base not in (0, grows):
-                raise ScheduleError(f"{who} waits on {what} with target base {w.base}: must be {grows} (all of this step's increments) or 0 (all of the previous step's); {w.base} releases it before every producer finished")
+                raise ScheduleError(
+                    f"{who} waits on {what} with target base {w.base}: must be {grows} (all of this step's "
+                    f"increments) or 0 (all of the previous step's); {w.base} releases it before every producer "
+                    "finished"
+                )
 
 
 def _check_acyclic(s: Schedule, owners) -> None:
@@ -115,8 +139,10 @@ def _check_acyclic(s: Schedule, owners) -> None:
                 stack.pop()
                 path.pop()
             elif color[nxt] == 1:
-                cycle = path[path.index(nxt):] + [nxt]
-                raise ScheduleError("cycle of waits (deadlock in every interleaving): " + _cycle_witness(s, owners, cycle))
+                cycle = path[path.index(nxt) :] + [nxt]
+                raise ScheduleError(
+                    "cycle of waits (deadlock in every interleaving): " + _cycle_witness(s, owners, cycle)
+                )
             elif color[nxt] == 0:
                 color[nxt] = 1
                 stack.append((nxt, iter(sorted(succ[nxt]))))
@@ -127,7 +153,9 @@ def _cycle_witness(s: Schedule, owners, cycle: list[int]) -> str:
     steps = []
     for p, c in zip(cycle, cycle[1:]):
         waiter = next(i for i in owners[c] if any(w.counter == p and w.base != 0 for w in s.tasks[i].waits))
-        steps.append(f"task {s.task_name(waiter)} waits on {s.counter_name(p)} (incremented by task {s.task_name(owners[p][0])})")
+        steps.append(
+            f"task {s.task_name(waiter)} waits on {s.counter_name(p)} (incremented by task {s.task_name(owners[p][0])})"
+        )
     return "; ".join(steps)
 
 
@@ -136,7 +164,11 @@ def _check_queue_order(s: Schedule, owners) -> None:
         for w in t.waits:
             if w.base != 0 and owners[w.counter][-1] > i:
                 later = owners[w.counter][-1]
-                raise ScheduleError(f"task {s.task_name(i)} waits on {s.counter_name(w.counter)}, which task {s.task_name(later)} increments later in the queue: a worker blocked on it may hold the ticket order (deadlock with few workers); tasks must wait only on earlier tasks")
+                raise ScheduleError(
+                    f"task {s.task_name(i)} waits on {s.counter_name(w.counter)}, which task {s.task_name(later)} "
+                    "increments later in the queue: a worker blocked on it may hold the ticket order (deadlock with "
+                    "few workers); tasks must wait only on earlier tasks"
+                )
 
 
 # ----------------------------------------------------------------------------- ancestors, rule 6
@@ -174,8 +206,12 @@ def _check_epochs(s: Schedule, anc0: list[int], anc1: list[int]) -> None:
         return
     for i, t in enumerate(s.tasks):
         if not (_task_ancestors(t, anc0, anc1)[1] >> t.counter) & 1:
-            raise ScheduleError(f"task {s.task_name(i)} of step e+1 is not ordered after all of step e's increments of its own {s.counter_name(t.counter)}: "
-                                "its increment could land first and release a step-e waiter before step e's producers finished (add a wait on the counter with base 0)")
+            raise ScheduleError(
+                f"task {s.task_name(i)} of step e+1 is not ordered after all of step e's increments of its own "
+                f"{s.counter_name(t.counter)}: "
+                "its increment could land first and release a step-e waiter before step e's producers finished (add "
+                "a wait on the counter with base 0)"
+            )
 
 
 # ----------------------------------------------------------------------------- rule 5: races
@@ -206,10 +242,17 @@ def _race_message(s: Schedule, owners, i: int, c: int, same_step: bool, witness)
     step = "" if same_step else " in the previous step"
     mine = s.tasks[i]
     if same_step and c == mine.counter:
-        return (f"unordered {_kind(region.access, their)} on {where}: task {s.task_name(i)} {VERB[region.access]} it and task {s.task_name(other)} "
-                f"{VERB[their]} it, but both increment {s.counter_name(c)}, so neither can wait for the other")
-    return (f"{_kind(region.access, their)} race on {where}: task {s.task_name(i)} {VERB[region.access]} it, but task {s.task_name(other)}, which "
-            f"{VERB[their]} it{step}, is not ordered before it (no chain of waits leads from {s.counter_name(c)} to the task)")
+        return (
+            f"unordered {_kind(region.access, their)} on {where}: task {s.task_name(i)} {VERB[region.access]} it and "
+            f"task {s.task_name(other)} "
+            f"{VERB[their]} it, but both increment {s.counter_name(c)}, so neither can wait for the other"
+        )
+    return (
+        f"{_kind(region.access, their)} race on {where}: task {s.task_name(i)} {VERB[region.access]} it, but task "
+        f"{s.task_name(other)}, which "
+        f"{VERB[their]} it{step}, is not ordered before it (no chain of waits leads from {s.counter_name(c)} to the "
+        "task)"
+    )
 
 
 def _kind(mine: Access, theirs: Access) -> str:
@@ -229,6 +272,10 @@ def _find_accessor(s: Schedule, tasks: list[int], region, lo: int, hi: int, acce
         if j == exclude:
             continue
         for r in s.tasks[j].regions:
-            if r.buffer == region.buffer and r.access == access and any(a < hi and lo < b for a, b in r.intervals(cols)):
+            if (
+                r.buffer == region.buffer
+                and r.access == access
+                and any(a < hi and lo < b for a, b in r.intervals(cols))
+            ):
                 return j
     return tasks[0]

@@ -1,6 +1,6 @@
 """Simulator actions that run a real Program's schedule on torch tensors, tile by tile.
 
-A task's action at *start* runs its stage twin (``stage_twins.py``) on a private copy of the step
+A task's action at *start* runs its stage twin (``twins.py``) on a private copy of the step
 state (activation buffers, scratch, the op's cache layer) and keeps the values of the regions it
 writes; at *finish* it stores exactly those regions into the shared state (accumulating tiles add
 their contribution). So a tile's outputs are right iff the regions it reads were ready when it
@@ -8,8 +8,11 @@ started — the protocol property under test — and nothing outside its regions
 A twin run is reused by later tiles of the same op and step while the regions they read still hold
 the values it saw (most tiles of an op share one run).
 
-Logical regions map to storage per step: activation/scratch buffers by row; attention caches through
-the page table (row r = token t of sequence b at position start_b + t); KDA state by slot.
+Logical regions map to storage per step: activation buffers and workspaces by row; attention caches
+through the page table (row r = token t of sequence b at position start_b + t); KDA state by slot; the
+step's ``start`` is the step's ``StepBatch.start`` (the host reserved every step's pages up front, so the
+``advance`` task's update of it is the next step's batch). ``advance`` writes the next step's ids: the
+fed ids of ``feed`` when given (teacher forcing, as the reference runs), else the sampled ``next_ids``.
 """
 
 from __future__ import annotations
@@ -19,23 +22,28 @@ import copy
 import torch
 
 from nonstop.program.reference import StepEnv
-from nonstop.runtime.megakernel.regions import Access
-from nonstop.runtime.megakernel.schedule import Schedule
-from nonstop.runtime.megakernel.stage_twins import stage_twin
+from nonstop.runtime.megakernel.tasks import Access, Schedule
+from nonstop.runtime.megakernel.verify.twins import stage_twin
+
+MODEL_DTYPE_WORKSPACES = ("mlp.h", "moe_experts.act")  # workspaces the kernels keep in the model dtype
 
 
 class ProgramActions:
-    """Actions over ``program``'s step state: ``cache`` (prefilled), one ``StepBatch`` per step
-    (``batches``, pages reserved up front), the first step's token ids ``ids`` [R] and optionally the
-    ids of later steps (``feed[e]``, else greedy argmax of the previous step's logits)."""
+    """Actions over the step state of ``program`` (the executor's, with the sampling buffers) running
+    ``ops`` (the schedule's, ``sample`` and ``advance`` included): ``cache`` (prefilled), one ``StepBatch``
+    per step (``batches``, pages reserved up front), the first step's token ids ``ids`` [R] and optionally
+    the ids of later steps (``feed[e]``, else the sampled ones)."""
 
-    def __init__(self, s: Schedule, program, cache, batches: list, ids: torch.Tensor, feed: list[torch.Tensor] | None = None):
-        self.s, self.program, self.cache, self.batches, self.feed = s, program, cache, batches, feed
+    def __init__(
+        self, s: Schedule, program, ops: list, cache, batches: list, ids: torch.Tensor, feed: list | None = None
+    ):
+        self.s, self.program, self.ops, self.cache, self.batches, self.feed = s, program, ops, cache, batches, feed
         R = s.B * s.T
         self.buf = {k: v.zero_() for k, v in program.allocate(R, ids.device).items()}
         for b in s.buffers:
             if b.kind == "scratch":
-                self.buf[b.name] = torch.zeros(R, b.cols, dtype=program.dtype if b.name.startswith("mlp_act") else torch.float32)
+                dtype = program.dtype if b.name in MODEL_DTYPE_WORKSPACES else torch.float32
+                self.buf[b.name] = torch.zeros(b.rows, b.cols, dtype=dtype)
         self.buf["ids"].copy_(ids)
         self.scratch = {b.name for b in s.buffers if b.kind == "scratch"}
         self.generation = [0] * len(s.buffers)  # bumped whenever a tile stores into the buffer
@@ -54,6 +62,8 @@ class ProgramActions:
         if info.kind in ("activation", "scratch"):
             t = env.buf[info.name]
             return t.view(t.shape[0], -1), slice(r0, r1)
+        if info.kind == "step":
+            return batch.start.view(-1, 1), slice(r0, r1)
         layer = env.cache.layers[info.layer]
         if info.kind == "state":
             t = getattr(layer, info.tensor)
@@ -76,7 +86,9 @@ class ProgramActions:
         return self.view(env, region, epoch).clone()
 
     def scatter(self, region, epoch: int, values: torch.Tensor, add: bool = False, env: StepEnv | None = None) -> None:
-        t, rows = self._storage(env or self.env(epoch), region.buffer, region.r0, region.r1, epoch, region.access == Access.READ_PAST)
+        t, rows = self._storage(
+            env or self.env(epoch), region.buffer, region.r0, region.r1, epoch, region.access == Access.READ_PAST
+        )
         if add:
             values = t[rows, region.c0 : region.c1] + values
         t[rows, region.c0 : region.c1] = values.to(t.dtype)
@@ -108,11 +120,15 @@ class ProgramActions:
         Returns None, or the region that changed. Integer token ids are kept."""
         task = self.s.tasks[i]
         info = self.s.ops[task.op]
-        if info.program_op is None:
+        if info.kind == "advance":
             return None
-        op = self.program.ops[info.program_op]
+        op = self.ops[info.program_op]
         twin = stage_twin(info.kind, info.stages[task.stage].name)
-        kept = [(r, self.gather(self.env(epoch), r, epoch)) for r in task.regions if r.access in (Access.READ, Access.READ_PAST)]
+        kept = [
+            (r, self.gather(self.env(epoch), r, epoch))
+            for r in task.regions
+            if r.access in (Access.READ, Access.READ_PAST)
+        ]
         gen = torch.Generator().manual_seed(seed)
         results = []
         for garbage in (False, True):
@@ -130,20 +146,27 @@ class ProgramActions:
                 if r.access == Access.ACCUMULATE:
                     buf[self.s.buffers[r.buffer].name].zero_()
             twin(op, env, task, self.s)
-            results.append([self.gather(env, r, epoch) for r in task.regions if r.access in (Access.WRITE, Access.ACCUMULATE)])
+            results.append(
+                [self.gather(env, r, epoch) for r in task.regions if r.access in (Access.WRITE, Access.ACCUMULATE)]
+            )
         written = [r for r in task.regions if r.access in (Access.WRITE, Access.ACCUMULATE)]
         for r, clean, dirty in zip(written, *results):
             if not torch.equal(clean, dirty):
-                return f"task {self.s.task_name(i)}: {r.describe(self.s.buffers[r.buffer].name)} depends on values outside the regions it declares to read"
+                where = r.describe(self.s.buffers[r.buffer].name)
+                return f"task {self.s.task_name(i)}: {where} depends on values outside the regions it declares to read"
         return None
 
     # ------------------------------------------------------------------ the simulator's interface
     def start(self, i: int, epoch: int):
         task = self.s.tasks[i]
         info = self.s.ops[task.op]
-        if info.kind == "sample_greedy":
-            return self.gather(self.env(epoch), task.regions[0], epoch)
-        op = self.program.ops[info.program_op]
+        if info.kind == "advance":
+            return None
+        if info.kind == "sample":  # the logits row this step sampled from (kept for the comparison)
+            self.logits.setdefault(epoch, torch.full_like(self.buf["logits"], float("nan")))[task.tile] = self.buf[
+                "logits"
+            ][task.tile]
+        op = self.ops[info.program_op]
         twin = stage_twin(info.kind, info.stages[task.stage].name)
         if any(r.access == Access.ACCUMULATE for r in task.regions):  # this tile's own contribution
             buf, cache = self._copy(op)
@@ -167,11 +190,11 @@ class ProgramActions:
 
     def finish(self, i: int, epoch: int, pending) -> None:
         task = self.s.tasks[i]
-        if self.s.ops[task.op].kind == "sample_greedy":
-            row = task.regions[0].r0
-            self.logits.setdefault(epoch, torch.full_like(self.buf["logits"], float("nan")))[row] = pending[0]
-            token = self.feed[epoch + 1][row] if self.feed is not None and epoch + 1 < len(self.feed) else pending[0].argmax()
-            self.buf["ids"][row] = token
+        if self.s.ops[task.op].kind == "advance":  # the next step's ids of sequence b
+            rows = slice(task.tile * self.s.T, (task.tile + 1) * self.s.T)
+            fed = self.feed is not None and epoch + 1 < len(self.feed)
+            self.buf["ids"][rows] = self.feed[epoch + 1][rows] if fed else self.buf["next_ids"][rows]
+            self.generation[self.s.buffer_index("ids")] += 1
             return
         for region, values in pending:
             self.scatter(region, epoch, values, add=region.access == Access.ACCUMULATE)
@@ -180,15 +203,10 @@ class ProgramActions:
             del self.memo[key]
 
     def between_steps(self, epoch: int) -> None:
-        """The host between launches (non-persistent schedules): keep the logits, write the next ids."""
-        self.logits[epoch] = self.buf["logits"].clone()
-        nxt = self.feed[epoch + 1] if self.feed is not None and epoch + 1 < len(self.feed) else self.buf["logits"].argmax(-1)
-        self.buf["ids"].copy_(nxt)
+        """Nothing: the ``advance`` tasks write the next step's ids."""
 
     def end(self, steps: int) -> dict[int, torch.Tensor]:
-        """Logits of every step after a run of ``steps`` steps."""
-        if not self.s.persistent:
-            self.logits[steps - 1] = self.buf["logits"].clone()
+        """Logits of every step (as each step's ``sample`` tasks read them) after a run of ``steps`` steps."""
         return self.logits
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections import defaultdict
 
-from nonstop.runtime.megakernel.schedule import Schedule
+from nonstop.runtime.megakernel.tasks import Schedule
 
 
 def _percentile(sorted_values: list[int], q: float) -> int:
@@ -48,9 +48,12 @@ def format_stats(s: Schedule) -> str:
     p = st["weight_bytes_percentiles"]
     lines = [
         f"schedule: B={s.B} T={s.T} {'persistent (steps back to back)' if s.persistent else 'one launch per step'}",
-        f"tasks {st['tasks']}  ops {st['ops']}  counters {st['counters']}  buffers {st['buffers']}  depth {st['depth']} (tasks per level {st['tasks'] / max(st['depth'], 1):.1f})",
-        f"waits {st['waits']} (max {st['waits_per_task_max']} per task, {st['previous_step_waits']} on the previous step)",
-        f"weight bytes {st['weight_bytes']:,}; per task p0 {p[0]:,} p10 {p[10]:,} p50 {p[50]:,} p90 {p[90]:,} p99 {p[99]:,} max {p[100]:,}; {st['tasks_without_weights']} tasks stream none",
+        f"tasks {st['tasks']}  ops {st['ops']}  counters {st['counters']}  buffers {st['buffers']}  depth "
+        f"{st['depth']} (tasks per level {st['tasks'] / max(st['depth'], 1):.1f})",
+        f"waits {st['waits']} (max {st['waits_per_task_max']} per task, {st['previous_step_waits']} on the previous "
+        "step)",
+        f"weight bytes {st['weight_bytes']:,}; per task p0 {p[0]:,} p10 {p[10]:,} p50 {p[50]:,} p90 {p[90]:,} p99 "
+        f"{p[99]:,} max {p[100]:,}; {st['tasks_without_weights']} tasks stream none",
         f"{'kind':<20} {'tasks':>7} {'weight bytes':>16}",
     ]
     lines += [f"{k:<20} {v['tasks']:>7} {v['weight_bytes']:>16,}" for k, v in st["kinds"].items()]

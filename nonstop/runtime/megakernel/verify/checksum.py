@@ -12,9 +12,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from nonstop.runtime.megakernel.regions import Access
-from nonstop.runtime.megakernel.schedule import Schedule
-from nonstop.runtime.megakernel.shadow import region_index
+from nonstop.runtime.megakernel.tasks import Access, Schedule
+from nonstop.runtime.megakernel.verify.shadow import region_index
 
 P = 2_147_483_647
 
