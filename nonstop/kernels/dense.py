@@ -66,7 +66,7 @@ def embed(op, env):
     ids, table, out = env.buf[op.reads[0]], op.weights["embed"], env.buf[op.writes[0]]
     D = table.shape[1]
     embed_kernel[(ids.shape[0],)](
-        ids, table, table.stride(0), out, out.stride(0), D, BLOCK_D=min(1024, pow2(D)), **pdl_launch_args(env)
+        ids, table, table.stride(0), out, out.stride(0), D, BLOCK_D=min(2048, pow2(D)), **pdl_launch_args(env)
     )
 
 
@@ -270,7 +270,6 @@ def mlp_tile(
             HAS_DOWN_BIAS,
             EPILOGUE,
             True,
-            1,
             BLOCK_R,
             BLOCK_N,
             BLOCK_KD,
@@ -282,7 +281,12 @@ def mlp_tile(
         phase_done(count_ptr, phase, num_down_tiles)
 
 
-mlp_kernel = launcher(mlp_tile, phases=("gate_up", "down"), first="num_chunks")
+mlp_kernel = launcher(
+    mlp_tile,
+    phases=("gate_up", "down"),
+    first="num_chunks",
+    prefetch=("wg_ptr", "pid * BLOCK_I * stride_wgu", "BLOCK_I * stride_wgu"),
+)
 
 
 def mlp_blocks(R: int, D: int, I: int, device) -> dict:

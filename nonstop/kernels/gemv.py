@@ -16,7 +16,7 @@ Weight formats (``MXFP4``): dense row-major [N, K] (unit column stride), or MXFP
 bytes [N, ceil(K/2)] (byte j of a row holds the E2M1 codes of elements 2j (low nibble) and 2j+1 (high
 nibble)), ``sa_ptr`` the E8M0 scales [N, ceil(K/32)]; bytes are decoded in registers (``mxfp4_decode``)
 and the byte's low / high nibbles multiply the even / odd input elements, so no weight is shuffled.
-``KB``: bytes per packed row (pass it as an argument: a multiple of 16 lets every byte load be 16 bytes).
+``KB``: bytes per packed row (pass it as an argument: a multiple of 16 lets every byte load be 16 bytes);
 
 How a tile streams its weight: BLOCK_K columns (bytes for MXFP4) per step, the next step's weight tile
 loaded before the current one is multiplied (a register double buffer: Triton does not software-pipeline
@@ -25,7 +25,7 @@ into an [BLOCK_R, BLOCK_N, BLOCK_K] accumulator summed once after the loop; 2..1
 (rows padded to 16) with the weight dtype's operands (``UPCAST``: fp32 operands, the interpreter's).
 
 Public ``@triton.jit`` functions: ``gemv_rows`` (the tile), ``gemv_tile`` (a tile plus its epilogue:
-STORE / ADD / ATOMIC, see ``store_rows``), ``row_inv_rms``, ``rms_apply``, ``mm`` (every other matmul),
+STORE / ADD, see ``store_rows``), ``row_inv_rms``, ``rms_apply``, ``mm`` (every other matmul),
 ``mxfp4_decode``. Python: ``gemv_blocks(R, N, K, device)`` and ``launch_gemv(...)``.
 
 Block choice (bf16 on an H100, 132 SMs): BLOCK_N is the largest of 64/32/16 that still gives ~one tile
@@ -44,7 +44,6 @@ from nonstop.kernels.platform import num_sms, pipeline_stages, pow2, row_block, 
 
 STORE: tl.constexpr = tl.constexpr(0)
 ADD: tl.constexpr = tl.constexpr(1)
-ATOMIC: tl.constexpr = tl.constexpr(2)
 
 
 # ----------------------------------------------------------------------------- matmul and rounding
@@ -95,9 +94,15 @@ def row_inv_rms(x_ptr, stride_x, R, K, eps, DT: tl.constexpr, BLOCK_R: tl.conste
 @triton.jit
 def rms_apply(x, inv_rms, gamma, DT: tl.constexpr):
     """The twin's RMSNorm rounding of a chunk: (γ ⊙ (x · inv_rms).to(DT)).to(DT); x [BR, BK] (any float),
-    inv_rms [BR], γ [BK]."""
-    xn = (x.to(DT).to(tl.float32) * inv_rms[:, None]).to(DT).to(tl.float32)
-    return (gamma.to(tl.float32)[None, :] * xn).to(DT)
+    inv_rms [BR], γ [BK]. (x of more dimensions: ``rms_scale`` with inv_rms and γ already broadcast.)"""
+    return rms_scale(x, inv_rms[:, None], gamma[None, :], DT)
+
+
+@triton.jit
+def rms_scale(x, inv_rms, gamma, DT: tl.constexpr):
+    """(γ ⊙ (x · inv_rms).to(DT)).to(DT) with inv_rms and γ broadcastable to x."""
+    xn = (x.to(DT).to(tl.float32) * inv_rms).to(DT).to(tl.float32)
+    return (gamma.to(tl.float32) * xn).to(DT)
 
 
 @triton.jit
@@ -132,6 +137,25 @@ def mac(acc, x, w, USE_DOT: tl.constexpr, UPCAST: tl.constexpr):
             acc = tl.dot(x.to(w.dtype), tl.trans(w), acc)
     else:
         acc += x.to(tl.float32)[:, None, :] * w.to(tl.float32)[None, :, :]
+    return acc
+
+
+@triton.jit
+def mac_groups(acc, xe, we, xo, wo, USE_DOT: tl.constexpr, UPCAST: tl.constexpr):
+    """acc [BR, BN] + the products of an MXFP4 step: xe, xo [BR, NS, 16] the inputs of the bytes' low / high
+    nibbles, we, wo [BN, NS, 16] their values. Two ``mac`` dots over the step flattened to NS·16, or the FMA
+    products summed over the step right away."""
+    BR: tl.constexpr = xe.shape[0]
+    BN: tl.constexpr = we.shape[0]
+    W: tl.constexpr = we.shape[1] * we.shape[2]
+    if USE_DOT:
+        acc = mac(acc, tl.reshape(xe, [BR, W]), tl.reshape(we, [BN, W]), USE_DOT, UPCAST)
+        acc = mac(acc, tl.reshape(xo, [BR, W]), tl.reshape(wo, [BN, W]), USE_DOT, UPCAST)
+    else:
+        prod = (
+            xe.to(tl.float32)[:, None] * we.to(tl.float32)[None] + xo.to(tl.float32)[:, None] * wo.to(tl.float32)[None]
+        )
+        acc += tl.sum(tl.sum(prod, axis=3), axis=2)
     return acc
 
 
@@ -186,38 +210,45 @@ def gemv_rows(
     wb_row = wb_ptr + rows_b[:, None].to(tl.int64) * stride_w
     sa_row = sa_ptr + rows[:, None].to(tl.int64) * stride_s
     sb_row = sb_ptr + rows_b[:, None].to(tl.int64) * stride_s
-    if USE_DOT:
+    if USE_DOT or MXFP4:  # MXFP4 FMAs sum each step (its decoded pairs already take the registers of a 3-D acc)
         acc_a = tl.zeros([BLOCK_R, BLOCK_N], dtype=tl.float32)
         acc_b = tl.zeros([BLOCK_R, BLOCK_N], dtype=tl.float32)
     else:
-        WIDTH: tl.constexpr = BLOCK_K // 2 if MXFP4 else BLOCK_K
-        acc_a = tl.zeros([BLOCK_R, BLOCK_N, WIDTH], dtype=tl.float32)
-        acc_b = tl.zeros([BLOCK_R, BLOCK_N, WIDTH], dtype=tl.float32)
+        acc_a = tl.zeros([BLOCK_R, BLOCK_N, BLOCK_K], dtype=tl.float32)
+        acc_b = tl.zeros([BLOCK_R, BLOCK_N, BLOCK_K], dtype=tl.float32)
     if MXFP4:
+        # a step's bytes as [BLOCK_N, NS, 16]: NS scale groups of 16 bytes (32 elements) per row, so each
+        # group's scale broadcasts over its bytes (no reshape; one 16-byte load per thread and group)
         BC: tl.constexpr = BLOCK_K // 2
-        c = tl.arange(0, BC)
-        cmask = mask[:, None] & (c < KB)[None, :]
-        wa = tl.load(wa_row + c[None, :], mask=cmask, other=0)
+        NS: tl.constexpr = BLOCK_K // 32
+        grp = tl.arange(0, NS)
+        byte = grp[None, :, None] * 16 + tl.arange(0, 16)[None, None, :]  # [1, NS, 16] byte of the step
+        pair = byte[:, :, :, None] * 2 + tl.arange(0, 2)[None, None, None, :]  # [1, NS, 16, 2] its two inputs
+        wa_row3 = wa_ptr + rows[:, None, None].to(tl.int64) * stride_w
+        wb_row3 = wb_ptr + rows_b[:, None, None].to(tl.int64) * stride_w
+        x_rows4 = x_ptr + r[:, None, None, None].to(tl.int64) * stride_x
+        m3 = mask[:, None, None]
+        wa = tl.load(wa_row3 + byte, mask=m3 & (byte < KB), other=0)
         wb = wa
         if PAIR:
-            wb = tl.load(wb_row + c[None, :], mask=cmask, other=0)
-        for k0 in tl.range(0, k_hi, BLOCK_K, num_stages=NUM_STAGES):
-            cb = k0 // 2 + c
-            nmask = mask[:, None] & (cb + BC < KB)[None, :]
-            wa_next = tl.load(wa_row + BC + cb[None, :], mask=nmask, other=0)  # the next step's bytes in flight
+            wb = tl.load(wb_row3 + byte, mask=m3 & (byte < KB), other=0)
+        # not software-pipelined: the register double buffer streams the bytes
+        for k0 in tl.range(0, k_hi, BLOCK_K, num_stages=1):
+            nb = k0 // 2 + BC + byte
+            wa_next = tl.load(wa_row3 + nb, mask=m3 & (nb < KB), other=0)  # the next step's bytes in flight
             wb_next = wa_next
             if PAIR:
-                wb_next = tl.load(wb_row + BC + cb[None, :], mask=nmask, other=0)
-            ks = k0 + tl.arange(0, BLOCK_K)
-            x = tl.load(x_rows + ks[None, :], mask=rmask[:, None] & (ks < k_hi)[None, :], other=0.0).to(DT)
+                wb_next = tl.load(wb_row3 + nb, mask=m3 & (nb < KB), other=0)
+            ks = k0 + pair
+            x = tl.load(x_rows4 + ks, mask=rmask[:, None, None, None] & (ks < k_hi), other=0.0).to(DT)
             if HAS_NORM:
-                x = rms_apply(x, inv_rms, tl.load(norm_ptr + ks, mask=ks < k_hi, other=0.0), DT)
-            xe, xo = tl.split(tl.reshape(x, [BLOCK_R, BC, 2]))
-            lo, hi = _decode_rows(wa, sa_row, k0, mask, KB, DT, USE_DOT, BLOCK_N, BC)
-            acc_a = mac(mac(acc_a, xe, lo, USE_DOT, UPCAST), xo, hi, USE_DOT, UPCAST)
+                x = rms_scale(x, inv_rms[:, None, None, None], tl.load(norm_ptr + ks, mask=ks < k_hi, other=0.0), DT)
+            xe, xo = tl.split(x)  # [BLOCK_R, NS, 16]: the inputs of each byte's low / high nibble
+            lo, hi = _decode_step(wa, sa_row, k0, mask, KB, DT, USE_DOT, NS)
+            acc_a = mac_groups(acc_a, xe, lo, xo, hi, USE_DOT, UPCAST)
             if PAIR:
-                lo, hi = _decode_rows(wb, sb_row, k0, mask, KB, DT, USE_DOT, BLOCK_N, BC)
-                acc_b = mac(mac(acc_b, xe, lo, USE_DOT, UPCAST), xo, hi, USE_DOT, UPCAST)
+                lo, hi = _decode_step(wb, sb_row, k0, mask, KB, DT, USE_DOT, NS)
+                acc_b = mac_groups(acc_b, xe, lo, xo, hi, USE_DOT, UPCAST)
             wa = wa_next
             wb = wb_next
     else:
@@ -242,42 +273,37 @@ def gemv_rows(
                 acc_b = mac(acc_b, x, wb, USE_DOT, UPCAST)
             wa = wa_next
             wb = wb_next
-    return mac_sum(acc_a, USE_DOT), mac_sum(acc_b, USE_DOT)
+    return mac_sum(acc_a, USE_DOT or MXFP4), mac_sum(acc_b, USE_DOT or MXFP4)
 
 
 @triton.jit
-def _decode_rows(
-    b, s_row, k0, mask, KB, DT: tl.constexpr, USE_DOT: tl.constexpr, BLOCK_N: tl.constexpr, BC: tl.constexpr
-):
-    """Decode the byte block b [BLOCK_N, BC] (bytes k0/2 .. of rows ``mask``) with its scales, one per 16
-    bytes, loaded as one vector of BC/16 per row and spread over the bytes: (even, odd) values, in DT
-    for the tensor cores, fp32 for FMAs."""
-    NS: tl.constexpr = BC // 16
+def _decode_step(b, s_row, k0, mask, KB, DT: tl.constexpr, USE_DOT: tl.constexpr, NS: tl.constexpr):
+    """Decode a step's bytes b [BLOCK_N, NS, 16] (bytes k0/2 .. of rows ``mask``) with the step's NS scales of
+    each row, loaded as one [BLOCK_N, NS] block (one load per thread: a tile of 32 rows by 8 groups spreads
+    one scale per thread of 8 warps) and broadcast over their 16 bytes: (even, odd) values [BLOCK_N, NS, 16],
+    in DT for the tensor cores, fp32 for FMAs. (Loading them as int32 words of four and splitting those
+    costs Triton 3.6 ~100 registers a thread: a reshape.)"""
     g = k0 // 32 + tl.arange(0, NS)
     sc = tl.load(s_row + g[None, :], mask=mask[:, None] & (g * 16 < KB)[None, :], other=127)
-    s = tl.reshape(tl.broadcast_to(sc[:, :, None], [BLOCK_N, NS, 16]), [BLOCK_N, BC])
     if USE_DOT:
-        lo, hi = mxfp4_decode(b, s, DT)
+        lo, hi = mxfp4_decode(b, sc[:, :, None], DT)
     else:
-        lo, hi = mxfp4_decode(b, s, tl.float32)
+        lo, hi = mxfp4_decode(b, sc[:, :, None], tl.float32)
     return lo, hi
 
 
 @triton.jit
 def store_rows(y, out_ptr, stride_out, rows, cols, R, N, EPILOGUE: tl.constexpr, ROUND_TY: tl.constexpr):
     """Write y [BR, BN] (fp32) to out[rows, cols] by EPILOGUE (STORE: out = y; ADD: out = out + y in fp32,
-    one rounding; ATOMIC: fp32 ``atomic_add``, relaxed - split-K partial sums into a zeroed fp32 out);
-    ROUND_TY (a dtype or None) rounds y first (what ``F.linear`` in the model dtype returns)."""
+    one rounding); ROUND_TY (a dtype or None) rounds y first (what ``F.linear`` in the model dtype returns).
+    No atomics: every output element has one writer, so results do not depend on scheduling."""
     mask = (rows[:, None] < R) & (cols[None, :] < N)
     ptrs = out_ptr + rows[:, None].to(tl.int64) * stride_out + cols[None, :]
-    if EPILOGUE == ATOMIC:
-        tl.atomic_add(ptrs, y, mask=mask, sem="relaxed")
-    else:
-        if ROUND_TY is not None:
-            y = y.to(ROUND_TY).to(tl.float32)
-        if EPILOGUE == ADD:
-            y = tl.load(ptrs, mask=mask, other=0.0).to(tl.float32) + y
-        tl.store(ptrs, y.to(out_ptr.dtype.element_ty), mask=mask)
+    if ROUND_TY is not None:
+        y = y.to(ROUND_TY).to(tl.float32)
+    if EPILOGUE == ADD:
+        y = tl.load(ptrs, mask=mask, other=0.0).to(tl.float32) + y
+    tl.store(ptrs, y.to(out_ptr.dtype.element_ty), mask=mask)
 
 
 @triton.jit
@@ -299,7 +325,6 @@ def gemv_tile(
     HAS_BIAS: tl.constexpr,
     EPILOGUE: tl.constexpr,
     ROUND_Y: tl.constexpr,
-    SPLIT_K: tl.constexpr,
     BLOCK_R: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
@@ -307,28 +332,22 @@ def gemv_tile(
     UPCAST: tl.constexpr,
     NUM_STAGES: tl.constexpr,
 ):
-    """One [R, BLOCK_N] tile of out (by EPILOGUE) y = W x̂ (+ b): output rows (tile // SPLIT_K)·BLOCK_N ..,
-    K slice tile % SPLIT_K (SPLIT_K > 1 needs EPILOGUE = ATOMIC; slice 0 adds the bias). x [R, K];
-    norm γ [K]; w [N, K]; b [N]; out [R, N]. ROUND_Y: round y to the weight's dtype first (set it for
-    STORE and ADD, never for ATOMIC partial sums). Tiles: cdiv(N, BLOCK_N) · SPLIT_K."""
+    """One [R, BLOCK_N] tile of out (by EPILOGUE) y = W x̂ (+ b): output rows tile·BLOCK_N .. over the whole
+    K. x [R, K]; norm γ [K]; w [N, K]; b [N]; out [R, N]. ROUND_Y: round y to the weight's dtype first (what
+    ``F.linear`` in the model dtype returns). Tiles: cdiv(N, BLOCK_N)."""
     DT: tl.constexpr = w_ptr.dtype.element_ty
-    n_tile = tile // SPLIT_K
-    k_slice = tile % SPLIT_K
     rows = tl.arange(0, BLOCK_R)
-    cols = n_tile * BLOCK_N + tl.arange(0, BLOCK_N)
+    cols = tile * BLOCK_N + tl.arange(0, BLOCK_N)
     if HAS_NORM:
         inv_rms = row_inv_rms(x_ptr, stride_x, R, K, eps, DT, BLOCK_R, BLOCK_K)
     else:
         inv_rms = tl.full([BLOCK_R], 1.0, tl.float32)
-    k_len = tl.cdiv(tl.cdiv(K, SPLIT_K), BLOCK_K) * BLOCK_K
-    k_lo = k_slice * k_len
-    k_hi = tl.minimum(k_lo + k_len, K)
     acc, _ = gemv_rows(
         x_ptr,
         stride_x,
         R,
-        k_lo,
-        k_hi,
+        0,
+        K,
         norm_ptr,
         inv_rms,
         w_ptr,
@@ -352,17 +371,14 @@ def gemv_tile(
         NUM_STAGES,
     )
     if HAS_BIAS:
-        bias = tl.load(b_ptr + cols, mask=cols < N, other=0.0).to(tl.float32)
-        if SPLIT_K > 1:
-            bias = tl.where(k_slice == 0, bias, 0.0)
-        acc += bias[None, :]
+        acc += tl.load(b_ptr + cols, mask=cols < N, other=0.0).to(tl.float32)[None, :]
     if ROUND_Y:
         store_rows(acc, out_ptr, stride_out, rows, cols, R, N, EPILOGUE, DT)
     else:
         store_rows(acc, out_ptr, stride_out, rows, cols, R, N, EPILOGUE, None)
 
 
-gemv_kernel = launcher(gemv_tile)
+gemv_kernel = launcher(gemv_tile, prefetch=("w_ptr", "pid * BLOCK_N * stride_w", "BLOCK_N * stride_w"))
 
 
 # ----------------------------------------------------------------------------- blocks and the launch
@@ -409,7 +425,6 @@ def launch_gemv(
     eps: float = 0.0,
     epilogue: int = 0,
     round_y: bool = False,
-    split_k: int = 1,
     env=None,
     **blocks,
 ) -> None:
@@ -417,9 +432,8 @@ def launch_gemv(
     R, K = x.shape
     N = w.shape[0]
     assert x.stride(-1) == 1 and w.stride(-1) == 1 and out.stride(-1) == 1 and R <= 16
-    assert split_k == 1 or int(epilogue) == int(ATOMIC), "split-K partial sums need the ATOMIC epilogue"
     cfg = gemv_blocks(R, N, K, x.device) | blocks
-    grid = (triton.cdiv(N, cfg["BLOCK_N"]) * split_k,)
+    grid = (triton.cdiv(N, cfg["BLOCK_N"]),)
     gemv_kernel[grid](
         x,
         x.stride(0),
@@ -437,7 +451,6 @@ def launch_gemv(
         HAS_BIAS=bias is not None,
         EPILOGUE=int(epilogue),
         ROUND_Y=round_y,
-        SPLIT_K=split_k,
         **cfg,
         **pdl_launch_args(env),
     )

@@ -29,7 +29,7 @@ from nonstop.kernels.platform import pipeline_stages, pow2, row_block, upcast_do
 
 IN_PROJ_BLOCK_N = 64  # W_in rows per tile: 772 tiles of 0.9 MB at K3 size (N = 49376, d = 7168)
 
-kda_in_proj_kernel = launcher(kda_in_proj_tile)
+kda_in_proj_kernel = launcher(kda_in_proj_tile, prefetch=("w_ptr", "pid * BLOCK_N * stride_w", "BLOCK_N * stride_w"))
 kda_core_kernel = launcher(kda_core_tile)
 
 

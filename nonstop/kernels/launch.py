@@ -4,8 +4,10 @@ A *tile function* is a ``@triton.jit`` function whose first parameter is the til
 second parameter is named ``num_tiles``, the number of tiles of the launch follows). ``launcher(tile_fn)``
 writes its launcher kernel: the same parameters (minus the tile index) plus ``USE_PDL``, and the body
 
+    pid = tl.program_id(0)
+    [if USE_PDL: prefetch_l2(<the program's first weight slice>)]    # declared with ``prefetch``
     pdl_wait(USE_PDL)                      # programmatic dependent launch (see below)
-    tile_fn(tl.program_id(0), [tl.num_programs(0),] <parameters>)
+    tile_fn(pid, [tl.num_programs(0),] <parameters>)
 
 so a launcher's signature is never written twice, and the megakernel calls the tile function itself
 with the arguments recorded from the launcher (``declaration(launcher)`` gives it the tile function).
@@ -31,6 +33,7 @@ from __future__ import annotations
 
 import inspect
 import linecache
+import re
 import sys
 from dataclasses import dataclass
 
@@ -38,9 +41,11 @@ import torch
 import triton
 import triton.language as tl
 
-from nonstop.kernels.platform import interpreting
+from nonstop.kernels.platform import interpreter_rounds_to_nearest, interpreting
 
-SPIN_SLEEP: tl.constexpr = tl.constexpr(not interpreting())  # nanosleep between polls (PTX: not in the interpreter)
+ON_GPU: tl.constexpr = tl.constexpr(not interpreting())  # PTX helpers (nanosleep, L2 prefetch): not in the interpreter
+if interpreting():
+    interpreter_rounds_to_nearest()  # bf16 casts round as on the GPU (the interpreter truncates)
 
 
 # ----------------------------------------------------------------------------- PDL
@@ -70,8 +75,21 @@ def pdl_launch_args(env) -> dict:
 @triton.jit
 def spin_pause():
     """Back off between two polls of a counter (``nanosleep`` on a GPU; nothing in the interpreter)."""
-    if SPIN_SLEEP:
+    if ON_GPU:
         tl.inline_asm_elementwise("nanosleep.u32 100;", "=r", [], dtype=tl.int32, is_pure=False, pack=1)
+
+
+@triton.jit
+def prefetch_l2(address, nbytes, LINES: tl.constexpr):
+    """Request the first min(nbytes, LINES·128) bytes at ``address`` (an int64) into L2, one 128-byte line per
+    lane (``prefetch.global.L2``: no register waits for it). Nothing in the interpreter, nothing for 0 bytes."""
+    if ON_GPU:
+        if nbytes > 0:
+            offs = tl.arange(0, LINES).to(tl.int64) * 128
+            lines = address + tl.where(offs < nbytes, offs, 0)
+            tl.inline_asm_elementwise(
+                "prefetch.global.L2 [$1];", "=r,l", [lines], dtype=tl.int32, is_pure=False, pack=1
+            )
 
 
 @triton.jit
@@ -184,10 +202,23 @@ def _param_text(p: inspect.Parameter) -> str:
     return text
 
 
-def launcher(tile_fn, *, phases: tuple[str, str] | None = None, first: str | None = None, name: str | None = None):
+PDL_PREFETCH_LINES = 512  # 128-byte lines of its weight slice a PDL launch requests before its wait: 64 KiB
+
+
+def launcher(
+    tile_fn,
+    *,
+    phases: tuple[str, str] | None = None,
+    first: str | None = None,
+    name: str | None = None,
+    prefetch: tuple[str, str, str] | None = None,
+):
     """The launcher kernel of ``tile_fn`` (see the module docstring); ``phases`` / ``first`` declare a
-    two-phase tile function (it takes ``PHASE``). Returns a ``JITFunction`` (``InterpretedFunction`` under
-    the interpreter) named ``name`` (default ``<tile function>_kernel``)."""
+    two-phase tile function (it takes ``PHASE``). ``prefetch`` = (weight pointer, first element, elements):
+    expressions over the launcher's parameters and ``pid`` (the program id) naming the contiguous weight slice
+    a program streams first; with PDL its first ``PDL_PREFETCH_LINES`` lines are requested into L2 before the
+    wait (weights depend on no predecessor). Returns a ``JITFunction`` (``InterpretedFunction`` under the
+    interpreter) named ``name`` (default ``<tile function>_kernel``)."""
     fn = python_function(tile_fn)
     params = list(inspect.signature(fn).parameters.values())
     takes_num_tiles = len(params) > 1 and params[1].name == "num_tiles"
@@ -197,14 +228,25 @@ def launcher(tile_fn, *, phases: tuple[str, str] | None = None, first: str | Non
     name = name or f"{fn.__name__.removesuffix('_tile')}_kernel"
     signature = [_param_text(p) for p in own if p.name != "PHASE"] + ["USE_PDL: tl.constexpr = False"]
     call = (
-        ["tl.program_id(0)"]
+        ["pid"]
         + (["tl.num_programs(0)"] if takes_num_tiles else [])
         + [("0" if p.name == "PHASE" else p.name) for p in own]
     )
+    body = ["pid = tl.program_id(0)"]
+    if prefetch is not None:
+        ptr, first_el, count = prefetch
+        first_el = re.sub(r"\bpid\b", "pid.to(tl.int64)", first_el)  # element offsets of large weights pass 2^31
+        body += [
+            "if USE_PDL:  # the weight slice depends on no predecessor: in flight before the wait",
+            f"    prefetch_l2(({ptr} + ({first_el})).to(tl.int64), ({count}) * "
+            f"({ptr}.dtype.element_ty.primitive_bitwidth // 8), "
+            f"{PDL_PREFETCH_LINES})",
+        ]
+    body += ["pdl_wait(USE_PDL)", f"tile_fn({', '.join(call)})"]
     source = (
         f"import triton\nimport triton.language as tl\nfrom {fn.__module__} import {fn.__name__} as tile_fn\n"
-        "from nonstop.kernels.launch import pdl_wait\n\n\n"
-        f"@triton.jit\ndef {name}({', '.join(signature)}):\n    pdl_wait(USE_PDL)\n    tile_fn({', '.join(call)})\n"
+        "from nonstop.kernels.launch import pdl_wait, prefetch_l2\n\n\n"
+        f"@triton.jit\ndef {name}({', '.join(signature)}):\n" + "".join(f"    {line}\n" for line in body)
     )
     module_name = f"{fn.__module__}.__launchers__.{name}"
     filename = f"<nonstop launcher {module_name}>"

@@ -120,7 +120,7 @@ def mla_in_proj_tile(
     tl.store(g_ptr + rows[:, None] * g_stride + ng[None, :], y, mask=rmask & ((ng >= 0) & (ng < n_g))[None, :])
 
 
-mla_in_proj_kernel = launcher(mla_in_proj_tile)
+mla_in_proj_kernel = launcher(mla_in_proj_tile, prefetch=("w_ptr", "pid * BLOCK_N * w_stride", "BLOCK_N * w_stride"))
 
 
 def mla_in_proj(op, env) -> None:

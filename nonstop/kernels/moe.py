@@ -34,7 +34,7 @@ from nonstop.kernels.activations import act_code, glu_tile
 from nonstop.kernels.gemv import gemv_rows, pick_block_n, rms_apply, row_inv_rms
 from nonstop.kernels.launch import launcher, pdl_launch_args, phase_counters, phase_done, phase_ticket, workspace
 from nonstop.kernels.moe_routing import route_summary, routing_blocks, slot_expert
-from nonstop.kernels.platform import interpreting, num_sms, pipeline_stages, pow2, row_block, upcast_dots
+from nonstop.kernels.platform import MAX_REGISTERS, interpreting, num_sms, pipeline_stages, pow2, row_block, upcast_dots
 
 NUM_WARPS = 4
 EXPERT_WARPS = 8
@@ -680,7 +680,7 @@ def moe_tail_tile(
     tl.store(tptr, y.to(tgt_ptr.dtype.element_ty), mask=omask)
 
 
-moe_tail_kernel = launcher(moe_tail_tile)
+moe_tail_kernel = launcher(moe_tail_tile, prefetch=("up_ptr", "pid * BLOCK_N * L", "BLOCK_N * L"))
 
 
 # ----------------------------------------------------------------------------- launch configuration
@@ -700,8 +700,8 @@ def k_block(block_r: int, block_n: int, k: int, dot: bool, budget: int = 8192) -
 def expert_blocks(rows: int, k: int, intermediate: int, mxfp4: bool, dot: bool) -> dict:
     """BLOCK_I (intermediate rows per gate/up item), BLOCK_K (input elements per gate/up step), BLOCK_NO
     (output columns per down tile), BLOCK_KI (intermediate elements per down step). MXFP4 steps are >= 32
-    elements (whole scale groups) and 256 on a GPU: 128 bytes of every row in flight per step, as 16-byte
-    loads, plus the next step's (``gemv.py``)."""
+    elements (whole scale groups) and 256 on a GPU: 128 bytes of each of the tile's 32 rows (gate/up: 64)
+    per step, one 16-byte load per thread of the 8 warps, the next step's in flight (``gemv.py``)."""
     br, _ = row_block(rows)
     if interpreting():
         b = INTERPRET_BLOCKS
@@ -713,7 +713,7 @@ def expert_blocks(rows: int, k: int, intermediate: int, mxfp4: bool, dot: bool) 
             BLOCK_KI=max(kmin, min(b["k"], pow2(intermediate))),
         )
     if mxfp4:
-        return dict(BLOCK_I=32, BLOCK_K=256, BLOCK_NO=16, BLOCK_KI=256)
+        return dict(BLOCK_I=32, BLOCK_K=256, BLOCK_NO=32, BLOCK_KI=256)
     if dot:
         return dict(BLOCK_I=64, BLOCK_K=64, BLOCK_NO=32, BLOCK_KI=64)
     return dict(BLOCK_I=32, BLOCK_K=max(16, 4096 // (br * 32)), BLOCK_NO=16, BLOCK_KI=max(16, 8192 // (br * 16)))
@@ -876,6 +876,7 @@ def launch_moe_experts(op, env) -> None:
         UPCAST=upcast_dots(),
         NUM_STAGES=pipeline_stages(),
         num_warps=EXPERT_WARPS,
+        maxnreg=MAX_REGISTERS,
         **pdl_launch_args(env),
     )
 

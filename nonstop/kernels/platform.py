@@ -13,6 +13,8 @@
 * the GPU numerics mode (``gpu_numerics``, env ``NONSTOP_GPU_NUMERICS=1``): the interpreter rounds the
   operands of every dot the GPU would run in tf32 to tf32 first, so a CPU test sees the GPU's rounding
   (16-bit products are exact in fp32 either way; the sums are fp32 on both).
+* ``interpreter_rounds_to_nearest()``: Triton's interpreter truncates fp32 -> bf16 casts (the GPU rounds to
+  nearest even, ``cvt.rn.bf16.f32``); the kernel modules install the GPU's rounding when interpreting.
 
 Pure Python: importing this module does not import Triton.
 """
@@ -25,6 +27,11 @@ from dataclasses import dataclass, replace
 
 INTERPRET_ENV = "TRITON_INTERPRET"
 NUMERICS_ENV = "NONSTOP_GPU_NUMERICS"
+
+
+# ``maxnreg`` for launches whose compiled kernel needs more than 128 registers a thread at 8 warps: without it
+# ptxas may cap such a kernel at 128 (two CTAs per SM) and spill (seen with Triton 3.6; ``nonstop gpucheck``)
+MAX_REGISTERS = 255
 
 
 def interpreting() -> bool:
@@ -190,3 +197,45 @@ def dot_mode(dtype) -> dict:
     PREC (``dot_precision``) and TF32_ROUND (the numerics mode's tf32 operand rounding)."""
     prec = dot_precision(dtype)
     return {"UPCAST": upcast_dots(), "PREC": prec, "TF32_ROUND": upcast_dots() and gpu_numerics() and prec == "tf32"}
+
+
+def _bf16_round_to_nearest_even(bits32):
+    """fp32 bit patterns (numpy uint32) -> bf16 bit patterns (uint16), to nearest, ties to even; NaN stays
+    a (quiet) NaN - torch's and the GPU's rounding."""
+    import numpy as np
+
+    bits32 = bits32.astype(np.uint32)
+    rounded = ((bits32 + np.uint32(0x7FFF) + ((bits32 >> np.uint32(16)) & np.uint32(1))) >> np.uint32(16)).astype(
+        np.uint16
+    )
+    nan = (bits32 & np.uint32(0x7FFFFFFF)) > np.uint32(0x7F800000)
+    return np.where(nan, ((bits32 >> np.uint32(16)) | np.uint32(0x40)).astype(np.uint16), rounded)
+
+
+def interpreter_rounds_to_nearest() -> bool:
+    """Make Triton's interpreter round fp32 -> bf16 casts to nearest even, as the GPU does (it truncates:
+    every rounded value would be biased towards zero by up to one bf16 ulp, and a bf16 model's error
+    would grow a few times over what a GPU computes). Explicit round-toward-zero casts keep truncating.
+    True when installed (idempotent); False when the interpreter's internals are not the expected ones."""
+    try:
+        import numpy as np
+        import triton.language as tl
+        from triton._C.libtriton import ir
+        from triton.runtime import interpreter
+    except ImportError:
+        return False
+    convert = getattr(interpreter, "_convert_float", None)
+    if convert is None or not hasattr(ir, "ROUNDING_MODE"):
+        return False
+    if getattr(convert, "rounds_to_nearest", False):
+        return True
+
+    def rounding_convert(data, src, dst, rounding_mode):
+        if src == tl.float32 and dst == tl.bfloat16 and rounding_mode != ir.ROUNDING_MODE.RTZ:
+            bits = np.frombuffer(np.ascontiguousarray(data).tobytes(), dtype=np.uint32)
+            return _bf16_round_to_nearest_even(bits).reshape(data.shape)
+        return convert(data, src, dst, rounding_mode)
+
+    rounding_convert.rounds_to_nearest = True
+    interpreter._convert_float = rounding_convert
+    return True

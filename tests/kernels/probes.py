@@ -87,7 +87,8 @@ def _gemv_probe(
 
 def gemv(x, wa, rows, *, wb=None, rows_b=None, scales=None, scales_b=None, norm=None, eps=1e-5, block_k=32):
     """(x̂ W_a[rows]ᵀ, x̂ W_b[rows_b]ᵀ) through ``gemv_rows``: x [R, K]; dense w [*, K] or (``scales`` given)
-    MXFP4 packed bytes [*, ceil(K/2)] with scales [*, ceil(K/32)]. Returns fp32 [R, N] (and the pair)."""
+    MXFP4 packed bytes [*, ceil(K/2)] with scales [*, ceil(K/32)].
+    Returns fp32 [R, N] (and the pair)."""
     R, K = x.shape
     N = rows.numel()
     BR, dot = row_block(R)

@@ -49,6 +49,30 @@ def test_mxfp4_rows_match_the_dequantised_weight(K, R):
     torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-4)
 
 
+@pytest.mark.parametrize("R", [1, 3])
+@pytest.mark.parametrize("K", [512, 480])
+def test_mxfp4_steps_and_scale_rows(R, K):
+    """MXFP4 rows against the dequantised weight, steps of 32 to 256 elements (several scale groups a step),
+    with and without the fused RMSNorm. K = 480: 15 scales a row, stored in rows of 16 whose last is NaN
+    (E8M0 255): past the row's end, no value may use it."""
+    gen = torch.Generator().manual_seed(40 + R + K)
+    n = 9
+    packed = torch.randint(0, 256, mxfp4.packed_shape(n, K), generator=gen, dtype=torch.uint8)
+    groups = mxfp4.scale_shape(n, K)[1]
+    storage = torch.full((n, 16), 255, dtype=torch.uint8)
+    storage[:, :groups] = torch.randint(110, 135, (n, groups), generator=gen, dtype=torch.uint8)
+    scale = storage[:, :groups]
+    x = torch.randn(R, K, generator=gen)
+    g = torch.rand(K, generator=gen) + 0.5
+    rows = torch.tensor([8, 1, 4, 0, 7])
+    w = mxfp4.dequantize(packed, scale.contiguous(), K, torch.float32)[rows]
+    for block_k in (32, 128, 256):
+        got, _ = gemv(x, packed, rows, scales=scale, block_k=block_k)
+        torch.testing.assert_close(got, x @ w.T, rtol=1e-4, atol=1e-3)  # fp32 sums of 512 products of ~1
+    got, _ = gemv(x, packed, rows, scales=scale, norm=g, block_k=128)
+    torch.testing.assert_close(got, rms_norm(x, g, 1e-5) @ w.T, rtol=1e-4, atol=1e-3)
+
+
 def test_mxfp4_pair_shares_the_input():
     gen = torch.Generator().manual_seed(9)
     n, K = 6, 64

@@ -113,10 +113,23 @@ PARAMS = [
 ]
 
 
-@pytest.mark.parametrize("vocab,block_q,scale,steps", [(203, None, 3.0, 2), (203, 16, 0.5, 1), (1000, 64, 1.0, 1)])
-def test_kernel_picks_the_twin_tokens(vocab, block_q, scale, steps):
-    """Every mode, several seeds and steps, one or several blocks per row; flat logits (scale 0.5, 1.0)
-    make top-k cut inside the nucleus, which sends the kernel through its bisection for the top-k mass."""
+# (vocab, chunk, candidates listed per chunk, logit scale, steps): the default split; chunks listing every
+# entry (the merged lists always decide); two entries listed per chunk (a filtered row with more than two
+# kept tokens in a chunk, or top-k beyond the merged list, takes the one-program search over the row).
+SAMPLE_CASES = [
+    (203, None, None, 3.0, 2),
+    (203, 16, 16, 0.5, 1),
+    (203, 16, 2, 0.5, 1),
+    (1000, 64, None, 1.0, 1),
+    (1000, 256, 2, 3.0, 1),
+]
+
+
+@pytest.mark.parametrize("vocab,chunk,candidates,scale,steps", SAMPLE_CASES)
+def test_kernel_picks_the_twin_tokens(vocab, chunk, candidates, scale, steps):
+    """Every mode, several seeds and steps, several chunks per row, merged lists or the fallback search;
+    flat logits (scale 0.5, 1.0) make top-k cut inside the nucleus (the search's bisection for the top-k
+    mass)."""
     gen = torch.Generator().manual_seed(vocab)
     for step in range(steps):
         logits = torch.randn(len(PARAMS), vocab, generator=gen) * scale
@@ -125,7 +138,8 @@ def test_kernel_picks_the_twin_tokens(vocab, block_q, scale, steps):
             PARAMS,
             torch.arange(len(PARAMS)) * 7919 + step,
             torch.arange(len(PARAMS)) + 1000 * step,
-            BLOCK_Q=block_q,
+            chunk=chunk,
+            candidates=candidates,
         )
         assert torch.equal(got, want), (got, want)
 

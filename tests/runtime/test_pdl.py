@@ -89,25 +89,41 @@ def test_every_launcher_kernel_is_covered(recorded):
 
 
 def test_every_launcher_waits_before_its_body():
-    """A launch with ``launch_pdl`` may start before its predecessor ends: the launcher's first statement
-    must be the wait, its second the tile function, on the launcher's own parameters (minus USE_PDL)."""
+    """A launch with ``launch_pdl`` may start before its predecessor ends: before the wait a launcher does
+    nothing but take its program id and (with PDL) request its weight slice into L2; after it, the tile
+    function on the launcher's own parameters (minus USE_PDL)."""
+    prefetching = set()
     for name, fn in pdl_launcher_functions().items():
         body = [line.strip() for line in inspect.getsource(fn).split("):", 1)[1].splitlines() if line.strip()]
-        assert body[0] == "pdl_wait(USE_PDL)", (name, body[0])
+        wait = body.index("pdl_wait(USE_PDL)")
+        before = body[1:wait]
+        assert body[0] == "pid = tl.program_id(0)" and len(body) == wait + 2, (name, body)
+        if before:
+            assert (
+                before[0].startswith("if USE_PDL:")
+                and len(before) == 2
+                and before[1].startswith("prefetch_l2((w") | before[1].startswith("prefetch_l2((up")
+            ), (name, before)
+            prefetching.add(name)
         params = [p for p in inspect.signature(fn).parameters if p != "USE_PDL"]
-        assert body[1].startswith("tile_fn(tl.program_id(0), ") and all(p in body[1] for p in params), (name, body[1])
-        assert len(body) == 2, name
+        assert body[-1].startswith("tile_fn(pid, ") and all(p in body[-1] for p in params), (name, body[-1])
+    assert {
+        "gemv_kernel",
+        "mlp_kernel",
+        "kda_in_proj_kernel",
+        "mla_in_proj_kernel",
+        "moe_tail_kernel",
+    } <= prefetching, prefetching
 
 
 def test_megakernel_plan_drops_pdl(recorded):
-    """A plan built from launches recorded with PDL on bakes USE_PDL=False into every task class and
-    does not launch the persistent kernel with launch_pdl."""
+    """A plan built from launches recorded with PDL on bakes USE_PDL=False into every task class; the
+    generated kernel neither waits on a grid dependency nor passes USE_PDL to a tile."""
     _, per_op = recorded["llama", True]
     plan = build_plan(per_op, "cpu")
     consts = [p for cls in plan.classes for p in cls.params if p.name == "USE_PDL"]
     assert consts and all(p.kind == "const" and p.value is False for p in consts)
-    assert "launch_pdl" not in plan.launch_options
     from nonstop.runtime.megakernel.codegen import source
 
-    text = source.megakernel_source(plan.classes, plan.max_p, plan.max_s, 16)
+    text = source.megakernel_source(plan.classes, plan.max_p, plan.max_w, plan.max_s)
     assert "USE_PDL" not in text and "gdc_wait" not in text

@@ -6,8 +6,10 @@
   ptrs / ints / floats   the argument tables, one row per instance (= recorded launch).
 A launcher's stages are its declared phases (``nonstop.kernels.launch``: one, or two for the two-phase
 super-ops); a class calls the launcher's tile function with ``PHASE`` = the stage's phase (1, 2).
-Argument kinds: ``const`` (a constexpr: part of the class), ``ptr`` (a tensor: its address, dtype in
-the class), ``int`` / ``float`` (scalars: baked into the class when equal in all its instances).
+Argument kinds: ``const`` (a constexpr: part of the class), ``ptr`` / ``wptr`` (a tensor / one of the op's
+weights: its address in ``ptrs`` / ``wptrs``, dtype in the class; weights apart, so the offline check can
+tell weight loads from the rest), ``int`` / ``float`` (scalars: baked into the class when equal in all its
+instances).
 """
 
 from __future__ import annotations
@@ -24,10 +26,10 @@ from nonstop.runtime.megakernel.codegen import source
 @dataclass
 class Param:
     name: str
-    kind: str  # const | ptr | int | float | none
+    kind: str  # const | ptr | wptr | int | float | none
     value: object = None  # const value; for a uniform scalar its value
     dtype: str = ""  # pointer element type / integer type (tl names)
-    slot: int = 0  # column in ptrs (ptr) or ints / floats (scalars)
+    slot: int = 0  # column in ptrs (ptr), wptrs (wptr) or ints / floats (scalars)
     uniform: bool = False
     align16: bool = False  # every instance's address (ptr) / value (per-instance int) is a multiple of 16
 
@@ -59,11 +61,12 @@ class Plan:
     classes: list[TaskClass]
     stages: list[list[StageRun]]  # per program op
     ptrs: torch.Tensor
+    wptrs: torch.Tensor
     ints: torch.Tensor
     floats: torch.Tensor
     max_p: int
+    max_w: int
     max_s: int
-    launch_options: dict
 
     def signature(self) -> tuple:
         """What the generated source depends on (classes, table widths)."""
@@ -100,7 +103,7 @@ def stages_of(launch) -> list[tuple[str, object, int, int, bool]]:
 
 
 def describe_args(launch) -> list[tuple[str, str, object]]:
-    """(name, kind, value) per launcher parameter; kind const | ptr | int | float | none."""
+    """(name, kind, value) per launcher parameter; kind const | ptr | wptr | int | float | none."""
     params = inspect.signature(launch.fn).parameters
     out = []
     for name, p in params.items():
@@ -112,7 +115,7 @@ def describe_args(launch) -> list[tuple[str, str, object]]:
         if source.is_constexpr(p):
             out.append((name, "const", value))
         elif isinstance(value, torch.Tensor):
-            out.append((name, "ptr", value))
+            out.append((name, "wptr" if name in launch.weights else "ptr", value))
         elif value is None:
             out.append((name, "none", None))
         elif isinstance(value, bool):
@@ -131,37 +134,32 @@ def build_plan(launches: list[list], device) -> Plan:
     keyed: dict[tuple, int] = {}
     classes: list[TaskClass] = []
     stages: list[list[StageRun]] = []
-    options: dict = {}
     for op_launches in launches:
         runs = []
         for launch in op_launches:
             args = describe_args(launch)
             inst = len(instances)
             instances.append(args)
-            for k, v in launch.options.items():
-                if k == "launch_pdl":  # one persistent launch: nothing to overlap with
-                    continue
-                options[k] = max(options.get(k, v), v) if isinstance(v, int) and not isinstance(v, bool) else v
             for stage_name, body, phase, ntiles, num_tiles in stages_of(launch):
                 key = (
                     id(body),
                     phase,
                     tuple(
-                        (n, kind, repr(v) if kind == "const" else (v.dtype if kind == "ptr" else kind))
+                        (n, kind, repr(v) if kind == "const" else (v.dtype if kind in ("ptr", "wptr") else kind))
                         for n, kind, v in args
                     ),
                 )
                 if key not in keyed:
                     keyed[key] = len(classes)
-                    p_slot = s_slot = 0
+                    slots = {"ptr": 0, "wptr": 0, "scalar": 0}
                     params = []
                     for n, kind, v in args:
-                        if kind == "ptr":
-                            params.append(Param(n, kind, dtype=source.TORCH_TO_TL[v.dtype], slot=p_slot))
-                            p_slot += 1
+                        if kind in ("ptr", "wptr"):
+                            params.append(Param(n, kind, dtype=source.TORCH_TO_TL[v.dtype], slot=slots[kind]))
+                            slots[kind] += 1
                         elif kind in ("int", "float"):
-                            params.append(Param(n, kind, slot=s_slot))
-                            s_slot += 1
+                            params.append(Param(n, kind, slot=slots["scalar"]))
+                            slots["scalar"] += 1
                         else:
                             params.append(Param(n, kind, value=v))
                     classes.append(TaskClass(body, params, f"{launch.name}/{stage_name}", phase, num_tiles))
@@ -170,16 +168,21 @@ def build_plan(launches: list[list], device) -> Plan:
                 runs.append(StageRun(stage_name, cls, inst, ntiles))
         stages.append(runs)
     max_p = max([sum(k == "ptr" for _, k, _ in a) for a in instances] + [1])
+    max_w = max([sum(k == "wptr" for _, k, _ in a) for a in instances] + [1])
     max_s = max([sum(k in ("int", "float") for _, k, _ in a) for a in instances] + [1])
     ptrs = torch.zeros(len(instances), max_p, dtype=torch.int64)
+    wptrs = torch.zeros(len(instances), max_w, dtype=torch.int64)
     ints = torch.zeros(len(instances), max_s, dtype=torch.int64)
     floats = torch.zeros(len(instances), max_s, dtype=torch.float32)
     for i, args in enumerate(instances):
-        p = s = 0
+        p = w = s = 0
         for _, kind, v in args:
             if kind == "ptr":
                 ptrs[i, p] = v.data_ptr()
                 p += 1
+            elif kind == "wptr":
+                wptrs[i, w] = v.data_ptr()
+                w += 1
             elif kind == "int":
                 ints[i, s] = v
                 s += 1
@@ -188,8 +191,9 @@ def build_plan(launches: list[list], device) -> Plan:
                 s += 1
     for cls in classes:  # scalars equal in every instance of a class become constants of its code
         for param in cls.params:
-            if param.kind == "ptr":
-                param.align16 = bool((ptrs[cls.instances, param.slot] % 16 == 0).all())
+            if param.kind in ("ptr", "wptr"):
+                table = ptrs if param.kind == "ptr" else wptrs
+                param.align16 = bool((table[cls.instances, param.slot] % 16 == 0).all())
             if param.kind not in ("int", "float"):
                 continue
             col = (ints if param.kind == "int" else floats)[cls.instances, param.slot]
@@ -199,4 +203,6 @@ def build_plan(launches: list[list], device) -> Plan:
                 param.uniform, param.value = True, col[0].item()
             elif param.kind == "int":
                 param.align16 = bool((col % 16 == 0).all())
-    return Plan(classes, stages, ptrs.to(device), ints.to(device), floats.to(device), max_p, max_s, options)
+    return Plan(
+        classes, stages, ptrs.to(device), wptrs.to(device), ints.to(device), floats.to(device), max_p, max_w, max_s
+    )

@@ -12,6 +12,8 @@ from __future__ import annotations
 import inspect
 from dataclasses import dataclass
 
+import torch
+
 from nonstop.kernels.launch import python_function
 from nonstop.runtime.launch_count import TritonRunPatch, _grid_size
 
@@ -28,6 +30,9 @@ class Launch:
     grid: int
     args: dict
     options: dict
+    weights: frozenset = frozenset()  # arguments that are the op's streamed weights (``weight_roles``)
+    side: frozenset = frozenset()  # arguments that are side streams of them (MXFP4 scales)
+    kernel: object = None  # the launched JITFunction (what an offline compile warms up)
 
     @property
     def name(self) -> str:
@@ -55,7 +60,7 @@ class LaunchRecorder:
             options = {k: kwargs.pop(k) for k in list(kwargs) if k in LAUNCH_OPTIONS}
             bound = inspect.signature(fn).bind(*args, **kwargs)
             if size:
-                rec.launches.append(Launch(fn, size, dict(bound.arguments), options))
+                rec.launches.append(Launch(fn, size, dict(bound.arguments), options, kernel=fn_self))
             return None
 
         return run
@@ -68,12 +73,33 @@ class LaunchRecorder:
         self._patch.__exit__(*exc)
 
 
+def _storage(t) -> int:
+    return t.untyped_storage()._cdata
+
+
+def weight_roles(op) -> tuple[set[int], set[int]]:
+    """(storages of ``op``'s streamed weights, of its side streams): weights of 2+ dimensions of at least a
+    quarter of the op's largest weight tensor stream (GEMV matrices, expert weights, embeddings), those of
+    1/32 .. 1/4 of it ride along (MXFP4 scales); vectors (norms, biases) and small tensors (conv taps) neither."""
+    tensors = [t for t in op.weights.values() if isinstance(t, torch.Tensor) and t.dim() >= 2]
+    largest = max((t.numel() * t.element_size() for t in tensors), default=0)
+    streamed = {_storage(t) for t in tensors if 4 * t.numel() * t.element_size() >= largest}
+    side = {_storage(t) for t in tensors if 32 * t.numel() * t.element_size() >= largest} - streamed
+    return streamed, side
+
+
 def record_ops(ops, kernels: dict, env) -> list[list[Launch]]:
-    """The launches of every op in ``ops`` (one list per op, usually one launch each)."""
+    """The launches of every op in ``ops`` (one list per op, usually one launch each); each launch knows
+    which of its arguments are the op's streamed weights and side streams (``weight_roles``)."""
     out = []
     with LaunchRecorder() as rec:
         for op in ops:
             start = len(rec.launches)
             kernels[op.kind](op, env)
+            streamed, side = weight_roles(op)
+            for launch in rec.launches[start:]:
+                tensors = {n: _storage(v) for n, v in launch.args.items() if isinstance(v, torch.Tensor)}
+                launch.weights = frozenset(n for n, st in tensors.items() if st in streamed)
+                launch.side = frozenset(n for n, st in tensors.items() if st in side)
             out.append(rec.launches[start:])
     return out

@@ -6,6 +6,7 @@ of the class (baked in as constants, so the compiler sees e.g. strides as number
 differs between instances (other layers' weights, caches, scalars) is read at run time from tables:
 
   ptrs    int64 [I, MAX_P]  addresses; cast in the kernel with ``.to(tl.pointer_type(dtype))``
+  wptrs   int64 [I, MAX_W]  the addresses of the op's weights (apart: the offline check follows them)
   ints    int64 [I, MAX_S]  integer scalars (cast to int32 where the launcher would pass int32)
   floats  fp32  [I, MAX_S]  float scalars
   (I = op instances; an instance is one recorded launch.)
@@ -16,7 +17,7 @@ Generated code, per class k (``opcode`` k):
         ak_x = tl.multiple_of(tl.load(ptrs_ptr + inst * MAX_P + 0).to(tl.pointer_type(tl.float16)), 16)
         ak_n = tl.full([], 4096, tl.int32)                    # uniform scalar
         ak_eps = tl.load(floats_ptr + inst * MAX_S + 0)       # per-instance scalar
-        body_k(tile, ntiles, ak_x, ak_n, ak_eps, ..., 64, ...)   # constexprs as literals
+        body_k(tile, ak_x, ak_n, ak_eps, ..., 64, ...)   # constexprs as literals, PHASE of the stage
 (pointers 16-byte aligned in every instance, and per-instance integers divisible by 16, carry
 ``tl.multiple_of`` hints: what Triton's launcher specialisation would have told the compiler).
 
@@ -114,9 +115,13 @@ def int_type(values) -> str:
     return "tl.int32" if all(-(2**31) <= v < 2**31 for v in values) else "tl.int64"
 
 
-def megakernel_source(classes: list, max_p: int, max_s: int, prefetch_lines: int) -> str:
-    """Source of ``megakernel`` dispatching on ``opcode`` to ``classes`` (``plan.TaskClass``)."""
-    imports, branches = {}, []
+def megakernel_source(classes: list, max_p: int, max_w: int, max_s: int) -> str:
+    """Source of ``megakernel`` dispatching on ``opcode`` to ``classes`` (``plan.TaskClass``); the kernel loop
+    is ``KERNEL`` below (see ``kernel.py`` for the protocol). Each class is a function of its own, not inlined
+    (``task_k``): the compiler allocates each class's registers apart, so the kernel needs the registers of
+    its largest class, not of all their bodies merged into one."""
+    imports, branches, functions = {}, [], []
+    tables = {"ptr": ("ptrs_ptr", max_p), "wptr": ("wptrs_ptr", max_w)}
     for k, cls in enumerate(classes):
         fn = python_function(cls.body)
         alias = f"body_{k}"
@@ -129,8 +134,9 @@ def megakernel_source(classes: list, max_p: int, max_s: int, prefetch_lines: int
                 value_of[p.name] = const_literal(p.value)
                 continue
             var = f"a{k}_{p.name}"  # unique per branch: Triton merges same-named values of if/else branches
-            if p.kind == "ptr":
-                value = f"tl.load(ptrs_ptr + inst * {max_p} + {p.slot}).to(tl.pointer_type({p.dtype}))"
+            if p.kind in tables:
+                table, width = tables[p.kind]
+                value = f"tl.load({table} + inst * {width} + {p.slot}).to(tl.pointer_type({p.dtype}))"
             elif p.kind == "none":
                 value = "None"
             elif p.kind == "int" and p.uniform:
@@ -152,26 +158,47 @@ def megakernel_source(classes: list, max_p: int, max_s: int, prefetch_lines: int
             + [str(cls.phase) if n == "PHASE" else value_of[n] for n in own]
         )
         lines.append(f"{alias}({', '.join(args)})")
-        head = "if" if k == 0 else "elif"
-        branches.append(
-            f"        {head} opcode == {k}:  # {cls.label}\n" + "".join(f"            {ln}\n" for ln in lines)
+        task_args = "tile, ntiles, inst, ptrs_ptr, wptrs_ptr, ints_ptr, floats_ptr"
+        functions.append(
+            f"@triton.jit(noinline=True)\ndef task_{k}({task_args}):\n"
+            f'    """{cls.label}"""\n' + "".join(f"    {ln}\n" for ln in lines)
         )
+        head = "if" if k == 0 else "elif"
+        branches.append(f"        {head} opcode == {k}:\n            task_{k}({task_args})\n")
     import_text = "".join(f"from {mod} import {name} as {alias}\n" for alias, (mod, name) in imports.items())
-    return f'''"""Generated persistent megakernel ({len(classes)} task classes). See nonstop/runtime/megakernel/kernel.py."""
+    return KERNEL.format(
+        n=len(classes), imports=import_text, functions="\n\n".join(functions), branches="".join(branches)
+    )
+
+
+KERNEL = '''"""Generated persistent megakernel ({n} task classes). See nonstop/runtime/megakernel/kernel.py."""
 import triton
 import triton.language as tl
-{import_text}
+from nonstop.kernels.launch import prefetch_l2, wait_at_least
+{imports}
 
-@triton.jit
-def megakernel(tasks_ptr, waits_ptr, prefetch_ptr, counters_ptr, ticket_ptr, state_ptr, sink_ptr, ptrs_ptr, ints_ptr, floats_ptr,
-               num_tasks, num_steps, NUM_FIELDS: tl.constexpr):
+{functions}
+
+@triton.jit(noinline=True)
+def prefetch_task(prefetch_ptr, task, LINES: tl.constexpr):
+    """Request the first weight lines of ``task`` (address, bytes in the prefetch table) into L2. Not inlined:
+    its per-lane line offsets would otherwise be hoisted out of the task loop and held across every task call."""
+    prefetch_l2(tl.load(prefetch_ptr + task * 2), tl.load(prefetch_ptr + task * 2 + 1), LINES)
+
+
+@triton.jit(do_not_specialize=["num_steps"])  # one compile for one and several steps a launch
+def megakernel(tasks_ptr, waits_ptr, prefetch_ptr, counters_ptr, ticket_ptr, state_ptr, ptrs_ptr, wptrs_ptr, ints_ptr,
+               floats_ptr, num_tasks, num_steps, NUM_FIELDS: tl.constexpr, PREFETCH_LINES: tl.constexpr):
     first_step = tl.load(state_ptr)  # advanced by the previous launch's last program
-    end = (first_step + num_steps) * num_tasks
-    lines = tl.arange(0, {prefetch_lines})
-    q = tl.atomic_add(ticket_ptr, 1, sem="relaxed").to(tl.int64)
+    base = first_step * num_tasks  # tickets of this launch: base .. end - 1 (int64: they grow launch after launch)
+    end = base + num_steps * num_tasks
+    q = tl.atomic_add(ticket_ptr, 1, sem="relaxed")
+    if q < end:
+        prefetch_task(prefetch_ptr, (q - base).to(tl.int32) % num_tasks, PREFETCH_LINES)
     while q < end:
-        step = q // num_tasks
-        rec = tasks_ptr + (q - step * num_tasks) * NUM_FIELDS
+        rel = (q - base).to(tl.int32)  # int32 within a launch: no 64-bit division in the loop
+        step = first_step + rel // num_tasks
+        rec = tasks_ptr + (rel % num_tasks) * NUM_FIELDS
         opcode = tl.load(rec + 0)
         inst = tl.load(rec + 1).to(tl.int64)
         tile = tl.load(rec + 2)
@@ -179,29 +206,21 @@ def megakernel(tasks_ptr, waits_ptr, prefetch_ptr, counters_ptr, ticket_ptr, sta
         counter = tl.load(rec + 4)
         wait_begin = tl.load(rec + 5)
         wait_end = tl.load(rec + 6)
-        # 1. the first weight tile's cache lines, requested before any wait (they depend on no activation)
-        lo = tl.load(prefetch_ptr + (q - step * num_tasks) * 2)
-        nbytes = tl.load(prefetch_ptr + (q - step * num_tasks) * 2 + 1)
-        offs = lines.to(tl.int64) * 128
-        warm = tl.load((lo + offs).to(tl.pointer_type(tl.int32)), mask=offs < nbytes, other=0)
-        # 2. acquire: every wait's counter reached its target for this step (counters only grow). Poll
-        #    with volatile loads (served by L2, no read-modify-write traffic on a hot counter), then one
-        #    acquire RMW orders this task's reads after the producers' released writes
+        # 1. every wait's counter reached its target for this step (counters only grow); the poll is the
+        #    acquire, so this task's reads follow the producers' released writes
         for w in range(wait_begin, wait_end):
-            wc = tl.load(waits_ptr + w * 3)
             target = step * tl.load(waits_ptr + w * 3 + 2) + tl.load(waits_ptr + w * 3 + 1)
-            while tl.load(counters_ptr + wc, volatile=True) < target:
-                pass
-            tl.atomic_add(counters_ptr + wc, 0, sem="acquire")
+            wait_at_least(counters_ptr + tl.load(waits_ptr + w * 3), target)
+        # 2. the next ticket, and its first weight lines in flight, before this task's body runs
+        q_next = tl.atomic_add(ticket_ptr, 1, sem="relaxed")
+        if q_next < end:
+            prefetch_task(prefetch_ptr, (q_next - base).to(tl.int32) % num_tasks, PREFETCH_LINES)
         # 3. the tile
-{"".join(branches)}
-        # keep the prefetch loads alive: a store that never happens (a line of weights is never this value)
-        if tl.sum(warm, axis=0) == -1234567:
-            tl.store(sink_ptr, 1)
+{branches}
         # 4. release: this tile's writes are visible before the counter moves
         tl.debug_barrier()
         tl.atomic_add(counters_ptr + counter, 1, sem="release")
-        q = tl.atomic_add(ticket_ptr, 1, sem="relaxed").to(tl.int64)
+        q = q_next
     # undo the ticket this program took past the end, so the queue ends at exactly end
     tl.atomic_add(ticket_ptr, -1, sem="relaxed")
     # the last program out moves the step on (every program read first_step before it could get here)

@@ -11,7 +11,7 @@ mlp                       gate_up: BLOCK_I intermediate columns into the ``mlp.h
 from __future__ import annotations
 
 from nonstop.program.ir import SuperOp
-from nonstop.runtime.megakernel.tasks import Access, ScheduleError, StageSpec, TileSpec, WeightSlice
+from nonstop.runtime.megakernel.tasks import Access, StageSpec, TileSpec, WeightSlice
 from nonstop.runtime.megakernel.tiling.context import TileContext, chunks
 
 READ, WRITE = Access.READ, Access.WRITE
@@ -65,8 +65,6 @@ def attnres_mix_norm(ctx: TileContext, op: SuperOp, args: dict) -> list[StageSpe
 
 
 def _gemv(ctx: TileContext, op: SuperOp, args: dict, norm: bool) -> list[StageSpec]:
-    if args["SPLIT_K"] != 1:
-        raise ScheduleError(f"{op.name}: split-K GEMV launches have no megakernel tiling")
     src = ctx.buf(op.reads[0])
     tiles = []
     for j, (a, b) in enumerate(chunks(args["N"], args["BLOCK_N"])):

@@ -1,7 +1,9 @@
 """Tilings of the ops a megakernel step ends with: device sampling (``nonstop/kernels/sample.py``) and
 ``advance`` (``megakernel/advance.py``: the next step's inputs).
 
-sample   one tile per row: next_ids[r] from logits[r] and the row's sampling parameters
+sample   scan: tile r·NC + c = chunk c of row r (CHUNK logits) -> cell c of row r of the ``sample.partial``
+         workspace (statistics, best index, listed candidates: 4 + KC columns); pick: tile r reads its row's
+         cells (and the whole logits row, for the one-program search) -> next_ids[r]
 advance  one tile per sequence b: ids of its rows <- next_ids, token_log[b], start[b] += T
 """
 
@@ -17,20 +19,23 @@ READ, WRITE = Access.READ, Access.WRITE
 def sample(ctx: TileContext, op: SuperOp, args: dict) -> list[StageSpec]:
     logits, out = ctx.buf(op.reads[0]), ctx.buf(op.writes[0])
     params = [ctx.buf(n) for n in op.reads[1:]]
-    tiles = [
-        TileSpec(
-            r,
-            (
-                ctx.box(logits, READ, (r, r + 1)),
-                *(ctx.box(p, READ, (r, r + 1)) for p in params),
-                ctx.box(out, WRITE, (r, r + 1)),
-            ),
-            (),
-            f"row {r}",
-        )
-        for r in range(ctx.R)
-    ]
-    return [StageSpec("main", tiles)]
+    NC, CHUNK, width = args["NC"], args["CHUNK"], 4 + args["KC"]
+    V = ctx.cols(logits)
+    cells = ctx.scratch("sample.partial", ctx.R, NC * width)
+    scan, pick = [], []
+    for r in range(ctx.R):
+        row = (r, r + 1)
+        mine = [ctx.box(p, READ, row) for p in params]
+        for c in range(NC):
+            regs = (
+                ctx.box(logits, READ, row, (c * CHUNK, min((c + 1) * CHUNK, V))),
+                *mine,
+                ctx.box(cells, WRITE, row, (c * width, (c + 1) * width)),
+            )
+            scan.append(TileSpec(r * NC + c, regs, (), f"row {r} chunk {c}"))
+        regs = (ctx.box(logits, READ, row), ctx.box(cells, READ, row), *mine, ctx.box(out, WRITE, row))
+        pick.append(TileSpec(r, regs, (), f"row {r}"))
+    return [StageSpec("scan", scan), StageSpec("pick", pick)]
 
 
 def advance(ctx: TileContext, op: SuperOp, args: dict) -> list[StageSpec]:

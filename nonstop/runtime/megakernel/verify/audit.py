@@ -32,25 +32,15 @@ def allowed_mask(schedule, task, name: str, shape: tuple[int, int]) -> torch.Ten
 
 
 def run_one(mk, i: int) -> None:
-    """Launch the megakernel on task i alone (no waits, a private counter)."""
+    """Launch the megakernel on task i alone (no waits, a private counter, queue and step)."""
     tasks = mk.tasks[i : i + 1].clone()
     tasks[0, 4:7] = 0  # counter 0 of a scratch counter set, no waits
-    scratch = torch.zeros(1, dtype=torch.int64, device=mk.device)
-    p = mk.plan
+    zeros = {
+        n: torch.zeros(k, dtype=torch.int64, device=mk.device)
+        for n, k in (("counters_ptr", 1), ("ticket_ptr", 1), ("state_ptr", 2))
+    }
     mk.kernel[(1,)](
-        tasks,
-        mk.waits,
-        mk.prefetch[i : i + 1],
-        scratch,
-        torch.zeros(1, dtype=torch.int64, device=mk.device),
-        torch.zeros(2, dtype=torch.int64, device=mk.device),
-        mk.sink,
-        p.ptrs,
-        p.ints,
-        p.floats,
-        1,
-        1,
-        NUM_FIELDS=tasks.shape[1],
+        **mk.arguments(tasks_ptr=tasks, prefetch_ptr=mk.prefetch[i : i + 1], num_tasks=1, **zeros), **mk.options
     )
 
 

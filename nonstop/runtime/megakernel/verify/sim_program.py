@@ -162,10 +162,9 @@ class ProgramActions:
         info = self.s.ops[task.op]
         if info.kind == "advance":
             return None
-        if info.kind == "sample":  # the logits row this step sampled from (kept for the comparison)
-            self.logits.setdefault(epoch, torch.full_like(self.buf["logits"], float("nan")))[task.tile] = self.buf[
-                "logits"
-            ][task.tile]
+        if info.kind == "sample" and info.stages[task.stage].name == "pick":  # the logits row it sampled from
+            kept = self.logits.setdefault(epoch, torch.full_like(self.buf["logits"], float("nan")))
+            kept[task.tile] = self.buf["logits"][task.tile]
         op = self.ops[info.program_op]
         twin = stage_twin(info.kind, info.stages[task.stage].name)
         if any(r.access == Access.ACCUMULATE for r in task.regions):  # this tile's own contribution

@@ -14,6 +14,8 @@ declares (``tiling/``), with the split lengths and block sizes of the op's launc
   moe_experts/gate_up  per distinct selected expert (slot, id order): act = glu(z W1ᵀ, z W3ᵀ) for every row
                      -> ``moe_experts.act``; (expert, row weights) per slot -> ``moe_experts.route``
   moe_experts/down   moe_out = (Σ_slot p · (act W2ᵀ rounded to the model dtype)).to(model dtype)
+  sample/scan        zeros into its cells of ``sample.partial`` (what the kernel's pick reads there is its own)
+  sample/pick        the op's twin on the logits row
 Twins take ``(op, env, task, schedule)``; ``env`` is a ``program.reference.StepEnv``.
 """
 
@@ -160,6 +162,18 @@ def moe_down(op, env, task, s) -> None:
     env.buf[op.writes[0]].copy_(out.to(x.dtype))
 
 
+# ----------------------------------------------------------------------------- sampling
+
+
+def sample_scan(op, env, task, s) -> None:
+    """The scan's cells: statistics only the kernel's pick reads; the twin's pick samples from the logits."""
+    env.buf["sample.partial"].zero_()
+
+
+def sample_pick(op, env, task, s) -> None:
+    REFERENCE["sample"](op, env)
+
+
 STAGE_TWINS = {
     ("mlp", "gate_up"): mlp_gate_up,
     ("mlp", "down"): mlp_down,
@@ -169,6 +183,8 @@ STAGE_TWINS = {
     ("mla_attn", "combine"): mla_combine,
     ("moe_experts", "gate_up"): moe_gate_up,
     ("moe_experts", "down"): moe_down,
+    ("sample", "scan"): sample_scan,
+    ("sample", "pick"): sample_pick,
 }
 
 
