@@ -22,6 +22,7 @@ import torch
 
 from nonstop.cache.state import ModelCache
 from nonstop.config import ModelConfig
+from nonstop.engine import device_decode
 from nonstop.engine.requests import Request
 from nonstop.engine.sampling import sample, top_logprobs
 from nonstop.engine.tokenizer import Tokenizer
@@ -164,6 +165,9 @@ class EngineCore:
     def _decode(self, reqs: list[Request]) -> list[tuple[Request, str]]:
         if self.spec is not None:
             return self.spec.decode(self, reqs)
+        on_device = device_decode.decode(self, reqs)  # kernel backends: sampled on the device, n steps a launch
+        if on_device is not None:
+            return on_device
         out = []
         for group in self._row_groups(reqs):
             logits = self._forward(group, [[r.output_ids[-1]] for r in group], last_only=True)

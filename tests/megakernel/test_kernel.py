@@ -268,9 +268,13 @@ def test_tasks_write_only_their_declared_regions(name, monkeypatch):
         assert any("lm_head" in p and "logits" in p for p in audit_writes(mk, env))
 
 
-def test_cuda_graph_logic_replays_the_one_launch():
+def test_cuda_graph_logic_replays_the_one_launch(monkeypatch):
     """The base class's CUDA-graph path (emulated on a CPU: capture records, replay re-runs): the
-    megakernel step is captured once per shape and replayed, tokens unchanged."""
+    megakernel step is captured once per shape and replayed, tokens unchanged (one decode step a launch:
+    the engine's launches of several steps run eagerly)."""
+    from nonstop.engine import device_decode
+
+    monkeypatch.setattr(device_decode, "STEPS_PER_LAUNCH", 1)
     model = tiny_model("llama")
     ex = MegakernelExecutor(model, graphs="emulate")
     assert greedy_tokens(model, ex, [[3, 4], [5]], [3, 3]) == greedy_tokens(

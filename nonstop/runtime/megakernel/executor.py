@@ -193,6 +193,41 @@ class MegakernelExecutor(SuperOpExecutor):
         cols = (first[:, None] + torch.arange(n)[None, :]) % advance.LOG
         return step.buf["token_log"].to("cpu").gather(1, cols)
 
+    def sample_tokens(
+        self, input_ids: torch.Tensor, cache: ModelCache, slots: list[int], n: int, rows: list
+    ) -> torch.Tensor:
+        """``n`` decode steps of ``slots`` from their last tokens ``input_ids`` [B, 1] in ONE launch, each
+        token sampled on the device with ``rows`` (``runtime.device_sampling.SampleRow``, one per sequence:
+        the request's temperature, top-k, top-p and seed; the noise counter is the token's position, so
+        n steps a launch give the tokens of n launches of one step). Reserves the pages of all n tokens
+        and advances the cache by n. Returns the tokens [B, n] (host int64). n = 1 replays the shape's
+        CUDA graph where there is one."""
+        from nonstop.runtime.device_sampling import fill_sample_rows
+
+        B = len(slots)
+        if not 1 <= n <= advance.LOG:
+            raise ValueError(f"sample_tokens: 1..{advance.LOG} steps per launch, got {n}")
+        if len(rows) != B or tuple(input_ids.shape) != (B, 1):
+            raise ValueError(f"sample_tokens: {B} sequences need input_ids [{B}, 1] and {B} sampling rows")
+        step = self.static_step(B, 1)
+        batch = cache.batch(slots, n)  # page reservation for positions start .. start + n - 1
+        step.buf["ids"].copy_(input_ids.reshape(-1))
+        step.slots.copy_(batch.slots)
+        step.start.copy_(batch.start)
+        fill_sample_rows(step.buf, rows, batch.start + 1)  # each row samples the token at start + 1
+        if n == 1:
+            self._run_step(cache, step)
+        else:
+            fit_pools(cache)
+            self.step_kernel(ExecEnv(step.buf, cache, step.batch)).launch(num_steps=n)
+        self.stats["program_steps"] += n
+        self.stats["sampling_launches"] = self.stats.get("sampling_launches", 0) + 1
+        self.stats["device_sampled_steps"] = self.stats.get("device_sampled_steps", 0) + n
+        cache.advance(batch)
+        first = batch.start.to("cpu") + 1
+        cols = (first[:, None] + torch.arange(n)[None, :]) % advance.LOG
+        return step.buf["token_log"].to("cpu").gather(1, cols)
+
     def _require_launched(self, step: StaticStep) -> None:
         if id(step) not in self._kernels:
             raise ValueError(

@@ -4,7 +4,8 @@
 sample   scan: tile r·NC + c = chunk c of row r (CHUNK logits) -> cell c of row r of the ``sample.partial``
          workspace (statistics, best index, listed candidates: 4 + KC columns); pick: tile r reads its row's
          cells (and the whole logits row, for the one-program search) -> next_ids[r]
-advance  one tile per sequence b: ids of its rows <- next_ids, token_log[b], start[b] += T
+advance  one tile per sequence b: ids of its rows <- next_ids, token_log[b], start[b] += T, the sampler's
+         noise counters of its rows += T
 """
 
 from __future__ import annotations
@@ -39,7 +40,7 @@ def sample(ctx: TileContext, op: SuperOp, args: dict) -> list[StageSpec]:
 
 
 def advance(ctx: TileContext, op: SuperOp, args: dict) -> list[StageSpec]:
-    next_ids, ids, log = ctx.buf("next_ids"), ctx.buf("ids"), ctx.buf("token_log")
+    next_ids, ids, log, offset = (ctx.buf(n) for n in ("next_ids", "ids", "token_log", "sample_offset"))
     start = ctx.start()
     tiles = []
     for b in range(ctx.B):
@@ -50,6 +51,8 @@ def advance(ctx: TileContext, op: SuperOp, args: dict) -> list[StageSpec]:
             ctx.box(start, READ, (b, b + 1)),
             ctx.box(start, WRITE, (b, b + 1)),
             ctx.box(log, WRITE, (b, b + 1)),
+            ctx.box(offset, READ, rows),
+            ctx.box(offset, WRITE, rows),
         )
         tiles.append(TileSpec(b, regs, (), f"seq {b}"))
     return [StageSpec("main", tiles)]

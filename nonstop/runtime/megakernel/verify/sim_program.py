@@ -193,7 +193,9 @@ class ProgramActions:
             rows = slice(task.tile * self.s.T, (task.tile + 1) * self.s.T)
             fed = self.feed is not None and epoch + 1 < len(self.feed)
             self.buf["ids"][rows] = self.feed[epoch + 1][rows] if fed else self.buf["next_ids"][rows]
+            self.buf["sample_offset"][rows] += self.s.T  # the sampler's noise counters move with the positions
             self.generation[self.s.buffer_index("ids")] += 1
+            self.generation[self.s.buffer_index("sample_offset")] += 1
             return
         for region, values in pending:
             self.scatter(region, epoch, values, add=region.access == Access.ACCUMULATE)
