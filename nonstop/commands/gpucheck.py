@@ -43,6 +43,12 @@ def add_parser(sub) -> None:
     )
     p.add_argument("--rows", type=positive_int, default=1, help="sequences of the decode step (default 1; at most 16)")
     p.add_argument("--arch", default="sm_90a", choices=["sm_90a"], help="target: sm_90a (H100 / H200), the default")
+    p.add_argument(
+        "--gpu",
+        default="h100",
+        choices=["h100", "h200"],
+        help="the device whose limits and SM count size grids and occupancy (default h100)",
+    )
     p.add_argument("--no-megakernel", dest="megakernel", action="store_false", help="check the launchers only")
     p.add_argument(
         "--triton",
@@ -80,6 +86,7 @@ def run(args) -> int:
                     megakernel=args.megakernel,
                     triton_path=triton_path,
                     progress=not args.quiet,
+                    gpu=args.gpu,
                 )
             )
         except RuntimeError as exc:  # a kernel that does not compile for sm_90a is a finding, not a crash
@@ -87,7 +94,11 @@ def run(args) -> int:
             return 1
     bad = [v for r in results for row in r["rows"] for v in row["violations"]]
     if args.json:
-        print(json.dumps({"arch": args.arch, "rows": args.rows, "results": results, "violations": bad}, indent=1))
+        print(
+            json.dumps(
+                {"arch": args.arch, "gpu": args.gpu, "rows": args.rows, "results": results, "violations": bad}, indent=1
+            )
+        )
     else:
         for r in results:
             print(gpucheck.table([gpucheck.Row(**row) for row in r["rows"]], r["triton"]))

@@ -197,40 +197,58 @@ def run_check(
     triton_path: str | None = None,
     timeout: float = 3600,
     progress: bool = False,
+    gpu: str = "h100",
 ) -> dict:
-    """{"triton": version, "rows": [Row as dict]} of ``check`` for ``shapes`` = [(name, preset name or
-    checkpoint dir, layers)], in a fresh interpreter without ``TRITON_INTERPRET`` (with ``triton_path`` first
-    on its path: another Triton installation)."""
+    """{"triton": version, "rows": [Row as dict]} of ``check`` for ``shapes`` = [(name, preset name, checkpoint
+    dir or HF config dict, layers)] on ``gpu`` (a key of ``platform.TARGETS``), in a fresh interpreter without
+    ``TRITON_INTERPRET`` (with ``triton_path`` first on its path: another Triton installation)."""
+    proc = start_check(shapes, rows, arch, kinds, megakernel, triton_path, progress, gpu)
+    return finish_check(proc, timeout)
+
+
+def start_check(shapes, rows=1, arch=90, kinds=None, megakernel=True, triton_path=None, progress=False, gpu="h100"):
+    """``run_check`` started in the background (a ``subprocess.Popen``; ``finish_check`` collects it), e.g.
+    while a benchmark times the GPU."""
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     env.setdefault("TRITON_DEFAULT_FP_FUSION", "1")
     root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     env["PYTHONPATH"] = os.pathsep.join([p for p in (triton_path, root, env.get("PYTHONPATH")) if p])
-    request = json.dumps(
-        {"shapes": shapes, "rows": rows, "arch": arch, "kinds": kinds, "megakernel": megakernel, "progress": progress}
-    )
-    done = subprocess.run(
-        [sys.executable, "-m", "nonstop.runtime.gpucheck", request],
+    request = {"shapes": shapes, "rows": rows, "arch": arch, "kinds": kinds, "megakernel": megakernel}
+    request.update(progress=progress, gpu=gpu)
+    return subprocess.Popen(
+        [sys.executable, "-m", "nonstop.runtime.gpucheck", json.dumps(request)],
         env=env,
-        timeout=timeout,
         stdout=subprocess.PIPE,
         stderr=None if progress else subprocess.PIPE,
         text=True,
     )
-    if done.returncode != 0:
-        raise RuntimeError(f"the offline GPU check failed:\n{(done.stderr or '')[-4000:]}")
-    return json.loads(done.stdout.strip().splitlines()[-1])
 
 
-def config_of(model: str, layers: int | None):
+def finish_check(proc, timeout: float = 3600) -> dict:
+    """The result of a ``start_check``; RuntimeError (with the check's last output) if it failed or timed out
+    (it is then stopped)."""
+    try:
+        out, err = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.communicate()
+        raise RuntimeError(f"the offline GPU check did not finish in {timeout:.0f} s") from None
+    if proc.returncode != 0:
+        raise RuntimeError(f"the offline GPU check failed:\n{(err or '')[-4000:]}")
+    return json.loads(out.strip().splitlines()[-1])
+
+
+def config_of(model, layers: int | None):
+    """The config of ``model`` (a preset name, a directory holding config.json, or an HF config dict), cut
+    to its first ``layers`` layers when given."""
     from nonstop.config import ModelConfig, preset_names
 
-    cfg = (
-        ModelConfig.from_file(model)
-        if os.path.isdir(model)
-        else ModelConfig.preset(model)
-        if model in preset_names()
-        else None
-    )
+    if isinstance(model, dict):
+        cfg = ModelConfig.from_hf_dict(model)
+    elif os.path.isdir(model):
+        cfg = ModelConfig.from_file(model)
+    else:
+        cfg = ModelConfig.preset(model) if model in preset_names() else None
     if cfg is None:
         raise ValueError(f"model {model!r} is neither a directory holding config.json nor a preset")
     return cfg.with_num_layers(min(layers, cfg.num_hidden_layers)) if layers else cfg
@@ -239,7 +257,7 @@ def config_of(model: str, layers: int | None):
 def _main(request: str) -> None:
     import triton
 
-    from nonstop.kernels.platform import interpreting
+    from nonstop.kernels.platform import TARGETS, interpreting
 
     if interpreting():
         raise SystemExit("run the offline GPU check without TRITON_INTERPRET")
@@ -256,6 +274,7 @@ def _main(request: str) -> None:
             arch=req["arch"],
             kinds=req["kinds"],
             megakernel=req["megakernel"],
+            target=TARGETS[req.get("gpu", "h100")],
             progress=progress,
         )
     print(json.dumps({"triton": triton.__version__, "rows": [asdict(r) for r in rows]}))
