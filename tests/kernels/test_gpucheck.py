@@ -164,3 +164,23 @@ def test_bounded_offline_check(triton_path):
     )
     mk = next(r for r in rows if r["kernel"].startswith("megakernel"))
     assert mk["spins"] >= 1 and mk["warps"] == 8 and mk["grid"] == mk["ctas_per_sm"] * 132 and mk["load_widths"] != "-"
+
+
+def test_command_exit_status_and_errors(tmp_path, capsys):
+    """``nonstop gpucheck``: a bad model or --rows is one line on stderr (status 2); a checked model whose
+    kernels violate a check exits 1 - an odd-width Llama's weight rows (40 bf16 = 80 bytes) cannot all be
+    read with 16-byte loads - and --json lists the violations."""
+    from nonstop.cli import main
+    from tests.tiny_configs import LLAMA
+
+    for argv in (["gpucheck", "-m", "no-such-model"], ["gpucheck", "-m", "llama-3.2-1b", "--rows", "17"]):
+        with pytest.raises(SystemExit) as exc:
+            main(argv)
+        assert exc.value.code == 2
+        err = capsys.readouterr().err.strip()
+        assert err.startswith("nonstop: error:") and "\n" not in err
+    (tmp_path / "config.json").write_text(json.dumps({**LLAMA, "num_hidden_layers": 1}))
+    status = main(["gpucheck", "-m", str(tmp_path), "--no-megakernel", "--json", "--quiet"])
+    report = json.loads(capsys.readouterr().out)
+    assert status == 1 and report["violations"] and all("under 16 bytes" in v for v in report["violations"])
+    assert {r["kernel"] for r in report["results"][0]["rows"]} >= {"mlp:mlp_kernel", "lm_head:gemv_kernel"}
