@@ -13,10 +13,9 @@ weights stay on the meta device and no checkpoint is read) to sm_90a with Triton
 ptxas, exactly as the kernels would launch on an H100 (block sizes, grids, warps, PDL, the megakernel's
 tables and launch options), and check what a GPU would get: no register spills; registers and shared
 memory that let a CTA run (CTAs per SM); an acquire after every spin-wait in the PTX; 16-byte loads in
-every loop that streams a weight (MXFP4 bytes included; their scales no more loads than the bytes, not one
-per element). Prints a table
-kernel x shape: warps, registers, spill bytes, shared memory, CTAs per SM, grid, weight load widths.
-Exit status 1 when a kernel violates a check, 2 on bad input.
+every loop that streams a weight (MXFP4 bytes included; their scales no more loads than the bytes, not
+one per element). Prints a table kernel x shape: warps, registers, spill bytes, shared memory, CTAs per
+SM, grid, weight load widths. Exit status 1 when a kernel violates a check, 2 on bad input.
 
 Without --model the three preset shapes are checked: llama-3.2-1b (all layers), kimi-linear-48b-a3b and
 kimi-k3 (their first 4 layers: every kind of layer). --triton DIR repeats the check with the Triton
