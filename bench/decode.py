@@ -29,6 +29,12 @@ sees in one step.
     python bench/decode.py --shapes kimi-k3-slice
     python bench/decode.py --dry-run                        # = --device cpu --tiny: the whole script in seconds
 
+The offline GPU check (``nonstop gpucheck``: every kernel of each timed shape compiled for sm_90a as it
+launches - warps, registers, spills, shared memory, CTAs per SM, grid, weight load widths, an acquire after
+every spin-wait; the real widths, also in a --tiny run) runs in a background process while the GPU is
+timed; its table is printed beside the timings (``--gpucheck-triton DIR`` repeats it under another Triton;
+``--no-gpucheck`` skips it).
+
 Results: JSON to ``bench/results/decode_<gpu>[_<shapes>].json`` and ``$OUT`` (when set) with the GPU, driver,
 torch / triton versions and the exact command; a table last on stdout.
 """
@@ -57,6 +63,7 @@ import torch  # noqa: E402
 
 from nonstop.cache.state import ModelCache  # noqa: E402
 from nonstop.config import ModelConfig  # noqa: E402
+from nonstop.hostinfo import cpu_name, decode_floor  # noqa: E402
 from nonstop.model.stack import CausalLM  # noqa: E402
 
 # name -> (preset, layers timed on an 80 GB GPU, depth of the full model); see the module docstring
@@ -69,53 +76,26 @@ PUBLIC_BEST = {"llama-3.2-1b": "H100 SXM: 0.973 ms/token, ~78% of bandwidth (Haz
 ROWS = ("superop", "megakernel", "eager", "compiled")
 EXECUTOR_ROWS = ("superop", "megakernel")
 SPEC_GBPS = {"H100 80GB HBM3": 3350, "H100 SXM": 3350, "H100 PCIe": 2039, "H100 NVL": 3900, "H200": 4800}
-CONVENTION = "MBU = bytes read per step / step time ÷ copy bandwidth; copy bandwidth counts bytes read + written (2 × size / time)"
+CONVENTION = (
+    "MBU = bytes read per step / step time ÷ copy bandwidth; "
+    "copy bandwidth counts bytes read + written (2 × size / time)"
+)
 
 
 # ----------------------------------------------------------------------------- models
 
 
-def _init_tensor(init: str, shape, dtype, device, gen) -> torch.Tensor:
-    """The distributions of ``nonstop.weights.synth`` for each init kind, drawn on ``device``."""
-    if init == "ones":
-        return torch.ones(shape, dtype=dtype, device=device)
-    if init == "zeros":
-        return torch.zeros(shape, dtype=dtype, device=device)
-    if init == "mxfp4_packed":
-        return torch.randint(0, 256, shape, generator=gen, dtype=torch.uint8, device=device)
-    if init == "mxfp4_scale":  # 2^-9 .. 2^-5
-        return torch.randint(118, 123, shape, generator=gen, dtype=torch.uint8, device=device)
-    if init == "A_log":
-        return torch.empty(shape, device=device).uniform_(1.0, 16.0, generator=gen).log().to(dtype)
-    if init == "dt_bias":
-        dt = torch.empty(shape, device=device).uniform_(math.log(1e-3), math.log(1e-1), generator=gen).exp()
-        return (dt + torch.log(-torch.expm1(-dt))).to(dtype)
-    std = 0.01 if init == "bias" else 0.02
-    return torch.randn(shape, generator=gen, dtype=dtype, device=device).mul_(std)
+def build_model(cfg: ModelConfig, dtype, device, seed: int) -> CausalLM:
+    """``cfg``'s model with ``nonstop synth``'s random weights; on a GPU drawn there (a host draw and copy of
+    tens of GB takes minutes): the same distributions, other values."""
+    from nonstop.weights.synth import random_state_dict
 
-
-def random_model_on_device(cfg: ModelConfig, dtype: torch.dtype, device, seed: int = 0) -> CausalLM:
-    """``cfg``'s model with random weights drawn directly on ``device`` (``nonstop.model.build.random_model``
-    draws on the host and copies: minutes for tens of GB). Same layout and distributions, other values."""
-    from nonstop.weights.layout import checkpoint_layout
-
-    gen = torch.Generator(device=device).manual_seed(seed)
-    state = {}
-    for spec in checkpoint_layout(cfg):
-        target = {"float": dtype, "fp32": torch.float32, "u8": torch.uint8}[spec.kind]
-        state[spec.param] = _init_tensor(spec.init, spec.shape, target, device, gen)
+    on_gpu = torch.device(device).type == "cuda"
+    state = random_state_dict(cfg, dtype, device, seed, draw_on_device=on_gpu)
     with torch.device("meta"):
         model = CausalLM(cfg)
     model.load_state_dict(state, strict=True, assign=True)
     return model.eval().requires_grad_(False)
-
-
-def build_model(cfg: ModelConfig, dtype, device, seed: int) -> CausalLM:
-    if torch.device(device).type == "cuda":
-        return random_model_on_device(cfg, dtype, device, seed)
-    from nonstop.model.build import random_model
-
-    return random_model(cfg, dtype, device, seed)
 
 
 def prefix_model(model: CausalLM, n: int) -> CausalLM:
@@ -182,7 +162,14 @@ class Clock:
             loop_ms = (time.perf_counter() - t_loop) * 1e3
         times.sort()
         q = lambda f: times[min(len(times) - 1, int(f * len(times)))]  # noqa: E731
-        return {"ms_per_token": statistics.median(times), "p10_ms": q(0.1), "p90_ms": q(0.9), "loop_ms_per_step": loop_ms / steps, "steps": steps, "warmup": warmup}
+        return {
+            "ms_per_token": statistics.median(times),
+            "p10_ms": q(0.1),
+            "p90_ms": q(0.9),
+            "loop_ms_per_step": loop_ms / steps,
+            "steps": steps,
+            "warmup": warmup,
+        }
 
 
 def copy_bandwidth(device, nbytes: int, reps: int = 20) -> dict:
@@ -256,7 +243,14 @@ def correctness(model, executor, cfg, dtype, device, context: int, steps: int, s
         token = want.argmax(-1, keepdim=True)
     del ref_cache
     tol = 1e-3 if dtype == torch.float32 else 5e-2  # bf16 kernels vs bf16 torch: different rounding, near-ties may flip
-    return {"steps": steps, "max_rel_err": max(errors), "greedy_agreement": agree / steps, "finite": finite, "tolerance": tol, "ok": finite and max(errors) < tol}, sup_cache
+    return {
+        "steps": steps,
+        "max_rel_err": max(errors),
+        "greedy_agreement": agree / steps,
+        "finite": finite,
+        "tolerance": tol,
+        "ok": finite and max(errors) < tol,
+    }, sup_cache
 
 
 def compiled_step(model, cache, ids, batch):
@@ -265,7 +259,11 @@ def compiled_step(model, cache, ids, batch):
     import torch._dynamo
 
     for layer in cache.layers:
-        tensors = list(layer.tensors.values()) if hasattr(layer, "tensors") else [v for v in vars(layer).values() if isinstance(v, torch.Tensor)]
+        tensors = (
+            list(layer.tensors.values())
+            if hasattr(layer, "tensors")
+            else [v for v in vars(layer).values() if isinstance(v, torch.Tensor)]
+        )
         for t in tensors:
             torch._dynamo.mark_static_address(t)
     torch._dynamo.mark_static_address(cache.pages.table)
@@ -277,7 +275,10 @@ def dynamo_counters() -> dict:
     try:
         from torch._dynamo.utils import counters
 
-        out = {"unique_graphs": int(counters["stats"]["unique_graphs"]), "graph_breaks": int(sum(counters["graph_break"].values()))}
+        out = {
+            "unique_graphs": int(counters["stats"]["unique_graphs"]),
+            "graph_breaks": int(sum(counters["graph_break"].values())),
+        }
         out.update({k: int(v) for k, v in counters["inductor"].items() if "cudagraph" in k})  # e.g. cudagraph_skips
         return out
     except Exception:  # noqa: BLE001 - informational only
@@ -297,7 +298,9 @@ class Budget:
         return self.seconds - self.elapsed
 
 
-def time_rows(model, executors: dict, program, cache, context: int, args, device, budget: Budget, label: str) -> list[dict]:
+def time_rows(
+    model, executors: dict, program, cache, context: int, args, device, budget: Budget, label: str
+) -> list[dict]:
     """Time each requested row decoding one token at position ``context`` of ``cache`` (not advanced);
     ``executors``: {row: executor or None} for the executor rows."""
     clock = Clock(device)
@@ -318,7 +321,7 @@ def time_rows(model, executors: dict, program, cache, context: int, args, device
                 if row in EXECUTOR_ROWS:
                     if executor is None:
                         raise RuntimeError(args.executor_errors.get(row, f"{row} not built"))
-                    step = lambda: executor.forward(ids, cache, batch, last_only=True)  # noqa: E731
+                    step = lambda ex=executor: ex.forward(ids, cache, batch, last_only=True)  # noqa: E731
                 elif row == "eager":
                     step = lambda: model(ids, cache, batch, last_only=True)  # noqa: E731
                 else:
@@ -330,13 +333,32 @@ def time_rows(model, executors: dict, program, cache, context: int, args, device
                 entry["profiler"] = profiled_launches(step, device)
                 if row in EXECUTOR_ROWS:
                     entry["launches_per_step"] = executor.stats["launches_per_step"]
-                    entry["executor"] = {k: executor.stats[k] for k in ("host_syncs_per_step", "pdl_launches_per_step", "graph_captures", "graph_replays", "eager_steps", "graphs", "pdl")}
+                    entry["executor"] = {
+                        k: executor.stats[k]
+                        for k in (
+                            "host_syncs_per_step",
+                            "pdl_launches_per_step",
+                            "graph_captures",
+                            "graph_replays",
+                            "eager_steps",
+                            "graphs",
+                            "pdl",
+                        )
+                    }
                     if row == "megakernel":
-                        entry["schedule"] = {shape: {k: s[k] for k in ("tasks", "ops", "counters", "waits", "depth", "task_classes", "grid")} for shape, s in executor.stats["schedule"].items()}
+                        entry["schedule"] = {
+                            shape: {
+                                k: s[k] for k in ("tasks", "ops", "counters", "waits", "depth", "task_classes", "grid")
+                            }
+                            for shape, s in executor.stats["schedule"].items()
+                        }
                 elif not clock.cuda:
                     entry["launches_per_step"] = counted_launches(step, device)["launches"]
                 if clock.cuda and entry.get("profiler"):
-                    entry.setdefault("launches_per_step", entry["profiler"]["kernels"] + entry["profiler"]["memcpy"] + entry["profiler"]["memset"])
+                    entry.setdefault(
+                        "launches_per_step",
+                        entry["profiler"]["kernels"] + entry["profiler"]["memcpy"] + entry["profiler"]["memset"],
+                    )
                 if row == "compiled":
                     entry["dynamo"] = dynamo_counters()
                 out = step()
@@ -345,7 +367,15 @@ def time_rows(model, executors: dict, program, cache, context: int, args, device
             entry["error"] = f"{type(exc).__name__}: {exc}"[:2000]
         entry["wall_s"] = round(time.perf_counter() - t0, 1)
         results.append(entry)
-        print(f"  [{budget.elapsed:5.0f}s] {label} {row}: " + (f"{entry['ms_per_token']:.4f} ms/token" if "ms_per_token" in entry else entry.get("error") or entry.get("skipped")), flush=True)
+        print(
+            f"  [{budget.elapsed:5.0f}s] {label} {row}: "
+            + (
+                f"{entry['ms_per_token']:.4f} ms/token"
+                if "ms_per_token" in entry
+                else entry.get("error") or entry.get("skipped")
+            ),
+            flush=True,
+        )
     return results
 
 
@@ -372,7 +402,13 @@ def run_shape(name: str, args, device, dtype, budget: Budget, copy_gbps: float) 
 
     cfg = shape_config(name, getattr(args, f"{name.replace('-', '_').replace('.', '_')}_layers", None), args.tiny)
     n_layers = cfg.num_hidden_layers
-    result = {"shape": name, "layers_timed": n_layers, "full_layers": full_depth(name), "expert_format": cfg.moe.expert_format if cfg.moe else None, "public_best": PUBLIC_BEST.get(name)}
+    result = {
+        "shape": name,
+        "layers_timed": n_layers,
+        "full_layers": full_depth(name),
+        "expert_format": cfg.moe.expert_format if cfg.moe else None,
+        "public_best": PUBLIC_BEST.get(name),
+    }
     print(f"[{budget.elapsed:5.0f}s] {name}: {n_layers} layers, building random weights on {device}", flush=True)
     model = build_model(cfg, dtype, device, args.seed)
     slices = [(n_layers, model)]
@@ -382,7 +418,11 @@ def run_shape(name: str, args, device, dtype, budget: Budget, copy_gbps: float) 
     for layers, m in slices:
         program = lower(m)
         executors = make_executors(m, program, args)
-        entry = {"layers": layers, "weight_bytes_total": sum(t.numel() * t.element_size() for t in m.state_dict().values()), "ops": len(program.ops)}
+        entry = {
+            "layers": layers,
+            "weight_bytes_total": sum(t.numel() * t.element_size() for t in m.state_dict().values()),
+            "ops": len(program.ops),
+        }
         cache = None
         with torch.inference_mode():
             for row, executor in executors.items():  # "check" (superop) and "check_megakernel"
@@ -390,7 +430,9 @@ def run_shape(name: str, args, device, dtype, budget: Budget, copy_gbps: float) 
                     continue
                 key = "check" if row == "superop" else f"check_{row}"
                 try:
-                    entry[key], row_cache = correctness(m, executor, m.cfg, dtype, device, args.context, args.check_steps, args.seed)
+                    entry[key], row_cache = correctness(
+                        m, executor, m.cfg, dtype, device, args.context, args.check_steps, args.seed
+                    )
                     cache = cache if cache is not None else row_cache
                 except Exception as exc:  # noqa: BLE001
                     entry[key] = {"error": f"{type(exc).__name__}: {exc}"[:2000]}
@@ -409,7 +451,15 @@ def run_shape(name: str, args, device, dtype, budget: Budget, copy_gbps: float) 
                     m(torch.randint(0, m.cfg.vocab_size, (1, context), device=device), cache, batch, last_only=True)
                     cache.advance(batch)
             cost = program.total_cost(rows=1, context=context)
-            timing = {"context": context, "weight_bytes_per_token": cost.weight_bytes, "bytes_read_per_token": cost.bytes_read, "rows": time_rows(m, executors, program, cache, context, args, device, budget, f"{name}[{layers}L ctx {context}]")}
+            timing = {
+                "context": context,
+                "weight_bytes_per_token": cost.weight_bytes,
+                "bytes_read_per_token": cost.bytes_read,
+                "floor": decode_floor(cost.bytes_read, copy_gbps),
+                "rows": time_rows(
+                    m, executors, program, cache, context, args, device, budget, f"{name}[{layers}L ctx {{context}}]"
+                ),
+            }
             for row in timing["rows"]:
                 if "achieved_GBps" in row:
                     row["mbu"] = row["achieved_GBps"] / copy_gbps
@@ -428,7 +478,10 @@ def extrapolate(result: dict) -> dict:
     """ms per MoE layer = (t_N - t_1) / (N - 1) per row and context; full depth t_1 + (L - 1) · per layer."""
     big, one = result["slices"]
     n, full = big["layers"], result["full_layers"]
-    out = {"method": f"per layer = (t_{n} - t_1) / {n - 1}; full = t_1 + {full - 1} × per layer (bytes likewise)", "rows": []}
+    out = {
+        "method": f"per layer = (t_{n} - t_1) / {n - 1}; full = t_1 + {full - 1} × per layer (bytes likewise)",
+        "rows": [],
+    }
     for tb, t1 in zip(big["timings"], one["timings"]):
         bytes_layer = (tb["bytes_read_per_token"] - t1["bytes_read_per_token"]) / (n - 1)
         full_bytes = t1["bytes_read_per_token"] + (full - 1) * bytes_layer
@@ -437,7 +490,17 @@ def extrapolate(result: dict) -> dict:
                 continue
             per_layer = (rb["ms_per_token"] - r1["ms_per_token"]) / (n - 1)
             full_ms = r1["ms_per_token"] + (full - 1) * per_layer
-            out["rows"].append({"row": rb["row"], "context": tb["context"], "ms_per_layer": per_layer, "bytes_per_layer": bytes_layer, "full_ms_per_token": full_ms, "full_bytes_per_token": full_bytes, "full_achieved_GBps": full_bytes / full_ms / 1e6 if full_ms > 0 else None})
+            out["rows"].append(
+                {
+                    "row": rb["row"],
+                    "context": tb["context"],
+                    "ms_per_layer": per_layer,
+                    "bytes_per_layer": bytes_layer,
+                    "full_ms_per_token": full_ms,
+                    "full_bytes_per_token": full_bytes,
+                    "full_achieved_GBps": full_bytes / full_ms / 1e6 if full_ms > 0 else None,
+                }
+            )
     return out
 
 
@@ -453,11 +516,59 @@ def _release():
         torch.cuda.empty_cache()
 
 
+# ----------------------------------------------------------------------------- the offline GPU check
+
+
+def start_gpucheck(args, env: dict) -> list:
+    """The offline GPU check of the shapes to time - the real widths even in a --tiny run (it reads no
+    weights) at the timed layer counts - one background process per Triton (this one first)."""
+    from nonstop.runtime import gpucheck
+
+    shapes = []
+    for name in args.shapes:
+        cfg = shape_config(name, getattr(args, f"{name.replace('-', '_').replace('.', '_')}_layers", None), False)
+        shapes.append((name, SHAPES[name][0], cfg.num_hidden_layers))
+    gpu = "h200" if "H200" in (env.get("gpu") or "") else "h100"
+    return [(path, gpucheck.start_check(shapes, gpu=gpu, triton_path=path)) for path in [None, *args.gpucheck_triton]]
+
+
+def finish_gpucheck(started: list, timeout: float) -> list[dict]:
+    from nonstop.runtime import gpucheck
+
+    out = []
+    for path, proc in started:
+        try:
+            result = gpucheck.finish_check(proc, timeout)
+        except RuntimeError as exc:
+            result = {"error": str(exc)[-2000:]}
+        out.append({"triton_path": path, **result})
+    return out
+
+
+def gpucheck_tables(results: list[dict]) -> str:
+    from nonstop.runtime import gpucheck
+
+    parts = []
+    for r in results:
+        if "error" in r:
+            parts.append(f"offline GPU check ({r['triton_path'] or 'this Triton'}): {r['error'][-300:]}")
+            continue
+        rows = [gpucheck.Row(**row) for row in r["rows"]]
+        bad = sum(len(row.violations) for row in rows)
+        parts.append(gpucheck.table(rows, r["triton"]) + f"\n{bad} violation(s) of the offline check (sm_90a)")
+    return "\n\n".join(parts)
+
+
 # ----------------------------------------------------------------------------- report
 
 
 def environment(device) -> dict:
-    info = {"python": platform.python_version(), "torch": torch.__version__, "torch_cuda": torch.version.cuda, "host": platform.node()}
+    info = {
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "torch_cuda": torch.version.cuda,
+        "host": platform.node(),
+    }
     try:
         import triton
 
@@ -466,13 +577,27 @@ def environment(device) -> dict:
         info["triton"] = None
     if torch.device(device).type == "cuda":
         props = torch.cuda.get_device_properties(device)
-        info.update(gpu=props.name, gpu_memory_GiB=round(props.total_memory / 2**30, 1), sms=props.multi_processor_count, capability=f"{props.major}.{props.minor}")
+        info.update(
+            gpu=props.name,
+            gpu_memory_GiB=round(props.total_memory / 2**30, 1),
+            sms=props.multi_processor_count,
+            capability=f"{props.major}.{props.minor}",
+        )
         try:
-            info["driver"] = subprocess.run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"], capture_output=True, text=True, timeout=20).stdout.strip().splitlines()[0]
+            info["driver"] = (
+                subprocess.run(
+                    ["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
+                    capture_output=True,
+                    text=True,
+                    timeout=20,
+                )
+                .stdout.strip()
+                .splitlines()[0]
+            )
         except Exception:  # noqa: BLE001
             info["driver"] = None
     else:
-        info.update(gpu=None, cpu=platform.processor() or platform.machine(), threads=torch.get_num_threads())
+        info.update(gpu=None, cpu=cpu_name(), threads=torch.get_num_threads())
     return info
 
 
@@ -483,24 +608,75 @@ def spec_bandwidth(gpu: str | None) -> float | None:
     return None
 
 
+def _line(shape: str, layers, context, row: str, ms=None, gbps=None, mbu=None, launches="", note: str = "") -> str:
+    """One row of the table; a missing number prints as '-'."""
+    num = lambda v, spec, width: f"{v:>{width}{spec}}" if v is not None else f"{'-':>{width}}"  # noqa: E731
+    cells = (
+        f"{shape:<22} {layers:>6} {context:>5} {row:<9} {num(ms, '.4f', 9)} {num(gbps, '.1f', 7)} {num(mbu, '.1%', 6)}"
+    )
+    return f"{cells} {str(launches):>8}  {note}"
+
+
 def table(report: dict) -> str:
-    lines = [f"{'shape':<22} {'layers':>6} {'ctx':>5} {'row':<9} {'ms/token':>9} {'GB/s':>7} {'MBU':>6} {'launches':>8}  note"]
+    head = f"{'shape':<22} {'layers':>6} {'ctx':>5} {'row':<9} {'ms/token':>9} {'GB/s':>7} {'MBU':>6} {'launches':>8}"
+    lines = [head + "  note"]
+    copy_gbps = report["bandwidth"]["copy_GBps"]
     for shape in report["shapes"]:
+        name = shape["shape"]
         for sl in shape.get("slices", []):
             for i, t in enumerate(sl["timings"]):
                 for r in t["rows"]:
                     check = sl.get("check" if r["row"] == "superop" else f"check_{r['row']}", {}) if i == 0 else {}
-                    note = f"check: rel err {check['max_rel_err']:.1e}, greedy {check['greedy_agreement']:.0%}" if "max_rel_err" in check else ("check: " + check["error"][:60] if "error" in check else "")
-                    if "ms_per_token" in r:
-                        lines.append(f"{shape['shape']:<22} {sl['layers']:>6} {t['context']:>5} {r['row']:<9} {r['ms_per_token']:>9.4f} {r['achieved_GBps']:>7.1f} {r['mbu']:>6.1%} {str(r.get('launches_per_step', '?')):>8}  {note}")
+                    if "max_rel_err" in check:
+                        note = f"check: rel err {check['max_rel_err']:.1e}, greedy {check['greedy_agreement']:.0%}"
                     else:
-                        lines.append(f"{shape['shape']:<22} {sl['layers']:>6} {t['context']:>5} {r['row']:<9} {'-':>9} {'-':>7} {'-':>6} {'-':>8}  {(r.get('error') or r.get('skipped') or '')[:90]}")
+                        note = "check: " + check["error"][:60] if "error" in check else ""
+                    if "ms_per_token" in r:
+                        launches = r.get("launches_per_step", "?")
+                        cells = (r["ms_per_token"], r["achieved_GBps"], r["mbu"], launches)
+                        lines.append(_line(name, sl["layers"], t["context"], r["row"], *cells, note))
+                    else:
+                        why = (r.get("error") or r.get("skipped") or "")[:90]
+                        lines.append(_line(name, sl["layers"], t["context"], r["row"], launches="-", note=why))
+                fl = t.get("floor")
+                if fl:
+                    note = "the floor: bytes read per token at the copy bandwidth"
+                    lines.append(
+                        _line(
+                            name,
+                            sl["layers"],
+                            t["context"],
+                            "floor",
+                            fl["floor_ms_per_token"],
+                            fl["copy_GBps"],
+                            1.0,
+                            "",
+                            note,
+                        )
+                    )
         for e in shape.get("extrapolation", {}).get("rows", []):
-            lines.append(f"{shape['shape'] + ' (full)':<22} {shape['full_layers']:>6} {e['context']:>5} {e['row']:<9} {e['full_ms_per_token']:>9.4f} {e['full_achieved_GBps'] or 0:>7.1f} {e['full_achieved_GBps'] / report['bandwidth']['copy_GBps'] if e['full_achieved_GBps'] else 0:>6.1%} {'':>8}  extrapolated, {e['ms_per_layer']:.4f} ms/layer")
+            gbps = e["full_achieved_GBps"]
+            note = f"extrapolated, {e['ms_per_layer']:.4f} ms/layer"
+            lines.append(
+                _line(
+                    name + " (full)",
+                    shape["full_layers"],
+                    e["context"],
+                    e["row"],
+                    e["full_ms_per_token"],
+                    gbps or 0,
+                    gbps / copy_gbps if gbps else 0,
+                    "",
+                    note,
+                )
+            )
         if shape.get("public_best"):
             lines.append(f"{'':<22} public best: {shape['public_best']}")
     bw = report["bandwidth"]
-    lines.append(f"copy bandwidth {bw['copy_GBps']:.0f} GB/s (read + write), read-only sum {bw['read_sum_GBps']:.0f} GB/s" + (f", spec {report['spec_GBps']} GB/s" if report.get("spec_GBps") else ""))
+    lines.append(
+        f"copy bandwidth {bw['copy_GBps']:.0f} GB/s (read + write), read-only sum {bw['read_sum_GBps']:.0f} GB/s"
+        + (f", spec {report['spec_GBps']} GB/s" if report.get("spec_GBps") else "")
+    )
     lines.append(CONVENTION)
     return "\n".join(lines)
 
@@ -533,27 +709,96 @@ def write(report: dict, args) -> list[str]:
 def parse_args(argv=None):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--shapes", default=",".join(SHAPES), help=f"comma-separated, from: {', '.join(SHAPES)}")
-    ap.add_argument("--rows", default=",".join(ROWS), help=f"comma-separated, from: {', '.join(ROWS)} (default: all on a GPU; superop,megakernel,eager on a CPU, the megakernel under Triton's interpreter)")
+    ap.add_argument(
+        "--rows",
+        default=",".join(ROWS),
+        help=f"comma-separated, from: {', '.join(ROWS)} (default: all on a GPU; superop,megakernel,eager on a CPU, "
+        "the megakernel under Triton's interpreter)",
+    )
     ap.add_argument("--device", default="cuda", help="cuda (default) or cpu")
-    ap.add_argument("--tiny", action="store_true", help="narrow twins of the shapes (same layers and kinds, tiny widths), fp32: a quick run of the whole script")
-    ap.add_argument("--dry-run", action="store_true", help="= --device cpu --tiny with few steps (CI-like check of the script)")
-    ap.add_argument("--kernels", dest="kernels", action="store_true", default=None, help="superop with Triton kernels (default on a GPU)")
-    ap.add_argument("--twins", dest="kernels", action="store_false", help="superop with the plain-torch twins (default on a CPU)")
-    ap.add_argument("--context", type=int, default=128, help="tokens in the cache before the timed steps (short context; default 128)")
+    ap.add_argument(
+        "--tiny",
+        action="store_true",
+        help="narrow twins of the shapes (same layers and kinds, tiny widths), fp32: a quick run of the whole script",
+    )
+    ap.add_argument(
+        "--dry-run", action="store_true", help="= --device cpu --tiny with few steps (CI-like check of the script)"
+    )
+    ap.add_argument(
+        "--kernels",
+        dest="kernels",
+        action="store_true",
+        default=None,
+        help="superop with Triton kernels (default on a GPU)",
+    )
+    ap.add_argument(
+        "--twins", dest="kernels", action="store_false", help="superop with the plain-torch twins (default on a CPU)"
+    )
+    ap.add_argument(
+        "--context",
+        type=int,
+        default=128,
+        help="tokens in the cache before the timed steps (short context; default 128)",
+    )
     ap.add_argument("--long-context", type=int, default=0, help="also time at this context (e.g. 8192); 0: off")
     ap.add_argument("--steps", type=int, default=300, help="timed steps per row (median; default 300, >= 200)")
-    ap.add_argument("--warmup", type=int, default=30, help="untimed steps per row first (compiles, captures; default 30)")
+    ap.add_argument(
+        "--warmup", type=int, default=30, help="untimed steps per row first (compiles, captures; default 30)"
+    )
     ap.add_argument("--check-steps", type=int, default=4, help="greedy steps of the correctness check (default 4)")
-    ap.add_argument("--llama-layers", dest="llama_3_2_1b_layers", type=int, default=None, help="layers of llama-3.2-1b to time (default: all 16)")
-    ap.add_argument("--kimi-linear-layers", dest="kimi_linear_48b_a3b_layers", type=int, default=None, help=f"layers of the kimi-linear-48b-a3b slice (default {SHAPES['kimi-linear-48b-a3b'][1]})")
-    ap.add_argument("--k3-layers", dest="kimi_k3_slice_layers", type=int, default=None, help=f"layers of the kimi-k3 slice (default {SHAPES['kimi-k3-slice'][1]}; 2-4 fit 80 GB)")
+    ap.add_argument(
+        "--llama-layers",
+        dest="llama_3_2_1b_layers",
+        type=int,
+        default=None,
+        help="layers of llama-3.2-1b to time (default: all 16)",
+    )
+    ap.add_argument(
+        "--kimi-linear-layers",
+        dest="kimi_linear_48b_a3b_layers",
+        type=int,
+        default=None,
+        help=f"layers of the kimi-linear-48b-a3b slice (default {SHAPES['kimi-linear-48b-a3b'][1]})",
+    )
+    ap.add_argument(
+        "--k3-layers",
+        dest="kimi_k3_slice_layers",
+        type=int,
+        default=None,
+        help=f"layers of the kimi-k3 slice (default {SHAPES['kimi-k3-slice'][1]}; 2-4 fit 80 GB)",
+    )
     ap.add_argument("--no-extrapolate", dest="extrapolate", action="store_false", help="do not time the 1-layer slices")
     ap.add_argument("--copy-bytes", type=int, default=1 << 30, help="size of the bandwidth copy (default 1 GiB)")
-    ap.add_argument("--budget-s", type=float, default=None, help="skip rows once this many seconds have passed minus --reserve-s (default on a GPU 540: one 10-minute call; else none)")
+    ap.add_argument(
+        "--budget-s",
+        type=float,
+        default=None,
+        help="skip rows once this many seconds have passed minus --reserve-s "
+        "(default on a GPU 540: one 10-minute call; else none)",
+    )
     ap.add_argument("--reserve-s", type=float, default=45.0, help="seconds kept for a row still to start (default 45)")
-    ap.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's; a --dry-run uses 1)")
+    ap.add_argument(
+        "--threads", type=int, default=None, help="torch CPU threads (default: torch's; a --dry-run uses 1)"
+    )
+    ap.add_argument(
+        "--no-gpucheck",
+        dest="gpucheck",
+        action="store_false",
+        help="skip the offline GPU check (run in the background while the GPU is timed)",
+    )
+    ap.add_argument(
+        "--gpucheck-triton",
+        action="append",
+        default=[],
+        metavar="DIR",
+        help="also run the offline GPU check with the Triton installed in DIR (repeatable)",
+    )
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--out", default=None, help="JSON path (default bench/results/decode_<gpu>.json; a --tiny run writes only --out / $OUT)")
+    ap.add_argument(
+        "--out",
+        default=None,
+        help="JSON path (default bench/results/decode_<gpu>.json; a --tiny run writes only --out / $OUT)",
+    )
     args = ap.parse_args(argv)
     if args.dry_run:
         args.device, args.tiny = "cpu", True
@@ -588,11 +833,31 @@ def main(argv=None) -> dict:
     dtype = torch.float32 if args.tiny else torch.bfloat16
     budget = Budget(args.budget_s)
     env = environment(device)
-    command = " ".join([Path(sys.executable).name, *([sys.argv[0]] if argv is None else ["bench/decode.py"]), *(sys.argv[1:] if argv is None else argv)])
-    report = {"bench": "decode", "command": command, "environment": env, "dtype": str(dtype), "batch": 1, "convention": CONVENTION, "status": "running", "shapes": []}
+    command = " ".join(
+        [
+            Path(sys.executable).name,
+            *([sys.argv[0]] if argv is None else ["bench/decode.py"]),
+            *(sys.argv[1:] if argv is None else argv),
+        ]
+    )
+    report = {
+        "bench": "decode",
+        "command": command,
+        "environment": env,
+        "dtype": str(dtype),
+        "batch": 1,
+        "convention": CONVENTION,
+        "status": "running",
+        "shapes": [],
+    }
+    started = start_gpucheck(args, env) if args.gpucheck else []
     report["bandwidth"] = copy_bandwidth(device, args.copy_bytes)
     report["spec_GBps"] = spec_bandwidth(env.get("gpu"))
-    print(f"[{budget.elapsed:5.0f}s] copy bandwidth {report['bandwidth']['copy_GBps']:.0f} GB/s on {env.get('gpu') or 'cpu'}", flush=True)
+    print(
+        f"[{budget.elapsed:5.0f}s] copy bandwidth {report['bandwidth']['copy_GBps']:.0f} GB/s on "
+        f"{env.get('gpu') or 'cpu'}",
+        flush=True,
+    )
     for name in args.shapes:
         if budget.left() < args.reserve_s:
             report["shapes"].append({"shape": name, "skipped": "time budget"})
@@ -604,11 +869,17 @@ def main(argv=None) -> dict:
             _release()
         report["elapsed_s"] = round(budget.elapsed, 1)
         write(report, args)
+    if started:
+        print(f"[{budget.elapsed:5.0f}s] waiting for the offline GPU check", flush=True)
+        report["gpucheck"] = finish_gpucheck(started, timeout=max(60.0, min(budget.left(), 3600.0)))
     report["status"] = "complete"
     report["elapsed_s"] = round(budget.elapsed, 1)
     paths = write(report, args)
     print()
     print(table(report))
+    if started:
+        print()
+        print(gpucheck_tables(report["gpucheck"]))
     if not env.get("gpu"):
         print("(CPU run: timings say nothing about GPU speed)")
     for p in paths:

@@ -24,6 +24,7 @@ import torch
 
 from nonstop.cache.pages import PAGE_SIZE
 from nonstop.config import ModelConfig
+from nonstop.engine import device_decode
 from nonstop.engine.requests import Request
 from nonstop.engine.sampling import sample, top_logprobs
 from nonstop.engine.tokenizer import Tokenizer
@@ -186,6 +187,9 @@ class EngineCore:
     def _decode(self, reqs: list[Request]) -> list[tuple[Request, str]]:
         if self.speculative_decoder is not None:
             return self.speculative_decoder.decode(self, reqs)
+        on_device = device_decode.decode(self, reqs)  # kernel backends: sampled on the device, n steps a launch
+        if on_device is not None:
+            return on_device
         out = []
         for group in self.row_groups(reqs):
             logits = self._forward(group, [[r.output_ids[-1]] for r in group], last_only=True)

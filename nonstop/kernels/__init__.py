@@ -1,33 +1,35 @@
 """Triton super-op kernels, one module per family, each naming the reference twin it must equal.
 
 Conventions (shared by the ``superop`` executor and the megakernel):
-* every super-op kind's work is a ``@triton.jit`` *tile function* taking raw pointers, strides,
-  sizes and a tile index, so the persistent megakernel can call the same body for one of its tasks;
-* a thin ``@triton.jit`` launcher kernel calls the tile function with ``tl.program_id(0)``; it takes
-  ``USE_PDL: tl.constexpr`` and starts with ``pdl_wait(USE_PDL)`` (``pdl.py``);
-* a Python ``launch(op, env)`` with the signature of the twins in ``nonstop/program/reference.py``
-  sets up pointers and launches once; each module exports ``KERNELS = {kind: launch}``.
-Modules are imported lazily (Triton is optional; ``TRITON_INTERPRET=1`` runs them on a CPU).
+* a super-op kind's work is a ``@triton.jit`` *tile function* taking raw pointers, strides, sizes and a
+  tile index, so the persistent megakernel can call the same body for one of its tasks;
+* its launcher kernel is generated from the tile function (``launch.launcher``): the same parameters
+  plus ``USE_PDL``; a Python ``launch(op, env)`` with the signature of the twins in
+  ``nonstop/program/reference.py`` sets up pointers and launches once; each module exports
+  ``KERNELS = {kind: launch}``;
+* shared pieces: ``platform`` (interpreter, device target, sizes, dot policy), ``gemv`` (the GEMV tile,
+  the RMS helper, the matmul helper), ``launch`` (launchers, PDL, the two-phase protocol, workspaces).
+Triton is needed to import the kernel modules (``TRITON_INTERPRET=1`` runs them on a CPU); ``KERNELS`` is
+built on first access, so ``nonstop.kernels.platform`` imports without Triton. Every family module is
+required: a missing one is an import error, never a silently smaller table.
 """
 
 from __future__ import annotations
 
 import importlib
 
-FAMILY_MODULES = ("common", "kda", "mla", "gqa", "moe")
+FAMILY_MODULES = ("dense", "kda", "mla", "gqa", "moe", "sample")
 
 
 def _collect() -> dict:
     table = {}
     for name in FAMILY_MODULES:
-        try:
-            module = importlib.import_module(f"nonstop.kernels.{name}")
-        except ModuleNotFoundError as exc:
-            if exc.name == f"nonstop.kernels.{name}":
-                continue  # family not written yet
-            raise
-        table.update(module.KERNELS)
+        table.update(importlib.import_module(f"nonstop.kernels.{name}").KERNELS)
     return table
 
 
-KERNELS = _collect()
+def __getattr__(name: str):
+    if name == "KERNELS":
+        table = globals()["KERNELS"] = _collect()
+        return table
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

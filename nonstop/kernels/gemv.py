@@ -1,85 +1,387 @@
-"""The GEMV tile shared by every weight-streaming super-op (decode: R <= 16 rows against one weight).
+"""The GEMV tile every weight-streaming super-op is built on, the RMS helper, and the one matmul helper.
 
-    y[r, n] = Σ_k W[n, k] · x̂[r, k]  (+ b[n])          r < R (<= 16), n in this tile's BLOCK_N rows
-    x̂ = x                                              (HAS_NORM = False)
-    x̂ = γ ⊙ (x / sqrt(mean_k x² + eps)).to(x.dtype)     (HAS_NORM: RMSNorm exactly as ``model/norms.rms_norm``,
-                                                        recomputed by every tile from the whole row)
+A decode step has R <= 16 rows; a GEMV tile computes, for all of them, BLOCK_N outputs of one weight:
 
-Products and the accumulation are fp32. The weight is row-major [N, K] with unit column stride, streamed
-exactly once per step: a tile owns BLOCK_N output rows and walks K in BLOCK_K steps, loading the next
-weight step before multiplying the current one (a register double buffer: Triton 3.9 does not software-
-pipeline loads that do not feed ``tl.dot``). Rows x [R, K] are tiny and re-read from L2 by every tile.
+    acc[r, n] = Σ_{k_lo <= k < k_hi} W[rows[n], k] · x̂[r, k]                               fp32 [BLOCK_R, BLOCK_N]
+    x̂ = x.to(DT)                                                  (HAS_NORM = False)
+    x̂ = (γ ⊙ (x.to(DT) · inv_rms).to(DT)).to(DT)                    (HAS_NORM: RMSNorm exactly as ``model/norms``;
+                                                                  inv_rms from ``row_inv_rms``, per tile)
 
-Public tile functions (``@triton.jit``, callable from any kernel, the megakernel included):
+``rows`` [BLOCK_N] are any weight rows (a contiguous block, or e.g. the two channels of RoPE pairs),
+masked by ``mask``. With ``PAIR`` a second set ``rows_b`` of ``wb_ptr`` (same row stride) is multiplied
+in the same pass, sharing every x load (gate and up projections). DT is the dtype the twin computes in
+(the model dtype: ``F.linear`` rounds its inputs there). Products and sums are fp32.
 
-``gemv_tile(tile, x_ptr, stride_x, norm_ptr, eps, w_ptr, stride_w, b_ptr, out_ptr, stride_out, R, N, K,
-            HAS_NORM, HAS_BIAS, EPILOGUE, ROUND_Y, SPLIT_K, BLOCK_R, BLOCK_N, BLOCK_K, USE_DOT, UPCAST, NUM_STAGES)``
-    tile in [0, cdiv(N, BLOCK_N) · SPLIT_K): output rows (tile // SPLIT_K)·BLOCK_N .. +BLOCK_N, K slice
-    tile % SPLIT_K (SPLIT_K > 1 needs EPILOGUE = ATOMIC; the bias is added by slice 0).
-    x: [R, K] (any float dtype) row stride ``stride_x``; norm: γ [K]; w: [N, K] row stride ``stride_w``;
-    b: [N]; out: [R, N] row stride ``stride_out``. Pointers that a flag disables may be any tensor.
-    EPILOGUE (``STORE``/``ADD``/``ATOMIC``):
-        STORE   out = y                                 (cast to out's dtype)
-        ADD     out = (out + y.to(out dtype))           (residual add in fp32, one rounding, as the twins' ``emit``)
-        ATOMIC  out += y with fp32 ``tl.atomic_add``     (relaxed; out must be fp32 and zeroed by someone earlier;
-                                                        split-K / cross-tile reductions)
-    ROUND_Y: round y to the weight's dtype first (what ``F.linear`` in the model dtype returns) - set it for
-    STORE into fp32 (the LM head's ``F.linear(x, W).float()``) and for ADD; never for ATOMIC partial sums.
-    BLOCK_R, USE_DOT (``block_rows``): R = 1 multiplies with FMAs into an [1, BLOCK_N, BLOCK_K] fp32
-    accumulator (summed over K once, after the loop); R = 2..16 uses ``tl.dot`` with BLOCK_R = 16 (mma).
-    UPCAST: feed ``tl.dot`` fp32 operands (required under the interpreter, whose bf16 dot is wrong).
-    NUM_STAGES: passed to ``tl.range`` (a hint; see above).
+Weight formats (``MXFP4``): dense row-major [N, K] (unit column stride), or MXFP4 - ``wa_ptr`` the packed
+bytes [N, ceil(K/2)] (byte j of a row holds the E2M1 codes of elements 2j (low nibble) and 2j+1 (high
+nibble)), ``sa_ptr`` the E8M0 scales [N, ceil(K/32)]; bytes are decoded in registers (``mxfp4_decode``)
+and the byte's low / high nibbles multiply the even / odd input elements, so no weight is shuffled.
+``KB``: bytes per packed row (pass it as an argument: a multiple of 16 lets every byte load be 16 bytes);
 
-Building blocks, for kernels that need their own loop (e.g. the fused MLP in ``common.py``):
-``row_inv_rms(x_ptr, stride_x, R, K, eps, BLOCK_R, BLOCK_K) -> [BLOCK_R] fp32``   1 / sqrt(mean x² + eps)
-``load_input_block(x_ptr, stride_x, rows, ks, R, K, norm_ptr, inv_rms, HAS_NORM) -> x̂ [BLOCK_R, BLOCK_K]``
-``mac_zeros(BLOCK_R, BLOCK_N, BLOCK_K, USE_DOT)``, ``mac(acc, x, w, USE_DOT, UPCAST)``, ``mac_sum(acc, USE_DOT)``
-    acc += x [BR, BK] · w [BN, BK]ᵀ; ``mac_sum`` gives the [BR, BN] fp32 result
-``store_rows(y, out_ptr, stride_out, rows, cols, R, N, EPILOGUE, ROUND_TY)``   the epilogue alone
+How a tile streams its weight: BLOCK_K columns (bytes for MXFP4) per step, the next step's weight tile
+loaded before the current one is multiplied (a register double buffer: Triton does not software-pipeline
+loads that do not feed ``tl.dot``). ``USE_DOT`` (``platform.row_block``): one row multiplies with FMAs
+into an [BLOCK_R, BLOCK_N, BLOCK_K] accumulator summed once after the loop; 2..16 rows use ``tl.dot``
+(rows padded to 16) with the weight dtype's operands (``UPCAST``: fp32 operands, the interpreter's).
 
-Python side: ``gemv_blocks(R, N, K, device)`` -> the constexpr blocks + num_warps; ``launch_gemv(x, w, out,
-bias=, norm=, eps=, epilogue=, round_y=, split_k=, **overrides)`` runs one GEMV as its own launch.
+Public ``@triton.jit`` functions: ``gemv_rows`` (the tile), ``gemv_tile`` (a tile plus its epilogue:
+STORE / ADD, see ``store_rows``), ``row_inv_rms``, ``rms_apply``, ``mm`` (every other matmul),
+``mxfp4_decode``. Python: ``gemv_blocks(R, N, K, device)`` and ``launch_gemv(...)``.
 
 Block choice (bf16 on an H100, 132 SMs): BLOCK_N is the largest of 64/32/16 that still gives ~one tile
-per SM (o_proj 2048 x 2048: 128 tiles of 16 rows = 64 KiB each; LM head 128256 x 2048: 2004 tiles of
-64 rows = 256 KiB each); BLOCK_K makes each step a ~16 KiB weight tile (BLOCK_N · BLOCK_K = 8192); 8 warps
-keep the double buffer and the FMA accumulator in registers without spills (80-210 registers, checked
-by compiling for sm_90).
+per SM; BLOCK_K makes each step a ~16 KiB weight tile (BLOCK_N · BLOCK_K = 8192); 8 warps keep the
+double buffer and the FMA accumulator in registers (checked by ``nonstop gpucheck``).
 """
 
 from __future__ import annotations
-
-import os
 
 import torch
 import triton
 import triton.language as tl
 
-from nonstop.kernels.pdl import pdl_launch_args, pdl_wait
+from nonstop.kernels.launch import launcher, pdl_launch_args
+from nonstop.kernels.platform import num_sms, pipeline_stages, pow2, row_block, upcast_dots
 
 STORE: tl.constexpr = tl.constexpr(0)
 ADD: tl.constexpr = tl.constexpr(1)
-ATOMIC: tl.constexpr = tl.constexpr(2)
 
 
-def interpreting() -> bool:
-    """True when Triton runs kernels in its CPU interpreter (``TRITON_INTERPRET=1``)."""
-    return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
+# ----------------------------------------------------------------------------- matmul and rounding
 
 
-def num_sms(device) -> int:
-    """Streaming multiprocessors of ``device`` (a small stand-in on CPU: fewer, larger tiles interpret faster)."""
-    device = torch.device(device)
-    if device.type == "cuda":
-        return torch.cuda.get_device_properties(device).multi_processor_count
-    return 2
+@triton.jit
+def tf32_round(x):
+    """fp32 x rounded to tf32 (10 mantissa bits, to nearest, ties away from zero: ``cvt.rna.tf32.f32``)."""
+    bits = x.to(tl.int32, bitcast=True)
+    return ((bits + 0x1000) & -8192).to(tl.float32, bitcast=True)
 
 
-def block_rows(R: int) -> tuple[int, bool]:
-    """(BLOCK_R, USE_DOT): one row multiplies with FMAs; 2..16 rows use ``tl.dot`` (mma, M padded to 16)."""
-    if R <= 1:
-        return 1, False
-    return 16, True
+@triton.jit
+def mm(a, b, UPCAST: tl.constexpr, PREC: tl.constexpr, TF32_ROUND: tl.constexpr = False):
+    """a [M, K] @ b [K, N] -> [M, N] fp32 (``tl.dot``; M, N, K >= 16). UPCAST: fp32 operands, exact
+    ("ieee"; the interpreter, whose bf16 dot is wrong), after rounding to tf32 when TF32_ROUND (the GPU
+    numerics mode, for dots the GPU runs in tf32); else ``input_precision=PREC`` (``platform.dot_mode``)."""
+    if UPCAST:
+        a32 = a.to(tl.float32)
+        b32 = b.to(tl.float32)
+        if TF32_ROUND:
+            a32 = tf32_round(a32)
+            b32 = tf32_round(b32)
+        out = tl.dot(a32, b32, input_precision="ieee")
+    else:
+        out = tl.dot(a, b, input_precision=PREC)
+    return out
+
+
+@triton.jit
+def row_inv_rms(x_ptr, stride_x, R, K, eps, DT: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_K: tl.constexpr):
+    """[BLOCK_R] fp32: 1 / sqrt(mean_k x[r, k]² + eps) of rows r < R of x [R, K] (unit column stride),
+    the values first rounded to DT (what the twin normalises). Rows >= R give 1/sqrt(eps) (unused)."""
+    rows = tl.arange(0, BLOCK_R)
+    sq = tl.zeros([BLOCK_R, BLOCK_K], dtype=tl.float32)
+    for k0 in range(0, K, BLOCK_K):
+        ks = k0 + tl.arange(0, BLOCK_K)
+        mask = (rows[:, None] < R) & (ks[None, :] < K)
+        x = (
+            tl.load(x_ptr + rows[:, None].to(tl.int64) * stride_x + ks[None, :], mask=mask, other=0.0)
+            .to(DT)
+            .to(tl.float32)
+        )
+        sq += x * x
+    return tl.rsqrt(tl.sum(sq, axis=1) / K + eps)
+
+
+@triton.jit
+def rms_apply(x, inv_rms, gamma, DT: tl.constexpr):
+    """The twin's RMSNorm rounding of a chunk: (γ ⊙ (x · inv_rms).to(DT)).to(DT); x [BR, BK] (any float),
+    inv_rms [BR], γ [BK]. (x of more dimensions: ``rms_scale`` with inv_rms and γ already broadcast.)"""
+    return rms_scale(x, inv_rms[:, None], gamma[None, :], DT)
+
+
+@triton.jit
+def rms_scale(x, inv_rms, gamma, DT: tl.constexpr):
+    """(γ ⊙ (x · inv_rms).to(DT)).to(DT) with inv_rms and γ broadcastable to x."""
+    xn = (x.to(DT).to(tl.float32) * inv_rms).to(DT).to(tl.float32)
+    return (gamma.to(tl.float32) * xn).to(DT)
+
+
+@triton.jit
+def mxfp4_decode(b, s, OUT_DT: tl.constexpr):
+    """Packed E2M1 bytes b [..] (uint8) with their E8M0 scale exponents s [..] -> (even, odd) in OUT_DT:
+    the values of each byte's low and high nibble.
+
+    E2M1 code c -> value, exactly: the magnitude bits e1 e0 m go to fp16 bits 11..9 (two low exponent bits
+    + the top mantissa bit), the sign to bit 15; that fp16 is value · 2^-14 for all 16 codes (the
+    subnormal 0 and 0.5 included), so value = fp16 · 2^14. The 2^14 is folded into the scale: 2^(s-127) ·
+    2^14 is the fp32 with exponent field s + 14 (normal even for s = 0), exact for s <= 240 (larger
+    exponents give inf; no real checkpoint has them); s = 255 is NaN, as in the torch reference."""
+    b = b.to(tl.int32)
+    s = s.to(tl.int32)
+    factor = tl.where(s == 255, 0x7FC00000, tl.minimum(s + 14, 255) << 23).to(tl.float32, bitcast=True)
+    lo = (((b & 8) << 12) | ((b & 7) << 9)).to(tl.uint16).to(tl.float16, bitcast=True)
+    hi = (((b & 128) << 8) | ((b & 112) << 5)).to(tl.uint16).to(tl.float16, bitcast=True)
+    return (lo.to(tl.float32) * factor).to(OUT_DT), (hi.to(tl.float32) * factor).to(OUT_DT)
+
+
+# ----------------------------------------------------------------------------- the tile
+
+
+@triton.jit
+def mac(acc, x, w, USE_DOT: tl.constexpr, UPCAST: tl.constexpr):
+    """acc + x [BR, BK] · w [BN, BK]ᵀ. USE_DOT: ``tl.dot`` into acc [BR, BN] (fp32 weights exactly; else
+    operands in w's dtype, fp32 with UPCAST); otherwise FMAs into acc [BR, BN, BK] (summed by ``mac_sum``)."""
+    if USE_DOT:
+        if UPCAST or w.dtype == tl.float32:
+            acc = tl.dot(x.to(tl.float32), tl.trans(w.to(tl.float32)), acc, input_precision="ieee")
+        else:
+            acc = tl.dot(x.to(w.dtype), tl.trans(w), acc)
+    else:
+        acc += x.to(tl.float32)[:, None, :] * w.to(tl.float32)[None, :, :]
+    return acc
+
+
+@triton.jit
+def mac_groups(acc, xe, we, xo, wo, USE_DOT: tl.constexpr, UPCAST: tl.constexpr):
+    """acc [BR, BN] + the products of an MXFP4 step: xe, xo [BR, NS, 16] the inputs of the bytes' low / high
+    nibbles, we, wo [BN, NS, 16] their values. Two ``mac`` dots over the step flattened to NS·16, or the FMA
+    products summed over the step right away."""
+    BR: tl.constexpr = xe.shape[0]
+    BN: tl.constexpr = we.shape[0]
+    W: tl.constexpr = we.shape[1] * we.shape[2]
+    if USE_DOT:
+        acc = mac(acc, tl.reshape(xe, [BR, W]), tl.reshape(we, [BN, W]), USE_DOT, UPCAST)
+        acc = mac(acc, tl.reshape(xo, [BR, W]), tl.reshape(wo, [BN, W]), USE_DOT, UPCAST)
+    else:
+        prod = (
+            xe.to(tl.float32)[:, None] * we.to(tl.float32)[None] + xo.to(tl.float32)[:, None] * wo.to(tl.float32)[None]
+        )
+        acc += tl.sum(tl.sum(prod, axis=3), axis=2)
+    return acc
+
+
+@triton.jit
+def mac_sum(acc, USE_DOT: tl.constexpr):
+    if USE_DOT:
+        out = acc
+    else:
+        out = tl.sum(acc, axis=2)
+    return out
+
+
+@triton.jit
+def gemv_rows(
+    x_ptr,
+    stride_x,
+    R,
+    k_lo,
+    k_hi,
+    norm_ptr,
+    inv_rms,
+    wa_ptr,
+    wb_ptr,
+    stride_w,
+    sa_ptr,
+    sb_ptr,
+    stride_s,
+    KB,
+    rows,
+    rows_b,
+    mask,
+    HAS_NORM: tl.constexpr,
+    PAIR: tl.constexpr,
+    MXFP4: tl.constexpr,
+    DT: tl.constexpr,
+    BLOCK_R: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    USE_DOT: tl.constexpr,
+    UPCAST: tl.constexpr,
+    NUM_STAGES: tl.constexpr,
+):
+    """(x̂ W_a[rows]ᵀ, x̂ W_b[rows_b]ᵀ) over input columns [k_lo, k_hi), fp32 [BLOCK_R, BLOCK_N] each (the
+    second is zeros without PAIR); see the module docstring. x [R, *] row stride ``stride_x``; norm γ [K];
+    inv_rms [BLOCK_R]. Dense: w rows of stride ``stride_w``. MXFP4: w the packed bytes (row stride
+    ``stride_w``), s the scales (``stride_s``), KB bytes per row, BLOCK_K elements (a multiple of 32) per
+    step; k_lo must be 0."""
+    BLOCK_N: tl.constexpr = rows.shape[0]
+    r = tl.arange(0, BLOCK_R)
+    rmask = r < R
+    x_rows = x_ptr + r[:, None].to(tl.int64) * stride_x
+    wa_row = wa_ptr + rows[:, None].to(tl.int64) * stride_w
+    wb_row = wb_ptr + rows_b[:, None].to(tl.int64) * stride_w
+    sa_row = sa_ptr + rows[:, None].to(tl.int64) * stride_s
+    sb_row = sb_ptr + rows_b[:, None].to(tl.int64) * stride_s
+    if USE_DOT or MXFP4:  # MXFP4 FMAs sum each step (its decoded pairs already take the registers of a 3-D acc)
+        acc_a = tl.zeros([BLOCK_R, BLOCK_N], dtype=tl.float32)
+        acc_b = tl.zeros([BLOCK_R, BLOCK_N], dtype=tl.float32)
+    else:
+        acc_a = tl.zeros([BLOCK_R, BLOCK_N, BLOCK_K], dtype=tl.float32)
+        acc_b = tl.zeros([BLOCK_R, BLOCK_N, BLOCK_K], dtype=tl.float32)
+    if MXFP4:
+        # a step's bytes as [BLOCK_N, NS, 16]: NS scale groups of 16 bytes (32 elements) per row, so each
+        # group's scale broadcasts over its bytes (no reshape; one 16-byte load per thread and group)
+        BC: tl.constexpr = BLOCK_K // 2
+        NS: tl.constexpr = BLOCK_K // 32
+        grp = tl.arange(0, NS)
+        byte = grp[None, :, None] * 16 + tl.arange(0, 16)[None, None, :]  # [1, NS, 16] byte of the step
+        pair = byte[:, :, :, None] * 2 + tl.arange(0, 2)[None, None, None, :]  # [1, NS, 16, 2] its two inputs
+        wa_row3 = wa_ptr + rows[:, None, None].to(tl.int64) * stride_w
+        wb_row3 = wb_ptr + rows_b[:, None, None].to(tl.int64) * stride_w
+        x_rows4 = x_ptr + r[:, None, None, None].to(tl.int64) * stride_x
+        m3 = mask[:, None, None]
+        wa = tl.load(wa_row3 + byte, mask=m3 & (byte < KB), other=0)
+        wb = wa
+        if PAIR:
+            wb = tl.load(wb_row3 + byte, mask=m3 & (byte < KB), other=0)
+        # not software-pipelined: the register double buffer streams the bytes
+        for k0 in tl.range(0, k_hi, BLOCK_K, num_stages=1):
+            nb = k0 // 2 + BC + byte
+            wa_next = tl.load(wa_row3 + nb, mask=m3 & (nb < KB), other=0)  # the next step's bytes in flight
+            wb_next = wa_next
+            if PAIR:
+                wb_next = tl.load(wb_row3 + nb, mask=m3 & (nb < KB), other=0)
+            ks = k0 + pair
+            x = tl.load(x_rows4 + ks, mask=rmask[:, None, None, None] & (ks < k_hi), other=0.0).to(DT)
+            if HAS_NORM:
+                x = rms_scale(x, inv_rms[:, None, None, None], tl.load(norm_ptr + ks, mask=ks < k_hi, other=0.0), DT)
+            xe, xo = tl.split(x)  # [BLOCK_R, NS, 16]: the inputs of each byte's low / high nibble
+            lo, hi = _decode_step(wa, sa_row, k0, mask, KB, DT, USE_DOT, NS)
+            acc_a = mac_groups(acc_a, xe, lo, xo, hi, USE_DOT, UPCAST)
+            if PAIR:
+                lo, hi = _decode_step(wb, sb_row, k0, mask, KB, DT, USE_DOT, NS)
+                acc_b = mac_groups(acc_b, xe, lo, xo, hi, USE_DOT, UPCAST)
+            wa = wa_next
+            wb = wb_next
+    else:
+        ks = k_lo + tl.arange(0, BLOCK_K)
+        cmask = mask[:, None] & (ks < k_hi)[None, :]
+        wa = tl.load(wa_row + ks[None, :], mask=cmask, other=0.0)
+        wb = wa
+        if PAIR:
+            wb = tl.load(wb_row + ks[None, :], mask=cmask, other=0.0)
+        for k0 in tl.range(k_lo, k_hi, BLOCK_K, num_stages=NUM_STAGES):
+            ks = k0 + tl.arange(0, BLOCK_K)
+            nmask = mask[:, None] & (ks + BLOCK_K < k_hi)[None, :]
+            wa_next = tl.load(wa_row + BLOCK_K + ks[None, :], mask=nmask, other=0.0)  # the next step's tile in flight
+            wb_next = wa_next
+            if PAIR:
+                wb_next = tl.load(wb_row + BLOCK_K + ks[None, :], mask=nmask, other=0.0)
+            x = tl.load(x_rows + ks[None, :], mask=rmask[:, None] & (ks < k_hi)[None, :], other=0.0).to(DT)
+            if HAS_NORM:
+                x = rms_apply(x, inv_rms, tl.load(norm_ptr + ks, mask=ks < k_hi, other=0.0), DT)
+            acc_a = mac(acc_a, x, wa, USE_DOT, UPCAST)
+            if PAIR:
+                acc_b = mac(acc_b, x, wb, USE_DOT, UPCAST)
+            wa = wa_next
+            wb = wb_next
+    return mac_sum(acc_a, USE_DOT or MXFP4), mac_sum(acc_b, USE_DOT or MXFP4)
+
+
+@triton.jit
+def _decode_step(b, s_row, k0, mask, KB, DT: tl.constexpr, USE_DOT: tl.constexpr, NS: tl.constexpr):
+    """Decode a step's bytes b [BLOCK_N, NS, 16] (bytes k0/2 .. of rows ``mask``) with the step's NS scales of
+    each row, loaded as one [BLOCK_N, NS] block (one load per thread: a tile of 32 rows by 8 groups spreads
+    one scale per thread of 8 warps) and broadcast over their 16 bytes: (even, odd) values [BLOCK_N, NS, 16],
+    in DT for the tensor cores, fp32 for FMAs. (Loading them as int32 words of four and splitting those
+    costs Triton 3.6 ~100 registers a thread: a reshape.)"""
+    g = k0 // 32 + tl.arange(0, NS)
+    sc = tl.load(s_row + g[None, :], mask=mask[:, None] & (g * 16 < KB)[None, :], other=127)
+    if USE_DOT:
+        lo, hi = mxfp4_decode(b, sc[:, :, None], DT)
+    else:
+        lo, hi = mxfp4_decode(b, sc[:, :, None], tl.float32)
+    return lo, hi
+
+
+@triton.jit
+def store_rows(y, out_ptr, stride_out, rows, cols, R, N, EPILOGUE: tl.constexpr, ROUND_TY: tl.constexpr):
+    """Write y [BR, BN] (fp32) to out[rows, cols] by EPILOGUE (STORE: out = y; ADD: out = out + y in fp32,
+    one rounding); ROUND_TY (a dtype or None) rounds y first (what ``F.linear`` in the model dtype returns).
+    No atomics: every output element has one writer, so results do not depend on scheduling."""
+    mask = (rows[:, None] < R) & (cols[None, :] < N)
+    ptrs = out_ptr + rows[:, None].to(tl.int64) * stride_out + cols[None, :]
+    if ROUND_TY is not None:
+        y = y.to(ROUND_TY).to(tl.float32)
+    if EPILOGUE == ADD:
+        y = tl.load(ptrs, mask=mask, other=0.0).to(tl.float32) + y
+    tl.store(ptrs, y.to(out_ptr.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def gemv_tile(
+    tile,
+    x_ptr,
+    stride_x,
+    norm_ptr,
+    eps,
+    w_ptr,
+    stride_w,
+    b_ptr,
+    out_ptr,
+    stride_out,
+    R,
+    N,
+    K,
+    HAS_NORM: tl.constexpr,
+    HAS_BIAS: tl.constexpr,
+    EPILOGUE: tl.constexpr,
+    ROUND_Y: tl.constexpr,
+    BLOCK_R: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    USE_DOT: tl.constexpr,
+    UPCAST: tl.constexpr,
+    NUM_STAGES: tl.constexpr,
+):
+    """One [R, BLOCK_N] tile of out (by EPILOGUE) y = W x̂ (+ b): output rows tile·BLOCK_N .. over the whole
+    K. x [R, K]; norm γ [K]; w [N, K]; b [N]; out [R, N]. ROUND_Y: round y to the weight's dtype first (what
+    ``F.linear`` in the model dtype returns). Tiles: cdiv(N, BLOCK_N)."""
+    DT: tl.constexpr = w_ptr.dtype.element_ty
+    rows = tl.arange(0, BLOCK_R)
+    cols = tile * BLOCK_N + tl.arange(0, BLOCK_N)
+    if HAS_NORM:
+        inv_rms = row_inv_rms(x_ptr, stride_x, R, K, eps, DT, BLOCK_R, BLOCK_K)
+    else:
+        inv_rms = tl.full([BLOCK_R], 1.0, tl.float32)
+    acc, _ = gemv_rows(
+        x_ptr,
+        stride_x,
+        R,
+        0,
+        K,
+        norm_ptr,
+        inv_rms,
+        w_ptr,
+        w_ptr,
+        stride_w,
+        w_ptr,
+        w_ptr,
+        0,
+        0,
+        cols,
+        cols,
+        cols < N,
+        HAS_NORM,
+        False,
+        False,
+        DT,
+        BLOCK_R,
+        BLOCK_K,
+        USE_DOT,
+        UPCAST,
+        NUM_STAGES,
+    )
+    if HAS_BIAS:
+        acc += tl.load(b_ptr + cols, mask=cols < N, other=0.0).to(tl.float32)[None, :]
+    if ROUND_Y:
+        store_rows(acc, out_ptr, stride_out, rows, cols, R, N, EPILOGUE, DT)
+    else:
+        store_rows(acc, out_ptr, stride_out, rows, cols, R, N, EPILOGUE, None)
+
+
+gemv_kernel = launcher(gemv_tile, prefetch=("w_ptr", "pid * BLOCK_N * stride_w", "BLOCK_N * stride_w"))
+
+
+# ----------------------------------------------------------------------------- blocks and the launch
 
 
 def pick_block_n(N: int, sms: int, choices=(64, 32, 16)) -> int:
@@ -94,158 +396,61 @@ def pick_block_k(K: int, BLOCK_R: int, BLOCK_N: int, USE_DOT: bool, budget: int 
     """K step: a weight tile of ~``budget`` elements (16 KiB bf16) per step; the FMA path also keeps an
     fp32 accumulator of BLOCK_R·BLOCK_N·BLOCK_K values, the mma path a [BLOCK_R, BLOCK_N] one."""
     per_step = budget // BLOCK_N if USE_DOT else budget // (BLOCK_R * BLOCK_N)
-    return max(16, min(per_step, 512, triton.next_power_of_2(K)))
+    return max(16, min(per_step, 512, pow2(K)))
 
 
 def gemv_blocks(R: int, N: int, K: int, device) -> dict:
-    """Constexpr block sizes (and num_warps) for ``gemv_tile`` over R rows of an [N, K] weight."""
-    BLOCK_R, USE_DOT = block_rows(R)
+    """Constexpr block sizes (and num_warps) of ``gemv_tile`` over R rows of an [N, K] weight."""
+    BLOCK_R, USE_DOT = row_block(R)
     BLOCK_N = pick_block_n(N, num_sms(device))
     BLOCK_K = pick_block_k(K, BLOCK_R, BLOCK_N, USE_DOT)
-    # 8 warps: the FMA accumulator and the double-buffered weight tiles fit without spills (sm_90, ~80-210 registers)
-    return dict(BLOCK_R=BLOCK_R, BLOCK_N=BLOCK_N, BLOCK_K=BLOCK_K, USE_DOT=USE_DOT, UPCAST=interpreting(), NUM_STAGES=1 if interpreting() else 3, num_warps=8)
+    return dict(
+        BLOCK_R=BLOCK_R,
+        BLOCK_N=BLOCK_N,
+        BLOCK_K=BLOCK_K,
+        USE_DOT=USE_DOT,
+        UPCAST=upcast_dots(),
+        NUM_STAGES=pipeline_stages(),
+        num_warps=8,
+    )
 
 
-# ----------------------------------------------------------------------------- tile helpers
-
-
-@triton.jit
-def row_inv_rms(x_ptr, stride_x, R, K, eps, BLOCK_R: tl.constexpr, BLOCK_K: tl.constexpr):
-    """[BLOCK_R] fp32: 1 / sqrt(mean_k x[r, k]² + eps) of rows r < R (x [R, K], unit column stride)."""
-    rows = tl.arange(0, BLOCK_R)
-    sq = tl.zeros([BLOCK_R, BLOCK_K], dtype=tl.float32)
-    for k0 in range(0, K, BLOCK_K):
-        ks = k0 + tl.arange(0, BLOCK_K)
-        mask = (rows[:, None] < R) & (ks[None, :] < K)
-        x = tl.load(x_ptr + rows[:, None].to(tl.int64) * stride_x + ks[None, :], mask=mask, other=0.0).to(tl.float32)
-        sq += x * x
-    return tl.rsqrt(tl.sum(sq, axis=1) / K + eps)
-
-
-@triton.jit
-def load_input_block(x_ptr, stride_x, rows, ks, R, K, norm_ptr, inv_rms, HAS_NORM: tl.constexpr):
-    """x̂[rows, ks] in x's dtype; zero outside [R, K]. With HAS_NORM: γ ⊙ (x · inv_rms).to(x.dtype)."""
-    mask = (rows[:, None] < R) & (ks[None, :] < K)
-    x = tl.load(x_ptr + rows[:, None].to(tl.int64) * stride_x + ks[None, :], mask=mask, other=0.0)
-    if HAS_NORM:
-        gamma = tl.load(norm_ptr + ks, mask=ks < K, other=0.0).to(tl.float32)
-        normed = (x.to(tl.float32) * inv_rms[:, None]).to(x.dtype)
-        x = (gamma[None, :] * normed.to(tl.float32)).to(x.dtype)
-    return x
-
-
-@triton.jit
-def mac_zeros(BLOCK_R: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, USE_DOT: tl.constexpr):
-    """A zero accumulator for ``mac``: [BLOCK_R, BLOCK_N] (mma) or [BLOCK_R, BLOCK_N, BLOCK_K] (FMA)."""
-    if USE_DOT:
-        acc = tl.zeros([BLOCK_R, BLOCK_N], dtype=tl.float32)
-    else:
-        acc = tl.zeros([BLOCK_R, BLOCK_N, BLOCK_K], dtype=tl.float32)
-    return acc
-
-
-@triton.jit
-def mac(acc, x, w, USE_DOT: tl.constexpr, UPCAST: tl.constexpr):
-    """acc + x [BR, BK] · w [BN, BK]ᵀ, fp32 products and sums. USE_DOT: ``tl.dot`` into acc [BR, BN];
-    otherwise element-wise FMAs into acc [BR, BN, BK] (no reduction inside the K loop; ``mac_sum`` at the end)."""
-    if USE_DOT:
-        if UPCAST:
-            acc = tl.dot(x.to(tl.float32), tl.trans(w.to(tl.float32)), acc, input_precision="ieee")
-        elif x.dtype == tl.float32:
-            acc = tl.dot(x, tl.trans(w.to(tl.float32)), acc, input_precision="ieee")
-        else:
-            acc = tl.dot(x, tl.trans(w.to(x.dtype)), acc)
-    else:
-        acc += x.to(tl.float32)[:, None, :] * w.to(tl.float32)[None, :, :]
-    return acc
-
-
-@triton.jit
-def mac_sum(acc, USE_DOT: tl.constexpr):
-    """[BR, BN] fp32 result of a ``mac`` accumulator."""
-    if USE_DOT:
-        out = acc
-    else:
-        out = tl.sum(acc, axis=2)
-    return out
-
-
-@triton.jit
-def store_rows(y, out_ptr, stride_out, rows, cols, R, N, EPILOGUE: tl.constexpr, ROUND_TY: tl.constexpr):
-    """Write y [BR, BN] (fp32) to out[rows, cols] by EPILOGUE; ROUND_TY (a dtype or None) rounds y first."""
-    mask = (rows[:, None] < R) & (cols[None, :] < N)
-    ptrs = out_ptr + rows[:, None].to(tl.int64) * stride_out + cols[None, :]
-    if EPILOGUE == ATOMIC:
-        tl.atomic_add(ptrs, y, mask=mask, sem="relaxed")
-    else:
-        if ROUND_TY is not None:
-            y = y.to(ROUND_TY).to(tl.float32)
-        if EPILOGUE == ADD:
-            y = tl.load(ptrs, mask=mask, other=0.0).to(tl.float32) + y
-        tl.store(ptrs, y.to(out_ptr.dtype.element_ty), mask=mask)
-
-
-@triton.jit
-def gemv_tile(tile, x_ptr, stride_x, norm_ptr, eps, w_ptr, stride_w, b_ptr, out_ptr, stride_out, R, N, K,
-              HAS_NORM: tl.constexpr, HAS_BIAS: tl.constexpr, EPILOGUE: tl.constexpr, ROUND_Y: tl.constexpr,
-              SPLIT_K: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-              USE_DOT: tl.constexpr, UPCAST: tl.constexpr, NUM_STAGES: tl.constexpr):
-    """One [R, BLOCK_N] tile of y = W x̂ (+ b); see the module docstring."""
-    n_tile = tile // SPLIT_K
-    k_slice = tile % SPLIT_K
-    rows = tl.arange(0, BLOCK_R)
-    cols = n_tile * BLOCK_N + tl.arange(0, BLOCK_N)
-    if HAS_NORM:
-        inv_rms = row_inv_rms(x_ptr, stride_x, R, K, eps, BLOCK_R, BLOCK_K)
-    else:
-        inv_rms = tl.full([BLOCK_R], 1.0, tl.float32)
-    k_len = tl.cdiv(tl.cdiv(K, SPLIT_K), BLOCK_K) * BLOCK_K
-    k_lo = k_slice * k_len
-    k_hi = tl.minimum(k_lo + k_len, K)
-    w_rows = w_ptr + cols[:, None].to(tl.int64) * stride_w
-    n_mask = cols[:, None] < N
-    acc = mac_zeros(BLOCK_R, BLOCK_N, BLOCK_K, USE_DOT)
-    # register double buffer: the next weight tile is in flight while this one is multiplied
-    ks = k_lo + tl.arange(0, BLOCK_K)
-    w = tl.load(w_rows + ks[None, :], mask=n_mask & (ks[None, :] < k_hi), other=0.0)
-    for k0 in tl.range(k_lo, k_hi, BLOCK_K, num_stages=NUM_STAGES):
-        ks = k0 + tl.arange(0, BLOCK_K)
-        w_next = tl.load(w_rows + BLOCK_K + ks[None, :], mask=n_mask & (ks[None, :] + BLOCK_K < k_hi), other=0.0)
-        x = load_input_block(x_ptr, stride_x, rows, ks, R, k_hi, norm_ptr, inv_rms, HAS_NORM)
-        acc = mac(acc, x, w, USE_DOT, UPCAST)
-        w = w_next
-    acc = mac_sum(acc, USE_DOT)
-    if HAS_BIAS:
-        bias = tl.load(b_ptr + cols, mask=cols < N, other=0.0).to(tl.float32)
-        if SPLIT_K > 1:
-            bias = tl.where(k_slice == 0, bias, 0.0)  # one K slice adds the bias
-        acc += bias[None, :]
-    if ROUND_Y:
-        store_rows(acc, out_ptr, stride_out, rows, cols, R, N, EPILOGUE, w_ptr.dtype.element_ty)
-    else:
-        store_rows(acc, out_ptr, stride_out, rows, cols, R, N, EPILOGUE, None)
-
-
-@triton.jit
-def _gemv_kernel(x_ptr, stride_x, norm_ptr, eps, w_ptr, stride_w, b_ptr, out_ptr, stride_out, R, N, K,
-                 HAS_NORM: tl.constexpr, HAS_BIAS: tl.constexpr, EPILOGUE: tl.constexpr, ROUND_Y: tl.constexpr,
-                 SPLIT_K: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-                 USE_DOT: tl.constexpr, UPCAST: tl.constexpr, NUM_STAGES: tl.constexpr, USE_PDL: tl.constexpr):
-    pdl_wait(USE_PDL)
-    gemv_tile(tl.program_id(0), x_ptr, stride_x, norm_ptr, eps, w_ptr, stride_w, b_ptr, out_ptr, stride_out, R, N, K,
-              HAS_NORM, HAS_BIAS, EPILOGUE, ROUND_Y, SPLIT_K, BLOCK_R, BLOCK_N, BLOCK_K, USE_DOT, UPCAST, NUM_STAGES)
-
-
-def launch_gemv(x: torch.Tensor, w: torch.Tensor, out: torch.Tensor, *, bias=None, norm=None, eps: float = 0.0,
-                epilogue: int = 0, round_y: bool = False, split_k: int = 1, env=None, **blocks) -> None:
-    """out (by ``epilogue``) W x̂ (+ bias) for x [R, K], w [N, K], out [R, N] - one launch of ``gemv_tile``
-    (with PDL when the step's ``env`` allows it: ``pdl_launch_args``)."""
+def launch_gemv(
+    x: torch.Tensor,
+    w: torch.Tensor,
+    out: torch.Tensor,
+    *,
+    bias=None,
+    norm=None,
+    eps: float = 0.0,
+    epilogue: int = 0,
+    round_y: bool = False,
+    env=None,
+    **blocks,
+) -> None:
+    """out (by ``epilogue``) W x̂ (+ bias) for x [R, K], w [N, K], out [R, N] - one launch of ``gemv_tile``."""
     R, K = x.shape
     N = w.shape[0]
     assert x.stride(-1) == 1 and w.stride(-1) == 1 and out.stride(-1) == 1 and R <= 16
-    assert split_k == 1 or int(epilogue) == int(ATOMIC), "split-K partial sums need the ATOMIC epilogue"
     cfg = gemv_blocks(R, N, K, x.device) | blocks
-    grid = (triton.cdiv(N, cfg["BLOCK_N"]) * split_k,)
-    _gemv_kernel[grid](x, x.stride(0), norm if norm is not None else w, eps, w, w.stride(0), bias if bias is not None else w,
-                       out, out.stride(0), R, N, K, HAS_NORM=norm is not None, HAS_BIAS=bias is not None, EPILOGUE=int(epilogue),
-                       ROUND_Y=round_y, SPLIT_K=split_k, **cfg, **pdl_launch_args(env))
+    grid = (triton.cdiv(N, cfg["BLOCK_N"]),)
+    gemv_kernel[grid](
+        x,
+        x.stride(0),
+        norm if norm is not None else w,
+        eps,
+        w,
+        w.stride(0),
+        bias if bias is not None else w,
+        out,
+        out.stride(0),
+        R,
+        N,
+        K,
+        HAS_NORM=norm is not None,
+        HAS_BIAS=bias is not None,
+        EPILOGUE=int(epilogue),
+        ROUND_Y=round_y,
+        **cfg,
+        **pdl_launch_args(env),
+    )

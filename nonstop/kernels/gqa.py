@@ -8,7 +8,8 @@ gqa_qkv_rope  [q | k | v] = W_qkv RMSNorm(x) (+ b); RoPE on q and k (pairs (i, i
 gqa_attn      o_h = Σ_j softmax_j(D^-½ q_h · k_j) v_j over keys j <= the row's position, k/v of the
               head's group                                                              o [H·D]
 
-Tile functions: ``gqa_qkv_rope_tile``, ``gqa_attn_split_tile``, ``gqa_attn_combine_tile``.
+Tile functions: ``gqa_qkv_rope_tile``, ``gqa_attn_tile`` (two phases: ``gqa_attn_split_tile``,
+``gqa_attn_combine_tile``).
 """
 
 from __future__ import annotations
@@ -18,23 +19,18 @@ import triton
 import triton.language as tl
 
 from nonstop.kernels.attn_tiles import (
-    INTERPRET,
     choose_split,
-    dot_precision,
-    gemv_rows,
     merge_splits,
-    mm,
     online_softmax_step,
     pool_rows,
-    pow2,
     rope_pair_channels,
     rope_rotate,
     row_positions,
-    row_rstd,
     store_partial,
-    workspace,
 )
-from nonstop.kernels.pdl import pdl_launch_args, pdl_wait
+from nonstop.kernels.gemv import gemv_rows, mm, row_inv_rms
+from nonstop.kernels.launch import launcher, pdl_launch_args, phase_counters, phase_done, phase_ticket, workspace
+from nonstop.kernels.platform import dot_mode, on_gpu, pow2, row_block
 
 # GPU block sizes, checked by compiling for sm_90 at Llama-3-8B shapes (D = 128):
 ON_GPU_BLOCK_K = 256
@@ -47,13 +43,43 @@ NUM_STAGES = 3
 
 
 @triton.jit
-def gqa_qkv_rope_tile(tile, x_ptr, x_stride, norm_ptr, w_ptr, w_stride, bias_ptr, inv_freq_ptr, magnitude,
-                      q_ptr, q_stride, k_ptr, v_ptr, kv_stride,
-                      slots_ptr, start_ptr, table_ptr, table_stride, PAGE_SIZE: tl.constexpr,
-                      R, T, K, H, HKV, D, eps,
-                      HAS_NORM: tl.constexpr, HAS_BIAS: tl.constexpr, INTERLEAVED: tl.constexpr,
-                      BLOCK_R: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_K: tl.constexpr,
-                      NUM_STAGES: tl.constexpr, DOT_F32: tl.constexpr, PREC: tl.constexpr):
+def gqa_qkv_rope_tile(
+    tile,
+    x_ptr,
+    x_stride,
+    norm_ptr,
+    w_ptr,
+    w_stride,
+    bias_ptr,
+    inv_freq_ptr,
+    magnitude,
+    q_ptr,
+    q_stride,
+    k_ptr,
+    v_ptr,
+    kv_stride,
+    slots_ptr,
+    start_ptr,
+    table_ptr,
+    table_stride,
+    PAGE_SIZE: tl.constexpr,
+    R,
+    T,
+    K,
+    H,
+    HKV,
+    D,
+    eps,
+    HAS_NORM: tl.constexpr,
+    HAS_BIAS: tl.constexpr,
+    INTERLEAVED: tl.constexpr,
+    BLOCK_R: tl.constexpr,
+    BLOCK_P: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    NUM_STAGES: tl.constexpr,
+    USE_DOT: tl.constexpr,
+    UPCAST: tl.constexpr,
+):
     """Tile (j, pb) = (tile // PB, tile % PB), PB = cdiv(D/2, BLOCK_P): RoPE pairs [pb·BLOCK_P, +BLOCK_P) of
     packed head j (q heads 0..H-1, then k heads, then v heads), for all R rows. Both channels of each pair
     are projected here, so the rotation needs nothing from other tiles (v heads are not rotated). q goes to
@@ -67,12 +93,39 @@ def gqa_qkv_rope_tile(tile, x_ptr, x_stride, norm_ptr, w_ptr, w_stride, bias_ptr
     first, second = rope_pair_channels(i, HALF, INTERLEAVED)
     rows = tl.arange(0, BLOCK_R)
     rmask = rows < R
-    rstd = tl.zeros([BLOCK_R], dtype=tl.float32) + 1.0
     if HAS_NORM:
-        rstd = row_rstd(x_ptr, x_stride, R, K, eps, BLOCK_R, BLOCK_K)
+        rstd = row_inv_rms(x_ptr, x_stride, R, K, eps, DT, BLOCK_R, BLOCK_K)
+    else:
+        rstd = tl.full([BLOCK_R], 1.0, tl.float32)
     base = j * D
-    a = gemv_rows(x_ptr, x_stride, R, K, rstd, norm_ptr, w_ptr, w_stride, base + first, imask, HAS_NORM, BLOCK_R, BLOCK_K, NUM_STAGES, DOT_F32, PREC)
-    b = gemv_rows(x_ptr, x_stride, R, K, rstd, norm_ptr, w_ptr, w_stride, base + second, imask, HAS_NORM, BLOCK_R, BLOCK_K, NUM_STAGES, DOT_F32, PREC)
+    a, b = gemv_rows(
+        x_ptr,
+        x_stride,
+        R,
+        0,
+        K,
+        norm_ptr,
+        rstd,
+        w_ptr,
+        w_ptr,
+        w_stride,
+        w_ptr,
+        w_ptr,
+        0,
+        0,
+        base + first,
+        base + second,
+        imask,
+        HAS_NORM,
+        True,
+        False,
+        DT,
+        BLOCK_R,
+        BLOCK_K,
+        USE_DOT,
+        UPCAST,
+        NUM_STAGES,
+    )
     if HAS_BIAS:
         a += tl.load(bias_ptr + base + first, mask=imask, other=0.0).to(tl.float32)[None, :]
         b += tl.load(bias_ptr + base + second, mask=imask, other=0.0).to(tl.float32)[None, :]
@@ -101,17 +154,7 @@ def gqa_qkv_rope_tile(tile, x_ptr, x_stride, norm_ptr, w_ptr, w_stride, bias_ptr
             tl.store(v_ptr + dest + second[None, :], b, mask=mask)
 
 
-@triton.jit
-def _gqa_qkv_rope_kernel(x_ptr, x_stride, norm_ptr, w_ptr, w_stride, bias_ptr, inv_freq_ptr, magnitude,
-                         q_ptr, q_stride, k_ptr, v_ptr, kv_stride, slots_ptr, start_ptr, table_ptr, table_stride, PAGE_SIZE: tl.constexpr,
-                         R, T, K, H, HKV, D, eps,
-                         HAS_NORM: tl.constexpr, HAS_BIAS: tl.constexpr, INTERLEAVED: tl.constexpr,
-                         BLOCK_R: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_K: tl.constexpr,
-                         NUM_STAGES: tl.constexpr, DOT_F32: tl.constexpr, PREC: tl.constexpr, USE_PDL: tl.constexpr):
-    pdl_wait(USE_PDL)
-    gqa_qkv_rope_tile(tl.program_id(0), x_ptr, x_stride, norm_ptr, w_ptr, w_stride, bias_ptr, inv_freq_ptr, magnitude,
-                      q_ptr, q_stride, k_ptr, v_ptr, kv_stride, slots_ptr, start_ptr, table_ptr, table_stride, PAGE_SIZE,
-                      R, T, K, H, HKV, D, eps, HAS_NORM, HAS_BIAS, INTERLEAVED, BLOCK_R, BLOCK_P, BLOCK_K, NUM_STAGES, DOT_F32, PREC)
+gqa_qkv_rope_kernel = launcher(gqa_qkv_rope_tile)
 
 
 def gqa_qkv_rope(op, env) -> None:
@@ -125,32 +168,89 @@ def gqa_qkv_rope(op, env) -> None:
     k_pool, v_pool = layer.tensors["k"], layer.tensors["v"]
     pages = layer.pages
     R, K = x.shape
-    block_p = min(PAIRS_PER_TILE, pow2(D // 2))
-    block_k = min(ON_GPU_BLOCK_K, pow2(K)) if x.is_cuda else pow2(K)
+    block_p = min(PAIRS_PER_TILE, pow2(D // 2, 16))
+    block_k = min(ON_GPU_BLOCK_K, pow2(K, 16)) if on_gpu(x.device) else pow2(K, 16)
+    block_r, use_dot = row_block(R)
     grid = ((H + 2 * HKV) * triton.cdiv(D // 2, block_p),)
-    _gqa_qkv_rope_kernel[grid](x, x.stride(0), norm if norm is not None else w, w, w.stride(0), bias if bias is not None else w,
-                               op.weights["inv_freq"], float(a["rope_magnitude"]),
-                               q, q.stride(0), k_pool, v_pool, k_pool.stride(0),
-                               env.batch.slots, env.batch.start, pages.table, pages.table.stride(0), pages.page_size,
-                               R, env.T, K, H, HKV, D, a["eps"],
-                               HAS_NORM=norm is not None, HAS_BIAS=bias is not None, INTERLEAVED=bool(a["interleaved"]),
-                               BLOCK_R=pow2(R), BLOCK_P=block_p, BLOCK_K=block_k, NUM_STAGES=NUM_STAGES,
-                               DOT_F32=INTERPRET, PREC=dot_precision(w.dtype), num_warps=4, **pdl_launch_args(env))
+    gqa_qkv_rope_kernel[grid](
+        x,
+        x.stride(0),
+        norm if norm is not None else w,
+        w,
+        w.stride(0),
+        bias if bias is not None else w,
+        op.weights["inv_freq"],
+        float(a["rope_magnitude"]),
+        q,
+        q.stride(0),
+        k_pool,
+        v_pool,
+        k_pool.stride(0),
+        env.batch.slots,
+        env.batch.start,
+        pages.table,
+        pages.table.stride(0),
+        pages.page_size,
+        R,
+        env.T,
+        K,
+        H,
+        HKV,
+        D,
+        a["eps"],
+        HAS_NORM=norm is not None,
+        HAS_BIAS=bias is not None,
+        INTERLEAVED=bool(a["interleaved"]),
+        BLOCK_R=block_r,
+        BLOCK_P=block_p,
+        BLOCK_K=block_k,
+        NUM_STAGES=NUM_STAGES,
+        USE_DOT=use_dot,
+        UPCAST=dot_mode(w.dtype)["UPCAST"],
+        num_warps=4,
+        **pdl_launch_args(env),
+    )
 
 
 # ----------------------------------------------------------------------------- gqa_attn
 
 
 @triton.jit
-def gqa_attn_split_tile(tile, q_ptr, k_ptr, v_ptr, kv_stride, slots_ptr, start_ptr, table_ptr, table_stride, PAGE_SIZE: tl.constexpr,
-                        ml_ptr, acc_ptr, out_ptr, T, H, HKV, D, scale, SPLIT, NS, MB,
-                        BLOCK_M: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_D: tl.constexpr,
-                        NUM_STAGES: tl.constexpr, DOT_F32: tl.constexpr, PREC: tl.constexpr):
+def gqa_attn_split_tile(
+    tile,
+    q_ptr,
+    k_ptr,
+    v_ptr,
+    kv_stride,
+    slots_ptr,
+    start_ptr,
+    table_ptr,
+    table_stride,
+    PAGE_SIZE: tl.constexpr,
+    ml_ptr,
+    acc_ptr,
+    out_ptr,
+    T,
+    H,
+    HKV,
+    D,
+    scale,
+    SPLIT,
+    NS,
+    MB,
+    BLOCK_M: tl.constexpr,
+    BLOCK_S: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+    NUM_STAGES: tl.constexpr,
+    UPCAST: tl.constexpr,
+    PREC: tl.constexpr,
+    TF32_ROUND: tl.constexpr,
+):
     """Tile (b, g, mb, split) = (tile // (HKV·MB·NS), tile // (MB·NS) % HKV, tile // NS % MB, tile % NS): the
     query items m = t·G + i (head g·G + i of row b·T + t) of block mb, over keys [split·SPLIT, +SPLIT) ∩
     [0, end_b); each K/V tile of group g is loaded once for all of them. A sequence whose keys fit one split
-    writes its output o [R, H·D] directly; otherwise the tile writes its partial and returns 1 when it
-    did so (its caller counts it), else 0. Splits past end_b do nothing. Tiles: B·Hkv·MB·NS."""
+    writes its output o [R, H·D] directly; otherwise the tile writes its partial. Splits past end_b do
+    nothing. Tiles: B·Hkv·MB·NS."""
     DT: tl.constexpr = k_ptr.dtype.element_ty
     G = H // HKV
     b = tile // (HKV * MB * NS)
@@ -161,7 +261,6 @@ def gqa_attn_split_tile(tile, q_ptr, k_ptr, v_ptr, kv_stride, slots_ptr, start_p
     start = tl.load(start_ptr + b).to(tl.int32)
     end = start + T
     s_begin = split * SPLIT
-    wrote_partial = tl.full([], 0, tl.int32)
     if s_begin < end:
         m = mb * BLOCK_M + tl.arange(0, BLOCK_M)
         mmask = m < T * G
@@ -171,7 +270,9 @@ def gqa_attn_split_tile(tile, q_ptr, k_ptr, v_ptr, kv_stride, slots_ptr, start_p
         pos = start + m // G
         d = tl.arange(0, BLOCK_D)
         dmask = d < D
-        q = tl.load(q_ptr + items[:, None].to(tl.int64) * D + d[None, :], mask=mmask[:, None] & dmask[None, :], other=0.0)
+        q = tl.load(
+            q_ptr + items[:, None].to(tl.int64) * D + d[None, :], mask=mmask[:, None] & dmask[None, :], other=0.0
+        )
         mx = tl.zeros([BLOCK_M], dtype=tl.float32) - 1.0e30
         den = tl.zeros([BLOCK_M], dtype=tl.float32)
         acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
@@ -179,63 +280,129 @@ def gqa_attn_split_tile(tile, q_ptr, k_ptr, v_ptr, kv_stride, slots_ptr, start_p
         for s0 in tl.range(s_begin, s_end, BLOCK_S, num_stages=NUM_STAGES):
             s = s0 + tl.arange(0, BLOCK_S)
             smask = s < s_end
-            kv_off = pool_rows(table_ptr, table_stride, slot, s, PAGE_SIZE, smask)[:, None] * kv_stride + g * D + d[None, :]
+            kv_off = (
+                pool_rows(table_ptr, table_stride, slot, s, PAGE_SIZE, smask)[:, None] * kv_stride + g * D + d[None, :]
+            )
             kv_mask = smask[:, None] & dmask[None, :]
             k = tl.load(k_ptr + kv_off, mask=kv_mask, other=0.0)
             v = tl.load(v_ptr + kv_off, mask=kv_mask, other=0.0)
-            scores = mm(q, tl.trans(k), DOT_F32, PREC) * scale
+            scores = mm(q, tl.trans(k), UPCAST, PREC, TF32_ROUND) * scale
             visible = (s[None, :] <= pos[:, None]) & smask[None, :]
             p, mx, den, acc = online_softmax_step(scores, visible, mx, den, acc)
-            acc += mm(p.to(DT), v, DOT_F32, PREC)
+            acc += mm(p.to(DT), v, UPCAST, PREC, TF32_ROUND)
         if end <= SPLIT:
             o = acc / tl.where(den > 0, den, 1.0)[:, None]
-            tl.store(out_ptr + items[:, None].to(tl.int64) * D + d[None, :], o.to(DT), mask=mmask[:, None] & dmask[None, :])
+            tl.store(
+                out_ptr + items[:, None].to(tl.int64) * D + d[None, :], o.to(DT), mask=mmask[:, None] & dmask[None, :]
+            )
         else:
             store_partial(ml_ptr, acc_ptr, items, mmask, split, NS, D, mx, den, acc, BLOCK_D)
-            wrote_partial = tl.full([], 1, tl.int32)
-    return wrote_partial
 
 
 @triton.jit
-def gqa_attn_combine_tile(tile, ml_ptr, acc_ptr, start_ptr, out_ptr, T, H, HKV, D, SPLIT, NS, MB,
-                          BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr):
+def gqa_attn_combine_tile(
+    tile, ml_ptr, acc_ptr, start_ptr, out_ptr, T, H, HKV, D, SPLIT, NS, MB, BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr
+):
     """Tile (b, g, mb) = (tile // (HKV·MB), tile // MB % HKV, tile % MB): merge the splits of the block's
     query items (each over the splits holding keys 0..its position) into o [R, H·D]. Needs every split
-    tile of (b, g, mb) done."""
+    tile of (b, g, mb) done. A sequence whose keys fit one split was written by its split-0 tile: nothing
+    to merge."""
     DT: tl.constexpr = out_ptr.dtype.element_ty
     G = H // HKV
     b = tile // (HKV * MB)
     g = tile // MB % HKV
     mb = tile % MB
-    m = mb * BLOCK_M + tl.arange(0, BLOCK_M)
-    mmask = m < T * G
-    items = (b * T + m // G) * H + g * G + m % G
-    pos = tl.load(start_ptr + b).to(tl.int32) + m // G
-    o = merge_splits(ml_ptr, acc_ptr, items, tl.where(mmask, pos // SPLIT + 1, 0), NS, D, BLOCK_D)
-    d = tl.arange(0, BLOCK_D)
-    tl.store(out_ptr + items[:, None].to(tl.int64) * D + d[None, :], o.to(DT), mask=mmask[:, None] & (d < D)[None, :])
+    start = tl.load(start_ptr + b).to(tl.int32)
+    if start + T > SPLIT:
+        m = mb * BLOCK_M + tl.arange(0, BLOCK_M)
+        mmask = m < T * G
+        items = (b * T + m // G) * H + g * G + m % G
+        pos = start + m // G
+        o = merge_splits(ml_ptr, acc_ptr, items, tl.where(mmask, pos // SPLIT + 1, 0), NS, D, BLOCK_D)
+        d = tl.arange(0, BLOCK_D)
+        tl.store(
+            out_ptr + items[:, None].to(tl.int64) * D + d[None, :], o.to(DT), mask=mmask[:, None] & (d < D)[None, :]
+        )
 
 
 @triton.jit
-def _gqa_attn_kernel(counters_ptr, q_ptr, k_ptr, v_ptr, kv_stride, slots_ptr, start_ptr, table_ptr, table_stride, PAGE_SIZE: tl.constexpr,
-                     ml_ptr, acc_ptr, out_ptr, T, H, HKV, D, scale, SPLIT, NS, MB,
-                     BLOCK_M: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_D: tl.constexpr,
-                     NUM_STAGES: tl.constexpr, DOT_F32: tl.constexpr, PREC: tl.constexpr, USE_PDL: tl.constexpr):
-    """Split tiles; the last split of (b, g, mb) to finish (counter per (b, g, mb), acq_rel) merges them and
-    resets its counter to zero. Nobody waits."""
-    pdl_wait(USE_PDL)
-    tile = tl.program_id(0)
-    if gqa_attn_split_tile(tile, q_ptr, k_ptr, v_ptr, kv_stride, slots_ptr, start_ptr, table_ptr, table_stride, PAGE_SIZE,
-                           ml_ptr, acc_ptr, out_ptr, T, H, HKV, D, scale, SPLIT, NS, MB,
-                           BLOCK_M, BLOCK_S, BLOCK_D, NUM_STAGES, DOT_F32, PREC) != 0:
-        group = tile // NS
-        b = group // (HKV * MB)
-        splits = tl.cdiv(tl.load(start_ptr + b).to(tl.int32) + T, SPLIT)
-        tl.debug_barrier()
-        if tl.atomic_add(counters_ptr + group, 1, sem="acq_rel") == splits - 1:
-            tl.debug_barrier()
-            gqa_attn_combine_tile(group, ml_ptr, acc_ptr, start_ptr, out_ptr, T, H, HKV, D, SPLIT, NS, MB, BLOCK_M, BLOCK_D)
-            tl.atomic_xchg(counters_ptr + group, 0)
+def gqa_attn_tile(
+    tile,
+    counters_ptr,
+    n_split_tiles,
+    n_combine_tiles,
+    q_ptr,
+    k_ptr,
+    v_ptr,
+    kv_stride,
+    slots_ptr,
+    start_ptr,
+    table_ptr,
+    table_stride,
+    PAGE_SIZE: tl.constexpr,
+    ml_ptr,
+    acc_ptr,
+    out_ptr,
+    T,
+    H,
+    HKV,
+    D,
+    scale,
+    SPLIT,
+    NS,
+    MB,
+    BLOCK_M: tl.constexpr,
+    BLOCK_S: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+    NUM_STAGES: tl.constexpr,
+    UPCAST: tl.constexpr,
+    PREC: tl.constexpr,
+    TF32_ROUND: tl.constexpr,
+    PHASE: tl.constexpr,
+):
+    """Split-KV attention in two phases (``launch.py``): 1 ``split`` tiles (``gqa_attn_split_tile``),
+    2 ``combine`` tiles (``gqa_attn_combine_tile``); 0 the in-launch protocol (counters int32 [3])."""
+    phase = PHASE
+    if PHASE == 0:
+        phase, tile = phase_ticket(counters_ptr, n_split_tiles)
+    if phase == 1:
+        gqa_attn_split_tile(
+            tile,
+            q_ptr,
+            k_ptr,
+            v_ptr,
+            kv_stride,
+            slots_ptr,
+            start_ptr,
+            table_ptr,
+            table_stride,
+            PAGE_SIZE,
+            ml_ptr,
+            acc_ptr,
+            out_ptr,
+            T,
+            H,
+            HKV,
+            D,
+            scale,
+            SPLIT,
+            NS,
+            MB,
+            BLOCK_M,
+            BLOCK_S,
+            BLOCK_D,
+            NUM_STAGES,
+            UPCAST,
+            PREC,
+            TF32_ROUND,
+        )
+    else:
+        gqa_attn_combine_tile(tile, ml_ptr, acc_ptr, start_ptr, out_ptr, T, H, HKV, D, SPLIT, NS, MB, BLOCK_M, BLOCK_D)
+    if PHASE == 0:
+        phase_done(counters_ptr, phase, n_combine_tiles)
+
+
+gqa_attn_kernel = launcher(gqa_attn_tile, phases=("split", "combine"), first="n_split_tiles")
 
 
 def gqa_attn(op, env, split_tokens: int | None = None) -> None:
@@ -248,19 +415,54 @@ def gqa_attn(op, env, split_tokens: int | None = None) -> None:
     pages = layer.pages
     R, T, B = q.shape[0], env.T, env.B
     G = H // HKV
-    block_m = min(ATTN_BLOCK_M, pow2(T * G))
-    block_s = ATTN_BLOCK_S if q.is_cuda else 16
+    block_m = min(ATTN_BLOCK_M, pow2(T * G, 16))
+    block_s = ATTN_BLOCK_S if on_gpu(q.device) else 16
     mb = triton.cdiv(T * G, block_m)
     context_bound = pages.table.shape[1] * pages.page_size  # >= every row's end; no device sync
     # the split length depends on neither B nor T (row-exact: see mla_attn)
-    split, ns = choose_split(context_bound, HKV * triton.cdiv(G, min(ATTN_BLOCK_M, pow2(G))), block_s, q.device, split_tokens, min_split=128)
+    split, ns = choose_split(
+        context_bound,
+        HKV * triton.cdiv(G, min(ATTN_BLOCK_M, pow2(G, 16))),
+        block_s,
+        q.device,
+        split_tokens,
+        min_split=128,
+    )
     ml = workspace("gqa_attn.ml", R * H * ns * 2, torch.float32, q.device)
     acc = workspace("gqa_attn.acc", R * H * ns * D, torch.float32, q.device)
-    counters = workspace("gqa_attn.counters", B * HKV * mb, torch.int32, q.device, zero=True)
-    _gqa_attn_kernel[(B * HKV * mb * ns,)](
-        counters, q, k_pool, v_pool, k_pool.stride(0), env.batch.slots, env.batch.start, pages.table, pages.table.stride(0), pages.page_size,
-        ml, acc, out, T, H, HKV, D, D**-0.5, split, ns, mb,
-        BLOCK_M=block_m, BLOCK_S=block_s, BLOCK_D=pow2(D), NUM_STAGES=2, DOT_F32=INTERPRET, PREC=dot_precision(k_pool.dtype), num_warps=8, **pdl_launch_args(env))
+    n_split_tiles, n_combine_tiles = B * HKV * mb * ns, B * HKV * mb
+    gqa_attn_kernel[(n_split_tiles + n_combine_tiles,)](
+        phase_counters("gqa_attn", q.device),
+        n_split_tiles,
+        n_combine_tiles,
+        q,
+        k_pool,
+        v_pool,
+        k_pool.stride(0),
+        env.batch.slots,
+        env.batch.start,
+        pages.table,
+        pages.table.stride(0),
+        pages.page_size,
+        ml,
+        acc,
+        out,
+        T,
+        H,
+        HKV,
+        D,
+        D**-0.5,
+        split,
+        ns,
+        mb,
+        BLOCK_M=block_m,
+        BLOCK_S=block_s,
+        BLOCK_D=pow2(D, 16),
+        NUM_STAGES=2,
+        **dot_mode(k_pool.dtype),
+        num_warps=8,
+        **pdl_launch_args(env),
+    )
 
 
 KERNELS = {"gqa_qkv_rope": gqa_qkv_rope, "gqa_attn": gqa_attn}

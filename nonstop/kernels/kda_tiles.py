@@ -26,8 +26,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from nonstop.kernels.rows_gemv import rows_gemv
-
+from nonstop.kernels.gemv import gemv_rows, row_inv_rms
 
 # ----------------------------------------------------------------------------- small helpers
 
@@ -50,13 +49,13 @@ def _softplus(z):
 
 
 @triton.jit
-def _shift_rows(x, s, t, dtype: tl.constexpr, BLOCK_R: tl.constexpr, DOT_FP32: tl.constexpr):
+def _shift_rows(x, s, t, dtype: tl.constexpr, BLOCK_R: tl.constexpr, UPCAST: tl.constexpr):
     """[BLOCK_R, N] -> row r gets x[r - s] where the row's token index t[r] >= s (same sequence), else 0.
     A one-hot [BLOCK_R, BLOCK_R] product: exact, since each output sums one value representable in
-    ``dtype`` (the model dtype: the tensor-core operand type on a GPU)."""
+    ``dtype`` (the model dtype: the tensor-core operand type on a GPU; fp32 models multiply in "ieee")."""
     rows = tl.arange(0, BLOCK_R)
     pick = ((rows[None, :] == rows[:, None] - s) & (t[:, None] >= s)).to(tl.float32)
-    if DOT_FP32:
+    if UPCAST or dtype == tl.float32:
         return tl.dot(pick, x, input_precision="ieee")
     return tl.dot(pick.to(dtype), x.to(dtype))
 
@@ -74,9 +73,27 @@ def _store_section(out_ptr, val, rows, rmask, ns, lo, width):
 
 @triton.jit
 def _short_conv_silu(
-    raw, rows, rmask, ns, conv_w_ptr, win_ptr, stride_win_slot, slots_ptr, start_ptr, R, T, C, K,
-    BLOCK_R: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_W: tl.constexpr, DOT_FP32: tl.constexpr,
-    hist_ptr=None, stride_hist_slot=0, stride_hist_t=0, KEEP: tl.constexpr = False,
+    raw,
+    rows,
+    rmask,
+    ns,
+    conv_w_ptr,
+    win_ptr,
+    stride_win_slot,
+    slots_ptr,
+    start_ptr,
+    R,
+    T,
+    C,
+    K,
+    BLOCK_R: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_W: tl.constexpr,
+    UPCAST: tl.constexpr,
+    hist_ptr=None,
+    stride_hist_slot=0,
+    stride_hist_t=0,
+    KEEP: tl.constexpr = False,
 ):
     """SiLU(causal depthwise conv) of the tile's q/k/v channels over each sequence's window + T tokens;
     writes the new windows. raw: [BLOCK_R, BLOCK_N] projections (model-dtype values, fp32).
@@ -98,10 +115,14 @@ def _short_conv_silu(
     for s in range(1, K):  # token t - s: the window entry t + K-1 - s while t < s, else row r - s
         tap = tl.load(conv_w_ptr + ns * K + (km1 - s), mask=cmask, other=0.0).to(tl.float32)
         from_win = rmask & live & (t < s)
-        prev = tl.load(win_rows[:, None] + win_cols[None, :] + (t + km1 - s)[:, None], mask=from_win[:, None] & cmask[None, :], other=0.0).to(tl.float32)
+        prev = tl.load(
+            win_rows[:, None] + win_cols[None, :] + (t + km1 - s)[:, None],
+            mask=from_win[:, None] & cmask[None, :],
+            other=0.0,
+        ).to(tl.float32)
         if BLOCK_R > 1:
             if s < T:  # some row of this step is s tokens after another row of its sequence
-                prev += _shift_rows(raw, s, t, dtype, BLOCK_R, DOT_FP32)
+                prev += _shift_rows(raw, s, t, dtype, BLOCK_R, UPCAST)
         y += tap[None, :] * prev
         if KEEP:
             if s < km1:  # token t - s is entry K-2-s of the window after token t
@@ -117,46 +138,135 @@ def _short_conv_silu(
     wslot = tl.load(slots_ptr + wb, mask=moved, other=0)
     wlive = tl.load(start_ptr + wb, mask=moved, other=0) != 0
     w_rows = win_ptr + wslot.to(tl.int64) * stride_win_slot
-    kept = tl.load(w_rows[:, None] + win_cols[None, :] + (wi + T)[:, None], mask=(moved & wlive)[:, None] & cmask[None, :], other=0.0)
+    kept = tl.load(
+        w_rows[:, None] + win_cols[None, :] + (wi + T)[:, None],
+        mask=(moved & wlive)[:, None] & cmask[None, :],
+        other=0.0,
+    )
     tl.debug_barrier()  # every read of the old windows (taps above, kept entries) precedes the writes
     tl.store(w_rows[:, None] + win_cols[None, :] + wi[:, None], kept, mask=moved[:, None] & cmask[None, :])
     ni = t - T + km1
-    tl.store(win_rows[:, None] + win_cols[None, :] + ni[:, None], raw.to(dtype), mask=(rmask & (ni >= 0))[:, None] & cmask[None, :])
+    tl.store(
+        win_rows[:, None] + win_cols[None, :] + ni[:, None],
+        raw.to(dtype),
+        mask=(rmask & (ni >= 0))[:, None] & cmask[None, :],
+    )
     return y
 
 
 @triton.jit
 def kda_in_proj_tile(
     tile,
-    x_ptr, stride_x, norm_ptr, eps,
-    w_ptr, stride_w, conv_w_ptr,
-    win_ptr, stride_win_slot, slots_ptr, start_ptr,
-    q_ptr, k_ptr, v_ptr, og_ptr, beta_ptr, fa_ptr,
-    R, T, d, C, G, H, RANK, K,
-    HAS_NORM: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-    BLOCK_W: tl.constexpr, DOT_FP32: tl.constexpr, NUM_STAGES: tl.constexpr,
-    hist_ptr=None, stride_hist_slot=0, stride_hist_t=0, KEEP: tl.constexpr = False,
+    x_ptr,
+    stride_x,
+    norm_ptr,
+    eps,
+    w_ptr,
+    stride_w,
+    conv_w_ptr,
+    win_ptr,
+    stride_win_slot,
+    slots_ptr,
+    start_ptr,
+    q_ptr,
+    k_ptr,
+    v_ptr,
+    og_ptr,
+    beta_ptr,
+    fa_ptr,
+    R,
+    T,
+    d,
+    C,
+    G,
+    H,
+    RANK,
+    K,
+    HAS_NORM: tl.constexpr,
+    BLOCK_R: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    BLOCK_W: tl.constexpr,
+    USE_DOT: tl.constexpr,
+    UPCAST: tl.constexpr,
+    NUM_STAGES: tl.constexpr,
+    hist_ptr=None,
+    stride_hist_slot=0,
+    stride_hist_t=0,
+    KEEP: tl.constexpr = False,
 ):
     """One BLOCK_N slice of kda_in_proj for all R rows (see the module docstring).
 
     x [R, d] (row stride stride_x); norm [d] (used when HAS_NORM); w [N, d]; conv_w [3C, K];
     win: the layer's conv state [S, 3, C, K-1] (slot stride stride_win_slot); slots, start [B] int64;
     outputs contiguous: q, k, v [R, C], og [R, G], beta [R, H], fa [R, RANK].
-    BLOCK_R = rows_gemv.row_block(R); BLOCK_W >= 16, a power of two >= B·(K-1).
+    BLOCK_R, USE_DOT = platform.row_block(R); BLOCK_W >= 16, a power of two >= B·(K-1).
     KEEP: hist = the conv history [S, T_cap, 3C, K-1] (slot / token strides given), written per token.
     """
+    DT: tl.constexpr = w_ptr.dtype.element_ty
     N = 3 * C + G + H + RANK
     n0 = tile * BLOCK_N
-    acc = rows_gemv(x_ptr, stride_x, 0, R, norm_ptr, eps, w_ptr, stride_w, n0, N, d,
-                    HAS_NORM, BLOCK_R, BLOCK_N, BLOCK_K, DOT_FP32, NUM_STAGES)
-    raw = _round(acc, q_ptr.dtype.element_ty)
     rows = tl.arange(0, BLOCK_R)
     rmask = rows < R
     ns = n0 + tl.arange(0, BLOCK_N)
+    if HAS_NORM:
+        inv_rms = row_inv_rms(x_ptr, stride_x, R, d, eps, DT, BLOCK_R, BLOCK_K)
+    else:
+        inv_rms = tl.full([BLOCK_R], 1.0, tl.float32)
+    acc, _ = gemv_rows(
+        x_ptr,
+        stride_x,
+        R,
+        0,
+        d,
+        norm_ptr,
+        inv_rms,
+        w_ptr,
+        w_ptr,
+        stride_w,
+        w_ptr,
+        w_ptr,
+        0,
+        0,
+        ns,
+        ns,
+        ns < N,
+        HAS_NORM,
+        False,
+        False,
+        DT,
+        BLOCK_R,
+        BLOCK_K,
+        USE_DOT,
+        UPCAST,
+        NUM_STAGES,
+    )
+    raw = _round(acc, q_ptr.dtype.element_ty)
     val = raw
     if n0 < 3 * C:
-        y = _short_conv_silu(raw, rows, rmask, ns, conv_w_ptr, win_ptr, stride_win_slot, slots_ptr, start_ptr, R, T, C, K,
-                             BLOCK_R, BLOCK_N, BLOCK_W, DOT_FP32, hist_ptr, stride_hist_slot, stride_hist_t, KEEP)
+        y = _short_conv_silu(
+            raw,
+            rows,
+            rmask,
+            ns,
+            conv_w_ptr,
+            win_ptr,
+            stride_win_slot,
+            slots_ptr,
+            start_ptr,
+            R,
+            T,
+            C,
+            K,
+            BLOCK_R,
+            BLOCK_N,
+            BLOCK_W,
+            UPCAST,
+            hist_ptr,
+            stride_hist_slot,
+            stride_hist_t,
+            KEEP,
+        )
         val = tl.where((ns < 3 * C)[None, :], y, raw)
     _store_section(q_ptr, val, rows, rmask, ns, 0, C)
     _store_section(k_ptr, val, rows, rmask, ns, C, C)
@@ -172,14 +282,43 @@ def kda_in_proj_tile(
 @triton.jit
 def kda_core_tile(
     tile,
-    q_ptr, k_ptr, v_ptr, og_ptr, beta_ptr, fa_ptr,
-    fb_ptr, gb_ptr, A_log_ptr, dt_bias_ptr, o_norm_ptr,
-    out_ptr, state_ptr, stride_state_slot, slots_ptr, start_ptr,
-    T, H, D, RANK, G, lower_bound, q_scale, eps,
-    BOUNDED: tl.constexpr, LOW_RANK_GATE: tl.constexpr,
-    BLOCK_T: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_RANK: tl.constexpr, BLOCK_G: tl.constexpr,
-    DOT_FP32: tl.constexpr, NUM_STAGES: tl.constexpr,
-    hist_ptr=None, stride_hist_slot=0, stride_hist_t=0, KEEP: tl.constexpr = False,
+    q_ptr,
+    k_ptr,
+    v_ptr,
+    og_ptr,
+    beta_ptr,
+    fa_ptr,
+    fb_ptr,
+    gb_ptr,
+    A_log_ptr,
+    dt_bias_ptr,
+    o_norm_ptr,
+    out_ptr,
+    state_ptr,
+    stride_state_slot,
+    slots_ptr,
+    start_ptr,
+    T,
+    H,
+    D,
+    RANK,
+    G,
+    lower_bound,
+    q_scale,
+    eps,
+    BOUNDED: tl.constexpr,
+    LOW_RANK_GATE: tl.constexpr,
+    BLOCK_T: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+    BLOCK_RANK: tl.constexpr,
+    BLOCK_G: tl.constexpr,
+    USE_DOT: tl.constexpr,
+    UPCAST: tl.constexpr,
+    NUM_STAGES: tl.constexpr,
+    hist_ptr=None,
+    stride_hist_slot=0,
+    stride_hist_t=0,
+    KEEP: tl.constexpr = False,
 ):
     """Sequence b = tile // H, head h = tile % H of kda_core (see the module docstring).
 
@@ -187,7 +326,7 @@ def kda_core_tile(
     f_b [H·D, RANK]; g_b [H·D, G] (LOW_RANK_GATE; else og is the full-rank gate, G = H·D);
     A_log [H]; dt_bias [H·D]; o_norm [D]; out [R, H·D];
     state: the layer's recurrent state [S, H, D, D] fp32 (slot stride stride_state_slot, key-major).
-    BLOCK_T = rows_gemv.row_block(T); BLOCK_D, BLOCK_RANK, BLOCK_G powers of two >= 16.
+    BLOCK_T, USE_DOT = platform.row_block(T); BLOCK_D, BLOCK_RANK, BLOCK_G powers of two >= 16.
     KEEP: hist = the recurrent history [S, T_cap, H, D, D] fp32 (slot / token strides given).
     """
     dtype = q_ptr.dtype.element_ty
@@ -206,8 +345,36 @@ def kda_core_tile(
     S = tl.load(s_ptrs, mask=(cols < held)[:, None] & dmask[None, :], other=0.0)
 
     # decay gate and output gate of the sequence's T rows: [BLOCK_T, BLOCK_D] fp32
-    f = _round(rows_gemv(fa_ptr, RANK, row0, T, fa_ptr, 0.0, fb_ptr + h * D * RANK, RANK, 0, D, RANK,
-                         False, BLOCK_T, BLOCK_D, BLOCK_RANK, DOT_FP32, NUM_STAGES), dtype)
+    ones = tl.full([BLOCK_T], 1.0, tl.float32)
+    f, _ = gemv_rows(
+        fa_ptr + row0 * RANK,
+        RANK,
+        T,
+        0,
+        RANK,
+        fa_ptr,
+        ones,
+        fb_ptr,
+        fb_ptr,
+        RANK,
+        fb_ptr,
+        fb_ptr,
+        0,
+        0,
+        h * D + cols,
+        h * D + cols,
+        dmask,
+        False,
+        False,
+        False,
+        dtype,
+        BLOCK_T,
+        BLOCK_RANK,
+        USE_DOT,
+        UPCAST,
+        NUM_STAGES,
+    )
+    f = _round(f, dtype)
     z = f + tl.load(dt_bias_ptr + h * D + cols, mask=dmask, other=0.0).to(tl.float32)[None, :]
     a = tl.exp(tl.load(A_log_ptr + h).to(tl.float32))
     if BOUNDED:
@@ -216,10 +383,41 @@ def kda_core_tile(
         g = -a * _softplus(z)
     trow = tl.arange(0, BLOCK_T)
     if LOW_RANK_GATE:
-        gate = _round(rows_gemv(og_ptr, G, row0, T, og_ptr, 0.0, gb_ptr + h * D * G, G, 0, D, G,
-                                False, BLOCK_T, BLOCK_D, BLOCK_G, DOT_FP32, NUM_STAGES), dtype)
+        gate, _ = gemv_rows(
+            og_ptr + row0 * G,
+            G,
+            T,
+            0,
+            G,
+            og_ptr,
+            ones,
+            gb_ptr,
+            gb_ptr,
+            G,
+            gb_ptr,
+            gb_ptr,
+            0,
+            0,
+            h * D + cols,
+            h * D + cols,
+            dmask,
+            False,
+            False,
+            False,
+            dtype,
+            BLOCK_T,
+            BLOCK_G,
+            USE_DOT,
+            UPCAST,
+            NUM_STAGES,
+        )
+        gate = _round(gate, dtype)
     else:
-        gate = tl.load(og_ptr + (row0 + trow)[:, None] * G + h * D + cols[None, :], mask=(trow < T)[:, None] & dmask[None, :], other=0.0).to(tl.float32)
+        gate = tl.load(
+            og_ptr + (row0 + trow)[:, None] * G + h * D + cols[None, :],
+            mask=(trow < T)[:, None] & dmask[None, :],
+            other=0.0,
+        ).to(tl.float32)
     w_norm = tl.load(o_norm_ptr + cols, mask=dmask, other=0.0).to(tl.float32)
 
     for t in range(0, T):
@@ -238,7 +436,14 @@ def kda_core_tile(
         u = beta_t * (v_t - tl.sum(k_t[:, None] * S, axis=0))
         S = S + k_t[:, None] * u[None, :]
         if KEEP:
-            h_ptrs = hist_ptr + slot.to(tl.int64) * stride_hist_slot + t * stride_hist_t + h * D * D + cols[:, None] * D + cols[None, :]
+            h_ptrs = (
+                hist_ptr
+                + slot.to(tl.int64) * stride_hist_slot
+                + t * stride_hist_t
+                + h * D * D
+                + cols[:, None] * D
+                + cols[None, :]
+            )
             tl.store(h_ptrs, S, mask=smask)
         o = tl.sum(q_t[:, None] * S, axis=0)
         o = o * tl.rsqrt(tl.sum(o * o) / D + eps)

@@ -3,7 +3,7 @@
 Twins: ``mla_in_proj``, ``mla_q_up``, ``mla_attn`` in ``nonstop/program/reference.py``. Shapes (per
 row; N heads, P = qk_nope, Rr = qk_rope, V = v_head, L = kv_lora, Q = q_lora or absent):
 
-mla_in_proj  x [d] -> [q_in | kv | g] = W_in RMSNorm(x)        W_in = [W_qa (Q) or W_q (N(P+Rr)) | W_kva (L+Rr) | W_g (NV)]
+mla_in_proj  x [d] -> [q_in | kv | g] = W_in RMSNorm(x),   W_in = [W_qa (Q) or W_q (N(P+Rr)) | W_kva (L+Rr) | W_g (NV)]
 mla_q_up     q = W_qb RMSNorm(q_in) (q-LoRA) or q_in -> per head [q_nope (P) | q_pe (Rr)];
              c = RMSNorm(kv[:L]); k_pe = kv[L:]; RoPE (GPT-J or NeoX pairs) on q_pe and k_pe when the op
              has ``inv_freq``; cache[pos] = [c | k_pe]; q_lat[h] = W_UK[h]ᵀ q_nope[h] (fp32) [N, L]
@@ -11,7 +11,8 @@ mla_attn     s_h(j) = scale · (q_lat[h] · c_j + q_pe[h] · k_pe_j) for cached 
              o_h = W_UV[h] Σ_j softmax(s_h)_j c_j; out = o ⊙ sigmoid(g) when gated        out [N·V]
 
 Tile functions (the megakernel calls the same bodies; see each docstring for its tile index):
-``mla_in_proj_tile``, ``mla_q_up_tile``, ``mla_attn_split_tile``, ``mla_attn_combine_tile``.
+``mla_in_proj_tile``, ``mla_q_up_tile``, ``mla_attn_tile`` (two phases: ``mla_attn_split_tile``,
+``mla_attn_combine_tile``).
 """
 
 from __future__ import annotations
@@ -21,30 +22,24 @@ import triton
 import triton.language as tl
 
 from nonstop.kernels.attn_tiles import (
-    INTERPRET,
     choose_split,
-    dot_precision,
-    gemv_rows,
     merge_splits,
-    mm,
     online_softmax_step,
     pool_rows,
-    pow2,
-    rms_apply,
     rope_pair_channels,
     rope_rotate,
     row_positions,
-    row_rstd,
     store_partial,
-    workspace,
 )
-from nonstop.kernels.pdl import pdl_launch_args, pdl_wait
+from nonstop.kernels.gemv import gemv_rows, mm, rms_apply, row_inv_rms
+from nonstop.kernels.launch import launcher, pdl_launch_args, phase_counters, phase_done, phase_ticket, workspace
+from nonstop.kernels.platform import dot_mode, on_gpu, pow2, row_block
 
-# GPU block sizes, checked by compiling for sm_90 at K3 shapes (registers without spills):
-ON_GPU_BLOCK_N = 32  # output rows per in-proj tile (202 registers at 4 warps)
+# GPU block sizes, checked by compiling for sm_90 at K3 shapes (``nonstop gpucheck``):
+ON_GPU_BLOCK_N = 32  # output rows per in-proj tile
 ON_GPU_BLOCK_K = 256
-Q_UP_BLOCK_K = 64  # q_up streams [128 + 2·32 head rows] x 64 columns per step (194 registers at 8 warps)
-ATTN_BLOCK_M = 32  # query (row, head) items per attention split tile (255 registers, no spills at 8 warps)
+Q_UP_BLOCK_K = 64  # q_up streams [128 + 2·32 head rows] x 64 columns per step
+ATTN_BLOCK_M = 32  # query (row, head) items per attention split tile
 ATTN_BLOCK_S = 32  # keys per inner step
 NUM_STAGES = 3
 
@@ -52,22 +47,72 @@ NUM_STAGES = 3
 
 
 @triton.jit
-def mla_in_proj_tile(tile, x_ptr, x_stride, norm_ptr, w_ptr, w_stride,
-                     q_ptr, q_stride, kv_ptr, kv_stride, g_ptr, g_stride,
-                     n_q, n_kv, n_g, R, K, eps,
-                     HAS_NORM: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-                     NUM_STAGES: tl.constexpr, DOT_F32: tl.constexpr, PREC: tl.constexpr):
+def mla_in_proj_tile(
+    tile,
+    x_ptr,
+    x_stride,
+    norm_ptr,
+    w_ptr,
+    w_stride,
+    q_ptr,
+    q_stride,
+    kv_ptr,
+    kv_stride,
+    g_ptr,
+    g_stride,
+    n_q,
+    n_kv,
+    n_g,
+    R,
+    K,
+    eps,
+    HAS_NORM: tl.constexpr,
+    BLOCK_R: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    NUM_STAGES: tl.constexpr,
+    USE_DOT: tl.constexpr,
+    UPCAST: tl.constexpr,
+):
     """Output rows [tile·BLOCK_N, +BLOCK_N) of y = W_in RMSNorm(x), for all R rows; each output channel
     goes to its part: q_in (n < n_q), kv (next n_kv), gate logits (next n_g). Tiles: cdiv(n_q+n_kv+n_g, BLOCK_N)."""
     DT: tl.constexpr = w_ptr.dtype.element_ty
     n = tile * BLOCK_N + tl.arange(0, BLOCK_N)
     rows = tl.arange(0, BLOCK_R)
     rmask = (rows < R)[:, None]
-    rstd = tl.zeros([BLOCK_R], dtype=tl.float32) + 1.0
     if HAS_NORM:
-        rstd = row_rstd(x_ptr, x_stride, R, K, eps, BLOCK_R, BLOCK_K)
-    y = gemv_rows(x_ptr, x_stride, R, K, rstd, norm_ptr, w_ptr, w_stride, n, n < n_q + n_kv + n_g,
-                  HAS_NORM, BLOCK_R, BLOCK_K, NUM_STAGES, DOT_F32, PREC).to(DT)
+        rstd = row_inv_rms(x_ptr, x_stride, R, K, eps, DT, BLOCK_R, BLOCK_K)
+    else:
+        rstd = tl.full([BLOCK_R], 1.0, tl.float32)
+    y, _ = gemv_rows(
+        x_ptr,
+        x_stride,
+        R,
+        0,
+        K,
+        norm_ptr,
+        rstd,
+        w_ptr,
+        w_ptr,
+        w_stride,
+        w_ptr,
+        w_ptr,
+        0,
+        0,
+        n,
+        n,
+        n < n_q + n_kv + n_g,
+        HAS_NORM,
+        False,
+        False,
+        DT,
+        BLOCK_R,
+        BLOCK_K,
+        USE_DOT,
+        UPCAST,
+        NUM_STAGES,
+    )
+    y = y.to(DT)
     tl.store(q_ptr + rows[:, None] * q_stride + n[None, :], y, mask=rmask & (n < n_q)[None, :])
     nk = n - n_q
     tl.store(kv_ptr + rows[:, None] * kv_stride + nk[None, :], y, mask=rmask & ((nk >= 0) & (nk < n_kv))[None, :])
@@ -75,14 +120,7 @@ def mla_in_proj_tile(tile, x_ptr, x_stride, norm_ptr, w_ptr, w_stride,
     tl.store(g_ptr + rows[:, None] * g_stride + ng[None, :], y, mask=rmask & ((ng >= 0) & (ng < n_g))[None, :])
 
 
-@triton.jit
-def _mla_in_proj_kernel(x_ptr, x_stride, norm_ptr, w_ptr, w_stride, q_ptr, q_stride, kv_ptr, kv_stride, g_ptr, g_stride,
-                        n_q, n_kv, n_g, R, K, eps,
-                        HAS_NORM: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-                        NUM_STAGES: tl.constexpr, DOT_F32: tl.constexpr, PREC: tl.constexpr, USE_PDL: tl.constexpr):
-    pdl_wait(USE_PDL)
-    mla_in_proj_tile(tl.program_id(0), x_ptr, x_stride, norm_ptr, w_ptr, w_stride, q_ptr, q_stride, kv_ptr, kv_stride, g_ptr, g_stride,
-                     n_q, n_kv, n_g, R, K, eps, HAS_NORM, BLOCK_R, BLOCK_N, BLOCK_K, NUM_STAGES, DOT_F32, PREC)
+mla_in_proj_kernel = launcher(mla_in_proj_tile, prefetch=("w_ptr", "pid * BLOCK_N * w_stride", "BLOCK_N * w_stride"))
 
 
 def mla_in_proj(op, env) -> None:
@@ -93,33 +131,97 @@ def mla_in_proj(op, env) -> None:
     outs = outs + [outs[0]] * (3 - len(outs))  # no gate: a never-written stand-in
     norm = op.weights.get("norm")
     R, K = x.shape
-    gpu = x.is_cuda
-    block_n = ON_GPU_BLOCK_N if gpu else pow2(min(sum(sizes), 32))
-    block_k = min(ON_GPU_BLOCK_K, pow2(K)) if gpu else pow2(K)
+    gpu = on_gpu(x.device)
+    block_n = ON_GPU_BLOCK_N if gpu else pow2(min(sum(sizes), 32), 16)
+    block_k = min(ON_GPU_BLOCK_K, pow2(K, 16)) if gpu else pow2(K, 16)
+    block_r, use_dot = row_block(R)
     grid = (triton.cdiv(sum(sizes), block_n),)
-    _mla_in_proj_kernel[grid](x, x.stride(0), norm if norm is not None else w, w, w.stride(0),
-                              outs[0], outs[0].stride(0), outs[1], outs[1].stride(0), outs[2], outs[2].stride(0),
-                              sizes[0], sizes[1], sizes[2], R, K, op.attrs["eps"],
-                              HAS_NORM=norm is not None, BLOCK_R=pow2(R), BLOCK_N=block_n, BLOCK_K=block_k,
-                              NUM_STAGES=NUM_STAGES, DOT_F32=INTERPRET, PREC=dot_precision(w.dtype), num_warps=4, **pdl_launch_args(env))
+    mla_in_proj_kernel[grid](
+        x,
+        x.stride(0),
+        norm if norm is not None else w,
+        w,
+        w.stride(0),
+        outs[0],
+        outs[0].stride(0),
+        outs[1],
+        outs[1].stride(0),
+        outs[2],
+        outs[2].stride(0),
+        sizes[0],
+        sizes[1],
+        sizes[2],
+        R,
+        K,
+        op.attrs["eps"],
+        HAS_NORM=norm is not None,
+        BLOCK_R=block_r,
+        BLOCK_N=block_n,
+        BLOCK_K=block_k,
+        NUM_STAGES=NUM_STAGES,
+        USE_DOT=use_dot,
+        UPCAST=dot_mode(w.dtype)["UPCAST"],
+        num_warps=4,
+        **pdl_launch_args(env),
+    )
 
 
 # ----------------------------------------------------------------------------- mla_q_up
 
 
 @triton.jit
-def mla_q_up_tile(tile, q_in_ptr, q_in_stride, kv_ptr, kv_stride, q_norm_ptr, q_b_ptr, q_b_stride, kv_norm_ptr,
-                  w_uk_ptr, uk_head_stride, uk_row_stride, inv_freq_ptr, magnitude,
-                  q_lat_ptr, q_lat_stride, q_pe_ptr, q_pe_stride, latent_ptr, latent_stride,
-                  slots_ptr, start_ptr, table_ptr, table_stride, PAGE_SIZE: tl.constexpr,
-                  R, T, N, P, RR, L, Q, eps,
-                  Q_LORA: tl.constexpr, HAS_ROPE: tl.constexpr, INTERLEAVED: tl.constexpr,
-                  BLOCK_R: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_HR: tl.constexpr, BLOCK_K: tl.constexpr,
-                  BLOCK_LC: tl.constexpr, BLOCK_L: tl.constexpr,
-                  NUM_STAGES: tl.constexpr, DOT_F32: tl.constexpr, PREC: tl.constexpr):
+def mla_q_up_tile(
+    tile,
+    q_in_ptr,
+    q_in_stride,
+    kv_ptr,
+    kv_stride,
+    q_norm_ptr,
+    q_b_ptr,
+    q_b_stride,
+    kv_norm_ptr,
+    w_uk_ptr,
+    uk_head_stride,
+    uk_row_stride,
+    inv_freq_ptr,
+    magnitude,
+    q_lat_ptr,
+    q_lat_stride,
+    q_pe_ptr,
+    q_pe_stride,
+    latent_ptr,
+    latent_stride,
+    slots_ptr,
+    start_ptr,
+    table_ptr,
+    table_stride,
+    PAGE_SIZE: tl.constexpr,
+    R,
+    T,
+    N,
+    P,
+    RR,
+    L,
+    Q,
+    eps,
+    Q_LORA: tl.constexpr,
+    HAS_ROPE: tl.constexpr,
+    INTERLEAVED: tl.constexpr,
+    BLOCK_R: tl.constexpr,
+    BLOCK_P: tl.constexpr,
+    BLOCK_HR: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    BLOCK_LC: tl.constexpr,
+    BLOCK_L: tl.constexpr,
+    NUM_STAGES: tl.constexpr,
+    UPCAST: tl.constexpr,
+    PREC: tl.constexpr,
+    TF32_ROUND: tl.constexpr,
+):
     """Tile h < N: head h of all rows - q = W_qb[h] RMSNorm(c_q) (or q_in[h]), RoPE on q_pe, write q_pe[h] and
     q_lat[h] = W_UK[h]ᵀ q_nope (fp32, BLOCK_LC latent columns at a time). Tile N: the shared latent -
-    c = RMSNorm(kv[:L]), RoPE on k_pe, append [c | k_pe] to the paged cache. Tiles: N + 1."""
+    c = RMSNorm(kv[:L]), RoPE on k_pe, append [c | k_pe] to the paged cache. Tiles: N + 1.
+    BLOCK_R >= 16 (the W_UK product is a tensor-core dot)."""
     DT: tl.constexpr = latent_ptr.dtype.element_ty
     rows = tl.arange(0, BLOCK_R)
     rmask = rows < R
@@ -135,13 +237,66 @@ def mla_q_up_tile(tile, q_in_ptr, q_in_stride, kv_ptr, kv_stride, q_norm_ptr, q_
         p = tl.arange(0, BLOCK_P)
         pmask = p < P
         if Q_LORA:
-            rstd = row_rstd(q_in_ptr, q_in_stride, R, Q, eps, BLOCK_R, BLOCK_K)
-            q_nope = gemv_rows(q_in_ptr, q_in_stride, R, Q, rstd, q_norm_ptr, q_b_ptr, q_b_stride, base + p, pmask,
-                               True, BLOCK_R, BLOCK_K, NUM_STAGES, DOT_F32, PREC).to(DT)
-            pe_a = gemv_rows(q_in_ptr, q_in_stride, R, Q, rstd, q_norm_ptr, q_b_ptr, q_b_stride, base + P + first, imask,
-                             True, BLOCK_R, BLOCK_K, NUM_STAGES, DOT_F32, PREC).to(DT)
-            pe_b = gemv_rows(q_in_ptr, q_in_stride, R, Q, rstd, q_norm_ptr, q_b_ptr, q_b_stride, base + P + second, imask,
-                             True, BLOCK_R, BLOCK_K, NUM_STAGES, DOT_F32, PREC).to(DT)
+            rstd = row_inv_rms(q_in_ptr, q_in_stride, R, Q, eps, DT, BLOCK_R, BLOCK_K)
+            q_nope, _ = gemv_rows(
+                q_in_ptr,
+                q_in_stride,
+                R,
+                0,
+                Q,
+                q_norm_ptr,
+                rstd,
+                q_b_ptr,
+                q_b_ptr,
+                q_b_stride,
+                q_b_ptr,
+                q_b_ptr,
+                0,
+                0,
+                base + p,
+                base + p,
+                pmask,
+                True,
+                False,
+                False,
+                DT,
+                BLOCK_R,
+                BLOCK_K,
+                True,
+                UPCAST,
+                NUM_STAGES,
+            )
+            pe_a, pe_b = gemv_rows(
+                q_in_ptr,
+                q_in_stride,
+                R,
+                0,
+                Q,
+                q_norm_ptr,
+                rstd,
+                q_b_ptr,
+                q_b_ptr,
+                q_b_stride,
+                q_b_ptr,
+                q_b_ptr,
+                0,
+                0,
+                base + P + first,
+                base + P + second,
+                imask,
+                True,
+                True,
+                False,
+                DT,
+                BLOCK_R,
+                BLOCK_K,
+                True,
+                UPCAST,
+                NUM_STAGES,
+            )
+            q_nope = q_nope.to(DT)
+            pe_a = pe_a.to(DT)
+            pe_b = pe_b.to(DT)
         else:
             row_base = q_in_ptr + rows[:, None] * q_in_stride + base
             q_nope = tl.load(row_base + p[None, :], mask=rmask[:, None] & pmask[None, :], other=0.0).to(DT)
@@ -157,9 +312,17 @@ def mla_q_up_tile(tile, q_in_ptr, q_in_stride, kv_ptr, kv_stride, q_norm_ptr, q_
         for l0 in range(0, L, BLOCK_LC):
             lc = l0 + tl.arange(0, BLOCK_LC)
             lmask = lc < L
-            w_uk = tl.load(w_uk_ptr + h * uk_head_stride + p[:, None] * uk_row_stride + lc[None, :], mask=pmask[:, None] & lmask[None, :], other=0.0)
-            q_lat = mm(q_nope, w_uk, DOT_F32, PREC)
-            tl.store(q_lat_ptr + rows[:, None] * q_lat_stride + h * L + lc[None, :], q_lat, mask=rmask[:, None] & lmask[None, :])
+            w_uk = tl.load(
+                w_uk_ptr + h * uk_head_stride + p[:, None] * uk_row_stride + lc[None, :],
+                mask=pmask[:, None] & lmask[None, :],
+                other=0.0,
+            )
+            q_lat = mm(q_nope, w_uk, UPCAST, PREC, TF32_ROUND)
+            tl.store(
+                q_lat_ptr + rows[:, None] * q_lat_stride + h * L + lc[None, :],
+                q_lat,
+                mask=rmask[:, None] & lmask[None, :],
+            )
     else:
         lat = tl.arange(0, BLOCK_L)
         lmask = lat < L
@@ -180,23 +343,7 @@ def mla_q_up_tile(tile, q_in_ptr, q_in_stride, kv_ptr, kv_stride, q_norm_ptr, q_
         tl.store(dest + L + second[None, :], k_b.to(DT), mask=pe_mask)
 
 
-@triton.jit
-def _mla_q_up_kernel(q_in_ptr, q_in_stride, kv_ptr, kv_stride, q_norm_ptr, q_b_ptr, q_b_stride, kv_norm_ptr,
-                     w_uk_ptr, uk_head_stride, uk_row_stride, inv_freq_ptr, magnitude,
-                     q_lat_ptr, q_lat_stride, q_pe_ptr, q_pe_stride, latent_ptr, latent_stride,
-                     slots_ptr, start_ptr, table_ptr, table_stride, PAGE_SIZE: tl.constexpr,
-                     R, T, N, P, RR, L, Q, eps,
-                     Q_LORA: tl.constexpr, HAS_ROPE: tl.constexpr, INTERLEAVED: tl.constexpr,
-                     BLOCK_R: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_HR: tl.constexpr, BLOCK_K: tl.constexpr,
-                     BLOCK_LC: tl.constexpr, BLOCK_L: tl.constexpr,
-                     NUM_STAGES: tl.constexpr, DOT_F32: tl.constexpr, PREC: tl.constexpr, USE_PDL: tl.constexpr):
-    pdl_wait(USE_PDL)
-    mla_q_up_tile(tl.program_id(0), q_in_ptr, q_in_stride, kv_ptr, kv_stride, q_norm_ptr, q_b_ptr, q_b_stride, kv_norm_ptr,
-                  w_uk_ptr, uk_head_stride, uk_row_stride, inv_freq_ptr, magnitude,
-                  q_lat_ptr, q_lat_stride, q_pe_ptr, q_pe_stride, latent_ptr, latent_stride,
-                  slots_ptr, start_ptr, table_ptr, table_stride, PAGE_SIZE, R, T, N, P, RR, L, Q, eps,
-                  Q_LORA, HAS_ROPE, INTERLEAVED, BLOCK_R, BLOCK_P, BLOCK_HR, BLOCK_K, BLOCK_LC, BLOCK_L,
-                  NUM_STAGES, DOT_F32, PREC)
+mla_q_up_kernel = launcher(mla_q_up_tile)
 
 
 def mla_q_up(op, env) -> None:
@@ -215,27 +362,90 @@ def mla_q_up(op, env) -> None:
     inv_freq = op.weights.get("inv_freq")
     R = q_in.shape[0]
     Q = q_in.shape[1] if q_lora else 0
-    gpu = q_in.is_cuda
-    _mla_q_up_kernel[(N + 1,)](
-        q_in, q_in.stride(0), kv, kv.stride(0), op.weights.get("q_norm", kv), q_b, q_b.stride(0), op.weights["kv_norm"],
-        w_uk, w_uk.stride(0), w_uk.stride(1), inv_freq if inv_freq is not None else kv, float(a["rope_magnitude"]),
-        q_lat, q_lat.stride(0), q_pe, q_pe.stride(0), latent, latent.stride(0),
-        env.batch.slots, env.batch.start, pages.table, pages.table.stride(0), pages.page_size,
-        R, env.T, N, P, RR, L, Q, a["lora_eps"],
-        Q_LORA=q_lora, HAS_ROPE=inv_freq is not None, INTERLEAVED=bool(a["interleaved"]),
-        BLOCK_R=pow2(R), BLOCK_P=pow2(P), BLOCK_HR=pow2(RR // 2), BLOCK_K=min(Q_UP_BLOCK_K, pow2(Q)) if gpu else pow2(Q),
-        BLOCK_LC=min(64, pow2(L)), BLOCK_L=pow2(L), NUM_STAGES=NUM_STAGES, DOT_F32=INTERPRET, PREC=dot_precision(latent.dtype),
-        num_warps=8, **pdl_launch_args(env))
+    gpu = on_gpu(q_in.device)
+    mla_q_up_kernel[(N + 1,)](
+        q_in,
+        q_in.stride(0),
+        kv,
+        kv.stride(0),
+        op.weights.get("q_norm", kv),
+        q_b,
+        q_b.stride(0),
+        op.weights["kv_norm"],
+        w_uk,
+        w_uk.stride(0),
+        w_uk.stride(1),
+        inv_freq if inv_freq is not None else kv,
+        float(a["rope_magnitude"]),
+        q_lat,
+        q_lat.stride(0),
+        q_pe,
+        q_pe.stride(0),
+        latent,
+        latent.stride(0),
+        env.batch.slots,
+        env.batch.start,
+        pages.table,
+        pages.table.stride(0),
+        pages.page_size,
+        R,
+        env.T,
+        N,
+        P,
+        RR,
+        L,
+        Q,
+        a["lora_eps"],
+        Q_LORA=q_lora,
+        HAS_ROPE=inv_freq is not None,
+        INTERLEAVED=bool(a["interleaved"]),
+        BLOCK_R=pow2(R, 16),
+        BLOCK_P=pow2(P, 16),
+        BLOCK_HR=pow2(RR // 2, 16),
+        BLOCK_K=min(Q_UP_BLOCK_K, pow2(Q, 16)) if gpu else pow2(Q, 16),
+        BLOCK_LC=min(64, pow2(L, 16)),
+        BLOCK_L=pow2(L, 16),
+        NUM_STAGES=NUM_STAGES,
+        **dot_mode(latent.dtype),
+        num_warps=8,
+        **pdl_launch_args(env),
+    )
 
 
 # ----------------------------------------------------------------------------- mla_attn
 
 
 @triton.jit
-def mla_attn_split_tile(tile, q_lat_ptr, q_pe_ptr, latent_ptr, latent_stride, slots_ptr, start_ptr, table_ptr, table_stride, PAGE_SIZE: tl.constexpr,
-                        ml_ptr, acc_ptr, T, N, RR, L, scale, SPLIT, NS, MB,
-                        BLOCK_M: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_L: tl.constexpr, BLOCK_RR: tl.constexpr,
-                        NUM_STAGES: tl.constexpr, DOT_F32: tl.constexpr, PREC: tl.constexpr):
+def mla_attn_split_tile(
+    tile,
+    q_lat_ptr,
+    q_pe_ptr,
+    latent_ptr,
+    latent_stride,
+    slots_ptr,
+    start_ptr,
+    table_ptr,
+    table_stride,
+    PAGE_SIZE: tl.constexpr,
+    ml_ptr,
+    acc_ptr,
+    T,
+    N,
+    RR,
+    L,
+    scale,
+    SPLIT,
+    NS,
+    MB,
+    BLOCK_M: tl.constexpr,
+    BLOCK_S: tl.constexpr,
+    BLOCK_L: tl.constexpr,
+    BLOCK_RR: tl.constexpr,
+    NUM_STAGES: tl.constexpr,
+    UPCAST: tl.constexpr,
+    PREC: tl.constexpr,
+    TF32_ROUND: tl.constexpr,
+):
     """Tile (b, split, mb) = (tile // (NS·MB), tile // MB % NS, tile % MB): query items m = t·N + h in block mb
     of sequence b (T·N items, MB = cdiv(T·N, BLOCK_M) blocks) over keys [split·SPLIT, +SPLIT) ∩ [0, end_b).
     Each key tile (BLOCK_S latents of dim L + Rr, gathered through the page table) is loaded once for all
@@ -259,8 +469,12 @@ def mla_attn_split_tile(tile, q_lat_ptr, q_pe_ptr, latent_ptr, latent_stride, sl
         lmask = lat < L
         e = tl.arange(0, BLOCK_RR)
         emask = e < RR
-        q = tl.load(q_lat_ptr + items[:, None].to(tl.int64) * L + lat[None, :], mask=mmask[:, None] & lmask[None, :], other=0.0).to(DT)
-        q_pe = tl.load(q_pe_ptr + items[:, None].to(tl.int64) * RR + e[None, :], mask=mmask[:, None] & emask[None, :], other=0.0).to(DT)
+        q = tl.load(
+            q_lat_ptr + items[:, None].to(tl.int64) * L + lat[None, :], mask=mmask[:, None] & lmask[None, :], other=0.0
+        ).to(DT)
+        q_pe = tl.load(
+            q_pe_ptr + items[:, None].to(tl.int64) * RR + e[None, :], mask=mmask[:, None] & emask[None, :], other=0.0
+        ).to(DT)
         mx = tl.zeros([BLOCK_M], dtype=tl.float32) - 1.0e30
         den = tl.zeros([BLOCK_M], dtype=tl.float32)
         acc = tl.zeros([BLOCK_M, BLOCK_L], dtype=tl.float32)
@@ -271,18 +485,43 @@ def mla_attn_split_tile(tile, q_lat_ptr, q_pe_ptr, latent_ptr, latent_stride, sl
             row = latent_ptr + pool_rows(table_ptr, table_stride, slot, s, PAGE_SIZE, smask)[:, None] * latent_stride
             c = tl.load(row + lat[None, :], mask=smask[:, None] & lmask[None, :], other=0.0)
             k_pe = tl.load(row + L + e[None, :], mask=smask[:, None] & emask[None, :], other=0.0)
-            scores = (mm(q, tl.trans(c), DOT_F32, PREC) + mm(q_pe, tl.trans(k_pe), DOT_F32, PREC)) * scale
+            scores = (
+                mm(q, tl.trans(c), UPCAST, PREC, TF32_ROUND) + mm(q_pe, tl.trans(k_pe), UPCAST, PREC, TF32_ROUND)
+            ) * scale
             visible = (s[None, :] <= pos[:, None]) & smask[None, :]
             p, mx, den, acc = online_softmax_step(scores, visible, mx, den, acc)
-            acc += mm(p.to(DT), c, DOT_F32, PREC)
+            acc += mm(p.to(DT), c, UPCAST, PREC, TF32_ROUND)
         store_partial(ml_ptr, acc_ptr, items, mmask, split, NS, L, mx, den, acc, BLOCK_L)
 
 
 @triton.jit
-def mla_attn_combine_tile(h, ml_ptr, acc_ptr, start_ptr, w_uv_ptr, uv_head_stride, uv_row_stride, gate_ptr, gate_stride, out_ptr, out_stride,
-                          R, T, N, L, V, SPLIT, NS,
-                          GATED: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_L: tl.constexpr, BLOCK_V: tl.constexpr,
-                          DOT_F32: tl.constexpr, PREC: tl.constexpr):
+def mla_attn_combine_tile(
+    h,
+    ml_ptr,
+    acc_ptr,
+    start_ptr,
+    w_uv_ptr,
+    uv_head_stride,
+    uv_row_stride,
+    gate_ptr,
+    gate_stride,
+    out_ptr,
+    out_stride,
+    R,
+    T,
+    N,
+    L,
+    V,
+    SPLIT,
+    NS,
+    GATED: tl.constexpr,
+    BLOCK_R: tl.constexpr,
+    BLOCK_L: tl.constexpr,
+    BLOCK_V: tl.constexpr,
+    UPCAST: tl.constexpr,
+    PREC: tl.constexpr,
+    TF32_ROUND: tl.constexpr,
+):
     """Tile h (head): for every row, merge the splits covering keys 0..its position into the attended latent
     ō_h [L], then out[r, hV:(h+1)V] = (W_UV[h] ō_h) ⊙ sigmoid(g) - W_UV[h] is read once for all rows.
     Needs every split tile of the step done. Tiles: N."""
@@ -296,47 +535,137 @@ def mla_attn_combine_tile(h, ml_ptr, acc_ptr, start_ptr, w_uv_ptr, uv_head_strid
     for v0 in range(0, V, BLOCK_V):
         v = v0 + tl.arange(0, BLOCK_V)
         vmask = v < V
-        w_uv = tl.load(w_uv_ptr + h * uv_head_stride + v[:, None] * uv_row_stride + lat[None, :], mask=vmask[:, None] & (lat < L)[None, :], other=0.0)
-        o = mm(o_lat, tl.trans(w_uv.to(tl.float32)), DOT_F32, PREC)
+        w_uv = tl.load(
+            w_uv_ptr + h * uv_head_stride + v[:, None] * uv_row_stride + lat[None, :],
+            mask=vmask[:, None] & (lat < L)[None, :],
+            other=0.0,
+        )
+        o = mm(o_lat, tl.trans(w_uv.to(tl.float32)), UPCAST, PREC, TF32_ROUND)
         omask = rmask[:, None] & vmask[None, :]
         if GATED:
-            g = tl.load(gate_ptr + rows[:, None] * gate_stride + h * V + v[None, :], mask=omask, other=0.0).to(tl.float32)
+            g = tl.load(gate_ptr + rows[:, None] * gate_stride + h * V + v[None, :], mask=omask, other=0.0).to(
+                tl.float32
+            )
             o = o * tl.sigmoid(g)
         tl.store(out_ptr + rows[:, None] * out_stride + h * V + v[None, :], o.to(DT), mask=omask)
 
 
 @triton.jit
-def _mla_attn_kernel(counters_ptr, n_split_tiles, n_combine_tiles,
-                     q_lat_ptr, q_pe_ptr, latent_ptr, latent_stride, slots_ptr, start_ptr, table_ptr, table_stride, PAGE_SIZE: tl.constexpr,
-                     ml_ptr, acc_ptr, w_uv_ptr, uv_head_stride, uv_row_stride, gate_ptr, gate_stride, out_ptr, out_stride,
-                     R, T, N, RR, L, V, scale, SPLIT, NS, MB,
-                     GATED: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_L: tl.constexpr,
-                     BLOCK_RR: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_V: tl.constexpr,
-                     NUM_STAGES: tl.constexpr, DOT_F32: tl.constexpr, PREC: tl.constexpr, USE_PDL: tl.constexpr):
-    """One launch, two phases. Each program takes a ticket (counters[0]); tickets < n_split_tiles run split
-    tiles and count themselves done (counters[1], release); later tickets run combine tiles after
-    counters[1] reaches n_split_tiles. A program waits only on tickets taken before its own, which are
-    running, so it cannot deadlock (and the interpreter's sequential programs never wait). The last combine
-    tile (counters[2]) puts the counters back to zero for the next launch."""
-    pdl_wait(USE_PDL)
-    ticket = tl.atomic_add(counters_ptr, 1, sem="relaxed")
-    if ticket < n_split_tiles:
-        mla_attn_split_tile(ticket, q_lat_ptr, q_pe_ptr, latent_ptr, latent_stride, slots_ptr, start_ptr, table_ptr, table_stride, PAGE_SIZE,
-                            ml_ptr, acc_ptr, T, N, RR, L, scale, SPLIT, NS, MB,
-                            BLOCK_M, BLOCK_S, BLOCK_L, BLOCK_RR, NUM_STAGES, DOT_F32, PREC)
-        tl.debug_barrier()
-        tl.atomic_add(counters_ptr + 1, 1, sem="release")
+def mla_attn_tile(
+    tile,
+    counters_ptr,
+    n_split_tiles,
+    n_combine_tiles,
+    q_lat_ptr,
+    q_pe_ptr,
+    latent_ptr,
+    latent_stride,
+    slots_ptr,
+    start_ptr,
+    table_ptr,
+    table_stride,
+    PAGE_SIZE: tl.constexpr,
+    ml_ptr,
+    acc_ptr,
+    w_uv_ptr,
+    uv_head_stride,
+    uv_row_stride,
+    gate_ptr,
+    gate_stride,
+    out_ptr,
+    out_stride,
+    R,
+    T,
+    N,
+    RR,
+    L,
+    V,
+    scale,
+    SPLIT,
+    NS,
+    MB,
+    GATED: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_S: tl.constexpr,
+    BLOCK_L: tl.constexpr,
+    BLOCK_RR: tl.constexpr,
+    BLOCK_R: tl.constexpr,
+    BLOCK_V: tl.constexpr,
+    NUM_STAGES: tl.constexpr,
+    UPCAST: tl.constexpr,
+    PREC: tl.constexpr,
+    TF32_ROUND: tl.constexpr,
+    PHASE: tl.constexpr,
+):
+    """Absorbed latent attention in two phases (``launch.py``): 1 ``split`` tiles (``mla_attn_split_tile``),
+    2 ``combine`` tiles (``mla_attn_combine_tile``); 0 the in-launch protocol (counters int32 [3])."""
+    phase = PHASE
+    if PHASE == 0:
+        phase, tile = phase_ticket(counters_ptr, n_split_tiles)
+    if phase == 1:
+        mla_attn_split_tile(
+            tile,
+            q_lat_ptr,
+            q_pe_ptr,
+            latent_ptr,
+            latent_stride,
+            slots_ptr,
+            start_ptr,
+            table_ptr,
+            table_stride,
+            PAGE_SIZE,
+            ml_ptr,
+            acc_ptr,
+            T,
+            N,
+            RR,
+            L,
+            scale,
+            SPLIT,
+            NS,
+            MB,
+            BLOCK_M,
+            BLOCK_S,
+            BLOCK_L,
+            BLOCK_RR,
+            NUM_STAGES,
+            UPCAST,
+            PREC,
+            TF32_ROUND,
+        )
     else:
-        while tl.atomic_add(counters_ptr + 1, 0, sem="acquire") < n_split_tiles:
-            pass
-        tl.debug_barrier()
-        mla_attn_combine_tile(ticket - n_split_tiles, ml_ptr, acc_ptr, start_ptr, w_uv_ptr, uv_head_stride, uv_row_stride,
-                              gate_ptr, gate_stride, out_ptr, out_stride, R, T, N, L, V, SPLIT, NS,
-                              GATED, BLOCK_R, BLOCK_L, BLOCK_V, DOT_F32, PREC)
-        if tl.atomic_add(counters_ptr + 2, 1, sem="relaxed") == n_combine_tiles - 1:
-            tl.atomic_xchg(counters_ptr, 0)
-            tl.atomic_xchg(counters_ptr + 1, 0)
-            tl.atomic_xchg(counters_ptr + 2, 0)
+        mla_attn_combine_tile(
+            tile,
+            ml_ptr,
+            acc_ptr,
+            start_ptr,
+            w_uv_ptr,
+            uv_head_stride,
+            uv_row_stride,
+            gate_ptr,
+            gate_stride,
+            out_ptr,
+            out_stride,
+            R,
+            T,
+            N,
+            L,
+            V,
+            SPLIT,
+            NS,
+            GATED,
+            BLOCK_R,
+            BLOCK_L,
+            BLOCK_V,
+            UPCAST,
+            PREC,
+            TF32_ROUND,
+        )
+    if PHASE == 0:
+        phase_done(counters_ptr, phase, n_combine_tiles)
+
+
+mla_attn_kernel = launcher(mla_attn_tile, phases=("split", "combine"), first="n_split_tiles")
 
 
 def mla_attn(op, env, split_tokens: int | None = None) -> None:
@@ -352,26 +681,69 @@ def mla_attn(op, env, split_tokens: int | None = None) -> None:
     w_uv = op.weights["w_uv"]  # [N, V, L] view of kv_b_proj
     assert w_uv.stride(2) == 1
     R, T, B = q_lat.shape[0], env.T, env.B
-    block_m = min(ATTN_BLOCK_M, pow2(T * N))
-    block_s = ATTN_BLOCK_S if q_lat.is_cuda else 16
+    block_m = min(ATTN_BLOCK_M, pow2(T * N, 16))
+    block_s = ATTN_BLOCK_S if on_gpu(q_lat.device) else 16
     mb = triton.cdiv(T * N, block_m)
     context_bound = pages.table.shape[1] * pages.page_size  # >= every row's end; no device sync
     # ~one split tile per SM for one sequence (a tile needs ~all registers of an SM), splits of >= 128 keys.
     # The split length depends on neither B nor T, so a row's result does not depend on the step's other
     # rows (row-exact: speculative verification reproduces one-token decoding).
-    split, ns = choose_split(context_bound, triton.cdiv(N, min(ATTN_BLOCK_M, pow2(N))), block_s, q_lat.device, split_tokens, min_split=128, programs_per_sm=1)
+    split, ns = choose_split(
+        context_bound,
+        triton.cdiv(N, min(ATTN_BLOCK_M, pow2(N, 16))),
+        block_s,
+        q_lat.device,
+        split_tokens,
+        min_split=128,
+        programs_per_sm=1,
+    )
     ml = workspace("mla_attn.ml", R * N * ns * 2, torch.float32, q_lat.device)
     acc = workspace("mla_attn.acc", R * N * ns * L, torch.float32, q_lat.device)
-    counters = workspace("mla_attn.counters", 3, torch.int32, q_lat.device, zero=True)
     n_split_tiles = B * mb * ns
-    _mla_attn_kernel[(n_split_tiles + N,)](
-        counters, n_split_tiles, N,
-        q_lat, q_pe, latent, latent.stride(0), env.batch.slots, env.batch.start, pages.table, pages.table.stride(0), pages.page_size,
-        ml, acc, w_uv, w_uv.stride(0), w_uv.stride(1), gate, gate.stride(0), out, out.stride(0),
-        R, T, N, RR, L, V, float(a["scale"]), split, ns, mb,
-        GATED=bool(a["gated"]), BLOCK_M=block_m, BLOCK_S=block_s, BLOCK_L=pow2(L), BLOCK_RR=pow2(RR), BLOCK_R=pow2(R),
-        BLOCK_V=min(64, pow2(V)), NUM_STAGES=2, DOT_F32=INTERPRET, PREC=dot_precision(latent.dtype), num_warps=8,
-        **pdl_launch_args(env))
+    mla_attn_kernel[(n_split_tiles + N,)](
+        phase_counters("mla_attn", q_lat.device),
+        n_split_tiles,
+        N,
+        q_lat,
+        q_pe,
+        latent,
+        latent.stride(0),
+        env.batch.slots,
+        env.batch.start,
+        pages.table,
+        pages.table.stride(0),
+        pages.page_size,
+        ml,
+        acc,
+        w_uv,
+        w_uv.stride(0),
+        w_uv.stride(1),
+        gate,
+        gate.stride(0),
+        out,
+        out.stride(0),
+        R,
+        T,
+        N,
+        RR,
+        L,
+        V,
+        float(a["scale"]),
+        split,
+        ns,
+        mb,
+        GATED=bool(a["gated"]),
+        BLOCK_M=block_m,
+        BLOCK_S=block_s,
+        BLOCK_L=pow2(L, 16),
+        BLOCK_RR=pow2(RR, 16),
+        BLOCK_R=pow2(R, 16),
+        BLOCK_V=min(64, pow2(V, 16)),
+        NUM_STAGES=2,
+        **dot_mode(latent.dtype),
+        num_warps=8,
+        **pdl_launch_args(env),
+    )
 
 
 KERNELS = {"mla_in_proj": mla_in_proj, "mla_q_up": mla_q_up, "mla_attn": mla_attn}

@@ -20,9 +20,25 @@ import triton.language as tl
 
 
 @triton.jit
-def route_summary(logits_ptr, stride_l, bias_ptr, R, E, EG, top_k, topk_groups, scaling,
-                  SOFTMAX: tl.constexpr, RENORM: tl.constexpr, HAS_BIAS: tl.constexpr, GROUPED: tl.constexpr,
-                  BLOCK_R: tl.constexpr, BLOCK_G: tl.constexpr, BLOCK_EG: tl.constexpr, BLOCK_TOPK: tl.constexpr):
+def route_summary(
+    logits_ptr,
+    stride_l,
+    bias_ptr,
+    R,
+    E,
+    EG,
+    top_k,
+    topk_groups,
+    scaling,
+    SOFTMAX: tl.constexpr,
+    RENORM: tl.constexpr,
+    HAS_BIAS: tl.constexpr,
+    GROUPED: tl.constexpr,
+    BLOCK_R: tl.constexpr,
+    BLOCK_G: tl.constexpr,
+    BLOCK_EG: tl.constexpr,
+    BLOCK_TOPK: tl.constexpr,
+):
     """Selection of rows 0..R-1 -> (present [BE] int32 0/1, ids [BE] int32 expert id of each column,
     sel_id [BLOCK_R, BLOCK_TOPK] int32 (row r's j-th choice; -1 pads), sel_w [BLOCK_R, BLOCK_TOPK] fp32
     its final weight), BE = BLOCK_G·BLOCK_EG."""
@@ -85,39 +101,12 @@ def slot_expert(present, ids, sel_id, sel_w, slot):
     return expert, p_rows
 
 
-@triton.jit
-def _route_test_kernel(logits_ptr, stride_l, bias_ptr, out_ids_ptr, out_p_ptr, R, E, EG, top_k, topk_groups, scaling,
-                       SOFTMAX: tl.constexpr, RENORM: tl.constexpr, HAS_BIAS: tl.constexpr, GROUPED: tl.constexpr,
-                       BLOCK_R: tl.constexpr, BLOCK_G: tl.constexpr, BLOCK_EG: tl.constexpr, BLOCK_TOPK: tl.constexpr):
-    """Program ``slot``: out_ids[slot] = its expert (-1 if none), out_p[slot, r] = row r's weight for it."""
-    slot = tl.program_id(0)
-    present, ids, sel_id, sel_w = route_summary(logits_ptr, stride_l, bias_ptr, R, E, EG, top_k, topk_groups, scaling,
-                                                SOFTMAX, RENORM, HAS_BIAS, GROUPED, BLOCK_R, BLOCK_G, BLOCK_EG, BLOCK_TOPK)
-    expert, p_rows = slot_expert(present, ids, sel_id, sel_w, slot)
-    found = slot < tl.sum(present, axis=0)
-    tl.store(out_ids_ptr + slot, tl.where(found, expert, -1))
-    r = tl.arange(0, BLOCK_R)
-    tl.store(out_p_ptr + slot * BLOCK_R + r, tl.where(found, p_rows, 0.0))
-
-
 def routing_blocks(R: int, num_experts: int, num_groups: int, top_k: int) -> dict:
     """Constexpr block sizes of ``route_summary`` for R rows."""
     eg = num_experts // num_groups
-    return dict(BLOCK_R=triton.next_power_of_2(max(R, 1)), BLOCK_G=triton.next_power_of_2(num_groups),
-                BLOCK_EG=triton.next_power_of_2(eg), BLOCK_TOPK=triton.next_power_of_2(top_k))
-
-
-def route_slots(logits, bias, cfg):
-    """Test helper: (expert id per slot [min(E, R·k)] (-1 = none), weight per (slot, row) [slots, R])."""
-    import torch
-
-    R, E = logits.shape
-    blocks = routing_blocks(R, E, cfg.num_groups, cfg.top_k)
-    slots = min(E, R * cfg.top_k)
-    out_ids = torch.empty(slots, dtype=torch.int32, device=logits.device)
-    out_p = torch.empty(slots, blocks["BLOCK_R"], dtype=torch.float32, device=logits.device)
-    _route_test_kernel[(slots,)](
-        logits, logits.stride(0), bias if bias is not None else logits, out_ids, out_p, R, E, E // cfg.num_groups,
-        cfg.top_k, cfg.topk_groups, cfg.routed_scaling_factor,
-        SOFTMAX=cfg.scoring == "softmax", RENORM=cfg.renormalize, HAS_BIAS=bias is not None, GROUPED=cfg.num_groups > 1, **blocks)
-    return out_ids, out_p[:, :R]
+    return dict(
+        BLOCK_R=triton.next_power_of_2(max(R, 1)),
+        BLOCK_G=triton.next_power_of_2(num_groups),
+        BLOCK_EG=triton.next_power_of_2(eg),
+        BLOCK_TOPK=triton.next_power_of_2(top_k),
+    )

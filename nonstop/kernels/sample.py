@@ -1,36 +1,34 @@
 """LM-head sampling on the device: the ``sample`` super-op (fp32 logits [R, V] -> next token ids [R]).
 
-For the CUDA-graph / megakernel paths, where the step should end with token ids instead of logits. The
-engine samples on the host today; this op is not in the lowered program. Its twin is
+For the CUDA-graph / megakernel paths, where the step ends with token ids instead of logits. Its twin is
 ``REFERENCE["sample"]`` (``program/reference.py``), which picks the same tokens.
 
 Per row r (all parameters are per-row buffers, so one launch serves a batch of different requests):
     temperature[r] == 0:  argmax_i logits[r, i]                           (first maximal index)
     otherwise:            argmax_{i in K} (x_i + g_i),  x = logits[r] / temperature[r]   (Gumbel-max)
 where K = the finite entries of ``model/sampling.filter_logits(logits[r], temperature, top_k, top_p)``
-(top-k then top-p on the renormalised top-k distribution) and g the Gumbel noise of Philox4x32-10 with
+(top-k, then top-p on the renormalised top-k distribution) and g the Gumbel noise of Philox4x32-10 with
 key seed[r] and counter (i // 4, offset[r]) (``model/philox.gumbel_noise``). Gumbel-max over K draws
-exactly from softmax(x) restricted to K; a caller advances ``offset`` every step (e.g. the request's
-generated-token count + t for row t of a T-row verification step) and keeps ``seed`` per request.
+exactly from softmax(x) restricted to K; a caller advances ``offset`` every step and keeps ``seed`` per
+request. K is an upper set of the order "larger x first, then smaller index" (a stable descending
+sort): ties break by index.
 
-How the kernel finds argmax over K without sorting the vocabulary. K is an upper set of the order
-"larger x first, then smaller index" (a stable descending sort), so for any token j outside K, all of K
-lies above j. The kernel takes j = argmax over all tokens, and while j is not in K replaces it by the
-argmax over the tokens above j (same noise); the first j inside K is the answer. Membership of j:
-    top-k:  #{x > x_j} < k                                   (ties at the k-th value are all kept)
-    top-p:  mass above j  <  top_p · Z_k                     (masses e^{x - max}; Z_k = mass of the top-k set)
-One pass over the row per candidate (the pass that tests j also finds the next candidate); usually
-1-3 passes. Z_k (only when top-k and top-p are both on and two cheap bounds do not decide) comes from
-a bisection for the k-th largest value on the monotone int32 image of fp32 (<= ~32 passes, once).
+Two phases spread the vocabulary over many programs (``launch.py``'s two-phase protocol):
+  1 ``scan`` - tile (r, c): chunk c (CHUNK entries) of row r: its max m_c of x, Z_c = Σ e^{x - m_c}, the
+    best score (x, or x + g when sampling) with its first index, and - when the row filters (top-k / top-p)
+    - its KC largest entries as stable-order keys (``stable_key``: value, then index).
+  2 ``pick`` - tile r: greedy and unfiltered rows take the best score over the chunks (first index on
+    ties). Filtered rows merge the chunks' lists (one sort), decide top-k (x >= the k-th value) and top-p
+    (mass above < top_p · Z_k, masses e^{x - max}, Z_k the mass of the top-k set, or of the row from the
+    chunks' Z_c) on the merged list, and take Gumbel-max over the kept entries. That is exact when no
+    token outside the lists could belong: every chunk whose list is full ends below the kept set and, with
+    top-k, below the k-th value. Otherwise (more than KC kept tokens in one chunk) the tile runs the
+    one-program search over the row (``sample_row_search``): start from argmax (x + g), and while the
+    candidate is not in K move to the best candidate above it; top-k membership is #{x > x_j} < k, top-p
+    mass above j < top_p · Z_k (Z_k by bisection on the monotone int32 image of fp32 when needed).
 
-Tie order: the kernel breaks ties by index (stable sort). ``filter_logits`` uses ``torch.sort``, which
-is not stable on CPU, so among tokens tied exactly at the top-p boundary its choice is arbitrary.
-
-Tile function (one row per program):
-``sample_tile(row, logits_ptr, stride_logits, temperature_ptr, top_k_ptr, top_p_ptr, seed_ptr, offset_ptr, out_ptr,
-              V, BLOCK_Q)``
-    logits [R, V] fp32; temperature, top_p [R] fp32; top_k, seed, offset, out [R] int64. A block holds
-    BLOCK_Q Philox counters = 4·BLOCK_Q vocabulary entries (one Philox call yields 4 words).
+Tile function: ``sample_tile(tile, ..., PHASE)``; workspaces: stats fp32 [R, NC, 3], best index int32
+[R, NC], candidate keys int64 [R, NC, KC] (NC = cdiv(V, CHUNK)).
 
 Using it: ``op, specs = sample_op(vocab_size)`` gives the SuperOp and the buffers it needs; allocate them
 next to the program's (``program.buffers.update(specs)`` before ``program.allocate``), fill
@@ -44,7 +42,8 @@ import torch
 import triton
 import triton.language as tl
 
-from nonstop.kernels.pdl import pdl_launch_args, pdl_wait
+from nonstop.kernels.launch import launcher, pdl_launch_args, phase_counters, phase_done, phase_ticket, workspace
+from nonstop.kernels.platform import interpreting, pow2
 from nonstop.program.ir import BufferSpec, SuperOp
 
 SAMPLE_READS = ("logits", "sample_temperature", "sample_top_k", "sample_top_p", "sample_seed", "sample_offset")
@@ -194,10 +193,20 @@ def _top_k_mass(row_ptr, V, temperature, m, k, lo_x, hi_x, BLOCK_Q: tl.constexpr
 # ----------------------------------------------------------------------------- the tile
 
 
-@triton.jit
-def sample_tile(row, logits_ptr, stride_logits, temperature_ptr, top_k_ptr, top_p_ptr, seed_ptr, offset_ptr, out_ptr, V,
-                BLOCK_Q: tl.constexpr):
-    """next token of one row; see the module docstring."""
+@triton.jit(noinline=True)  # the rare fallback: its registers apart from the pick's
+def sample_row_search(
+    row,
+    logits_ptr,
+    stride_logits,
+    temperature_ptr,
+    top_k_ptr,
+    top_p_ptr,
+    seed_ptr,
+    offset_ptr,
+    V,
+    BLOCK_Q: tl.constexpr,
+):
+    """The next token of one row by the one-program search (module docstring): the fallback of ``pick``."""
     row_ptr = logits_ptr + row.to(tl.int64) * stride_logits
     temperature = tl.load(temperature_ptr + row)
     if temperature > 0:
@@ -214,7 +223,9 @@ def sample_tile(row, logits_ptr, stride_logits, temperature_ptr, top_k_ptr, top_
         searching = use_k | use_p
         while searching:
             x_j = tl.div_rn(tl.load(row_ptr + j), temperature)
-            count, above_mass, ge_mass, next_j = _scan(row_ptr, V, temperature, seed, off_lo, off_hi, m, x_j, j, BLOCK_Q)
+            count, above_mass, ge_mass, next_j = _scan(
+                row_ptr, V, temperature, seed, off_lo, off_hi, m, x_j, j, BLOCK_Q
+            )
             keep = (count < k) | (use_k == 0)
             if keep & use_p:
                 if z_k < 0:
@@ -231,27 +242,305 @@ def sample_tile(row, logits_ptr, stride_logits, temperature_ptr, top_k_ptr, top_
                 j = next_j
     else:
         j = _greedy_pass(row_ptr, V, BLOCK_Q)
+    return j
+
+
+MIN_KEY: tl.constexpr = tl.constexpr(-(2**63))
+BIG: tl.constexpr = tl.constexpr(2147483647)
+
+
+@triton.jit
+def gumbel_at(seed, off_lo, off_hi, idx):
+    """Gumbel noise of entries ``idx`` (int32, any shape): word idx % 4 of Philox counter (idx // 4, offset)."""
+    quads = (idx // 4).to(tl.uint32)
+    zero = quads * 0
+    r0, r1, r2, r3 = tl.philox(seed, quads, zero + off_lo, zero + off_hi, zero)
+    w = idx % 4
+    bits = tl.where(w == 0, r0, tl.where(w == 1, r1, tl.where(w == 2, r2, r3)))
+    u = ((bits >> 9) * 2 + 1).to(tl.float32) * (1.0 / 16777216.0)
+    return -tl.log(-tl.log(u))
+
+
+@triton.jit
+def stable_key(x, idx):
+    """int64 keys whose descending order is the stable order: larger x first, then smaller index."""
+    return (order_key(x).to(tl.int64) << 32) | (2147483647 - idx).to(tl.int64)
+
+
+@triton.jit
+def key_value(key):
+    """The fp32 x of a ``stable_key``."""
+    k = (key >> 32).to(tl.int32)
+    return tl.where(k < 0, k ^ 0x7FFFFFFF, k).to(tl.float32, bitcast=True)
+
+
+@triton.jit
+def sample_scan_tile(
+    t,
+    logits_ptr,
+    stride_logits,
+    temperature_ptr,
+    top_k_ptr,
+    top_p_ptr,
+    seed_ptr,
+    offset_ptr,
+    stats_ptr,
+    best_idx_ptr,
+    cand_ptr,
+    V,
+    NC,
+    CHUNK: tl.constexpr,
+    KC: tl.constexpr,
+):
+    """Phase 1, tile t = (row, chunk) = divmod(t, NC): the chunk's statistics (module docstring)."""
+    row = t // NC
+    c = t % NC
+    slot = row.to(tl.int64) * NC + c
+    idx = c * CHUNK + tl.arange(0, CHUNK)
+    valid = idx < V
+    logit = tl.load(logits_ptr + row.to(tl.int64) * stride_logits + idx, mask=valid, other=float("-inf"))
+    temperature = tl.load(temperature_ptr + row)
+    if temperature > 0:
+        x = tl.div_rn(logit, temperature)
+        x = tl.where(x == x, x, float("-inf"))
+        m = tl.max(x, axis=0)
+        z = tl.sum(tl.where(valid & (x > float("-inf")), tl.exp(x - m), 0.0), axis=0)
+        offset = tl.load(offset_ptr + row)
+        g = gumbel_at(
+            tl.load(seed_ptr + row),
+            (offset & 0xFFFFFFFF).to(tl.uint32),
+            ((offset >> 32) & 0xFFFFFFFF).to(tl.uint32),
+            idx,
+        )
+        score = tl.where(valid, x + g, float("-inf"))
+        k = tl.load(top_k_ptr + row)
+        if ((k > 0) & (k < V)) | (tl.load(top_p_ptr + row) < 1.0):
+            top = tl.topk(tl.where(valid, stable_key(x, idx), MIN_KEY), KC)
+            tl.store(cand_ptr + slot * KC + tl.arange(0, KC), top)
+    else:
+        score = tl.where(logit == logit, logit, float("-inf"))
+        m = tl.max(score, axis=0)
+        z = m * 0.0
+    best = tl.max(score, axis=0)
+    tl.store(stats_ptr + slot * 3, m)
+    tl.store(stats_ptr + slot * 3 + 1, z)
+    tl.store(stats_ptr + slot * 3 + 2, best)
+    tl.store(best_idx_ptr + slot, tl.min(tl.where(score == best, idx, BIG), axis=0))
+
+
+@triton.jit
+def sample_pick_tile(
+    row,
+    logits_ptr,
+    stride_logits,
+    temperature_ptr,
+    top_k_ptr,
+    top_p_ptr,
+    seed_ptr,
+    offset_ptr,
+    out_ptr,
+    stats_ptr,
+    best_idx_ptr,
+    cand_ptr,
+    V,
+    NC,
+    KC: tl.constexpr,
+    BLOCK_NC: tl.constexpr,
+    BLOCK_CAND: tl.constexpr,
+    BLOCK_Q: tl.constexpr,
+):
+    """Phase 2, tile = row: combine the row's chunks (module docstring); next_ids[row]."""
+    c = tl.arange(0, BLOCK_NC)
+    cm = c < NC
+    base = row.to(tl.int64) * NC
+    best_c = tl.load(stats_ptr + (base + c) * 3 + 2, mask=cm, other=float("-inf"))
+    best = tl.max(best_c, axis=0)
+    j = tl.min(tl.where(cm & (best_c == best), tl.load(best_idx_ptr + base + c, mask=cm, other=BIG), BIG), axis=0)
+    temperature = tl.load(temperature_ptr + row)
+    if temperature > 0:
+        k = tl.load(top_k_ptr + row)
+        p = tl.load(top_p_ptr + row)
+        use_k = (k > 0) & (k < V)
+        use_p = p < 1.0
+        if use_k | use_p:
+            m_c = tl.load(stats_ptr + (base + c) * 3, mask=cm, other=float("-inf"))
+            m = tl.max(m_c, axis=0)
+            z = tl.sum(
+                tl.where(
+                    cm & (m_c > float("-inf")),
+                    tl.load(stats_ptr + (base + c) * 3 + 1, mask=cm, other=0.0) * tl.exp(m_c - m),
+                    0.0,
+                ),
+                axis=0,
+            )
+            pos = tl.arange(0, BLOCK_CAND)
+            keys = tl.sort(tl.load(cand_ptr + base * KC + pos, mask=pos < NC * KC, other=MIN_KEY), descending=True)
+            listed = keys != MIN_KEY
+            x = key_value(keys)
+            idx = 2147483647 - (keys & 0xFFFFFFFF).to(tl.int32)
+            e = tl.where(listed, tl.exp(x - m), 0.0)
+            v_k = tl.sum(tl.where(pos == k - 1, x, 0.0), axis=0)
+            keep = listed
+            if use_k:
+                keep = keep & (x >= v_k)
+            z_k = tl.where(use_k, tl.sum(tl.where(keep, e, 0.0), axis=0), z)
+            if use_p:
+                keep = keep & (tl.cumsum(e, axis=0) - e < p * z_k)
+            last = tl.max(
+                tl.load(cand_ptr + (base + c) * KC + KC - 1, mask=cm, other=MIN_KEY), axis=0
+            )  # lowest listed of the fullest
+            threshold = tl.min(tl.where(keep, keys, 9223372036854775807), axis=0)
+            complete = (last == MIN_KEY) | (
+                (last < threshold)
+                & ((use_k == 0) | ((key_value(last) < v_k) & (k <= tl.sum(listed.to(tl.int32), axis=0))))
+            )
+            if complete:
+                offset = tl.load(offset_ptr + row)
+                g = gumbel_at(
+                    tl.load(seed_ptr + row),
+                    (offset & 0xFFFFFFFF).to(tl.uint32),
+                    ((offset >> 32) & 0xFFFFFFFF).to(tl.uint32),
+                    idx,
+                )
+                score = tl.where(keep, x + g, float("-inf"))
+                top = tl.max(score, axis=0)
+                j = tl.min(tl.where(keep & (score == top), idx, BIG), axis=0)
+            else:
+                j = sample_row_search(
+                    row,
+                    logits_ptr,
+                    stride_logits,
+                    temperature_ptr,
+                    top_k_ptr,
+                    top_p_ptr,
+                    seed_ptr,
+                    offset_ptr,
+                    V,
+                    BLOCK_Q,
+                )
     tl.store(out_ptr + row, j.to(tl.int64))
 
 
 @triton.jit
-def _sample_kernel(logits_ptr, stride_logits, temperature_ptr, top_k_ptr, top_p_ptr, seed_ptr, offset_ptr, out_ptr, V,
-                   BLOCK_Q: tl.constexpr, USE_PDL: tl.constexpr):
-    pdl_wait(USE_PDL)
-    sample_tile(tl.program_id(0), logits_ptr, stride_logits, temperature_ptr, top_k_ptr, top_p_ptr, seed_ptr, offset_ptr,
-                out_ptr, V, BLOCK_Q)
+def sample_tile(
+    tile,
+    logits_ptr,
+    stride_logits,
+    temperature_ptr,
+    top_k_ptr,
+    top_p_ptr,
+    seed_ptr,
+    offset_ptr,
+    out_ptr,
+    stats_ptr,
+    best_idx_ptr,
+    cand_ptr,
+    counters_ptr,
+    V,
+    NC,
+    n_scan,
+    n_pick,
+    CHUNK: tl.constexpr,
+    KC: tl.constexpr,
+    BLOCK_NC: tl.constexpr,
+    BLOCK_CAND: tl.constexpr,
+    BLOCK_Q: tl.constexpr,
+    PHASE: tl.constexpr,
+):
+    """Sampling in two phases (module docstring): 1 ``scan`` (n_scan = R·NC tiles), 2 ``pick`` (n_pick = R);
+    0 the in-launch protocol (counters int32 [3])."""
+    phase = PHASE
+    if PHASE == 0:
+        phase, tile = phase_ticket(counters_ptr, n_scan)
+    if phase == 1:
+        sample_scan_tile(
+            tile,
+            logits_ptr,
+            stride_logits,
+            temperature_ptr,
+            top_k_ptr,
+            top_p_ptr,
+            seed_ptr,
+            offset_ptr,
+            stats_ptr,
+            best_idx_ptr,
+            cand_ptr,
+            V,
+            NC,
+            CHUNK,
+            KC,
+        )
+    else:
+        sample_pick_tile(
+            tile,
+            logits_ptr,
+            stride_logits,
+            temperature_ptr,
+            top_k_ptr,
+            top_p_ptr,
+            seed_ptr,
+            offset_ptr,
+            out_ptr,
+            stats_ptr,
+            best_idx_ptr,
+            cand_ptr,
+            V,
+            NC,
+            KC,
+            BLOCK_NC,
+            BLOCK_CAND,
+            BLOCK_Q,
+        )
+    if PHASE == 0:
+        phase_done(counters_ptr, phase, n_pick)
 
 
-def sample(op, env, BLOCK_Q: int | None = None):
-    """next_ids [R] (int64) from logits [R, V] and the per-row sampling buffers (``SAMPLE_READS``)."""
+sample_kernel = launcher(sample_tile, phases=("scan", "pick"), first="n_scan")
+
+CHUNK = 2048  # vocabulary entries per scan tile on a GPU: 80 tiles per row of a 163840-token vocabulary
+CANDIDATES = 16  # largest entries each chunk lists for a filtered row (the merged list: NC · 16)
+
+
+def sample(op, env, chunk: int | None = None, candidates: int | None = None):
+    """next_ids [R] (int64) from logits [R, V] and the per-row sampling buffers (``SAMPLE_READS``).
+    ``chunk`` / ``candidates``: scan tile width and list length (tests; defaults ``CHUNK`` / ``CANDIDATES``,
+    a quarter-vocabulary chunk in the interpreter)."""
     logits, temperature, top_k, top_p, seed, offset = (env.buf[n] for n in op.reads)
     out = env.buf[op.writes[0]]
     R, V = logits.shape
     assert logits.dtype == torch.float32 and logits.stride(1) == 1
-    if BLOCK_Q is None:
-        BLOCK_Q = min(1024, max(16, triton.next_power_of_2(triton.cdiv(V, 4))))
-    _sample_kernel[(R,)](logits, logits.stride(0), temperature, top_k, top_p, seed, offset, out, V, BLOCK_Q=BLOCK_Q, num_warps=8,
-                         **pdl_launch_args(env))
+    chunk = pow2(chunk or (min(CHUNK, pow2(V) // 4) if interpreting() else CHUNK), 16)
+    kc = min(pow2(candidates or CANDIDATES), chunk)
+    nc = triton.cdiv(V, chunk)
+    dev = logits.device
+    stats = workspace("sample.stats", R * nc * 3, torch.float32, dev)
+    best_idx = workspace("sample.best_idx", R * nc, torch.int32, dev)
+    cand = workspace("sample.cand", R * nc * kc, torch.int64, dev)
+    sample_kernel[(R * nc + R,)](
+        logits,
+        logits.stride(0),
+        temperature,
+        top_k,
+        top_p,
+        seed,
+        offset,
+        out,
+        stats,
+        best_idx,
+        cand,
+        phase_counters("sample", dev),
+        V,
+        nc,
+        R * nc,
+        R,
+        CHUNK=chunk,
+        KC=kc,
+        BLOCK_NC=pow2(nc),
+        BLOCK_CAND=pow2(nc * kc),
+        BLOCK_Q=min(1024, pow2(triton.cdiv(V, 4), 16)),
+        num_warps=4,
+        **pdl_launch_args(env),
+    )
 
 
 KERNELS = {"sample": sample}

@@ -17,6 +17,9 @@ at ``context`` tokens already cached per sequence.
   tiles          GEMVs: one tile per TILE_N output rows of each weight pass; attention: one per
                  (sequence, head) - MLA: (sequence, block of ATTN_BLOCK_M (token, head) items, split of
                  ATTN_SPLIT_KEYS keys) plus one combine tile per head; rows-wise ops: one per row.
+                 These are units of work at fixed block sizes, a measure of an op's parallelism. The
+                 megakernel's tiling (``runtime/megakernel/tiling``) takes each launch's own block sizes,
+                 which split an op further to fill the target's SMs, so its task counts differ from these.
 """
 
 from __future__ import annotations

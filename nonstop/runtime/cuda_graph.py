@@ -20,13 +20,12 @@ running; it must execute ``tl.extra.cuda.gdc_wait()`` before it reads anything a
 writes anything a predecessor reads (weights may be loaded before the wait), and may call
 ``tl.extra.cuda.gdc_launch_dependents()`` early to let its successor start. Kernel modules opt in per
 launch: ``env.pdl`` says whether this step may use it, ``env.launch_kwargs`` is ``{"launch_pdl": True}``
-or ``{}``; the launcher passes ``USE_PDL=env.pdl`` as a constexpr and waits with ``pdl_wait(USE_PDL)`` (``if USE_PDL: gdc_wait()``)
-(a false constexpr branch is never compiled, nor run by the interpreter). Put the wait before
-software-pipelined loops (triton-lang/triton#11905: a pipelined prologue load can be hoisted above a
-wait inside the loop). Every launcher kernel of ``nonstop/kernels`` opts in (``kernels/pdl.py``:
-``pdl_launch_args(env)``) with the wait as its first statement and no ``gdc_launch_dependents``, so a
-launch overlaps only its start with the predecessor's tail; torch operators (a workspace's zeroing)
-launch as usual. The megakernel records the launchers with ``USE_PDL=False``.
+or ``{}``; the launcher passes ``USE_PDL=env.pdl`` as a constexpr and starts with ``pdl_wait(USE_PDL)``
+(the wait, then ``gdc_launch_dependents``; a false constexpr branch is never compiled, nor run by the
+interpreter). Put the wait before software-pipelined loops (triton-lang/triton#11905: a pipelined
+prologue load can be hoisted above a wait inside the loop). Every launcher kernel of ``nonstop/kernels``
+opts in (``kernels/launch.py``: generated launchers, ``pdl_launch_args(env)``); torch operators (a
+workspace's zeroing) launch as usual. The megakernel drops the launchers' ``USE_PDL``.
 """
 
 from __future__ import annotations
@@ -34,6 +33,8 @@ from __future__ import annotations
 import os
 
 import torch
+
+from nonstop.kernels.platform import interpreting
 
 PDL_ENV = "NONSTOP_PDL"  # "0" turns PDL off
 GRAPHS_ENV = "NONSTOP_CUDA_GRAPHS"  # "0" turns graph capture off
@@ -45,7 +46,7 @@ def pdl_support(device) -> tuple[bool, str]:
     device = torch.device(device)
     if device.type != "cuda":
         return False, f"device {device.type} (PDL is a CUDA feature)"
-    if os.environ.get("TRITON_INTERPRET") == "1":
+    if interpreting():
         return False, "Triton interpreter"
     if os.environ.get(PDL_ENV) == "0":
         return False, f"{PDL_ENV}=0"
@@ -121,7 +122,12 @@ def module_containers(modules) -> list[tuple[object, str]]:
     """(module, name) of the module-level dicts and lists of ``modules``: where a kernel module keeps
     tensors between launches (a workspace it grows would leave a captured graph pointing at freed
     memory, so their addresses are part of the storage signature)."""
-    return [(m, name) for m in modules for name, v in vars(m).items() if isinstance(v, (dict, list)) and not name.startswith("__")]
+    return [
+        (m, name)
+        for m in modules
+        for name, v in vars(m).items()
+        if isinstance(v, (dict, list)) and not name.startswith("__")
+    ]
 
 
 class CapturedStep:

@@ -6,8 +6,6 @@ batch_invariant, max_rows) and must give the reference's tokens.
 
 from __future__ import annotations
 
-import os
-
 import torch
 
 from nonstop.cache.state import ModelCache, StepBatch
@@ -63,7 +61,9 @@ KERNEL_BACKENDS = ("superop", "megakernel")
 
 def triton_interpreter() -> bool:
     """True when Triton runs kernels in its CPU interpreter (``TRITON_INTERPRET=1``, set before import)."""
-    return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
+    from nonstop.kernels.platform import interpreting
+
+    return interpreting()
 
 
 def resolve_backend(backend: str, device) -> str:

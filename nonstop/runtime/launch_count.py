@@ -30,12 +30,38 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 # aten operators that allocate or describe memory without running anything on the device
 NO_LAUNCH = {
-    "empty", "empty_strided", "empty_like", "new_empty", "new_empty_strided", "resize_", "set_",
-    "detach", "detach_", "alias", "lift_fresh", "is_same_size", "sym_size", "sym_stride",
-    "sym_numel", "sym_storage_offset", "_local_scalar_dense", "is_nonzero",
+    "empty",
+    "empty_strided",
+    "empty_like",
+    "new_empty",
+    "new_empty_strided",
+    "resize_",
+    "set_",
+    "detach",
+    "detach_",
+    "alias",
+    "lift_fresh",
+    "is_same_size",
+    "sym_size",
+    "sym_stride",
+    "sym_numel",
+    "sym_storage_offset",
+    "_local_scalar_dense",
+    "is_nonzero",
 }
 # aten operators that wait for the device and bring a value to the host
-HOST_SYNC = {"_local_scalar_dense", "nonzero", "is_nonzero", "unique", "_unique", "_unique2", "unique_dim", "unique_consecutive", "masked_select", "item"}
+HOST_SYNC = {
+    "_local_scalar_dense",
+    "nonzero",
+    "is_nonzero",
+    "unique",
+    "_unique",
+    "_unique2",
+    "unique_dim",
+    "unique_consecutive",
+    "masked_select",
+    "item",
+}
 
 # tensor methods that bring data to the host (on a CPU they dispatch nothing, on a GPU they sync), and
 # factories that upload host data (a GPU copies it from pageable memory: not capturable in a graph)
@@ -178,7 +204,9 @@ class LaunchCounter(TorchDispatchMode):
                 return original(fn_self, *args, grid=grid, warmup=warmup, **kwargs)
             size = _grid_size(grid)
             if size != 0:
-                name = getattr(fn_self, "__name__", None) or getattr(getattr(fn_self, "fn", None), "__name__", "triton_kernel")
+                name = getattr(fn_self, "__name__", None) or getattr(
+                    getattr(fn_self, "fn", None), "__name__", "triton_kernel"
+                )
                 counter.triton[name] += 1
                 counter.by_tag[counter.tag] += 1
                 if kwargs.get("launch_pdl"):

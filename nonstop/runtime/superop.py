@@ -94,6 +94,7 @@ class StaticStep:
         self.launches: dict | None = None
         self.counts_left = 3  # eager steps that may still be counted (until two counts agree)
         self.graph_off: str | None = None  # why this shape runs without a graph
+        self.sample_buf: dict | None = None  # the device sampler's per-row buffers (``sample_tokens``)
 
 
 class SuperOpExecutor(Executor):
@@ -265,6 +266,50 @@ class SuperOpExecutor(Executor):
         else:
             self._run_eagerly(ExecEnv(step.buf, cache, batch, pdl=self.pdl), step)
         return step.buf["logits"].view(B, T, -1)
+
+    @property
+    def samples_on_device(self) -> bool:
+        """Can ``sample_tokens`` run (the Triton sampler: a kernel backend, not the twins)?"""
+        return self.use_kernels
+
+    def sample_tokens(
+        self, input_ids: torch.Tensor, cache: ModelCache, slots: list[int], n: int, rows: list
+    ) -> torch.Tensor:
+        """``n`` decode steps of ``slots`` from their last tokens ``input_ids`` [B, 1], each token sampled on
+        the device after the step (``kernels/sample.py``) with ``rows`` (``runtime.device_sampling.SampleRow``
+        per sequence; the noise counter is the token's position) and fed to the next step without a host
+        round trip. Advances the cache by n; returns the tokens [B, n] (host int64)."""
+        from nonstop.kernels import KERNELS
+        from nonstop.kernels.sample import sample_op
+        from nonstop.program.reference import StepEnv
+        from nonstop.runtime.device_sampling import fill_sample_rows
+
+        B = len(slots)
+        if not self.use_kernels:
+            raise ValueError("sample_tokens needs the Triton kernels (use_kernels=True)")
+        if n < 1 or len(rows) != B or tuple(input_ids.shape) != (B, 1):
+            raise ValueError(f"sample_tokens: n >= 1, input_ids [{B}, 1] and {B} sampling rows")
+        step = self.static_step(B, 1)
+        op, specs = sample_op(self.model.cfg.vocab_size)
+        if step.sample_buf is None:  # the sampler's per-row buffers, next to the step's
+            with torch.inference_mode(False):
+                step.sample_buf = {
+                    name: torch.zeros(B, dtype=getattr(torch, spec.dtype), device=self.device)
+                    for name, spec in specs.items()
+                    if name != "logits"
+                }
+        buf = step.sample_buf
+        tokens, ids = [], input_ids
+        for _ in range(n):
+            batch = cache.batch(slots, 1)
+            fill_sample_rows(buf, rows, batch.start + 1)
+            logits = self.run_program(ids, cache, batch)
+            self.stats["program_steps"] += 1
+            KERNELS["sample"](op, StepEnv({**buf, "logits": logits.view(B, -1)}, cache, batch))
+            cache.advance(batch)
+            tokens.append(buf["next_ids"].clone())
+            ids = buf["next_ids"].view(B, 1)
+        return torch.stack(tokens, 1).cpu()
 
     def forward(
         self, input_ids: torch.Tensor, cache: ModelCache | None, batch: StepBatch | None, last_only: bool = False

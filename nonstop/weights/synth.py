@@ -24,38 +24,46 @@ TORCH_DTYPE_NAMES = {torch.float32: "float32", torch.bfloat16: "bfloat16", torch
 
 
 def _random(spec: TensorSpec, shape: tuple[int, ...], dtype: torch.dtype, gen: torch.Generator) -> torch.Tensor:
-    init = spec.init
+    """One tensor of ``spec``'s init kind, drawn with ``gen`` on ``gen``'s device."""
+    init, dev = spec.init, gen.device
     if init == "ones":
-        return torch.ones(shape, dtype=dtype)
+        return torch.ones(shape, dtype=dtype, device=dev)
     if init == "zeros":
-        return torch.zeros(shape, dtype=dtype)
+        return torch.zeros(shape, dtype=dtype, device=dev)
     if init == "bias":  # small, so that it changes the expert choice now and then but not always
-        return torch.randn(shape, generator=gen) * 0.01
+        return torch.randn(shape, generator=gen, device=dev) * 0.01
     if init == "A_log":  # per-head decay rates exp(A) in [1, 16] (FLA's initialisation)
-        return torch.empty(shape).uniform_(1.0, 16.0, generator=gen).log()
+        return torch.empty(shape, device=dev).uniform_(1.0, 16.0, generator=gen).log()
     if init == "dt_bias":  # softplus⁻¹ of dt in [1e-3, 1e-1], log-uniform
-        dt = torch.empty(shape).uniform_(math.log(1e-3), math.log(1e-1), generator=gen).exp()
+        dt = torch.empty(shape, device=dev).uniform_(math.log(1e-3), math.log(1e-1), generator=gen).exp()
         return dt + torch.log(-torch.expm1(-dt))
     if init == "mxfp4_packed":  # random E2M1 codes
-        return torch.randint(0, 256, shape, generator=gen, dtype=torch.uint8)
+        return torch.randint(0, 256, shape, generator=gen, dtype=torch.uint8, device=dev)
     if init == "mxfp4_scale":  # 2^-9 .. 2^-5: weights of a few hundredths, like INIT_STD
-        return torch.randint(118, 123, shape, generator=gen, dtype=torch.uint8)
-    return (torch.randn(shape, generator=gen) * INIT_STD).to(dtype)
+        return torch.randint(118, 123, shape, generator=gen, dtype=torch.uint8, device=dev)
+    return (torch.randn(shape, generator=gen, device=dev) * INIT_STD).to(dtype)
 
 
-def iter_random_tensors(cfg: ModelConfig, dtype: torch.dtype, seed: int) -> Iterator[tuple[TensorSpec, str, torch.Tensor]]:
-    """(spec, HF name, tensor) for every on-disk tensor of ``cfg``, reproducibly for ``seed``."""
-    gen = torch.Generator().manual_seed(seed)
+def iter_random_tensors(
+    cfg: ModelConfig, dtype: torch.dtype, seed: int, draw_on="cpu"
+) -> Iterator[tuple[TensorSpec, str, torch.Tensor]]:
+    """(spec, HF name, tensor) for every on-disk tensor of ``cfg``, reproducibly for ``seed``, drawn on the
+    device ``draw_on`` (another device's generator gives other values with the same distributions)."""
+    gen = torch.Generator(device=draw_on).manual_seed(seed)
     for spec in checkpoint_layout(cfg):
         for name in spec.names:
             yield spec, name, _random(spec, spec.hf_shape, spec.torch_dtype(dtype), gen).to(spec.torch_dtype(dtype))
 
 
-def random_state_dict(cfg: ModelConfig, dtype: torch.dtype = torch.float32, device="cpu", seed: int = 0) -> dict[str, torch.Tensor]:
-    """{internal param: tensor} with exactly the weights ``write_checkpoint(cfg, seed=seed)`` writes."""
+def random_state_dict(
+    cfg: ModelConfig, dtype: torch.dtype = torch.float32, device="cpu", seed: int = 0, draw_on_device: bool = False
+) -> dict[str, torch.Tensor]:
+    """{internal param: tensor} with exactly the weights ``write_checkpoint(cfg, seed=seed)`` writes; with
+    ``draw_on_device`` drawn on ``device`` instead (no host copy of tens of GB; other values, the same
+    distributions)."""
     parts: dict[str, list[torch.Tensor]] = {}
     specs: dict[str, TensorSpec] = {}
-    for spec, _, t in iter_random_tensors(cfg, dtype, seed):
+    for spec, _, t in iter_random_tensors(cfg, dtype, seed, device if draw_on_device else "cpu"):
         parts.setdefault(spec.param, []).append(t)
         specs[spec.param] = spec
     state = {}

@@ -4,7 +4,8 @@ A tiny random model (odd shapes) prefills a few sequences of different lengths, 
 B sequences × T tokens through the Program with the twins. Right before every op of the requested
 kind, the whole step state (activation buffers, caches, recurrent state) is cloned; the twin runs on
 one copy and the kernel on the other, whose outputs (non-accumulating writes and the cache rows the
-step appends, when the twin writes them) are first poisoned with NaN. All written buffers and all cache/state tensors must agree.
+step appends, when the twin writes them) are first poisoned with NaN. All written buffers and all cache/state
+tensors must agree.
 """
 
 from __future__ import annotations
@@ -79,7 +80,20 @@ def _state_tensors(env: StepEnv) -> dict[str, torch.Tensor]:
     return out
 
 
-def check_kernel(kind: str, raw_config: dict, kernel, dtype=torch.float32, B: int = 2, T: int = 1, prompt_lens=(5, 3, 7), seed: int = 0, rtol=None, atol=None, device="cpu", keep_states: bool = False) -> int:
+def check_kernel(
+    kind: str,
+    raw_config: dict,
+    kernel,
+    dtype=torch.float32,
+    B: int = 2,
+    T: int = 1,
+    prompt_lens=(5, 3, 7),
+    seed: int = 0,
+    rtol=None,
+    atol=None,
+    device="cpu",
+    keep_states: bool = False,
+) -> int:
     """Run the comparison; returns how many ops of ``kind`` were checked (asserts on mismatch).
     keep_states: a speculative-verification step (KDA per-token histories compared too, poisoned first)."""
     cfg = ModelConfig.from_hf_dict(raw_config)
@@ -100,7 +114,11 @@ def check_kernel(kind: str, raw_config: dict, kernel, dtype=torch.float32, B: in
     batch = cache.batch(slots, T, keep_states=keep_states)
     env = StepEnv(program.allocate(B * T, device), cache, batch)
     env.buf["ids"].copy_(torch.randint(0, cfg.vocab_size, (B * T,), generator=gen))
-    tol = {"rtol": rtol, "atol": atol} if rtol is not None else ({"rtol": 2e-4, "atol": 2e-5} if dtype == torch.float32 else {"rtol": 2e-2, "atol": 2e-2})
+    tol = (
+        {"rtol": rtol, "atol": atol}
+        if rtol is not None
+        else ({"rtol": 2e-4, "atol": 2e-5} if dtype == torch.float32 else {"rtol": 2e-2, "atol": 2e-2})
+    )
     checked = 0
     for op in program.ops:
         if op.kind == kind:
@@ -110,10 +128,20 @@ def check_kernel(kind: str, raw_config: dict, kernel, dtype=torch.float32, B: in
             _poison_history(op, got)
             kernel(op, got)
             for name in op.writes:
-                torch.testing.assert_close(got.buf[name].float(), want.buf[name].float(), **tol, msg=lambda m: f"{op.name} -> {name}: {m}")
+                torch.testing.assert_close(
+                    got.buf[name].float(),
+                    want.buf[name].float(),
+                    **tol,
+                    msg=lambda m, op=op, name=name: f"{op.name} -> {name}: {m}",
+                )
             got_state = _state_tensors(got)
             for name, t in _state_tensors(want).items():
-                torch.testing.assert_close(got_state[name].float(), t.float(), **tol, msg=lambda m: f"{op.name} state {name}: {m}")
+                torch.testing.assert_close(
+                    got_state[name].float(),
+                    t.float(),
+                    **tol,
+                    msg=lambda m, op=op, name=name: f"{op.name} state {name}: {m}",
+                )
             checked += 1
         REFERENCE[op.kind](op, env)
     assert checked > 0, f"the config has no {kind} op"

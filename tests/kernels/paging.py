@@ -49,11 +49,17 @@ def first_sequence_agrees(kernel):
     def run(op, env):
         kernel(op, env)
         T = env.T
-        alone = StepEnv({k: v[:T].clone() for k, v in env.buf.items()}, env.cache, StepBatch(env.batch.slots[:1], env.batch.start[:1], T))
+        alone = StepEnv(
+            {k: v[:T].clone() for k, v in env.buf.items()},
+            env.cache,
+            StepBatch(env.batch.slots[:1], env.batch.start[:1], T),
+        )
         for name in op.writes:
             alone.buf[name].fill_(float("nan"))
         kernel(op, alone)
         for name in op.writes:
-            assert torch.equal(alone.buf[name], env.buf[name][:T]), f"{op.name}: {name} of sequence 0 depends on the other sequences"
+            assert torch.equal(alone.buf[name], env.buf[name][:T]), (
+                f"{op.name}: {name} of sequence 0 depends on the other sequences"
+            )
 
     return run

@@ -1,5 +1,5 @@
-"""The attention tile helpers (``nonstop/kernels/attn_tiles.py``) against torch, at shapes that take
-several K chunks and several splits."""
+"""The attention tile helpers (``nonstop/kernels/attn_tiles.py``) against torch: RoPE pairs and the merge
+of several splits."""
 
 from __future__ import annotations
 
@@ -8,41 +8,23 @@ import torch
 import triton
 import triton.language as tl
 
-from nonstop.kernels.attn_tiles import INTERPRET, gemv_rows, merge_splits, rope_pair_channels, rope_rotate, row_rstd
-from nonstop.model.norms import rms_norm
+from nonstop.kernels.attn_tiles import merge_splits, rope_pair_channels, rope_rotate
 from nonstop.model.rope import apply_rope, rope_cos_sin
 
 
 @triton.jit
-def _gemv_probe(x_ptr, norm_ptr, w_ptr, rows_ptr, out_ptr, R, K, N, eps,
-                HAS_NORM: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, DOT_F32: tl.constexpr):
-    n = tl.arange(0, BLOCK_N)
-    nmask = n < N
-    w_rows = tl.load(rows_ptr + n, mask=nmask, other=0)
-    rstd = row_rstd(x_ptr, K, R, K, eps, BLOCK_R, BLOCK_K)
-    y = gemv_rows(x_ptr, K, R, K, rstd, norm_ptr, w_ptr, K, w_rows, nmask, HAS_NORM, BLOCK_R, BLOCK_K, 1, DOT_F32, "ieee")
-    r = tl.arange(0, BLOCK_R)
-    tl.store(out_ptr + r[:, None] * N + n[None, :], y, mask=(r < R)[:, None] & nmask[None, :])
-
-
-@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
-@pytest.mark.parametrize("has_norm", [True, False])
-def test_gemv_rows_gathers_rows_and_normalises_like_the_twin(dtype, has_norm):
-    gen = torch.Generator().manual_seed(3)
-    R, K, N = 5, 100, 7
-    x = torch.randn(R, K, generator=gen).to(dtype) * 3
-    norm = (1 + 0.1 * torch.randn(K, generator=gen)).to(dtype)
-    w = torch.randn(20, K, generator=gen).to(dtype)
-    rows = torch.tensor([19, 0, 4, 4, 11, 2, 7])
-    out = torch.empty(R, N)
-    _gemv_probe[(1,)](x, norm, w, rows, out, R, K, N, 1e-5, HAS_NORM=has_norm, BLOCK_R=16, BLOCK_N=8, BLOCK_K=32, DOT_F32=INTERPRET)
-    xin = rms_norm(x, norm, 1e-5) if has_norm else x
-    want = xin.float() @ w[rows].float().T
-    torch.testing.assert_close(out, want, rtol=1e-5, atol=1e-4)
-
-
-@triton.jit
-def _rope_probe(x_ptr, pos_ptr, inv_ptr, out_ptr, R, D, magnitude, INTERLEAVED: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_P: tl.constexpr):
+def _rope_probe(
+    x_ptr,
+    pos_ptr,
+    inv_ptr,
+    out_ptr,
+    R,
+    D,
+    magnitude,
+    INTERLEAVED: tl.constexpr,
+    BLOCK_R: tl.constexpr,
+    BLOCK_P: tl.constexpr,
+):
     r = tl.arange(0, BLOCK_R)
     i = tl.arange(0, BLOCK_P)
     imask = i < D // 2

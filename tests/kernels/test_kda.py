@@ -19,8 +19,6 @@ import triton.language as tl  # noqa: E402
 
 from nonstop.kernels import kda  # noqa: E402
 from nonstop.kernels.kda_tiles import _softplus  # noqa: E402
-from nonstop.kernels.rows_gemv import row_block, rows_gemv  # noqa: E402
-from nonstop.model.norms import rms_norm  # noqa: E402
 from tests.kernels.harness import check_kernel  # noqa: E402
 from tests.tiny_configs import TINY_CONFIGS  # noqa: E402
 
@@ -40,7 +38,9 @@ def _one_torch_thread():
 
 def _check(kind, config, dtype, B, T, seed=0):
     with warnings.catch_warnings():
-        warnings.simplefilter("ignore", RuntimeWarning)  # the interpreter's exp overflows to inf inside sigmoid (harmless)
+        warnings.simplefilter(
+            "ignore", RuntimeWarning
+        )  # the interpreter's exp overflows to inf inside sigmoid (harmless)
         return check_kernel(kind, TINY_CONFIGS[config], kda.KERNELS[kind], dtype, B=B, T=T, seed=seed)
 
 
@@ -53,7 +53,15 @@ def test_kda_kernel_matches_twin(kind, config, dtype, B, T):
     assert _check(kind, config, dtype, B, T) > 0
 
 
-@pytest.mark.parametrize("B,T,config,dtype", [(1, 1, "kimi_k3", torch.float32), (1, 1, "kimi_linear", torch.float16), (2, 3, "kimi_linear_layer_types", torch.float16), (3, 1, "kimi_k3", torch.float32)])
+@pytest.mark.parametrize(
+    "B,T,config,dtype",
+    [
+        (1, 1, "kimi_k3", torch.float32),
+        (1, 1, "kimi_linear", torch.float16),
+        (2, 3, "kimi_linear_layer_types", torch.float16),
+        (3, 1, "kimi_k3", torch.float32),
+    ],
+)
 @pytest.mark.parametrize("kind", KINDS)
 def test_kda_kernel_rows(kind, B, T, config, dtype):
     """One row (the batch-1 reduction path of the GEMVs), and the other pairings of B and T."""
@@ -78,29 +86,6 @@ def test_fresh_sequence_ignores_what_the_slot_held(kind):
 
 
 # ----------------------------------------------------------------------------- tile helpers
-
-
-@triton.jit
-def _rows_gemv_kernel(x_ptr, norm_ptr, w_ptr, out_ptr, R, N, K, eps, HAS_NORM: tl.constexpr, BLOCK_R: tl.constexpr,
-                      BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
-    n0 = tl.program_id(0) * BLOCK_N
-    acc = rows_gemv(x_ptr, K, 0, R, norm_ptr, eps, w_ptr, K, n0, N, K, HAS_NORM, BLOCK_R, BLOCK_N, BLOCK_K, True, 1)
-    rows = tl.arange(0, BLOCK_R)
-    ns = n0 + tl.arange(0, BLOCK_N)
-    tl.store(out_ptr + rows[:, None] * N + ns[None, :], acc, mask=(rows < R)[:, None] & (ns < N)[None, :])
-
-
-@pytest.mark.parametrize("R", [1, 5])
-@pytest.mark.parametrize("has_norm", [False, True])
-def test_rows_gemv(R, has_norm):
-    """acc = RMSNorm(x) Wᵀ with the norm folded into the pass over K; several K and N blocks, ragged edges."""
-    gen = torch.Generator().manual_seed(R)
-    N, K, eps = 37, 70, 1e-5
-    x, w, norm = torch.randn(R, K, generator=gen), torch.randn(N, K, generator=gen), torch.randn(K, generator=gen)
-    out = torch.empty(R, N)
-    _rows_gemv_kernel[(triton.cdiv(N, 16),)](x, norm, w, out, R, N, K, eps, HAS_NORM=has_norm, BLOCK_R=row_block(R), BLOCK_N=16, BLOCK_K=32)
-    xn = rms_norm(x, norm, eps) if has_norm else x
-    torch.testing.assert_close(out, xn @ w.T, rtol=1e-5, atol=1e-4)
 
 
 @triton.jit

@@ -16,7 +16,7 @@ import functools
 import pytest
 import torch
 
-from nonstop.kernels import attn_tiles, mla
+from nonstop.kernels import attn_tiles, launch, mla
 from tests.kernels.harness import check_kernel
 from tests.kernels.paging import first_sequence_agrees, scattered_pages
 from tests.tiny_configs import TINY_CONFIGS
@@ -52,15 +52,20 @@ def _kernel(kind: str, split_tokens: int | None):
     return fn if kind == "mla_in_proj" else scattered_pages(fn)
 
 
-@pytest.mark.parametrize("kind,config,dtype,B,T,split", CASES, ids=[f"{c[0]}-{c[1]}-{str(c[2])[6:]}-B{c[3]}-T{c[4]}" for c in CASES])
+@pytest.mark.parametrize(
+    "kind,config,dtype,B,T,split", CASES, ids=[f"{c[0]}-{c[1]}-{str(c[2])[6:]}-B{c[3]}-T{c[4]}" for c in CASES]
+)
 def test_mla_kernel_matches_twin(kind, config, dtype, B, T, split, request, monkeypatch):
     if request.node.callspec.id in SMALL_BLOCKS:
         monkeypatch.setattr(mla, "ATTN_BLOCK_M", 4)
     seed = sum(map(ord, config)) + T
-    assert check_kernel(kind, TINY_CONFIGS[config], _kernel(kind, split), dtype, B=B, T=T, prompt_lens=PROMPTS, seed=seed) > 0
-    counters = attn_tiles._WORKSPACE.get(("mla_attn.counters", "cpu", torch.int32))
-    if counters is not None:
-        assert counters.eq(0).all(), "mla_attn must leave its counters at zero for the next launch"
+    assert (
+        check_kernel(kind, TINY_CONFIGS[config], _kernel(kind, split), dtype, B=B, T=T, prompt_lens=PROMPTS, seed=seed)
+        > 0
+    )
+    assert launch.phase_counters("mla_attn", "cpu").eq(0).all(), (
+        "mla_attn must leave its counters at zero for the next launch"
+    )
 
 
 def test_choose_split():

@@ -1,9 +1,10 @@
 """MoE super-op kernels (``nonstop/kernels/moe.py``) against their twins, and their building blocks
-(MXFP4 decoding, SiTU / SwiGLU, in-kernel expert selection) against the torch versions.
+(SiTU / SwiGLU, in-kernel expert selection) against the torch versions (MXFP4: ``test_gemv.py``).
 
 Configs: deepseek_v3 (grouped top-k, SwiGLU, non-latent), kimi_linear (non-latent), kimi_k3 (latent,
 SiTU, 2 shared experts), kimi_k3_mxfp4 (+ MXFP4 experts, latent 22: a ragged 32-group). B·T rows with
-T = 3 let several rows of a sequence share or split experts. Runs under the Triton interpreter on a CPU.
+T = 3 let several rows of a sequence share or split experts; one row takes the FMA path, several the
+tensor-core path (rows padded to 16). Runs under the Triton interpreter on a CPU.
 """
 
 from __future__ import annotations
@@ -12,15 +13,12 @@ import pytest
 import torch
 
 from nonstop.config import MoEConfig
+from nonstop.kernels import moe
 from nonstop.model.activations import glu
 from nonstop.model.moe import select_experts
-from nonstop.weights import mxfp4
 from tests.kernels.harness import check_kernel
+from tests.kernels.probes import gated_activation, route_slots
 from tests.tiny_configs import TINY_CONFIGS
-
-moe = pytest.importorskip("nonstop.kernels.moe")
-from nonstop.kernels.moe_math import gated_activation, mxfp4_dequantize  # noqa: E402
-from nonstop.kernels.moe_routing import route_slots  # noqa: E402
 
 pytestmark = pytest.mark.filterwarnings("ignore:overflow encountered in exp:RuntimeWarning")  # σ(-large) in numpy
 
@@ -35,9 +33,13 @@ FRONT_TAIL_CASES = [
     ("kimi_k3", F16, 2, 3, 3),
     ("kimi_k3_mxfp4", F32, 3, 3, 4),
 ]
-EXPERT_CASES = [(c, F32, 1, 1, i) for i, c in enumerate(MOE_CONFIGS)] + [(c, F16, 3, 3, 5 + i) for i, c in enumerate(MOE_CONFIGS)] + [
-    ("deepseek_v3", F32, 2, 3, 9),
-]  # (+ kimi_k3_mxfp4 fp32 B=2 T=3 with small blocks below)
+EXPERT_CASES = (
+    [(c, F32, 1, 1, i) for i, c in enumerate(MOE_CONFIGS)]
+    + [(c, F16, 3, 3, 5 + i) for i, c in enumerate(MOE_CONFIGS)]
+    + [
+        ("deepseek_v3", F32, 2, 3, 9),
+    ]
+)  # (+ kimi_k3_mxfp4 fp32 B=2 T=3 with small blocks below)
 
 
 @pytest.mark.parametrize("config,dtype,B,T,seed", FRONT_TAIL_CASES)
@@ -51,27 +53,17 @@ def test_experts_match_twin(config, dtype, B, T, seed):
     assert check_kernel("moe_experts", TINY_CONFIGS[config], moe.KERNELS["moe_experts"], dtype, B=B, T=T, seed=seed) > 0
 
 
-@pytest.mark.parametrize("kind,config,dtype", [
-    ("moe_front", "kimi_k3", torch.float16),
-    ("moe_experts", "kimi_k3_mxfp4", torch.float16),
-    ("moe_experts", "deepseek_v3", torch.float32),
-    ("moe_tail", "kimi_k3", torch.float32),
-])
-def test_tensor_core_path_matches_twin(kind, config, dtype, monkeypatch):
-    """The tl.dot path a GPU takes for >= DOT_MIN_ROWS rows (rows padded to 16); fp16/fp32 dots are exact
-    in the interpreter (bf16 ones are not, hence no bf16 here)."""
-    monkeypatch.setattr(moe, "FORCE_DOT", True)
-    assert check_kernel(kind, TINY_CONFIGS[config], moe.KERNELS[kind], dtype, B=1, T=3, seed=3) > 0
-
-
-@pytest.mark.parametrize("kind,config,dtype,B,T", [
-    ("moe_front", "kimi_k3", F32, 1, 1),
-    ("moe_front", "deepseek_v3", F16, 1, 3),
-    ("moe_experts", "kimi_k3_mxfp4", F32, 2, 2),
-    ("moe_experts", "kimi_linear", F16, 1, 3),
-    ("moe_tail", "kimi_k3", F16, 3, 1),
-    ("moe_tail", "deepseek_v3", F32, 1, 3),
-])
+@pytest.mark.parametrize(
+    "kind,config,dtype,B,T",
+    [
+        ("moe_front", "kimi_k3", F32, 1, 1),
+        ("moe_front", "deepseek_v3", F16, 1, 3),
+        ("moe_experts", "kimi_k3_mxfp4", F32, 2, 2),
+        ("moe_experts", "kimi_linear", F16, 1, 3),
+        ("moe_tail", "kimi_k3", F16, 3, 1),
+        ("moe_tail", "deepseek_v3", F32, 1, 3),
+    ],
+)
 def test_small_blocks_many_tiles(kind, config, dtype, B, T, monkeypatch):
     """16-wide blocks: several tiles per weight group, several K steps, ragged last chunks (MXFP4 latent
     22 = one full and one ragged step; expert width 20 = a full and a ragged 16-row chunk)."""
@@ -80,28 +72,6 @@ def test_small_blocks_many_tiles(kind, config, dtype, B, T, monkeypatch):
 
 
 # ----------------------------------------------------------------------------- building blocks
-
-
-@pytest.mark.parametrize("k", [22, 7, 64, 45])
-def test_mxfp4_decoder_matches_torch(k):
-    """Every byte value and scale exponent (0 = subnormal 2^-127 .. 254), ragged K included."""
-    gen = torch.Generator().manual_seed(k)
-    n = 48
-    packed = torch.randint(0, 256, mxfp4.packed_shape(n, k), generator=gen, dtype=torch.uint8)
-    packed[:16, :16] = torch.arange(256, dtype=torch.uint8).view(16, 16)[:, : packed.shape[1]]
-    scale = torch.randint(100, 140, mxfp4.scale_shape(n, k), generator=gen, dtype=torch.uint8)
-    scale[:, 0] = torch.arange(n, dtype=torch.uint8) * 5  # 0, 5, .., 235
-    if k % 2:  # a real ragged row's pad nibble is zero
-        packed[:, -1] &= 0x0F
-    want = mxfp4.dequantize(packed, scale, k, torch.float32)
-    got = mxfp4_dequantize(packed, scale, k)
-    torch.testing.assert_close(got, want, rtol=0, atol=0, equal_nan=True)
-
-
-def test_mxfp4_nan_scale():
-    packed = torch.full((1, 16), 0x21, dtype=torch.uint8)
-    scale = torch.tensor([[255]], dtype=torch.uint8)
-    assert mxfp4_dequantize(packed, scale, 32).isnan().all()
 
 
 @pytest.mark.parametrize("act", ["situ", "silu"])
@@ -115,18 +85,30 @@ def test_gated_activation_matches_torch(act):
 
 
 def _moe_cfg(**kw) -> MoEConfig:
-    base = dict(num_experts=8, top_k=3, intermediate_size=16, num_shared_experts=0, scoring="sigmoid", num_groups=1,
-                topk_groups=1, renormalize=True, routed_scaling_factor=2.5)
+    base = dict(
+        num_experts=8,
+        top_k=3,
+        intermediate_size=16,
+        num_shared_experts=0,
+        scoring="sigmoid",
+        num_groups=1,
+        topk_groups=1,
+        renormalize=True,
+        routed_scaling_factor=2.5,
+    )
     return MoEConfig(**{**base, **kw})
 
 
-@pytest.mark.parametrize("cfg,rows", [
-    (_moe_cfg(), 3),
-    (_moe_cfg(num_experts=12, num_groups=4, topk_groups=2), 5),  # DeepSeek-style group limit
-    (_moe_cfg(num_experts=10, num_groups=2, topk_groups=1, top_k=2, scoring="softmax", renormalize=False), 4),
-    (_moe_cfg(num_experts=7, top_k=2, routed_scaling_factor=1.0), 16),
-    (_moe_cfg(num_experts=896, top_k=16, routed_scaling_factor=1.0), 1),  # K3's router shape
-])
+@pytest.mark.parametrize(
+    "cfg,rows",
+    [
+        (_moe_cfg(), 3),
+        (_moe_cfg(num_experts=12, num_groups=4, topk_groups=2), 5),  # DeepSeek-style group limit
+        (_moe_cfg(num_experts=10, num_groups=2, topk_groups=1, top_k=2, scoring="softmax", renormalize=False), 4),
+        (_moe_cfg(num_experts=7, top_k=2, routed_scaling_factor=1.0), 16),
+        (_moe_cfg(num_experts=896, top_k=16, routed_scaling_factor=1.0), 1),  # K3's router shape
+    ],
+)
 def test_selection_matches_select_experts(cfg, rows):
     """Each slot's expert is the slot-th distinct selected id, with every row's weight for it."""
     gen = torch.Generator().manual_seed(rows)
@@ -136,7 +118,7 @@ def test_selection_matches_select_experts(cfg, rows):
     got_ids, got_p = route_slots(logits, bias, cfg)
     distinct = torch.unique(ids)
     assert got_ids[: len(distinct)].tolist() == distinct.tolist()
-    assert (got_ids[len(distinct):] == -1).all()
+    assert (got_ids[len(distinct) :] == -1).all()
     want_p = torch.zeros(len(distinct), rows)
     for s, e in enumerate(distinct.tolist()):
         r, k = torch.nonzero(ids == e, as_tuple=True)

@@ -23,15 +23,19 @@ def one_torch_thread():
 def _env(logits, params, seeds, offsets) -> StepEnv:
     """Buffers of a ``sample`` op: logits [R, V] and per-row (temperature, top_k, top_p), seed, offset."""
     R = logits.shape[0]
-    return StepEnv({
-        "logits": logits.float().contiguous(),
-        "sample_temperature": torch.tensor([p[0] for p in params], dtype=torch.float32),
-        "sample_top_k": torch.tensor([p[1] for p in params], dtype=torch.int64),
-        "sample_top_p": torch.tensor([p[2] for p in params], dtype=torch.float32),
-        "sample_seed": torch.as_tensor(seeds, dtype=torch.int64).expand(R).clone(),
-        "sample_offset": torch.as_tensor(offsets, dtype=torch.int64).expand(R).clone(),
-        "next_ids": torch.full((R,), -1, dtype=torch.int64),
-    }, None, None)
+    return StepEnv(
+        {
+            "logits": logits.float().contiguous(),
+            "sample_temperature": torch.tensor([p[0] for p in params], dtype=torch.float32),
+            "sample_top_k": torch.tensor([p[1] for p in params], dtype=torch.int64),
+            "sample_top_p": torch.tensor([p[2] for p in params], dtype=torch.float32),
+            "sample_seed": torch.as_tensor(seeds, dtype=torch.int64).expand(R).clone(),
+            "sample_offset": torch.as_tensor(offsets, dtype=torch.int64).expand(R).clone(),
+            "next_ids": torch.full((R,), -1, dtype=torch.int64),
+        },
+        None,
+        None,
+    )
 
 
 def _run_both(logits, params, seeds, offsets, **kw):
@@ -93,18 +97,50 @@ def test_gumbel_block_matches_the_twin_noise():
 
 
 # (temperature, top_k, top_p): greedy, plain temperature, top-k (1, small, >= V), top-p, both
-PARAMS = [(0.0, -1, 1.0), (1.0, -1, 1.0), (0.7, 5, 1.0), (1.0, 1, 1.0), (1.0, 500, 1.0), (1.3, -1, 0.8),
-          (0.9, 20, 0.7), (1.0, 150, 0.95), (2.0, 3, 0.5), (0.5, 0, 0.3), (1.0, 40, 0.6), (3.0, 60, 0.9)]
+PARAMS = [
+    (0.0, -1, 1.0),
+    (1.0, -1, 1.0),
+    (0.7, 5, 1.0),
+    (1.0, 1, 1.0),
+    (1.0, 500, 1.0),
+    (1.3, -1, 0.8),
+    (0.9, 20, 0.7),
+    (1.0, 150, 0.95),
+    (2.0, 3, 0.5),
+    (0.5, 0, 0.3),
+    (1.0, 40, 0.6),
+    (3.0, 60, 0.9),
+]
 
 
-@pytest.mark.parametrize("vocab,block_q,scale,steps", [(203, None, 3.0, 2), (203, 16, 0.5, 1), (1000, 64, 1.0, 1)])
-def test_kernel_picks_the_twin_tokens(vocab, block_q, scale, steps):
-    """Every mode, several seeds and steps, one or several blocks per row; flat logits (scale 0.5, 1.0)
-    make top-k cut inside the nucleus, which sends the kernel through its bisection for the top-k mass."""
+# (vocab, chunk, candidates listed per chunk, logit scale, steps): the default split; chunks listing every
+# entry (the merged lists always decide); two entries listed per chunk (a filtered row with more than two
+# kept tokens in a chunk, or top-k beyond the merged list, takes the one-program search over the row).
+SAMPLE_CASES = [
+    (203, None, None, 3.0, 2),
+    (203, 16, 16, 0.5, 1),
+    (203, 16, 2, 0.5, 1),
+    (1000, 64, None, 1.0, 1),
+    (1000, 256, 2, 3.0, 1),
+]
+
+
+@pytest.mark.parametrize("vocab,chunk,candidates,scale,steps", SAMPLE_CASES)
+def test_kernel_picks_the_twin_tokens(vocab, chunk, candidates, scale, steps):
+    """Every mode, several seeds and steps, several chunks per row, merged lists or the fallback search;
+    flat logits (scale 0.5, 1.0) make top-k cut inside the nucleus (the search's bisection for the top-k
+    mass)."""
     gen = torch.Generator().manual_seed(vocab)
     for step in range(steps):
         logits = torch.randn(len(PARAMS), vocab, generator=gen) * scale
-        got, want = _run_both(logits, PARAMS, torch.arange(len(PARAMS)) * 7919 + step, torch.arange(len(PARAMS)) + 1000 * step, BLOCK_Q=block_q)
+        got, want = _run_both(
+            logits,
+            PARAMS,
+            torch.arange(len(PARAMS)) * 7919 + step,
+            torch.arange(len(PARAMS)) + 1000 * step,
+            chunk=chunk,
+            candidates=candidates,
+        )
         assert torch.equal(got, want), (got, want)
 
 
@@ -139,7 +175,9 @@ def test_ties_follow_a_stable_sort():
 def _chi_square_p(counts: torch.Tensor, probs: torch.Tensor) -> float:
     expected = probs * counts.sum()
     stat = ((counts - expected) ** 2 / expected).sum()
-    return float(torch.special.gammaincc(torch.tensor((probs.numel() - 1) / 2.0, dtype=torch.float64), stat.double() / 2))
+    return float(
+        torch.special.gammaincc(torch.tensor((probs.numel() - 1) / 2.0, dtype=torch.float64), stat.double() / 2)
+    )
 
 
 CHI_CASES = [(0.8, 6, 1.0), (1.0, -1, 0.7), (1.2, 7, 0.85)]

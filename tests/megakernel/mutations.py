@@ -4,8 +4,18 @@ from __future__ import annotations
 
 import dataclasses
 
-from nonstop.runtime.megakernel.regions import Access, Region
-from nonstop.runtime.megakernel.schedule import BufferInfo, Counter, OpTiles, Schedule, StageSpec, TileSpec, Wait, assemble
+from nonstop.runtime.megakernel.tasks import (
+    Access,
+    BufferInfo,
+    Counter,
+    OpTiles,
+    Region,
+    Schedule,
+    StageSpec,
+    TileSpec,
+    Wait,
+)
+from nonstop.runtime.megakernel.tiling.waits import assemble
 
 
 def replace_task(s: Schedule, i: int, **changes) -> Schedule:
@@ -31,7 +41,9 @@ def drop_wait(s: Schedule, i: int, counter: int) -> Schedule:
 def change_wait(s: Schedule, i: int, which: int, **changes) -> Schedule:
     """Task i's wait on counter ``which`` with fields changed (``counter``, ``base``, ``per_step``)."""
     t = s.tasks[i]
-    return replace_task(s, i, waits=tuple(dataclasses.replace(w, **changes) if w.counter == which else w for w in t.waits))
+    return replace_task(
+        s, i, waits=tuple(dataclasses.replace(w, **changes) if w.counter == which else w for w in t.waits)
+    )
 
 
 def add_wait(s: Schedule, i: int, counter: int, base: int | None = None) -> Schedule:
@@ -84,7 +96,11 @@ def accumulate_schedule(persistent: bool = False) -> Schedule:
     bufs = [BufferInfo("x", 2, 4), BufferInfo("y", 2, 4)]
     zero = (Region(0, 0, 2, 0, 4, Access.WRITE),)
     add = (Region(0, 0, 2, 0, 4, Access.ACCUMULATE),)
-    ops = [_op("zero", zero), _op("add", add, add, add), _op("g", (Region(0, 0, 2, 0, 4, Access.READ), Region(1, 0, 2, 0, 4, Access.WRITE)))]
+    ops = [
+        _op("zero", zero),
+        _op("add", add, add, add),
+        _op("g", (Region(0, 0, 2, 0, 4, Access.READ), Region(1, 0, 2, 0, 4, Access.WRITE))),
+    ]
     return assemble(bufs, ops, persistent)
 
 
@@ -94,6 +110,8 @@ def append_schedule() -> Schedule:
     bufs = [BufferInfo("cache", 2, 4, kind="cache", append_only=True), BufferInfo("y", 2, 4)]
     ops = [
         _op("a", *[(Region(0, r, r + 1, 0, 4, Access.WRITE),) for r in range(2)]),
-        _op("b", *[(Region(0, r, r + 1, 0, 4, Access.READ), Region(1, r, r + 1, 0, 4, Access.WRITE)) for r in range(2)]),
+        _op(
+            "b", *[(Region(0, r, r + 1, 0, 4, Access.READ), Region(1, r, r + 1, 0, 4, Access.WRITE)) for r in range(2)]
+        ),
     ]
     return assemble(bufs, ops, True)

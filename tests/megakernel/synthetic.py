@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import random
 
-from nonstop.runtime.megakernel.regions import Access, Region
-from nonstop.runtime.megakernel.schedule import BufferInfo, OpTiles, StageSpec, TileSpec, assemble
+from nonstop.runtime.megakernel.tasks import Access, BufferInfo, OpTiles, Region, StageSpec, TileSpec
+from nonstop.runtime.megakernel.tiling.waits import assemble
 
 R, W, A, P = Access.READ, Access.WRITE, Access.ACCUMULATE, Access.READ_PAST
 
@@ -56,16 +56,34 @@ def random_op(rng: random.Random, bufs, name: str) -> OpTiles:
         return OpTiles(name, shape, None, [StageSpec("main", tiles)])
     if shape == "accumulate":
         zero = StageSpec("zero", [TileSpec(0, (_whole(bufs, out, W),))])
-        adds = StageSpec("add", [TileSpec(t, (_box(rng, bufs, src, R), _whole(bufs, out, A))) for t in range(rng.randint(1, 4))])
+        adds = StageSpec(
+            "add", [TileSpec(t, (_box(rng, bufs, src, R), _whole(bufs, out, A))) for t in range(rng.randint(1, 4))]
+        )
         return OpTiles(name, shape, None, [zero, adds])
     rows = min(info.rows, bufs[src].rows, bufs[cache].rows)
     if shape == "rows":
-        tiles = [TileSpec(r, (Region(src, r, r + 1, 0, bufs[src].cols, R), Region(out, r, r + 1, 0, info.cols, W))) for r in range(rows)]
+        tiles = [
+            TileSpec(r, (Region(src, r, r + 1, 0, bufs[src].cols, R), Region(out, r, r + 1, 0, info.cols, W)))
+            for r in range(rows)
+        ]
         return OpTiles(name, shape, None, [StageSpec("main", tiles)])
     if shape == "append":
-        tiles = [TileSpec(r, (Region(src, r, r + 1, 0, bufs[src].cols, R), Region(cache, r, r + 1, 0, bufs[cache].cols, W))) for r in range(rows)]
+        tiles = [
+            TileSpec(r, (Region(src, r, r + 1, 0, bufs[src].cols, R), Region(cache, r, r + 1, 0, bufs[cache].cols, W)))
+            for r in range(rows)
+        ]
         return OpTiles(name, shape, None, [StageSpec("main", tiles)])
-    tiles = [TileSpec(r, (Region(cache, r, r + 1, 0, bufs[cache].cols, R), Region(cache, r, r + 1, 0, bufs[cache].cols, P), Region(out, r, r + 1, 0, info.cols, W))) for r in range(rows)]
+    tiles = [
+        TileSpec(
+            r,
+            (
+                Region(cache, r, r + 1, 0, bufs[cache].cols, R),
+                Region(cache, r, r + 1, 0, bufs[cache].cols, P),
+                Region(out, r, r + 1, 0, info.cols, W),
+            ),
+        )
+        for r in range(rows)
+    ]
     return OpTiles(name, shape, None, [StageSpec("main", tiles)])
 
 

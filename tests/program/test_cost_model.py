@@ -1,6 +1,6 @@
 """The cost model (``program/cost.py``) and its footprint view (``program/footprint.py``) against counts made
 without them, on every family: the tensors of a built model, a checkpoint written to disk, the caches'
-real buffers, torch's FLOP counter on a reference decode step, and the megakernel's tiling."""
+real buffers and torch's FLOP counter on a reference decode step."""
 
 from __future__ import annotations
 
@@ -113,7 +113,7 @@ def test_cache_and_state_bytes_equal_the_caches_buffers(cfg, dtype):
 def test_flops_equal_torchs_count_where_every_flop_is_a_matmul():
     """llama and deepseek_v3 decode steps are matmuls only (attention included); torch's counter sees
     them all. (KDA's state update, short conv and the AttnRes mixes are elementwise work that the
-    counter does not see, so those families are checked on bytes and tiles only.)"""
+    counter does not see, so those families are checked on bytes only.)"""
     for name in ("llama", "deepseek_v3"):
         cfg = ModelConfig.from_hf_dict(TINY_CONFIGS[name])
         model = random_model(cfg, torch.float32, seed=3)
@@ -127,18 +127,3 @@ def test_flops_equal_torchs_count_where_every_flop_is_a_matmul():
             with FlopCounterMode(display=False) as counter:
                 model(ids[:, context:], cache, cache.batch([0, 1], 1), last_only=True)
             assert program.total_cost(rows=2, context=context).flops == counter.get_total_flops(), (name, context)
-
-
-@pytest.mark.parametrize("B, T, context", [(1, 1, 0), (3, 1, 300), (2, 3, 40)])
-def test_tiles_equal_the_megakernel_tiling(cfg, B, T, context):
-    from nonstop.runtime.megakernel.tilectx import TilingConfig
-    from nonstop.runtime.megakernel.tiling import tile_program
-
-    program = lower(meta_model(cfg))
-    config = TilingConfig(
-        block_n=cost.TILE_N, attn_split=cost.ATTN_SPLIT_KEYS, attn_block_m=cost.ATTN_BLOCK_M, max_context=context + T
-    )
-    _, tiled = tile_program(program, B, T, config, persistent=False)
-    for op, op_tiles in zip(program.ops, tiled, strict=True):
-        want = sum(len(stage.tiles) for stage in op_tiles.stages)
-        assert op.tiles(B * T, context, B) == want, (op.name, B, T)

@@ -22,7 +22,25 @@ def test_dry_run_writes_a_complete_report(tmp_path, monkeypatch, capsys):
     monkeypatch.delenv("OUT", raising=False)
     out = tmp_path / "decode.json"
     bench = _bench()
-    bench.main(["--dry-run", "--shapes", "llama-3.2-1b,kimi-linear-48b-a3b", "--llama-layers", "2", "--kimi-linear-layers", "2", "--steps", "3", "--context", "5", "--check-steps", "2", "--out", str(out)])
+    bench.main(
+        [
+            "--dry-run",
+            "--shapes",
+            "llama-3.2-1b,kimi-linear-48b-a3b",
+            "--llama-layers",
+            "2",
+            "--kimi-linear-layers",
+            "2",
+            "--steps",
+            "3",
+            "--context",
+            "5",
+            "--check-steps",
+            "2",
+            "--out",
+            str(out),
+        ]
+    )
     report = json.loads(out.read_text())
     assert report["status"] == "complete" and report["bandwidth"]["copy_GBps"] > 0
     llama, kimi = report["shapes"]
@@ -36,7 +54,14 @@ def test_dry_run_writes_a_complete_report(tmp_path, monkeypatch, capsys):
                 assert r["ms_per_token"] > 0 and r["launches_per_step"] > 0 and r["mbu"] > 0 and r["finite_logits"], r
             assert rows["megakernel"]["launches_per_step"] == 1 and rows["megakernel"]["schedule"]
     assert len(kimi["slices"]) == 2 and kimi["extrapolation"]["rows"]  # 2 layers and 1 layer, extrapolated to 27
-    assert "ms/token" in capsys.readouterr().out
+    for shape in (llama, kimi):  # the bandwidth floor beside every timing
+        assert all(t["floor"]["floor_ms_per_token"] > 0 for sl in shape["slices"] for t in sl["timings"])
+    (check,) = report["gpucheck"]  # the offline GPU check of both shapes at their real widths, 2 layers
+    kernels = {(r["shape"], r["kernel"].split(" (")[0]) for r in check["rows"]}
+    assert {("llama-3.2-1b", "megakernel"), ("kimi-linear-48b-a3b", "megakernel")} <= kernels
+    assert ("kimi-linear-48b-a3b", "moe_experts:moe_experts_kernel") in kernels
+    out = capsys.readouterr().out
+    assert "ms/token" in out and "violation(s) of the offline check" in out and "CTA/SM" in out
 
 
 def test_help_describes_the_method(capsys):

@@ -37,7 +37,7 @@ def test_builtin_and_search_candidates_pass(kind):
         assert static_check(search.source(config), kind) == [], config
 
 
-MLP = "from nonstop.kernels.common import mlp"
+MLP = "from nonstop.kernels.dense import mlp"
 JIT_K = ["import triton", "@triton.jit", "def k(x):"]
 LAUNCH_K = ["def launch(op, env):", "    k[(1,)](op)"]
 
@@ -63,7 +63,7 @@ def src(*lines: str) -> str:
     (src(MLP, "def launch(op, env):", "    mlp.fn.__globals__"), "dunder"),
     (src(MLP, "def launch(op, env):", "    f = lambda: 0", "    f.__code__"), "dunder"),
     (src(MLP, "launch = mlp", "launch.cache = {}"), "module-level"),
-    (src("from nonstop.kernels.common import _WORKSPACES", MLP + " as launch"), "mutable container"),
+    (src("from nonstop.kernels.launch import _WORKSPACES", MLP + " as launch"), "mutable container"),
     (src(MLP, "def launch(op):", "    mlp(op, None)"), "launch(op, env)"),
     (src("import triton", "@triton.jit", "def launch(op, env):", "    pass"), "not a Triton kernel"),
     (src("import math"), "no launch(op, env)"),

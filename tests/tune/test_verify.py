@@ -39,7 +39,7 @@ def test_builtin_kernels_are_accepted(kind, config):
 
 def test_a_hang_is_stopped():
     source = (
-        "from nonstop.kernels.common import linear_residual\n\ndef launch(op, env):\n    while True:\n        pass\n"
+        "from nonstop.kernels.dense import linear_residual\n\ndef launch(op, env):\n    while True:\n        pass\n"
     )
     verdict = verify(source, tiny_target("linear_residual"), timeout_s=15)
     assert not verdict.accepted and "timed out" in verdict.reasons[0]

@@ -1,28 +1,27 @@
-"""The megakernel runtime: a decode step as one persistent kernel's schedule.
+"""The megakernel backend: a decode step as ONE launch of a persistent Triton kernel.
 
-``schedule``    tasks (tiles of super-ops) in topological order, epoch-based counters and waits, weight
-                prefetch order: ``build_schedule(program, B, T)``; the data structures the kernel reads.
-``tiling``      the per-kind tiling table (``tiles_dense``, ``tiles_attention``, ``tiles_moe``) and opcodes.
-``validate``    a static proof that a schedule cannot race, deadlock or release a waiter early.
-``simulate``    workers taking tickets in seeded random interleavings, with a shadow race detector
-                (``shadow``); ``checksum`` (synthetic) and ``sim_program`` (plain-torch twins per tile,
-                ``stage_twins``; ``steps`` sets up several steps and the sequential reference) actions.
-``encode``      the integer tensors a persistent kernel reads; ``stats`` and ``estimate`` (a toy timing
-                model) summarise a schedule for humans.
-The persistent Triton kernel (``MegakernelExecutor`` in ``executor``): ``record`` captures the super-op
-launchers' arguments, ``plan`` groups them into task classes and argument tables, ``stages`` /
-``codegen`` give each class a tile body and generate the kernel, ``tiles_kernel`` tiles the ops to
-match the kernels, ``advance`` prepares the next step's inputs on the device, ``kernel`` ties it
-together (one launch per step, or several steps per launch). Checks beyond the validator: ``audit``
-(tasks write only what they declare), ``gpu_compile`` (the generated kernel lowers to an sm_90 cubin
-without a GPU).
+Where things are:
+  ``tasks``      the task types: buffers, regions, tiles, stages, tasks, counters, waits, the Schedule.
+  ``tiling/``    the one tiling: each kind's tiles from its recorded launch (``TILINGS``), counters and
+                 waits from the regions (``waits``); ``tile_step`` gives the schedule the kernel runs.
+  ``codegen/``   the code generator: ``record`` (capture the super-op launchers' launches without running
+                 them), ``plan`` (task classes and argument tables), ``source`` (the kernel's Triton source).
+  runtime        ``kernel`` (``StepKernel``: one step shape's schedule, tables and launches), ``executor``
+                 (``MegakernelExecutor``), ``advance`` (the device-side step advance).
+  ``verify/``    the checks: ``validate`` (a static proof: no race, deadlock or early release),
+                 ``simulate`` / ``shadow`` (seeded adversarial interleavings with a race detector),
+                 ``sim_program`` + ``twins`` + ``steps`` (the simulator running plain-torch twins per tile
+                 against the reference), ``checksum`` (synthetic actions), ``audit`` (each task writes only
+                 what it declares), ``stats``.
+  ``frontier``   the per-buffer access frontiers both the waits and the validator are derived from.
+Import order (no cycles): tasks < frontier < tiling < codegen < verify < kernel < executor.
 """
 
-from nonstop.runtime.megakernel.schedule import Schedule, ScheduleError, build_schedule
-from nonstop.runtime.megakernel.simulate import hunt, simulate
-from nonstop.runtime.megakernel.validate import validate
+from nonstop.runtime.megakernel.tasks import Schedule, ScheduleError
+from nonstop.runtime.megakernel.verify.simulate import hunt, simulate
+from nonstop.runtime.megakernel.verify.validate import validate
 
-__all__ = ["Schedule", "ScheduleError", "build_schedule", "hunt", "simulate", "validate"]
+__all__ = ["Schedule", "ScheduleError", "hunt", "simulate", "validate"]
 
 
 def __getattr__(name: str):

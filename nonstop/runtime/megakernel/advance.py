@@ -4,6 +4,7 @@ Per sequence b (tile b; rows b·T .. b·T + T - 1):
     ids[b·T + t] = next_ids[b·T + t]      (the tokens the step sampled; for T = 1 the next decode input)
     token_log[b, (start[b] + T) mod LOG] = next_ids[b·T + T - 1]   (the token at position start + T)
     start[b]    += T                       (the next step's first position)
+    sample_offset[b·T + t] += T            (the device sampler's noise counter: the position sampled)
 so consecutive decode steps of one shape need no host copies: the next launch embeds the sampled
 tokens at the advanced positions (the host still reserves the cache pages and advances its own
 lengths, ``ModelCache.batch`` / ``advance``). A host ``forward`` overwrites both with its arguments.
@@ -21,41 +22,52 @@ import torch
 import triton
 import triton.language as tl
 
+from nonstop.kernels.launch import launcher
 from nonstop.program.ir import BufferSpec, SuperOp
-from nonstop.runtime.megakernel.regions import Access
-from nonstop.runtime.megakernel.schedule import BufferInfo, StageSpec, TileSpec
-
 
 LOG = 64  # token log entries per sequence (a ring indexed by position)
 
 
 @triton.jit
-def advance_tile(b, next_ids_ptr, ids_ptr, start_ptr, log_ptr, stride_log, T, LOG: tl.constexpr, BLOCK_T: tl.constexpr):
-    """ids[b·T + t] = next_ids[b·T + t] for t < T; token_log[b, (start + T) % LOG] = the last; start[b] += T."""
+def advance_tile(
+    b, next_ids_ptr, ids_ptr, start_ptr, log_ptr, stride_log, offset_ptr, T, LOG: tl.constexpr, BLOCK_T: tl.constexpr
+):
+    """ids[b·T + t] = next_ids[b·T + t] for t < T; token_log[b, (start + T) % LOG] = the last; start[b] += T;
+    sample_offset[b·T + t] += T."""
     t = tl.arange(0, BLOCK_T)
     rows = b * T + t
     tl.store(ids_ptr + rows, tl.load(next_ids_ptr + rows, mask=t < T), mask=t < T)
+    tl.store(offset_ptr + rows, tl.load(offset_ptr + rows, mask=t < T) + T, mask=t < T)
     start = tl.load(start_ptr + b)
     tl.store(log_ptr + b * stride_log + (start + T) % LOG, tl.load(next_ids_ptr + b * T + T - 1))
     tl.store(start_ptr + b, start + T)
 
 
-@triton.jit
-def _advance_kernel(next_ids_ptr, ids_ptr, start_ptr, log_ptr, stride_log, T, LOG: tl.constexpr, BLOCK_T: tl.constexpr):
-    advance_tile(tl.program_id(0), next_ids_ptr, ids_ptr, start_ptr, log_ptr, stride_log, T, LOG, BLOCK_T)
+advance_kernel = launcher(advance_tile)
 
 
-def advance_twin(next_ids: torch.Tensor, ids: torch.Tensor, start: torch.Tensor, token_log: torch.Tensor, T: int) -> None:
-    """Plain-torch twin of ``_advance_kernel`` (in place): next_ids / ids [B·T], start [B], token_log [B, LOG]."""
+def advance_twin(
+    next_ids: torch.Tensor,
+    ids: torch.Tensor,
+    start: torch.Tensor,
+    token_log: torch.Tensor,
+    T: int,
+    offset: torch.Tensor,
+) -> None:
+    """Plain-torch twin of ``advance_tile`` (in place): next_ids / ids / offset [B·T], start [B],
+    token_log [B, LOG]."""
     B = start.shape[0]
     ids.copy_(next_ids)
+    offset += T
     b = torch.arange(B, device=start.device)
     token_log[b, (start + T) % token_log.shape[1]] = next_ids.view(B, T)[:, -1]
     start += T
 
 
 def advance_op() -> SuperOp:
-    return SuperOp("advance", "advance", None, ("next_ids",), ("ids", "token_log"), {}, {})
+    return SuperOp(
+        "advance", "advance", None, ("next_ids", "sample_offset"), ("ids", "token_log", "sample_offset"), {}, {}
+    )
 
 
 def buffer_specs() -> dict:
@@ -64,17 +76,14 @@ def buffer_specs() -> dict:
 
 def launch(op, env) -> None:
     T, log = env.T, env.buf["token_log"]
-    _advance_kernel[(env.B,)](env.buf["next_ids"], env.buf["ids"], env.batch.start, log, log.stride(0), T, LOG=LOG, BLOCK_T=triton.next_power_of_2(T))
-
-
-def tiling(ctx, op, args=None) -> list[StageSpec]:
-    """Tile b: reads next_ids rows of b, writes ids rows of b, token_log row b and start[b]."""
-    next_ids, ids, log = ctx.buf("next_ids"), ctx.buf("ids"), ctx.buf("token_log")
-    start = ctx._add(BufferInfo("start", ctx.B, 1, "state"))
-    tiles = []
-    for b in range(ctx.B):
-        rows = ctx.seq_rows(b)
-        regs = (ctx.box(next_ids, Access.READ, rows), ctx.box(ids, Access.WRITE, rows), ctx.box(start, Access.READ, (b, b + 1)), ctx.box(start, Access.WRITE, (b, b + 1)),
-                ctx.box(log, Access.WRITE, (b, b + 1)))
-        tiles.append(TileSpec(b, regs, (), f"seq {b}"))
-    return [StageSpec("main", tiles)]
+    advance_kernel[(env.B,)](
+        env.buf["next_ids"],
+        env.buf["ids"],
+        env.batch.start,
+        log,
+        log.stride(0),
+        env.buf["sample_offset"],
+        T,
+        LOG=LOG,
+        BLOCK_T=triton.next_power_of_2(T),
+    )

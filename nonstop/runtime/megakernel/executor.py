@@ -29,8 +29,21 @@ from nonstop.runtime.cuda_graph import fit_pools
 from nonstop.runtime.launch_count import LaunchCounter
 from nonstop.runtime.megakernel import advance
 from nonstop.runtime.megakernel.kernel import StepKernel
-from nonstop.runtime.megakernel.stats import schedule_stats
-from nonstop.runtime.superop import ExecEnv, SuperOpExecutor, StaticStep
+from nonstop.runtime.megakernel.verify.stats import schedule_stats
+from nonstop.runtime.superop import ExecEnv, StaticStep, SuperOpExecutor
+
+
+def megakernel_program(program: Program, vocab_size: int) -> tuple[Program, list]:
+    """(``program`` plus the buffers of device sampling and ``advance``, the ops a step appends after the LM
+    head: ``sample`` then ``advance``)."""
+    from nonstop.kernels.sample import sample_op
+
+    program = copy.copy(program)
+    program.buffers = dict(program.buffers)
+    sample, specs = sample_op(vocab_size)
+    program.buffers.update(specs)
+    program.buffers.update(advance.buffer_specs())
+    return program, [sample, advance.advance_op()]
 
 
 class MegakernelExecutor(SuperOpExecutor):
@@ -41,20 +54,28 @@ class MegakernelExecutor(SuperOpExecutor):
 
     name = "megakernel"
 
-    def __init__(self, model: CausalLM, graphs="auto", copy_logits: bool = True, program: Program | None = None, grid: int | None = None, kernels: dict | None = None):
-        from nonstop.kernels.sample import sample_op
-
+    def __init__(
+        self,
+        model: CausalLM,
+        graphs="auto",
+        copy_logits: bool = True,
+        program: Program | None = None,
+        grid: int | None = None,
+        kernels: dict | None = None,
+    ):
         try:
-            super().__init__(model, use_kernels=True, graphs=graphs, pdl=False, kernels=kernels, copy_logits=copy_logits, program=program)
+            super().__init__(
+                model,
+                use_kernels=True,
+                graphs=graphs,
+                pdl=False,
+                kernels=kernels,
+                copy_logits=copy_logits,
+                program=program,
+            )
         except ValueError as exc:  # a kind without a kernel: name this backend
             raise ValueError(str(exc).replace("backend 'superop'", "backend 'megakernel'")) from None
-        program = copy.copy(self.program)  # the step's program plus the sampling buffers
-        program.buffers = dict(program.buffers)
-        sample, specs = sample_op(model.cfg.vocab_size)
-        program.buffers.update(specs)
-        program.buffers.update(advance.buffer_specs())
-        self.program = program
-        self.extra_ops = [sample, advance.advance_op()]  # after the LM head: device sampling, next inputs
+        self.program, self.extra_ops = megakernel_program(self.program, model.cfg.vocab_size)
         self.impl = dict(self.impl, advance=advance.launch)
         self.grid = grid
         self._kernels: dict[int, StepKernel] = {}  # id(step) -> its megakernel
@@ -82,8 +103,13 @@ class MegakernelExecutor(SuperOpExecutor):
         if mk is not None and mk.signature != signature and not mk.refresh(env):
             mk = None  # the launches tile differently now: a new schedule (validated again)
         if mk is None:
-            mk = self._kernels[id(step)] = StepKernel(self.program, [*self.program.ops, *self.extra_ops], self.impl, env, self.device, self.grid)
-            self.stats["schedule"][step.name] = schedule_stats(mk.schedule) | {"task_classes": len(mk.plan.classes), "grid": mk.grid}
+            mk = self._kernels[id(step)] = StepKernel(
+                self.program, [*self.program.ops, *self.extra_ops], self.impl, env, self.device, self.grid
+            )
+            self.stats["schedule"][step.name] = schedule_stats(mk.schedule) | {
+                "task_classes": len(mk.plan.classes),
+                "grid": mk.grid,
+            }
         mk.signature = self.storage_signature(env.cache)  # recording may have grown a workspace
         return mk
 
@@ -92,7 +118,7 @@ class MegakernelExecutor(SuperOpExecutor):
         (``KDAState.history_for`` sets ``history_rows[:, slots] = T``) when they are called - once, at
         recording. Every launch of such a step repeats that bookkeeping (one indexed store per KDA
         layer; plain decode steps have none)."""
-        if getattr(env.batch, "keep_states", False):
+        if env.batch.keep_states:
             for layer in env.cache.layers:
                 rows = getattr(layer, "history_rows", None)
                 if rows is not None:
@@ -116,7 +142,7 @@ class MegakernelExecutor(SuperOpExecutor):
         """One step; the kernel reads only the shape's static tensors (ids, slots, starts), so its
         recorded addresses stay valid from step to step."""
         B, T = input_ids.shape
-        step = self.static_step(B, T, getattr(batch, "keep_states", False))
+        step = self.static_step(B, T, batch.keep_states)
         step.buf["ids"].copy_(input_ids.reshape(-1))
         step.slots.copy_(batch.slots)
         step.start.copy_(batch.start)
@@ -138,7 +164,7 @@ class MegakernelExecutor(SuperOpExecutor):
         Returns the step's sampled tokens [B, 1] (device; greedy unless the ``sample_*`` buffers say
         otherwise). The caller keeps ``cache.advance(batch)`` as usual."""
         B = batch.slots.shape[0]
-        step = self.static_step(B, 1, getattr(batch, "keep_states", False))
+        step = self.static_step(B, 1, batch.keep_states)
         self._require_launched(step)
         self.stats["program_steps"] += 1
         self._run_step(cache, step)
@@ -167,9 +193,46 @@ class MegakernelExecutor(SuperOpExecutor):
         cols = (first[:, None] + torch.arange(n)[None, :]) % advance.LOG
         return step.buf["token_log"].to("cpu").gather(1, cols)
 
+    def sample_tokens(
+        self, input_ids: torch.Tensor, cache: ModelCache, slots: list[int], n: int, rows: list
+    ) -> torch.Tensor:
+        """``n`` decode steps of ``slots`` from their last tokens ``input_ids`` [B, 1] in ONE launch, each
+        token sampled on the device with ``rows`` (``runtime.device_sampling.SampleRow``, one per sequence:
+        the request's temperature, top-k, top-p and seed; the noise counter is the token's position, so
+        n steps a launch give the tokens of n launches of one step). Reserves the pages of all n tokens
+        and advances the cache by n. Returns the tokens [B, n] (host int64). n = 1 replays the shape's
+        CUDA graph where there is one."""
+        from nonstop.runtime.device_sampling import fill_sample_rows
+
+        B = len(slots)
+        if not 1 <= n <= advance.LOG:
+            raise ValueError(f"sample_tokens: 1..{advance.LOG} steps per launch, got {n}")
+        if len(rows) != B or tuple(input_ids.shape) != (B, 1):
+            raise ValueError(f"sample_tokens: {B} sequences need input_ids [{B}, 1] and {B} sampling rows")
+        step = self.static_step(B, 1)
+        batch = cache.batch(slots, n)  # page reservation for positions start .. start + n - 1
+        step.buf["ids"].copy_(input_ids.reshape(-1))
+        step.slots.copy_(batch.slots)
+        step.start.copy_(batch.start)
+        fill_sample_rows(step.buf, rows, batch.start + 1)  # each row samples the token at start + 1
+        if n == 1:
+            self._run_step(cache, step)
+        else:
+            fit_pools(cache)
+            self.step_kernel(ExecEnv(step.buf, cache, step.batch)).launch(num_steps=n)
+        self.stats["program_steps"] += n
+        self.stats["sampling_launches"] = self.stats.get("sampling_launches", 0) + 1
+        self.stats["device_sampled_steps"] = self.stats.get("device_sampled_steps", 0) + n
+        cache.advance(batch)
+        first = batch.start.to("cpu") + 1
+        cols = (first[:, None] + torch.arange(n)[None, :]) % advance.LOG
+        return step.buf["token_log"].to("cpu").gather(1, cols)
+
     def _require_launched(self, step: StaticStep) -> None:
         if id(step) not in self._kernels:
-            raise ValueError(f"no step of shape {step.name} ran yet: the first step of a shape takes its inputs from forward()")
+            raise ValueError(
+                f"no step of shape {step.name} ran yet: the first step of a shape takes its inputs from forward()"
+            )
 
     def next_ids(self, B: int, T: int = 1, keep_states: bool = False) -> torch.Tensor:
         """The tokens the last step of shape (B, T) sampled on the device, [B, T] (int64)."""

@@ -21,9 +21,9 @@ step's frontier is kept for ``READ_PAST``.
 from __future__ import annotations
 
 from bisect import bisect_right
-from typing import Callable, Iterator
+from collections.abc import Callable, Iterator
 
-from nonstop.runtime.megakernel.regions import Access, Region
+from nonstop.runtime.megakernel.tasks import Access, Region
 
 EMPTY = (None, frozenset(), frozenset())  # (last write key | None, accumulate keys, read keys)
 

@@ -1,11 +1,33 @@
 """The persistent megakernel of one step shape: schedule, generated kernel, tables, one launch per step.
 
-``StepKernel(program, ops, kernels, env, device, grid)`` records the ops' launches (``record``), groups
-them into task classes (``plan``), tiles the ops to match (``tiles_kernel``; a *persistent* schedule:
-step e+1's tasks also wait for what they need of step e, so one launch may run several steps),
-validates the schedule (``validate``: a rejection raises ``ScheduleError`` before anything is
-launched), and generates the kernel (``codegen``). ``refresh(env)`` re-records the arguments only (cache storage moved: new
-addresses, same schedule). ``launch(num_steps)`` runs one step (or several back to back).
+``StepKernel(program, ops, kernels, env, device, grid)`` records the ops' launches (``codegen.record``),
+groups them into task classes (``codegen.plan``), tiles the ops as the launches do (``tiling``; a
+*persistent* schedule: step e+1's tasks also wait for what they need of step e, so one launch may run
+several steps), validates the schedule (``verify.validate``: a rejection raises ``ScheduleError`` before
+anything is launched), and generates the kernel (``codegen.source``). ``refresh(env)`` re-records the
+arguments only (cache storage moved: new addresses, same schedule). ``launch(num_steps)`` runs one step
+(or several back to back).
+
+The kernel loop (``codegen/source.py``), per program:
+
+    q = ticket++                                   # ticket q = task q % N of step q // N
+    request the first weight lines of task q into L2
+    while q < end:
+        spin until each wait's counter >= its target (the poll is an acquire; one thread polls, the CTA
+        waits at a barrier, with nanosleep backoff)
+        q_next = ticket++; request task q_next's first weight lines      # before this body runs
+        run task q's tile; barrier; counters[task's counter] += 1 (release)
+        q = q_next
+    ticket-- (the one ticket taken past the end); the last program out advances ``state``
+
+A program holds at most two tickets (q and q_next, q < q_next); a task waits only on smaller tickets, so
+the smallest unfinished ticket always belongs to a running task whose waits are met: no deadlock at any
+grid size (and programs need not be co-resident).
+
+Launch shape: ``MEGAKERNEL_WARPS`` warps (8: every task class gets up to 255 registers a thread; a class
+that wants more work per task splits its tiles instead), and on a GPU a grid of as many CTAs as fit at
+once (``persistent_grid``: the compiled kernel's registers and shared memory against the device's limits;
+a kernel that cannot run at all is refused with a clear error). Under the interpreter: 2 programs.
 
 Device tensors the kernel reads:
   tasks     int32 [N, 7]  opcode (task class), instance, tile, ntiles, counter, wait_begin, wait_end
@@ -16,24 +38,24 @@ Device tensors the kernel reads:
                           multiple of N (programs undo the one ticket they take past the end)
   state     int64 [2]     (next step, programs exited): the last program out advances the step, so
                           consecutive launches (and CUDA-graph replays) need no host arguments
-  ptrs / ints / floats    per-instance arguments (``plan``)
+  ptrs / wptrs / ints / floats    per-instance arguments (``codegen.plan``)
 """
 
 from __future__ import annotations
 
 import torch
 
-from nonstop.kernels.gemv import num_sms
-from nonstop.runtime.megakernel import codegen
-from nonstop.runtime.megakernel.plan import build_plan
-from nonstop.runtime.megakernel.record import record_ops
-from nonstop.runtime.megakernel.schedule import ScheduleError
-from nonstop.runtime.megakernel.tiles_kernel import kernel_schedule
-from nonstop.runtime.megakernel.validate import validate
+from nonstop.kernels import platform
+from nonstop.runtime.megakernel.codegen import source
+from nonstop.runtime.megakernel.codegen.plan import build_plan
+from nonstop.runtime.megakernel.codegen.record import record_ops
+from nonstop.runtime.megakernel.tasks import ScheduleError
+from nonstop.runtime.megakernel.tiling import tile_step
+from nonstop.runtime.megakernel.verify.validate import validate
 
-PREFETCH_LINES = 1024  # cache lines (128 B) of a task's first weight slice requested before its waits: 128 KiB
-# (one int32 per line, 4 registers a thread at 8 warps; 132 SMs x 128 KiB = 17 MB in flight, a third of L2)
+PREFETCH_LINES = 1024  # 128-byte lines of a task's first weight slice requested into L2 ahead of it: 128 KiB
 NUM_FIELDS = 7
+MEGAKERNEL_WARPS = 8
 
 
 def prefetch_row(op, weights) -> tuple[int, int]:
@@ -53,26 +75,55 @@ def prefetch_row(op, weights) -> tuple[int, int]:
     return 0, 0
 
 
+def persistent_grid(target: platform.Target, registers: int, shared_bytes: int, num_warps: int) -> int:
+    """Programs of the persistent kernel on ``target``: every SM filled with as many CTAs as fit at once
+    (registers per thread and shared memory per CTA against the SM's); a ``RuntimeError`` naming the
+    numbers when not even one fits."""
+    per_sm = target.occupancy(registers, shared_bytes, num_warps)
+    if per_sm < 1:
+        raise RuntimeError(
+            f"the megakernel cannot run on {target.name}: {registers} registers x {32 * num_warps} threads and "
+            f"{shared_bytes} bytes of shared memory per CTA exceed what one SM holds ({target.regs_per_sm} registers, "
+            f"{target.smem_per_block} bytes of shared memory per CTA)"
+        )
+    return per_sm * target.sms
+
+
+def step_schedule(program, ops, kernels: dict, env, device) -> tuple:
+    """(launches per op, Plan, Schedule, opcode / instance / tile count per task) of one step of ``ops``
+    (launch functions ``kernels``; ``env`` the step's buffers, cache and batch): its launches recorded,
+    grouped into task classes, tiled as they run. Nothing is launched or validated here."""
+    launches = record_ops(ops, kernels, env)
+    plan = build_plan(launches, device)
+    start = env.batch.start
+    schedule, codes, instances, ntiles = tile_step(
+        program, ops, launches, plan, env.B, env.T, start=start, persistent=True
+    )
+    return launches, plan, schedule, codes, instances, ntiles
+
+
 class StepKernel:
     """The megakernel of one step shape (B sequences × T tokens)."""
 
     def __init__(self, program, ops, kernels: dict, env, device, grid: int | None = None):
         self.program, self.ops, self.kernels, self.device = program, ops, kernels, device
-        self.grid = grid or num_sms(device)  # one program per SM (2 under the interpreter)
         self.B, self.T = env.B, env.T
-        launches = record_ops(ops, kernels, env)
-        self.plan = build_plan(launches, device)
-        self.schedule, codes, instances, ntiles = kernel_schedule(program, ops, launches, self.plan, self.B, self.T, start=env.batch.start, persistent=True)
+        _, self.plan, self.schedule, codes, instances, ntiles = step_schedule(program, ops, kernels, env, device)
         try:  # a race, deadlock or early release: refuse before anything is launched
             validate(self.schedule)
         except ScheduleError as exc:
-            raise ScheduleError(f"megakernel schedule for {self.B}x{self.T} rows rejected by the validator: {exc}") from exc
+            raise ScheduleError(
+                f"megakernel schedule for {self.B}x{self.T} rows rejected by the validator: {exc}"
+            ) from exc
         self._encode(codes, instances, ntiles)
         self.counters = torch.zeros(len(self.schedule.counters), dtype=torch.int64, device=device)
         self.ticket = torch.zeros(1, dtype=torch.int64, device=device)
         self.state = torch.zeros(2, dtype=torch.int64, device=device)
-        self.sink = torch.zeros(1, dtype=torch.int32, device=device)
+        # every register a thread may have: ptxas would otherwise aim at 2 CTAs of 8 warps per SM (128
+        # registers) and spill in the largest classes; the grid is sized to what fits (``_grid``)
+        self.options = {"num_warps": MEGAKERNEL_WARPS, "maxnreg": 255}
         self._compile()
+        self.grid = grid or self._grid()
 
     # ------------------------------------------------------------------ tables
     def _encode(self, codes, instances, ntiles) -> None:
@@ -87,16 +138,27 @@ class StepKernel:
         self.prefetch = torch.tensor(prefetch, dtype=torch.int64).view(-1, 2).to(self.device)
 
     def _compile(self) -> None:
-        source = codegen.megakernel_source(self.plan.classes, self.plan.max_p, self.plan.max_s, PREFETCH_LINES)
-        self.source = source
-        module = codegen.load_source("megakernel", source)
+        p = self.plan
+        self.source = source.megakernel_source(p.classes, p.max_p, p.max_w, p.max_s)
+        module = source.load_source("megakernel", self.source)
         self.kernel, self.path = module.megakernel, module.__file__
+
+    def _grid(self) -> int:
+        """One program per SM of the interpreter's stand-in; on a GPU, ``persistent_grid`` of the compiled kernel."""
+        target = platform.target(self.device)
+        if not target.gpu or torch.device(self.device).type != "cuda":
+            return target.sms
+        compiled = self.kernel.warmup(grid=(1,), **self.arguments(), **self.options)
+        compiled._init_handles()  # loads the module: the driver's register count
+        return persistent_grid(target, compiled.n_regs, compiled.metadata.shared, self.options["num_warps"])
 
     def refresh(self, env) -> bool:
         """Re-record the arguments (cache storage moved: new addresses). False when the launches now
         tile differently (e.g. a wider page table changed the split-KV count): build a new kernel."""
         plan = build_plan(record_ops(self.ops, self.kernels, env), self.device)
-        if [[(r.name, r.ntiles) for r in runs] for runs in plan.stages] != [[(r.name, r.ntiles) for r in runs] for runs in self.plan.stages]:
+        if [[(r.name, r.ntiles) for r in runs] for runs in plan.stages] != [
+            [(r.name, r.ntiles) for r in runs] for runs in self.plan.stages
+        ]:
             return False
         recompile = plan.signature() != self.plan.signature()
         self.plan = plan
@@ -109,9 +171,26 @@ class StepKernel:
     def num_tasks(self) -> int:
         return self.tasks.shape[0]
 
-    def launch(self, num_steps: int = 1) -> None:
+    def arguments(self, num_steps: int = 1, **override) -> dict:
+        """The kernel's arguments by name (``override`` replaces tables, e.g. one task alone)."""
         p = self.plan
-        self.kernel[(self.grid,)](self.tasks, self.waits, self.prefetch, self.counters, self.ticket, self.state, self.sink,
-                                  p.ptrs, p.ints, p.floats, self.num_tasks, num_steps, NUM_FIELDS=NUM_FIELDS,
-                                  num_warps=p.launch_options.get("num_warps", 4))
+        args = dict(
+            tasks_ptr=self.tasks,
+            waits_ptr=self.waits,
+            prefetch_ptr=self.prefetch,
+            counters_ptr=self.counters,
+            ticket_ptr=self.ticket,
+            state_ptr=self.state,
+            ptrs_ptr=p.ptrs,
+            wptrs_ptr=p.wptrs,
+            ints_ptr=p.ints,
+            floats_ptr=p.floats,
+            num_tasks=self.num_tasks,
+            num_steps=num_steps,
+            NUM_FIELDS=NUM_FIELDS,
+            PREFETCH_LINES=PREFETCH_LINES,
+        )
+        return args | override
 
+    def launch(self, num_steps: int = 1) -> None:
+        self.kernel[(self.grid,)](**self.arguments(num_steps), **self.options)

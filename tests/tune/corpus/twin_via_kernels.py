@@ -3,7 +3,7 @@ kind: linear_residual
 expect: static: a module"""
 
 from nonstop.kernels.gemv import torch
-from nonstop.kernels.common import linear_residual
+from nonstop.kernels.dense import linear_residual
 
 
 def launch(op, env):

@@ -5,7 +5,7 @@ expect: dynamic: modified an input"""
 import triton
 import triton.language as tl
 
-from nonstop.kernels.common import linear_residual as builtin
+from nonstop.kernels.dense import linear_residual as builtin
 
 
 @triton.jit

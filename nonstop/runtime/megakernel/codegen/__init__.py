@@ -1,0 +1,1 @@
+"""The megakernel's code generator: ``record`` -> ``plan`` -> ``source`` (see the package docstring)."""

@@ -1,0 +1,58 @@
+"""Tilings of the ops a megakernel step ends with: device sampling (``nonstop/kernels/sample.py``) and
+``advance`` (``megakernel/advance.py``: the next step's inputs).
+
+sample   scan: tile r·NC + c = chunk c of row r (CHUNK logits) -> cell c of row r of the ``sample.partial``
+         workspace (statistics, best index, listed candidates: 4 + KC columns); pick: tile r reads its row's
+         cells (and the whole logits row, for the one-program search) -> next_ids[r]
+advance  one tile per sequence b: ids of its rows <- next_ids, token_log[b], start[b] += T, the sampler's
+         noise counters of its rows += T
+"""
+
+from __future__ import annotations
+
+from nonstop.program.ir import SuperOp
+from nonstop.runtime.megakernel.tasks import Access, StageSpec, TileSpec
+from nonstop.runtime.megakernel.tiling.context import TileContext
+
+READ, WRITE = Access.READ, Access.WRITE
+
+
+def sample(ctx: TileContext, op: SuperOp, args: dict) -> list[StageSpec]:
+    logits, out = ctx.buf(op.reads[0]), ctx.buf(op.writes[0])
+    params = [ctx.buf(n) for n in op.reads[1:]]
+    NC, CHUNK, width = args["NC"], args["CHUNK"], 4 + args["KC"]
+    V = ctx.cols(logits)
+    cells = ctx.scratch("sample.partial", ctx.R, NC * width)
+    scan, pick = [], []
+    for r in range(ctx.R):
+        row = (r, r + 1)
+        mine = [ctx.box(p, READ, row) for p in params]
+        for c in range(NC):
+            regs = (
+                ctx.box(logits, READ, row, (c * CHUNK, min((c + 1) * CHUNK, V))),
+                *mine,
+                ctx.box(cells, WRITE, row, (c * width, (c + 1) * width)),
+            )
+            scan.append(TileSpec(r * NC + c, regs, (), f"row {r} chunk {c}"))
+        regs = (ctx.box(logits, READ, row), ctx.box(cells, READ, row), *mine, ctx.box(out, WRITE, row))
+        pick.append(TileSpec(r, regs, (), f"row {r}"))
+    return [StageSpec("scan", scan), StageSpec("pick", pick)]
+
+
+def advance(ctx: TileContext, op: SuperOp, args: dict) -> list[StageSpec]:
+    next_ids, ids, log, offset = (ctx.buf(n) for n in ("next_ids", "ids", "token_log", "sample_offset"))
+    start = ctx.start()
+    tiles = []
+    for b in range(ctx.B):
+        rows = ctx.seq_rows(b)
+        regs = (
+            ctx.box(next_ids, READ, rows),
+            ctx.box(ids, WRITE, rows),
+            ctx.box(start, READ, (b, b + 1)),
+            ctx.box(start, WRITE, (b, b + 1)),
+            ctx.box(log, WRITE, (b, b + 1)),
+            ctx.box(offset, READ, rows),
+            ctx.box(offset, WRITE, rows),
+        )
+        tiles.append(TileSpec(b, regs, (), f"seq {b}"))
+    return [StageSpec("main", tiles)]

@@ -1,0 +1,135 @@
+"""Dense super-op kernels (embed, linear_residual, lm_head, mlp, attnres_mix_norm) against their twins
+inside real decode steps, and the GEMV / activation tile helpers against torch."""
+
+from __future__ import annotations
+
+import functools
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from nonstop.kernels import activations, dense, gemv, launch
+from nonstop.model.activations import glu
+from nonstop.model.norms import rms_norm
+from tests.kernels.harness import check_kernel
+from tests.tiny_configs import TINY_CONFIGS
+
+F32, F16 = torch.float32, torch.float16
+
+
+@pytest.fixture(autouse=True, scope="module")
+def one_torch_thread():
+    """Tiny shapes: torch's thread pool only spin-waits, and on a loaded 2-core machine that costs 30x."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+# (dtype, B, T): both dtypes see T = 1 and T = 3 (R = 1, 3, 6, 9 rows: the FMA and the mma paths)
+FULL = [(F32, 1, 1), (F16, 3, 1), (F32, 2, 3), (F16, 3, 3)]
+SHORT = [(F32, 1, 1), (F16, 3, 3)]  # for kimi_k3, whose model and prefill cost ~5 s per check
+
+
+def _cases(configs, cases):
+    return [pytest.param(c, d, b, t, id=f"{c}-{str(d)[6:]}-B{b}T{t}") for c in configs for d, b, t in cases]
+
+
+@pytest.mark.parametrize("config,dtype,B,T", _cases(["llama"], FULL) + _cases(["kimi_k3"], SHORT))
+def test_mlp(config, dtype, B, T):
+    """llama: SwiGLU with the plain residual h; kimi_k3: SiTU into the attnres partial sum."""
+    check_kernel("mlp", TINY_CONFIGS[config], dense.KERNELS["mlp"], dtype, B=B, T=T, seed=B + T)
+
+
+@pytest.mark.parametrize("config,dtype,B,T", _cases(["llama"], FULL) + _cases(["kimi_k3"], SHORT))
+def test_linear_residual(config, dtype, B, T):
+    """llama: o_proj with bias, accumulating; kimi_k3: accumulating and block-opening (store) o_projs."""
+    check_kernel("linear_residual", TINY_CONFIGS[config], dense.KERNELS["linear_residual"], dtype, B=B, T=T, seed=B)
+
+
+@pytest.mark.parametrize("config,dtype,B,T", _cases(["llama"], FULL) + _cases(["kimi_k3"], SHORT))
+def test_lm_head(config, dtype, B, T):
+    """llama: tied head with the final RMSNorm fused; kimi_k3: untied head after the final mix."""
+    check_kernel("lm_head", TINY_CONFIGS[config], dense.KERNELS["lm_head"], dtype, B=B, T=T, seed=T)
+
+
+@pytest.mark.parametrize("config,dtype,B,T", _cases(["llama"], SHORT) + _cases(["kimi_k3"], [(F16, 2, 3)]))
+def test_embed(config, dtype, B, T):
+    check_kernel("embed", TINY_CONFIGS[config], dense.KERNELS["embed"], dtype, B=B, T=T)
+
+
+@pytest.mark.parametrize("config,dtype,B,T", _cases(["kimi_k3"], FULL))
+def test_attnres_mix_norm(config, dtype, B, T):
+    """All 15 mixes of the 7-layer model: 1 to 3 completed blocks, with and without a block store."""
+    assert (
+        check_kernel(
+            "attnres_mix_norm", TINY_CONFIGS[config], dense.KERNELS["attnres_mix_norm"], dtype, B=B, T=T, seed=B * T
+        )
+        == 15
+    )
+
+
+@pytest.mark.parametrize(
+    "config,kind",
+    [(c, k) for c in ("deepseek_v3", "kimi_linear") for k in ("mlp", "linear_residual", "lm_head")]
+    + [("kimi_linear_layer_types", "mlp")],
+)
+def test_other_families(config, kind):
+    """The same kinds inside the MLA / KDA / MoE families (dense first layer, untied heads, odd widths)."""
+    check_kernel(kind, TINY_CONFIGS[config], dense.KERNELS[kind], F16, B=2, T=3)
+
+
+def test_mlp_many_tasks_and_counter_reset():
+    """Five h chunks of 16 and three down tiles of 16 (R = 6: the mma path); the counters end at zero."""
+    check_kernel(
+        "mlp",
+        TINY_CONFIGS["llama"],
+        functools.partial(dense.mlp, BLOCK_I=16, BLOCK_K=16, BLOCK_N=16, BLOCK_KD=16),
+        F32,
+        B=2,
+        T=3,
+    )
+    assert not launch.phase_counters("mlp", "cpu").any()
+
+
+# ----------------------------------------------------------------------------- tile helpers vs torch
+
+
+@pytest.mark.parametrize("dtype", [F32, F16])
+@pytest.mark.parametrize("R", [1, 5])
+def test_gemv_epilogues(dtype, R):
+    """STORE (rounded, fp32 out), ADD (residual); fused RMSNorm and bias; several K steps."""
+    gen = torch.Generator().manual_seed(R)
+    N, K = 37, 45
+    x, w, b, g = (torch.randn(*s, generator=gen).to(dtype) for s in ((R, K), (N, K), (N,), (K,)))
+    y = F.linear(rms_norm(x, g, 1e-5), w, b)  # model dtype, as the twins compute it
+    tol = dict(rtol=1e-5, atol=1e-5) if dtype == F32 else dict(rtol=1e-3, atol=1e-3)
+    out = torch.full((R, N), float("nan"))
+    gemv.launch_gemv(x, w, out, bias=b, norm=g, eps=1e-5, epilogue=gemv.STORE, round_y=True)
+    torch.testing.assert_close(out, y.float(), **tol)
+    h = torch.randn(R, N, generator=gen).to(dtype)
+    want = h + y
+    gemv.launch_gemv(x, w, h, bias=b, norm=g, eps=1e-5, epilogue=gemv.ADD, round_y=True)
+    torch.testing.assert_close(h.float(), want.float(), **tol)
+    out = torch.full((R, N), float("nan"))
+    gemv.launch_gemv(x, w, out, bias=b, norm=g, eps=1e-5, epilogue=gemv.STORE, round_y=True, BLOCK_K=16, BLOCK_N=16)
+    torch.testing.assert_close(out, y.float(), **tol)
+
+
+@pytest.mark.parametrize("act", ["silu", "situ"])
+def test_glu_tile(act):
+    import triton
+    import triton.language as tl
+
+    @triton.jit
+    def kernel(g_ptr, u_ptr, out_ptr, ACT: tl.constexpr, N: tl.constexpr):
+        i = tl.arange(0, N)
+        h = activations.glu_tile(tl.load(g_ptr + i), tl.load(u_ptr + i), ACT, 4.0, 25.0, tl.float32)
+        tl.store(out_ptr + i, h)
+
+    z = torch.cat([torch.linspace(-60, 60, 200), torch.linspace(-0.3, 0.3, 56)])
+    g, u = z, z.flip(0) * 0.7
+    out = torch.empty_like(z)
+    kernel[(1,)](g, u, out, ACT=activations.SITU if act == "situ" else activations.SILU, N=z.numel())
+    torch.testing.assert_close(out, glu(g, u, act, 4.0, 25.0), rtol=2e-6, atol=1e-6)

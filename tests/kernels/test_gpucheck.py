@@ -1,0 +1,186 @@
+"""The offline GPU check (``nonstop gpucheck``, ``kernels/offline.py``) in a bounded form, for every Triton at hand:
+the Triton of this environment and a Triton 3.6 installation (the GPU machines' version) when there is one
+(``NONSTOP_TRITON36``, default ``/work/triton36``; ``pip install --target DIR --no-deps triton==3.6.0``).
+
+* the PTX reading: a spin-wait whose acquire is an unused atomic after a volatile poll - the pattern Triton 3.6
+  compiles to no acquire at all - is caught; ``launch.wait_at_least`` keeps its acquire under every Triton;
+* a few launchers at real Kimi K3 shapes (the MXFP4 routed experts, the LM head, MLA attention: 162 KB of shared
+  memory) and the whole megakernel of one Llama-3.2-1B layer, compiled as they launch on an H100: no spill,
+  a CTA fits, every spin-wait acquires, every weight stream uses 16-byte loads (MXFP4 bytes included; their
+  scales one load per thread and step). The full form is ``nonstop gpucheck`` (three preset shapes, every
+  kernel).
+Each check runs in a fresh process without ``TRITON_INTERPRET``; compiles are cached by Triton and ptxas
+results by ``kernels/offline.py``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from nonstop.kernels.offline import spin_waits
+
+ROOT = Path(__file__).resolve().parents[2]
+TRITON36 = os.environ.get("NONSTOP_TRITON36", "/work/triton36")
+TRITONS = [
+    pytest.param(None, id="triton-here"),
+    pytest.param(
+        TRITON36,
+        id="triton-3.6",
+        marks=pytest.mark.skipif(
+            not os.path.isdir(os.path.join(TRITON36, "triton")), reason=f"no Triton 3.6 installation at {TRITON36}"
+        ),
+    ),
+]
+
+pytestmark = pytest.mark.skipif(
+    not os.path.isdir(os.path.join(os.path.dirname(__import__("triton").__file__), "backends", "nvidia")),
+    reason="this Triton has no NVIDIA backend",
+)
+
+
+def _run(code: str, triton_path: str | None, folder: Path, timeout: float = 900) -> dict:
+    """Run ``code`` (a script: Triton reads kernels' source from their file) without the interpreter."""
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env["TRITON_DEFAULT_FP_FUSION"] = "1"
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (triton_path, str(ROOT), env.get("PYTHONPATH")) if p)
+    script = folder / "probe.py"
+    script.write_text(code)
+    done = subprocess.run([sys.executable, str(script)], env=env, capture_output=True, text=True, timeout=timeout)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+# ----------------------------------------------------------------------------- reading PTX
+
+SPIN_NO_ACQUIRE = """
+$L__BB0_1:
+	ld.volatile.global.b32 	%r5, [%rd2];
+	setp.lt.s32 	%p1, %r5, %r1;
+	@%p1 bra 	$L__BB0_1;
+	ld.global.b32 	%r7, [%rd3];
+"""
+SPIN_ACQUIRE_AFTER = SPIN_NO_ACQUIRE.replace(
+    "	ld.global.b32 	%r7, [%rd3];", "	fence.acq_rel.gpu;\n	ld.global.b32 	%r7, [%rd3];"
+)
+SPIN_ON_ACQUIRE = SPIN_NO_ACQUIRE.replace("ld.volatile.global.b32", "ld.global.gpu.acquire.b32")
+
+
+def test_spin_waits_are_read_from_ptx():
+    assert [s["acquire"] for s in spin_waits(SPIN_NO_ACQUIRE)] == [False]
+    assert [s["how"] for s in spin_waits(SPIN_ACQUIRE_AFTER)] == ["acquire after the loop"]
+    assert [s["how"] for s in spin_waits(SPIN_ON_ACQUIRE)] == ["the poll is an acquire"]
+    assert spin_waits(SPIN_NO_ACQUIRE.replace("@%p1 bra 	$L__BB0_1;", "")) == []  # no loop, no spin
+
+
+def test_scale_loads_may_be_narrow_but_not_per_element():
+    """A side stream (MXFP4 scales) with one load per step passes; one load per element (16 per weight load)
+    is reported, as are weight loads under 16 bytes."""
+    from nonstop.kernels.offline import KernelReport
+
+    def report(weight_widths, side_count):
+        return KernelReport(
+            "k",
+            8,
+            128,
+            0,
+            0,
+            1,
+            132,
+            {"w": [(b, "gemv.py:1") for b in weight_widths]},
+            {"s": [(1, "gemv.py:2")] * side_count},
+            [],
+        )
+
+    assert report([16, 16], 2).violations == []
+    assert "a load per element" in report([16], 16).violations[0]
+    assert "under 16 bytes" in report([16, 8], 1).violations[0]
+
+
+ACQUIRE_PROBE = """
+import json, torch, triton, triton.language as tl
+from nonstop.kernels import offline
+from nonstop.kernels.launch import wait_at_least
+
+@triton.jit
+def unused_acquire(counter_ptr, x_ptr, out_ptr, target):
+    while tl.load(counter_ptr, volatile=True) < target:
+        pass
+    tl.atomic_add(counter_ptr, 0, sem="acquire")  # the result is unused
+    tl.store(out_ptr, tl.load(x_ptr))
+
+@triton.jit
+def polled_acquire(counter_ptr, x_ptr, out_ptr, target):
+    wait_at_least(counter_ptr, target)
+    tl.store(out_ptr, tl.load(x_ptr))
+
+t = torch.empty(4, dtype=torch.int32, device="meta")
+out = {}
+for fn in (unused_acquire, polled_acquire):
+    k, _ = offline.compile_launch(fn, dict(counter_ptr=t, x_ptr=t, out_ptr=t, target=5), {"num_warps": 4})
+    out[fn.__name__] = [s["acquire"] for s in offline.spin_waits(k.asm["ptx"])]
+print(json.dumps({"triton": triton.__version__, **out}))
+"""
+
+
+@pytest.mark.parametrize("triton_path", TRITONS)
+def test_the_spin_wait_acquire_survives_every_triton(triton_path, tmp_path):
+    """``wait_at_least`` (the poll is the acquire) compiles to an ordered spin under every Triton; the old
+    pattern is checked too: Triton 3.6 drops its unused acquire, and the check says so."""
+    got = _run(ACQUIRE_PROBE, triton_path, tmp_path)
+    assert got["polled_acquire"] == [True], got
+    if got["triton"].startswith("3.6"):
+        assert got["unused_acquire"] == [False], got
+
+
+BOUNDED = [
+    ("kimi-k3", "kimi-k3", 4, ["moe_experts", "lm_head", "mla_attn", "sample"], False),
+    ("llama-3.2-1b", "llama-3.2-1b", 1, [], True),
+]
+
+
+@pytest.mark.parametrize("triton_path", TRITONS)
+def test_bounded_offline_check(triton_path):
+    from nonstop.runtime import gpucheck
+
+    rows = []
+    for name, model, layers, kinds, megakernel in BOUNDED:
+        result = gpucheck.run_check(
+            [(name, model, layers)], kinds=kinds, megakernel=megakernel, triton_path=triton_path, timeout=1500
+        )
+        rows += result["rows"]
+    print(gpucheck.table([gpucheck.Row(**r) for r in rows], result["triton"]))
+    assert not [v for r in rows for v in r["violations"]]
+    by = {r["kernel"]: r for r in rows}
+    experts = by["moe_experts:moe_experts_kernel"]
+    assert experts["load_widths"].split(",")[-1] == "16" and experts["ctas_per_sm"] >= 1  # MXFP4 bytes as 16-byte loads
+    assert (
+        by["mla_attn:mla_attn_kernel"]["shared_bytes"] > 100_000 and by["mla_attn:mla_attn_kernel"]["ctas_per_sm"] == 1
+    )
+    mk = next(r for r in rows if r["kernel"].startswith("megakernel"))
+    assert mk["spins"] >= 1 and mk["warps"] == 8 and mk["grid"] == mk["ctas_per_sm"] * 132 and mk["load_widths"] != "-"
+
+
+def test_command_exit_status_and_errors(tmp_path, capsys):
+    """``nonstop gpucheck``: a bad model or --rows is one line on stderr (status 2); a checked model whose
+    kernels violate a check exits 1 - an odd-width Llama's weight rows (40 bf16 = 80 bytes) cannot all be
+    read with 16-byte loads - and --json lists the violations."""
+    from nonstop.cli import main
+    from tests.tiny_configs import LLAMA
+
+    for argv in (["gpucheck", "-m", "no-such-model"], ["gpucheck", "-m", "llama-3.2-1b", "--rows", "17"]):
+        with pytest.raises(SystemExit) as exc:
+            main(argv)
+        assert exc.value.code == 2
+        err = capsys.readouterr().err.strip()
+        assert err.startswith("nonstop: error:") and "\n" not in err
+    (tmp_path / "config.json").write_text(json.dumps({**LLAMA, "num_hidden_layers": 1}))
+    status = main(["gpucheck", "-m", str(tmp_path), "--no-megakernel", "--json", "--quiet"])
+    report = json.loads(capsys.readouterr().out)
+    assert status == 1 and report["violations"] and all("under 16 bytes" in v for v in report["violations"])
+    assert {r["kernel"] for r in report["results"][0]["rows"]} >= {"mlp:mlp_kernel", "lm_head:gemv_kernel"}

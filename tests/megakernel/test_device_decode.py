@@ -1,0 +1,95 @@
+"""The engine's decode steps on a kernel backend sample on the device with each request's parameters and
+run several steps per launch when no token needs the host (``engine/device_decode.py``; the megakernel
+runs them in one launch, the superop executor back to back without host round trips): greedy tokens are
+the reference's; sampled tokens (temperature, top-k, top-p, seed) do not depend on how many steps a
+launch runs; stop tokens and max_tokens end requests where step-by-step decoding does."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from nonstop.engine import device_decode
+from nonstop.engine.core import EngineCore
+from nonstop.engine.requests import Request
+from nonstop.engine.sampling import SamplingParams
+from nonstop.engine.tokenizer import ByteTokenizer
+from nonstop.runtime.executors import ReferenceExecutor
+from nonstop.runtime.megakernel import MegakernelExecutor
+from nonstop.runtime.superop import SuperOpExecutor
+from tests.runtime.helpers import kernel_skip_reason, tiny_model
+
+PROMPTS = [[3, 4, 5, 6], [7, 8, 9], [20, 21]]
+
+
+def run(model, executor, params: list[SamplingParams], prompts=PROMPTS):
+    cfg = model.cfg
+    core = EngineCore(cfg, executor, ByteTokenizer(cfg.vocab_size), len(prompts), torch.float32, "cpu", page_size=4)
+    reqs = [Request(str(i), None, p, sp, frozenset()) for i, (p, sp) in enumerate(zip(prompts, params))]
+    for r in reqs:
+        core.add(r)
+    while core.running:
+        core.step()
+    return [r.output_ids for r in reqs], [r.finish_reason for r in reqs]
+
+
+BACKENDS = {
+    "megakernel": lambda m: MegakernelExecutor(m, graphs=False),
+    "superop": lambda m: SuperOpExecutor(m, graphs=False),
+}
+
+
+@pytest.fixture(scope="module")
+def llama():
+    model = tiny_model("llama")
+    reason = kernel_skip_reason(model)
+    if reason:
+        pytest.skip(reason)
+    return model
+
+
+@pytest.mark.parametrize("backend", list(BACKENDS))
+def test_greedy_on_the_device_is_the_reference(llama, backend):
+    params = [SamplingParams(max_tokens=n, temperature=0, ignore_eos=True) for n in (7, 3, 5)]
+    ex = BACKENDS[backend](llama)
+    got = run(llama, ex, params)
+    assert got == run(llama, ReferenceExecutor(llama), params)
+    if backend == "megakernel":  # 2..6 decode tokens a request in launches of up to STEPS_PER_LAUNCH steps
+        assert ex.stats["device_sampled_steps"] > ex.stats["sampling_launches"] >= 2
+
+
+@pytest.mark.parametrize("backend", list(BACKENDS))
+def test_sampled_tokens_do_not_depend_on_steps_per_launch(llama, backend, monkeypatch):
+    params = [
+        SamplingParams(max_tokens=6, temperature=0.9, seed=11, ignore_eos=True),
+        SamplingParams(max_tokens=6, temperature=1.3, top_k=5, seed=12, ignore_eos=True),
+        SamplingParams(max_tokens=6, temperature=0.7, top_p=0.6, seed=13, ignore_eos=True),
+    ]
+    several = run(llama, BACKENDS[backend](llama), params)
+    monkeypatch.setattr(device_decode, "STEPS_PER_LAUNCH", 1)
+    assert run(llama, BACKENDS[backend](llama), params) == several
+    reseeded = [
+        SamplingParams(
+            max_tokens=6, temperature=p.temperature, top_k=p.top_k, top_p=p.top_p, seed=p.seed + 100, ignore_eos=True
+        )
+        for p in params
+    ]
+    assert run(llama, BACKENDS[backend](llama), reseeded)[0] != several[0]
+
+
+def test_stops_end_requests_where_single_steps_do(llama, monkeypatch):
+    """A stop token and max_tokens inside a multi-step launch: the request ends there (the tokens sampled
+    past its end are dropped), as with one step a launch."""
+    free = [SamplingParams(max_tokens=8, temperature=1.5, seed=s, ignore_eos=True) for s in (1, 2, 3)]
+    tokens = run(llama, MegakernelExecutor(llama, graphs=False), free)[0]
+    i, stop_at = next((i, t) for i, out in enumerate(tokens) for t in out[2:] if t not in out[:2])
+    params = list(free)
+    params[i] = SamplingParams(max_tokens=8, temperature=1.5, seed=i + 1, stop_token_ids=[stop_at], ignore_eos=True)
+    j = (i + 1) % 3
+    params[j] = SamplingParams(max_tokens=3, temperature=1.5, seed=j + 1, ignore_eos=True)
+    got = run(llama, MegakernelExecutor(llama, graphs=False), params)
+    assert got[0][i] == tokens[i][: tokens[i].index(stop_at) + 1] and got[1][i] == "stop"
+    assert got[0][j] == tokens[j][:3] and got[1][j] == "length"
+    monkeypatch.setattr(device_decode, "STEPS_PER_LAUNCH", 1)
+    assert run(llama, MegakernelExecutor(llama, graphs=False), params) == got
+    assert run(llama, SuperOpExecutor(llama, graphs=False), params)[1] == got[1]  # the same stops (same noise)
