@@ -4,12 +4,11 @@ With an executor that samples on the device (``samples_on_device`` and ``sample_
 whose step ends with the ``sample`` op, and the superop executor with its kernels, which launches the
 sampler after the step) the engine's decode step hands it every running request's last token and sampling
 parameters (``runtime.device_sampling.SampleRow``: temperature, top-k, top-p, seed) and gets token ids
-back instead of logits. When no request needs a per-token host decision before the next token - none
-asks for logprobs, no prompt waits to be prefilled (it should join the batch at the next step) - it
-runs up to ``STEPS_PER_LAUNCH`` steps in one launch (never more than a request may still generate), and
-applies the tokens one by one afterwards: stop tokens, stop strings and max_tokens end a request
-exactly where step-by-step decoding would, the tokens it sampled past its end are dropped (its slot
-is freed). Each token's noise depends only on its request's seed and position, so the tokens are those
+back instead of logits (requests asking for logprobs, min_p or penalties sample on the host). When no
+prompt waits to be prefilled (it should join the batch at the next step) it runs up to
+``STEPS_PER_LAUNCH`` steps in one launch (never more than a request may still generate), and applies
+the tokens one by one afterwards: stop tokens, stop strings and max_tokens end a request exactly where
+step-by-step decoding would, the tokens it sampled past its end are dropped (its slot is freed). Each token's noise depends only on its request's seed and position, so the tokens are those
 of one step per launch.
 
 ``decode(core, reqs)`` returns the (request, new text) pairs of ``EngineCore.step``, or None when the
@@ -23,12 +22,24 @@ import torch
 STEPS_PER_LAUNCH = 8
 
 
+def device_can_sample(params) -> bool:
+    """Can the device sampler draw a request's tokens? It knows temperature, top-k, top-p and the seed;
+    logprobs, min_p and the penalties (which read the request's past tokens) need the host."""
+    return (
+        params.logprobs is None
+        and params.min_p == 0
+        and params.repetition_penalty == 1
+        and params.presence_penalty == 0
+        and params.frequency_penalty == 0
+    )
+
+
 def wants_device(core, reqs) -> bool:
     """Does this decode step sample on the device?"""
     return (
-        core.spec is None
+        core.speculative_decoder is None
         and getattr(core.executor, "samples_on_device", False)
-        and all(r.params.logprobs is None for r in reqs)
+        and all(device_can_sample(r.params) for r in reqs)
     )
 
 
@@ -49,13 +60,13 @@ def decode(core, reqs) -> list | None:
 
     out = []
     n = steps_per_launch(core, reqs)
-    for group in core._row_groups(reqs):
+    for group in core.row_groups(reqs):
         ids = torch.tensor([[r.output_ids[-1]] for r in group], dtype=torch.long, device=core.device)
         rows = [SampleRow.of(r.params, r.generator) for r in group]
         try:
             tokens = core.executor.sample_tokens(ids, core.cache, [r.slot for r in group], n, rows)
         except Exception as exc:
-            core._fail(group, exc)
+            core.fail(group, exc)
             out += [(r, "") for r in group]
             continue
         for i, r in enumerate(group):
@@ -72,9 +83,8 @@ def _apply(core, req, tokens: list[int]) -> str:
             if req.finished:
                 break
     except Exception as exc:
-        core._fail([req], exc)
+        core.fail([req], exc)
         return "".join(text)
     if req.finished:
-        core.running.remove(req)
-        core._release(req)
+        core.finish(req)
     return "".join(text)
