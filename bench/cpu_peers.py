@@ -431,7 +431,9 @@ def main() -> None:
         "VLLM_TARGET_DEVICE": "cpu",
         "LD_PRELOAD": ":".join(str(p) for p in vllm_preloads(args.vllm_python)),
     }
-    weights = model_footprint(cfg, torch.float32).bytes_per_token / 4  # active weights read per token (one embedding row)
+    weights = (
+        model_footprint(cfg, torch.float32).bytes_per_token / 4
+    )  # active weights read per token (one embedding row)
     k3_weights = model_footprint(ModelConfig.from_file(k3), torch.float32).bytes_per_token / 4
 
     def nonstop(group, model, backend, bpw, threads=args.threads):
@@ -507,12 +509,16 @@ def main() -> None:
             weights,
             {"hf_config": hf, "params": int(model_footprint(cfg, torch.float32).total_params), "checkpoint": str(ckpt)},
         ),
-        ("k3_nano", k3_weights, {"params": int(model_footprint(ModelConfig.from_file(k3), torch.float32).total_params)}),
+        (
+            "k3_nano",
+            k3_weights,
+            {"params": int(model_footprint(ModelConfig.from_file(k3), torch.float32).total_params)},
+        ),
     ):
         oracle_name = "nonstop reference fp32" if group == "llama" else "k3-nano nonstop reference fp32"
         oracle = runs[oracle_name][0]["ids"] if runs.get(oracle_name) else []
         rows = {}
-        for name, (g_, _, spec, bpw, _) in systems.items():
+        for name, (g_, _, _spec, bpw, _) in systems.items():
             if g_ != group:
                 continue
             w = workers[name]

@@ -73,16 +73,26 @@ def drive(core, batch_prompts: list[list[int]], warmup: int, steps: int, device,
 # ----------------------------------------------------------------------------- one rank
 
 
-def bench_rank(out_dir: str, model: str, tp: int, ep: int, batches: list[int], modes: list[tuple[int, bool, str]],
-               warmup: int, steps: int, device: str, timeout: float) -> None:
+def bench_rank(
+    out_dir: str,
+    model: str,
+    tp: int,
+    ep: int,
+    batches: list[int],
+    modes: list[tuple[int, bool, str]],
+    warmup: int,
+    steps: int,
+    device: str,
+    timeout: float,
+) -> None:
     import torch.distributed as dist
 
     from nonstop.dist import Layout
     from nonstop.dist.comm import init, shutdown
     from nonstop.engine.core import EngineCore
     from nonstop.engine.distributed import ClusterExecutor, build_worker
-    from nonstop.weights.resolve import parse_dtype, resolve_model
     from nonstop.engine.tokenizer import Tokenizer
+    from nonstop.weights.resolve import parse_dtype, resolve_model
 
     comm = init(Layout.make(tp, ep), device, timeout)
     cfg, model_dir = resolve_model(model)
@@ -97,7 +107,9 @@ def bench_rank(out_dir: str, model: str, tp: int, ep: int, batches: list[int], m
             out = handle(msg)  # (rank 0 broadcast the step just before: counted in this step)
             if msg.kind == "step":
                 now = {k: tuple(v) for k, v in comm.stats.items()}
-                deltas.append({k: (v[0] - last.get(k, (0, 0))[0], v[1] - last.get(k, (0, 0))[1]) for k, v in now.items()})
+                deltas.append(
+                    {k: (v[0] - last.get(k, (0, 0))[0], v[1] - last.get(k, (0, 0))[1]) for k, v in now.items()}
+                )
                 last.clear()
                 last.update(now)
             return out
@@ -108,11 +120,27 @@ def bench_rank(out_dir: str, model: str, tp: int, ep: int, batches: list[int], m
                 executor = ClusterExecutor(worker, cfg)
                 core = EngineCore(cfg, executor, Tokenizer.load(model_dir, cfg.vocab_size), B, dtype, comm.device)
                 window = {}
-                row = drive(core, prompts(core.tokenizer, B, 16), warmup, steps, comm.device, lambda edge, window=window: window.__setitem__(edge, len(deltas)))
+                row = drive(
+                    core,
+                    prompts(core.tokenizer, B, 16),
+                    warmup,
+                    steps,
+                    comm.device,
+                    lambda edge, window=window: window.__setitem__(edge, len(deltas)),
+                )
                 executor.close()
                 used = dict(worker.executor.stats["exchange_steps"])
-                results.append({"chunks": chunks, "overlap": overlap, "exchange": exchange, "exchange_steps": used,
-                                "batch": B, "window": window, **row})
+                results.append(
+                    {
+                        "chunks": chunks,
+                        "overlap": overlap,
+                        "exchange": exchange,
+                        "exchange_steps": used,
+                        "batch": B,
+                        "window": window,
+                        **row,
+                    }
+                )
             else:
                 while (msg := comm.broadcast_object()).kind != "stop":
                     worker.handle(msg)
@@ -140,7 +168,9 @@ def window_traffic(deltas: list[list[dict]], window: dict, tokens: int) -> dict:
         "split_size_exchanges_per_step": total(0, "a2a_sizes", 0) / steps,
         "all_reduces_per_step": total(0, "all_reduce", 0) / steps,
         "wire_bytes_per_token_per_rank": sent / tokens,
-        "wire_bytes_by_kind_per_token_per_rank": {k: round(sum(total(r, k, 1) for r in range(ranks)) / ranks / tokens, 1) for k in sorted(kinds)},
+        "wire_bytes_by_kind_per_token_per_rank": {
+            k: round(sum(total(r, k, 1) for r in range(ranks)) / ranks / tokens, 1) for k in sorted(kinds)
+        },
     }
 
 
@@ -174,8 +204,9 @@ def main() -> None:
     ap.add_argument("--warmup", type=int, default=4)
     ap.add_argument("--chunks", type=int, default=2, help="pieces of the overlapped MoE exchange")
     ap.add_argument("--device", default="cpu", help="cpu (gloo) or cuda (NCCL, one GPU per rank)")
-    ap.add_argument("--exchanges", default="auto",
-                    help="MoE exchange modes to compare: auto, static, dynamic (comma-separated)")
+    ap.add_argument(
+        "--exchanges", default="auto", help="MoE exchange modes to compare: auto, static, dynamic (comma-separated)"
+    )
     ap.add_argument("--timeout", type=float, default=300.0, help="collective timeout, seconds")
     ap.add_argument("--out", default=None, help="default: bench/results/dist_decode_<device>_<model>.json")
     args = ap.parse_args()
@@ -183,24 +214,38 @@ def main() -> None:
     from nonstop.dist import Layout
     from nonstop.dist.launch import rank_threads, spawn
     from nonstop.dist.program import engine_exchange, rank_step
-    from nonstop.weights.resolve import resolve_model
     from nonstop.hostinfo import command_line, copy_bandwidth, decode_floor, environment
     from nonstop.program.footprint import model_footprint
+    from nonstop.weights.resolve import resolve_model
 
     load_before = os.getloadavg()
     batches = [int(b) for b in args.batches.split(",")]
     cfg, _ = resolve_model(args.model)
-    peer, peer_threads = single_process(args.model, batches, args.warmup, args.steps, args.device, sorted({1, torch.get_num_threads()}))
-    print("single process: " + ", ".join(f"batch {B}: {r['tokens_per_s']:.1f} tok/s" for B, r in peer.items()), file=sys.stderr, flush=True)
-    modes = [(chunks, overlap, exchange) for exchange in args.exchanges.split(",")
-             for chunks, overlap in ((args.chunks, True), (1, False))]
+    peer, peer_threads = single_process(
+        args.model, batches, args.warmup, args.steps, args.device, sorted({1, torch.get_num_threads()})
+    )
+    print(
+        "single process: " + ", ".join(f"batch {B}: {r['tokens_per_s']:.1f} tok/s" for B, r in peer.items()),
+        file=sys.stderr,
+        flush=True,
+    )
+    modes = [
+        (chunks, overlap, exchange)
+        for exchange in args.exchanges.split(",")
+        for chunks, overlap in ((args.chunks, True), (1, False))
+    ]
     rows = []
     for world in [int(w) for w in args.worlds.split(",")]:
         layouts = [(1, world)] + ([(2, world)] if world > 2 and world % 2 == 0 else [])
         for tp, ep in layouts:
             layout = Layout.make(tp, ep)
             with tempfile.TemporaryDirectory() as tmp:
-                spawn(bench_rank, world, (tmp, args.model, tp, ep, batches, modes, args.warmup, args.steps, args.device, args.timeout), timeout=3600)
+                spawn(
+                    bench_rank,
+                    world,
+                    (tmp, args.model, tp, ep, batches, modes, args.warmup, args.steps, args.device, args.timeout),
+                    timeout=3600,
+                )
                 got = json.loads((Path(tmp) / "result.json").read_text())
             for r in got["results"]:
                 B = r["batch"]
@@ -210,23 +255,38 @@ def main() -> None:
                     dtype = torch.float32 if args.device == "cpu" else torch.bfloat16
                     rows_per_group = B // layout.dp
                     device_type = args.device.split(":")[0]
-                    mode, _ = engine_exchange(cfg, layout, rows_per_group, r["chunks"], dtype, device_type,
-                                              r["exchange"])
+                    mode, _ = engine_exchange(
+                        cfg, layout, rows_per_group, r["chunks"], dtype, device_type, r["exchange"]
+                    )
                     step = rank_step(cfg, layout, rows_per_group, 24, dtype, chunks=r["chunks"], exchange=mode)
                     predicted = step.wire_bytes_per_token
-                row = {"world": world, "tp": tp, "ep": ep, "dp": layout.dp, "batch": B, "overlap": r["overlap"], "chunks": r["chunks"],
-                       "exchange": r["exchange"], "exchange_steps": r["exchange_steps"],
-                       "tokens_per_s": round(r["tokens_per_s"], 2), "single_process_tokens_per_s": round(peer[B]["tokens_per_s"], 2),
-                       "relative_to_single_process": round(r["tokens_per_s"] / peer[B]["tokens_per_s"], 3),
-                       **{k: (round(v, 2) if isinstance(v, float) else v) for k, v in traffic.items()},
-                       "predicted_wire_bytes_per_token_per_rank": None if predicted is None else round(predicted, 1),
-                       "greedy_identical_to_single_process": r["tokens"] == peer[B]["tokens"]}
+                row = {
+                    "world": world,
+                    "tp": tp,
+                    "ep": ep,
+                    "dp": layout.dp,
+                    "batch": B,
+                    "overlap": r["overlap"],
+                    "chunks": r["chunks"],
+                    "exchange": r["exchange"],
+                    "exchange_steps": r["exchange_steps"],
+                    "tokens_per_s": round(r["tokens_per_s"], 2),
+                    "single_process_tokens_per_s": round(peer[B]["tokens_per_s"], 2),
+                    "relative_to_single_process": round(r["tokens_per_s"] / peer[B]["tokens_per_s"], 3),
+                    **{k: (round(v, 2) if isinstance(v, float) else v) for k, v in traffic.items()},
+                    "predicted_wire_bytes_per_token_per_rank": None if predicted is None else round(predicted, 1),
+                    "greedy_identical_to_single_process": r["tokens"] == peer[B]["tokens"],
+                }
                 rows.append(row)
                 overlapped = "overlap" if r["overlap"] else "no overlap"
-                print(f"W={world} tp{tp} ep{ep} batch {B} {r['exchange']} {overlapped}: "
-                      f"{row['tokens_per_s']} tok/s ({row['relative_to_single_process']}x single), "
-                      f"{row['token_all_to_alls_per_step']:.0f} token all-to-alls/step, "
-                      f"{row['wire_bytes_per_token_per_rank'] / 1e3:.1f} KB/token/rank", file=sys.stderr, flush=True)
+                print(
+                    f"W={world} tp{tp} ep{ep} batch {B} {r['exchange']} {overlapped}: "
+                    f"{row['tokens_per_s']} tok/s ({row['relative_to_single_process']}x single), "
+                    f"{row['token_all_to_alls_per_step']:.0f} token all-to-alls/step, "
+                    f"{row['wire_bytes_per_token_per_rank'] / 1e3:.1f} KB/token/rank",
+                    file=sys.stderr,
+                    flush=True,
+                )
     dtype = "float32" if args.device == "cpu" else "bfloat16"
     if args.device == "cpu":
         floor = decode_floor(model_footprint(cfg, torch.float32).bytes_per_token, copy_bandwidth()["copy_GBps"])
@@ -235,33 +295,54 @@ def main() -> None:
     result = {
         "benchmark": "dist_decode",
         "command": command_line(),
-        "model": args.model, "device": args.device, "backend": "reference", "dtype": dtype,
-        "steps": args.steps, "warmup": args.warmup, "moe_layers": cfg.mlp_types.count("moe"),
+        "model": args.model,
+        "device": args.device,
+        "backend": "reference",
+        "dtype": dtype,
+        "steps": args.steps,
+        "warmup": args.warmup,
+        "moe_layers": cfg.mlp_types.count("moe"),
         "rows": rows,
         "single_process": {B: round(r["tokens_per_s"], 2) for B, r in peer.items()},
         "single_process_by_threads": peer_threads,
         "bandwidth_floor_single_device": floor,
         "notes": "decode steps only (prefill and warm-up excluded); batch B = B tokens per step; ranks share the host: "
-                 f"{rank_threads(2)} / {rank_threads(4)} torch threads per rank at world 2 / 4; the single-process peer is the "
-                 "faster of 1 thread and all threads; wire bytes: all-to-alls exactly, all-reduce as ring traffic (2(n-1)/n of the buffer), "
-                 "averaged over ranks and divided by the tokens of the timed steps",
-        "machine": {**environment(args.device), "load_average_before": [round(x, 2) for x in load_before],
-                    "load_average_after": [round(x, 2) for x in os.getloadavg()]},
+        f"{rank_threads(2)} / {rank_threads(4)} torch threads per rank at world 2 / 4; the single-process peer is the "
+        "faster of 1 thread and all threads; wire bytes: all-to-alls exactly, all-reduce as ring traffic (2(n-1)/n "
+        "of the buffer), "
+        "averaged over ranks and divided by the tokens of the timed steps",
+        "machine": {
+            **environment(args.device),
+            "load_average_before": [round(x, 2) for x in load_before],
+            "load_average_after": [round(x, 2) for x in os.getloadavg()],
+        },
         "time": time.strftime("%Y-%m-%dT%H:%M:%S"),
     }
     out = Path(args.out or f"bench/results/dist_decode_{args.device.split(':')[0]}_{Path(args.model).name}.json")
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(result, indent=2) + "\n")
-    print(f"{'W':>2} {'tp':>2} {'ep':>2} {'B':>2} {'exchange':>8} {'overlap':>7} {'tok/s':>7} {'x single':>8} "
-          f"{'a2a/step':>8} {'KB/tok/rank':>11} {'predicted':>9} same")
+    print(
+        f"{'W':>2} {'tp':>2} {'ep':>2} {'B':>2} {'exchange':>8} {'overlap':>7} {'tok/s':>7} {'x single':>8} "
+        f"{'a2a/step':>8} {'KB/tok/rank':>11} {'predicted':>9} same"
+    )
     for r in rows:
-        pred = "" if r["predicted_wire_bytes_per_token_per_rank"] is None else f"{r['predicted_wire_bytes_per_token_per_rank'] / 1e3:.1f}"
-        print(f"{r['world']:>2} {r['tp']:>2} {r['ep']:>2} {r['batch']:>2} {r['exchange']:>8} {r['overlap']!s:>7} "
-              f"{r['tokens_per_s']:>7.1f} {r['relative_to_single_process']:>8.2f} "
-              f"{r['token_all_to_alls_per_step']:>8.0f} {r['wire_bytes_per_token_per_rank'] / 1e3:>11.1f} {pred:>9} {r['greedy_identical_to_single_process']}")
+        pred = (
+            ""
+            if r["predicted_wire_bytes_per_token_per_rank"] is None
+            else f"{r['predicted_wire_bytes_per_token_per_rank'] / 1e3:.1f}"
+        )
+        print(
+            f"{r['world']:>2} {r['tp']:>2} {r['ep']:>2} {r['batch']:>2} {r['exchange']:>8} {r['overlap']!s:>7} "
+            f"{r['tokens_per_s']:>7.1f} {r['relative_to_single_process']:>8.2f} "
+            f"{r['token_all_to_alls_per_step']:>8.0f} {r['wire_bytes_per_token_per_rank'] / 1e3:>11.1f} {pred:>9} "
+            f"{r['greedy_identical_to_single_process']}"
+        )
     print("single process: " + ", ".join(f"batch {B}: {v} tok/s" for B, v in result["single_process"].items()))
     if floor:
-        print(f"bandwidth floor (one device, batch 1): {floor['floor_tokens_per_s']:.0f} tok/s ({floor['bytes_per_token'] / 1e6:.1f} MB/token at a measured {floor['copy_GBps']:.1f} GB/s copy)")
+        print(
+            f"bandwidth floor (one device, batch 1): {floor['floor_tokens_per_s']:.0f} tok/s "
+            f"({floor['bytes_per_token'] / 1e6:.1f} MB/token at a measured {floor['copy_GBps']:.1f} GB/s copy)"
+        )
     print(f"wrote {out}")
 
 

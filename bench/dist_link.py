@@ -90,22 +90,30 @@ def main() -> None:
         per_call = {s: round(t * 1e6, 1) for s, t in slowest.items()}
         row = {"world": world, "us_per_call_by_bytes_per_peer": per_call, **fit(world, slowest)}
         rows.append(row)
-        print(f"W={world}: latency {row['latency_us']} us, bandwidth {row['bandwidth_GBps']} GB/s "
-              f"(us per call by bytes per peer: {per_call})", file=sys.stderr, flush=True)
+        print(
+            f"W={world}: latency {row['latency_us']} us, bandwidth {row['bandwidth_GBps']} GB/s "
+            f"(us per call by bytes per peer: {per_call})",
+            file=sys.stderr,
+            flush=True,
+        )
     copy = copy_bandwidth(args.device)
     result = {
         "benchmark": "dist_link",
         "command": command_line(),
         "device": args.device,
         "backend": "gloo" if args.device == "cpu" else "nccl",
-        "reps": args.reps, "trials": args.trials,
+        "reps": args.reps,
+        "trials": args.trials,
         "rows": rows,
         "peer_copy_bandwidth": copy,
         "notes": "all_to_all_single with equal splits, uint8; time per call = median over trials of the mean "
-                 "over reps, the slowest rank's; us per call keyed by bytes sent to each other rank; "
-                 "fit t = latency + (W-1)·s/bandwidth",
-        "machine": {**environment(args.device), "load_average_before": [round(x, 2) for x in load_before],
-                    "load_average_after": [round(x, 2) for x in os.getloadavg()]},
+        "over reps, the slowest rank's; us per call keyed by bytes sent to each other rank; "
+        "fit t = latency + (W-1)·s/bandwidth",
+        "machine": {
+            **environment(args.device),
+            "load_average_before": [round(x, 2) for x in load_before],
+            "load_average_after": [round(x, 2) for x in os.getloadavg()],
+        },
         "time": time.strftime("%Y-%m-%dT%H:%M:%S"),
     }
     out = Path(args.out or f"bench/results/dist_link_{args.device.split(':')[0]}.json")

@@ -92,7 +92,8 @@ def main() -> None:
         rows[name] = {"params": fields, **score(outs), "seconds": round(time.perf_counter() - t0, 1)}
         print(f"{name:24s} {json.dumps(rows[name])}", file=sys.stderr, flush=True)
     result = {
-        "what": "k3-nano: distinct-n / loop share / mean NLL of completions of held-out prompts, per sampling configuration",
+        "what": "k3-nano: distinct-n / loop share / mean NLL of completions of held-out prompts, "
+        "per sampling configuration",
         "command": " ".join([sys.executable, *sys.argv]),
         "machine": {"cpu": cpu_name(), "threads": args.threads, "load_average": os.getloadavg()},
         "versions": {"python": platform.python_version(), "torch": torch.__version__},

@@ -27,8 +27,8 @@ FLOOR_RUNS = ("cpu_decode.json", "spec_decode_cpu_k3-nano.json")
 
 def op_counts(model: str) -> dict:
     """{super_ops, eager_ops, counted_on} of ``model``'s batch-1 decode step (bf16, like ``nonstop program``)."""
-    from nonstop.weights.resolve import resolve_model
     from nonstop.program.count import decode_program
+    from nonstop.weights.resolve import resolve_model
 
     program, eager, counted_on = decode_program(resolve_model(model)[0], torch.bfloat16)
     return {"super_ops": len(program.ops), "eager_ops": eager, "counted_on": counted_on}
@@ -36,9 +36,9 @@ def op_counts(model: str) -> dict:
 
 def super_ops(model: str) -> int:
     """Super-ops of ``model``'s decode step (lowered on the meta device: fast at any size)."""
-    from nonstop.weights.resolve import resolve_model
     from nonstop.model.build import meta_model
     from nonstop.program.lower import lower
+    from nonstop.weights.resolve import resolve_model
 
     return len(lower(meta_model(resolve_model(model)[0], torch.bfloat16)).ops)
 

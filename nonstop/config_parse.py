@@ -239,8 +239,11 @@ def _moe(f: _Fields, family: str) -> MoEConfig | None:
     if quant is not None and not isinstance(quant, dict):
         raise ConfigError(f"field 'quantization_config' must be an object, got {quant!r}")
     block = (quant or {}).get("weight_block_size")
-    if block is not None and not (isinstance(block, list) and len(block) == 2
-                                  and all(isinstance(b, int) and not isinstance(b, bool) and b > 0 for b in block)):
+    if block is not None and not (
+        isinstance(block, list)
+        and len(block) == 2
+        and all(isinstance(b, int) and not isinstance(b, bool) and b > 0 for b in block)
+    ):
         raise ConfigError(f"field 'quantization_config.weight_block_size' must be two positive integers, got {block!r}")
     if isinstance(quant, dict):
         fmt = str(quant.get("format", quant.get("quant_method", "")))
@@ -380,7 +383,9 @@ def _common(f: _Fields, family: str, n: int, attn_types, mlp_types, **extra) -> 
         num_hidden_layers=n,
         attn_types=tuple(attn_types),
         mlp_types=tuple(mlp_types),
-        intermediate_size=f.positive("intermediate_size") if "dense" in mlp_types else f.get("intermediate_size", 0, int),
+        intermediate_size=f.positive("intermediate_size")
+        if "dense" in mlp_types
+        else f.get("intermediate_size", 0, int),
         rms_norm_eps=f.at_least("rms_norm_eps", 0.0, 1e-5 if family.startswith("kimi") else 1e-6, strict=True),
         tie_word_embeddings=f.get("tie_word_embeddings", False, bool),
         max_position_embeddings=f.positive("max_position_embeddings", 4096),

@@ -29,36 +29,61 @@ def add_model_args(p: argparse.ArgumentParser, backend: bool = True) -> None:
             "first use of a step shape compiles, cached under ~/.cache/nonstop), cpu-bf16 / cpu-int8 (the same "
             "with 16-bit / 8-bit weight-only quantised weights)",
         )
-    p.add_argument("--tokenizer", default="auto", choices=["auto", "ids", "bytes"],
-                   help="auto: the checkpoint's tokenizer.json or tiktoken.model (without one, prompts must be "
-                   "token ids); ids: no tokenizer, token ids in and out; bytes: UTF-8 bytes as token ids")
-    p.add_argument("--no-preflight", dest="preflight", action="store_false",
-                   help="skip the check that the model fits in free memory before loading it")
+    p.add_argument(
+        "--tokenizer",
+        default="auto",
+        choices=["auto", "ids", "bytes"],
+        help="auto: the checkpoint's tokenizer.json or tiktoken.model (without one, prompts must be "
+        "token ids); ids: no tokenizer, token ids in and out; bytes: UTF-8 bytes as token ids",
+    )
+    p.add_argument(
+        "--no-preflight",
+        dest="preflight",
+        action="store_false",
+        help="skip the check that the model fits in free memory before loading it",
+    )
     add_threads_arg(p)
 
 
 def add_threads_arg(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--threads", type=positive_int, default=None,
-                   help="CPU threads torch computes with (default: torch's choice)")
+    p.add_argument(
+        "--threads", type=positive_int, default=None, help="CPU threads torch computes with (default: torch's choice)"
+    )
 
 
 def add_sampling_args(p: argparse.ArgumentParser) -> None:
     """Sampling flags; those not given take the checkpoint's generation_config.json defaults."""
     checkpoint = "default: the checkpoint's generation_config.json, else"
-    p.add_argument("--max-tokens", "-n", type=positive_int, default=None,
-                   help=f"tokens to generate ({checkpoint} 64)")
+    p.add_argument("--max-tokens", "-n", type=positive_int, default=None, help=f"tokens to generate ({checkpoint} 64)")
     p.add_argument("--temperature", "-t", type=float, default=None, help=f"0 = greedy; > 0 samples ({checkpoint} 0)")
     p.add_argument("--top-p", type=float, default=None, help=f"nucleus sampling mass ({checkpoint} 1 = off)")
-    p.add_argument("--top-k", type=int, default=None,
-                   help=f"sample among the k most likely tokens ({checkpoint} -1 = off)")
-    p.add_argument("--min-p", type=float, default=None,
-                   help=f"drop tokens less likely than min_p x the most likely one ({checkpoint} 0 = off)")
-    p.add_argument("--repetition-penalty", type=float, default=None,
-                   help=f"divide positive / multiply negative logits of tokens already seen ({checkpoint} 1 = off)")
-    p.add_argument("--presence-penalty", type=float, default=None,
-                   help="subtract from the logits of tokens already generated (default 0)")
-    p.add_argument("--frequency-penalty", type=float, default=None,
-                   help="subtract this x the count of each token already generated (default 0)")
+    p.add_argument(
+        "--top-k", type=int, default=None, help=f"sample among the k most likely tokens ({checkpoint} -1 = off)"
+    )
+    p.add_argument(
+        "--min-p",
+        type=float,
+        default=None,
+        help=f"drop tokens less likely than min_p x the most likely one ({checkpoint} 0 = off)",
+    )
+    p.add_argument(
+        "--repetition-penalty",
+        type=float,
+        default=None,
+        help=f"divide positive / multiply negative logits of tokens already seen ({checkpoint} 1 = off)",
+    )
+    p.add_argument(
+        "--presence-penalty",
+        type=float,
+        default=None,
+        help="subtract from the logits of tokens already generated (default 0)",
+    )
+    p.add_argument(
+        "--frequency-penalty",
+        type=float,
+        default=None,
+        help="subtract this x the count of each token already generated (default 0)",
+    )
     p.add_argument("--seed", type=int, default=None, help="sampling seed")
     p.add_argument("--stop", action="append", default=None, help="stop string (repeatable)")
     p.add_argument("--ignore-eos", action="store_true", help="keep generating past the end-of-sequence token")
@@ -68,8 +93,12 @@ def add_sampling_args(p: argparse.ArgumentParser) -> None:
 def add_checkpoint_file_args(p: argparse.ArgumentParser) -> None:
     """--chat-template / --ignore-generation-config: replace or ignore files beside the weights."""
     p.add_argument("--chat-template", default=None, help="jinja chat template file to use instead of the checkpoint's")
-    p.add_argument("--ignore-generation-config", dest="generation_config", action="store_false",
-                   help="do not take sampling defaults from the checkpoint's generation_config.json")
+    p.add_argument(
+        "--ignore-generation-config",
+        dest="generation_config",
+        action="store_false",
+        help="do not take sampling defaults from the checkpoint's generation_config.json",
+    )
 
 
 CLI_DEFAULTS = {"max_tokens": 64, "temperature": 0.0}  # when neither the flags nor the checkpoint say
@@ -80,8 +109,21 @@ def sampling_from_args(args, defaults: dict | None = None):
     once with no defaults before loading a model, so a bad flag fails fast."""
     from nonstop.engine.sampling import SamplingParams
 
-    given = {k: getattr(args, k) for k in ("max_tokens", "temperature", "top_p", "top_k", "min_p", "repetition_penalty",
-                                           "presence_penalty", "frequency_penalty", "seed", "stop")}
+    given = {
+        k: getattr(args, k)
+        for k in (
+            "max_tokens",
+            "temperature",
+            "top_p",
+            "top_k",
+            "min_p",
+            "repetition_penalty",
+            "presence_penalty",
+            "frequency_penalty",
+            "seed",
+            "stop",
+        )
+    }
     fields = {**CLI_DEFAULTS, **(defaults or {}), **{k: v for k, v in given.items() if v is not None}}
     return SamplingParams(**fields, ignore_eos=args.ignore_eos)
 
@@ -98,8 +140,15 @@ def llm_from_args(args, cls=None, **kw):
         extra["generation_config"] = args.generation_config
     if hasattr(args, "backend"):
         extra["backend"] = args.backend
-    return (cls or LLM)(args.model, dtype=args.dtype, device=args.device, tokenizer=args.tokenizer,
-                        preflight=args.preflight, **extra, **kw)
+    return (cls or LLM)(
+        args.model,
+        dtype=args.dtype,
+        device=args.device,
+        tokenizer=args.tokenizer,
+        preflight=args.preflight,
+        **extra,
+        **kw,
+    )
 
 
 def parse_token_ids(text: str) -> list[int]:

@@ -12,7 +12,15 @@ import sys
 from nonstop.config import ConfigError
 from nonstop.weights.errors import CheckpointError
 
-USER_ERRORS = (ConfigError, CheckpointError, ValueError, TypeError, FileNotFoundError, PermissionError, IsADirectoryError)
+USER_ERRORS = (
+    ConfigError,
+    CheckpointError,
+    ValueError,
+    TypeError,
+    FileNotFoundError,
+    PermissionError,
+    IsADirectoryError,
+)
 
 
 @contextlib.contextmanager
@@ -31,6 +39,9 @@ def user_errors():
     except Exception as exc:
         if os.environ.get("NONSTOP_DEBUG"):
             raise
-        print(f"nonstop: internal error: {type(exc).__name__}: {exc} (a bug: please report it; NONSTOP_DEBUG=1 shows "
-              "the traceback)", file=sys.stderr)
+        print(
+            f"nonstop: internal error: {type(exc).__name__}: {exc} (a bug: please report it; NONSTOP_DEBUG=1 shows "
+            "the traceback)",
+            file=sys.stderr,
+        )
         raise SystemExit(1) from None

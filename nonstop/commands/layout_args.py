@@ -10,18 +10,50 @@ from nonstop.commands.common import positive_int
 def add_layout_args(p: argparse.ArgumentParser, run: bool = True) -> None:
     """The layout flags; ``run``: also the flags of running one (timeouts, overlap, threads)."""
     g = p.add_argument_group("parallel layout (nonstop.dist)")
-    g.add_argument("--tp", type=positive_int, default=1, help="tensor parallelism: attention and dense weights split over T ranks (default 1)")
-    g.add_argument("--ep", type=positive_int, default=1, help="expert parallelism: routed experts split over E ranks (default 1)")
-    g.add_argument("--world", type=positive_int, default=None, help="ranks in all (default max(T, E)); T and E must divide it; world / T attention groups run data-parallel")
-    g.add_argument("--chunks", type=positive_int, default=None, help="pieces the MoE token exchange is cut into (default 2 on CUDA, 1 on CPU)")
-    g.add_argument("--exchange", choices=("auto", "static", "dynamic"), default="auto",
-                   help="MoE token exchange: dynamic sends exactly the routed tokens after exchanging their counts "
-                        "(read on the host); static sends fixed-capacity buffers (more bytes, the same split sizes "
-                        "every step: no host sync, capturable in a CUDA graph); auto (default) picks static for "
-                        "decode steps where it is cheaper, dynamic for prefills; same outputs either way")
+    g.add_argument(
+        "--tp",
+        type=positive_int,
+        default=1,
+        help="tensor parallelism: attention and dense weights split over T ranks (default 1)",
+    )
+    g.add_argument(
+        "--ep", type=positive_int, default=1, help="expert parallelism: routed experts split over E ranks (default 1)"
+    )
+    g.add_argument(
+        "--world",
+        type=positive_int,
+        default=None,
+        help="ranks in all (default max(T, E)); T and E must divide it; world / T attention groups run data-parallel",
+    )
+    g.add_argument(
+        "--chunks",
+        type=positive_int,
+        default=None,
+        help="pieces the MoE token exchange is cut into (default 2 on CUDA, 1 on CPU)",
+    )
+    g.add_argument(
+        "--exchange",
+        choices=("auto", "static", "dynamic"),
+        default="auto",
+        help="MoE token exchange: dynamic sends exactly the routed tokens after exchanging their counts "
+        "(read on the host); static sends fixed-capacity buffers (more bytes, the same split sizes "
+        "every step: no host sync, capturable in a CUDA graph); auto (default) picks static for "
+        "decode steps where it is cheaper, dynamic for prefills; same outputs either way",
+    )
     if run:
-        g.add_argument("--overlap", action=argparse.BooleanOptionalAction, default=None, help="overlap the chunks of the MoE exchange with the experts' compute, or (--no-overlap) run them one after another; same outputs (default: overlapped on CUDA, not on CPU, where it only costs time)")
-        g.add_argument("--dist-timeout", type=float, default=120.0, help="seconds a collective may wait for another rank before every rank stops with an error (default 120)")
+        g.add_argument(
+            "--overlap",
+            action=argparse.BooleanOptionalAction,
+            default=None,
+            help="overlap the chunks of the MoE exchange with the experts' compute, or (--no-overlap) run them one "
+            "after another; same outputs (default: overlapped on CUDA, not on CPU, where it only costs time)",
+        )
+        g.add_argument(
+            "--dist-timeout",
+            type=float,
+            default=120.0,
+            help="seconds a collective may wait for another rank before every rank stops with an error (default 120)",
+        )
 
 
 def layout_from_args(args):
@@ -59,8 +91,14 @@ def llm_class(args):
     comm = init(layout, args.device, args.dist_timeout)
     if comm.rank != 0:
         raise SystemExit(follow_rank(args, comm))
-    return functools.partial(DistributedLLM, comm=comm, chunks=args.chunks, overlap=args.overlap,
-                             exchange=args.exchange, on_failure=print_failure_and_exit)
+    return functools.partial(
+        DistributedLLM,
+        comm=comm,
+        chunks=args.chunks,
+        overlap=args.overlap,
+        exchange=args.exchange,
+        on_failure=print_failure_and_exit,
+    )
 
 
 def check_before_start(args, layout) -> None:
@@ -68,14 +106,16 @@ def check_before_start(args, layout) -> None:
     import torch
 
     from nonstop.dist.shard import check_layout
-    from nonstop.weights.resolve import check_device, resolve_model
     from nonstop.runtime.distributed import check_backend
+    from nonstop.weights.resolve import check_device, resolve_model
 
     cfg, _ = resolve_model(args.model)
     check_layout(cfg, layout)
     check_backend(args.backend, torch.device(check_device(args.device).type), layout.world)
     if check_device(args.device).type == "cuda" and torch.cuda.device_count() < layout.world:
-        raise ValueError(f"the layout needs {layout.world} ranks, one GPU each, but {torch.cuda.device_count()} are visible")
+        raise ValueError(
+            f"the layout needs {layout.world} ranks, one GPU each, but {torch.cuda.device_count()} are visible"
+        )
 
 
 def _rank_main(args) -> None:
@@ -119,8 +159,17 @@ def follow_rank(args, comm) -> int:
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # rank 0 (or the launcher) decides when to stop
     try:
         cfg, model_dir = resolve_model(args.model)
-        worker = build_worker(comm, cfg, model_dir, parse_dtype(args.dtype, args.device), args.backend, 0, args.chunks,
-                              args.overlap, exchange=args.exchange)
+        worker = build_worker(
+            comm,
+            cfg,
+            model_dir,
+            parse_dtype(args.dtype, args.device),
+            args.backend,
+            0,
+            args.chunks,
+            args.overlap,
+            exchange=args.exchange,
+        )
         follow(worker)
         return 0
     except RankFailure as exc:

@@ -13,13 +13,17 @@ def add_parser(sub) -> None:
     p = sub.add_parser(
         "perplexity",
         help="perplexity of a text file under a model",
-        description="Tokenize FILE with the model's tokenizer and score it in windows of --context tokens (whole-window forwards, "
-        "no cache; consecutive windows share one token so every token after the first is predicted once). Prints the token "
+        description="Tokenize FILE with the model's tokenizer and score it in windows of --context tokens "
+        "(whole-window forwards, "
+        "no cache; consecutive windows share one token so every token after the first is predicted once). Prints the "
+        "token "
         "count, the mean negative log-likelihood in nats and a last line 'perplexity: X'.",
     )
     p.add_argument("file", help="UTF-8 text file to score")
     add_model_args(p, backend=False)
-    p.add_argument("--max-tokens", type=positive_int, default=None, help="score at most this many tokens (default: the whole file)")
+    p.add_argument(
+        "--max-tokens", type=positive_int, default=None, help="score at most this many tokens (default: the whole file)"
+    )
     p.add_argument("--context", type=positive_int, default=512, help="tokens per scoring window (default 512)")
     p.add_argument("--batch-size", type=positive_int, default=4, help="windows per forward (default 4)")
     p.set_defaults(run=run)
@@ -42,10 +46,20 @@ def run(args) -> int:
     ids = llm.tokenizer.encode(text)
     t0 = time.perf_counter()
     with torch.inference_mode():
-        result = score_token_ids(llm.model, ids, context=args.context, batch_size=args.batch_size, max_tokens=args.max_tokens, device=llm.device)
+        result = score_token_ids(
+            llm.model,
+            ids,
+            context=args.context,
+            batch_size=args.batch_size,
+            max_tokens=args.max_tokens,
+            device=llm.device,
+        )
     seconds = time.perf_counter() - t0
     print(f"model: {llm.name}")
-    print(f"file: {path} ({len(ids)} tokens{f', scored the first {result.tokens + 1}' if result.tokens + 1 < len(ids) else ''})")
+    print(
+        f"file: {path} ({len(ids)} "
+        f"tokens{f', scored the first {result.tokens + 1}' if result.tokens + 1 < len(ids) else ''})"
+    )
     print(f"tokens scored: {result.tokens}")
     print(f"mean NLL: {result.mean_nll:.4f} nats/token")
     print(f"perplexity: {result.perplexity:.3f}", flush=True)

@@ -173,7 +173,6 @@ def _measured_json(rows: list[dict]) -> list[dict]:
 
 
 def run(args) -> int:
-    from nonstop.weights.resolve import resolve_model
     from nonstop.plan.chips import get_chip
     from nonstop.plan.measured import all_measurements, measurements
     from nonstop.plan.predict import predict
@@ -186,6 +185,7 @@ def run(args) -> int:
     )
     from nonstop.plan.search import search
     from nonstop.plan.workload import build_workload
+    from nonstop.weights.resolve import resolve_model
 
     if args.list_chips:
         return _list_chips(args.chip_file)

@@ -28,11 +28,17 @@ def print_ops(program, rows: int, context: int, summary: bool) -> None:
     print(header)
     print("-" * len(header))
     for name, kind, c, t in table:
-        print(f"{name:<24} {kind:<18} {_fmt(c.weight_bytes):>9} {_fmt(c.bytes_read):>9} {_fmt(c.bytes_written):>9} {_fmt(c.flops):>9} {t:>6}")
+        print(
+            f"{name:<24} {kind:<18} {_fmt(c.weight_bytes):>9} {_fmt(c.bytes_read):>9} {_fmt(c.bytes_written):>9} "
+            f"{_fmt(c.flops):>9} {t:>6}"
+        )
     total = program.total_cost(rows, context)
     print("-" * len(header))
-    print(f"{'total':<24} {'':<18} {_fmt(total.weight_bytes):>9} {_fmt(total.bytes_read):>9} {_fmt(total.bytes_written):>9} {_fmt(total.flops):>9} {sum(op.tiles(rows, context) for op in program.ops):>6}")
-
+    print(
+        f"{'total':<24} {'':<18} {_fmt(total.weight_bytes):>9} {_fmt(total.bytes_read):>9} "
+        f"{_fmt(total.bytes_written):>9} {_fmt(total.flops):>9} "
+        f"{sum(op.tiles(rows, context) for op in program.ops):>6}"
+    )
 
 
 def print_rank_program(args, cfg, layout, dtype) -> int:
@@ -45,17 +51,30 @@ def print_rank_program(args, cfg, layout, dtype) -> int:
     chunks = args.chunks or (2 if args.device == "cuda" else 1)  # the engine's default
     mode, reason = engine_exchange(cfg, layout, args.rows, chunks, dtype, args.device, args.exchange)
     step = rank_step(cfg, layout, args.rows, args.context, dtype, args.rank, chunks, mode)
-    print(f"decode program of {args.model} ({cfg.family}, {cfg.num_hidden_layers} layers, {args.dtype}) under {layout.describe()}")
-    print(f"rank {args.rank}, {args.rows} row(s) per attention group ({step.tokens} tokens per step), context {args.context}; shapes only (no weights built)")
+    print(
+        f"decode program of {args.model} ({cfg.family}, {cfg.num_hidden_layers} layers, {args.dtype}) under "
+        f"{layout.describe()}"
+    )
+    print(
+        f"rank {args.rank}, {args.rows} row(s) per attention group ({step.tokens} tokens per step), context "
+        f"{args.context}; shapes only (no weights built)"
+    )
     if cfg.moe is not None:
-        placement = layout.placement_for(next(i for i, t in enumerate(cfg.mlp_types) if t == "moe"), cfg.moe.num_experts)
+        placement = layout.placement_for(
+            next(i for i, t in enumerate(cfg.mlp_types) if t == "moe"), cfg.moe.num_experts
+        )
         other = "dynamic" if mode == "static" else "static"
         chosen = "--exchange" if args.exchange != "auto" else "the engine picks it"
-        print(f"experts: {placement.describe()}; MoE exchange in {chunks} chunk(s), {mode} on {args.device} "
-              f"({chosen}: {reason}; --exchange {other} shows the other mode)")
+        print(
+            f"experts: {placement.describe()}; MoE exchange in {chunks} chunk(s), {mode} on {args.device} "
+            f"({chosen}: {reason}; --exchange {other} shows the other mode)"
+        )
     print_ops(step.program, args.rows, args.context, args.summary)
     w = step.weight_bytes
-    print(f"\nweights per rank: {_fmt(min(w))}B - {_fmt(max(w))}B (rank {args.rank}: {_fmt(w[args.rank])}B; all ranks {_fmt(sum(w))}B)")
+    print(
+        f"\nweights per rank: {_fmt(min(w))}B - {_fmt(max(w))}B (rank {args.rank}: {_fmt(w[args.rank])}B; all ranks "
+        f"{_fmt(sum(w))}B)"
+    )
     print(f"\ncollectives per step on rank {args.rank}:")
     header = f"  {'kind':<11} {'group':<9} {'launches':>8} {'bytes sent':>11}  purpose"
     print(header)
@@ -63,9 +82,16 @@ def print_rank_program(args, cfg, layout, dtype) -> int:
         print(f"  {c.kind:<11} {f'{c.group}({c.ranks})':<9} {c.count:>8} {_fmt(c.wire_bytes) + 'B':>11}  {c.purpose}")
     a2a = step.token_all_to_alls
     moe_layers = a2a // 2
-    print(f"  total: {sum(c.count for c in step.collectives)} launches, {_fmt(step.wire_bytes)}B sent by rank {args.rank}")
-    print(f"all-to-alls per step: {a2a} token exchanges (dispatch + combine, 2 per MoE layer x {moe_layers} MoE layers)"
-          + (f", {step.launches('all_to_all', ('split sizes',))} split-size exchanges" if a2a else ""))
-    print(f"bytes on the wire per token per rank: {_fmt(step.wire_bytes_per_token)}B (the average rank's bytes sent per step / {step.tokens} tokens per step)")
+    print(
+        f"  total: {sum(c.count for c in step.collectives)} launches, {_fmt(step.wire_bytes)}B sent by rank {args.rank}"
+    )
+    print(
+        f"all-to-alls per step: {a2a} token exchanges (dispatch + combine, 2 per MoE layer x {moe_layers} MoE layers)"
+        + (f", {step.launches('all_to_all', ('split sizes',))} split-size exchanges" if a2a else "")
+    )
+    print(
+        f"bytes on the wire per token per rank: {_fmt(step.wire_bytes_per_token)}B (the average rank's bytes sent "
+        f"per step / {step.tokens} tokens per step)"
+    )
     print(f"super-ops per step: {len(step.program.ops)} (rank {args.rank}, collectives included)")
     return 0

@@ -20,31 +20,80 @@ def add_parser(sub) -> None:
     p = sub.add_parser(
         "serve",
         help="serve a model over an OpenAI-compatible HTTP API",
-        description="Serve a model (default: the bundled k3-nano) over HTTP: POST /v1/completions and /v1/chat/completions "
-        "(streaming with stream=true), GET /v1/models, /health and /metrics (Prometheus). Requests are batched continuously: "
-        "they join and leave between decode steps, long prompts are prefilled in chunks between the decode steps of running "
+        description="Serve a model (default: the bundled k3-nano) over HTTP: POST /v1/completions and "
+        "/v1/chat/completions "
+        "(streaming with stream=true), GET /v1/models, /health and /metrics (Prometheus). Requests are batched "
+        "continuously: "
+        "they join and leave between decode steps, long prompts are prefilled in chunks between the decode steps of "
+        "running "
         "streams, and when --max-waiting requests already wait for a slot new ones get HTTP 429 with Retry-After. "
         "Sampling fields a request leaves out take the checkpoint's generation_config.json defaults. Needs the "
         "'serve' extra (pip install 'nonstop[serve]': fastapi, uvicorn).",
     )
     add_model_args(p)
-    p.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1; 0.0.0.0 for all interfaces)")
+    p.add_argument(
+        "--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1; 0.0.0.0 for all interfaces)"
+    )
     p.add_argument("--port", type=int, default=8000, help="TCP port (default 8000)")
-    p.add_argument("--served-model-name", action="append", default=None, help="name clients pass as 'model' (repeatable; default: the --model value)")
-    p.add_argument("--max-batch", type=positive_int, default=16, help="sequences decoded together = cache slots (default 16)")
-    p.add_argument("--max-waiting", type=positive_int, default=256, help="requests that may wait for a slot; beyond it requests get HTTP 429 (default 256)")
-    p.add_argument("--max-model-len", type=positive_int, default=None, help="context length to allow, prompt + generated tokens (default: the model's)")
-    p.add_argument("--prefill-chunk", type=positive_int, default=128, help="prompt tokens prefilled per engine step, so long prompts do not stall running streams (default 128)")
-    p.add_argument("--no-batch-invariant", dest="batch_invariant", action="store_false", help="decode all sequences in one batched forward: faster, but a sequence's tokens may then depend on what else is running (default: every sequence in a forward of its own, bit-identical whatever the load)")
-    p.add_argument("--max-prompts", type=positive_int, default=16, help="prompts allowed in one /v1/completions request (default 16)")
-    p.add_argument("--api-key", default=os.environ.get("NONSTOP_API_KEY"),
-                   help="require 'Authorization: Bearer KEY' on every /v1 route (default: $NONSTOP_API_KEY; "
-                   "unset: no key)")
-    p.add_argument("--default-max-tokens", type=positive_int, default=None,
-                   help="max_tokens of requests that give none (default: the checkpoint's max_new_tokens; else 16 for "
-                   "completions and the rest of the context for chat)")
+    p.add_argument(
+        "--served-model-name",
+        action="append",
+        default=None,
+        help="name clients pass as 'model' (repeatable; default: the --model value)",
+    )
+    p.add_argument(
+        "--max-batch", type=positive_int, default=16, help="sequences decoded together = cache slots (default 16)"
+    )
+    p.add_argument(
+        "--max-waiting",
+        type=positive_int,
+        default=256,
+        help="requests that may wait for a slot; beyond it requests get HTTP 429 (default 256)",
+    )
+    p.add_argument(
+        "--max-model-len",
+        type=positive_int,
+        default=None,
+        help="context length to allow, prompt + generated tokens (default: the model's)",
+    )
+    p.add_argument(
+        "--prefill-chunk",
+        type=positive_int,
+        default=128,
+        help="prompt tokens prefilled per engine step, so long prompts do not stall running streams (default 128)",
+    )
+    p.add_argument(
+        "--no-batch-invariant",
+        dest="batch_invariant",
+        action="store_false",
+        help="decode all sequences in one batched forward: faster, but a sequence's tokens may then depend on what "
+        "else is running (default: every sequence in a forward of its own, bit-identical whatever the load)",
+    )
+    p.add_argument(
+        "--max-prompts",
+        type=positive_int,
+        default=16,
+        help="prompts allowed in one /v1/completions request (default 16)",
+    )
+    p.add_argument(
+        "--api-key",
+        default=os.environ.get("NONSTOP_API_KEY"),
+        help="require 'Authorization: Bearer KEY' on every /v1 route (default: $NONSTOP_API_KEY; unset: no key)",
+    )
+    p.add_argument(
+        "--default-max-tokens",
+        type=positive_int,
+        default=None,
+        help="max_tokens of requests that give none (default: the checkpoint's max_new_tokens; else 16 for "
+        "completions and the rest of the context for chat)",
+    )
     add_checkpoint_file_args(p)
-    p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"], help="server log level (default info)")
+    p.add_argument(
+        "--log-level",
+        default="info",
+        choices=["debug", "info", "warning", "error"],
+        help="server log level (default info)",
+    )
     add_spec_args(p)
     add_layout_args(p)
     p.set_defaults(run=run)
@@ -63,13 +112,29 @@ def run(args) -> int:
     if args.api_key is not None and not args.api_key.strip():
         raise ValueError("--api-key must not be empty")
     # under --tp / --ep llm_class starts or joins the ranks (nonstop.dist); only rank 0 goes on
-    llm = llm_from_args(args, cls=llm_class(args), max_batch=args.max_batch, progress=True, prefill_chunk=args.prefill_chunk,
-                        batch_invariant=args.batch_invariant, speculative=spec_from_args(args))
-    ctx = build_context(llm, args.served_model_name or [str(args.model)], max_batch=args.max_batch,
-                        max_waiting=args.max_waiting, max_model_len=args.max_model_len, max_prompts=args.max_prompts,
-                        api_key=args.api_key, default_max_tokens=args.default_max_tokens)
-    print(f"nonstop: serving {', '.join(ctx.served_names)} ({llm.backend}, context {ctx.limits.max_len}, "
-          f"{args.max_batch} slots) on http://{args.host}:{args.port}{' (API key required)' if args.api_key else ''}",
-          file=sys.stderr)
+    llm = llm_from_args(
+        args,
+        cls=llm_class(args),
+        max_batch=args.max_batch,
+        progress=True,
+        prefill_chunk=args.prefill_chunk,
+        batch_invariant=args.batch_invariant,
+        speculative=spec_from_args(args),
+    )
+    ctx = build_context(
+        llm,
+        args.served_model_name or [str(args.model)],
+        max_batch=args.max_batch,
+        max_waiting=args.max_waiting,
+        max_model_len=args.max_model_len,
+        max_prompts=args.max_prompts,
+        api_key=args.api_key,
+        default_max_tokens=args.default_max_tokens,
+    )
+    print(
+        f"nonstop: serving {', '.join(ctx.served_names)} ({llm.backend}, context {ctx.limits.max_len}, "
+        f"{args.max_batch} slots) on http://{args.host}:{args.port}{' (API key required)' if args.api_key else ''}",
+        file=sys.stderr,
+    )
     serve(ctx, args.host, args.port, args.log_level)
     return 0

@@ -36,8 +36,12 @@ def add_parser(sub) -> None:
         default=4.0,
         help="max shard size in GB; more shards get model.safetensors.index.json (default 4)",
     )
-    p.add_argument("--no-preflight", dest="preflight", action="store_false",
-                   help="skip the check that the checkpoint fits in the free disk space")
+    p.add_argument(
+        "--no-preflight",
+        dest="preflight",
+        action="store_false",
+        help="skip the check that the checkpoint fits in the free disk space",
+    )
     add_threads_arg(p)
     p.set_defaults(run=run)
 
@@ -46,8 +50,8 @@ def run(args) -> int:
     from nonstop.commands.common import human
     from nonstop.config import ModelConfig
     from nonstop.program.footprint import model_footprint
-    from nonstop.threads import set_threads
     from nonstop.program.preflight import check_disk
+    from nonstop.threads import set_threads
     from nonstop.weights.resolve import ASSETS, DTYPES
     from nonstop.weights.synth import write_checkpoint
 

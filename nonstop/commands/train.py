@@ -13,19 +13,35 @@ def add_parser(sub) -> None:
     p = sub.add_parser(
         "train",
         help="train a small model (k3-nano) from scratch on the offline corpus",
-        description="Train a K3-architecture model from random weights on build/corpus (python -m nonstop.train.corpus) with the "
-        "build/tokenizer BPE tokenizer (python -m nonstop.train.tokenizer), for a wall-clock budget: AdamW with warmup and cosine "
-        "decay over the budget, packed sequences, gradient clipping, aux-loss-free expert balancing, periodic progress and "
-        "held-out evaluation. Writes an HF checkpoint (config.json, model.safetensors, tokenizer, generation_config.json), "
+        description="Train a K3-architecture model from random weights on build/corpus (python -m "
+        "nonstop.train.corpus) with the "
+        "build/tokenizer BPE tokenizer (python -m nonstop.train.tokenizer), for a wall-clock budget: AdamW with "
+        "warmup and cosine "
+        "decay over the budget, packed sequences, gradient clipping, aux-loss-free expert balancing, periodic "
+        "progress and "
+        "held-out evaluation. Writes an HF checkpoint (config.json, model.safetensors, tokenizer, "
+        "generation_config.json), "
         "training_log.json and loss_curve.png to --out.",
     )
-    p.add_argument("--corpus", default="build/corpus", help="corpus directory with train.txt and heldout.txt (default build/corpus)")
-    p.add_argument("--tokenizer", default="build/tokenizer", help="directory with tokenizer.json (default build/tokenizer)")
+    p.add_argument(
+        "--corpus",
+        default="build/corpus",
+        help="corpus directory with train.txt and heldout.txt (default build/corpus)",
+    )
+    p.add_argument(
+        "--tokenizer", default="build/tokenizer", help="directory with tokenizer.json (default build/tokenizer)"
+    )
     src = p.add_mutually_exclusive_group()
     src.add_argument("--preset", default="k3-nano", help="model preset to train (default k3-nano)")
     src.add_argument("--config", help="an HF config.json (or a directory holding one) instead of a preset")
     p.add_argument("--out", required=True, help="output directory for the checkpoint and logs")
-    p.add_argument("--minutes", type=float, default=40.0, help="wall-clock budget of the training loop in minutes (default 40; final evaluation and saving take ~1-2 more)")
+    p.add_argument(
+        "--minutes",
+        type=float,
+        default=40.0,
+        help="wall-clock budget of the training loop in minutes (default 40; final evaluation and saving take ~1-2 "
+        "more)",
+    )
     p.add_argument("--threads", type=positive_int, default=2, help="CPU threads (default 2)")
     p.add_argument("--batch-size", type=positive_int, default=8, help="sequences per step (default 8)")
     p.add_argument("--seq-len", type=positive_int, default=256, help="tokens per sequence (default 256)")
@@ -33,12 +49,21 @@ def add_parser(sub) -> None:
     p.add_argument("--min-lr", type=float, default=2e-4, help="learning rate at the end of the budget (default 2e-4)")
     p.add_argument("--warmup-steps", type=positive_int, default=30, help="linear warmup steps (default 30)")
     p.add_argument("--weight-decay", type=float, default=0.1, help="AdamW weight decay on matrices (default 0.1)")
-    p.add_argument("--bias-update-rate", type=float, default=1e-2, help="step of the aux-loss-free expert-bias update, b_e += rate * sign(mean load - load_e) (default 1e-2)")
-    p.add_argument("--max-steps", type=positive_int, default=None, help="stop after this many steps even if time is left")
+    p.add_argument(
+        "--bias-update-rate",
+        type=float,
+        default=1e-2,
+        help="step of the aux-loss-free expert-bias update, b_e += rate * sign(mean load - load_e) (default 1e-2)",
+    )
+    p.add_argument(
+        "--max-steps", type=positive_int, default=None, help="stop after this many steps even if time is left"
+    )
     p.add_argument("--eval-every", type=float, default=300.0, help="seconds between held-out evaluations (default 300)")
     p.add_argument("--log-every", type=float, default=30.0, help="seconds between progress lines (default 30)")
     p.add_argument("--seed", type=int, default=0, help="seed of the initial weights and the data order (default 0)")
-    p.add_argument("--cache-dir", default="build/tokens", help="where the tokenized corpus is cached (default build/tokens)")
+    p.add_argument(
+        "--cache-dir", default="build/tokens", help="where the tokenized corpus is cached (default build/tokens)"
+    )
     p.add_argument("--no-samples", action="store_true", help="skip the greedy sample generations at the end")
     p.set_defaults(run=run)
 
@@ -71,5 +96,14 @@ def run(args) -> int:
     def log(message: str) -> None:
         print(f"[train {(time.monotonic() - t0) / 60:5.1f}m] {message}", file=sys.stderr, flush=True)
 
-    run_training(Path(args.corpus), Path(args.tokenizer), cfg, tc, Path(args.out), Path(args.cache_dir), log, samples=not args.no_samples)
+    run_training(
+        Path(args.corpus),
+        Path(args.tokenizer),
+        cfg,
+        tc,
+        Path(args.out),
+        Path(args.cache_dir),
+        log,
+        samples=not args.no_samples,
+    )
     return 0

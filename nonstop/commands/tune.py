@@ -110,7 +110,11 @@ def add_parser(sub) -> None:
     p.add_argument("--llm-max-tokens", type=int, default=8192, help="max tokens per reply (default 8192)")
     p.add_argument("--no-store", action="store_true", help="do not write the tuning store (report only)")
     p.set_defaults(run=run)
-    tsub = p.add_subparsers(dest="tune_command", metavar="verify", help="verify one candidate kernel file (see `nonstop tune verify --help`)")
+    tsub = p.add_subparsers(
+        dest="tune_command",
+        metavar="verify",
+        help="verify one candidate kernel file (see `nonstop tune verify --help`)",
+    )
     v = tsub.add_parser(
         "verify",
         help="verify one candidate kernel file (exit 0 accepted, 1 rejected)",
@@ -142,8 +146,8 @@ def _device(args):
 def _default_model(kind: str) -> str:
     """k3-nano if its Program has ``kind``, else the first preset whose Program has it."""
     from nonstop.config import preset_names
-    from nonstop.weights.resolve import resolve_model
     from nonstop.tune.cases import layers_for
+    from nonstop.weights.resolve import resolve_model
 
     for name in ["k3-nano"] + preset_names():
         try:
@@ -155,9 +159,9 @@ def _default_model(kind: str) -> str:
 
 
 def _target(args):
-    from nonstop.weights.resolve import parse_dtype, resolve_model
     from nonstop.kernels import KERNELS
     from nonstop.tune.target import make_target
+    from nonstop.weights.resolve import parse_dtype, resolve_model
 
     kinds = sorted(k for k in KERNELS if k != "sample")
     if not args.op:

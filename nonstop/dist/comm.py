@@ -80,8 +80,10 @@ class Comm:
         except RankFailure:
             raise
         except (RuntimeError, ConnectionError, OSError) as exc:
-            raise RankFailure(f"rank {self.rank}: {what} failed ({_reason(exc)}); another rank has died, hung past the "
-                              f"{self.timeout:g} s collective timeout, or failed") from None
+            raise RankFailure(
+                f"rank {self.rank}: {what} failed ({_reason(exc)}); another rank has died, hung past the "
+                f"{self.timeout:g} s collective timeout, or failed"
+            ) from None
 
     # ------------------------------------------------------------------ collectives
     def all_reduce(self, t: torch.Tensor) -> None:
@@ -102,7 +104,16 @@ class Comm:
         self.count("gather", 0 if self.leader else t.numel() * t.element_size())
         return parts
 
-    def all_to_all(self, out: torch.Tensor, inp: torch.Tensor, out_splits: list[int], in_splits: list[int], async_op: bool = False, what: str = "all-to-all", kind: str = "all_to_all"):
+    def all_to_all(
+        self,
+        out: torch.Tensor,
+        inp: torch.Tensor,
+        out_splits: list[int],
+        in_splits: list[int],
+        async_op: bool = False,
+        what: str = "all-to-all",
+        kind: str = "all_to_all",
+    ):
         """``all_to_all_single`` over the expert group (rows of ``inp`` split by ``in_splits`` to the
         group's ranks in order), counted under ``kind``; returns a handle whose ``wait()`` is guarded
         when ``async_op``."""
@@ -175,10 +186,16 @@ def init(layout: Layout, device="cpu", timeout: float = 120.0, backend: str = "a
         torch.cuda.set_device(dev)
     pg_timeout = datetime.timedelta(seconds=timeout)
     if not dist.is_initialized():
-        dist.init_process_group(_backend(dev, backend), init_method="env://", rank=rank, world_size=world, timeout=pg_timeout)
+        dist.init_process_group(
+            _backend(dev, backend), init_method="env://", rank=rank, world_size=world, timeout=pg_timeout
+        )
     comm = Comm(layout, rank, dev, timeout)
     data_backend = _backend(dev, backend)
-    comm.control = dist.new_group(list(range(world)), timeout=pg_timeout, backend="gloo") if data_backend != "gloo" else dist.group.WORLD
+    comm.control = (
+        dist.new_group(list(range(world)), timeout=pg_timeout, backend="gloo")
+        if data_backend != "gloo"
+        else dist.group.WORLD
+    )
     for ranks in layout.tp_groups():
         g = dist.new_group(list(ranks), timeout=pg_timeout) if len(ranks) > 1 else None
         if rank in ranks:

@@ -83,8 +83,9 @@ def _group_bytes(op, group_rows: tuple[int, ...], width_bytes: int) -> tuple[flo
     return dynamic, static
 
 
-def choose_exchange(requested: str, ops, group_rows: tuple[int, ...], max_rows: int, device_type: str, required: bool,
-                    width_bytes: int) -> tuple[str, str]:
+def choose_exchange(
+    requested: str, ops, group_rows: tuple[int, ...], max_rows: int, device_type: str, required: bool, width_bytes: int
+) -> tuple[str, str]:
     """(mode, reason) for a step whose attention groups have ``group_rows`` rows: ``requested`` unless
     auto; auto is dynamic for steps of more than ``max_rows`` rows in a group (prefill: the buffers would
     grow with the prompt), static when ``required`` (the step is captured in a CUDA graph), else static
@@ -107,8 +108,10 @@ def choose_exchange(requested: str, ops, group_rows: tuple[int, ...], max_rows: 
         padding += (static - dynamic) / E / link.bytes_per_s
         saved += link.seconds(E, (E - 1) * op.attrs["chunks"] * max(1, op.attrs["max_local"]) * 4) + link.host_sync_s
     verdict = "<" if padding < saved else ">="
-    reason = (f"static padding {padding * 1e6:.0f} us {verdict} dynamic split-size exchanges and host reads "
-              f"{saved * 1e6:.0f} us per step; {link.source}")
+    reason = (
+        f"static padding {padding * 1e6:.0f} us {verdict} dynamic split-size exchanges and host reads "
+        f"{saved * 1e6:.0f} us per step; {link.source}"
+    )
     return ("static" if padding < saved else "dynamic"), reason
 
 
@@ -147,8 +150,9 @@ def static_plan(op, group_rows: tuple[int, ...], device) -> StaticPlan:
     return plans[key]
 
 
-def buffer_rows(dest: torch.Tensor, slot: torch.Tensor, chunk: torch.Tensor, ep: int, local: int, chunks: int,
-                plan: StaticPlan) -> tuple[torch.Tensor, torch.Tensor]:
+def buffer_rows(
+    dest: torch.Tensor, slot: torch.Tensor, chunk: torch.Tensor, ep: int, local: int, chunks: int, plan: StaticPlan
+) -> tuple[torch.Tensor, torch.Tensor]:
     """(order [P], row [P]): the pairs sorted by (chunk, destination, local slot) (stable: the dynamic
     mode's order), and the row of each sorted pair in the send buffer [chunks · send_rows]: its chunk's
     block, its destination's part, then its place among that part's pairs."""
@@ -179,4 +183,3 @@ def unpack(buf: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.T
 def filled_first(slots: torch.Tensor) -> torch.Tensor:
     """Permutation putting the filled rows (slot >= 0) first, each part in arrival order."""
     return torch.argsort((slots < 0).to(torch.int32), stable=True)
-

@@ -35,20 +35,43 @@ def rank_threads(world: int) -> int:
 
 
 def _entry(index: int, fn, world: int, port: int, threads: int, env: dict, args: tuple) -> None:
-    os.environ.update({"RANK": str(index), "LOCAL_RANK": str(index), "WORLD_SIZE": str(world), "LOCAL_WORLD_SIZE": str(world),
-                       "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), **env})
+    os.environ.update(
+        {
+            "RANK": str(index),
+            "LOCAL_RANK": str(index),
+            "WORLD_SIZE": str(world),
+            "LOCAL_WORLD_SIZE": str(world),
+            "MASTER_ADDR": "127.0.0.1",
+            "MASTER_PORT": str(port),
+            **env,
+        }
+    )
     import torch
 
     torch.set_num_threads(threads)
     fn(*args)
 
 
-def spawn(fn, world: int, args: tuple = (), threads: int | None = None, env: dict | None = None, grace: float = 5.0, timeout: float | None = None) -> None:
+def spawn(
+    fn,
+    world: int,
+    args: tuple = (),
+    threads: int | None = None,
+    env: dict | None = None,
+    grace: float = 5.0,
+    timeout: float | None = None,
+) -> None:
     """Run ``fn(*args)`` in ``world`` processes forming one process group of this host (see the module
     docstring). ``timeout``: stop every rank and raise RankExited(-1) after that many seconds."""
     port = free_port()
     previous = signal.signal(signal.SIGTERM, _interrupt) if _main_thread() else None
-    ctx = mp.start_processes(_entry, args=(fn, world, port, threads or rank_threads(world), dict(env or {}), args), nprocs=world, join=False, start_method="spawn")
+    ctx = mp.start_processes(
+        _entry,
+        args=(fn, world, port, threads or rank_threads(world), dict(env or {}), args),
+        nprocs=world,
+        join=False,
+        start_method="spawn",
+    )
     deadline = None if timeout is None else time.monotonic() + timeout
     try:
         while True:

@@ -47,7 +47,10 @@ class Layout:
         for flag, value in (("--tp", tp), ("--ep", ep)):
             if w % value:
                 hint = f"; give --world {math.lcm(tp, ep)}" if world is None else ""
-                raise LayoutError(f"{flag} {value} does not divide the world size {w} (every rank must belong to one group of {value}){hint}")
+                raise LayoutError(
+                    f"{flag} {value} does not divide the world size {w} (every rank must belong to one group of "
+                    f"{value}){hint}"
+                )
         return Layout(tp, ep, w, placement)
 
     # ------------------------------------------------------------------ sizes
@@ -106,7 +109,10 @@ class Layout:
         if p is None:
             return ExpertPlacement.even(num_experts, self.ep)
         if p.num_experts != num_experts or p.ranks != self.ep:
-            raise LayoutError(f"expert placement for layer {layer} covers {p.num_experts} experts on {p.ranks} ranks; the model has {num_experts} experts and --ep is {self.ep}")
+            raise LayoutError(
+                f"expert placement for layer {layer} covers {p.num_experts} experts on {p.ranks} ranks; the model "
+                f"has {num_experts} experts and --ep is {self.ep}"
+            )
         return p
 
     def with_placement(self, placement) -> Layout:
@@ -118,7 +124,9 @@ class Layout:
         experts = f"experts split over {self.ep} rank{'s' if self.ep > 1 else ''}"
         if self.expert_groups > 1:
             experts += f" ({self.expert_groups} expert groups, each holding every expert)"
-        return f"tp {self.tp} x ep {self.ep} on {self.world} rank{'s' if self.world > 1 else ''}: {groups}{dp}; {experts}"
+        return (
+            f"tp {self.tp} x ep {self.ep} on {self.world} rank{'s' if self.world > 1 else ''}: {groups}{dp}; {experts}"
+        )
 
 
 def split_range(n: int, parts: int, index: int) -> tuple[int, int]:

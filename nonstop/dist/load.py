@@ -52,17 +52,31 @@ def _fp8_part(w: torch.Tensor, scale_reader, dim: int | None, start: int, block:
     return w.float() * scale[:n, :k]
 
 
-def _read_part(reader: SliceReader, located: dict, spec, name: str, dim, start: int, stop, shape, fp8_block) -> torch.Tensor:
+def _read_part(
+    reader: SliceReader, located: dict, spec, name: str, dim, start: int, stop, shape, fp8_block
+) -> torch.Tensor:
     """Elements [start, stop) of ``dim`` of tensor ``name`` viewed as ``shape`` (fp8: dequantised)."""
     f = located[name]
     if check_tensor(name, spec, located, fp8_block) in FP8 and spec.kind != "u8":
         scale_name = _fp8_scale_name(name)
         w = reader.read(f, name, shape, dim, start, stop)
-        return _fp8_part(w, lambda d, lo, hi: reader.read(located[scale_name], scale_name, None, d, lo, hi), dim, start, fp8_block)
+        return _fp8_part(
+            w, lambda d, lo, hi: reader.read(located[scale_name], scale_name, None, d, lo, hi), dim, start, fp8_block
+        )
     return reader.read(f, name, shape, dim, start, stop)
 
 
-def load_rank_state(cfg: ModelConfig, layout: Layout, rank: int, model_dir: str | Path, dtype: torch.dtype, device="cpu", reader: SliceReader | None = None, progress=None, only=None) -> dict[str, torch.Tensor]:
+def load_rank_state(
+    cfg: ModelConfig,
+    layout: Layout,
+    rank: int,
+    model_dir: str | Path,
+    dtype: torch.dtype,
+    device="cpu",
+    reader: SliceReader | None = None,
+    progress=None,
+    only=None,
+) -> dict[str, torch.Tensor]:
     """{internal param: this rank's part} read from ``model_dir``; float weights cast to ``dtype``, router
     and A_log/dt_bias kept fp32, packed MXFP4 kept uint8. ``reader.bytes_read`` counts what was read.
     ``only(param) -> bool`` limits the read to some parameters (e.g. the experts, after a rebalance)."""
@@ -95,13 +109,19 @@ def load_rank_state(cfg: ModelConfig, layout: Layout, rank: int, model_dir: str 
     return state
 
 
-def random_rank_state(cfg: ModelConfig, layout: Layout, rank: int, dtype: torch.dtype, device="cpu", seed: int = 0, only=None) -> dict[str, torch.Tensor]:
+def random_rank_state(
+    cfg: ModelConfig, layout: Layout, rank: int, dtype: torch.dtype, device="cpu", seed: int = 0, only=None
+) -> dict[str, torch.Tensor]:
     """This rank's part of the random weights ``random_model(cfg, dtype, seed=seed)`` would hold (the
     whole state is drawn in checkpoint order, then cut; for presets and tests)."""
     from nonstop.weights.synth import random_state_dict
 
     full = random_state_dict(cfg, dtype, "cpu", seed)
-    return {s.spec.param: take_shard(full[s.spec.param], s).to(device) for s in rank_shards(cfg, layout, rank) if only is None or only(s.spec.param)}
+    return {
+        s.spec.param: take_shard(full[s.spec.param], s).to(device)
+        for s in rank_shards(cfg, layout, rank)
+        if only is None or only(s.spec.param)
+    }
 
 
 def is_expert(param: str) -> bool:

@@ -45,7 +45,10 @@ def build_rank_model(cfg: ModelConfig, layout: Layout, rank: int, state: dict[st
 
 def meta_rank_state(cfg: ModelConfig, layout: Layout, rank: int, dtype: torch.dtype) -> dict[str, torch.Tensor]:
     """Shape-only (meta) tensors of the rank's parts, for costs without weights."""
-    return {s.spec.param: torch.empty(s.shape, dtype=KIND_DTYPE.get(s.spec.kind, dtype), device="meta") for s in rank_shards(cfg, layout, rank)}
+    return {
+        s.spec.param: torch.empty(s.shape, dtype=KIND_DTYPE.get(s.spec.kind, dtype), device="meta")
+        for s in rank_shards(cfg, layout, rank)
+    }
 
 
 def rank_weight_bytes(cfg: ModelConfig, layout: Layout, dtype_bytes: int = 2) -> list[int]:

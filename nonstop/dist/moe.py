@@ -132,8 +132,15 @@ def dynamic_exchange(op, env, xs, k: int, dest, slot, chunk, local_experts: Loca
         if E == 1:
             inbox[c].copy_(payload)
             return None
-        return comm.all_to_all(inbox[c], payload, recv_rows[c].tolist(), send_rows[c].tolist(), async_op=True,
-                               what="MoE dispatch", kind="a2a_dispatch")
+        return comm.all_to_all(
+            inbox[c],
+            payload,
+            recv_rows[c].tolist(),
+            send_rows[c].tolist(),
+            async_op=True,
+            what="MoE dispatch",
+            kind="a2a_dispatch",
+        )
 
     def compute(c: int) -> torch.Tensor:
         got = inbox.pop(c)
@@ -147,8 +154,15 @@ def dynamic_exchange(op, env, xs, k: int, dest, slot, chunk, local_experts: Loca
         if E == 1:
             target.copy_(y)
             return None
-        return comm.all_to_all(target, y.contiguous(), send_rows[c].tolist(), recv_rows[c].tolist(), async_op=True,
-                               what="MoE combine", kind="a2a_combine")
+        return comm.all_to_all(
+            target,
+            y.contiguous(),
+            send_rows[c].tolist(),
+            recv_rows[c].tolist(),
+            async_op=True,
+            what="MoE combine",
+            kind="a2a_combine",
+        )
 
     run_chunks(C, a["overlap"] and E > 1, dispatch, compute, combine)
     y = torch.empty_like(back)
@@ -173,8 +187,9 @@ def static_exchange(op, env, xs, k: int, dest, slot, chunk, local_experts: Local
         if E == 1:
             target.copy_(part)
             return None
-        return comm.all_to_all(target, part, plan.recv, plan.send, async_op=True, what="MoE dispatch",
-                               kind="a2a_dispatch")
+        return comm.all_to_all(
+            target, part, plan.recv, plan.send, async_op=True, what="MoE dispatch", kind="a2a_dispatch"
+        )
 
     def compute(c: int) -> torch.Tensor:
         slots, z = unpack(inbox[c * R : (c + 1) * R], xs.dtype)

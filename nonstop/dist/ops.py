@@ -87,9 +87,26 @@ def experts_kernel(op, z: torch.Tensor, slots: torch.Tensor, max_rows: int = 16)
 
     a = op.attrs
     n_local = a["local_experts"]
-    local_cfg = replace(a["moe"], num_experts=n_local, top_k=1, num_groups=1, topk_groups=1, scoring="softmax", renormalize=True, routed_scaling_factor=1.0)
+    local_cfg = replace(
+        a["moe"],
+        num_experts=n_local,
+        top_k=1,
+        num_groups=1,
+        topk_groups=1,
+        scoring="softmax",
+        renormalize=True,
+        routed_scaling_factor=1.0,
+    )
     weights = {n: w for n, w in op.weights.items() if n != "bias"}
-    local_op = SuperOp(op.name + ".local", "moe_experts", op.layer, ("moe_logits", "moe_in"), ("moe_out",), weights, {**a, "moe": local_cfg})
+    local_op = SuperOp(
+        op.name + ".local",
+        "moe_experts",
+        op.layer,
+        ("moe_logits", "moe_in"),
+        ("moe_out",),
+        weights,
+        {**a, "moe": local_cfg},
+    )
     N = z.shape[0]
     padded = -(-N // max_rows) * max_rows
     if padded > N:

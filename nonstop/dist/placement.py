@@ -62,7 +62,9 @@ class ExpertPlacement:
             e = max((e for e in range(E) if copies[e] < ranks), key=lambda e: (load[e] / copies[e], -e))
             copies[e] += 1
         per_rank = -(-(E + redundant) // ranks)
-        items = sorted(((load[e] / copies[e], e) for e in range(E) for _ in range(copies[e])), key=lambda t: (-t[0], t[1]))
+        items = sorted(
+            ((load[e] / copies[e], e) for e in range(E) for _ in range(copies[e])), key=lambda t: (-t[0], t[1])
+        )
         held: list[list[int]] = [[] for _ in range(ranks)]
         total = [0.0] * ranks
         for share, e in items:
@@ -100,7 +102,9 @@ class ExpertPlacement:
     def describe(self) -> str:
         counts = [len(s) for s in self.slots]
         extra = self.physical - self.num_experts
-        return f"{self.num_experts} experts on {self.ranks} ranks ({min(counts)}-{max(counts)} per rank" + (f", {extra} redundant)" if extra else ")")
+        return f"{self.num_experts} experts on {self.ranks} ranks ({min(counts)}-{max(counts)} per rank" + (
+            f", {extra} redundant)" if extra else ")"
+        )
 
     # ------------------------------------------------------------------ routing (vectorised)
     @cached_property

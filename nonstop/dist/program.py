@@ -42,7 +42,15 @@ LEADER_BIASES = ("b", "down_b")
 
 
 def _all_reduce(after: SuperOp, buffer: str, T: int, purpose: str) -> SuperOp:
-    return SuperOp(f"{after.name}.all_reduce", "tp_all_reduce", after.layer, (buffer,), (buffer,), {}, {"tp_ranks": T, "purpose": purpose})
+    return SuperOp(
+        f"{after.name}.all_reduce",
+        "tp_all_reduce",
+        after.layer,
+        (buffer,),
+        (buffer,),
+        {},
+        {"tp_ranks": T, "purpose": purpose},
+    )
 
 
 def _moe_ep(op: SuperOp, layout: Layout, rank: int, chunks: int, overlap: bool, exchange: str) -> SuperOp:
@@ -51,16 +59,34 @@ def _moe_ep(op: SuperOp, layout: Layout, rank: int, chunks: int, overlap: bool, 
     ep_rank = layout.ep_rank(rank)
     attrs = dict(op.attrs)
     attrs.update(
-        placement=placement, ep_ranks=layout.ep, ep_rank=ep_rank, tp_ranks=layout.tp, tp_rank=layout.tp_rank(rank),
-        rank=rank, world=layout.world, exchange=exchange,
-        chunks=chunks, overlap=overlap, top_k=mc.top_k, local_experts=len(placement.local(ep_rank)),
-        physical_experts=placement.physical, max_local=placement.max_local, local_fraction=placement.local_fraction(ep_rank),
+        placement=placement,
+        ep_ranks=layout.ep,
+        ep_rank=ep_rank,
+        tp_ranks=layout.tp,
+        tp_rank=layout.tp_rank(rank),
+        rank=rank,
+        world=layout.world,
+        exchange=exchange,
+        chunks=chunks,
+        overlap=overlap,
+        top_k=mc.top_k,
+        local_experts=len(placement.local(ep_rank)),
+        physical_experts=placement.physical,
+        max_local=placement.max_local,
+        local_fraction=placement.local_fraction(ep_rank),
     )
     return SuperOp(f"L{op.layer}.moe_ep", "moe_ep", op.layer, op.reads, op.writes, dict(op.weights), attrs)
 
 
-def distribute(program: Program, cfg: ModelConfig, layout: Layout, rank: int, chunks: int = 1, overlap: bool = False,
-               exchange: str = "dynamic") -> Program:
+def distribute(
+    program: Program,
+    cfg: ModelConfig,
+    layout: Layout,
+    rank: int,
+    chunks: int = 1,
+    overlap: bool = False,
+    exchange: str = "dynamic",
+) -> Program:
     """The rank's Program (see the module docstring) from the Program of its model; ``exchange``: the MoE
     exchange mode its costs describe (the executor picks the mode of each step: ``dist/exchange.py``)."""
     if layout.single:
@@ -70,14 +96,31 @@ def distribute(program: Program, cfg: ModelConfig, layout: Layout, rank: int, ch
     ops: list[SuperOp] = []
     for op in program.ops:
         if op.kind == "embed" and T > 1:
-            shard = SuperOp("embed", "embed_shard", None, op.reads, op.writes, op.weights, {"vocab_start": layout.tp_rank(rank) * vocab_rows(cfg, layout), "tp_ranks": T})
+            shard = SuperOp(
+                "embed",
+                "embed_shard",
+                None,
+                op.reads,
+                op.writes,
+                op.weights,
+                {"vocab_start": layout.tp_rank(rank) * vocab_rows(cfg, layout), "tp_ranks": T},
+            )
             ops += [shard, _all_reduce(shard, op.writes[0], T, "embedding rows")]
         elif op.kind in RESIDUAL_KINDS and T > 1:
             if not leader:
                 op.attrs["accumulate"] = False
                 for name in LEADER_BIASES:
                     op.weights.pop(name, None)
-            ops += [op, _all_reduce(op, op.writes[0], T, "partial sums of " + {"linear_residual": "o_proj", "mlp": "the dense MLP", "moe_tail": "MoE outputs"}[op.kind])]
+            ops += [
+                op,
+                _all_reduce(
+                    op,
+                    op.writes[0],
+                    T,
+                    "partial sums of "
+                    + {"linear_residual": "o_proj", "mlp": "the dense MLP", "moe_tail": "MoE outputs"}[op.kind],
+                ),
+            ]
         elif op.kind == "moe_front" and "shared_gate_up" in op.weights:
             op.attrs["shared_width"] = op.weights["shared_gate_up"].shape[0] // 2  # this rank's part
             buffers["moe_shared_act"] = BufferSpec("moe_shared_act", (op.attrs["shared_width"],))
@@ -88,7 +131,18 @@ def distribute(program: Program, cfg: ModelConfig, layout: Layout, rank: int, ch
             buffers["logits_shard"] = BufferSpec("logits_shard", program.buffers["logits"].row_shape, "float32")
             buffers["logits"] = BufferSpec("logits", (cfg.vocab_size,), "float32")
             op.writes = ("logits_shard",)
-            ops += [op, SuperOp("logits_gather", "vocab_gather", None, ("logits_shard",), ("logits",), {}, {"tp_ranks": T, "tp_rank": layout.tp_rank(rank), "vocab": cfg.vocab_size})]
+            ops += [
+                op,
+                SuperOp(
+                    "logits_gather",
+                    "vocab_gather",
+                    None,
+                    ("logits_shard",),
+                    ("logits",),
+                    {},
+                    {"tp_ranks": T, "tp_rank": layout.tp_rank(rank), "vocab": cfg.vocab_size},
+                ),
+            ]
         else:
             ops.append(op)
     out = Program(program.cfg, ops, buffers, program.dtype, program.max_rows)
@@ -104,8 +158,14 @@ def lower_rank(model, cfg: ModelConfig, layout: Layout, rank: int, chunks: int =
 # ----------------------------------------------------------------------------- shapes only
 
 
-def shapes_program(cfg: ModelConfig, layout: Layout, rank: int = 0, dtype: torch.dtype = torch.bfloat16,
-                   chunks: int = 1, exchange: str = "dynamic") -> Program:
+def shapes_program(
+    cfg: ModelConfig,
+    layout: Layout,
+    rank: int = 0,
+    dtype: torch.dtype = torch.bfloat16,
+    chunks: int = 1,
+    exchange: str = "dynamic",
+) -> Program:
     """The rank's Program built on meta tensors (no weights, no process group), its MoE costs for the
     ``exchange`` mode; cached per arguments (a planner asks for the same layouts again and again)."""
     try:
@@ -183,7 +243,10 @@ class RankStep:
         of rows; only rank 0 broadcasts the step inputs; only group leaders return logits)."""
         T = self.layout.tp
         per_tp = [sum(c.wire_bytes for c in collectives_as(self.program, self.rows, t)) for t in range(T)]
-        engine = [sum(c.wire_bytes for c in engine_collectives(self.cfg, self.layout, r, self.rows)) for r in range(self.layout.world)]
+        engine = [
+            sum(c.wire_bytes for c in engine_collectives(self.cfg, self.layout, r, self.rows))
+            for r in range(self.layout.world)
+        ]
         return sum(per_tp) / T + sum(engine) / self.layout.world
 
     @property
@@ -224,11 +287,20 @@ def merged(collectives: list[Collective]) -> list[Collective]:
 
 def engine_collectives(cfg: ModelConfig, layout: Layout, rank: int, rows: int) -> list[Collective]:
     """The engine's own traffic on ``rank`` per step (``program/cost.step_io_collectives``)."""
-    return step_io_collectives(layout.world, layout.dp, rank == 0, rank != 0 and layout.tp_rank(rank) == 0, rows, cfg.vocab_size)
+    return step_io_collectives(
+        layout.world, layout.dp, rank == 0, rank != 0 and layout.tp_rank(rank) == 0, rows, cfg.vocab_size
+    )
 
 
-def engine_exchange(cfg: ModelConfig, layout: Layout, rows: int, chunks: int, dtype: torch.dtype, device_type: str,
-                    requested: str = "auto") -> tuple[str, str]:
+def engine_exchange(
+    cfg: ModelConfig,
+    layout: Layout,
+    rows: int,
+    chunks: int,
+    dtype: torch.dtype,
+    device_type: str,
+    requested: str = "auto",
+) -> tuple[str, str]:
     """(mode, reason): the MoE exchange the engine picks (``dist/exchange.choose_exchange``, graphs on auto)
     for decode steps of ``rows`` rows per attention group on ``device_type``."""
     from nonstop.dist.exchange import choose_exchange
@@ -239,8 +311,16 @@ def engine_exchange(cfg: ModelConfig, layout: Layout, rows: int, chunks: int, dt
     return choose_exchange(requested, program.ops, (rows,) * layout.dp, program.max_rows, device_type, False, width)
 
 
-def rank_step(cfg: ModelConfig, layout: Layout, rows: int = 1, context: int = 1024, dtype: torch.dtype = torch.bfloat16,
-              rank: int = 0, chunks: int = 1, exchange: str = "dynamic") -> RankStep:
+def rank_step(
+    cfg: ModelConfig,
+    layout: Layout,
+    rows: int = 1,
+    context: int = 1024,
+    dtype: torch.dtype = torch.bfloat16,
+    rank: int = 0,
+    chunks: int = 1,
+    exchange: str = "dynamic",
+) -> RankStep:
     """Rank ``rank``'s ops, weights and collectives for a step of ``rows`` rows per attention group at
     ``context`` cached tokens per sequence (shapes only), the MoE tokens exchanged in the ``exchange``
     mode (dynamic | static)."""

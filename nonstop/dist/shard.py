@@ -72,11 +72,17 @@ def check_layout(cfg: ModelConfig, layout: Layout) -> None:
         checks.append(("num_attention_heads", cfg.gqa.num_heads))
     for field, n in checks:
         if n % T:
-            raise LayoutError(f"--tp {T} must divide {field} = {n}: attention heads are split evenly over the ranks of an attention group")
+            raise LayoutError(
+                f"--tp {T} must divide {field} = {n}: attention heads are split evenly over the ranks of an "
+                "attention group"
+            )
     if cfg.gqa is not None:
         kv = cfg.gqa.num_kv_heads
         if kv % T and T % kv:
-            raise LayoutError(f"--tp {T} and num_key_value_heads = {kv}: one must divide the other (key/value heads are split, or replicated so each rank holds the one its query heads read)")
+            raise LayoutError(
+                f"--tp {T} and num_key_value_heads = {kv}: one must divide the other (key/value heads are split, or "
+                "replicated so each rank holds the one its query heads read)"
+            )
 
 
 def vocab_rows(cfg: ModelConfig, layout: Layout) -> int:
@@ -117,12 +123,31 @@ def local_config(cfg: ModelConfig, layout: Layout, rank: int) -> ModelConfig:
 # ----------------------------------------------------------------------------- per-parameter rules
 
 # (module kind, parameter name) -> (dim, unit): rows (dim 0) or columns (dim 1) of `unit` per head
-_KDA = {"q_proj.weight": 0, "k_proj.weight": 0, "v_proj.weight": 0, "g_proj.weight": 0, "q_conv1d": 0, "k_conv1d": 0,
-        "v_conv1d": 0, "f_b_proj.weight": 0, "g_b_proj.weight": 0, "dt_bias": 0, "b_proj.weight": 0, "A_log": 0,
-        "o_proj.weight": 1}
+_KDA = {
+    "q_proj.weight": 0,
+    "k_proj.weight": 0,
+    "v_proj.weight": 0,
+    "g_proj.weight": 0,
+    "q_conv1d": 0,
+    "k_conv1d": 0,
+    "v_conv1d": 0,
+    "f_b_proj.weight": 0,
+    "g_b_proj.weight": 0,
+    "dt_bias": 0,
+    "b_proj.weight": 0,
+    "A_log": 0,
+    "o_proj.weight": 1,
+}
 _MLA = {"q_proj.weight": 0, "q_b_proj.weight": 0, "kv_b_proj.weight": 0, "g_proj.weight": 0, "o_proj.weight": 1}
-_GQA = {"q_proj.weight": 0, "q_proj.bias": 0, "k_proj.weight": 0, "k_proj.bias": 0, "v_proj.weight": 0, "v_proj.bias": 0,
-        "o_proj.weight": 1}
+_GQA = {
+    "q_proj.weight": 0,
+    "q_proj.bias": 0,
+    "k_proj.weight": 0,
+    "k_proj.bias": 0,
+    "v_proj.weight": 0,
+    "v_proj.bias": 0,
+    "o_proj.weight": 1,
+}
 _INTER = {"gate_proj.weight": 0, "gate_proj.bias": 0, "up_proj.weight": 0, "up_proj.bias": 0, "down_proj.weight": 1}
 _LEADER_ONLY = ("o_proj.bias", "down_proj.bias")  # added once to a reduced output
 
@@ -135,7 +160,11 @@ def _head_unit(cfg: ModelConfig, kind: str, name: str) -> int:
         return 1 if name in ("b_proj.weight", "A_log") else cfg.kda.head_dim
     if kind == "mla":
         m = cfg.mla
-        return {"kv_b_proj.weight": m.qk_nope_head_dim + m.v_head_dim, "g_proj.weight": m.v_head_dim, "o_proj.weight": m.v_head_dim}.get(name, m.qk_head_dim)
+        return {
+            "kv_b_proj.weight": m.qk_nope_head_dim + m.v_head_dim,
+            "g_proj.weight": m.v_head_dim,
+            "o_proj.weight": m.v_head_dim,
+        }.get(name, m.qk_head_dim)
     return cfg.gqa.head_dim
 
 

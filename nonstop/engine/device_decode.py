@@ -8,8 +8,9 @@ back instead of logits (requests asking for logprobs, min_p or penalties sample 
 prompt waits to be prefilled (it should join the batch at the next step) it runs up to
 ``STEPS_PER_LAUNCH`` steps in one launch (never more than a request may still generate), and applies
 the tokens one by one afterwards: stop tokens, stop strings and max_tokens end a request exactly where
-step-by-step decoding would, the tokens it sampled past its end are dropped (its slot is freed). Each token's noise depends only on its request's seed and position, so the tokens are those
-of one step per launch.
+step-by-step decoding would, the tokens it sampled past its end are dropped (its slot is freed). Each
+token's noise depends only on its request's seed and position, so the tokens are those of one step per
+launch.
 
 ``decode(core, reqs)`` returns the (request, new text) pairs of ``EngineCore.step``, or None when the
 step is not for the device (the core then runs its host path: logits and ``sampling.sample``).

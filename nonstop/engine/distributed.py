@@ -72,7 +72,9 @@ class ClusterCache:
     def advance(self, batch: StepBatch, counts=None) -> None:
         counts_list = None if counts is None else torch.as_tensor(counts).tolist()
         self._log(("advance", self.cache_id, batch.slots.tolist(), batch.start.tolist(), batch.T, counts_list))
-        self.lengths[batch.slots] = batch.start + (batch.T if counts is None else torch.as_tensor(counts, dtype=torch.long))
+        self.lengths[batch.slots] = batch.start + (
+            batch.T if counts is None else torch.as_tensor(counts, dtype=torch.long)
+        )
 
     def commit(self, batch: StepBatch, counts) -> None:
         counts = torch.as_tensor(counts, dtype=torch.long)
@@ -116,7 +118,14 @@ class RankWorker:
             if kind == "new":
                 num_slots, page_size = op[2], op[3]
                 mine = len(range(self.comm.dp_index, num_slots, self.dp))
-                self.caches[cid] = ModelCache(self.executor.local_cfg, max(1, mine), capacity=CACHE_CAPACITY, dtype=self.dtype, device=self.comm.device, page_size=page_size)
+                self.caches[cid] = ModelCache(
+                    self.executor.local_cfg,
+                    max(1, mine),
+                    capacity=CACHE_CAPACITY,
+                    dtype=self.dtype,
+                    device=self.comm.device,
+                    page_size=page_size,
+                )
             elif kind == "drop":
                 self.caches.pop(cid, None)
             elif kind == "reset":
@@ -129,7 +138,12 @@ class RankWorker:
                     continue
                 local = self.caches[cid]
                 dev = local.lengths.device
-                batch = StepBatch(torch.tensor([s for _, s in rows], device=dev), torch.tensor([starts[i] for i, _ in rows], device=dev), T, keep_states=kind == "commit")
+                batch = StepBatch(
+                    torch.tensor([s for _, s in rows], device=dev),
+                    torch.tensor([starts[i] for i, _ in rows], device=dev),
+                    T,
+                    keep_states=kind == "commit",
+                )
                 sub = None if counts is None else [counts[i] for i, _ in rows]
                 if kind == "commit":
                     local.commit(batch, sub)
@@ -149,7 +163,9 @@ class RankWorker:
             return {}
         total = torch.stack([loads[i] for i in layers]).float()
         self.comm.all_reduce_control(total)
-        placements = {i: ExpertPlacement.rebalanced(total[j], self.comm.layout.ep, redundant) for j, i in enumerate(layers)}
+        placements = {
+            i: ExpertPlacement.rebalanced(total[j], self.comm.layout.ep, redundant) for j, i in enumerate(layers)
+        }
         layout = self.comm.layout.with_placement(placements)
         self.executor.set_placement(layout, self.source(layout, only=is_expert))
         return placements
@@ -172,7 +188,9 @@ class RankWorker:
             slots, starts, ids = part
             dev = self.comm.device
             cache = self.caches[msg.cache_id]
-            batch = StepBatch(torch.tensor(slots, device=dev), torch.tensor(starts, device=dev), msg.T, keep_states=msg.keep_states)
+            batch = StepBatch(
+                torch.tensor(slots, device=dev), torch.tensor(starts, device=dev), msg.T, keep_states=msg.keep_states
+            )
             cache.pages.reserve_rows(batch.slots, batch.end)
             ids = torch.tensor(ids, dtype=torch.long, device=dev)
             logits, hidden = self.executor.run(ids, cache, batch, msg.taps, group_rows)
@@ -223,7 +241,9 @@ class ClusterExecutor(Executor):
         return self.comm.layout
 
     # ------------------------------------------------------------------ caches
-    def new_cache(self, cfg=None, num_slots: int = 1, dtype=None, device=None, page_size: int = PAGE_SIZE) -> ClusterCache:
+    def new_cache(
+        self, cfg=None, num_slots: int = 1, dtype=None, device=None, page_size: int = PAGE_SIZE
+    ) -> ClusterCache:
         """A cache of ``num_slots`` slots spread over the attention groups (their state lives on the ranks;
         ``cfg``, ``dtype`` and ``device`` are the layout's own)."""
         cache = ClusterCache(self, next(self._ids), num_slots, page_size)
@@ -283,15 +303,30 @@ class ClusterExecutor(Executor):
                     pass
 
     # ------------------------------------------------------------------ steps
-    def _step(self, input_ids: torch.Tensor, cache: ClusterCache, batch: StepBatch, last_only: bool, taps: tuple[int, ...]):
+    def _step(
+        self, input_ids: torch.Tensor, cache: ClusterCache, batch: StepBatch, last_only: bool, taps: tuple[int, ...]
+    ):
         dp = self.layout.dp
         ids = input_ids.tolist()
         slots, starts = batch.slots.tolist(), batch.start.tolist()
         rows_of = [[i for i, s in enumerate(slots) if s % dp == g] for g in range(dp)]
-        groups = [([slots[i] // dp for i in rows], [starts[i] for i in rows], [ids[i] for i in rows]) if rows else None for rows in rows_of]
+        groups = [
+            ([slots[i] // dp for i in rows], [starts[i] for i in rows], [ids[i] for i in rows]) if rows else None
+            for rows in rows_of
+        ]
         B, T = input_ids.shape
         with self._lock:
-            msg = StepMessage("step", self._take_log(), cache.cache_id, groups, T, batch.keep_states, is_row_exact(), last_only, tuple(taps))
+            msg = StepMessage(
+                "step",
+                self._take_log(),
+                cache.cache_id,
+                groups,
+                T,
+                batch.keep_states,
+                is_row_exact(),
+                last_only,
+                tuple(taps),
+            )
             try:
                 self._send(msg)
                 own_logits, own_hidden = self.worker.handle(msg)
@@ -306,7 +341,11 @@ class ClusterExecutor(Executor):
                     else:
                         leader = self.layout.leader(g)
                         got = self.comm.recv((len(rows), Tout, self.cfg.vocab_size), torch.float32, leader)
-                        stacked = self.comm.recv((len(taps), len(rows), T, self.cfg.hidden_size), self.worker.dtype, leader) if taps else None
+                        stacked = (
+                            self.comm.recv((len(taps), len(rows), T, self.cfg.hidden_size), self.worker.dtype, leader)
+                            if taps
+                            else None
+                        )
                         got_hidden = {t: stacked[j] for j, t in enumerate(taps)}
                     index = torch.tensor(rows)
                     logits[index] = got
@@ -325,7 +364,10 @@ class ClusterExecutor(Executor):
             raise ValueError(f"{self.cfg.family} model without routed experts: nothing to rebalance")
         most = self.cfg.moe.num_experts * (self.layout.ep - 1)
         if not 0 <= redundant <= most:
-            raise ValueError(f"redundant experts must be in 0..{most} (at most one replica of an expert per rank of the {self.layout.ep}-rank expert group)")
+            raise ValueError(
+                f"redundant experts must be in 0..{most} (at most one replica of an expert per rank of the "
+                f"{self.layout.ep}-rank expert group)"
+            )
         with self._lock:
             msg = StepMessage("rebalance", self._take_log(), T=redundant)
             try:
@@ -348,9 +390,19 @@ class ClusterExecutor(Executor):
 # ----------------------------------------------------------------------------- building a rank
 
 
-def build_worker(comm: Comm, cfg: ModelConfig, model_dir, dtype: torch.dtype, backend: str = "reference", seed: int = 0,
-                 chunks: int | None = None, overlap: bool | None = None, progress: bool = False, exchange: str = "auto",
-                 graphs="auto") -> RankWorker:
+def build_worker(
+    comm: Comm,
+    cfg: ModelConfig,
+    model_dir,
+    dtype: torch.dtype,
+    backend: str = "reference",
+    seed: int = 0,
+    chunks: int | None = None,
+    overlap: bool | None = None,
+    progress: bool = False,
+    exchange: str = "auto",
+    graphs="auto",
+) -> RankWorker:
     """Load this rank's part of the model (sharded reads; random weights for a preset) and its executor
     (``exchange``: the MoE exchange mode, auto | static | dynamic; ``graphs``: CUDA-graph capture)."""
     from nonstop.dist.load import load_rank_state, random_rank_state

@@ -32,7 +32,11 @@ class TargetHead:
         from nonstop.dist.load import load_rank_state, random_rank_state
 
         whole = Layout()
-        state = random_rank_state(cfg, whole, 0, dtype, device, seed) if model_dir is None else load_rank_state(cfg, whole, 0, model_dir, dtype, device)
+        state = (
+            random_rank_state(cfg, whole, 0, dtype, device, seed)
+            if model_dir is None
+            else load_rank_state(cfg, whole, 0, model_dir, dtype, device)
+        )
         self.cfg = cfg
         self.embed_tokens = torch.nn.Embedding.from_pretrained(state["embed_tokens.weight"], freeze=True)
         self.lm_head_weight = self.embed_tokens.weight if cfg.tie_word_embeddings else state["lm_head.weight"]
@@ -49,11 +53,30 @@ class DistributedLLM(LLM):
     rank builds only its share of the weights, so the single-device memory check does not apply.
     """
 
-    def __init__(self, model="k3-nano", dtype=None, device: str = "cpu", backend: str = "auto",
-                 max_batch: int = 16, seed: int = 0, speculative: dict | None = None, progress: bool = False,
-                 prefill_chunk: int | None = None, batch_invariant: bool = False, tokenizer: str = "auto",
-                 chat_template=None, generation_config: bool = True, preflight: bool = True, *, comm: Comm, chunks: int | None = None,
-                 overlap: bool | None = None, exchange: str = "auto", graphs="auto", on_failure=None):
+    def __init__(
+        self,
+        model="k3-nano",
+        dtype=None,
+        device: str = "cpu",
+        backend: str = "auto",
+        max_batch: int = 16,
+        seed: int = 0,
+        speculative: dict | None = None,
+        progress: bool = False,
+        prefill_chunk: int | None = None,
+        batch_invariant: bool = False,
+        tokenizer: str = "auto",
+        chat_template=None,
+        generation_config: bool = True,
+        preflight: bool = True,
+        *,
+        comm: Comm,
+        chunks: int | None = None,
+        overlap: bool | None = None,
+        exchange: str = "auto",
+        graphs="auto",
+        on_failure=None,
+    ):
         if comm.rank != 0:
             raise ValueError(
                 f"DistributedLLM runs on rank 0; rank {comm.rank} follows (nonstop.engine.distributed.follow)"
@@ -63,8 +86,9 @@ class DistributedLLM(LLM):
         self._resolve(model, dtype, device, tokenizer, chat_template, generation_config)
         if self.model_dir is None:
             print(f"nonstop: {model!r} is a preset: using random weights (seed {seed})", file=sys.stderr)
-        worker = build_worker(comm, self.cfg, self.model_dir, self.dtype, backend, seed, chunks, overlap, progress,
-                              exchange, graphs)
+        worker = build_worker(
+            comm, self.cfg, self.model_dir, self.dtype, backend, seed, chunks, overlap, progress, exchange, graphs
+        )
         self.comm = comm
         self.layout = comm.layout
         self.executor = ClusterExecutor(worker, self.cfg, on_failure)
@@ -76,7 +100,9 @@ class DistributedLLM(LLM):
         self.model = None
         if self.speculative_config is not None and self.speculative_config.method == "dspark":
             self.model = TargetHead(self.cfg, self.model_dir, self.dtype, self.device, seed)
-        self.drafter = make_drafter(self.speculative_config, self.model, self.model_dir) if self.speculative_config else None
+        self.drafter = (
+            make_drafter(self.speculative_config, self.model, self.model_dir) if self.speculative_config else None
+        )
         self._ids = itertools.count()
         atexit.register(self.close)
 

@@ -41,10 +41,23 @@ class LLM:
     larger than the free memory before allocating it (``program/preflight``).
     """
 
-    def __init__(self, model: str | Path = DEFAULT_MODEL, dtype=None, device: str = "cpu", backend: str = "auto",
-                 max_batch: int = 16, seed: int = 0, speculative: dict | None = None, progress: bool = False,
-                 prefill_chunk: int | None = None, batch_invariant: bool = False, tokenizer: str = "auto",
-                 chat_template: str | Path | None = None, generation_config: bool = True, preflight: bool = True):
+    def __init__(
+        self,
+        model: str | Path = DEFAULT_MODEL,
+        dtype=None,
+        device: str = "cpu",
+        backend: str = "auto",
+        max_batch: int = 16,
+        seed: int = 0,
+        speculative: dict | None = None,
+        progress: bool = False,
+        prefill_chunk: int | None = None,
+        batch_invariant: bool = False,
+        tokenizer: str = "auto",
+        chat_template: str | Path | None = None,
+        generation_config: bool = True,
+        preflight: bool = True,
+    ):
         from nonstop.model.build import load_model, random_model
 
         self.device = check_device(device)
@@ -52,22 +65,27 @@ class LLM:
         if preflight:
             check_memory(self.name, self.cfg, self.dtype, self.device, max_batch)
         if self.model_dir is None:
-            print(f"nonstop: {model!r} is a preset: using random weights (seed {seed}) and byte tokens",
-                  file=sys.stderr)
+            print(
+                f"nonstop: {model!r} is a preset: using random weights (seed {seed}) and byte tokens", file=sys.stderr
+            )
             self.model = random_model(self.cfg, self.dtype, self.device, seed)
         else:
             report = _progress_printer(f"loading {self.model_dir}") if progress else None
             self.model = load_model(self.cfg, self.model_dir, self.dtype, self.device, report)
         if not self.tokenizer.accepts_text:
-            print(f"nonstop: {self.model_dir} has no tokenizer: prompts must be token ids and outputs are token ids "
-                  "only", file=sys.stderr)
+            print(
+                f"nonstop: {self.model_dir} has no tokenizer: prompts must be token ids and outputs are token ids only",
+                file=sys.stderr,
+            )
         self.backend = resolve_backend(backend, self.device)
         self.executor = make_executor(self.backend, self.model)
         self.max_batch = max_batch
         self.prefill_chunk = prefill_chunk
         self.batch_invariant = batch_invariant
         self.speculative_config = SpeculativeConfig.parse(speculative)
-        self.drafter = make_drafter(self.speculative_config, self.model, self.model_dir) if self.speculative_config else None
+        self.drafter = (
+            make_drafter(self.speculative_config, self.model, self.model_dir) if self.speculative_config else None
+        )
         self._ids = itertools.count()
 
     def _resolve(self, model, dtype, device, tokenizer: str, chat_template, generation_config: bool) -> None:
@@ -85,8 +103,9 @@ class LLM:
         return self.generation.sampling(**overrides)
 
     # ------------------------------------------------------------------ requests
-    def make_request(self, prompt: str | None, prompt_ids: list[int] | None, params: SamplingParams,
-                     request_id: str | None = None) -> Request:
+    def make_request(
+        self, prompt: str | None, prompt_ids: list[int] | None, params: SamplingParams, request_id: str | None = None
+    ) -> Request:
         """One engine request (``params.n`` is not expanded here: see ``make_requests``)."""
         if prompt_ids is None:
             if not isinstance(prompt, str):
@@ -100,12 +119,12 @@ class LLM:
         if not prompt_ids:
             raise ValueError("empty prompt: give at least one token")
         if self.speculative_config and params.penalized:
-            raise ValueError("repetition, presence and frequency penalties are not supported with speculative "
-                             "decoding")
+            raise ValueError("repetition, presence and frequency penalties are not supported with speculative decoding")
         return Request(request_id or str(next(self._ids)), prompt, prompt_ids, params, self.eos_ids)
 
-    def make_requests(self, prompt: str | None, prompt_ids: list[int] | None, params: SamplingParams,
-                      request_id: str | None = None) -> list[Request]:
+    def make_requests(
+        self, prompt: str | None, prompt_ids: list[int] | None, params: SamplingParams, request_id: str | None = None
+    ) -> list[Request]:
         """``params.n`` requests for one prompt; completion i samples with seed ``params.seed_for(i)``."""
         if params.n == 1:
             return [self.make_request(prompt, prompt_ids, params, request_id)]
@@ -121,12 +140,23 @@ class LLM:
         """An ``EngineCore`` with ``num_slots`` slots and this LLM's prefill chunk and batch invariance."""
         config = self.speculative_config
         decoder = SpeculativeDecoder(config, self.drafter) if config else None
-        return EngineCore(self.cfg, self.executor, self.tokenizer, num_slots, self.dtype, self.device, max_len=max_len,
-                          prefill_chunk=self.prefill_chunk, batch_invariant=self.batch_invariant,
-                          isolate_errors=isolate_errors, speculative_decoder=decoder)
+        return EngineCore(
+            self.cfg,
+            self.executor,
+            self.tokenizer,
+            num_slots,
+            self.dtype,
+            self.device,
+            max_len=max_len,
+            prefill_chunk=self.prefill_chunk,
+            batch_invariant=self.batch_invariant,
+            isolate_errors=isolate_errors,
+            speculative_decoder=decoder,
+        )
 
-    def generate(self, prompts=None, sampling: SamplingParams | list[SamplingParams] | None = None,
-                 prompt_token_ids=None) -> list[RequestOutput]:
+    def generate(
+        self, prompts=None, sampling: SamplingParams | list[SamplingParams] | None = None, prompt_token_ids=None
+    ) -> list[RequestOutput]:
         """Generate for each prompt (strings) or each token-id list; one RequestOutput per prompt, in order
         (with ``n`` > 1 its ``samples`` hold the n completions). ``sampling`` None: ``default_sampling()``."""
         if (prompts is None) == (prompt_token_ids is None):
@@ -167,8 +197,13 @@ class LLM:
                 if on_text is not None and text:
                     on_text(req, text)
 
-    def stream(self, prompt: str | None = None, sampling: SamplingParams | None = None,
-               prompt_ids: list[int] | None = None, on_text=None) -> RequestOutput:
+    def stream(
+        self,
+        prompt: str | None = None,
+        sampling: SamplingParams | None = None,
+        prompt_ids: list[int] | None = None,
+        on_text=None,
+    ) -> RequestOutput:
         """Generate one completion, calling ``on_text(new text)`` as each piece becomes visible."""
         req = self.make_request(prompt, prompt_ids, sampling or self.default_sampling())
         self._run([req], (lambda _, text: on_text(text)) if on_text is not None else None)
@@ -194,6 +229,11 @@ def _progress_printer(label: str):
         pct = 100 * done // total
         if pct // 10 != state["last"] // 10 or done == total:
             state["last"] = pct
-            print(f"\r{label}: {pct:3d}% ({done}/{total} tensors)", end="\n" if done == total else "", file=sys.stderr, flush=True)
+            print(
+                f"\r{label}: {pct:3d}% ({done}/{total} tensors)",
+                end="\n" if done == total else "",
+                file=sys.stderr,
+                flush=True,
+            )
 
     return report

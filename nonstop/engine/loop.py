@@ -13,8 +13,8 @@ from __future__ import annotations
 import collections
 import logging
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 from nonstop.engine.core import EngineCore
 from nonstop.engine.requests import Request
@@ -83,7 +83,7 @@ class EngineLoop:
         """Requests holding a cache slot."""
         return len(self.core.prefilling) + len(self.core.running)
 
-    def start(self) -> "EngineLoop":
+    def start(self) -> EngineLoop:
         self._thread = threading.Thread(target=self._run, name="nonstop-engine", daemon=True)
         self._thread.start()
         return self
@@ -102,7 +102,9 @@ class EngineLoop:
             if not self.running:
                 raise EngineStopped(self.fatal_error or "the engine is not running")
             if len(self._waiting) >= self.max_waiting:
-                raise EngineOverloaded(f"{len(self._waiting)} requests are already waiting (limit {self.max_waiting}); retry later")
+                raise EngineOverloaded(
+                    f"{len(self._waiting)} requests are already waiting (limit {self.max_waiting}); retry later"
+                )
             self._waiting.append((req, sink))
             self._cond.notify()
 

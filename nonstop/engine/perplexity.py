@@ -47,7 +47,9 @@ def window_nll(model, windows: torch.Tensor) -> float:
     return float(nll.double())
 
 
-def score_token_ids(model, ids, context: int = 512, batch_size: int = 4, max_tokens: int | None = None, device=None) -> PerplexityResult:
+def score_token_ids(
+    model, ids, context: int = 512, batch_size: int = 4, max_tokens: int | None = None, device=None
+) -> PerplexityResult:
     """Perplexity of ``ids`` (a list or 1-D tensor of ≥ 2 ids) under ``model`` (a ``CausalLM``:
     input_ids [B, T] -> logits [B, T, V]); at most ``max_tokens`` ids are scored."""
     if context < 1:

@@ -39,7 +39,7 @@ class RequestOutput:
     finish_reason: str | None
     metrics: dict = field(default_factory=dict)
     error: str | None = None
-    samples: list["RequestOutput"] = field(default_factory=list, repr=False)  # n > 1: all n completions
+    samples: list[RequestOutput] = field(default_factory=list, repr=False)  # n > 1: all n completions
 
 
 @dataclass
@@ -145,7 +145,7 @@ class Request:
         self._length += len(new)
         self._unsent += new
         keep = max((len(s) for s in stops), default=1) - 1
-        self._tail = window[max(0, len(window) - keep):] if keep else ""
+        self._tail = window[max(0, len(window) - keep) :] if keep else ""
         return base + min(found) if found else None
 
     def _cut_text(self, end: int) -> None:

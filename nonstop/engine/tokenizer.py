@@ -85,7 +85,7 @@ class Tokenizer:
     @staticmethod
     def load(
         model_dir: str | Path | None, vocab_size: int, mode: str = "auto", chat_template: str | Path | None = None
-    ) -> "Tokenizer":
+    ) -> Tokenizer:
         """The checkpoint's tokenizer (``mode`` auto), ``IdTokenizer`` (ids, or auto with no tokenizer
         files), ``ByteTokenizer`` (bytes, or auto for a preset: ``model_dir`` None)."""
         if mode not in MODES:

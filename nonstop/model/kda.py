@@ -26,7 +26,6 @@ from nonstop.model.linear import Linear
 from nonstop.model.norms import GatedRMSNorm, l2_norm
 from nonstop.model.rows import rowwise
 
-
 # ----------------------------------------------------------------------------- gates
 
 
@@ -37,7 +36,9 @@ def kda_gate_softplus(f: torch.Tensor, A_log: torch.Tensor, dt_bias: torch.Tenso
     return -torch.exp(A_log.float()).view(H, 1) * F.softplus(z)
 
 
-def kda_gate_lower_bound(f: torch.Tensor, A_log: torch.Tensor, dt_bias: torch.Tensor, lower_bound: float) -> torch.Tensor:
+def kda_gate_lower_bound(
+    f: torch.Tensor, A_log: torch.Tensor, dt_bias: torch.Tensor, lower_bound: float
+) -> torch.Tensor:
     """K3 decay: g = lower_bound · σ(exp(A_log[h]) · (f + dt_bias)) ∈ (lower_bound, 0). Shapes as above."""
     H, D = f.shape[-2:]
     z = f.float() + dt_bias.float().view(H, D)
@@ -143,7 +144,9 @@ def kda_chunked(q, k, v, g, beta, state: torch.Tensor | None = None, chunk_size:
         U = torch.linalg.solve_triangular(eye + bc[..., None] * A, rhs, upper=False, unitriangular=True)
         outs.append(torch.einsum("bhtk,bhkv->bhtv", qc * eG, S) + Aqk @ U)
         G_last = Gc[:, :, -1]  # [B,H,D]
-        S = torch.exp(G_last)[..., None] * S + torch.einsum("bhsk,bhsv->bhkv", kc * torch.exp(G_last[:, :, None] - Gc), U)
+        S = torch.exp(G_last)[..., None] * S + torch.einsum(
+            "bhsk,bhsv->bhkv", kc * torch.exp(G_last[:, :, None] - Gc), U
+        )
     o = torch.stack(outs, dim=2).permute(0, 2, 3, 1, 4).reshape(B, n * C, H, Dv)[:, :T]
     return o, S
 

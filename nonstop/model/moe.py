@@ -29,7 +29,9 @@ def router_logits(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
     return x.float() @ weight.float().t()
 
 
-def select_experts(logits: torch.Tensor, bias: torch.Tensor | None, cfg: MoEConfig) -> tuple[torch.Tensor, torch.Tensor]:
+def select_experts(
+    logits: torch.Tensor, bias: torch.Tensor | None, cfg: MoEConfig
+) -> tuple[torch.Tensor, torch.Tensor]:
     """logits [N, E] fp32, correction bias [E] -> (weights [N, k] fp32, expert ids [N, k])."""
     scores = rowwise(torch.sigmoid, logits) if cfg.scoring == "sigmoid" else torch.softmax(logits, dim=-1)
     choice = scores if bias is None else scores + bias.float()
@@ -47,7 +49,9 @@ def select_experts(logits: torch.Tensor, bias: torch.Tensor | None, cfg: MoEConf
     return weights * cfg.routed_scaling_factor, ids
 
 
-def route(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, cfg: MoEConfig) -> tuple[torch.Tensor, torch.Tensor]:
+def route(
+    x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, cfg: MoEConfig
+) -> tuple[torch.Tensor, torch.Tensor]:
     """x [N, d], router weight [E, d], correction bias [E] -> (weights [N, k] fp32, expert ids [N, k])."""
     return select_experts(router_logits(x, weight), bias, cfg)
 
@@ -64,19 +68,34 @@ class RoutedExperts(nn.Module):
             if fmt == "dense":
                 setattr(self, name, nn.Parameter(torch.empty(num_experts, n, k)))
             else:
-                self.register_buffer(f"{name}_packed", torch.empty(num_experts, *mxfp4.packed_shape(n, k), dtype=torch.uint8))
-                self.register_buffer(f"{name}_scale", torch.empty(num_experts, *mxfp4.scale_shape(n, k), dtype=torch.uint8))
+                self.register_buffer(
+                    f"{name}_packed", torch.empty(num_experts, *mxfp4.packed_shape(n, k), dtype=torch.uint8)
+                )
+                self.register_buffer(
+                    f"{name}_scale", torch.empty(num_experts, *mxfp4.scale_shape(n, k), dtype=torch.uint8)
+                )
 
     def weight(self, name: str, expert: int, dtype: torch.dtype) -> torch.Tensor:
         """One expert's [N, K] weight in ``dtype`` (dequantised if MXFP4)."""
         if self.fmt == "dense":
             return getattr(self, name)[expert]
         k = self.shapes[name][1]
-        return mxfp4.dequantize(getattr(self, f"{name}_packed")[expert], getattr(self, f"{name}_scale")[expert], k, dtype)
+        return mxfp4.dequantize(
+            getattr(self, f"{name}_packed")[expert], getattr(self, f"{name}_scale")[expert], k, dtype
+        )
 
 
-def routed_experts(x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor, experts: RoutedExperts, act: str, beta: float, linear_beta: float) -> torch.Tensor:
-    """Σ_j p_j E_j(x) for x [N, K], weights/ids [N, k] -> [N, K] in x.dtype (accumulated in fp32, experts in id order)."""
+def routed_experts(
+    x: torch.Tensor,
+    weights: torch.Tensor,
+    ids: torch.Tensor,
+    experts: RoutedExperts,
+    act: str,
+    beta: float,
+    linear_beta: float,
+) -> torch.Tensor:
+    """Σ_j p_j E_j(x) for x [N, K], weights/ids [N, k] -> [N, K] in x.dtype (accumulated in fp32, experts in
+    id order)."""
     out = torch.zeros(x.shape, dtype=torch.float32, device=x.device)
     for e in torch.unique(ids).tolist():
         rows, slot = torch.nonzero(ids == e, as_tuple=True)

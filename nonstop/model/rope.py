@@ -64,7 +64,9 @@ def rope_inv_freq(rope: RopeConfig) -> tuple[torch.Tensor, float]:
     raise ValueError(f"unknown rope kind {rope.kind!r}")
 
 
-def rope_cos_sin(positions: torch.Tensor, inv_freq: torch.Tensor, magnitude: float = 1.0) -> tuple[torch.Tensor, torch.Tensor]:
+def rope_cos_sin(
+    positions: torch.Tensor, inv_freq: torch.Tensor, magnitude: float = 1.0
+) -> tuple[torch.Tensor, torch.Tensor]:
     """positions [...] (int) -> cos, sin [..., dim/2] (fp32): angle = position · inv_freq."""
     angles = positions.float()[..., None] * inv_freq.to(positions.device)
     return angles.cos() * magnitude, angles.sin() * magnitude

@@ -14,8 +14,8 @@ The flag is a context variable, so an engine thread and the main thread do not s
 from __future__ import annotations
 
 import contextvars
+from collections.abc import Callable
 from contextlib import contextmanager
-from typing import Callable
 
 import torch
 
@@ -69,7 +69,13 @@ def many_rows(x: torch.Tensor) -> bool:
     return is_row_exact() and x.shape[0] * x.shape[1] > 1
 
 
-def per_query(fn: Callable[..., torch.Tensor], queries: tuple[torch.Tensor, ...], keys: tuple[torch.Tensor, ...], mask: torch.Tensor, *args) -> torch.Tensor:
+def per_query(
+    fn: Callable[..., torch.Tensor],
+    queries: tuple[torch.Tensor, ...],
+    keys: tuple[torch.Tensor, ...],
+    mask: torch.Tensor,
+    *args,
+) -> torch.Tensor:
     """Attention one query row at a time over exactly the keys that row sees, as in a one-token step.
 
     queries: tensors [B, T, ...]; keys: tensors [B, S, ...] (keys, values, latents); mask [B, T, S]

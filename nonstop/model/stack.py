@@ -128,7 +128,13 @@ class CausalLM(nn.Module):
         """hidden [..., d] (pre-norm) -> fp32 logits [..., V]."""
         return linear(self.norm(hidden), self.lm_head_weight).float()
 
-    def forward(self, input_ids: torch.Tensor, cache: ModelCache | None = None, batch: StepBatch | None = None, last_only: bool = False) -> torch.Tensor:
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        cache: ModelCache | None = None,
+        batch: StepBatch | None = None,
+        last_only: bool = False,
+    ) -> torch.Tensor:
         """input_ids [B, T] -> fp32 logits [B, T, V] (or [B, V] with ``last_only``).
 
         Without ``cache`` the tokens are a whole sequence from position 0 (training, scoring); with it,
@@ -146,7 +152,9 @@ class CausalLM(nn.Module):
             hidden = hidden[:, -1]
         return self.logits(hidden)
 
-    def forward_hidden(self, input_ids: torch.Tensor, cache: ModelCache, batch: StepBatch, taps: tuple[int, ...]) -> tuple[torch.Tensor, dict[int, torch.Tensor]]:
+    def forward_hidden(
+        self, input_ids: torch.Tensor, cache: ModelCache, batch: StepBatch, taps: tuple[int, ...]
+    ) -> tuple[torch.Tensor, dict[int, torch.Tensor]]:
         """A cached step that also returns hidden states: (fp32 logits [B, T, V], {tap: [B, T, d]} with
         the residual stream entering layer ``tap``, as ``body``'s ``capture``)."""
         hidden, captured = self.body(input_ids, batch, cache, capture=tuple(taps))

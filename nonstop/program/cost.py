@@ -300,13 +300,23 @@ def moe_ep_traffic(op: SuperOp, rows: int) -> dict:
     # share of the physical experts
     received = rows * a["ep_ranks"] / a["tp_ranks"] * a["top_k"] * a["local_experts"] / max(1, a["physical_experts"])
     remote = 1.0 - a["local_fraction"]
-    out = {"sent": sent, "received": received, "sent_remote": sent * remote, "received_remote": received * remote,
-           "touched": min(a["local_experts"], math.ceil(received)), "exchange": a.get("exchange", "dynamic")}
+    out = {
+        "sent": sent,
+        "received": received,
+        "sent_remote": sent * remote,
+        "received_remote": received * remote,
+        "touched": min(a["local_experts"], math.ceil(received)),
+        "exchange": a.get("exchange", "dynamic"),
+    }
     if out["exchange"] == "static":
         send, recv = static_splits(op, uniform_rows(op, rows))
         me, C = a["ep_rank"], a["chunks"]
-        out.update(buffer_sent=C * sum(send), buffer_received=C * sum(recv),
-                   buffer_sent_remote=C * (sum(send) - send[me]), buffer_received_remote=C * (sum(recv) - recv[me]))
+        out.update(
+            buffer_sent=C * sum(send),
+            buffer_received=C * sum(recv),
+            buffer_sent_remote=C * (sum(send) - send[me]),
+            buffer_received_remote=C * (sum(recv) - recv[me]),
+        )
     return out
 
 
@@ -328,15 +338,26 @@ def collective_op_cost(op: SuperOp, program: Program):
             experts = {n: w for n, w in op.weights.items() if n != "bias"}
             n_local = max(1, op.attrs["local_experts"])
             per_expert = sum(_nbytes(w) for w in experts.values()) // n_local
-            elements = sum(2 * w.numel() if n.endswith("_packed") else w.numel() for n, w in experts.items() if not n.endswith("_scale")) // n_local
+            elements = (
+                sum(
+                    2 * w.numel() if n.endswith("_packed") else w.numel()
+                    for n, w in experts.items()
+                    if not n.endswith("_scale")
+                )
+                // n_local
+            )
             weight = per_expert * t["touched"] + _nbytes(op.weights["bias"])
             width_bytes = buffers["moe_in"].row_numel * program.dtype.itemsize
             if t["exchange"] == "static":  # the whole buffers are written, sent and read back, padding included
                 payload = (t["buffer_sent"] + t["buffer_received"]) * (2 * width_bytes + SLOT_ID_BYTES)
             else:
                 payload = (t["sent"] + t["received"]) * width_bytes
-            return Cost(weight, weight + rows * act_in + payload, rows * act_out + payload, int(2 * elements * t["received"]))
-        return Cost(0, rows * act_in, rows * act_out, rows * buffers[op.reads[0]].row_numel if op.kind == "tp_all_reduce" else 0)
+            return Cost(
+                weight, weight + rows * act_in + payload, rows * act_out + payload, int(2 * elements * t["received"])
+            )
+        return Cost(
+            0, rows * act_in, rows * act_out, rows * buffers[op.reads[0]].row_numel if op.kind == "tp_all_reduce" else 0
+        )
 
     return cost
 
@@ -348,7 +369,16 @@ def op_collectives(op: SuperOp, program: Program, rows: int) -> list[Collective]
     if op.kind == "tp_all_reduce":
         spec = buffers[op.writes[0]]
         nbytes = rows * spec.row_numel * spec.torch_dtype(program.dtype).itemsize
-        return [Collective("all_reduce", "tp", a["tp_ranks"], 1, all_reduce_wire_bytes(nbytes, a["tp_ranks"]), a.get("purpose", "partial sums"))]
+        return [
+            Collective(
+                "all_reduce",
+                "tp",
+                a["tp_ranks"],
+                1,
+                all_reduce_wire_bytes(nbytes, a["tp_ranks"]),
+                a.get("purpose", "partial sums"),
+            )
+        ]
     if op.kind == "vocab_gather":  # gathered on the attention group's first rank, which samples
         part = rows * buffers[op.reads[0]].row_numel * 4
         return [Collective("gather", "tp", a["tp_ranks"], 1, part if a["tp_rank"] else 0, "logits (vocabulary parts)")]
@@ -358,10 +388,17 @@ def op_collectives(op: SuperOp, program: Program, rows: int) -> list[Collective]
         chunks, E = a["chunks"], a["ep_ranks"]
         if t["exchange"] == "static":  # what all_to_all_single really sends: the fixed-capacity rows, padding included
             return [
-                Collective("all_to_all", "ep", E, chunks, t["buffer_sent_remote"] * (width_bytes + SLOT_ID_BYTES),
-                           "dispatch (expert inputs)"),
-                Collective("all_to_all", "ep", E, chunks, t["buffer_received_remote"] * width_bytes,
-                           "combine (expert outputs)"),
+                Collective(
+                    "all_to_all",
+                    "ep",
+                    E,
+                    chunks,
+                    t["buffer_sent_remote"] * (width_bytes + SLOT_ID_BYTES),
+                    "dispatch (expert inputs)",
+                ),
+                Collective(
+                    "all_to_all", "ep", E, chunks, t["buffer_received_remote"] * width_bytes, "combine (expert outputs)"
+                ),
             ]
         return [
             Collective("all_to_all", "ep", E, 1, (E - 1) * chunks * a["max_local"] * 4, "split sizes"),
@@ -387,13 +424,24 @@ STEP_MESSAGE_BYTES_PER_ROW = 24  # token id, slot, position (the engine's step b
 STEP_MESSAGE_HEADER_BYTES = 256
 
 
-def step_io_collectives(world: int, dp: int, is_rank0: bool, leads_other_group: bool, rows: int, vocab: int) -> list[Collective]:
+def step_io_collectives(
+    world: int, dp: int, is_rank0: bool, leads_other_group: bool, rows: int, vocab: int
+) -> list[Collective]:
     """The multi-rank engine's own traffic per step on one rank: rank 0 broadcasts the step inputs of
     all ``dp`` attention groups to the other ranks; the first rank of every other group returns its
     ``rows`` rows of fp32 logits to rank 0."""
     out = []
     if world > 1 and is_rank0:
-        out.append(Collective("broadcast", "world", world, 1, (world - 1) * (STEP_MESSAGE_BYTES_PER_ROW * rows * dp + STEP_MESSAGE_HEADER_BYTES), "step inputs"))
+        out.append(
+            Collective(
+                "broadcast",
+                "world",
+                world,
+                1,
+                (world - 1) * (STEP_MESSAGE_BYTES_PER_ROW * rows * dp + STEP_MESSAGE_HEADER_BYTES),
+                "step inputs",
+            )
+        )
     if leads_other_group:
         out.append(Collective("send", "world", 2, 1, rows * vocab * 4, "logits to rank 0"))
     return out

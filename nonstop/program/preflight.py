@@ -1,8 +1,8 @@
 """Preflight: refuse, before allocating anything, work this machine cannot hold.
 
 ``check_memory`` compares what a loaded model occupies (weights at the chosen dtype from
-``model_footprint``, the cost model's view, plus every slot's recurrent state and its attention cache for ``cache_tokens``
-tokens) with the memory free on the device: ``MemAvailable`` (bounded by the cgroup limit, in a
+``model_footprint``, the cost model's view, plus every slot's recurrent state and its attention cache for
+``cache_tokens`` tokens) with the memory free on the device: ``MemAvailable`` (bounded by the cgroup limit, in a
 container) on a CPU, ``cudaMemGetInfo`` on a GPU. ``check_disk`` compares a checkpoint's size with the
 free space of the file system it goes to. Both raise ``PreflightError`` with one line such as
 "kimi-k3 needs 1.56 TB at bfloat16; this machine has 23 GB free".

@@ -116,7 +116,13 @@ def mlp(op, env):
     """target (+)= W_down act(W_gate x, W_up x) on the normalised input."""
     x = op_input(op, env)
     a = op.attrs
-    h = glu(linear(x, op.weights["gate"], op.weights.get("gate_b")), linear(x, op.weights["up"], op.weights.get("up_b")), a["act"], a["beta"], a["linear_beta"])
+    h = glu(
+        linear(x, op.weights["gate"], op.weights.get("gate_b")),
+        linear(x, op.weights["up"], op.weights.get("up_b")),
+        a["act"],
+        a["beta"],
+        a["linear_beta"],
+    )
     emit(op, env, linear(h, op.weights["down"], op.weights.get("down_b")))
 
 
@@ -184,7 +190,9 @@ def mla_attn(op, env):
     q_lat = env.seq(env.buf[op.reads[0]]).view(env.B, env.T, N, L)
     q_pe = env.seq(env.buf[op.reads[1]]).view(env.B, env.T, N, Rr)
     mask = env.batch.attention_mask(cached.shape[1])
-    o = unabsorb_output(latent_attention(q_lat, q_pe, cached[..., :L], cached[..., L:], mask, a["scale"]), op.weights["w_uv"])
+    o = unabsorb_output(
+        latent_attention(q_lat, q_pe, cached[..., :L], cached[..., L:], mask, a["scale"]), op.weights["w_uv"]
+    )
     o = o.reshape(-1, N * a["v_dim"])
     if a["gated"]:
         o = o * torch.sigmoid(env.buf[op.reads[2]].float())

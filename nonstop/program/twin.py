@@ -20,11 +20,21 @@ def narrow_twin(cfg: ModelConfig) -> ModelConfig:
         changes["rope"] = dataclasses.replace(cfg.rope, dim=8 if cfg.mla else 16)
     if cfg.mla:
         m = cfg.mla
-        changes["mla"] = dataclasses.replace(m, num_heads=2, q_lora_rank=24 if m.q_lora_rank else None, kv_lora_rank=16, qk_nope_head_dim=16, qk_rope_head_dim=8, v_head_dim=16)
+        changes["mla"] = dataclasses.replace(
+            m,
+            num_heads=2,
+            q_lora_rank=24 if m.q_lora_rank else None,
+            kv_lora_rank=16,
+            qk_nope_head_dim=16,
+            qk_rope_head_dim=8,
+            v_head_dim=16,
+        )
     if cfg.kda:
         changes["kda"] = dataclasses.replace(cfg.kda, num_heads=2, head_dim=16)
     if cfg.moe:
         m = cfg.moe
         per_group = max(2, -(-2 * m.top_k // m.num_groups))
-        changes["moe"] = dataclasses.replace(m, num_experts=per_group * m.num_groups, intermediate_size=32, latent_size=32 if m.latent_size else None)
+        changes["moe"] = dataclasses.replace(
+            m, num_experts=per_group * m.num_groups, intermediate_size=32, latent_size=32 if m.latent_size else None
+        )
     return dataclasses.replace(cfg, **changes)

@@ -61,11 +61,17 @@ def rank_backend(backend: str) -> str:
 def check_backend(backend: str, device: torch.device, world: int) -> None:
     backend = rank_backend(backend)
     if backend == "megakernel":
-        raise ValueError(f"backend 'megakernel' runs the whole step in one kernel on one device; under a multi-rank layout ({world} ranks) use --backend reference or superop")
+        raise ValueError(
+            "backend 'megakernel' runs the whole step in one kernel on one device; under a multi-rank layout "
+            f"({world} ranks) use --backend reference or superop"
+        )
     if backend not in BACKENDS:
         raise ValueError(f"unknown backend {backend!r}; under a multi-rank layout choose one of: {', '.join(BACKENDS)}")
     if backend == "superop" and device.type != "cuda" and not triton_interpreter():
-        raise ValueError("backend 'superop' runs Triton kernels: it needs CUDA devices, or TRITON_INTERPRET=1 to run them in Triton's CPU interpreter (for testing)")
+        raise ValueError(
+            "backend 'superop' runs Triton kernels: it needs CUDA devices, or TRITON_INTERPRET=1 to run them in "
+            "Triton's CPU interpreter (for testing)"
+        )
 
 
 def check_exchange(exchange: str) -> None:
@@ -102,8 +108,17 @@ class RankExecutor:
     "auto" (CUDA, superop, static exchange) | "emulate" (the capture / replay logic without CUDA: replay
     re-runs the step; for tests)."""
 
-    def __init__(self, comm: Comm, cfg: ModelConfig, model, backend: str = "reference", chunks: int = 1,
-                 overlap: bool = False, exchange: str = "auto", graphs="auto"):
+    def __init__(
+        self,
+        comm: Comm,
+        cfg: ModelConfig,
+        model,
+        backend: str = "reference",
+        chunks: int = 1,
+        overlap: bool = False,
+        exchange: str = "auto",
+        graphs="auto",
+    ):
         backend = rank_backend(backend)
         check_backend(backend, comm.device, comm.layout.world)
         check_exchange(exchange)
@@ -119,8 +134,9 @@ class RankExecutor:
             from nonstop.kernels import KERNELS
 
             self.kernels = {**KERNELS, **KERNEL_OPS}
-            kernel_modules = [m for name, m in sorted(sys.modules.items())
-                              if name.startswith("nonstop.kernels.") and m is not None]
+            kernel_modules = [
+                m for name, m in sorted(sys.modules.items()) if name.startswith("nonstop.kernels.") and m is not None
+            ]
         else:
             self.kernels = self.twins
         self.emulate = graphs == "emulate"
@@ -140,9 +156,18 @@ class RankExecutor:
         self._route_on_device()
         moe_in = self.program.buffers.get("moe_in")
         self._width_bytes = 0 if moe_in is None else moe_in.row_numel * self.program.dtype.itemsize
-        self.stats = {"steps": 0, "idle_steps": 0, "exchange": None, "exchange_steps": {"static": 0, "dynamic": 0},
-                      "graphs": reason, "graph_captures": 0, "graph_replays": 0, "host_syncs_per_step": None,
-                      "host_syncs": {}, "launches": {}}
+        self.stats = {
+            "steps": 0,
+            "idle_steps": 0,
+            "exchange": None,
+            "exchange_steps": {"static": 0, "dynamic": 0},
+            "graphs": reason,
+            "graph_captures": 0,
+            "graph_replays": 0,
+            "host_syncs_per_step": None,
+            "host_syncs": {},
+            "launches": {},
+        }
 
     def _route_on_device(self) -> None:
         """Build every placement's routing tables on the data device now, not inside a step."""
@@ -156,8 +181,19 @@ class RankExecutor:
         rank of an expert group: it depends on nothing rank-specific)."""
         max_rows = self.program.max_rows
         required = self.graphs and self.graphs_required
-        mode, reason = _kept(self._modes, group_rows, lambda: choose_exchange(
-            self.exchange, self.program.ops, group_rows, max_rows, self.comm.device.type, required, self._width_bytes))
+        mode, reason = _kept(
+            self._modes,
+            group_rows,
+            lambda: choose_exchange(
+                self.exchange,
+                self.program.ops,
+                group_rows,
+                max_rows,
+                self.comm.device.type,
+                required,
+                self._width_bytes,
+            ),
+        )
         self.stats["exchange"] = f"{mode}: {reason}"
         self.stats["exchange_steps"][mode] += 1
         return mode
@@ -186,14 +222,18 @@ class RankExecutor:
         self.stats["host_syncs_per_step"] = got["host_syncs"]
         self.stats["host_syncs"] = got["host_syncs_by_kind"]
 
-    def _run_captured(self, ids: torch.Tensor, cache: ModelCache, batch: StepBatch, group_rows: tuple[int, ...],
-                      mode: str):
+    def _run_captured(
+        self, ids: torch.Tensor, cache: ModelCache, batch: StepBatch, group_rows: tuple[int, ...], mode: str
+    ):
         """The step through its shape's CUDA graph: replayed when the cache storage is the one it was
         captured with, else run eagerly and captured again. Returns the shape's buffers."""
         B, T = ids.shape
         key = (B, T, bool(batch.keep_states), is_row_exact())
-        step = _kept(self._steps, key + (group_rows,),
-                     lambda: StaticStep(self.program, key, self.comm.device, self._pool, self.emulate))
+        step = _kept(
+            self._steps,
+            key + (group_rows,),
+            lambda: StaticStep(self.program, key, self.comm.device, self._pool, self.emulate),
+        )
         step.buf["ids"].copy_(ids.reshape(-1))
         step.slots.copy_(batch.slots)
         step.start.copy_(batch.start)
@@ -229,8 +269,14 @@ class RankExecutor:
         _restore(stats, counted)
         return step.buf
 
-    def run(self, ids: torch.Tensor, cache: ModelCache, batch: StepBatch, taps: tuple[int, ...] = (),
-            group_rows: tuple[int, ...] | None = None):
+    def run(
+        self,
+        ids: torch.Tensor,
+        cache: ModelCache,
+        batch: StepBatch,
+        taps: tuple[int, ...] = (),
+        group_rows: tuple[int, ...] | None = None,
+    ):
         """One step of this rank's attention group; ``group_rows``: rows (B·T) of every attention group this
         step (default: every group as many as this one)."""
         B, T = ids.shape
@@ -284,8 +330,14 @@ class RankExecutor:
                         module._parameters[name] = torch.nn.Parameter(tensor, requires_grad=False)
                     else:
                         module._buffers[name] = tensor
-            a.update(placement=placement, experts=module, local_experts=len(local), physical_experts=placement.physical,
-                     max_local=placement.max_local, local_fraction=placement.local_fraction(a["ep_rank"]))
+            a.update(
+                placement=placement,
+                experts=module,
+                local_experts=len(local),
+                physical_experts=placement.physical,
+                max_local=placement.max_local,
+                local_fraction=placement.local_fraction(a["ep_rank"]),
+            )
             a.pop("load", None)
             a.pop("static_plans", None)
         self._route_on_device()
@@ -296,5 +348,8 @@ class RankExecutor:
 
     def expert_load(self) -> dict[int, torch.Tensor]:
         """Pairs this rank routed to each logical expert so far, per MoE layer ({layer: [E]}, on the CPU)."""
-        return {op.layer: op.attrs.get("load", torch.zeros(op.attrs["moe"].num_experts, dtype=torch.long)).cpu().clone()
-                for op in self.program.ops if op.kind == "moe_ep"}
+        return {
+            op.layer: op.attrs.get("load", torch.zeros(op.attrs["moe"].num_experts, dtype=torch.long)).cpu().clone()
+            for op in self.program.ops
+            if op.kind == "moe_ep"
+        }

@@ -53,7 +53,14 @@ def _cpu(weights: str):
     return make
 
 
-BACKENDS = {"reference": ReferenceExecutor, "superop": _superop, "megakernel": _megakernel, "cpu": _cpu("auto"), "cpu-bf16": _cpu("bfloat16"), "cpu-int8": _cpu("int8")}
+BACKENDS = {
+    "reference": ReferenceExecutor,
+    "superop": _superop,
+    "megakernel": _megakernel,
+    "cpu": _cpu("auto"),
+    "cpu-bf16": _cpu("bfloat16"),
+    "cpu-int8": _cpu("int8"),
+}
 
 
 KERNEL_BACKENDS = ("superop", "megakernel")

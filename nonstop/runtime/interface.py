@@ -57,6 +57,4 @@ class Executor(Protocol):
     ) -> ModelCache:
         """The ``num_slots`` cache slots the engine decodes in: by default a ``ModelCache`` in this
         process (a multi-process executor keeps its slots on its ranks)."""
-        return ModelCache(
-            cfg, num_slots, capacity=INITIAL_SLOT_TOKENS, dtype=dtype, device=device, page_size=page_size
-        )
+        return ModelCache(cfg, num_slots, capacity=INITIAL_SLOT_TOKENS, dtype=dtype, device=device, page_size=page_size)

@@ -18,9 +18,17 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 log = logging.getLogger("nonstop.server")
 
-ERROR_TYPES = {400: "invalid_request_error", 401: "authentication_error", 404: "not_found_error",
-               405: "invalid_request_error", 413: "invalid_request_error", 422: "invalid_request_error",
-               429: "rate_limit_error", 500: "internal_error", 503: "service_unavailable"}
+ERROR_TYPES = {
+    400: "invalid_request_error",
+    401: "authentication_error",
+    404: "not_found_error",
+    405: "invalid_request_error",
+    413: "invalid_request_error",
+    422: "invalid_request_error",
+    429: "rate_limit_error",
+    500: "internal_error",
+    503: "service_unavailable",
+}
 
 
 class ASCIIJSONResponse(JSONResponse):
@@ -33,8 +41,15 @@ class ASCIIJSONResponse(JSONResponse):
 class APIError(Exception):
     """An error for the client: HTTP ``status`` and the OpenAI error fields."""
 
-    def __init__(self, status: int, message: str, param: str | None = None, code: str | None = None,
-                 type: str | None = None, headers: dict[str, str] | None = None):
+    def __init__(
+        self,
+        status: int,
+        message: str,
+        param: str | None = None,
+        code: str | None = None,
+        type: str | None = None,
+        headers: dict[str, str] | None = None,
+    ):
         super().__init__(message)
         self.status = status
         self.message = message

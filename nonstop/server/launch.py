@@ -10,9 +10,17 @@ from nonstop.server.app import ServingContext, create_app
 from nonstop.server.translate import Limits
 
 
-def build_context(llm: LLM, served_names: list[str], max_batch: int = 16, max_waiting: int = 256,
-                  max_model_len: int | None = None, max_prompts: int = 16, max_body_bytes: int = 1 << 20,
-                  api_key: str | None = None, default_max_tokens: int | None = None) -> ServingContext:
+def build_context(
+    llm: LLM,
+    served_names: list[str],
+    max_batch: int = 16,
+    max_waiting: int = 256,
+    max_model_len: int | None = None,
+    max_prompts: int = 16,
+    max_body_bytes: int = 1 << 20,
+    api_key: str | None = None,
+    default_max_tokens: int | None = None,
+) -> ServingContext:
     """An engine loop with ``max_batch`` slots (errors isolated per request; prefill chunk and batch
     invariance as ``llm`` was made with) and the server's limits. default_max_tokens: for requests
     without max_tokens (None: the checkpoint's generation_config.json ``max_new_tokens``, if any)."""

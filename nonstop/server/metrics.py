@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import math
 import threading
-from typing import Callable
+from collections.abc import Callable
 
 TEXT_CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 
@@ -94,12 +94,25 @@ class ServerMetrics:
     def __init__(self, active: Callable[[], int], waiting: Callable[[], int]):
         self._lock = threading.Lock()
         self.requests = Counter("nonstop_requests_total", "HTTP requests by endpoint and status code.")
-        self.finished = Counter("nonstop_request_finish_total", "Generation requests that ended, by finish reason (stop, length, abort, error).")
+        self.finished = Counter(
+            "nonstop_request_finish_total",
+            "Generation requests that ended, by finish reason (stop, length, abort, error).",
+        )
         self.prompt_tokens = Counter("nonstop_prompt_tokens_total", "Prompt tokens of requests that ended.")
         self.generation_tokens = Counter("nonstop_generation_tokens_total", "Tokens generated.")
-        self.ttft = Histogram("nonstop_time_to_first_token_seconds", "Time from request arrival to its first generated token.", TTFT_BUCKETS)
-        self.tpot = Histogram("nonstop_time_per_output_token_seconds", "Mean time per generated token after the first, per request.", TPOT_BUCKETS)
-        self.latency = Histogram("nonstop_request_latency_seconds", "Time from request arrival to its last token.", LATENCY_BUCKETS)
+        self.ttft = Histogram(
+            "nonstop_time_to_first_token_seconds",
+            "Time from request arrival to its first generated token.",
+            TTFT_BUCKETS,
+        )
+        self.tpot = Histogram(
+            "nonstop_time_per_output_token_seconds",
+            "Mean time per generated token after the first, per request.",
+            TPOT_BUCKETS,
+        )
+        self.latency = Histogram(
+            "nonstop_request_latency_seconds", "Time from request arrival to its last token.", LATENCY_BUCKETS
+        )
         self.gauges = [
             Gauge("nonstop_active_sequences", "Sequences holding a cache slot (prefilling or decoding).", active),
             Gauge("nonstop_queue_depth", "Requests waiting for a free slot.", waiting),
@@ -123,5 +136,14 @@ class ServerMetrics:
 
     def render(self) -> str:
         with self._lock:
-            families = [self.requests, self.finished, self.prompt_tokens, self.generation_tokens, self.ttft, self.tpot, self.latency, *self.gauges]
+            families = [
+                self.requests,
+                self.finished,
+                self.prompt_tokens,
+                self.generation_tokens,
+                self.ttft,
+                self.tpot,
+                self.latency,
+                *self.gauges,
+            ]
             return "\n".join(line for f in families for line in f.lines()) + "\n"

@@ -85,25 +85,64 @@ class ResponseBuilder:
             return None
         texts = [self.tokenizer.token_text(t) for t in token_ids]
         if self.kind == "chat":
-            return {"content": [{"token": s, "logprob": row[t], "bytes": list(s.encode()), "top_logprobs": [{"token": a, "logprob": lp, "bytes": list(a.encode())} for a, lp in self._top(row)]} for s, t, row in zip(texts, token_ids, rows)]}
+            return {
+                "content": [
+                    {
+                        "token": s,
+                        "logprob": row[t],
+                        "bytes": list(s.encode()),
+                        "top_logprobs": [
+                            {"token": a, "logprob": lp, "bytes": list(a.encode())} for a, lp in self._top(row)
+                        ],
+                    }
+                    for s, t, row in zip(texts, token_ids, rows)
+                ]
+            }
         offsets, pos = [], offset
         for s in texts:
             offsets.append(pos)
             pos += len(s)
-        return {"tokens": texts, "token_logprobs": [row[t] for t, row in zip(token_ids, rows)], "top_logprobs": [dict(self._top(row)) for row in rows], "text_offset": offsets}
+        return {
+            "tokens": texts,
+            "token_logprobs": [row[t] for t, row in zip(token_ids, rows)],
+            "top_logprobs": [dict(self._top(row)) for row in rows],
+            "text_offset": offsets,
+        }
 
     # ------------------------------------------------------------------ whole responses
     def body(self, choices: list[Choice], echo_texts: list[str] | None = None) -> dict:
         if self.kind == "chat":
-            items = [{"index": c.index, "message": {"role": "assistant", "content": c.text}, "logprobs": self.logprobs(c.token_ids, c.logprobs), "finish_reason": finish_reason(c.finish_reason)} for c in choices]
+            items = [
+                {
+                    "index": c.index,
+                    "message": {"role": "assistant", "content": c.text},
+                    "logprobs": self.logprobs(c.token_ids, c.logprobs),
+                    "finish_reason": finish_reason(c.finish_reason),
+                }
+                for c in choices
+            ]
             obj = "chat.completion"
         else:
             items = []
             for c in choices:
                 echo = echo_texts[c.index] if echo_texts else ""
-                items.append({"index": c.index, "text": echo + c.text, "logprobs": self.logprobs(c.token_ids, c.logprobs, len(echo)), "finish_reason": finish_reason(c.finish_reason)})
+                items.append(
+                    {
+                        "index": c.index,
+                        "text": echo + c.text,
+                        "logprobs": self.logprobs(c.token_ids, c.logprobs, len(echo)),
+                        "finish_reason": finish_reason(c.finish_reason),
+                    }
+                )
             obj = "text_completion"
-        return {"id": self.id, "object": obj, "created": self.created, "model": self.model, "choices": items, "usage": usage(choices)}
+        return {
+            "id": self.id,
+            "object": obj,
+            "created": self.created,
+            "model": self.model,
+            "choices": items,
+            "usage": usage(choices),
+        }
 
     # ------------------------------------------------------------------ stream chunks
     def chunk(self, choice_fields: list[dict], usage_fields: dict | None = None) -> dict:
@@ -115,7 +154,9 @@ class ResponseBuilder:
 
     def role_chunk(self, index: int) -> dict:
         """Chat streams open each choice with the assistant role."""
-        return self.chunk([{"index": index, "delta": {"role": "assistant", "content": ""}, "logprobs": None, "finish_reason": None}])
+        return self.chunk(
+            [{"index": index, "delta": {"role": "assistant", "content": ""}, "logprobs": None, "finish_reason": None}]
+        )
 
     def delta_chunk(self, index: int, event: StreamEvent, text_offset: int = 0, prefix: str = "") -> dict | None:
         """The chunk for one event (None when it carries nothing to send)."""

@@ -9,7 +9,7 @@ engine frees the slots.
 from __future__ import annotations
 
 import asyncio
-from typing import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 
 from nonstop.engine.loop import EngineLoop, EngineOverloaded, EngineStopped, StreamEvent
 from nonstop.engine.requests import Request
@@ -39,21 +39,30 @@ class Submission:
         except (EngineOverloaded, EngineStopped) as exc:
             self.cancel()
             if isinstance(exc, EngineOverloaded):
-                raise APIError(429, f"server overloaded: {exc}", code="queue_full",
-                               headers={"Retry-After": str(RETRY_AFTER_S)}) from None
-            raise APIError(503, f"server unavailable: {exc}", code="engine_unavailable",
-                           headers={"Retry-After": str(RETRY_AFTER_S)}) from None
+                raise APIError(
+                    429, f"server overloaded: {exc}", code="queue_full", headers={"Retry-After": str(RETRY_AFTER_S)}
+                ) from None
+            raise APIError(
+                503,
+                f"server unavailable: {exc}",
+                code="engine_unavailable",
+                headers={"Retry-After": str(RETRY_AFTER_S)},
+            ) from None
 
     def _sink(self, loop: asyncio.AbstractEventLoop, index: int) -> Callable[[StreamEvent], None]:
         def sink(event: StreamEvent) -> None:
             if event.finished:
                 req = event.request
-                self.metrics.record_finished(event.finish_reason, len(req.prompt_ids), len(req.output_ids), req.output().metrics)
+                self.metrics.record_finished(
+                    event.finish_reason, len(req.prompt_ids), len(req.output_ids), req.output().metrics
+                )
             loop.call_soon_threadsafe(self.queue.put_nowait, (index, event))
 
         return sink
 
-    async def events(self, is_disconnected: Callable[[], Awaitable[bool]] | None = None) -> AsyncIterator[tuple[int, StreamEvent]]:
+    async def events(
+        self, is_disconnected: Callable[[], Awaitable[bool]] | None = None
+    ) -> AsyncIterator[tuple[int, StreamEvent]]:
         """(choice index, event) until all requests end. With ``is_disconnected`` the client is polled
         while waiting, and a gone client cancels the requests and ends the iteration."""
         loop = asyncio.get_running_loop()
@@ -64,7 +73,7 @@ class Submission:
             else:
                 try:
                     index, event = await asyncio.wait_for(self.queue.get(), max(0.0, next_check - loop.time()))
-                except asyncio.TimeoutError:
+                except TimeoutError:
                     index = event = None
                 if loop.time() >= next_check:
                     next_check = loop.time() + DISCONNECT_POLL_S

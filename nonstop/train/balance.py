@@ -24,7 +24,8 @@ def bias_update(bias: torch.Tensor, load: torch.Tensor, rate: float) -> None:
 
 
 def load_spread(load: torch.Tensor) -> float:
-    """max(load) / mean(load) of one layer: 1.0 is perfect balance, E / top_k means every token picks the same experts."""
+    """max(load) / mean(load) of one layer: 1.0 is perfect balance, E / top_k means every token picks the same
+    experts."""
     load = load.float()
     return float(load.max() / load.mean().clamp_min(1e-9))
 
@@ -57,7 +58,11 @@ class ExpertBalancer:
         """Apply the bias update for the loads counted since the last call, then reset the counts."""
         with torch.no_grad():
             for name, m in self.moes.items():
-                bias_update(m.gate.e_score_correction_bias, self.loads[name].to(m.gate.e_score_correction_bias.device), self.rate)
+                bias_update(
+                    m.gate.e_score_correction_bias,
+                    self.loads[name].to(m.gate.e_score_correction_bias.device),
+                    self.rate,
+                )
                 self.total[name] += self.loads[name]
                 self.recent[name] += self.loads[name]
                 self.loads[name].zero_()

@@ -38,9 +38,9 @@ import sys
 import tarfile
 import tempfile
 import urllib.parse
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Iterator
 
 from nonstop.train.rst_clean import clean_rst, collect_labels
 
@@ -323,7 +323,7 @@ def clean_documents(
 
 def is_heldout(doc_id: str, permille: int = HELDOUT_PERMILLE) -> bool:
     """Stable split rule: salted SHA-256 of the id, first 4 bytes mod 1000 < ``permille``."""
-    digest = hashlib.sha256(f"{SPLIT_SALT}:{doc_id}".encode("utf-8")).digest()
+    digest = hashlib.sha256(f"{SPLIT_SALT}:{doc_id}".encode()).digest()
     return int.from_bytes(digest[:4], "big") % 1000 < permille
 
 

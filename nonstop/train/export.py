@@ -22,7 +22,9 @@ TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_ma
 DTYPE_NAMES = {torch.float32: "float32", torch.bfloat16: "bfloat16", torch.float16: "float16"}
 
 
-def hf_tensors(cfg: ModelConfig, state: dict[str, torch.Tensor], dtype: torch.dtype = torch.bfloat16) -> dict[str, torch.Tensor]:
+def hf_tensors(
+    cfg: ModelConfig, state: dict[str, torch.Tensor], dtype: torch.dtype = torch.bfloat16
+) -> dict[str, torch.Tensor]:
     """{HF name: tensor} for a model state dict {internal param: tensor} of ``cfg``."""
     out: dict[str, torch.Tensor] = {}
     for spec in checkpoint_layout(cfg):
@@ -45,7 +47,13 @@ def generation_config(cfg: ModelConfig, max_new_tokens: int = 64) -> dict:
     return {k: v for k, v in gen.items() if v is not None}
 
 
-def save_checkpoint(model: torch.nn.Module, out_dir: str | Path, tokenizer_dir: str | Path | None = None, dtype: torch.dtype = torch.bfloat16, max_new_tokens: int = 64) -> Path:
+def save_checkpoint(
+    model: torch.nn.Module,
+    out_dir: str | Path,
+    tokenizer_dir: str | Path | None = None,
+    dtype: torch.dtype = torch.bfloat16,
+    max_new_tokens: int = 64,
+) -> Path:
     """Write ``model`` (a ``CausalLM``) to ``out_dir``; returns the directory."""
     from safetensors.torch import save_file
 

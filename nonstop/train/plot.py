@@ -18,7 +18,14 @@ def smooth(values: list[float], window: int) -> np.ndarray:
     return (c[idx] - c[lo]) / (idx - lo)
 
 
-def plot_loss_curve(history: list[dict], evals: list[dict], path: str | Path, title: str = "", eval_tokens: int | None = None, final: tuple[int, float, str] | None = None) -> Path | None:
+def plot_loss_curve(
+    history: list[dict],
+    evals: list[dict],
+    path: str | Path,
+    title: str = "",
+    eval_tokens: int | None = None,
+    final: tuple[int, float, str] | None = None,
+) -> Path | None:
     """Train loss (raw and smoothed), periodic held-out loss (on the first ``eval_tokens`` held-out ids)
     and the ``final`` held-out point (tokens seen, NLL, label) against tokens seen; None without matplotlib."""
     try:
@@ -36,7 +43,9 @@ def plot_loss_curve(history: list[dict], evals: list[dict], path: str | Path, ti
     ax.plot(tokens, smooth(losses, 25), color="tab:blue", linewidth=1.8, label="train (25-step mean)")
     if evals:
         label = f"held-out (first {eval_tokens:,} tokens)" if eval_tokens else "held-out"
-        ax.plot([e["tokens"] / 1e6 for e in evals], [e["heldout_nll"] for e in evals], "o-", color="tab:red", label=label)
+        ax.plot(
+            [e["tokens"] / 1e6 for e in evals], [e["heldout_nll"] for e in evals], "o-", color="tab:red", label=label
+        )
     if final is not None:
         ax.plot([final[0] / 1e6], [final[1]], "*", color="black", markersize=12, label=final[2])
     ax.set_xlabel("tokens seen (millions)")

@@ -51,9 +51,7 @@ DROPPED_DIRECTIVES = frozenset(
 )
 
 #: Directives whose body is a block of code.
-CODE_DIRECTIVES = frozenset(
-    "code-block sourcecode code doctest testcode testoutput parsed-literal".split()
-)
+CODE_DIRECTIVES = frozenset("code-block sourcecode code doctest testcode testoutput parsed-literal".split())
 
 #: Admonitions: the body is kept, prefixed by the label.
 ADMONITION_LABELS = {
@@ -156,7 +154,7 @@ def _skip_simple_table(lines: list[str], i: int) -> int:
 
 _LITERAL_RE = re.compile(r"``(.+?)``")
 _ESCAPE_BASE = 0xF0000  # private-use plane used to protect escaped characters
-_ESCAPED_RE = re.compile("[\U000F0000-\U000FFFFD]")
+_ESCAPED_RE = re.compile("[\U000f0000-\U000ffffd]")
 _ROLE_RE = re.compile(r"(?<![\w`]):((?:[\w.+-]+:)*[\w.+-]+):`([^`]*)`")
 _TITLED_TARGET_RE = re.compile(r"^(.*?)\s*<([^<>]+)>$", re.S)
 _LINK_RE = re.compile(r"`([^`]*?)\s*<([^<>`]*)>`_{1,2}")
@@ -176,6 +174,7 @@ _CALLABLE_ROLES = frozenset({"func", "meth"})
 def _protect_escapes(text: str) -> str:
     """Apply backslash escapes: ``\\ `` vanishes, ``\\x`` becomes a protected ``x``."""
     text = re.sub(r"\\[ \n]", "", text)
+
     def protect(match: re.Match[str]) -> str:
         char = match.group(1)
         return chr(_ESCAPE_BASE + ord(char)) if ord(char) < 0xFFFD else char

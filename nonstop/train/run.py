@@ -15,20 +15,20 @@ import json
 import os
 import platform
 import time
+from collections.abc import Callable
 from dataclasses import asdict
 from pathlib import Path
-from typing import Callable
 
 import torch
 
 from nonstop.config import ModelConfig
 from nonstop.engine.perplexity import score_token_ids
 from nonstop.hostinfo import cpu_name
+from nonstop.program.footprint import model_footprint
 from nonstop.train.export import save_checkpoint
 from nonstop.train.plot import plot_loss_curve
 from nonstop.train.tokens import DEFAULT_CACHE_DIR, cached_token_ids
 from nonstop.train.trainer import TrainConfig, init_model, train
-from nonstop.program.footprint import model_footprint
 
 SAMPLE_PROMPTS = ("The", "The Python interpreter", "A list is", "To open a file,", "This module provides")
 FINAL_CONTEXT = 512
@@ -44,7 +44,16 @@ def greedy_samples(model_dir: Path, prompts=SAMPLE_PROMPTS, max_tokens: int = 48
     return [{"prompt": p, "completion": o.text} for p, o in zip(prompts, outs)]
 
 
-def run_training(corpus_dir: Path, tokenizer_dir: Path, cfg: ModelConfig, tc: TrainConfig, out_dir: Path, cache_dir: Path = DEFAULT_CACHE_DIR, log: Callable[[str], None] = print, samples: bool = True) -> dict:
+def run_training(
+    corpus_dir: Path,
+    tokenizer_dir: Path,
+    cfg: ModelConfig,
+    tc: TrainConfig,
+    out_dir: Path,
+    cache_dir: Path = DEFAULT_CACHE_DIR,
+    log: Callable[[str], None] = print,
+    samples: bool = True,
+) -> dict:
     """Train ``cfg`` from scratch on ``corpus_dir`` and write everything to ``out_dir``; returns the log dict."""
     from nonstop.model.build import load_model
 
@@ -56,29 +65,61 @@ def run_training(corpus_dir: Path, tokenizer_dir: Path, cfg: ModelConfig, tc: Tr
     if top >= cfg.vocab_size:
         raise ValueError(f"tokenizer id {top} does not fit the model's vocabulary of {cfg.vocab_size}")
     fp = model_footprint(cfg, torch.bfloat16)
-    log(f"model: {cfg.family}, {fp.total_params / 1e6:.2f}M parameters ({fp.active_params / 1e6:.2f}M active + {fp.embedding_params / 1e6:.2f}M embedding), {fp.weight_bytes / 1e6:.1f} MB in bf16")
-    log(f"data: {len(train_ids):,} training tokens, {len(heldout_ids):,} held-out tokens; batch {tc.batch_size} x {tc.seq_len}; {tc.threads} threads; budget {tc.minutes:g} min")
+    log(
+        f"model: {cfg.family}, {fp.total_params / 1e6:.2f}M parameters ({fp.active_params / 1e6:.2f}M active + "
+        f"{fp.embedding_params / 1e6:.2f}M embedding), {fp.weight_bytes / 1e6:.1f} MB in bf16"
+    )
+    log(
+        f"data: {len(train_ids):,} training tokens, {len(heldout_ids):,} held-out tokens; batch {tc.batch_size} x "
+        f"{tc.seq_len}; {tc.threads} threads; budget {tc.minutes:g} min"
+    )
     model = init_model(cfg, tc.seed)
     result = train(model, train_ids, heldout_ids, tc, log)
-    log(f"trained: {result.steps} steps, {result.tokens:,} tokens ({result.epochs:.2f} epochs) in {result.wall_s / 60:.1f} min, {result.tokens / max(result.wall_s, 1e-9):,.0f} tokens/s")
+    log(
+        f"trained: {result.steps} steps, {result.tokens:,} tokens ({result.epochs:.2f} epochs) in "
+        f"{result.wall_s / 60:.1f} min, {result.tokens / max(result.wall_s, 1e-9):,.0f} tokens/s"
+    )
     save_checkpoint(model, out_dir, tokenizer_dir)
     del model
     saved = load_model(cfg, out_dir, torch.float32)
     final = score_token_ids(saved, heldout_ids, context=FINAL_CONTEXT, batch_size=8)
-    log(f"held-out ({final.tokens:,} tokens, context {FINAL_CONTEXT}, bf16 checkpoint): mean NLL {final.mean_nll:.4f}, perplexity {final.perplexity:.2f}")
+    log(
+        f"held-out ({final.tokens:,} tokens, context {FINAL_CONTEXT}, bf16 checkpoint): mean NLL "
+        f"{final.mean_nll:.4f}, perplexity {final.perplexity:.2f}"
+    )
     record = {
         "model_config": cfg.to_hf_dict(),
-        "parameters": {"total": fp.total_params, "active": fp.active_params, "embedding": fp.embedding_params, "bf16_bytes": fp.weight_bytes},
+        "parameters": {
+            "total": fp.total_params,
+            "active": fp.active_params,
+            "embedding": fp.embedding_params,
+            "bf16_bytes": fp.weight_bytes,
+        },
         "train_config": asdict(tc),
-        "data": {"corpus": str(corpus_dir), "tokenizer": str(tokenizer_dir), "train_tokens": int(len(train_ids)), "heldout_tokens": int(len(heldout_ids))},
-        "machine": {"torch": torch.__version__, "threads": torch.get_num_threads(), "cpu_count": _cpu_count(), "platform": platform.platform(), "processor": cpu_name(), "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY"), "sched_autogroup": _autogroup()},
+        "data": {
+            "corpus": str(corpus_dir),
+            "tokenizer": str(tokenizer_dir),
+            "train_tokens": int(len(train_ids)),
+            "heldout_tokens": int(len(heldout_ids)),
+        },
+        "machine": {
+            "torch": torch.__version__,
+            "threads": torch.get_num_threads(),
+            "cpu_count": _cpu_count(),
+            "platform": platform.platform(),
+            "processor": cpu_name(),
+            "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY"),
+            "sched_autogroup": _autogroup(),
+        },
         "result": {
             "steps": result.steps,
             "tokens_seen": result.tokens,
             "epochs": round(result.epochs, 3),
             "train_wall_s": round(result.wall_s, 1),
             "tokens_per_s": round(result.tokens / max(result.wall_s, 1e-9), 1),
-            "final_train_loss_mean_last_50": round(sum(h["loss"] for h in result.history[-50:]) / max(len(result.history[-50:]), 1), 4),
+            "final_train_loss_mean_last_50": round(
+                sum(h["loss"] for h in result.history[-50:]) / max(len(result.history[-50:]), 1), 4
+            ),
             "heldout_tokens_scored": final.tokens,
             "heldout_context": FINAL_CONTEXT,
             "heldout_mean_nll": round(final.mean_nll, 4),
@@ -93,7 +134,8 @@ def run_training(corpus_dir: Path, tokenizer_dir: Path, cfg: ModelConfig, tc: Tr
         result.history,
         result.evals,
         out_dir / "loss_curve.png",
-        title=f"{cfg.family}, {fp.total_params / 1e6:.2f}M parameters: {result.tokens / 1e6:.2f}M tokens in {result.wall_s / 60:.0f} min on {tc.threads} threads",
+        title=f"{cfg.family}, {fp.total_params / 1e6:.2f}M parameters: {result.tokens / 1e6:.2f}M tokens in "
+        f"{result.wall_s / 60:.0f} min on {tc.threads} threads",
         eval_tokens=tc.eval_tokens,
         final=(result.tokens, final.mean_nll, f"final held-out (all {final.tokens:,} tokens, context {FINAL_CONTEXT})"),
     )

@@ -14,8 +14,8 @@ from __future__ import annotations
 import math
 import os
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
-from typing import Callable
 
 import numpy as np
 import torch
@@ -111,7 +111,13 @@ def clock(seconds: float) -> str:
     return f"{seconds // 60}:{seconds % 60:02d}"
 
 
-def train(model: CausalLM, train_ids: np.ndarray, heldout_ids: np.ndarray | None, tc: TrainConfig, log: Callable[[str], None] = print) -> TrainResult:
+def train(
+    model: CausalLM,
+    train_ids: np.ndarray,
+    heldout_ids: np.ndarray | None,
+    tc: TrainConfig,
+    log: Callable[[str], None] = print,
+) -> TrainResult:
     """Optimise ``model`` in place on ``train_ids`` for ``tc.minutes`` (or ``tc.max_steps``); returns the record."""
     torch.set_num_threads(tc.threads)
     torch.manual_seed(tc.seed)
@@ -153,17 +159,42 @@ def train(model: CausalLM, train_ids: np.ndarray, heldout_ids: np.ndarray | None
             result.tokens += inputs.numel()
             window_tokens += inputs.numel()
             now = time.monotonic()
-            result.history.append({"step": result.steps, "tokens": result.tokens, "elapsed_s": round(now - start, 2), "loss": round(loss.item(), 4), "lr": lr, "grad_norm": round(grad_norm, 4)})
+            result.history.append(
+                {
+                    "step": result.steps,
+                    "tokens": result.tokens,
+                    "elapsed_s": round(now - start, 2),
+                    "loss": round(loss.item(), 4),
+                    "lr": lr,
+                    "grad_norm": round(grad_norm, 4),
+                }
+            )
             if now - last_log >= tc.log_every_s or result.steps == 1:
                 speed = window_tokens / max(now - window_t0, 1e-9)
                 recent = np.mean([h["loss"] for h in result.history[-20:]])
-                log(f"step {result.steps:5d} | tokens {result.tokens:>10,} | loss {recent:.3f} | lr {lr:.2e} | {speed:,.0f} tok/s | elapsed {clock(now - start)} | ETA {clock(budget - (now - start))} | load {os.getloadavg()[0]:.1f}")
+                log(
+                    f"step {result.steps:5d} | tokens {result.tokens:>10,} | loss {recent:.3f} | lr {lr:.2e} | "
+                    f"{speed:,.0f} tok/s | elapsed {clock(now - start)} | ETA {clock(budget - (now - start))} | load "
+                    f"{os.getloadavg()[0]:.1f}"
+                )
                 last_log, window_tokens, window_t0 = now, 0, now
             if heldout_ids is not None and now - last_eval >= tc.eval_every_s:
                 nll = heldout_nll(model, heldout_ids, tc.eval_tokens, tc.seq_len)
-                result.evals.append({"step": result.steps, "tokens": result.tokens, "elapsed_s": round(now - start, 1), "heldout_nll": round(nll, 4), "heldout_ppl": round(math.exp(nll), 2), "load_avg_1m": round(os.getloadavg()[0], 2)})
+                result.evals.append(
+                    {
+                        "step": result.steps,
+                        "tokens": result.tokens,
+                        "elapsed_s": round(now - start, 1),
+                        "heldout_nll": round(nll, 4),
+                        "heldout_ppl": round(math.exp(nll), 2),
+                        "load_avg_1m": round(os.getloadavg()[0], 2),
+                    }
+                )
                 spread = max(balancer.recent_spreads().values(), default=1.0)
-                log(f"eval  step {result.steps} | held-out ({tc.eval_tokens} tokens) nll {nll:.3f} ppl {math.exp(nll):.1f} | expert load max/mean {spread:.2f}")
+                log(
+                    f"eval  step {result.steps} | held-out ({tc.eval_tokens} tokens) nll {nll:.3f} ppl "
+                    f"{math.exp(nll):.1f} | expert load max/mean {spread:.2f}"
+                )
                 last_eval = time.monotonic()
                 window_t0 += last_eval - now  # evaluation time is not training speed
     finally:

@@ -32,10 +32,12 @@ import inspect
 
 MAX_SOURCE = 200_000
 
-DTYPES = set("""
+DTYPES = set(
+    """
     bfloat16 bool double float float16 float32 float64 float8_e4m3fn float8_e4m3fnuz float8_e5m2 float8_e5m2fnuz
     float8_e8m0fnu half int int16 int32 int64 int8 long short uint16 uint32 uint64 uint8
-""".split())
+""".split()
+)
 TORCH_ALLOWED = DTYPES | set(
     "dtype device Tensor Size empty empty_like empty_strided zeros zeros_like finfo iinfo".split()
 )
@@ -47,7 +49,8 @@ TL_BANNED = {"inline_asm_elementwise", "globaltimer", "clock", "core", "semantic
 ALLOWED_MODULES = {"torch", "triton", "triton.language", "math", "typing", "__future__"}
 # attributes a Triton kernel may use on its values (tensors, pointers, dtypes, constexprs); under the CPU
 # interpreter kernel bodies run as Python, so nothing else (e.g. a NumPy handle's file methods) is reachable
-JIT_ATTRS = set("""
+JIT_ATTRS = set(
+    """
     T abs argmax argmin associative_scan atomic_add atomic_and atomic_cas atomic_max atomic_min atomic_or
     atomic_xchg atomic_xor broadcast_to cast cdiv ceil cos cumprod cumsum dtype element_ty erf exp exp2 expand_dims
     flip floor fp_mantissa_width gather histogram int_bitwidth is_bf16 is_block is_bool is_floating is_fp16 is_fp32
@@ -55,18 +58,22 @@ JIT_ATTRS = set("""
     is_standard_floating is_uint16 is_uint32 is_uint64 is_uint8 kind log log2 logical_and logical_or max min numel
     permute primitive_bitwidth ravel reduce reshape rsqrt scalar shape sigmoid sin softmax sort split sqrt sqrt_rn
     sum to trans type value view with_element_ty xor_sum
-""".split())
+""".split()
+)
 BUILTINS_IN_KERNELS = {"range", "min", "max", "len", "abs", "int", "float", "bool", "print", "tuple", "isinstance"}
 
-BANNED_NAMES = set("""
+BANNED_NAMES = set(
+    """
     BaseException GeneratorExit KeyboardInterrupt SystemExit __import__ asyncio atexit breakpoint builtins
     classmethod compile concurrent copyright credits ctypes delattr dir eval exec exit functools gc getattr globals
     hasattr hash help id importlib input inspect io license locals marshal memoryview multiprocessing nonstop np
     numpy object open os pathlib pickle property quit random reload setattr shutil signal socket staticmethod
     subprocess super sys threading time traceback type vars weakref
-""".split())
+""".split()
+)
 # host-code attributes: storage and value access, copies, compute, stream tricks, container mutation
-BANNED_HOST_ATTRS = set("""
+BANNED_HOST_ATTRS = set(
+    """
     abs add add_ addcdiv addcmul addmm addmm_ all allclose any append apply apply_ argmax argsort backward baddbmm
     bfloat16 bmm cat chunk clamp clamp_ clear clone contiguous copy_ cpu cuda cumsum data_ptr device_caches discard
     div div_ dot double einsum eq equal exp extend fill_ flip float fn forward gather ge grad gt half index_add_
@@ -77,7 +84,8 @@ BANNED_HOST_ATTRS = set("""
     requires_grad_ resize_ resize_as_ reverse roll rsqrt run scatter_ scatter_add_ set_ setdefault share_memory_
     sigmoid softmax sort split sqrt src stack state_dict storage stream sub sub_ sum synchronize tanh tensor tile
     to tolist topk type_as unbind untyped_storage update warmup where
-""".split())
+""".split()
+)
 FRAME_PREFIXES = ("f_", "co_", "gi_", "cr_", "ag_", "tb_")
 
 

@@ -29,12 +29,15 @@ def read_index(index_path: Path) -> dict[str, str]:
     weight_map = raw.get("weight_map")
     if not isinstance(weight_map, dict):
         got = type(weight_map).__name__ if "weight_map" in raw else "nothing"
-        raise CheckpointError(f"{index_path}: corrupt index: 'weight_map' must be an object of tensor name -> shard "
-                              f"file, got {got}")
+        raise CheckpointError(
+            f"{index_path}: corrupt index: 'weight_map' must be an object of tensor name -> shard file, got {got}"
+        )
     for name, shard in weight_map.items():
         if not isinstance(shard, str) or not shard or Path(shard).name != shard or shard in (".", ".."):
-            raise CheckpointError(f"{index_path}: corrupt index: tensor {name!r} maps to {shard!r}, not a shard file "
-                                  "name in the checkpoint directory")
+            raise CheckpointError(
+                f"{index_path}: corrupt index: tensor {name!r} maps to {shard!r}, not a shard file "
+                "name in the checkpoint directory"
+            )
     return weight_map
 
 
@@ -83,9 +86,11 @@ def _check_fp8_scale(name: str, w_shape, scale_name: str, located: dict, block) 
     _, s_shape = f.meta(scale_name)
     want = (-(-w_shape[0] // block[0]), -(-w_shape[1] // block[1])) if len(w_shape) == 2 else None
     if want is None or tuple(s_shape) != want:
-        raise CheckpointError(f"tensor {scale_name!r} in {f.path.name} has shape {list(s_shape)}, expected "
-                              f"{list(want) if want else 'a 2-D weight'} (block scales of {name!r} {list(w_shape)}, "
-                              f"blocks {list(block)})")
+        raise CheckpointError(
+            f"tensor {scale_name!r} in {f.path.name} has shape {list(s_shape)}, expected "
+            f"{list(want) if want else 'a 2-D weight'} (block scales of {name!r} {list(w_shape)}, "
+            f"blocks {list(block)})"
+        )
 
 
 def check_finite(name: str, t: torch.Tensor, where: str) -> None:
@@ -121,16 +126,26 @@ def check_tensor(name: str, spec: TensorSpec, located: dict, fp8_block: tuple[in
     f = located[name]
     dtype, shape = f.meta(name)
     if shape != spec.hf_shape:
-        raise CheckpointError(f"tensor {name!r} in {f.path.name} has shape {list(shape)}, expected {list(spec.hf_shape)} (parameter {spec.param})")
+        raise CheckpointError(
+            f"tensor {name!r} in {f.path.name} has shape {list(shape)}, expected {list(spec.hf_shape)} (parameter "
+            f"{spec.param})"
+        )
     if spec.kind == "u8":
         if dtype != torch.uint8:
-            raise CheckpointError(f"tensor {name!r} in {f.path.name} has dtype {dtype}, expected torch.uint8 (packed MXFP4)")
+            raise CheckpointError(
+                f"tensor {name!r} in {f.path.name} has dtype {dtype}, expected torch.uint8 (packed MXFP4)"
+            )
     elif dtype in FP8:
         if _fp8_scale_name(name) not in located:
-            raise CheckpointError(f"tensor {name!r} in {f.path.name} is fp8 but its scale {_fp8_scale_name(name)!r} is missing")
+            raise CheckpointError(
+                f"tensor {name!r} in {f.path.name} is fp8 but its scale {_fp8_scale_name(name)!r} is missing"
+            )
         _check_fp8_scale(name, shape, _fp8_scale_name(name), located, fp8_block)
     elif not dtype.is_floating_point:
-        raise CheckpointError(f"tensor {name!r} in {f.path.name} has dtype {dtype}, expected a floating-point dtype (parameter {spec.param})")
+        raise CheckpointError(
+            f"tensor {name!r} in {f.path.name} has dtype {dtype}, expected a floating-point dtype (parameter "
+            f"{spec.param})"
+        )
     return dtype
 
 
@@ -146,7 +161,9 @@ def _read(name: str, spec: TensorSpec, located: dict, consumed: set, fp8_block) 
     return t
 
 
-def resolve_checkpoint(cfg: ModelConfig, model_dir: str | Path) -> tuple[dict, list[tuple[TensorSpec, tuple[str, ...]]], tuple[int, int]]:
+def resolve_checkpoint(
+    cfg: ModelConfig, model_dir: str | Path
+) -> tuple[dict, list[tuple[TensorSpec, tuple[str, ...]]], tuple[int, int]]:
     """Open the checkpoint's files (headers only) and match them to ``cfg``: (name -> file, [(spec, the HF
     names holding it)] in checkpoint order, fp8 weight block). CheckpointError for a missing or an
     unexpected tensor."""
@@ -157,12 +174,17 @@ def resolve_checkpoint(cfg: ModelConfig, model_dir: str | Path) -> tuple[dict, l
     unexpected = [n for n in located if n not in consumed and n not in fp8_scales and not ignored_tensor(cfg, n)]
     if unexpected:
         more = f" (and {len(unexpected) - 1} more)" if len(unexpected) > 1 else ""
-        raise CheckpointError(f"unexpected tensor {unexpected[0]!r} in {located[unexpected[0]].path.name}{more}: not part of a {cfg.family} model with this config")
+        raise CheckpointError(
+            f"unexpected tensor {unexpected[0]!r} in {located[unexpected[0]].path.name}{more}: not part of a "
+            f"{cfg.family} model with this config"
+        )
     quant = (cfg.hf.get("text_config", cfg.hf) if cfg.family == "kimi_k3" else cfg.hf).get("quantization_config") or {}
     return located, resolved, tuple(quant.get("weight_block_size") or (128, 128))  # validated by the config parser
 
 
-def load_state_dict(cfg: ModelConfig, model_dir: str | Path, dtype: torch.dtype, device="cpu", progress=None) -> dict[str, torch.Tensor]:
+def load_state_dict(
+    cfg: ModelConfig, model_dir: str | Path, dtype: torch.dtype, device="cpu", progress=None
+) -> dict[str, torch.Tensor]:
     """Read every parameter of ``cfg`` from ``model_dir``: {internal param path: tensor on device}.
 
     Float weights are cast to ``dtype``; router weights and biases, A_log and dt_bias stay fp32; packed

@@ -48,10 +48,15 @@ class SafetensorsFile:
             with open(self.path, "rb") as fh:
                 head = fh.read(8)
                 if len(head) < 8:
-                    raise CheckpointError(f"{self.path}: truncated or corrupt safetensors file ({size} bytes, no header)")
+                    raise CheckpointError(
+                        f"{self.path}: truncated or corrupt safetensors file ({size} bytes, no header)"
+                    )
                 (n,) = struct.unpack("<Q", head)
                 if n > size - 8:
-                    raise CheckpointError(f"{self.path}: truncated or corrupt safetensors file (header of {n} bytes in a {size}-byte file)")
+                    raise CheckpointError(
+                        f"{self.path}: truncated or corrupt safetensors file (header of {n} bytes in a {size}-byte "
+                        "file)"
+                    )
                 raw = fh.read(n)
         except OSError as exc:
             raise CheckpointError(f"{self.path}: cannot read ({exc.strerror})") from None
@@ -67,8 +72,10 @@ class SafetensorsFile:
         self.entries: dict[str, tuple[torch.dtype, tuple[int, ...], int, int]] = {}
         for name, e in header.items():
             if isinstance(e, dict) and isinstance(e.get("dtype"), str) and e["dtype"] not in DTYPES:
-                raise CheckpointError(f"{self.path}: tensor {name!r} has dtype {e['dtype']!r}, which nonstop cannot "
-                                      f"read (known: {', '.join(DTYPES)})")
+                raise CheckpointError(
+                    f"{self.path}: tensor {name!r} has dtype {e['dtype']!r}, which nonstop cannot "
+                    f"read (known: {', '.join(DTYPES)})"
+                )
             try:
                 dtype = DTYPES[e["dtype"]]
                 shape = tuple(_int(s) for s in e["shape"])
@@ -77,16 +84,23 @@ class SafetensorsFile:
                 entry = str(e)[:200]
                 raise CheckpointError(f"{self.path}: corrupt header entry for tensor {name!r}: {entry}") from None
             if any(d < 0 for d in shape):
-                raise CheckpointError(f"{self.path}: corrupt header entry for tensor {name!r}: negative shape "
-                                      f"{list(shape)}")
+                raise CheckpointError(
+                    f"{self.path}: corrupt header entry for tensor {name!r}: negative shape {list(shape)}"
+                )
             numel = 1
             for s in shape:
                 numel *= s
             nbytes = numel * torch.empty(0, dtype=dtype).element_size()
             if end > data_size:
-                raise CheckpointError(f"{self.path}: truncated file: tensor {name!r} ends at byte {end} of the data but the file holds {data_size}")
+                raise CheckpointError(
+                    f"{self.path}: truncated file: tensor {name!r} ends at byte {end} of the data but the file holds "
+                    f"{data_size}"
+                )
             if end - begin != nbytes or begin < 0:
-                raise CheckpointError(f"{self.path}: corrupt tensor {name!r}: {end - begin} bytes stored for shape {list(shape)} {e['dtype']}")
+                raise CheckpointError(
+                    f"{self.path}: corrupt tensor {name!r}: {end - begin} bytes stored for shape {list(shape)} "
+                    f"{e['dtype']}"
+                )
             self.entries[name] = (dtype, shape, begin, end)
         self._mmap = None
 
@@ -105,5 +119,10 @@ class SafetensorsFile:
                 self._mmap = mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_COPY)
         if end == begin:
             return torch.empty(shape, dtype=dtype)
-        flat = torch.frombuffer(self._mmap, dtype=dtype, count=(end - begin) // torch.empty(0, dtype=dtype).element_size(), offset=self.data_start + begin)
+        flat = torch.frombuffer(
+            self._mmap,
+            dtype=dtype,
+            count=(end - begin) // torch.empty(0, dtype=dtype).element_size(),
+            offset=self.data_start + begin,
+        )
         return flat.view(shape)

@@ -41,7 +41,15 @@ class SliceReader:
             self.bytes_read += length
         return data
 
-    def read(self, f: SafetensorsFile, name: str, shape: tuple[int, ...] | None = None, dim: int | None = None, start: int = 0, stop: int | None = None) -> torch.Tensor:
+    def read(
+        self,
+        f: SafetensorsFile,
+        name: str,
+        shape: tuple[int, ...] | None = None,
+        dim: int | None = None,
+        start: int = 0,
+        stop: int | None = None,
+    ) -> torch.Tensor:
         """Tensor ``name`` of ``f`` viewed as ``shape`` (default: its own), elements [start, stop) of ``dim``
         (default: all of it). Returns a new tensor of the file's dtype."""
         dtype, disk_shape, begin, _ = f.entries[name]
@@ -58,9 +66,13 @@ class SliceReader:
         if run == 0 or outer == 0:
             chunks = b""
         elif outer == 1 or stop - start == shape[dim]:  # one contiguous run
-            chunks = self._pread(fd, base + start * inner * item, outer * run if stop - start == shape[dim] else run, f.path)
+            chunks = self._pread(
+                fd, base + start * inner * item, outer * run if stop - start == shape[dim] else run, f.path
+            )
         else:
-            chunks = b"".join(self._pread(fd, base + o * stride + start * inner * item, run, f.path) for o in range(outer))
+            chunks = b"".join(
+                self._pread(fd, base + o * stride + start * inner * item, run, f.path) for o in range(outer)
+            )
         out_shape = list(shape) if shape else []
         if out_shape:
             out_shape[dim] = stop - start

@@ -61,7 +61,15 @@ def _rank_pids(pid: int) -> list[int]:
 
 def _cli(*args: str, **kw) -> subprocess.Popen:
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    return subprocess.Popen([sys.executable, "-m", "nonstop", *args], cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, **kw)
+    return subprocess.Popen(
+        [sys.executable, "-m", "nonstop", *args],
+        cwd=ROOT,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        **kw,
+    )
 
 
 def _wait_ranks(proc: subprocess.Popen, n: int, deadline: float = 120) -> list[int]:
@@ -78,7 +86,15 @@ def _wait_ranks(proc: subprocess.Popen, n: int, deadline: float = 120) -> list[i
 
 def test_cli_generate_under_a_layout_prints_the_single_process_tokens():
     common = ["generate", "--prompt-ids", "5,6,7", "-n", "8", "--temperature", "0", "--ids", "--dist-timeout", "30"]
-    single = subprocess.run([sys.executable, "-m", "nonstop", *common], check=False, cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)}, capture_output=True, text=True, timeout=300)
+    single = subprocess.run(
+        [sys.executable, "-m", "nonstop", *common],
+        check=False,
+        cwd=ROOT,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     multi = _cli(*common, "--tp", "2", "--ep", "2")
     out, err = multi.communicate(timeout=300)
     assert single.returncode == 0 and multi.returncode == 0, err
@@ -96,11 +112,26 @@ def test_cli_killed_rank_ends_the_run_with_a_clear_error():
     assert time.monotonic() - t0 < 30
     assert proc.returncode not in (0, None)
     assert "nonstop: error:" in err and "rank" in err
-    assert not any(Path(f"/proc/{p}").exists() and "Z" not in Path(f"/proc/{p}/stat").read_text().rsplit(")", 1)[1].split()[0] for p in ranks)
+    assert not any(
+        Path(f"/proc/{p}").exists() and "Z" not in Path(f"/proc/{p}/stat").read_text().rsplit(")", 1)[1].split()[0]
+        for p in ranks
+    )
 
 
 def test_ctrl_c_stops_every_rank():
-    proc = _cli("generate", "--prompt-ids", "5,6,7", "-n", "2000", "--ignore-eos", "--ep", "2", "--dist-timeout", "10", start_new_session=True)
+    proc = _cli(
+        "generate",
+        "--prompt-ids",
+        "5,6,7",
+        "-n",
+        "2000",
+        "--ignore-eos",
+        "--ep",
+        "2",
+        "--dist-timeout",
+        "10",
+        start_new_session=True,
+    )
     ranks = _wait_ranks(proc, 2)
     os.killpg(proc.pid, signal.SIGINT)  # what a terminal's Ctrl-C does: SIGINT to the whole process group
     t0 = time.monotonic()
@@ -132,11 +163,15 @@ def test_cli_serve_under_a_layout_answers_like_a_single_process():
             except OSError:
                 assert time.monotonic() < end and proc.poll() is None, "the server did not come up"
                 time.sleep(0.5)
-        body = json.dumps({"model": "k3-nano", "prompt": "The Python interpreter", "max_tokens": 10, "temperature": 0}).encode()
+        body = json.dumps(
+            {"model": "k3-nano", "prompt": "The Python interpreter", "max_tokens": 10, "temperature": 0}
+        ).encode()
         req = urllib.request.Request(url + "/v1/completions", body, {"content-type": "application/json"})
         text = json.loads(urllib.request.urlopen(req, timeout=120).read())["choices"][0]["text"]
         single = LLM("k3-nano")  # the server samples with the checkpoint's defaults under the request's fields
-        expected = single.generate(["The Python interpreter"], single.default_sampling(max_tokens=10, temperature=0))[0].text
+        expected = single.generate(["The Python interpreter"], single.default_sampling(max_tokens=10, temperature=0))[
+            0
+        ].text
         assert text == expected
         ranks = _rank_pids(proc.pid)
     finally:

@@ -106,23 +106,97 @@ def test_world_4_layouts_give_the_reference_tokens(tmp_path, models):
     scenarios = [
         {"name": "nano_ep4", "model": NANO, "tp": 1, "ep": 4, "prompts": PROMPTS, **lp},
         {"name": "nano_tp4", "model": NANO, "tp": 4, "ep": 1, "prompts": PROMPTS, **lp},
-        {"name": "nano_tp2_ep4_overlap", "model": NANO, "tp": 2, "ep": 4, "prompts": PROMPTS, "chunks": 3, "overlap": True, **lp},
-        {"name": "nano_tp2_ep4_sequential", "model": NANO, "tp": 2, "ep": 4, "prompts": PROMPTS, "chunks": 3, "overlap": False, **lp},
-        {"name": "nano_tp2_ep4_one_group_idle", "model": NANO, "tp": 2, "ep": 4, "prompts": PROMPTS[:1],
-         "max_tokens": 3},
-        {"name": "nano_ep4_redundant", "model": NANO, "tp": 1, "ep": 4, "prompts": PROMPTS[:2], "redundant_load": skewed, "redundant": 4},
+        {
+            "name": "nano_tp2_ep4_overlap",
+            "model": NANO,
+            "tp": 2,
+            "ep": 4,
+            "prompts": PROMPTS,
+            "chunks": 3,
+            "overlap": True,
+            **lp,
+        },
+        {
+            "name": "nano_tp2_ep4_sequential",
+            "model": NANO,
+            "tp": 2,
+            "ep": 4,
+            "prompts": PROMPTS,
+            "chunks": 3,
+            "overlap": False,
+            **lp,
+        },
+        {
+            "name": "nano_tp2_ep4_one_group_idle",
+            "model": NANO,
+            "tp": 2,
+            "ep": 4,
+            "prompts": PROMPTS[:1],
+            "max_tokens": 3,
+        },
+        {
+            "name": "nano_ep4_redundant",
+            "model": NANO,
+            "tp": 1,
+            "ep": 4,
+            "prompts": PROMPTS[:2],
+            "redundant_load": skewed,
+            "redundant": 4,
+        },
         {"name": "nano_tp2_ep4_rebalanced", "model": NANO, "tp": 2, "ep": 4, "prompts": PROMPTS, "rebalance": 3},
-        {"name": "nano_ep4_two_empty_ranks", "model": NANO, "tp": 1, "ep": 4, "prompts": PROMPTS[:2], "placement_slots": [[0, 1, 2, 3, 4, 5], [6, 7], [], []]},
-        {"name": "nano_ep4_ngram", "model": NANO, "tp": 1, "ep": 4, "prompts": REPEATS, "max_tokens": 14, "speculative": {"method": "ngram", "num_tokens": 3}},
+        {
+            "name": "nano_ep4_two_empty_ranks",
+            "model": NANO,
+            "tp": 1,
+            "ep": 4,
+            "prompts": PROMPTS[:2],
+            "placement_slots": [[0, 1, 2, 3, 4, 5], [6, 7], [], []],
+        },
+        {
+            "name": "nano_ep4_ngram",
+            "model": NANO,
+            "tp": 1,
+            "ep": 4,
+            "prompts": REPEATS,
+            "max_tokens": 14,
+            "speculative": {"method": "ngram", "num_tokens": 3},
+        },
         {"name": "k3_mxfp4_tp2_ep4", "model": models["k3_mxfp4"], "tp": 2, "ep": 4, "prompts": TINY_PROMPTS, **lp},
-        {"name": "deepseek_tp2_ep4", "model": models["deepseek"], "tp": 2, "ep": 4, "prompts": [[3, 4, 5], [9, 10]], **lp},
-        {"name": "kimi_linear_tp2_ep4", "model": models["kimi_linear"], "tp": 2, "ep": 4, "prompts": [[3, 4, 5], [9, 10]], **lp},
-        {"name": "llama_tp4_kv_replicated", "model": models["llama_kv2"], "tp": 4, "ep": 1, "prompts": [[3, 4, 5], [9, 10]], **lp},
+        {
+            "name": "deepseek_tp2_ep4",
+            "model": models["deepseek"],
+            "tp": 2,
+            "ep": 4,
+            "prompts": [[3, 4, 5], [9, 10]],
+            **lp,
+        },
+        {
+            "name": "kimi_linear_tp2_ep4",
+            "model": models["kimi_linear"],
+            "tp": 2,
+            "ep": 4,
+            "prompts": [[3, 4, 5], [9, 10]],
+            **lp,
+        },
+        {
+            "name": "llama_tp4_kv_replicated",
+            "model": models["llama_kv2"],
+            "tp": 4,
+            "ep": 1,
+            "prompts": [[3, 4, 5], [9, 10]],
+            **lp,
+        },
     ]
     # static vs dynamic exchange: uneven routing (two attention groups of 2 and 1 rows, steps where one group
     # is idle), uneven placement with ranks that hold no expert, redundant experts, overlap on and off
-    twinned = ["nano_ep4", "nano_tp2_ep4_overlap", "nano_tp2_ep4_sequential", "nano_tp2_ep4_one_group_idle",
-               "nano_ep4_redundant", "nano_ep4_two_empty_ranks"]
+    twinned = [
+        "nano_ep4",
+        "nano_tp2_ep4_overlap",
+        "nano_tp2_ep4_sequential",
+        "nano_tp2_ep4_one_group_idle",
+        "nano_ep4_redundant",
+        "nano_ep4_two_empty_ranks",
+    ]
     scenarios = _dynamic_twins(scenarios, twinned)
     results = _run(tmp_path, 4, scenarios, deadline=600)
     _check(results)
@@ -132,7 +206,9 @@ def test_world_4_layouts_give_the_reference_tokens(tmp_path, models):
     spec = results["nano_ep4_ngram"]["got"]
     assert sum(o["metrics"]["accepted_tokens"] for o in spec) > 0  # drafts were verified and accepted
     assert results["nano_tp2_ep4_rebalanced"]["stats"]["physical_experts"] == [8 + 3]  # recorded load -> 3 replicas
-    assert results["nano_ep4_two_empty_ranks"]["stats"]["a2a_dispatch"][1] > 0  # ranks 2 and 3 hold no expert: they only ever receive nothing
+    assert (
+        results["nano_ep4_two_empty_ranks"]["stats"]["a2a_dispatch"][1] > 0
+    )  # ranks 2 and 3 hold no expert: they only ever receive nothing
     stats = results["nano_tp2_ep4_overlap"]["stats"]
     assert stats["a2a_dispatch"][0] == stats["a2a_combine"][0] > 0 and stats["all_reduce"][0] > 0
     assert "a2a_sizes" not in stats and results["nano_tp2_ep4_overlap_dynamic"]["stats"]["a2a_sizes"][0] > 0
@@ -147,20 +223,57 @@ def _no_host_syncs(executor_stats: dict) -> bool:
 
 
 def test_world_2_superop_split_kv_heads_and_dspark(tmp_path, models):
-    superop = {"model": models["k3_mxfp4"], "tp": 2, "ep": 2, "backend": "superop", "prompts": [[3, 4, 5], [9, 10]],
-               "max_tokens": 3, "logprobs": 2}
+    superop = {
+        "model": models["k3_mxfp4"],
+        "tp": 2,
+        "ep": 2,
+        "backend": "superop",
+        "prompts": [[3, 4, 5], [9, 10]],
+        "max_tokens": 3,
+        "logprobs": 2,
+    }
     scenarios = [
         {"name": "k3_superop_tp2_ep2", **superop, "exchange": "static"},
         {"name": "k3_superop_tp2_ep2_dynamic", **superop, "exchange": "dynamic"},
         {"name": "k3_superop_tp2_ep2_graphs", **superop, "graphs": "emulate"},
-        {"name": "llama_tp2", "model": models["llama_kv2"], "tp": 2, "ep": 1, "prompts": [[3, 4, 5]], "prompt_logprobs": 2},
+        {
+            "name": "llama_tp2",
+            "model": models["llama_kv2"],
+            "tp": 2,
+            "ep": 1,
+            "prompts": [[3, 4, 5]],
+            "prompt_logprobs": 2,
+        },
         {"name": "nano_ep2_tp2", "model": NANO, "tp": 2, "ep": 2, "prompts": PROMPTS[:2], "chunks": 2, "overlap": True},
         # rank 1 holds only a replica of expert 0, which rank 0 holds too: it never receives a real token
-        {"name": "nano_ep2_rank1_gets_nothing", "model": NANO, "tp": 1, "ep": 2, "prompts": PROMPTS[:2],
-         "max_tokens": 4, "placement_slots": [[0, 1, 2, 3, 4, 5, 6, 7], [0]]},
-        {"name": "nano_ep2_redundant", "model": NANO, "tp": 1, "ep": 2, "prompts": PROMPTS[:2], "max_tokens": 4,
-         "redundant_load": [9, 1, 1, 5, 1, 1, 1, 7], "redundant": 3},
-        {"name": "nano_ep2_dspark", "model": NANO, "tp": 1, "ep": 2, "prompts": REPEATS, "max_tokens": 12, "speculative": {"method": "dspark", "num_tokens": 3}},
+        {
+            "name": "nano_ep2_rank1_gets_nothing",
+            "model": NANO,
+            "tp": 1,
+            "ep": 2,
+            "prompts": PROMPTS[:2],
+            "max_tokens": 4,
+            "placement_slots": [[0, 1, 2, 3, 4, 5, 6, 7], [0]],
+        },
+        {
+            "name": "nano_ep2_redundant",
+            "model": NANO,
+            "tp": 1,
+            "ep": 2,
+            "prompts": PROMPTS[:2],
+            "max_tokens": 4,
+            "redundant_load": [9, 1, 1, 5, 1, 1, 1, 7],
+            "redundant": 3,
+        },
+        {
+            "name": "nano_ep2_dspark",
+            "model": NANO,
+            "tp": 1,
+            "ep": 2,
+            "prompts": REPEATS,
+            "max_tokens": 12,
+            "speculative": {"method": "dspark", "num_tokens": 3},
+        },
     ]
     scenarios = _dynamic_twins(scenarios, ["nano_ep2_tp2", "nano_ep2_rank1_gets_nothing", "nano_ep2_redundant"])
     results = _run(tmp_path, 2, scenarios, deadline=600)
@@ -190,10 +303,26 @@ def test_world_8_one_expert_per_rank(tmp_path):
     exchange's empty rows) in every MoE layer. Then TP 2 x EP 8: four attention groups, two of them idle."""
     prompts = [[5, 6, 7], [300, 12]]
     scenarios = [
-        {"name": "nano_ep8", "model": NANO, "tp": 1, "ep": 8, "prompts": prompts, "max_tokens": 4, "logprobs": 2,
-         "exchange": "static"},
-        {"name": "nano_ep8_dynamic", "model": NANO, "tp": 1, "ep": 8, "prompts": prompts, "max_tokens": 4,
-         "logprobs": 2, "exchange": "dynamic"},
+        {
+            "name": "nano_ep8",
+            "model": NANO,
+            "tp": 1,
+            "ep": 8,
+            "prompts": prompts,
+            "max_tokens": 4,
+            "logprobs": 2,
+            "exchange": "static",
+        },
+        {
+            "name": "nano_ep8_dynamic",
+            "model": NANO,
+            "tp": 1,
+            "ep": 8,
+            "prompts": prompts,
+            "max_tokens": 4,
+            "logprobs": 2,
+            "exchange": "dynamic",
+        },
         {"name": "nano_tp2_ep8", "model": NANO, "tp": 2, "ep": 8, "prompts": prompts, "max_tokens": 4},
     ]
     results = _run(tmp_path, 8, scenarios, deadline=240)

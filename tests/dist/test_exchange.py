@@ -22,9 +22,18 @@ NANO = ModelConfig.from_file("nonstop/assets/k3-nano")
 
 def _op(placement: ExpertPlacement, layout: Layout, rank: int, k: int, chunks: int) -> SimpleNamespace:
     """A stand-in ``moe_ep`` op of ``rank`` with the attributes the exchange reads."""
-    attrs = {"placement": placement, "ep_ranks": layout.ep, "ep_rank": layout.ep_rank(rank), "tp_ranks": layout.tp,
-             "tp_rank": layout.tp_rank(rank), "rank": rank, "world": layout.world, "top_k": k, "chunks": chunks,
-             "max_local": placement.max_local}
+    attrs = {
+        "placement": placement,
+        "ep_ranks": layout.ep,
+        "ep_rank": layout.ep_rank(rank),
+        "tp_ranks": layout.tp,
+        "tp_rank": layout.tp_rank(rank),
+        "rank": rank,
+        "world": layout.world,
+        "top_k": k,
+        "chunks": chunks,
+        "max_local": placement.max_local,
+    }
     return SimpleNamespace(kind="moe_ep", attrs=attrs)
 
 
@@ -131,8 +140,9 @@ def test_static_wire_bytes_of_the_average_rank():
 
     step = rank_step(NANO, Layout.make(2, 2), rows=3, exchange="static")
     row = NANO.moe.latent_size * 2
-    per_rank = [sum(c.wire_bytes for c in collectives_as(step.program, 3, t) if c.kind == "all_to_all")
-                for t in range(2)]
+    per_rank = [
+        sum(c.wire_bytes for c in collectives_as(step.program, 3, t) if c.kind == "all_to_all") for t in range(2)
+    ]
     moe_layers = NANO.mlp_types.count("moe")
     assert per_rank == [moe_layers * (4 * (row + 4) + 2 * row), moe_layers * (2 * (row + 4) + 4 * row)]
 

@@ -71,7 +71,10 @@ def test_rank_parts_put_back_together_give_the_whole_model(raw, tp, ep):
     cfg = NANO if raw == "nano" else ModelConfig.from_hf_dict(raw)
     lay = Layout.make(tp, ep, world=max(tp, ep) if max(tp, ep) % min(tp, ep) == 0 else tp * ep)
     full = random_state_dict(cfg, torch.float32, seed=3)
-    parts = {r: {s.spec.param: (s, take_shard(full[s.spec.param], s)) for s in rank_shards(cfg, lay, r)} for r in range(lay.world)}
+    parts = {
+        r: {s.spec.param: (s, take_shard(full[s.spec.param], s)) for s in rank_shards(cfg, lay, r)}
+        for r in range(lay.world)
+    }
     for name, whole in full.items():
         shard0 = parts[0][name][0]
         if shard0.experts is not None:  # every expert held once in an expert group (no redundancy)
@@ -111,13 +114,19 @@ def test_k3_program_has_two_token_all_to_alls_per_moe_layer():
     moe_layers = cfg.mlp_types.count("moe")
     assert step.token_all_to_alls == 2 * moe_layers
     assert step.launches("all_to_all", ("dispatch (expert inputs)", "combine (expert outputs)")) == 2 * moe_layers
-    assert step.launches("all_reduce") == 2 * cfg.num_hidden_layers + 1  # after attention, after the FFN, after the embedding
+    assert (
+        step.launches("all_reduce") == 2 * cfg.num_hidden_layers + 1
+    )  # after attention, after the FFN, after the embedding
     by_purpose = {c.purpose: c for c in step.collectives}
     # rank 0 routes the group's one row: top-k pairs a layer of latent-wide bf16 rows, minus those whose
     # expert it holds itself (14 of 896)
     pairs = cfg.moe.top_k * (1 - 14 / 896)
-    assert by_purpose["dispatch (expert inputs)"].wire_bytes == pytest.approx(moe_layers * pairs * cfg.moe.latent_size * 2)
-    assert by_purpose["partial sums of o_proj"].wire_bytes == pytest.approx(cfg.num_hidden_layers * 2 * 7 / 8 * cfg.hidden_size * 2)
+    assert by_purpose["dispatch (expert inputs)"].wire_bytes == pytest.approx(
+        moe_layers * pairs * cfg.moe.latent_size * 2
+    )
+    assert by_purpose["partial sums of o_proj"].wire_bytes == pytest.approx(
+        cfg.num_hidden_layers * 2 * 7 / 8 * cfg.hidden_size * 2
+    )
     assert by_purpose["logits (vocabulary parts)"].wire_bytes == 0  # rank 0 receives the vocabulary parts
     # the average rank: 1/8 of a row's pairs each way, all-reduces, the vocabulary part of 7 ranks in 8,
     # rank 0's broadcast and 7 of 8 groups' logits back to rank 0, over the 8 tokens of the step

@@ -31,7 +31,9 @@ def test_each_rank_reads_only_its_share(tmp_path, raw, tp, ep, share):
         shards = rank_shards(cfg, lay, rank)
         for s in shards:
             assert torch.equal(state[s.spec.param], take_shard(full[s.spec.param], s)), s.spec.param
-        wanted = sum((s.numel - (s.pad * s.numel // s.shape[s.dim] if s.pad else 0)) * DISK_BYTES[s.spec.kind] for s in shards)
+        wanted = sum(
+            (s.numel - (s.pad * s.numel // s.shape[s.dim] if s.pad else 0)) * DISK_BYTES[s.spec.kind] for s in shards
+        )
         assert reader.bytes_read == wanted  # exactly the rank's elements, not a byte more
         assert reader.bytes_read < file_bytes * share  # its heads, vocabulary rows, experts + replicated small tensors
 
@@ -43,7 +45,11 @@ def test_fp8_block_scaled_parts_are_dequantised_like_the_whole(tmp_path):
     path = ckpt / "model.safetensors"
     tensors = load_file(str(path))
     gen = torch.Generator().manual_seed(0)
-    for name in ["model.layers.0.self_attn.q_b_proj.weight", "model.layers.1.self_attn.o_proj.weight", "model.layers.0.mlp.down_proj.weight"]:
+    for name in [
+        "model.layers.0.self_attn.q_b_proj.weight",
+        "model.layers.1.self_attn.o_proj.weight",
+        "model.layers.0.mlp.down_proj.weight",
+    ]:
         w = tensors[name]
         n, k = w.shape
         scale = torch.rand(-(-n // 4), -(-k // 8), generator=gen) * 0.02 + 0.005

@@ -20,7 +20,15 @@ TIMEOUT = 60.0
 
 
 def _outputs(outs) -> list[dict]:
-    return [{"token_ids": list(o.token_ids), "logprobs": o.logprobs, "prompt_logprobs": o.prompt_logprobs, "metrics": {k: v for k, v in o.metrics.items() if not k.endswith("_s")}} for o in outs]
+    return [
+        {
+            "token_ids": list(o.token_ids),
+            "logprobs": o.logprobs,
+            "prompt_logprobs": o.prompt_logprobs,
+            "metrics": {k: v for k, v in o.metrics.items() if not k.endswith("_s")},
+        }
+        for o in outs
+    ]
 
 
 def _layout(sc: dict):
@@ -38,7 +46,13 @@ def _layout(sc: dict):
 def _params(sc: dict):
     from nonstop.engine.sampling import SamplingParams
 
-    return SamplingParams(max_tokens=sc.get("max_tokens", 6), temperature=0, logprobs=sc.get("logprobs"), prompt_logprobs=sc.get("prompt_logprobs"), ignore_eos=True)
+    return SamplingParams(
+        max_tokens=sc.get("max_tokens", 6),
+        temperature=0,
+        logprobs=sc.get("logprobs"),
+        prompt_logprobs=sc.get("prompt_logprobs"),
+        ignore_eos=True,
+    )
 
 
 def _reference(sc: dict, cache: dict):
@@ -65,10 +79,18 @@ def run_scenarios(out_dir: str, scenarios: list[dict]) -> None:
             if rank == 0:
                 ref = _reference(sc, refs)
                 t0 = time.perf_counter()
-                llm = DistributedLLM(sc["model"], dtype="float32", backend=sc.get("backend", "reference"),
-                                     max_batch=len(sc["prompts"]), speculative=sc.get("speculative"), comm=comm,
-                                     chunks=sc.get("chunks"), overlap=sc.get("overlap"),
-                                     exchange=sc.get("exchange", "auto"), graphs=sc.get("graphs", "auto"))
+                llm = DistributedLLM(
+                    sc["model"],
+                    dtype="float32",
+                    backend=sc.get("backend", "reference"),
+                    max_batch=len(sc["prompts"]),
+                    speculative=sc.get("speculative"),
+                    comm=comm,
+                    chunks=sc.get("chunks"),
+                    overlap=sc.get("overlap"),
+                    exchange=sc.get("exchange", "auto"),
+                    graphs=sc.get("graphs", "auto"),
+                )
                 try:
                     got = _outputs(llm.generate(prompt_token_ids=sc["prompts"], sampling=_params(sc)))
                     stats = {k: list(v) for k, v in comm.stats.items()}
@@ -85,9 +107,18 @@ def run_scenarios(out_dir: str, scenarios: list[dict]) -> None:
             else:
                 cfg, model_dir = resolve_model(sc["model"])
                 backend = sc.get("backend", "reference")
-                worker = build_worker(comm, cfg, model_dir, torch.float32, backend, 0, sc.get("chunks"),
-                                      sc.get("overlap"), exchange=sc.get("exchange", "auto"),
-                                      graphs=sc.get("graphs", "auto"))
+                worker = build_worker(
+                    comm,
+                    cfg,
+                    model_dir,
+                    torch.float32,
+                    backend,
+                    0,
+                    sc.get("chunks"),
+                    sc.get("overlap"),
+                    exchange=sc.get("exchange", "auto"),
+                    graphs=sc.get("graphs", "auto"),
+                )
                 follow(worker)
     except BaseException:
         traceback.print_exc()
@@ -110,8 +141,8 @@ def failing_rank(out_dir: str, model: str, mode: str, timeout: float) -> None:
     from nonstop.dist.comm import RankFailure, init
     from nonstop.engine.distributed import build_worker
     from nonstop.engine.distributed_llm import DistributedLLM
-    from nonstop.weights.resolve import resolve_model
     from nonstop.engine.sampling import SamplingParams
+    from nonstop.weights.resolve import resolve_model
 
     comm = init(Layout.make(1, 2), "cpu", timeout)
     done = Path(out_dir) / "result.pkl"
@@ -122,7 +153,9 @@ def failing_rank(out_dir: str, model: str, mode: str, timeout: float) -> None:
 
     if comm.rank == 0:
         noticed = []
-        llm = DistributedLLM(model, dtype="float32", comm=comm, on_failure=lambda msg: noticed.append((time.perf_counter(), msg)))
+        llm = DistributedLLM(
+            model, dtype="float32", comm=comm, on_failure=lambda msg: noticed.append((time.perf_counter(), msg))
+        )
         (Path(out_dir) / "rank0.pid").write_text(str(os.getpid()))
         params = SamplingParams(max_tokens=400, temperature=0, ignore_eos=True)
         t0 = time.perf_counter()
@@ -131,7 +164,12 @@ def failing_rank(out_dir: str, model: str, mode: str, timeout: float) -> None:
             t0 = time.perf_counter()
             while not noticed and time.perf_counter() - t0 < 4 * timeout:
                 time.sleep(0.05)
-            record({"error": noticed[0][1] if noticed else None, "seconds": (noticed[0][0] if noticed else time.perf_counter()) - t0})
+            record(
+                {
+                    "error": noticed[0][1] if noticed else None,
+                    "seconds": (noticed[0][0] if noticed else time.perf_counter()) - t0,
+                }
+            )
             os._exit(0)
         if mode == "rank0_hang":
             llm.generate(prompt_token_ids=[[3, 4, 5]], sampling=SamplingParams(max_tokens=3, temperature=0))

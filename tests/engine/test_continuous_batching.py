@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from nonstop import LLM, SamplingParams
-from nonstop.engine.loop import EngineLoop, EngineOverloaded
+from nonstop.engine.loop import EngineLoop, EngineOverloaded, EngineStopped
 from tests.engine.tiny_models import synth_checkpoint
 
 PROMPTS = [("the quick brown fox " * 2)[i % 5 : i % 5 + 3 + i] for i in range(16)]
@@ -89,7 +89,14 @@ def test_cancel_frees_the_slot_and_others_continue(k3_dir):
         params = SamplingParams(max_tokens=30, temperature=0, ignore_eos=True)
         reqs = [llm.make_request(p, None, params, request_id=f"r{i}") for i, p in enumerate(PROMPTS[:6])]
         events = _run_loop(loop, reqs, cancel_after={"r1", "r4"})
-        assert [events[f"r{i}"][-1].finish_reason for i in range(6)] == ["length", "abort", "length", "length", "abort", "length"]
+        assert [events[f"r{i}"][-1].finish_reason for i in range(6)] == [
+            "length",
+            "abort",
+            "length",
+            "length",
+            "abort",
+            "length",
+        ]
         assert sum(len(e.token_ids) for e in events["r0"]) == 30
         assert loop.num_active == 0 and len(loop.core.free_slots) == 4
     finally:
@@ -154,10 +161,15 @@ def test_stop_ends_waiting_and_running_requests_with_an_error(k3_dir):
     seen = []
     with loop._cond:
         for i in range(2):
-            loop.submit(llm.make_request("hello", None, SamplingParams(max_tokens=200, temperature=0, ignore_eos=True), request_id=f"r{i}"), seen.append)
+            loop.submit(
+                llm.make_request(
+                    "hello", None, SamplingParams(max_tokens=200, temperature=0, ignore_eos=True), request_id=f"r{i}"
+                ),
+                seen.append,
+            )
     loop.stop()
     finals = [e for e in seen if e.finished]
     assert len(finals) == 2 and all(e.finish_reason in ("error", "length") for e in finals)
-    with pytest.raises(Exception):
+    with pytest.raises(EngineStopped):
         loop.submit(llm.make_request("hello", None, GREEDY), seen.append)
     torch.testing.assert_close(torch.tensor(loop.num_active), torch.tensor(0))

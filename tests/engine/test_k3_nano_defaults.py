@@ -34,8 +34,12 @@ def test_default_sampling_does_not_loop_where_greedy_does(nano):
     defaults = nano.default_sampling()
     assert defaults.temperature > 0 and defaults.max_tokens >= NEW_TOKENS
     prompts = _prompts(nano)
-    sampled = nano.generate(prompt_token_ids=prompts, sampling=nano.default_sampling(max_tokens=NEW_TOKENS, seed=5, ignore_eos=True))
-    greedy = nano.generate(prompt_token_ids=prompts, sampling=SamplingParams(max_tokens=NEW_TOKENS, temperature=0, ignore_eos=True))
+    sampled = nano.generate(
+        prompt_token_ids=prompts, sampling=nano.default_sampling(max_tokens=NEW_TOKENS, seed=5, ignore_eos=True)
+    )
+    greedy = nano.generate(
+        prompt_token_ids=prompts, sampling=SamplingParams(max_tokens=NEW_TOKENS, temperature=0, ignore_eos=True)
+    )
     sampled_d4 = [distinct4(o.token_ids) for o in sampled if len(o.token_ids) > 8]
     greedy_d4 = [distinct4(o.token_ids) for o in greedy if len(o.token_ids) > 8]
     assert len(sampled_d4) >= PROMPTS // 2 and len(greedy_d4) >= PROMPTS // 2

@@ -15,7 +15,9 @@ from tests.tiny_configs import KIMI_K3, LLAMA
 
 @pytest.fixture(scope="module")
 def k3(tmp_path_factory):
-    path = write_checkpoint(ModelConfig.from_hf_dict(KIMI_K3), tmp_path_factory.mktemp("k3") / "m", seed=3, dtype=torch.float32)
+    path = write_checkpoint(
+        ModelConfig.from_hf_dict(KIMI_K3), tmp_path_factory.mktemp("k3") / "m", seed=3, dtype=torch.float32
+    )
     return LLM(path, dtype="float32")
 
 
@@ -49,7 +51,9 @@ def test_filter_logits_top_k_and_top_p():
 
 def test_logprobs_are_the_models_distribution(k3):
     prompt = [5, 9, 14, 200]
-    out = k3.generate(prompt_token_ids=[prompt], sampling=SamplingParams(max_tokens=4, temperature=0.7, top_k=3, seed=1, logprobs=2))[0]
+    out = k3.generate(
+        prompt_token_ids=[prompt], sampling=SamplingParams(max_tokens=4, temperature=0.7, top_k=3, seed=1, logprobs=2)
+    )[0]
     ids = torch.tensor([prompt + out.token_ids])
     full = torch.log_softmax(k3.model(ids)[0], -1)
     for i, (tok, row) in enumerate(zip(out.token_ids, out.logprobs)):
@@ -65,21 +69,32 @@ def test_seeded_sampling_is_reproducible(k3):
     p = SamplingParams(max_tokens=10, temperature=1.0, seed=42)
     a = k3.generate(prompt_token_ids=[[3, 4, 5]], sampling=p)[0].token_ids
     b = k3.generate(prompt_token_ids=[[3, 4, 5]], sampling=p)[0].token_ids
-    c = k3.generate(prompt_token_ids=[[3, 4, 5]], sampling=SamplingParams(max_tokens=10, temperature=1.0, seed=43))[0].token_ids
+    c = k3.generate(prompt_token_ids=[[3, 4, 5]], sampling=SamplingParams(max_tokens=10, temperature=1.0, seed=43))[
+        0
+    ].token_ids
     assert a == b and a != c
 
 
 def test_stop_conditions(k3):
-    greedy = k3.generate(prompt_token_ids=[[7, 8, 9]], sampling=SamplingParams(max_tokens=12, temperature=0, ignore_eos=True))[0]
+    greedy = k3.generate(
+        prompt_token_ids=[[7, 8, 9]], sampling=SamplingParams(max_tokens=12, temperature=0, ignore_eos=True)
+    )[0]
     assert greedy.finish_reason == "length" and len(greedy.token_ids) == 12
     stop_tok = greedy.token_ids[4]
     first = greedy.token_ids.index(stop_tok)
-    out = k3.generate(prompt_token_ids=[[7, 8, 9]], sampling=SamplingParams(max_tokens=12, temperature=0, stop_token_ids=[stop_tok]))[0]
+    out = k3.generate(
+        prompt_token_ids=[[7, 8, 9]], sampling=SamplingParams(max_tokens=12, temperature=0, stop_token_ids=[stop_tok])
+    )[0]
     assert out.finish_reason == "stop" and out.token_ids == greedy.token_ids[: first + 1]
-    text = k3.generate(prompt_token_ids=[[7, 8, 9]], sampling=SamplingParams(max_tokens=12, temperature=0, ignore_eos=True))[0].text
+    text = k3.generate(
+        prompt_token_ids=[[7, 8, 9]], sampling=SamplingParams(max_tokens=12, temperature=0, ignore_eos=True)
+    )[0].text
     stop = text[3:5]
     if stop:
-        cut = k3.generate(prompt_token_ids=[[7, 8, 9]], sampling=SamplingParams(max_tokens=12, temperature=0, stop=stop, ignore_eos=True))[0]
+        cut = k3.generate(
+            prompt_token_ids=[[7, 8, 9]],
+            sampling=SamplingParams(max_tokens=12, temperature=0, stop=stop, ignore_eos=True),
+        )[0]
         assert cut.finish_reason == "stop" and cut.text == text[: text.find(stop)]
 
 
@@ -111,5 +126,7 @@ def test_byte_tokenizer_fallback():
 
 def test_llama_tied_embeddings_generate(tmp_path):
     path = write_checkpoint(ModelConfig.from_hf_dict(LLAMA), tmp_path / "ll", dtype=torch.float32)
-    out = LLM(path).generate(prompt_token_ids=[[1, 2, 3]], sampling=SamplingParams(max_tokens=5, temperature=0, ignore_eos=True))[0]
+    out = LLM(path).generate(
+        prompt_token_ids=[[1, 2, 3]], sampling=SamplingParams(max_tokens=5, temperature=0, ignore_eos=True)
+    )[0]
     assert len(out.token_ids) == 5 and out.metrics["generated_tokens"] == 5

@@ -19,7 +19,10 @@ def test_perplexity_windows_score_every_token_once():
     ids = torch.randint(0, CFG.vocab_size, (50,))
     with torch.no_grad():
         whole = F.cross_entropy(model(ids[None, :-1])[0], ids[1:], reduction="sum").item()
-        windows = sum(F.cross_entropy(model(ids[None, s : s + 17][:, :-1])[0], ids[s + 1 : s + 17], reduction="sum").item() for s in range(0, 49, 16))
+        windows = sum(
+            F.cross_entropy(model(ids[None, s : s + 17][:, :-1])[0], ids[s + 1 : s + 17], reduction="sum").item()
+            for s in range(0, 49, 16)
+        )
     one = score_token_ids(model, ids, context=64)
     assert one.tokens == 49 and one.total_nll == pytest.approx(whole, rel=1e-5)
     cut = score_token_ids(model, ids, context=16, batch_size=2)

@@ -128,7 +128,9 @@ def test_gated_mla_matches_per_head_loop():
             scores = []
             for s in range(t + 1):  # causal, NoPE: the rope slice is scored but never rotated
                 k_nope = kvb[h, : m.qk_nope_head_dim] @ lat[s]
-                scores.append((q[h, : m.qk_nope_head_dim] @ k_nope + q[h, m.qk_nope_head_dim :] @ kpe[s]) * m.qk_head_dim**-0.5)
+                scores.append(
+                    (q[h, : m.qk_nope_head_dim] @ k_nope + q[h, m.qk_nope_head_dim :] @ kpe[s]) * m.qk_head_dim**-0.5
+                )
             p = torch.softmax(torch.stack(scores), 0)
             heads.append(sum(p[s] * (kvb[h, m.qk_nope_head_dim :] @ lat[s]) for s in range(t + 1)))
         o = torch.cat(heads) * torch.sigmoid(attn.g_proj.weight @ xt)
@@ -173,20 +175,30 @@ def test_latent_moe_matches_per_token_loop(raw):
         if mc.expert_format == "dense":
             return getattr(moe.experts, name)[e]
         n, kk = moe.experts.shapes[name]
-        return _decode_mxfp4_scalar(getattr(moe.experts, f"{name}_packed")[e], getattr(moe.experts, f"{name}_scale")[e], kk)
+        return _decode_mxfp4_scalar(
+            getattr(moe.experts, f"{name}_packed")[e], getattr(moe.experts, f"{name}_scale")[e], kk
+        )
 
     def situ_mlp(v, wg, wu, wd):
         g, u = wg @ v, wu @ v
-        h = torch.tensor([4 * math.tanh(a / 4) * _sigmoid(a) * 25 * math.tanh(b / 25) for a, b in zip(g.tolist(), u.tolist())])
+        h = torch.tensor(
+            [4 * math.tanh(a / 4) * _sigmoid(a) * 25 * math.tanh(b / 25) for a, b in zip(g.tolist(), u.tolist())]
+        )
         return wd @ h
 
     for n in range(6):
         s = torch.sigmoid(moe.gate.weight @ x[n])
-        chosen = sorted(range(mc.num_experts), key=lambda e: -(s[e] + moe.gate.e_score_correction_bias[e]).item())[: mc.top_k]
+        chosen = sorted(range(mc.num_experts), key=lambda e: -(s[e] + moe.gate.e_score_correction_bias[e]).item())[
+            : mc.top_k
+        ]
         weights = [s[e] / sum(s[c] for c in chosen) * mc.routed_scaling_factor for e in chosen]
         z = moe.routed_expert_down_proj.weight @ x[n]
-        u = sum(w * situ_mlp(z, expert_w("w1", e), expert_w("w3", e), expert_w("w2", e)) for w, e in zip(weights, chosen))
+        u = sum(
+            w * situ_mlp(z, expert_w("w1", e), expert_w("w3", e), expert_w("w2", e)) for w, e in zip(weights, chosen)
+        )
         u = moe.routed_expert_norm.weight * u / torch.sqrt((u * u).mean() + cfg.rms_norm_eps)
         sh = moe.shared_experts
-        y = moe.routed_expert_up_proj.weight @ u + situ_mlp(x[n], sh.gate_proj.weight, sh.up_proj.weight, sh.down_proj.weight)
+        y = moe.routed_expert_up_proj.weight @ u + situ_mlp(
+            x[n], sh.gate_proj.weight, sh.up_proj.weight, sh.down_proj.weight
+        )
         torch.testing.assert_close(out[n], y, rtol=1e-4, atol=1e-5)

@@ -39,7 +39,9 @@ def test_recurrent_and_chunked_equal_fla_naive(gate, T):
     q, k, v, g, g_ref, beta, state = _inputs(2, T, 3, 6, 5, gate, seed=T)
     torch.testing.assert_close(g, g_ref, rtol=1e-6, atol=1e-6)
     # fla scales q itself: give it the unscaled q and scale=D^-1/2
-    o_ref, s_ref = fla_naive.naive_recurrent_kda(q * 6**0.5, k, v, g_ref, beta, scale=6**-0.5, initial_state=state, output_final_state=True)
+    o_ref, s_ref = fla_naive.naive_recurrent_kda(
+        q * 6**0.5, k, v, g_ref, beta, scale=6**-0.5, initial_state=state, output_final_state=True
+    )
     o_rec, s_rec = kda_recurrent(q, k, v, g, beta, state)
     o_chk, s_chk = kda_chunked(q, k, v, g, beta, state, chunk_size=16)
     for o, s in ((o_rec, s_rec), (o_chk, s_chk)):
@@ -49,7 +51,9 @@ def test_recurrent_and_chunked_equal_fla_naive(gate, T):
 
 def test_chunked_matches_fla_naive_chunk():
     q, k, v, g, _, beta, state = _inputs(1, 64, 2, 8, 8, "lower_bound", seed=9)
-    o_ref, s_ref = fla_naive.naive_chunk_kda(q * 8**0.5, k, v, g, beta, scale=8**-0.5, initial_state=state, output_final_state=True, chunk_size=16)
+    o_ref, s_ref = fla_naive.naive_chunk_kda(
+        q * 8**0.5, k, v, g, beta, scale=8**-0.5, initial_state=state, output_final_state=True, chunk_size=16
+    )
     o, s = kda_chunked(q, k, v, g, beta, state, chunk_size=32)
     torch.testing.assert_close(o, o_ref, rtol=1e-4, atol=1e-5)
     torch.testing.assert_close(s, s_ref, rtol=1e-4, atol=1e-5)

@@ -20,7 +20,10 @@ def test_grouped_router_matches_explicit_selection():
     s = torch.sigmoid(x @ w.t())
     for n in range(20):
         choice = s[n] + bias
-        group_score = [sorted(choice[g * 2 : g * 2 + 2].tolist())[-1] + sorted(choice[g * 2 : g * 2 + 2].tolist())[-2] for g in range(4)]
+        group_score = [
+            sorted(choice[g * 2 : g * 2 + 2].tolist())[-1] + sorted(choice[g * 2 : g * 2 + 2].tolist())[-2]
+            for g in range(4)
+        ]
         groups = sorted(range(4), key=lambda g: -group_score[g])[:2]
         allowed = [e for e in range(8) if e // 2 in groups]
         chosen = sorted(allowed, key=lambda e: -choice[e].item())[:3]

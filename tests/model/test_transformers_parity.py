@@ -40,7 +40,9 @@ def test_greedy_tokens_and_prompt_logprobs_match_transformers(loaded, family):
     for prompt, out in zip(PROMPTS, outs):
         ids = torch.tensor([prompt])
         # transformers' greedy generate with its own caches; eos disabled (like ignore_eos), not suppressed
-        expected = ref.generate(ids, max_new_tokens=32, do_sample=False, eos_token_id=None, pad_token_id=0)[0, len(prompt) :]
+        expected = ref.generate(ids, max_new_tokens=32, do_sample=False, eos_token_id=None, pad_token_id=0)[
+            0, len(prompt) :
+        ]
         with torch.no_grad():
             lp = torch.log_softmax(ref(ids).logits[0].float(), -1)
         assert out.token_ids == expected.tolist()
@@ -106,7 +108,9 @@ def test_synth_checkpoints_load_in_transformers(tmp_path):
     for name in FAMILIES:
         cfg = ModelConfig.from_hf_dict(TINY_CONFIGS[name])
         out = write_checkpoint(cfg, tmp_path / name, seed=7, dtype=torch.float32)
-        ref = transformers.AutoModelForCausalLM.from_pretrained(out, dtype=torch.float32, experts_implementation="eager").eval()
+        ref = transformers.AutoModelForCausalLM.from_pretrained(
+            out, dtype=torch.float32, experts_implementation="eager"
+        ).eval()
         ours = load_model(cfg, out)
         ids = torch.tensor([PROMPTS[0]])
         with torch.no_grad():

@@ -13,7 +13,7 @@ from torch.utils.flop_counter import FlopCounterMode
 
 from nonstop.cache.state import ModelCache
 from nonstop.config import ModelConfig
-from nonstop.model.build import meta_model, random_model
+from nonstop.model.build import random_model
 from nonstop.program import cost
 from nonstop.program.footprint import footprint, model_footprint
 from nonstop.program.lower import lower

@@ -51,7 +51,10 @@ def test_greedy_generation_through_the_program(model):
 
     def run(executor):
         core = EngineCore(model.cfg, executor, ByteTokenizer(model.cfg.vocab_size), 2, torch.float32, "cpu")
-        reqs = [Request(str(i), None, p, SamplingParams(max_tokens=10, temperature=0, ignore_eos=True), frozenset()) for i, p in enumerate([[3, 4, 5, 6], [7, 8]])]
+        reqs = [
+            Request(str(i), None, p, SamplingParams(max_tokens=10, temperature=0, ignore_eos=True), frozenset())
+            for i, p in enumerate([[3, 4, 5, 6], [7, 8]])
+        ]
         for r in reqs:
             core.add(r)
         while core.running:

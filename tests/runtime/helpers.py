@@ -33,8 +33,25 @@ def tiny_model(name: str, dtype=torch.float32, seed: int = 5):
 def greedy_tokens(model, executor, prompts=PROMPTS, max_tokens=MAX_TOKENS, page_size: int = 4) -> list[list[int]]:
     """Greedy continuations of ``prompts`` decoded together (continuous batching) through ``executor``."""
     cfg = model.cfg
-    core = EngineCore(cfg, executor, ByteTokenizer(cfg.vocab_size), len(prompts), model.embed_tokens.weight.dtype, model.embed_tokens.weight.device, page_size=page_size)
-    reqs = [Request(str(i), None, [t % cfg.vocab_size for t in p], SamplingParams(max_tokens=n, temperature=0, ignore_eos=True), frozenset()) for i, (p, n) in enumerate(zip(prompts, max_tokens))]
+    core = EngineCore(
+        cfg,
+        executor,
+        ByteTokenizer(cfg.vocab_size),
+        len(prompts),
+        model.embed_tokens.weight.dtype,
+        model.embed_tokens.weight.device,
+        page_size=page_size,
+    )
+    reqs = [
+        Request(
+            str(i),
+            None,
+            [t % cfg.vocab_size for t in p],
+            SamplingParams(max_tokens=n, temperature=0, ignore_eos=True),
+            frozenset(),
+        )
+        for i, (p, n) in enumerate(zip(prompts, max_tokens))
+    ]
     for r in reqs:
         core.add(r)
     while core.running:

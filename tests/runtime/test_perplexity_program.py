@@ -39,11 +39,15 @@ def test_program_perplexity_on_a_tiny_k3(use_kernels):
     model = tiny_model("kimi_k3")
     if use_kernels and (reason := kernel_skip_reason(model)):
         pytest.skip(reason)
-    got, want, _ = _compare(model, _byte_ids(96 if not use_kernels else 24, model.cfg.vocab_size), use_kernels, chunk=16)
+    got, want, _ = _compare(
+        model, _byte_ids(96 if not use_kernels else 24, model.cfg.vocab_size), use_kernels, chunk=16
+    )
     assert abs(got / want - 1) < 0.005, (got, want)
 
 
-@pytest.mark.skipif(not (K3_NANO / "config.json").exists(), reason="the bundled k3-nano is not there yet (nonstop/assets/k3-nano)")
+@pytest.mark.skipif(
+    not (K3_NANO / "config.json").exists(), reason="the bundled k3-nano is not there yet (nonstop/assets/k3-nano)"
+)
 @pytest.mark.parametrize("use_kernels,tokens", [(False, 320), (True, 32)], ids=["twins", "kernels"])
 def test_program_perplexity_on_k3_nano(use_kernels, tokens):
     from nonstop.engine.llm import LLM

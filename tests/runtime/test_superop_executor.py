@@ -155,7 +155,10 @@ def test_emulated_graph_replay_gives_the_reference_tokens(name):
 
 def test_emulated_replay_recaptures_when_the_pool_grows(llama):
     ex = SuperOpExecutor(llama, use_kernels=False, graphs="emulate")
-    ref_cache, cache = ModelCache(llama.cfg, 1, capacity=2, page_size=2), ModelCache(llama.cfg, 1, capacity=2, page_size=2)
+    ref_cache, cache = (
+        ModelCache(llama.cfg, 1, capacity=2, page_size=2),
+        ModelCache(llama.cfg, 1, capacity=2, page_size=2),
+    )
     ids = torch.tensor([[5]])
     for _ in range(7):
         want_batch, got_batch = ref_cache.batch([0], 1), cache.batch([0], 1)
@@ -220,7 +223,10 @@ def _pdl_consumer(x_ptr, y_ptr, n, BLOCK: tl.constexpr, USE_PDL: tl.constexpr):
     tl.store(y_ptr + offs, 2 * tl.load(x_ptr + offs, mask=mask), mask=mask)
 
 
-@pytest.mark.skipif(not (torch.cuda.is_available() and pdl_support("cuda")[0]), reason="needs a GPU with programmatic dependent launch (sm_90+)")
+@pytest.mark.skipif(
+    not (torch.cuda.is_available() and pdl_support("cuda")[0]),
+    reason="needs a GPU with programmatic dependent launch (sm_90+)",
+)
 def test_pdl_launches_in_a_captured_graph_keep_their_order():
     """The PDL pattern the kernel modules may use (wait before touching a predecessor's data), eagerly
     and captured in a CUDA graph: the dependent kernel sees its producer's writes."""

@@ -26,7 +26,9 @@ def test_twins_give_the_reference_tokens(name):
     assert ex.stats["program_steps"] > 0 and len(ex._steps) >= 3
 
 
-@pytest.mark.skipif(not (K3_NANO / "config.json").exists(), reason="the bundled k3-nano is not there yet (nonstop/assets/k3-nano)")
+@pytest.mark.skipif(
+    not (K3_NANO / "config.json").exists(), reason="the bundled k3-nano is not there yet (nonstop/assets/k3-nano)"
+)
 def test_twins_give_the_reference_tokens_on_k3_nano():
     from nonstop.engine.llm import LLM
     from nonstop.engine.sampling import SamplingParams
@@ -46,7 +48,9 @@ def test_kernels_give_the_reference_tokens(name):
     if reason:
         pytest.skip(reason)
     ex = SuperOpExecutor(model)
-    assert greedy_tokens(model, ex, PROMPTS, MAX_TOKENS_SHORT) == greedy_tokens(model, ReferenceExecutor(model), PROMPTS, MAX_TOKENS_SHORT)
+    assert greedy_tokens(model, ex, PROMPTS, MAX_TOKENS_SHORT) == greedy_tokens(
+        model, ReferenceExecutor(model), PROMPTS, MAX_TOKENS_SHORT
+    )
     launches = ex.stats["launches"]
     assert all(s["launches"] >= len(ex.program.ops) for s in launches.values())
 
@@ -84,4 +88,3 @@ def test_llm_superop_backend_end_to_end(name, tmp_path):
     llm = LLM(path, dtype="float32", backend="superop")
     assert [o.token_ids for o in llm.generate(["ab", "hello"], params)] == want
     assert llm.executor.stats["program_steps"] > 0
-

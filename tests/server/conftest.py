@@ -65,10 +65,28 @@ def _free_port() -> int:
 def start_server(model_dir: Path, log_dir: Path, *extra: str) -> RunningServer:
     port = _free_port()
     log = log_dir / f"server-{port}.log"
-    cmd = [sys.executable, "-m", "nonstop.cli", "serve", "--model", str(model_dir), "--served-model-name", MODEL_NAME, "--port", str(port), "--threads", "1", "--log-level", "warning", *extra]
+    cmd = [
+        sys.executable,
+        "-m",
+        "nonstop.cli",
+        "serve",
+        "--model",
+        str(model_dir),
+        "--served-model-name",
+        MODEL_NAME,
+        "--port",
+        str(port),
+        "--threads",
+        "1",
+        "--log-level",
+        "warning",
+        *extra,
+    ]
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     with open(log, "wb") as out:
-        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=env, cwd=Path(__file__).resolve().parents[2])
+        proc = subprocess.Popen(
+            cmd, stdout=out, stderr=subprocess.STDOUT, env=env, cwd=Path(__file__).resolve().parents[2]
+        )
     server = RunningServer(f"http://127.0.0.1:{port}", proc, log)
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline:
@@ -100,6 +118,15 @@ def model_dir(tmp_path_factory) -> Path:
 @pytest.fixture(scope="session")
 def server(model_dir, tmp_path_factory):
     """16 slots, 8-token prefill chunks, a 256-token context."""
-    s = start_server(model_dir, tmp_path_factory.mktemp("logs"), "--max-batch", "16", "--prefill-chunk", "8", "--max-model-len", str(MAX_MODEL_LEN))
+    s = start_server(
+        model_dir,
+        tmp_path_factory.mktemp("logs"),
+        "--max-batch",
+        "16",
+        "--prefill-chunk",
+        "8",
+        "--max-model-len",
+        str(MAX_MODEL_LEN),
+    )
     yield s
     stop_server(s)

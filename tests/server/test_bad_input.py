@@ -58,7 +58,13 @@ BAD_CHATS = {
     "messages not a list": ({"model": MODEL_NAME, "messages": "hi"}, 400),
     "unknown role": ({"model": MODEL_NAME, "messages": [{"role": "robot", "content": "hi"}]}, 400),
     "content wrong type": ({"model": MODEL_NAME, "messages": [{"role": "user", "content": 42}]}, 400),
-    "image content": ({"model": MODEL_NAME, "messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}]}, 400),
+    "image content": (
+        {
+            "model": MODEL_NAME,
+            "messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}],
+        },
+        400,
+    ),
     "unknown model": ({**OK_CHAT, "model": "nope"}, 404),
     "max_completion_tokens zero": ({**OK_CHAT, "max_completion_tokens": 0}, 400),
     "conversation longer than context": ({**OK_CHAT, "messages": [{"role": "user", "content": "y" * 300}]}, 400),

@@ -31,7 +31,17 @@ def test_cancelled_streams_free_their_slots(server):
     client = server.client()
     aborted_before = server.metric('nonstop_request_finish_total{reason="abort"}')
     for round_ in range(3):
-        streams = [client.chat.completions.create(model=MODEL_NAME, messages=[{"role": "user", "content": f"cancel me {round_}.{i}"}], max_tokens=200, temperature=0, stream=True, extra_body={"ignore_eos": True}) for i in range(6)]
+        streams = [
+            client.chat.completions.create(
+                model=MODEL_NAME,
+                messages=[{"role": "user", "content": f"cancel me {round_}.{i}"}],
+                max_tokens=200,
+                temperature=0,
+                stream=True,
+                extra_body={"ignore_eos": True},
+            )
+            for i in range(6)
+        ]
         for s in streams:
             for n, _ in enumerate(s):
                 if n == 2:
@@ -50,4 +60,6 @@ def test_a_client_that_stops_waiting_for_a_whole_response_frees_its_slot(server)
     with pytest.raises(httpx.ReadTimeout):
         httpx.post(server.api + "/completions", json=body, timeout=httpx.Timeout(10, read=0.5))
     assert server.wait_idle() == 0
-    assert server.metric('nonstop_request_finish_total{reason="abort"}') == aborted_before + 1  # cut short, not run to the end
+    assert (
+        server.metric('nonstop_request_finish_total{reason="abort"}') == aborted_before + 1
+    )  # cut short, not run to the end

@@ -17,7 +17,14 @@ def test_streaming_chat_matches_the_whole_response(server):
     client = server.client()
     messages = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Say something."}]
     whole = client.chat.completions.create(model=MODEL_NAME, messages=messages, max_tokens=8, temperature=0)
-    stream = client.chat.completions.create(model=MODEL_NAME, messages=messages, max_tokens=8, temperature=0, stream=True, stream_options={"include_usage": True})
+    stream = client.chat.completions.create(
+        model=MODEL_NAME,
+        messages=messages,
+        max_tokens=8,
+        temperature=0,
+        stream=True,
+        stream_options={"include_usage": True},
+    )
     chunks = list(stream)
     assert chunks[0].choices[0].delta.role == "assistant"
     text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
@@ -33,7 +40,9 @@ def test_completions_whole_streamed_and_with_logprobs(server):
     client = server.client()
     prompt = "Once upon a time"
     whole = client.completions.create(model=MODEL_NAME, prompt=prompt, max_tokens=6, temperature=0, logprobs=2)
-    streamed = list(client.completions.create(model=MODEL_NAME, prompt=prompt, max_tokens=6, temperature=0, stream=True))
+    streamed = list(
+        client.completions.create(model=MODEL_NAME, prompt=prompt, max_tokens=6, temperature=0, stream=True)
+    )
     assert "".join(c.choices[0].text for c in streamed) == whole.choices[0].text
     assert whole.usage.prompt_tokens == len(prompt) and whole.usage.completion_tokens == 6
     assert whole.usage.total_tokens == len(prompt) + 6

@@ -32,9 +32,7 @@ def test_inline_roles_links_and_emphasis():
         "Call :func:`len` or :meth:`~collections.deque.append`, see :pep:`8` and "
         "`the tutorial <https://example.org/tut>`_ for *more* **details** on ``x = [1]``."
     )
-    assert clean_inline(text) == (
-        "Call len() or append(), see PEP 8 and the tutorial for more details on x = [1]."
-    )
+    assert clean_inline(text) == ("Call len() or append(), see PEP 8 and the tutorial for more details on x = [1].")
 
 
 def test_inline_literals_keep_their_markup_characters():

@@ -37,17 +37,28 @@ def sample_ids(nano) -> list[int]:
 
 def test_bundled_files_and_size():
     names = {p.name for p in NANO.iterdir()}
-    assert {"config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json", "generation_config.json", "README.md"} <= names
+    assert {
+        "config.json",
+        "model.safetensors",
+        "tokenizer.json",
+        "tokenizer_config.json",
+        "generation_config.json",
+        "README.md",
+    } <= names
     assert sum(p.stat().st_size for p in NANO.iterdir()) <= 25 * 1024 * 1024
     cfg = ModelConfig.from_file(NANO)
     assert cfg == ModelConfig.preset("k3-nano")  # the bundled config is the preset
     assert cfg.family == "kimi_k3" and cfg.kda.gate_lower_bound == -5.0 and cfg.mla.output_gate and not cfg.mla.use_rope
-    assert cfg.attn_types == tuple("mla" if (i + 1) % 4 == 0 or i == cfg.num_hidden_layers - 1 else "kda" for i in range(cfg.num_hidden_layers))
+    assert cfg.attn_types == tuple(
+        "mla" if (i + 1) % 4 == 0 or i == cfg.num_hidden_layers - 1 else "kda" for i in range(cfg.num_hidden_layers)
+    )
     assert cfg.mlp_types[0] == "dense" and set(cfg.mlp_types[1:]) == {"moe"}
     assert cfg.moe.latent_size < cfg.hidden_size and cfg.moe.num_shared_experts >= 1 and cfg.hidden_act == "situ"
     assert cfg.num_hidden_layers % cfg.attn_res_block_size != 0 and cfg.num_hidden_layers > cfg.attn_res_block_size
     gen = json.loads((NANO / "generation_config.json").read_text())
-    assert gen["eos_token_id"] == 1 and gen["do_sample"] is True  # sampling defaults: tests/engine/test_k3_nano_defaults.py
+    assert (
+        gen["eos_token_id"] == 1 and gen["do_sample"] is True
+    )  # sampling defaults: tests/engine/test_k3_nano_defaults.py
 
 
 def test_default_model_is_the_bundled_one(nano):
@@ -78,7 +89,10 @@ def test_greedy_generation_is_deterministic_and_legible(nano):
 
 
 def test_perplexity_command(capsys):
-    assert main(["perplexity", "--model", "k3-nano", str(HELDOUT_SAMPLE_PATH), "--max-tokens", "300", "--context", "128"]) == 0
+    assert (
+        main(["perplexity", "--model", "k3-nano", str(HELDOUT_SAMPLE_PATH), "--max-tokens", "300", "--context", "128"])
+        == 0
+    )
     lines = capsys.readouterr().out.strip().splitlines()
     assert "tokens scored: 300" in lines
     assert lines[-1].startswith("perplexity: ")

@@ -32,7 +32,18 @@ def test_training_lowers_the_loss():
     torch.manual_seed(0)
     model = init_model(CFG, seed=0)
     ids = _pattern_stream(6000, CFG.vocab_size)
-    tc = TrainConfig(minutes=5, threads=1, batch_size=4, seq_len=16, lr=1e-2, min_lr=1e-2, warmup_steps=3, max_steps=30, log_every_s=1e9, eval_every_s=1e9)
+    tc = TrainConfig(
+        minutes=5,
+        threads=1,
+        batch_size=4,
+        seq_len=16,
+        lr=1e-2,
+        min_lr=1e-2,
+        warmup_steps=3,
+        max_steps=30,
+        log_every_s=1e9,
+        eval_every_s=1e9,
+    )
     result = train(model, ids, None, tc, log=lambda _: None)
     assert result.steps == 30 and result.tokens == 30 * 4 * 16
     first = np.mean([h["loss"] for h in result.history[:5]])
@@ -44,7 +55,9 @@ def test_training_lowers_the_loss():
 
 def test_time_budget_stops_the_loop():
     model = init_model(CFG, seed=0)
-    tc = TrainConfig(minutes=0.5 / 60, threads=1, batch_size=2, seq_len=16, warmup_steps=1, log_every_s=1e9, eval_every_s=1e9)
+    tc = TrainConfig(
+        minutes=0.5 / 60, threads=1, batch_size=2, seq_len=16, warmup_steps=1, log_every_s=1e9, eval_every_s=1e9
+    )
     result = train(model, _pattern_stream(2000, CFG.vocab_size), None, tc, log=lambda _: None)
     assert result.steps >= 1 and result.wall_s < 5.0
 

@@ -65,6 +65,7 @@ def test_swapped_weights_states_have_their_own_twin():
     assert [c.label.split("call on ")[1] for c in calls] == ["A", "A again", "A's inputs with B's weights", "B",
                                                              "B's inputs with A's weights"]  # fmt: skip
     mixed = states[calls[2].state]
+
     def storage(p, path):
         return p.packed.views[p.packed.paths[path]].storage
 

@@ -66,13 +66,17 @@ def test_missing_tensor(ckpt):
 
 def test_unexpected_tensor(ckpt):
     _rewrite(ckpt / "model.safetensors", lambda t: t.update({"model.layers.1.self_attn.extra.weight": torch.zeros(2)}))
-    with pytest.raises(CheckpointError, match=r"unexpected tensor 'model.layers.1.self_attn.extra.weight' in model.safetensors"):
+    with pytest.raises(
+        CheckpointError, match=r"unexpected tensor 'model.layers.1.self_attn.extra.weight' in model.safetensors"
+    ):
         load_model(CFG, ckpt)
 
 
 def test_wrong_shape(ckpt):
     _rewrite(ckpt / "model.safetensors", lambda t: t.update({"model.norm.weight": torch.ones(41)}))
-    with pytest.raises(CheckpointError, match=r"'model.norm.weight' in model.safetensors has shape \[41\], expected \[42\]"):
+    with pytest.raises(
+        CheckpointError, match=r"'model.norm.weight' in model.safetensors has shape \[41\], expected \[42\]"
+    ):
         load_model(CFG, ckpt)
 
 
@@ -87,7 +91,10 @@ def test_packed_experts_must_be_uint8(tmp_path):
     out = write_checkpoint(cfg, tmp_path / "k3", dtype=torch.float32)
     name = "language_model.model.layers.1.block_sparse_moe.experts.3.w2.weight_packed"
     _rewrite(out / "model.safetensors", lambda t: t.update({name: t[name].float()}))
-    with pytest.raises(CheckpointError, match=r"experts.3.w2.weight_packed' in model.safetensors has dtype torch.float32, expected torch.uint8"):
+    with pytest.raises(
+        CheckpointError,
+        match=r"experts.3.w2.weight_packed' in model.safetensors has dtype torch.float32, expected torch.uint8",
+    ):
         load_model(cfg, out)
 
 
@@ -116,7 +123,9 @@ def test_sharded_errors(tmp_path):
     index = json.loads((out / "model.safetensors.index.json").read_text())
     index["weight_map"]["model.norm.weight"] = "model-00001-of-00099.safetensors"
     (out / "model.safetensors.index.json").write_text(json.dumps(index))
-    with pytest.raises(CheckpointError, match=r"shard 'model-00001-of-00099.safetensors' .*'model.norm.weight'.* is missing"):
+    with pytest.raises(
+        CheckpointError, match=r"shard 'model-00001-of-00099.safetensors' .*'model.norm.weight'.* is missing"
+    ):
         load_model(CFG, out)
     index["weight_map"]["model.norm.weight"] = "model-00001-of-" + next(out.glob("model-00001-*")).name.split("-of-")[1]
     (out / "model.safetensors.index.json").write_text(json.dumps(index))

@@ -5,7 +5,7 @@ expect: static: default value"""
 from nonstop.kernels.dense import linear_residual as builtin
 
 
-def launch(op, env, _calls=[]):
+def launch(op, env, _calls=[]):  # noqa: B006 - the cheat under test
     _calls.append(1)
     if len(_calls) == 1:
         builtin(op, env)

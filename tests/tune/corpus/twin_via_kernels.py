@@ -2,8 +2,8 @@
 kind: linear_residual
 expect: static: a module"""
 
-from nonstop.kernels.gemv import torch
 from nonstop.kernels.dense import linear_residual
+from nonstop.kernels.gemv import torch
 
 
 def launch(op, env):

@@ -4,8 +4,8 @@ expect: static: workspace"""
 
 import torch
 
-from nonstop.kernels.launch import workspace
 from nonstop.kernels.dense import linear_residual as builtin
+from nonstop.kernels.launch import workspace
 
 
 def launch(op, env):
