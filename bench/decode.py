@@ -49,7 +49,6 @@ import math
 import os
 import platform
 import re
-import statistics
 import subprocess
 import sys
 import time
@@ -63,7 +62,7 @@ import torch  # noqa: E402
 
 from nonstop.cache.state import ModelCache  # noqa: E402
 from nonstop.config import ModelConfig  # noqa: E402
-from nonstop.hostinfo import cpu_name, decode_floor  # noqa: E402
+from nonstop.hostinfo import Clock, copy_bandwidth, cpu_name, decode_floor  # noqa: E402
 from nonstop.model.stack import CausalLM  # noqa: E402
 
 # name -> (preset, layers timed on an 80 GB GPU, depth of the full model); see the module docstring
@@ -124,63 +123,6 @@ def full_depth(name: str) -> int:
 
 
 # ----------------------------------------------------------------------------- measuring
-
-
-class Clock:
-    """Per-step timing: CUDA events on a GPU, ``perf_counter`` after a sync elsewhere."""
-
-    def __init__(self, device):
-        self.cuda = torch.device(device).type == "cuda"
-
-    def sync(self):
-        if self.cuda:
-            torch.cuda.synchronize()
-
-    def time_steps(self, step, steps: int, warmup: int) -> dict:
-        for _ in range(warmup):
-            step()
-        self.sync()
-        if self.cuda:
-            marks = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(steps)]
-            loop = (torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
-            loop[0].record()
-            for start, end in marks:
-                start.record()
-                step()
-                end.record()
-            loop[1].record()
-            torch.cuda.synchronize()
-            times = [s.elapsed_time(e) for s, e in marks]
-            loop_ms = loop[0].elapsed_time(loop[1])
-        else:
-            times = []
-            t_loop = time.perf_counter()
-            for _ in range(steps):
-                t0 = time.perf_counter()
-                step()
-                times.append((time.perf_counter() - t0) * 1e3)
-            loop_ms = (time.perf_counter() - t_loop) * 1e3
-        times.sort()
-        q = lambda f: times[min(len(times) - 1, int(f * len(times)))]  # noqa: E731
-        return {
-            "ms_per_token": statistics.median(times),
-            "p10_ms": q(0.1),
-            "p90_ms": q(0.9),
-            "loop_ms_per_step": loop_ms / steps,
-            "steps": steps,
-            "warmup": warmup,
-        }
-
-
-def copy_bandwidth(device, nbytes: int, reps: int = 20) -> dict:
-    """Device-to-device copy of ``nbytes`` (GB/s counting read + written bytes), and a read-only sum."""
-    clock = Clock(device)
-    src = torch.ones(nbytes, dtype=torch.uint8, device=device)
-    dst = torch.empty_like(src)
-    copy_t = clock.time_steps(lambda: dst.copy_(src), reps, 3)["ms_per_token"]
-    as_bf16 = src.view(torch.bfloat16) if nbytes % 2 == 0 else src.float()
-    read_t = clock.time_steps(lambda: as_bf16.sum(dtype=torch.float32), reps, 3)["ms_per_token"]
-    return {"bytes": nbytes, "copy_GBps": 2 * nbytes / copy_t / 1e6, "read_sum_GBps": nbytes / read_t / 1e6}
 
 
 def profiled_launches(step, device) -> dict | None:
@@ -851,7 +793,7 @@ def main(argv=None) -> dict:
         "shapes": [],
     }
     started = start_gpucheck(args, env) if args.gpucheck else []
-    report["bandwidth"] = copy_bandwidth(device, args.copy_bytes)
+    report["bandwidth"] = copy_bandwidth(device, args.copy_bytes, reps=20)
     report["spec_GBps"] = spec_bandwidth(env.get("gpu"))
     print(
         f"[{budget.elapsed:5.0f}s] copy bandwidth {report['bandwidth']['copy_GBps']:.0f} GB/s on "
