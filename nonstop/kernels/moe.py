@@ -795,6 +795,16 @@ def launch_moe_front(op, env) -> None:
     )
 
 
+def expert_scratch(slots: int, R: int, I: int, BR: int, dtype, device) -> tuple:
+    """The expert launch's scratch between its two phases, rewritten by every launch: the gate/up
+    activations act [slots, R, I] (``dtype``), the chosen expert ids [slots] (int32) and the routing
+    weights p [slots, BR] (fp32), each flat."""
+    act = workspace("moe_experts.act", slots * R * I, dtype, device)
+    ids = workspace("moe_experts.ids", slots, torch.int32, device)
+    p = workspace("moe_experts.p", slots * BR, torch.float32, device)
+    return act, ids, p
+
+
 def launch_moe_experts(op, env) -> None:
     a, w = op.attrs, op.weights
     mc = a["moe"]
@@ -819,9 +829,7 @@ def launch_moe_experts(op, env) -> None:
     slots = min(E, R * mc.top_k)
     n_gate_up = expert_programs(slots * n_chunks, x.device)
     n_down = triton.cdiv(K, blocks["BLOCK_NO"])
-    act = workspace("moe_experts.act", slots * R * I, x.dtype, x.device)
-    ids = workspace("moe_experts.ids", slots, torch.int32, x.device)
-    p = workspace("moe_experts.p", slots * BR, torch.float32, x.device)
+    act, ids, p = expert_scratch(slots, R, I, BR, x.dtype, x.device)
     moe_experts_kernel[(n_gate_up + n_down,)](
         phase_counters("moe_experts", x.device),
         n_gate_up,
