@@ -129,6 +129,7 @@ class CPUExecutor(Executor):
             "reference_steps": 0,
             "reference_reasons": {},
             "compile_seconds": {},
+            "compiling_s": 0.0,  # all compiling so far: first compiles and recompiles
             "recompiles": 0,
         }
 
@@ -173,6 +174,7 @@ class CPUExecutor(Executor):
             logits = self._step(*args)[0]
             if _compiled_graphs() > graphs:  # torch.compile specialised the step again (e.g. a new input kind)
                 self.stats["recompiles"] += 1
+                self.stats["compiling_s"] += time.perf_counter() - t0
                 if self.progress:
                     print(
                         f"nonstop cpu: the decode step for {shape} was compiled again "
@@ -187,6 +189,7 @@ class CPUExecutor(Executor):
             logits = self._step(*args)[0]
         self._shapes.add(shape)
         self.stats["compile_seconds"][shape] = round(timing["seconds"], 2)
+        self.stats["compiling_s"] += timing["seconds"]
         return logits
 
     # ------------------------------------------------------------------ executor interface
