@@ -42,8 +42,11 @@ import triton
 import triton.language as tl
 
 from nonstop.kernels.platform import interpreter_rounds_to_nearest, interpreting
+from nonstop.kernels.ptx_pass import install as install_ptx_pass
 
 ON_GPU: tl.constexpr = tl.constexpr(not interpreting())  # PTX helpers (nanosleep, L2 prefetch): not in the interpreter
+if not interpreting():  # before any kernel compiles: the Triton cache key includes the pass where it can
+    install_ptx_pass()
 if interpreting():
     interpreter_rounds_to_nearest()  # bf16 casts round as on the GPU (the interpreter truncates)
 

@@ -138,6 +138,87 @@ def test_the_spin_wait_acquire_survives_every_triton(triton_path, tmp_path):
         assert got["unused_acquire"] == [False], got
 
 
+# ----------------------------------------------------------------------------- the megakernel's PTX pass
+
+SHARED_LOADS = """
+	add.s32 	%r21, %r19, %r20;
+	// begin inline asm
+	@%p4 ld.shared.b32 %r22, [ %r21 + 0 ];
+	// end inline asm
+	// begin inline asm
+	@!%p5 ld.shared.v2.b64 { %rd7, %rd8 }, [ %r21 + 0 ];
+	// end inline asm
+	// begin inline asm
+	ld.shared.b32 %r23, [ %r21 + 0 ];
+	// end inline asm
+	// begin inline asm
+	mov.u32 %r24, 0x0;
+	@%p4 ld.global.b32 { %r24 }, [ %rd9 + 0 ];
+	// end inline asm
+"""
+
+
+def test_ptx_pass_defines_predicated_shared_loads():
+    """Each inline-asm block that is one predicated shared load gets its registers defined (0) first, at the
+    width of the load, vector lanes included; unpredicated loads and Triton's masked global loads (which
+    set their default inside the block) are left alone; a second pass changes nothing."""
+    from nonstop.kernels.ptx_pass import define_predicated_loads
+
+    out, changed = define_predicated_loads(SHARED_LOADS)
+    assert changed == 2
+    lines = [ln.strip() for ln in out.splitlines()]
+    first = lines.index("@%p4 ld.shared.b32 %r22, [ %r21 + 0 ];")
+    assert lines[first - 2 : first] == ["mov.b32 \t%r22, 0;", "// begin inline asm"]
+    second = lines.index("@!%p5 ld.shared.v2.b64 { %rd7, %rd8 }, [ %r21 + 0 ];")
+    assert lines[second - 3 : second] == ["mov.b64 \t%rd7, 0;", "mov.b64 \t%rd8, 0;", "// begin inline asm"]
+    assert len(lines) == len(SHARED_LOADS.splitlines()) + 3
+    assert define_predicated_loads(out) == (out, 0)
+
+
+PASS_PROBE = """
+import os
+os.environ["TRITON_ALWAYS_COMPILE"] = "1"  # Triton 3.6's cache key does not include the pass: compile afresh
+import json, torch, triton, triton.language as tl
+from nonstop.kernels import offline
+from nonstop.kernels import launch, ptx_pass as ptx  # importing launch installs the pass
+from nonstop.runtime.megakernel.codegen import source
+
+@triton.jit(noinline=True)
+def task(x_ptr, out_ptr, tile, BLOCK: tl.constexpr):
+    x = tl.load(x_ptr + tile * BLOCK + tl.arange(0, BLOCK))
+    tl.store(out_ptr + tile, tl.sum(x * x, axis=0) + tl.max(x, axis=0))
+
+@triton.jit
+def megakernel(x_ptr, out_ptr, n, BLOCK: tl.constexpr):
+    for tile in range(tl.program_id(0), n, 4):
+        task(x_ptr, out_ptr, tile, BLOCK)
+
+@triton.jit
+def other(x_ptr, out_ptr, n, BLOCK: tl.constexpr):
+    for tile in range(tl.program_id(0), n, 4):
+        task(x_ptr, out_ptr, tile, BLOCK)
+
+t = torch.empty(8192, dtype=torch.float32, device="meta")
+out = {"triton": triton.__version__, "template": "def " + ptx.KERNEL_NAME + "(" in source.KERNEL}
+for fn in (megakernel, other):
+    k, _ = offline.compile_launch(fn, dict(x_ptr=t, out_ptr=t, n=7, BLOCK=1024), {"num_warps": 8})
+    out[fn.__name__] = ptx.define_predicated_loads(k.asm["ptx"])[1]  # blocks still undefined
+print(json.dumps(out))
+"""
+
+
+@pytest.mark.parametrize("triton_path", TRITONS)
+def test_ptx_pass_runs_in_every_triton_pipeline(triton_path, tmp_path):
+    """With ``nonstop.kernels.launch`` imported (every kernel module and the generated megakernel import it), a
+    kernel named ``megakernel`` compiles with no undefined predicated shared load left in its PTX under every
+    Triton; another kernel is not rewritten (Triton 3.6 emits such loads for its cross-warp reductions,
+    Triton 3.9 none)."""
+    got = _run(PASS_PROBE, triton_path, tmp_path)
+    assert got["template"] and got["megakernel"] == 0, got
+    if got["triton"].startswith("3.6"):
+        assert got["other"] > 0, got
+
+
 BOUNDED = [
     ("kimi-k3", "kimi-k3", 4, ["moe_experts", "lm_head", "mla_attn", "sample"], False),
     ("llama-3.2-1b", "llama-3.2-1b", 1, [], True),

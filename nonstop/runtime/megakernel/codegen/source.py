@@ -189,6 +189,7 @@ def prefetch_task(prefetch_ptr, task, LINES: tl.constexpr):
 @triton.jit(do_not_specialize=["num_steps"])  # one compile for one and several steps a launch
 def megakernel(tasks_ptr, waits_ptr, prefetch_ptr, counters_ptr, ticket_ptr, state_ptr, ptrs_ptr, wptrs_ptr, ints_ptr,
                floats_ptr, num_tasks, num_steps, NUM_FIELDS: tl.constexpr, PREFETCH_LINES: tl.constexpr):
+    # its PTX goes through nonstop/kernels/ptx_pass.py (predicated shared loads defined: no spill in task functions)
     first_step = tl.load(state_ptr)  # advanced by the previous launch's last program
     base = first_step * num_tasks  # tickets of this launch: base .. end - 1 (int64: they grow launch after launch)
     end = base + num_steps * num_tasks
