@@ -9,7 +9,7 @@ import torch
 
 from nonstop.runtime.cpu import CPUExecutor
 from nonstop.runtime.cpu.kernels import load_kernels
-from nonstop.runtime.cpu.packed import Bf16Weight, Int8Weight
+from nonstop.runtime.cpu.packed import Bf16Weight, Int8Weight, tile_rows, untile_rows
 from nonstop.runtime.executors import ReferenceExecutor
 from nonstop.weights.quant import dequantize_int8, group_size, quantize_int8
 from tests.runtime.helpers import greedy_tokens, tiny_model
@@ -34,21 +34,40 @@ def test_group_size_rule():
         quantize_int8(torch.ones(2, 10), 3)
 
 
+def test_row_tiles_round_trip():
+    """Tile t = rows 4t..4t+3 stored [chunk][row][column]: one contiguous stream, zeros past N and K."""
+    w = torch.arange(1, 7 * 37 + 1, dtype=torch.float32).view(7, 37)
+    tiles = tile_rows(w, 16)
+    assert tiles.shape == (8, 48) and torch.equal(untile_rows(tiles, 7, 37, 16), w)
+    tile0, tile1 = tiles[:4].reshape(3, 4, 16), tiles[4:].reshape(3, 4, 16)  # [chunk][row][column]
+    assert torch.equal(tile0[0, 1], w[1, :16]) and torch.equal(tile0[1, 0], w[0, 16:32])
+    assert torch.equal(tile0[2, 2], torch.cat([w[2, 32:], torch.zeros(11)]))  # the last chunk, zero-padded
+    assert torch.equal(tile1[1, 2], w[6, 16:32]) and not tile1[:, 3].any()  # row 7 is padding
+
+
 @pytest.mark.skipif(KERNELS_MISSING is not None, reason=f"C++ kernels unavailable: {KERNELS_MISSING}")
+@pytest.mark.parametrize("isa", [2, 1, 0], ids=["avx512", "avx2", "scalar"])
 @pytest.mark.parametrize("M,N,K", [(1, 5, 37), (3, 17, 200), (2, 9, 1031), (3, 13, 256)])
-def test_kernels_equal_torch_on_the_same_weights(M, N, K):
+def test_kernels_equal_torch_on_the_same_weights(M, N, K, isa):
+    """Every vector path the CPU has (a path it lacks runs the best one it has), odd N and K, fresh inputs."""
     g = torch.Generator().manual_seed(M * N + K)
     x = torch.randn(M, K, generator=g)
     w = torch.randn(N, K, generator=g)
     bias = torch.randn(N, generator=g)
-    for packed in (Bf16Weight(w, kernels=True), Int8Weight(w, kernels=True, group=K)):
-        want = x @ packed.dequantized().t() + bias
-        torch.testing.assert_close(packed.linear(x, bias), want, rtol=1e-5, atol=1e-4)
-    for group in [g for g in (8, 32, 128) if K % g == 0]:  # several scales per row (vector path when 16 | group)
-        packed = Int8Weight(w, kernels=True, group=group)
-        torch.testing.assert_close(
-            packed.linear(x[:, None], None)[:, 0], x @ packed.dequantized().t(), rtol=1e-5, atol=1e-4
-        )
+    best = torch.ops.nonstop_cpu.limit_isa(9)  # what this CPU supports
+    assert torch.ops.nonstop_cpu.limit_isa(isa) == min(isa, best)
+    try:
+        for packed in (Bf16Weight(w, kernels=True), Int8Weight(w, kernels=True, group=K)):
+            want = x @ packed.dequantized().t() + bias
+            torch.testing.assert_close(packed.linear(x, bias), want, rtol=1e-5, atol=1e-4)
+        for group in [g for g in (8, 32, 128) if K % g == 0]:  # several scales per row (kernel when 16 | group)
+            packed = Int8Weight(w, kernels=True, group=group)
+            assert packed.kernels == (group % 16 == 0)
+            torch.testing.assert_close(
+                packed.linear(x[:, None], None)[:, 0], x @ packed.dequantized().t(), rtol=1e-5, atol=1e-4
+            )
+    finally:
+        torch.ops.nonstop_cpu.limit_isa(best)
 
 
 @pytest.mark.parametrize("weights", ["bfloat16", "int8"])

@@ -1,21 +1,35 @@
 // Weight-only low-precision matrix-vector products for CPUs: y = x Wᵀ with fp32 activations and
-// fp32 accumulation, W stored as bf16 or int8 (+ fp32 scales per group of `group` input columns)
-// and converted to fp32 in registers (never materialised). Decode is bound by reading W, so halving
-// or quartering its bytes is the speed-up, whether or not the CPU has native bf16 arithmetic.
-//   linear_bf16(x [M, K] f32, w [N, K] bf16)                       -> y [M, N] f32
-//   linear_int8(x [M, K] f32, q [N, K] i8, s [N, K/group] f32, group) -> y [M, N] f32,
-//     y[m, n] = Σ_g s[n, g] · Σ_{k ∈ g} x[m, k] · q[n, k]
-// Rows of W are split over threads (at::parallel_for); each row is read once for all M rows of x.
+// fp32 accumulation, W stored as bf16 or int8 (+ fp32 scales per group of input columns) and
+// converted to fp32 in registers (never materialised). Decode is bound by reading W, so halving or
+// quartering its bytes is the speed-up, whether or not the CPU has native bf16 arithmetic.
+//   linear_bf16(x [M, K] f32, w tiled bf16 [Np, Kp], n)                  -> y [M, n] f32
+//   linear_int8(x [M, K] f32, q tiled i8 [Np, Kp], s [Np, G] f32, n)     -> y [M, n] f32,
+//     y[m, i] = Σ_g s[i, g] · Σ_{k ∈ group g} x[m, k] · q[i, k]   (group g: Kp/G consecutive columns)
+//
+// Row tiles (``packed.tile_rows``): W [n, K] is stored as Np/4 tiles of 4 rows (Np = n rounded up to 4,
+// Kp = K rounded up to C = 16 int8 / 32 bf16 columns, zeros past n and K); a tile holds its rows'
+// columns in chunks of C, the 4 rows' chunks side by side:  tiled[4t + r', C·c + j] = W[4t + r, C·c + j]
+// with the tile's memory ordered [c][r][j]. A tile is one contiguous stream of 4·Kp weights, each
+// chunk step reads one 64-byte line per row (int8) or four lines (bf16), and a thread walks its
+// tiles front to back while software prefetches run PREFETCH bytes ahead: the hardware prefetcher
+// alone (rows of a plain [n, K] matrix read four at a time) left the kernels at half the bandwidth.
+// bf16 chunks are widened without shuffles: a 32-bit lane holds columns 2j (low half: shift left 16)
+// and 2j+1 (high half: mask), so x is reordered once per call to [even columns | odd columns] per chunk.
+// Tiles are split over threads (at::parallel_for); each tile is read once for all M rows of x.
 // AVX-512 and AVX2 paths are chosen at run time (__builtin_cpu_supports); a scalar path covers the rest.
 #include <torch/library.h>
 #include <ATen/Parallel.h>
 #include <ATen/core/Tensor.h>
 #include <ATen/ops/empty.h>
 #include <immintrin.h>
+#include <algorithm>
 #include <cstdint>
 #include <cstring>
+#include <vector>
 
 namespace {
+
+constexpr int64_t I8_CHUNK = 16, BF16_CHUNK = 32, PREFETCH = 8192;
 
 inline float bf16_to_f32(uint16_t v) {
   uint32_t bits = uint32_t(v) << 16;
@@ -24,97 +38,52 @@ inline float bf16_to_f32(uint16_t v) {
   return f;
 }
 
-// ---------------------------------------------------------------- dot products of one row, K columns
-float dot_bf16_scalar(const float* x, const uint16_t* w, int64_t K) {
-  float acc = 0.f;
-  for (int64_t k = 0; k < K; ++k) acc += x[k] * bf16_to_f32(w[k]);
-  return acc;
+int supported_isa() {  // 2: AVX-512, 1: AVX2+FMA, 0: scalar
+  static int level = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") ? 2
+                     : (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) ? 1 : 0;
+  return level;
 }
 
-float dot_i8_scalar(const float* x, const int8_t* w, int64_t K) {
-  float acc = 0.f;
-  for (int64_t k = 0; k < K; ++k) acc += x[k] * float(w[k]);
-  return acc;
+int& isa_level() {
+  static int level = supported_isa();
+  return level;
 }
 
-__attribute__((target("avx512f,avx512bw"))) float dot_bf16_avx512(const float* x, const uint16_t* w, int64_t K) {
-  __m512 a0 = _mm512_setzero_ps(), a1 = _mm512_setzero_ps();
-  int64_t k = 0;
-  for (; k + 32 <= K; k += 32) {
-    __m512i w0 = _mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i*)(w + k))), 16);
-    __m512i w1 = _mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i*)(w + k + 16))), 16);
-    a0 = _mm512_fmadd_ps(_mm512_loadu_ps(x + k), _mm512_castsi512_ps(w0), a0);
-    a1 = _mm512_fmadd_ps(_mm512_loadu_ps(x + k + 16), _mm512_castsi512_ps(w1), a1);
-  }
-  for (; k + 16 <= K; k += 16) {
-    __m512i w0 = _mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i*)(w + k))), 16);
-    a0 = _mm512_fmadd_ps(_mm512_loadu_ps(x + k), _mm512_castsi512_ps(w0), a0);
-  }
-  float acc = _mm512_reduce_add_ps(_mm512_add_ps(a0, a1));
-  return acc + dot_bf16_scalar(x + k, w + k, K - k);
+int isa() { return isa_level(); }
+
+// Use at most ``level`` (tests run every path the CPU has); returns the level in effect.
+int64_t limit_isa(int64_t level) {
+  isa_level() = int(std::min<int64_t>(std::max<int64_t>(level, 0), supported_isa()));
+  return isa_level();
 }
 
-__attribute__((target("avx512f,avx512bw"))) float dot_i8_avx512(const float* x, const int8_t* w, int64_t K) {
-  __m512 a0 = _mm512_setzero_ps(), a1 = _mm512_setzero_ps();
-  int64_t k = 0;
-  for (; k + 32 <= K; k += 32) {
-    __m512 w0 = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i*)(w + k))));
-    __m512 w1 = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i*)(w + k + 16))));
-    a0 = _mm512_fmadd_ps(_mm512_loadu_ps(x + k), w0, a0);
-    a1 = _mm512_fmadd_ps(_mm512_loadu_ps(x + k + 16), w1, a1);
-  }
-  for (; k + 16 <= K; k += 16) {
-    __m512 w0 = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i*)(w + k))));
-    a0 = _mm512_fmadd_ps(_mm512_loadu_ps(x + k), w0, a0);
-  }
-  float acc = _mm512_reduce_add_ps(_mm512_add_ps(a0, a1));
-  return acc + dot_i8_scalar(x + k, w + k, K - k);
-}
-
-// Four rows of W (``stride`` elements apart) against one row of x over ``K`` columns: four independent
-// accumulator chains, each x vector loaded once.
-__attribute__((target("avx512f,avx512bw"))) void dot4_bf16_avx512(const float* x, const uint16_t* w, int64_t K,
-                                                                  int64_t stride, float* out) {
-  __m512 a[4] = {_mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps()};
-  int64_t k = 0;
-  for (; k + 16 <= K; k += 16) {
-    __m512 xv = _mm512_loadu_ps(x + k);
-    for (int r = 0; r < 4; ++r) {
-      __m256i raw = _mm256_loadu_si256((const __m256i*)(w + r * stride + k));
-      __m512i wv = _mm512_slli_epi32(_mm512_cvtepu16_epi32(raw), 16);
-      a[r] = _mm512_fmadd_ps(xv, _mm512_castsi512_ps(wv), a[r]);
+// ---------------------------------------------------------------- one tile (4 rows) against one row of x
+// int8: x [Kp] (zero past K), t the tile, s its rows' scales (row r: s[r·G .. r·G+G)), cpg chunks per group.
+void tile_i8_scalar(const float* x, const int8_t* t, const float* s, int64_t G, int64_t cpg, float* out) {
+  for (int r = 0; r < 4; ++r) {
+    float acc = 0.f;
+    for (int64_t g = 0; g < G; ++g) {
+      float part = 0.f;
+      for (int64_t c = g * cpg; c < (g + 1) * cpg; ++c)
+        for (int64_t j = 0; j < I8_CHUNK; ++j) part += x[c * I8_CHUNK + j] * float(t[(c * 4 + r) * I8_CHUNK + j]);
+      acc += s[r * G + g] * part;
     }
+    out[r] = acc;
   }
-  for (int r = 0; r < 4; ++r) out[r] = _mm512_reduce_add_ps(a[r]) + dot_bf16_scalar(x + k, w + r * stride + k, K - k);
 }
 
-__attribute__((target("avx512f,avx512bw"))) void dot4_i8_avx512(const float* x, const int8_t* w, int64_t K,
-                                                                int64_t stride, float* out) {
-  __m512 a[4] = {_mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps()};
-  int64_t k = 0;
-  for (; k + 16 <= K; k += 16) {
-    __m512 xv = _mm512_loadu_ps(x + k);
-    for (int r = 0; r < 4; ++r) {
-      __m512 wv = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i*)(w + r * stride + k))));
-      a[r] = _mm512_fmadd_ps(xv, wv, a[r]);
-    }
-  }
-  for (int r = 0; r < 4; ++r) out[r] = _mm512_reduce_add_ps(a[r]) + dot_i8_scalar(x + k, w + r * stride + k, K - k);
-}
-
-// Four int8 rows with one scale per ``group`` columns (group % 16 == 0): each group's partial sums are
-// scaled and accumulated in vector registers; one horizontal sum per row at the end.
-__attribute__((target("avx512f,avx512bw"))) void dot4_i8_groups_avx512(const float* x, const int8_t* w, int64_t K,
-                                                                       int64_t group, const float* s, int64_t G,
-                                                                       float* out) {
+__attribute__((target("avx512f,avx512bw"))) void tile_i8_avx512(const float* x, const int8_t* t, const float* s,
+                                                                int64_t G, int64_t cpg, float* out) {
   __m512 a[4] = {_mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps()};
   for (int64_t g = 0; g < G; ++g) {
     __m512 p[4] = {_mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps()};
-    for (int64_t k = g * group; k < (g + 1) * group; k += 16) {
-      __m512 xv = _mm512_loadu_ps(x + k);
+    for (int64_t c = g * cpg; c < (g + 1) * cpg; ++c) {
+      const int8_t* b = t + c * 4 * I8_CHUNK;
+      _mm_prefetch(reinterpret_cast<const char*>(b) + PREFETCH, _MM_HINT_T0);
+      __m512 xv = _mm512_loadu_ps(x + c * I8_CHUNK);
       for (int r = 0; r < 4; ++r) {
-        __m512 wv = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i*)(w + r * K + k))));
-        p[r] = _mm512_fmadd_ps(xv, wv, p[r]);
+        __m128i raw = _mm_loadu_si128(reinterpret_cast<const __m128i*>(b + r * I8_CHUNK));
+        p[r] = _mm512_fmadd_ps(xv, _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(raw)), p[r]);
       }
     }
     for (int r = 0; r < 4; ++r) a[r] = _mm512_fmadd_ps(p[r], _mm512_set1_ps(s[r * G + g]), a[r]);
@@ -129,116 +98,167 @@ __attribute__((target("avx2,fma"))) float hsum256(__m256 v) {
   return _mm_cvtss_f32(s);
 }
 
-__attribute__((target("avx2,fma"))) float dot_bf16_avx2(const float* x, const uint16_t* w, int64_t K) {
-  __m256 a0 = _mm256_setzero_ps(), a1 = _mm256_setzero_ps();
-  int64_t k = 0;
-  for (; k + 16 <= K; k += 16) {
-    __m256i w0 = _mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i*)(w + k))), 16);
-    __m256i w1 = _mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i*)(w + k + 8))), 16);
-    a0 = _mm256_fmadd_ps(_mm256_loadu_ps(x + k), _mm256_castsi256_ps(w0), a0);
-    a1 = _mm256_fmadd_ps(_mm256_loadu_ps(x + k + 8), _mm256_castsi256_ps(w1), a1);
+__attribute__((target("avx2,fma"))) void tile_i8_avx2(const float* x, const int8_t* t, const float* s, int64_t G,
+                                                      int64_t cpg, float* out) {
+  __m256 a[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps()};
+  for (int64_t g = 0; g < G; ++g) {
+    __m256 p[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps()};
+    __m256 q[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps()};
+    for (int64_t c = g * cpg; c < (g + 1) * cpg; ++c) {
+      const int8_t* b = t + c * 4 * I8_CHUNK;
+      _mm_prefetch(reinterpret_cast<const char*>(b) + PREFETCH, _MM_HINT_T0);
+      __m256 x0 = _mm256_loadu_ps(x + c * I8_CHUNK), x1 = _mm256_loadu_ps(x + c * I8_CHUNK + 8);
+      for (int r = 0; r < 4; ++r) {
+        const int8_t* w = b + r * I8_CHUNK;
+        __m256 w0 = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(w))));
+        __m256 w1 = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(w + 8))));
+        p[r] = _mm256_fmadd_ps(x0, w0, p[r]);
+        q[r] = _mm256_fmadd_ps(x1, w1, q[r]);
+      }
+    }
+    for (int r = 0; r < 4; ++r) a[r] = _mm256_fmadd_ps(_mm256_add_ps(p[r], q[r]), _mm256_set1_ps(s[r * G + g]), a[r]);
   }
-  return hsum256(_mm256_add_ps(a0, a1)) + dot_bf16_scalar(x + k, w + k, K - k);
+  for (int r = 0; r < 4; ++r) out[r] = hsum256(a[r]);
 }
 
-__attribute__((target("avx2,fma"))) float dot_i8_avx2(const float* x, const int8_t* w, int64_t K) {
-  __m256 a0 = _mm256_setzero_ps(), a1 = _mm256_setzero_ps();
-  int64_t k = 0;
-  for (; k + 16 <= K; k += 16) {
-    __m256 w0 = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i*)(w + k))));
-    __m256 w1 = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i*)(w + k + 8))));
-    a0 = _mm256_fmadd_ps(_mm256_loadu_ps(x + k), w0, a0);
-    a1 = _mm256_fmadd_ps(_mm256_loadu_ps(x + k + 8), w1, a1);
+// bf16: x [Kp] reordered per 32-column chunk to [x0, x2, .., x30, x1, x3, .., x31] (``even_odd``).
+void tile_bf16_scalar(const float* xeo, const uint16_t* t, int64_t chunks, float* out) {
+  for (int r = 0; r < 4; ++r) {
+    float acc = 0.f;
+    for (int64_t c = 0; c < chunks; ++c) {
+      const uint16_t* w = t + (c * 4 + r) * BF16_CHUNK;
+      const float* xc = xeo + c * BF16_CHUNK;
+      for (int64_t j = 0; j < BF16_CHUNK / 2; ++j)
+        acc += xc[j] * bf16_to_f32(w[2 * j]) + xc[BF16_CHUNK / 2 + j] * bf16_to_f32(w[2 * j + 1]);
+    }
+    out[r] = acc;
   }
-  return hsum256(_mm256_add_ps(a0, a1)) + dot_i8_scalar(x + k, w + k, K - k);
 }
 
-using DotBf16 = float (*)(const float*, const uint16_t*, int64_t);
-using DotI8 = float (*)(const float*, const int8_t*, int64_t);
-
-int isa() {  // 2: AVX-512, 1: AVX2+FMA, 0: scalar
-  static int level = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") ? 2
-                     : (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) ? 1 : 0;
-  return level;
+__attribute__((target("avx512f,avx512bw"))) void tile_bf16_avx512(const float* xeo, const uint16_t* t,
+                                                                  int64_t chunks, float* out) {
+  const __m512i high = _mm512_set1_epi32(int32_t(0xFFFF0000u));
+  __m512 a[4] = {_mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps()};
+  __m512 b[4] = {_mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps()};
+  for (int64_t c = 0; c < chunks; ++c) {
+    const uint16_t* w = t + c * 4 * BF16_CHUNK;
+    const char* ahead = reinterpret_cast<const char*>(w) + PREFETCH;
+    for (int line = 0; line < 4; ++line) _mm_prefetch(ahead + 64 * line, _MM_HINT_T0);
+    __m512 even = _mm512_loadu_ps(xeo + c * BF16_CHUNK), odd = _mm512_loadu_ps(xeo + c * BF16_CHUNK + 16);
+    for (int r = 0; r < 4; ++r) {
+      __m512i raw = _mm512_loadu_si512(w + r * BF16_CHUNK);
+      a[r] = _mm512_fmadd_ps(even, _mm512_castsi512_ps(_mm512_slli_epi32(raw, 16)), a[r]);
+      b[r] = _mm512_fmadd_ps(odd, _mm512_castsi512_ps(_mm512_and_si512(raw, high)), b[r]);
+    }
+  }
+  for (int r = 0; r < 4; ++r) out[r] = _mm512_reduce_add_ps(_mm512_add_ps(a[r], b[r]));
 }
 
-void check(const at::Tensor& x, const at::Tensor& w, at::ScalarType wt) {
+__attribute__((target("avx2,fma"))) void tile_bf16_avx2(const float* xeo, const uint16_t* t, int64_t chunks,
+                                                        float* out) {
+  const __m256i high = _mm256_set1_epi32(int32_t(0xFFFF0000u));
+  __m256 a[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps()};
+  __m256 b[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps()};
+  for (int64_t c = 0; c < chunks; ++c) {
+    const uint16_t* w = t + c * 4 * BF16_CHUNK;
+    const char* ahead = reinterpret_cast<const char*>(w) + PREFETCH;
+    for (int line = 0; line < 4; ++line) _mm_prefetch(ahead + 64 * line, _MM_HINT_T0);
+    const float* xc = xeo + c * BF16_CHUNK;
+    for (int half = 0; half < 2; ++half) {  // columns 16·half .. 16·half+15 of the chunk
+      __m256 even = _mm256_loadu_ps(xc + 8 * half), odd = _mm256_loadu_ps(xc + 16 + 8 * half);
+      for (int r = 0; r < 4; ++r) {
+        __m256i raw = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w + r * BF16_CHUNK + 16 * half));
+        a[r] = _mm256_fmadd_ps(even, _mm256_castsi256_ps(_mm256_slli_epi32(raw, 16)), a[r]);
+        b[r] = _mm256_fmadd_ps(odd, _mm256_castsi256_ps(_mm256_and_si256(raw, high)), b[r]);
+      }
+    }
+  }
+  for (int r = 0; r < 4; ++r) out[r] = hsum256(_mm256_add_ps(a[r], b[r]));
+}
+
+// ---------------------------------------------------------------- operators
+void check(const at::Tensor& x, const at::Tensor& w, at::ScalarType wt, int64_t n, int64_t chunk) {
   TORCH_CHECK(x.dim() == 2 && x.scalar_type() == at::kFloat && x.is_contiguous(), "x must be a contiguous fp32 [M, K]");
   TORCH_CHECK(w.dim() == 2 && w.scalar_type() == wt && w.is_contiguous(),
-              "weight must be contiguous [N, K] of the packed type");
-  TORCH_CHECK(x.size(1) == w.size(1), "x and weight disagree on K");
+              "weight must be contiguous row tiles [Np, Kp] of the packed type");
+  TORCH_CHECK(w.size(0) % 4 == 0 && w.size(1) % chunk == 0, "row tiles need Np % 4 == 0 and Kp % ", chunk, " == 0");
+  TORCH_CHECK(n > w.size(0) - 4 && n <= w.size(0), "n must be the weight's row count before padding to 4");
+  TORCH_CHECK(x.size(1) <= w.size(1) && x.size(1) > w.size(1) - chunk, "x and weight disagree on K");
 }
 
-// Rows [M, K] of x against rows n0..n1 of W; grain: enough rows per task to amortise the dispatch.
-int64_t grain(int64_t K) { return std::max<int64_t>(1, 16384 / std::max<int64_t>(K, 1)); }
-
-at::Tensor linear_bf16(const at::Tensor& x, const at::Tensor& w) {
-  check(x, w, at::kBFloat16);
-  const int64_t M = x.size(0), N = w.size(0), K = x.size(1);
-  at::Tensor y = at::empty({M, N}, x.options());
+// x [M, K] -> [M, Kp] with zero columns past K (and, for bf16, each chunk reordered even | odd).
+std::vector<float> padded_x(const at::Tensor& x, int64_t Kp, bool even_odd) {
+  const int64_t M = x.size(0), K = x.size(1);
   const float* xp = x.data_ptr<float>();
-  const uint16_t* wp = reinterpret_cast<const uint16_t*>(w.data_ptr());
+  std::vector<float> out(M * Kp, 0.f);
+  for (int64_t m = 0; m < M; ++m) {
+    float* row = out.data() + m * Kp;
+    if (!even_odd) {
+      std::memcpy(row, xp + m * K, K * sizeof(float));
+      continue;
+    }
+    for (int64_t k = 0; k < K; ++k) {
+      const int64_t c = k / BF16_CHUNK, j = k % BF16_CHUNK;
+      row[c * BF16_CHUNK + (j % 2) * (BF16_CHUNK / 2) + j / 2] = xp[m * K + k];
+    }
+  }
+  return out;
+}
+
+// Tiles per task: enough weight bytes (64 KB) to amortise handing a task to a thread.
+int64_t grain(int64_t tile_bytes) { return std::max<int64_t>(1, (64 << 10) / std::max<int64_t>(tile_bytes, 1)); }
+
+template <typename TileFn>
+at::Tensor run_tiles(const at::Tensor& x, const std::vector<float>& xs, int64_t n, int64_t Np, int64_t Kp,
+                     int64_t tile_bytes, TileFn tile) {
+  const int64_t M = x.size(0);
+  at::Tensor y = at::empty({M, n}, x.options());
   float* yp = y.data_ptr<float>();
-  DotBf16 dot = isa() == 2 ? dot_bf16_avx512 : isa() == 1 ? dot_bf16_avx2 : dot_bf16_scalar;
-  const bool wide = isa() == 2;
-  at::parallel_for(0, N, grain(K), [&](int64_t n0, int64_t n1) {
-    int64_t n = n0;
-    for (; wide && n + 4 <= n1; n += 4)
+  const float* xsp = xs.data();
+  at::parallel_for(0, Np / 4, grain(tile_bytes), [&](int64_t t0, int64_t t1) {
+    float out[4];
+    for (int64_t t = t0; t < t1; ++t)
       for (int64_t m = 0; m < M; ++m) {
-        float out[4];
-        dot4_bf16_avx512(xp + m * K, wp + n * K, K, K, out);
-        for (int r = 0; r < 4; ++r) yp[m * N + n + r] = out[r];
+        tile(xsp + m * Kp, t, out);
+        for (int r = 0; r < 4 && 4 * t + r < n; ++r) yp[m * n + 4 * t + r] = out[r];
       }
-    for (; n < n1; ++n)
-      for (int64_t m = 0; m < M; ++m) yp[m * N + n] = dot(xp + m * K, wp + n * K, K);
   });
   return y;
 }
 
-at::Tensor linear_int8(const at::Tensor& x, const at::Tensor& q, const at::Tensor& s, int64_t group) {
-  check(x, q, at::kChar);
-  const int64_t M = x.size(0), N = q.size(0), K = x.size(1);
-  TORCH_CHECK(group > 0 && K % group == 0, "group must divide K");
-  TORCH_CHECK(s.scalar_type() == at::kFloat && s.is_contiguous() && s.size(0) == N && s.size(1) == K / group,
-              "scales must be fp32 [N, K/group]");
-  at::Tensor y = at::empty({M, N}, x.options());
-  const float* xp = x.data_ptr<float>();
+at::Tensor linear_bf16(const at::Tensor& x, const at::Tensor& w, int64_t n) {
+  check(x, w, at::kBFloat16, n, BF16_CHUNK);
+  const int64_t Np = w.size(0), Kp = w.size(1), chunks = Kp / BF16_CHUNK;
+  const std::vector<float> xs = padded_x(x, Kp, true);
+  const uint16_t* wp = reinterpret_cast<const uint16_t*>(w.data_ptr());
+  auto fn = isa() == 2 ? tile_bf16_avx512 : isa() == 1 ? tile_bf16_avx2 : tile_bf16_scalar;
+  return run_tiles(x, xs, n, Np, Kp, 4 * Kp * 2, [&](const float* xr, int64_t t, float* out) {
+    fn(xr, wp + t * 4 * Kp, chunks, out);
+  });
+}
+
+at::Tensor linear_int8(const at::Tensor& x, const at::Tensor& q, const at::Tensor& s, int64_t n) {
+  check(x, q, at::kChar, n, I8_CHUNK);
+  const int64_t Np = q.size(0), Kp = q.size(1), G = s.size(1), chunks = Kp / I8_CHUNK;
+  TORCH_CHECK(s.scalar_type() == at::kFloat && s.is_contiguous() && s.dim() == 2 && s.size(0) == Np && G > 0 &&
+                  chunks % G == 0,
+              "scales must be fp32 [Np, G] with G dividing the Kp/16 column chunks");
+  const std::vector<float> xs = padded_x(x, Kp, false);
   const int8_t* qp = q.data_ptr<int8_t>();
   const float* sp = s.data_ptr<float>();
-  float* yp = y.data_ptr<float>();
-  const int64_t G = K / group;
-  DotI8 dot = isa() == 2 ? dot_i8_avx512 : isa() == 1 ? dot_i8_avx2 : dot_i8_scalar;
-  const bool wide = isa() == 2;
-  at::parallel_for(0, N, grain(K), [&](int64_t n0, int64_t n1) {
-    int64_t n = n0;
-    for (; wide && group % 16 == 0 && n + 4 <= n1; n += 4)
-      for (int64_t m = 0; m < M; ++m)
-        dot4_i8_groups_avx512(xp + m * K, qp + n * K, K, group, sp + n * G, G, yp + m * N + n);
-    for (; wide && n + 4 <= n1; n += 4)  // four rows at once; each group's partial dot scaled by its row's scale
-      for (int64_t m = 0; m < M; ++m) {
-        float acc[4] = {0.f, 0.f, 0.f, 0.f}, part[4];
-        for (int64_t g = 0; g < G; ++g) {
-          dot4_i8_avx512(xp + m * K + g * group, qp + n * K + g * group, group, K, part);
-          for (int r = 0; r < 4; ++r) acc[r] += sp[(n + r) * G + g] * part[r];
-        }
-        for (int r = 0; r < 4; ++r) yp[m * N + n + r] = acc[r];
-      }
-    for (; n < n1; ++n)
-      for (int64_t m = 0; m < M; ++m) {
-        float acc = 0.f;
-        for (int64_t g = 0; g < G; ++g)
-          acc += sp[n * G + g] * dot(xp + m * K + g * group, qp + n * K + g * group, group);
-        yp[m * N + n] = acc;
-      }
+  const int64_t cpg = chunks / G;
+  auto fn = isa() == 2 ? tile_i8_avx512 : isa() == 1 ? tile_i8_avx2 : tile_i8_scalar;
+  return run_tiles(x, xs, n, Np, Kp, 4 * Kp, [&](const float* xr, int64_t t, float* out) {
+    fn(xr, qp + t * 4 * Kp, sp + t * 4 * G, G, cpg, out);
   });
-  return y;
 }
 
 }  // namespace
 
 TORCH_LIBRARY(nonstop_cpu, m) {
-  m.def("linear_bf16(Tensor x, Tensor w) -> Tensor");
-  m.def("linear_int8(Tensor x, Tensor q, Tensor s, int group) -> Tensor");
+  m.def("linear_bf16(Tensor x, Tensor w, int n) -> Tensor");
+  m.def("linear_int8(Tensor x, Tensor q, Tensor s, int n) -> Tensor");
+  m.def("limit_isa(int level) -> int", &limit_isa);
 }
 
 TORCH_LIBRARY_IMPL(nonstop_cpu, CPU, m) {

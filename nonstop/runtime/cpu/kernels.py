@@ -8,6 +8,7 @@ build error); callers then compute with the weights dequantised by torch ops ins
 
 from __future__ import annotations
 
+import hashlib
 import threading
 from pathlib import Path
 
@@ -22,12 +23,12 @@ _state: dict = {}
 
 def _register_fakes() -> None:
     @torch.library.register_fake("nonstop_cpu::linear_bf16")
-    def _(x, w):
-        return x.new_empty(x.shape[0], w.shape[0])
+    def _(x, w, n):
+        return x.new_empty(x.shape[0], n)
 
     @torch.library.register_fake("nonstop_cpu::linear_int8")
-    def _(x, q, s, group):
-        return x.new_empty(x.shape[0], q.shape[0])
+    def _(x, q, s, n):
+        return x.new_empty(x.shape[0], n)
 
 
 def load_kernels(progress: bool = True) -> str | None:
@@ -37,7 +38,8 @@ def load_kernels(progress: bool = True) -> str | None:
             return _state["error"]
         from torch.utils.cpp_extension import load
 
-        build = cache_root() / "ext" / f"torch-{torch.__version__}"
+        source = hashlib.sha256(SOURCE.read_bytes()).hexdigest()[:12]  # one build per source version
+        build = cache_root() / "ext" / f"torch-{torch.__version__}-{source}"
         build.mkdir(parents=True, exist_ok=True)
         fresh = not any(build.glob("*.so"))
         try:

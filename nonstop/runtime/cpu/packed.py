@@ -2,8 +2,9 @@
 
 A packed weight stands in for a [N, K] weight tensor in the Program: ``model.linear.linear`` calls
 its ``linear(x, bias)`` (x [..., K] -> [..., N] fp32). The products run in the C++ kernels
-(``kernels.py``: 16-bit or 8-bit weights converted to fp32 in registers, fp32 accumulation); where
-those are unavailable, in torch on the dequantised weight (same result up to summation order).
+(``kernels.py``: 16-bit or 8-bit weights converted to fp32 in registers, fp32 accumulation) on the
+weights in row tiles (``tile_rows``, the layout ``gemv.cpp`` streams); where those kernels are
+unavailable, in torch on the dequantised weight (same result up to summation order).
 """
 
 from __future__ import annotations
@@ -12,6 +13,23 @@ import torch
 import torch.nn.functional as F
 
 from nonstop.weights.quant import dequantize_int8, group_size, quantize_int8
+
+BF16_CHUNK, INT8_CHUNK = 32, 16  # columns per chunk of a row tile (gemv.cpp)
+
+
+def tile_rows(w: torch.Tensor, chunk: int) -> torch.Tensor:
+    """W [N, K] -> row tiles [Np, Kp] (Np = N rounded up to 4, Kp = K rounded up to ``chunk``, zeros
+    there): tile t (rows 4t..4t+3) is stored as [K/chunk][4][chunk], so it is one contiguous stream."""
+    N, K = w.shape
+    Np, Kp = -(-N // 4) * 4, -(-K // chunk) * chunk
+    padded = F.pad(w, (0, Kp - K, 0, Np - N))
+    return padded.view(Np // 4, 4, Kp // chunk, chunk).transpose(1, 2).contiguous().view(Np, Kp)
+
+
+def untile_rows(tiles: torch.Tensor, N: int, K: int, chunk: int) -> torch.Tensor:
+    """``tile_rows``' inverse: row tiles [Np, Kp] -> W [N, K]."""
+    Np, Kp = tiles.shape
+    return tiles.view(Np // 4, Kp // chunk, 4, chunk).transpose(1, 2).reshape(Np, Kp)[:N, :K]
 
 
 def _rows(x: torch.Tensor) -> torch.Tensor:
@@ -22,36 +40,49 @@ class Bf16Weight:
     """W [N, K] stored as bf16 (2 bytes per weight)."""
 
     def __init__(self, w: torch.Tensor, kernels: bool):
-        self.w = w.to(torch.bfloat16).contiguous()
+        w = w.to(torch.bfloat16)
         self.kernels = kernels
-        self.shape = self.w.shape
+        self.shape = w.shape
+        self.w = tile_rows(w, BF16_CHUNK) if kernels else w.contiguous()  # row tiles for the kernel
 
     def dequantized(self) -> torch.Tensor:
-        return self.w.float()
+        w = untile_rows(self.w, *self.shape, BF16_CHUNK) if self.kernels else self.w
+        return w.float()
 
     def linear(self, x: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
         rows = _rows(x)
-        y = torch.ops.nonstop_cpu.linear_bf16(rows, self.w) if self.kernels else F.linear(rows, self.w.float())
+        if self.kernels:
+            y = torch.ops.nonstop_cpu.linear_bf16(rows, self.w, self.shape[0])
+        else:
+            y = F.linear(rows, self.w.float())
         y = y.reshape(*x.shape[:-1], self.shape[0])
         return y if bias is None else y + bias.float()
 
 
 class Int8Weight:
-    """W [N, K] as int8 Q [N, K] and fp32 scales [N, K/group] (``weights.quant``; 1 byte per weight)."""
+    """W [N, K] as int8 Q [N, K] and fp32 scales [N, K/group] (``weights.quant``; 1 byte per weight).
+    For the kernel, Q in row tiles and the scales' rows padded to match; a group must then be whole
+    16-column chunks (or the whole row): other groups compute in torch."""
 
     def __init__(self, w: torch.Tensor, kernels: bool, group: int | None = None):
-        self.group = group or group_size(w.shape[-1])
-        self.q, self.s = quantize_int8(w, self.group)
-        self.kernels = kernels
-        self.shape = self.q.shape
+        N, K = w.shape
+        self.group = group or group_size(K)
+        q, s = quantize_int8(w, self.group)
+        self.kernels = kernels and (self.group % INT8_CHUNK == 0 or self.group == K)
+        self.shape = q.shape
+        if self.kernels:
+            q, s = tile_rows(q, INT8_CHUNK), F.pad(s, (0, 0, 0, -(-N // 4) * 4 - N))
+        self.q, self.s = q, s
 
     def dequantized(self) -> torch.Tensor:
-        return dequantize_int8(self.q, self.s)
+        if not self.kernels:
+            return dequantize_int8(self.q, self.s)
+        return dequantize_int8(untile_rows(self.q, *self.shape, INT8_CHUNK), self.s[: self.shape[0]])
 
     def linear(self, x: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
         rows = _rows(x)
         y = (
-            torch.ops.nonstop_cpu.linear_int8(rows, self.q, self.s, self.group)
+            torch.ops.nonstop_cpu.linear_int8(rows, self.q, self.s, self.shape[0])
             if self.kernels
             else F.linear(rows, self.dequantized())
         )
