@@ -109,7 +109,9 @@ def test_speculative_decoding_through_the_cpu_executor_keeps_the_plain_tokens():
     model = tiny_model("kimi_k3")
     decoder = SpeculativeDecoder(SpeculativeConfig.parse({"method": "ngram", "num_tokens": 3}), NgramDrafter(3, 1))
     ex = CPUExecutor(model, compile=False, progress=False)
-    core = EngineCore(model.cfg, ex, ByteTokenizer(model.cfg.vocab_size), 2, torch.float32, "cpu", speculative_decoder=decoder)
+    core = EngineCore(
+        model.cfg, ex, ByteTokenizer(model.cfg.vocab_size), 2, torch.float32, "cpu", speculative_decoder=decoder
+    )
     prompt = [5, 6, 7, 5, 6, 7, 5, 6]
     req = Request("0", None, prompt, SamplingParams(max_tokens=10, temperature=0, ignore_eos=True), frozenset())
     core.add(req)
