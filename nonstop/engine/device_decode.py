@@ -26,13 +26,7 @@ STEPS_PER_LAUNCH = 8
 def device_can_sample(params) -> bool:
     """Can the device sampler draw a request's tokens? It knows temperature, top-k, top-p and the seed;
     logprobs, min_p and the penalties (which read the request's past tokens) need the host."""
-    return (
-        params.logprobs is None
-        and params.min_p == 0
-        and params.repetition_penalty == 1
-        and params.presence_penalty == 0
-        and params.frequency_penalty == 0
-    )
+    return params.logprobs is None and params.min_p == 0 and not params.penalized
 
 
 def wants_device(core, reqs) -> bool:
