@@ -34,7 +34,16 @@ from nonstop.kernels.activations import act_code, glu_tile
 from nonstop.kernels.gemv import gemv_rows, pick_block_n, rms_apply, row_inv_rms
 from nonstop.kernels.launch import launcher, pdl_launch_args, phase_counters, phase_done, phase_ticket, workspace
 from nonstop.kernels.moe_routing import route_summary, routing_blocks, slot_expert
-from nonstop.kernels.platform import MAX_REGISTERS, interpreting, num_sms, pipeline_stages, pow2, row_block, upcast_dots
+from nonstop.kernels.platform import (
+    MAX_REGISTERS,
+    interpreting,
+    num_sms,
+    pipeline_stages,
+    pow2,
+    row_block,
+    upcast_dots,
+    wide_load_k,
+)
 
 NUM_WARPS = 4
 EXPERT_WARPS = 8
@@ -688,12 +697,13 @@ moe_tail_kernel = launcher(moe_tail_tile, prefetch=("up_ptr", "pid * BLOCK_N * L
 
 def k_block(block_r: int, block_n: int, k: int, dot: bool, budget: int = 8192) -> int:
     """Reduction chunk: the FMA products [BLOCK_R, BLOCK_N, BLOCK_K] of one step stay <= budget fp32 (8192 =
-    64 registers a thread at 4 warps) on a GPU; the interpreter takes whole tiny rows (fewer, larger numpy
-    steps)."""
+    64 registers a thread at 4 warps) on a GPU; the mma path takes 64, or more where a [BLOCK_N, 64] weight
+    tile would leave the threads of 8 warps (the megakernel's) under one 16-byte load each
+    (``platform.wide_load_k``); the interpreter takes whole tiny rows (fewer, larger numpy steps)."""
     if interpreting():
         return max(16, min(INTERPRET_BLOCKS["k"], pow2(k)))
     if dot:
-        return 64
+        return max(64, wide_load_k(block_n))
     return max(16, min(256, budget // (block_r * block_n)))
 
 

@@ -33,6 +33,10 @@ NUMERICS_ENV = "NONSTOP_GPU_NUMERICS"
 # ptxas may cap such a kernel at 128 (two CTAs per SM) and spill (seen with Triton 3.6; ``nonstop gpucheck``)
 MAX_REGISTERS = 255
 
+# the most warps a tile function runs under: the megakernel runs every task class at 8 warps, whatever its own
+# launcher uses, so a tile's weight blocks must give each of 8 warps' threads whole 16-byte loads
+TILE_WARPS = 8
+
 
 def interpreting() -> bool:
     """True when Triton runs kernels in its CPU interpreter (``TRITON_INTERPRET=1``)."""
@@ -149,6 +153,13 @@ def row_block(rows: int) -> tuple[int, bool]:
     if rows <= 1:
         return 1, False
     return pow2(rows, 16), True
+
+
+def wide_load_k(block_n: int, elem_bytes: int = 2, warps: int = TILE_WARPS) -> int:
+    """The smallest K block at which a [block_n, K] weight tile of ``elem_bytes`` elements gives each of the
+    32·``warps`` threads one 16-byte load (``ld.global.v4``): K = (16 / elem_bytes)·32·warps / block_n.
+    Below it a thread holds fewer than 16 bytes of the tile and the weight streams in narrower loads."""
+    return max(1, (16 // elem_bytes) * 32 * warps // block_n)
 
 
 def pipeline_stages(gpu_stages: int = 3) -> int:

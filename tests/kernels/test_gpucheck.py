@@ -219,9 +219,13 @@ def test_ptx_pass_runs_in_every_triton_pipeline(triton_path, tmp_path):
         assert got["other"] > 0, got
 
 
+# (name, preset, layers, launchers checked, megakernel too, rows): the Kimi-Linear megakernel at 5 rows runs
+# moe_tail (a 4-warp launcher) at the megakernel's 8 warps with a 16-column weight tile - too narrow a K block
+# there gave each thread 8 bytes of the tile
 BOUNDED = [
-    ("kimi-k3", "kimi-k3", 4, ["moe_experts", "lm_head", "mla_attn", "sample"], False),
-    ("llama-3.2-1b", "llama-3.2-1b", 1, [], True),
+    ("kimi-k3", "kimi-k3", 4, ["moe_experts", "lm_head", "mla_attn", "sample"], False, 1),
+    ("llama-3.2-1b", "llama-3.2-1b", 1, [], True, 1),
+    ("kimi-linear-48b-a3b", "kimi-linear-48b-a3b", 2, [], True, 5),
 ]
 
 
@@ -230,9 +234,9 @@ def test_bounded_offline_check(triton_path):
     from nonstop.runtime import gpucheck
 
     rows = []
-    for name, model, layers, kinds, megakernel in BOUNDED:
+    for name, model, layers, kinds, megakernel, n_rows in BOUNDED:
         result = gpucheck.run_check(
-            [(name, model, layers)], kinds=kinds, megakernel=megakernel, triton_path=triton_path, timeout=1500
+            [(name, model, layers)], n_rows, kinds=kinds, megakernel=megakernel, triton_path=triton_path, timeout=1500
         )
         rows += result["rows"]
     print(gpucheck.table([gpucheck.Row(**r) for r in rows], result["triton"]))
@@ -244,6 +248,7 @@ def test_bounded_offline_check(triton_path):
         by["mla_attn:mla_attn_kernel"]["shared_bytes"] > 100_000 and by["mla_attn:mla_attn_kernel"]["ctas_per_sm"] == 1
     )
     mk = next(r for r in rows if r["kernel"].startswith("megakernel"))
+    assert len([r for r in rows if r["kernel"].startswith("megakernel")]) == 2
     assert mk["spins"] >= 1 and mk["warps"] == 8 and mk["grid"] == mk["ctas_per_sm"] * 132 and mk["load_widths"] != "-"
 
 

@@ -93,3 +93,38 @@ def test_stops_end_requests_where_single_steps_do(llama, monkeypatch):
     monkeypatch.setattr(device_decode, "STEPS_PER_LAUNCH", 1)
     assert run(llama, MegakernelExecutor(llama, graphs=False), params) == got
     assert run(llama, SuperOpExecutor(llama, graphs=False), params)[1] == got[1]  # the same stops (same noise)
+
+
+HOST_ONLY = {
+    "min_p": dict(min_p=0.2),
+    "repetition_penalty": dict(repetition_penalty=1.4),
+    "presence_penalty": dict(presence_penalty=0.8),
+    "frequency_penalty": dict(frequency_penalty=0.6),
+    "logprobs": dict(logprobs=2),
+}
+
+
+@pytest.mark.parametrize("backend", list(BACKENDS))
+@pytest.mark.parametrize("feature", list(HOST_ONLY))
+def test_host_only_parameters_sample_on_the_host(llama, backend, feature, monkeypatch):
+    """min_p, the penalties (they read the request's past tokens) and logprobs are not known to the device
+    sampler: a step holding such a request samples on the host - the device sampler is never called and the
+    tokens are the reference executor's (same seeds, same host sampler)."""
+    ex = BACKENDS[backend](llama)
+    calls = []
+    device_sample = ex.sample_tokens
+
+    def counted(*args, **kwargs):
+        calls.append(1)
+        return device_sample(*args, **kwargs)
+
+    monkeypatch.setattr(ex, "sample_tokens", counted)
+    base = dict(max_tokens=6, temperature=0.9, ignore_eos=True)
+    params = [
+        SamplingParams(**base, seed=21, **HOST_ONLY[feature]),
+        SamplingParams(**base, seed=22),
+        SamplingParams(**base, seed=23, top_k=4),
+    ]
+    got = run(llama, ex, params)
+    assert not calls, f"{feature}: the device sampler was called"
+    assert got == run(llama, ReferenceExecutor(llama), params)

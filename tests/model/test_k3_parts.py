@@ -41,7 +41,10 @@ def test_k3_gate_matches_scalar_equation():
             for i in range(D):
                 z = math.exp(A_log[h]) * (f[n, h, i] + dt[h * D + i])
                 assert float(g[n, h, i]) == pytest.approx(-5.0 * _sigmoid(float(z)), rel=1e-5)
-    assert (g < 0).all() and (g > -5).all()
+    # lower_bound * sigmoid(z) lies in [lower_bound, 0]; in float32 the sigmoid saturates to exactly 1 for
+    # z above ~17 (and to 0 far below), so the closed interval is what the arithmetic guarantees
+    assert (g <= 0).all() and (g >= -5).all()
+    assert torch.isfinite(g).all()
 
 
 def test_attn_res_mix_matches_scalar_equation():

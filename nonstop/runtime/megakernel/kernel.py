@@ -55,7 +55,7 @@ from nonstop.runtime.megakernel.verify.validate import validate
 
 PREFETCH_LINES = 1024  # 128-byte lines of a task's first weight slice requested into L2 ahead of it: 128 KiB
 NUM_FIELDS = 7
-MEGAKERNEL_WARPS = 8
+MEGAKERNEL_WARPS = platform.TILE_WARPS
 
 
 def prefetch_row(op, weights) -> tuple[int, int]:
