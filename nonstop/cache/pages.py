@@ -50,9 +50,10 @@ class PageTable:
         new = [self.free_pages.pop() for _ in range(needed)]
         pages.extend(new)
         if len(pages) > self.table.shape[1]:
-            wider = torch.zeros(
-                self.table.shape[0], max(len(pages), 2 * self.table.shape[1]), dtype=torch.long, device=self.device
-            )
+            with torch.inference_mode(self.table.is_inference()):  # the same kind of tensor (see ``fit_pool``)
+                wider = torch.zeros(
+                    self.table.shape[0], max(len(pages), 2 * self.table.shape[1]), dtype=torch.long, device=self.device
+                )
             wider[:, : self.table.shape[1]] = self.table
             self.table = wider
         self.table[slot, len(pages) - needed : len(pages)] = torch.tensor(new, dtype=torch.long)

@@ -100,7 +100,10 @@ class _TokenCache:
         rows = self.pages.num_pages * self.pages.page_size
         for k, t in self.tensors.items():
             if t.shape[0] < rows:
-                grown = torch.zeros(rows, *t.shape[1:], dtype=t.dtype, device=t.device)
+                # the same kind of tensor as before (an inference tensor or not, whatever mode the growth runs
+                # in): a compiled step guards on it and would otherwise compile again after the first growth
+                with torch.inference_mode(t.is_inference()):
+                    grown = torch.zeros(rows, *t.shape[1:], dtype=t.dtype, device=t.device)
                 grown[: t.shape[0]] = t
                 self.tensors[k] = grown
 

@@ -54,6 +54,8 @@ def test_compiled_step_gives_the_reference_tokens(name):
     assert greedy_tokens(model, ex, PROMPTS, MAX_TOKENS) == _reference_tokens(name)
     assert ex.stats["compiled_steps"] == max(MAX_TOKENS) - 1
     assert set(ex.stats["compile_seconds"]) == {"batch B>1, context L>1", "batch 1, context L>1"}
+    # the cache pools grow during the run (inside inference mode): the step is not compiled again for it
+    assert ex.stats["recompiles"] == 0
 
 
 def test_decode_logits_match_the_reference_and_cache_state_too():
@@ -154,3 +156,28 @@ def test_k3_nano_greedy_tokens_through_the_default_backend():
         if backend == "auto":
             assert llm.backend == "cpu" and llm.executor.stats["compiled_steps"] == 11
     assert outs["auto"] == outs["reference"]
+
+
+def test_cache_growth_while_decoding_does_not_recompile_the_step():
+    """A lone request decodes past its slot's first pages: the pools grow inside the engine's inference mode,
+    and the grown pool must be the same kind of tensor as the first (not an inference tensor where the first
+    was a normal one) or the compiled step's guards fail and it compiles again."""
+    from nonstop.cache.state import INITIAL_SLOT_TOKENS
+
+    model = tiny_model("llama")
+    ex = CPUExecutor(model, compile=True, progress=False)
+    prompt, n = [[5, 6, 7]], [INITIAL_SLOT_TOKENS + 6]
+    assert greedy_tokens(model, ex, prompt, n) == greedy_tokens(model, ReferenceExecutor(model), prompt, n)
+    assert ex.stats["compiled_steps"] == n[0] - 1 and ex.stats["recompiles"] == 0
+
+
+def test_guards_dropped_only_on_the_executors_fixed_arguments():
+    """The compiled step keeps its guards on the inputs that change per step and drops those on the Program and
+    the op table (fixed for an executor, which compiles its own copy of the step)."""
+    from types import SimpleNamespace
+
+    from nonstop.runtime.cpu.executor import unguarded_fixed_arguments
+
+    names = ["program.ops[3].weights['w']", "table['mlp']", "ids", "read_rows", "tensors[3]['latent']", "programs"]
+    keep = unguarded_fixed_arguments([SimpleNamespace(name=n) for n in names])
+    assert keep == [False, False, True, True, True, True]

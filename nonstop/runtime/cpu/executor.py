@@ -1,10 +1,11 @@
 """The ``cpu`` executor: the decode step as one compiled program on the CPU.
 
 The model's Program (``program/lower.py``: weights packed per super-op) runs as one function
-(``step.run_step``) that ``torch.compile`` (inductor, C++ kernels) turns into fused loops around the
-matrix products, so a step costs a few hundred native calls instead of the ~2,000 eager torch ops
-of the reference. Compiled once per step shape class (dynamic sizes: batch rows, context length,
-cache pool) and cached on disk (``compile_cache``); compiling is announced on stderr.
+(``step.run_step``) that ``torch.compile`` (inductor, C++ kernels and a C++ wrapper calling them) turns
+into fused loops around the matrix products, so a step costs a few hundred native calls and no Python
+per kernel instead of the ~2,000 eager torch ops of the reference. Compiled once per step shape class
+(dynamic sizes: batch rows, context length, cache pool) and cached on disk (``compile_cache``);
+compiling is announced on stderr.
 
 Weights (``weights``): ``float32`` (as loaded, fp32 activations), ``bfloat16`` (16-bit weights) or
 ``int8`` (8-bit weight-only, ``weights.quant``), the last two through the C++ kernels of
@@ -64,6 +65,32 @@ def _compiled_graphs() -> int:
     return counters["stats"]["unique_graphs"]
 
 
+FIXED_ARGUMENTS = ("program", "table")  # run_step's arguments that never change for one executor
+
+
+def unguarded_fixed_arguments(guard_entries) -> list[bool]:
+    """torch.compile's ``guard_filter_fn``: keep every guard except those on the executor's own Program and
+    op table. An executor compiles its own copy of ``run_step`` (``_own_copy``) and always passes the same
+    packed Program, never changed after ``pack_program``, and the same table; its ~1,000 guards on their
+    attributes, dict keys and weight tensors would otherwise be checked before every step (~0.2 ms of a
+    ~2 ms k3-nano step). Guards on the step's real inputs (ids, positions, cache tensors), on global state
+    and on the dynamic shapes stay."""
+    return [
+        not any(e.name == a or e.name.startswith((a + ".", a + "[")) for a in FIXED_ARGUMENTS) for e in guard_entries
+    ]
+
+
+def compile_options() -> dict:
+    """Options of the compiled step: the wrapper that calls the step's fused C++ loops and matrix products
+    generated as C++ too (``cpp_wrapper``; off with ``NONSTOP_CPU_CPP_WRAPPER=0``: a Python wrapper costs a
+    Python call and argument unpacking per kernel, ~150 a step, a quarter of a k3-nano step), and no guards
+    on the fixed arguments (``unguarded_fixed_arguments``)."""
+    return {
+        "cpp_wrapper": os.environ.get("NONSTOP_CPU_CPP_WRAPPER", "1") != "0",
+        "guard_filter_fn": unguarded_fixed_arguments,
+    }
+
+
 def mark_dynamic_sizes(step_args) -> None:
     """Compile the step once for any batch size, context length, pool size and slot count: every dim of
     the step's inputs except the per-row feature dims (weights, reached through the program, stay static)."""
@@ -115,7 +142,7 @@ class CPUExecutor(Executor):
         self.compiled = compile
         if compile:
             use_inductor_cache()
-            self._step = torch.compile(_own_copy(run_step), fullgraph=True)
+            self._step = torch.compile(_own_copy(run_step), fullgraph=True, options=compile_options())
         else:
             self._step = run_step
         self._shapes: set = set()
