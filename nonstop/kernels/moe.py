@@ -375,7 +375,7 @@ def moe_down_tile(
     UPCAST: tl.constexpr,
     NUM_STAGES: tl.constexpr,
 ):
-    """Phase 2, output columns tile·BLOCK_NO ..: moe_out[:, cols] = (Σ_slot p[slot] · (act[slot] W2[e][cols]ᵀ
+    """Phase 2, output columns tile·BLOCK_NO ..: moe_out[:, cols] += (Σ_slot p[slot] · (act[slot] W2[e][cols]ᵀ
     rounded to DT)).to(DT), slots in order (a fixed fp32 summation order). w2 [E, K, I] (dense) or the
     packed [E, K, KB2] with scales s2 [E, K, ceil(I/32)]."""
     r = tl.arange(0, BLOCK_R)
@@ -417,11 +417,9 @@ def moe_down_tile(
             )
             p_rows = tl.load(p_ptr + s * BLOCK_R + r)
             acc += p_rows[:, None] * y.to(DT).to(tl.float32)
-    tl.store(
-        out_ptr + r[:, None] * stride_out + cols[None, :],
-        acc.to(DT).to(tl.float32),
-        mask=(r < R)[:, None] & cmask[None, :],
-    )
+    out_ptrs = out_ptr + r[:, None] * stride_out + cols[None, :]
+    out_mask = (r < R)[:, None] & cmask[None, :]
+    tl.store(out_ptrs, tl.load(out_ptrs, mask=out_mask, other=0.0) + acc.to(DT).to(tl.float32), mask=out_mask)
 
 
 @triton.jit
