@@ -11,6 +11,7 @@
 * ``moe.py``        MoE dispatch / combine over ``all_to_all_single``, chunked overlap
 * ``exchange.py``   the static (fixed-capacity, capturable) exchange and the choice of exchange mode
 * ``launch.py``     ``spawn``: start the ranks of one host (torch.multiprocessing); torchrun works too
+* ``parent_watch.py`` ``die_with_parent``: a spawned rank ends when its launcher dies (prctl, or a watchdog)
 The layout, placement, sharding and cost pieces need no process group (a planner imports them).
 """
 

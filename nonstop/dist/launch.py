@@ -4,7 +4,8 @@ Each child gets the environment torchrun would give it (RANK, LOCAL_RANK, WORLD_
 MASTER_PORT on a free port), its share of the CPU threads, and runs ``fn(*args)``. ``spawn`` returns
 when every rank has ended; when one ends with an error the others are stopped (SIGTERM, then SIGKILL
 after ``grace`` seconds) and ``RankExited`` names it. Ctrl-C (or SIGTERM to the launcher) stops every
-rank.
+rank. A launcher that dies without stopping them (SIGKILL, a crash) takes its ranks with it: each rank
+calls ``die_with_parent`` first thing (``parent_watch.py``), so no rank outlives it.
 """
 
 from __future__ import annotations
@@ -15,6 +16,8 @@ import socket
 import time
 
 import torch.multiprocessing as mp
+
+from nonstop.dist.parent_watch import die_with_parent
 
 
 class RankExited(RuntimeError):
@@ -34,7 +37,8 @@ def rank_threads(world: int) -> int:
     return max(1, (os.cpu_count() or 1) // world)
 
 
-def _entry(index: int, fn, world: int, port: int, threads: int, env: dict, args: tuple) -> None:
+def _entry(index: int, fn, world: int, port: int, threads: int, env: dict, args: tuple, launcher: int) -> None:
+    die_with_parent(launcher)
     os.environ.update(
         {
             "RANK": str(index),
@@ -67,7 +71,7 @@ def spawn(
     previous = signal.signal(signal.SIGTERM, _interrupt) if _main_thread() else None
     ctx = mp.start_processes(
         _entry,
-        args=(fn, world, port, threads or rank_threads(world), dict(env or {}), args),
+        args=(fn, world, port, threads or rank_threads(world), dict(env or {}), args, os.getpid()),
         nprocs=world,
         join=False,
         start_method="spawn",
