@@ -69,10 +69,11 @@ def wants_layout(args) -> bool:
 
 def llm_class(args):
     """The class a command builds its model with: ``LLM``, or under --tp / --ep this rank's
-    ``DistributedLLM``. In the process the user started (no RANK in the environment) it starts the
-    layout's ranks on this host - each runs the same command - and exits with rank 0's status; under
-    torchrun (or in a started rank) it joins the process group; a rank other than 0 follows rank 0's
-    steps and exits. Only rank 0 returns."""
+    ``DistributedLLM``. In the process the user started (no RANK in the environment) it checks the
+    layout, starts its ranks on this host - each runs the same command - and exits with rank 0's status;
+    under torchrun (or in a started rank) it checks the layout the same way (torchrun starts the ranks
+    unchecked), then joins the process group; a rank other than 0 follows rank 0's steps and exits. Only
+    rank 0 returns."""
     import functools
     import os
 
@@ -81,8 +82,8 @@ def llm_class(args):
     if not wants_layout(args):
         return LLM
     layout = layout_from_args(args)
+    check_before_start(args, layout)  # in the launcher, and in each rank before it joins: torchrun checks nothing
     if "RANK" not in os.environ:
-        check_before_start(args, layout)
         raise SystemExit(start_ranks(args, layout))
     from nonstop.dist.comm import init
     from nonstop.engine.distributed import print_failure_and_exit
@@ -102,7 +103,10 @@ def llm_class(args):
 
 
 def check_before_start(args, layout) -> None:
-    """Refuse a layout the model or the backend cannot run before starting any rank (one clear error)."""
+    """Refuse a layout the model or the backend cannot run before starting any rank (one clear error).
+    The GPUs needed on this host: LOCAL_WORLD_SIZE in a rank (torchrun sets it), else the whole world."""
+    import os
+
     import torch
 
     from nonstop.dist.shard import check_layout
@@ -112,9 +116,11 @@ def check_before_start(args, layout) -> None:
     cfg, _ = resolve_model(args.model)
     check_layout(cfg, layout)
     check_backend(args.backend, torch.device(check_device(args.device).type), layout.world)
-    if check_device(args.device).type == "cuda" and torch.cuda.device_count() < layout.world:
+    local = int(os.environ.get("LOCAL_WORLD_SIZE", layout.world))
+    if check_device(args.device).type == "cuda" and torch.cuda.device_count() < local:
+        where = "" if local == layout.world else f" ({local} on this host)"
         raise ValueError(
-            f"the layout needs {layout.world} ranks, one GPU each, but {torch.cuda.device_count()} are visible"
+            f"the layout needs {layout.world} ranks{where}, one GPU each, but {torch.cuda.device_count()} are visible"
         )
 
 
