@@ -112,16 +112,33 @@ def load_rank_state(
 def random_rank_state(
     cfg: ModelConfig, layout: Layout, rank: int, dtype: torch.dtype, device="cpu", seed: int = 0, only=None
 ) -> dict[str, torch.Tensor]:
-    """This rank's part of the random weights ``random_model(cfg, dtype, seed=seed)`` would hold (the
-    whole state is drawn in checkpoint order, then cut; for presets and tests)."""
-    from nonstop.weights.synth import random_state_dict
+    """This rank's part of the random weights ``random_model(cfg, dtype, seed=seed)`` would hold (presets,
+    tests). The values must be the single process's, which come from one generator in checkpoint order,
+    so every rank still draws every tensor (``iter_random_tensors``), but cuts each to its part as soon
+    as it is drawn: memory holds the rank's part plus one checkpoint tensor (one expert), never the
+    whole model."""
+    from nonstop.weights.synth import iter_random_tensors
 
-    full = random_state_dict(cfg, dtype, "cpu", seed)
-    return {
-        s.spec.param: take_shard(full[s.spec.param], s).to(device)
-        for s in rank_shards(cfg, layout, rank)
-        if only is None or only(s.spec.param)
-    }
+    shards = {s.spec.param: s for s in rank_shards(cfg, layout, rank)}
+    drawn: dict[str, list[torch.Tensor | None]] = {}
+    state = {}
+    for spec, _, t in iter_random_tensors(cfg, dtype, seed):  # drawn whether kept or not: the stream's order
+        if only is not None and not only(spec.param):
+            continue
+        s, kept = shards[spec.param], drawn.setdefault(spec.param, [])
+        kept.append(t if s.experts is None or len(kept) in s.experts else None)
+        if len(kept) == len(spec.names):  # the parameter is complete: keep the rank's part only
+            state[spec.param] = _random_part(s, drawn.pop(spec.param), dtype).to(device)
+    return state
+
+
+def _random_part(s: ParamShard, drawn: list, dtype: torch.dtype) -> torch.Tensor:
+    """The part ``s`` of one parameter from its drawn tensors (one per HF name; None: an expert not kept)."""
+    if s.experts is not None:  # the rank's experts in its slot order, as take_shard cuts them
+        t = torch.stack([drawn[e] for e in s.experts]) if s.experts else torch.empty(0, *s.spec.hf_shape)
+        return t.to(s.spec.torch_dtype(dtype))
+    t = take_shard(torch.stack(drawn) if len(drawn) > 1 else drawn[0].reshape(s.spec.shape), s)
+    return t.clone() if s.dim is not None else t  # a copy of the part: the whole tensor is freed
 
 
 def is_expert(param: str) -> bool:

@@ -31,11 +31,11 @@ class TargetHead:
         from nonstop.dist.layout import Layout
         from nonstop.dist.load import load_rank_state, random_rank_state
 
-        whole = Layout()
+        whole, only = Layout(), {"embed_tokens.weight", "lm_head.weight"}.__contains__  # not the whole model
         state = (
-            random_rank_state(cfg, whole, 0, dtype, device, seed)
+            random_rank_state(cfg, whole, 0, dtype, device, seed, only)
             if model_dir is None
-            else load_rank_state(cfg, whole, 0, model_dir, dtype, device)
+            else load_rank_state(cfg, whole, 0, model_dir, dtype, device, only=only)
         )
         self.cfg = cfg
         self.embed_tokens = torch.nn.Embedding.from_pretrained(state["embed_tokens.weight"], freeze=True)

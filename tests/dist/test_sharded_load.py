@@ -1,4 +1,5 @@
-"""Sharded loading: each rank reads only its bytes of the checkpoint, and gets exactly its part."""
+"""Sharded loading: each rank reads only its bytes of the checkpoint, and gets exactly its part; a rank's
+random weights (presets) are exactly its cut of the whole random model."""
 
 from __future__ import annotations
 
@@ -7,12 +8,12 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from nonstop.config import ModelConfig
-from nonstop.dist import Layout
-from nonstop.dist.load import load_rank_state, take_shard
+from nonstop.dist import ExpertPlacement, Layout
+from nonstop.dist.load import is_expert, load_rank_state, random_rank_state, take_shard
 from nonstop.dist.shard import rank_shards
 from nonstop.weights.loader import load_state_dict
 from nonstop.weights.slices import SliceReader
-from nonstop.weights.synth import write_checkpoint
+from nonstop.weights.synth import random_state_dict, write_checkpoint
 from tests.tiny_configs import DEEPSEEK, KIMI_K3_MXFP4
 
 DISK_BYTES = {"float": 4, "fp32": 4, "u8": 1}  # float32 checkpoints below
@@ -63,3 +64,21 @@ def test_fp8_block_scaled_parts_are_dequantised_like_the_whole(tmp_path):
         state = load_rank_state(cfg, lay, rank, ckpt, torch.float32)
         for s in rank_shards(cfg, lay, rank):
             torch.testing.assert_close(state[s.spec.param], take_shard(full[s.spec.param], s), rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("raw,tp,ep", [(KIMI_K3_MXFP4, 3, 3), ("nano", 2, 4), ("nano", 4, 8)])
+def test_random_rank_parts_are_the_cut_of_the_whole_random_model(raw, tp, ep):
+    """Drawn tensor by tensor and cut at once, a rank's random part equals the whole random model's cut."""
+    cfg = ModelConfig.from_file("nonstop/assets/k3-nano") if raw == "nano" else ModelConfig.from_hf_dict(raw)
+    full = random_state_dict(cfg, torch.float32, seed=4)
+    placement = ExpertPlacement.rebalanced(torch.arange(cfg.moe.num_experts, dtype=torch.float), ep, redundant=1)
+    lay = Layout.make(tp, ep, placement=placement)  # uneven, with a replica: slots are not contiguous ids
+    for rank in range(lay.world):
+        state = random_rank_state(cfg, lay, rank, torch.float32, seed=4)
+        shards = rank_shards(cfg, lay, rank)
+        assert set(state) == {s.spec.param for s in shards}
+        for s in shards:
+            want = take_shard(full[s.spec.param], s)
+            assert state[s.spec.param].dtype == want.dtype and torch.equal(state[s.spec.param], want), s.spec.param
+    experts = random_rank_state(cfg, lay, 1, torch.float32, seed=4, only=is_expert)
+    assert experts and all(is_expert(p) for p in experts)
