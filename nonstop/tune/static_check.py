@@ -30,60 +30,29 @@ import ast
 import importlib
 import inspect
 
+from nonstop.tune.allowed import (
+    DTYPES,
+    HOST_BUILTINS,
+    KERNEL_ATTRS,
+    KERNEL_BUILTINS,
+    MODULES,
+    TL_DTYPES,
+    host_attrs,
+    kernel_helpers,
+    path_problem,
+)
+
 MAX_SOURCE = 200_000
+JIT_ATTRS = KERNEL_ATTRS  # the name the tests and older callers use
 
-DTYPES = set(
-    """
-    bfloat16 bool double float float16 float32 float64 float8_e4m3fn float8_e4m3fnuz float8_e5m2 float8_e5m2fnuz
-    float8_e8m0fnu half int int16 int32 int64 int8 long short uint16 uint32 uint64 uint8
-""".split()
-)
-TORCH_ALLOWED = DTYPES | set(
-    "dtype device Tensor Size empty empty_like empty_strided zeros zeros_like finfo iinfo".split()
-)
-TORCH_CUDA_ALLOWED = set(
-    "get_device_properties get_device_capability get_device_name device_count current_device is_available".split()
-)
-TRITON_ALLOWED = {"jit", "cdiv", "next_power_of_2", "language"}
-TL_BANNED = {"inline_asm_elementwise", "globaltimer", "clock", "core", "semantic", "standard", "random", "runtime"}
-ALLOWED_MODULES = {"torch", "triton", "triton.language", "math", "typing", "__future__"}
-# attributes a Triton kernel may use on its values (tensors, pointers, dtypes, constexprs); under the CPU
-# interpreter kernel bodies run as Python, so nothing else (e.g. a NumPy handle's file methods) is reachable
-JIT_ATTRS = set(
-    """
-    T abs argmax argmin associative_scan atomic_add atomic_and atomic_cas atomic_max atomic_min atomic_or
-    atomic_xchg atomic_xor broadcast_to cast cdiv ceil cos cumprod cumsum dtype element_ty erf exp exp2 expand_dims
-    flip floor fp_mantissa_width gather histogram int_bitwidth is_bf16 is_block is_bool is_floating is_fp16 is_fp32
-    is_fp64 is_fp8 is_int is_int1 is_int16 is_int32 is_int64 is_int8 is_int_signed is_int_unsigned is_ptr
-    is_standard_floating is_uint16 is_uint32 is_uint64 is_uint8 kind log log2 logical_and logical_or max min numel
-    permute primitive_bitwidth ravel reduce reshape rsqrt scalar shape sigmoid sin softmax sort split sqrt sqrt_rn
-    sum to trans type value view with_element_ty xor_sum
-""".split()
-)
-BUILTINS_IN_KERNELS = {"range", "min", "max", "len", "abs", "int", "float", "bool", "print", "tuple", "isinstance"}
-
+# named in the messages of the most common attempts (the allow-lists reject them anyway)
 BANNED_NAMES = set(
     """
     BaseException GeneratorExit KeyboardInterrupt SystemExit __import__ asyncio atexit breakpoint builtins
-    classmethod compile concurrent copyright credits ctypes delattr dir eval exec exit functools gc getattr globals
-    hasattr hash help id importlib input inspect io license locals marshal memoryview multiprocessing nonstop np
-    numpy object open os pathlib pickle property quit random reload setattr shutil signal socket staticmethod
-    subprocess super sys threading time traceback type vars weakref
-""".split()
-)
-# host-code attributes: storage and value access, copies, compute, stream tricks, container mutation
-BANNED_HOST_ATTRS = set(
-    """
-    abs add add_ addcdiv addcmul addmm addmm_ all allclose any append apply apply_ argmax argsort backward baddbmm
-    bfloat16 bmm cat chunk clamp clamp_ clear clone contiguous copy_ cpu cuda cumsum data_ptr device_caches discard
-    div div_ dot double einsum eq equal exp extend fill_ flip float fn forward gather ge grad gt half index_add_
-    index_copy_ index_fill_ index_put index_put_ index_select insert int item kernel_cache launch_metadata le lerp
-    linalg load_state_dict log_softmax long lt map_ masked_fill_ masked_scatter_ masked_select matmul max maximum
-    mean min minimum mm mul mul_ mv ne neg new_tensor nonzero norm numpy outer pin_memory pop popitem pow put_
-    reciprocal record_stream register_buffer register_hook register_parameter relu remove repeat repeat_interleave
-    requires_grad_ resize_ resize_as_ reverse roll rsqrt run scatter_ scatter_add_ set_ setdefault share_memory_
-    sigmoid softmax sort split sqrt src stack state_dict storage stream sub sub_ sum synchronize tanh tensor tile
-    to tolist topk type_as unbind untyped_storage update warmup where
+    classmethod compile concurrent copyright credits ctypes delattr dir eval exec exit format functools gc getattr
+    globals hasattr hash help id importlib input inspect io license locals marshal memoryview multiprocessing
+    nonstop np numpy object open operator os pathlib pickle print property quit random reload repr setattr shutil
+    signal socket staticmethod subprocess super sys threading time traceback type vars weakref
 """.split()
 )
 FRAME_PREFIXES = ("f_", "co_", "gi_", "cr_", "ag_", "tb_")
@@ -130,6 +99,20 @@ def _is_const(node, consts: set[str]) -> bool:
             and not node.keywords
         )
     return False
+
+
+def _bound_names(fn: ast.FunctionDef) -> set[str]:
+    """Every name ``fn`` binds anywhere inside it: parameters (its own, nested functions' and lambdas'),
+    assignment and loop targets, comprehension variables, nested function names."""
+    out = set()
+    for node in ast.walk(fn):
+        if isinstance(node, ast.Name) and isinstance(node.ctx, (ast.Store, ast.Del)):
+            out.add(node.id)
+        elif isinstance(node, ast.arg):
+            out.add(node.arg)
+        elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            out.add(node.name)
+    return out
 
 
 def _in_module_decorator(node) -> bool:
@@ -193,7 +176,14 @@ def _kernel_object(obj) -> str | None:
             else "a kernel from outside nonstop.kernels"
         )
     if inspect.isfunction(obj):
-        return None if module.startswith("nonstop.kernels") else f"defined in {module}, not in nonstop.kernels"
+        if not module.startswith("nonstop.kernels"):
+            return f"defined in {module}, not in nonstop.kernels"
+        if id(obj) not in kernel_helpers():
+            return (
+                "not a host function a candidate may call (allowed: the KERNELS launchers and the helpers they call, "
+                "never launcher or workspace)"
+            )
+        return None
     return f"a {type(obj).__name__}"
 
 
@@ -201,8 +191,8 @@ class _Checker:
     def __init__(self, source: str):
         self.source = source
         self.p = _Problems()
-        self.modules: dict[str, str] = {}  # alias -> module ("torch", "triton", "triton.language", "math")
-        self.imported: dict[str, object] = {}  # names imported from nonstop.kernels / torch / triton
+        self.modules: dict[str, str] = {}  # alias -> module of ``allowed.MODULES`` ("torch", "triton.language" ...)
+        self.imported: dict[str, tuple] = {}  # name -> ("path", "torch.float32") or ("nonstop", object)
         self.consts: set[str] = set()
         self.functions: dict[str, ast.FunctionDef] = {}
         self.jit: set[str] = set()
@@ -234,18 +224,17 @@ class _Checker:
                 )
 
     def import_(self, node) -> None:
+        importable = ", ".join(sorted(m for m in MODULES if m != "__future__"))
         if isinstance(node, ast.Import):
             for a in node.names:
-                if a.name not in ALLOWED_MODULES:
+                if a.name not in MODULES or a.name == "__future__":
                     self.p.add(
-                        node,
-                        f"import {a.name} is not allowed (allowed: triton, triton.language, torch, math "
-                        "and names from nonstop.kernels)",
+                        node, f"import {a.name} is not allowed (allowed: {importable} and names from nonstop.kernels)"
                     )
-                elif a.asname is None and "." in a.name:
+                elif a.asname is None:
                     self.modules[a.name.split(".")[0]] = a.name.split(".")[0]
                 else:
-                    self.modules[a.asname or a.name] = a.name
+                    self.modules[a.asname] = a.name
             return
         mod = node.module or ""
         if node.level:
@@ -255,26 +244,22 @@ class _Checker:
             name = a.asname or a.name
             if a.name == "*":
                 self.p.add(node, "import * is not allowed")
-            elif mod == "__future__" or mod == "typing":
-                continue
-            elif mod == "triton" and a.name in TRITON_ALLOWED:
-                if a.name == "language":
-                    self.modules[name] = "triton.language"
-                else:
-                    self.imported[name] = ("triton", a.name)
-            elif mod.startswith("triton.language") and a.name not in TL_BANNED and not a.name.startswith("_"):
-                self.imported[name] = ("tl", a.name)
-            elif mod == "torch" and a.name in TORCH_ALLOWED:
-                self.imported[name] = ("torch", a.name)
-                if a.name in DTYPES:
-                    self.consts.add(name)
+            elif mod in MODULES:
+                if a.name not in MODULES[mod]:
+                    names = ", ".join(sorted(MODULES[mod]))
+                    self.p.add(node, f"from {mod} import {a.name} is not allowed (allowed from {mod}: {names})")
+                elif f"{mod}.{a.name}" in MODULES:
+                    self.modules[name] = f"{mod}.{a.name}"
+                elif mod != "__future__":
+                    self.imported[name] = ("path", f"{mod}.{a.name}")
+                    if (mod == "torch" and a.name in DTYPES) or (mod == "triton.language" and a.name in TL_DTYPES):
+                        self.consts.add(name)
             elif mod == "nonstop.kernels" or mod.startswith("nonstop.kernels."):
                 self.kernel_import(node, mod, a.name, name)
             else:
                 self.p.add(
                     node,
-                    f"from {mod} import {a.name} is not allowed (allowed: triton, triton.language, "
-                    "torch dtypes and allocation, math, names from nonstop.kernels)",
+                    f"from {mod} import {a.name} is not allowed (allowed: {importable}, names from nonstop.kernels)",
                 )
 
     def kernel_import(self, node, mod: str, attr: str, name: str) -> None:
@@ -284,8 +269,6 @@ class _Checker:
             self.p.add(node, f"from {mod} import {attr}: {exc}")
             return
         why = _kernel_object(obj)
-        if why is None and "workspace" in attr.lower():
-            why = "persistent scratch that outlives a call (a cache across calls)"
         if why:
             self.p.add(
                 node,
@@ -318,10 +301,8 @@ class _Checker:
         head = chain[0]
         if head in self.modules:
             return ".".join([self.modules[head]] + chain[1:])
-        if head in self.imported and self.imported[head][0] in ("triton", "tl", "torch"):
-            kind, attr = self.imported[head]
-            prefix = {"triton": "triton", "tl": "triton.language", "torch": "torch"}[kind]
-            return ".".join([prefix, attr] + chain[1:])
+        if head in self.imported and self.imported[head][0] == "path":
+            return ".".join([self.imported[head][1]] + chain[1:])
         return None
 
     def constant(self, node) -> None:
@@ -395,7 +376,7 @@ class _Checker:
                 self.p.add(node, f"the name {node.id!r} is not allowed in a candidate")
             elif node.id in self.modules:
                 self.module_use(node)
-            elif self.imported.get(node.id) == ("triton", "jit") and not _in_module_decorator(node):
+            elif self.imported.get(node.id) == ("path", "triton.jit") and not _in_module_decorator(node):
                 self.p.add(node, "triton.jit is only allowed as the decorator of a module-level function")
         elif isinstance(node, ast.Attribute):
             if node.attr.startswith("_"):
@@ -416,39 +397,18 @@ class _Checker:
                     )
 
     def module_use(self, node: ast.Name) -> None:
-        """A module alias may only start an attribute chain that ends in an allowed leaf."""
+        """A module alias may only start an attribute chain that stays inside ``allowed.MODULES``."""
         top = node
         while isinstance(getattr(top, "parent", None), ast.Attribute) and top.parent.value is top:
             top = top.parent
         chain = _chain(top) if isinstance(top, ast.Attribute) else [node.id]
-        full = self.resolve(chain) or ""
-        parts = full.split(".")
-        ok = False
-        if parts[0] == "torch":
-            ok = (len(parts) == 2 and parts[1] in TORCH_ALLOWED) or (
-                len(parts) == 3 and parts[1] == "cuda" and parts[2] in TORCH_CUDA_ALLOWED
-            )
-        elif parts[:2] == ["triton", "language"]:
-            ok = len(parts) >= 3 and not any(p in TL_BANNED for p in parts[2:])
-        elif parts[0] == "triton":
-            ok = len(parts) == 2 and parts[1] in TRITON_ALLOWED - {"language"}
-        elif parts[0] == "math":
-            ok = len(parts) == 2
-        elif parts[0] == "typing":
-            ok = True
+        full = self.resolve(chain) or node.id
         if full == "triton.jit" and not _in_module_decorator(top):
             self.p.add(node, "triton.jit is only allowed as the decorator of a module-level function")
-        if not ok:
-            self.p.add(
-                node,
-                f"{full or node.id} is not allowed in a candidate"
-                + (
-                    " (torch: dtypes, empty/zeros allocation and torch.cuda device facts only; "
-                    "compute belongs in Triton kernels)"
-                    if parts[0] == "torch"
-                    else ""
-                ),
-            )
+        problem = path_problem(full.split("."))
+        if problem:
+            hint = " (compute belongs in Triton kernels)" if full.startswith("torch.") else ""
+            self.p.add(node, f"{full} is not allowed in a candidate: {problem}{hint}")
 
     # ------------------------------------------------------------------ host code and kernels
     def functions_(self) -> None:
@@ -465,18 +425,28 @@ class _Checker:
             | self.jit
             | {n for n, e in self.imported.items() if e[0] == "nonstop" and callable(e[1])}
         ) - self.consts
+        known = module_level | set(self.modules) | _bound_names(fn)
+        attrs = host_attrs()
         for node in ast.walk(fn):
-            if (
-                isinstance(node, ast.Name)
-                and isinstance(node.ctx, ast.Load)
-                and node.id in callables
-                and not _called(node)
-            ):
+            if isinstance(node, ast.AugAssign):
                 self.p.add(
                     node,
-                    f"{node.id} may only be called (or launched as {node.id}[grid](...)), "
-                    "not passed around or inspected",
+                    f"augmented assignment ({ast.unparse(node).strip()}) is not allowed in host code: on a list or "
+                    "dict it changes the object in place (write x = x + y)",
                 )
+            if isinstance(node, ast.Name) and isinstance(node.ctx, ast.Load):
+                if node.id in callables and not _called(node):
+                    self.p.add(
+                        node,
+                        f"{node.id} may only be called (or launched as {node.id}[grid](...)), "
+                        "not passed around or inspected",
+                    )
+                elif node.id not in known | HOST_BUILTINS | BANNED_NAMES and not node.id.startswith("__"):
+                    self.p.add(
+                        node,
+                        f"the name {node.id!r} is not allowed in a candidate (host code may call the builtins "
+                        f"{', '.join(sorted(HOST_BUILTINS))})",
+                    )
             if not isinstance(node, ast.Attribute):
                 continue
             chain = _chain(node)
@@ -488,11 +458,13 @@ class _Checker:
                     f"attribute access on {node.value.id} is not allowed "
                     f"(launch kernels as {node.value.id}[grid](...))",
                 )
-            elif node.attr in BANNED_HOST_ATTRS:
+            elif node.attr not in attrs:
                 self.p.add(
                     node,
-                    f".{node.attr} is not allowed in host code (no torch compute, copies, value reads, storage "
-                    "access, or changes to the objects a launch gets)",
+                    f".{node.attr} is not allowed in host code: host code reads the op, the env, its buffers, caches "
+                    "and batch, configs and tensors' metadata and views (no torch compute, copies, value reads, "
+                    "storage access, or changes to the objects a launch gets); allowed attributes: "
+                    "nonstop/tune/allowed.py HOST_ATTRS",
                 )
 
     def kernel(self, fn: ast.FunctionDef) -> None:
@@ -511,15 +483,14 @@ class _Checker:
                     self.p.add(node, f".{node.attr} is not a Triton attribute (kernel {fn.name})")
             if isinstance(node, ast.Name) and isinstance(node.ctx, ast.Load):
                 n = node.id
-                if n in local or n in self.consts or n in self.jit or n in BUILTINS_IN_KERNELS:
+                if n in local or n in self.consts or n in self.jit or n in KERNEL_BUILTINS:
                     continue
                 if n in self.modules:
                     if self.modules[n] == "torch":
                         self.p.add(node, f"torch inside the Triton kernel {fn.name} is not allowed")
                     continue
-                if n in self.imported and self.imported[n][0] in ("triton", "tl"):
-                    continue
-                if n in self.imported and self.imported[n][0] == "torch" and self.imported[n][1] in DTYPES:
+                entry = self.imported.get(n)
+                if entry is not None and entry[0] == "path" and (entry[1].startswith("triton.") or n in self.consts):
                     continue
                 self.p.add(
                     node,

@@ -49,7 +49,7 @@ def src(*lines: str) -> str:
 @pytest.mark.parametrize("source,phrase", [
     (src("def launch(op, env):", "    return ("), "syntax error at line"),
     (src("import torch as T", MLP, "def launch(op, env):", "    T.mm(op, env)"), "torch.mm"),
-    (src("from torch import cuda", MLP, "def launch(op, env):", "    cuda.synchronize()"), "from torch import cuda"),
+    (src("from torch import cuda", MLP, "def launch(op, env):", "    cuda.synchronize()"), "torch.cuda.synchronize"),
     (src("import triton", MLP, "def launch(op, env):", "    triton.runtime.driver.active.get_current_stream()"),
      "triton.runtime"),
     (src("import triton.language as tl", *JIT_K,
@@ -72,6 +72,30 @@ def src(*lines: str) -> str:
     (src(MLP, "def launch(op, env):", "    import os", "    mlp(op, env)"), "imports inside functions"),
     (src(MLP, "def launch(op, env):", "    g = op.weights.get", "    g.__self__"), "dunder"),
     (src(MLP, "def launch(op, env):", "    e = SystemExit"), "SystemExit"),
+    # allow-lists: every module name, builtin and host attribute a candidate uses must be listed
+    (src("from typing import sys", MLP, "def launch(op, env):", "    mlp(op, env)"), "from typing import sys"),
+    (src("import typing as T", MLP, "def launch(op, env):", "    T.sys.modules"), "typing.sys"),
+    (src("import typing", MLP, "def launch(op, env):", "    t = typing", "    mlp(op, env)"), "modules are not values"),
+    (src("import math", MLP, "def launch(op, env):", "    math.__loader__"), "dunder"),
+    (src("import triton.language as tl", MLP, "def launch(op, env):", "    tl.core.builtins"), "triton.language.core"),
+    (src("from triton.language.core import builtin", MLP + " as launch"), "from triton.language.core import"),
+    (src("import triton.runtime", MLP + " as launch"), "import triton.runtime"),
+    (src("import triton", MLP, "def launch(op, env):", "    triton.knobs.os.environ"), "triton.knobs"),
+    (src("import triton.language as tl", *JIT_K, "    tl.extra.cuda.globaltimer()", *LAUNCH_K),
+     "triton.language.extra.cuda.globaltimer"),
+    (src("import triton", MLP, "def launch(op, env):", "    triton.cdiv.fn"), "nothing may follow triton.cdiv"),
+    (src("from nonstop.kernels.launch import workspace", MLP + " as launch"), "not a host function a candidate"),
+    (src("from nonstop.kernels.platform import gpu_numerics_mode", MLP + " as launch"), "not a host function"),
+    (src(MLP, "def launch(op, env):", "    print(op)", "    mlp(op, env)"), "the name 'print'"),
+    (src(MLP, "def launch(op, env):", "    next(iter(op.reads))", "    mlp(op, env)"), "the name 'next'"),
+    (src(MLP, "def launch(op, env):", "    vars(op)"), "the name 'vars'"),
+    (src(MLP, "def launch(op, env):", "    str.format('{0.__class__}', op)"), ".format"),
+    (src(MLP, "def launch(op, env):", "    op.cost"), ".cost is not allowed"),
+    (src(MLP, "def launch(op, env):", "    env.buf['h'].storage_offset()", "    mlp(op, env)"), ".storage_offset"),
+    (src(MLP, "def launch(op, env):", "    env.cache.layers[0].write(env.batch, k=env.buf['h'])"), ".write"),
+    (src(MLP, "def launch(op, env):", "    op.attrs['experts'].add_module('s', None)"), ".add_module"),
+    (src(MLP, "def launch(op, env):", "    w = op.weights", "    w |= {}", "    mlp(op, env)"),
+     "augmented assignment"),
 ])  # fmt: skip
 def test_rules(source, phrase):
     problems = static_check(source)
@@ -100,13 +124,39 @@ def test_kernels_are_module_level_jit_only(source):
     assert static_check(source)
 
 
+def test_what_the_allow_lists_let_through():
+    """The names a legitimate launcher uses pass: dtype facts, torch.cuda device facts, PDL's gdc calls,
+    config fields, tensor metadata, dict reads, the builtins of HOST_BUILTINS."""
+    source = src(
+        "import math",
+        "import torch",
+        "import triton",
+        "import triton.language as tl",
+        "from typing import Optional",
+        MLP,
+        "@triton.jit",
+        "def k(x, N, BLOCK: tl.constexpr):",
+        "    tl.extra.cuda.gdc_wait()",
+        "    offs = tl.arange(0, BLOCK)",
+        "    tl.store(x + offs, tl.load(x + offs, mask=offs < N).to(tl.float32), mask=offs < N)",
+        "def launch(op, env, scale: Optional[int] = None):",
+        "    x = env.buf[op.writes[0]]",
+        "    top = op.attrs.get('moe').top_k if 'moe' in op.attrs else 1",
+        "    n = max(1, math.ceil(x.numel() / 16)) * torch.float32.itemsize * top",
+        "    sms = torch.cuda.get_device_properties(x.device).multi_processor_count if x.is_cuda else 1",
+        "    k[(min(n, sms),)](x, x.numel(), BLOCK=triton.next_power_of_2(16))",
+        "    mlp(op, env)",
+    )
+    assert static_check(source) == []
+
+
 def test_kernels_use_triton_attributes_only():
     """Under the interpreter a kernel body is Python: a NumPy handle's file or ctypes methods must be out of
     reach. Every attribute the built-in kernels use on their values is allowed."""
     import ast
     from pathlib import Path
 
-    from nonstop.tune.static_check import JIT_ATTRS
+    from nonstop.tune.allowed import KERNEL_ATTRS as JIT_ATTRS
 
     source = src("import triton", "@triton.jit", "def k(x_ptr):", "    x_ptr.handle.data.tofile('/tmp/x')",
                  *LAUNCH_K)  # fmt: skip
