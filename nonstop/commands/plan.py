@@ -60,13 +60,19 @@ def add_parser(sub) -> None:
         "--weights", help="dense weight format: bf16, fp8, fp32 (default: the checkpoint's; fp32 on the cpu chip)"
     )
     p.add_argument("--experts", help="routed expert format: mxfp4, nvfp4, fp8, bf16 (default: the checkpoint's)")
+    p.add_argument(
+        "--attention-weights",
+        dest="attention",
+        help="attention block format when the checkpoint keeps it apart from --weights (e.g. bf16 in NVFP4 exports)",
+    )
     p.add_argument("--kv-cache", dest="cache", help="attention cache format: bf16 (default) or fp8")
     p.add_argument(
         "--sharding",
         choices=["production", "engine"],
         default="production",
-        help="production (default): K3's latent projections split tp ways as vLLM/SGLang do; "
-        "engine: exactly nonstop.dist's parts",
+        help="production (default): as vLLM/SGLang serve - K3's latent projections split tp ways, and --ep equal "
+        "to --tp with --dp 1 runs no all-to-all (the MoE output all-reduce combines); engine: exactly nonstop.dist's "
+        "parts and token exchange",
     )
     p.add_argument(
         "--chip-file", help="JSON file of extra or overriding chip entries (same form as nonstop/plan/chips.json)"
@@ -117,7 +123,7 @@ def _precision(args, cfg, chip):
     experts = args.experts or (
         "fp32" if chip.kind == "cpu" and not (cfg.moe and cfg.moe.expert_format == "mxfp4") else None
     )
-    return Precision.released(cfg, dense, experts, args.cache)
+    return Precision.released(cfg, dense, experts, args.cache, args.attention)
 
 
 def _spec(args):

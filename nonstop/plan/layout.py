@@ -4,7 +4,10 @@ A plan layout is ``tp`` ranks per attention group, ``dp`` attention groups (worl
 ``ep`` for the routed experts:
 
 * ``ep`` > 1: ``nonstop.dist``'s expert parallelism - whole experts spread over expert groups of ep
-  ranks (each group holds every expert), tokens exchanged by all-to-all dispatch / combine;
+  ranks (each group holds every expert), tokens exchanged by all-to-all dispatch / combine; with dp 1 and
+  ep = tp (``tokens_replicated``, production sharding) the one attention group already holds every token,
+  so no all-to-all runs: each rank applies its experts to every row and the MoE output all-reduce (K3:
+  also the routed latent sum) combines them, as vLLM / SGLang expert parallelism without DP attention does;
 * ``ep`` = 1 with tp > 1: experts *tensor*-parallel inside each attention group (every expert split
   tp ways by its intermediate dimension: vLLM's and SGLang's default without expert parallelism). The
   engine's ``dist.Layout`` has no such mode yet; the planner takes the rank Program of the same
@@ -49,6 +52,14 @@ class Layout:
     def expert_tp(self) -> bool:
         """Routed experts split tp ways inside each attention group (no token exchange)."""
         return self.ep == 1 and self.tp > 1
+
+    @property
+    def tokens_replicated(self) -> bool:
+        """Whole experts spread over the one attention group that already holds every token (dp 1, ep = tp):
+        vLLM / SGLang expert parallelism without DP attention run no all-to-all; each rank applies its own
+        experts to every row and the MoE output all-reduce combines them. ``sharding="engine"`` keeps
+        ``nonstop.dist``'s dispatch / combine."""
+        return self.sharding == "production" and self.dp == 1 and self.ep == self.tp > 1
 
     def dist_layout(self) -> DistLayout:
         """The engine's layout with the same per-rank bytes (see the module docstring)."""
@@ -200,7 +211,7 @@ def collectives(rank: Workload, layout: Layout, batch: int, rows_per_seq: int) -
     rows = math.ceil(batch / layout.dp) * rows_per_seq
     found = []
     for op in program.ops:
-        if op.kind == "moe_ep" and layout.expert_tp:
+        if op.kind == "moe_ep" and (layout.expert_tp or layout.tokens_replicated):
             if cfg.moe.latent_size:  # the routed latent sum, complete before its RMSNorm
                 from nonstop.program.cost import Collective as DistCollective
                 from nonstop.program.cost import all_reduce_wire_bytes
@@ -214,7 +225,7 @@ def collectives(rank: Workload, layout: Layout, batch: int, rows_per_seq: int) -
                         layout.tp,
                         1,
                         all_reduce_wire_bytes(nbytes, layout.tp),
-                        "routed latent sum (experts TP)",
+                        "routed latent sum (experts TP)" if layout.expert_tp else "routed latent sum (experts EP)",
                     )
                 )
             continue

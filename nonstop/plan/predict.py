@@ -126,6 +126,7 @@ class Prediction:
                 "expert_fetch": t.expert_fetch_ms,
                 "collectives": t.collectives_ms,
                 "launch": t.launch_ms,
+                "host": t.host_ms,
                 "draft": t.draft_ms,
             },
             "kernels_per_step": t.kernels,

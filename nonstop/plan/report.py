@@ -64,6 +64,7 @@ def describe(p: Prediction) -> str:
         ("expert fetch latency", t.expert_fetch_ms),
         ("collectives", t.collectives_ms),
         (f"launch gaps ({t.kernels} kernels)", t.launch_ms),
+        ("engine host loop per step", t.host_ms),
         ("speculative draft", t.draft_ms),
     ]
     lines += ["", "step time (busiest rank):"]

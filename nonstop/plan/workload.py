@@ -57,17 +57,30 @@ def serving_format(name: str) -> str:
     return key
 
 
+# the attention block's ops (projections, cores, o_proj): some checkpoints keep them wider than the rest
+# (nvidia's NVFP4 DeepSeek-R1 and Kimi K3 leave self_attn in bf16); ``Precision.attention`` prices them
+ATTENTION_KINDS = frozenset(
+    {"gqa_qkv_rope", "gqa_attn", "mla_in_proj", "mla_q_up", "mla_attn", "kda_in_proj", "kda_core", "linear_residual"}
+)
+
+
 @dataclass(frozen=True)
 class Precision:
-    """Serving formats: dense (non-expert) matrices, routed experts, attention cache."""
+    """Serving formats: dense (non-expert) matrices, routed experts, attention cache; ``attention``
+    (None: as ``dense``) for the attention block's matrices when the checkpoint stores them apart."""
 
     dense: str = "bf16"
     experts: str = "bf16"
     cache: str = "bf16"
+    attention: str | None = None
 
     @staticmethod
     def released(
-        cfg: ModelConfig, dense: str | None = None, experts: str | None = None, cache: str | None = None
+        cfg: ModelConfig,
+        dense: str | None = None,
+        experts: str | None = None,
+        cache: str | None = None,
+        attention: str | None = None,
     ) -> Precision:
         """The checkpoint's own formats unless overridden: ``quantization_config`` of the config (K3:
         MXFP4 experts, bf16 rest; fp8 checkpoints such as Kimi K2 / DeepSeek-V3: fp8 everywhere)."""
@@ -84,7 +97,12 @@ class Precision:
             serving_format(dense or base_dense),
             serving_format(experts or base_experts),
             serving_format(cache or "bf16"),
+            serving_format(attention) if attention else None,
         )
+
+    def of(self, kind: str) -> str:
+        """The format of a non-expert op's matrices."""
+        return self.attention if self.attention and kind in ATTENTION_KINDS else self.dense
 
 
 # families whose released checkpoints are fp8 block-scaled even when the bundled preset omits the
@@ -166,8 +184,8 @@ def _matrix_params(op) -> int:
 
 def _weight_bytes(op, precision: Precision) -> tuple[float, float]:
     """(serving bytes, the PRODUCTION_SPLIT part) of a non-expert op's weights: matrices in
-    ``precision.dense``, vectors as stored; the router stays bf16 (fp32 logits from a bf16 matrix)."""
-    per_param = FORMAT_BYTES[precision.dense]
+    ``precision.of(kind)``, vectors as stored; the router stays bf16 (fp32 logits from a bf16 matrix)."""
+    per_param = FORMAT_BYTES[precision.of(op.kind)]
     total = split = 0.0
     for name, t in op.weights.items():
         matrix = t.dim() >= 2 and t.is_floating_point() and name not in ("conv", "router")
@@ -267,7 +285,6 @@ def build_workload(cfg: ModelConfig, name: str, precision: Precision | None = No
         if op.kind in ("embed", "embed_shard"):  # a gather: one row per token, already in act_bytes_per_row
             weight = 0.0
             coeff["act_bytes_per_row"] = cfg.hidden_size * FORMAT_BYTES["bf16"]
-        ops.append(
-            OpShape(op.name, op.kind, op.layer, weight, split, held, dtype=FORMAT_DTYPE[precision.dense], **coeff)
-        )
+        dtype = FORMAT_DTYPE[precision.of(op.kind)]
+        ops.append(OpShape(op.name, op.kind, op.layer, weight, split, held, dtype=dtype, **coeff))
     return Workload(name, cfg, precision, tuple(ops), cfg.hidden_size, program)

@@ -1,0 +1,71 @@
+"""What a serving stack runs that nonstop.dist does not: expert parallelism over replicated tokens, an
+attention block kept wider than the rest of a checkpoint, and a per-step host loop."""
+
+from __future__ import annotations
+
+import pytest
+
+from nonstop.config import ModelConfig
+from nonstop.plan.chips import get_chip
+from nonstop.plan.layout import Layout, collectives, rank_ops, rank_workload
+from nonstop.plan.predict import predict
+from nonstop.plan.timing import Constants
+from nonstop.plan.workload import ATTENTION_KINDS, FORMAT_BYTES, Precision, build_workload
+
+
+@pytest.fixture(scope="module")
+def nano():
+    return build_workload(ModelConfig.preset("k3-nano"), "k3-nano")
+
+
+def test_ep_over_the_tp_group_runs_no_all_to_all(nano):
+    """dp 1, ep = tp: every rank holds every token, so the MoE combine is the output all-reduce (vLLM / SGLang
+    without DP attention); ``sharding="engine"`` keeps nonstop.dist's dispatch / combine."""
+    served, engine = Layout(2, 1, 2), Layout(2, 1, 2, "engine")
+    assert served.tokens_replicated and not engine.tokens_replicated and not Layout(2, 2, 4).tokens_replicated
+    kinds = {c.kind for c in collectives(rank_workload(nano, served), served, 4, 1)}
+    assert "all_to_all" not in kinds and "all_reduce" in kinds
+    assert "all_to_all" in {c.kind for c in collectives(rank_workload(nano, engine), engine, 4, 1)}
+    labels = [c.label for c in collectives(rank_workload(nano, served), served, 4, 1)]
+    assert any("routed latent sum" in label for label in labels)  # K3's latent sum is complete before its norm
+
+
+def test_ep_over_replicated_tokens_streams_the_busiest_ranks_experts(nano):
+    """Whole experts per rank: the step waits for the rank that holds the most touched experts, so it streams
+    more expert bytes than experts split tp ways (every rank 1/tp of every touched expert)."""
+    ep, tp = Layout(2, 1, 2), Layout(2, 1, 1)
+
+    def expert_bytes(layout):
+        ops = rank_ops(rank_workload(nano, layout), layout, 3, 64, 1)
+        return sum(o.weight_bytes for o in ops if o.kind == "moe_ep")
+
+    assert expert_bytes(ep) > expert_bytes(tp)
+
+
+def test_attention_format_prices_only_the_attention_block():
+    cfg = ModelConfig.preset("k3-nano")
+    fp4 = build_workload(cfg, "n", Precision("nvfp4", "nvfp4", "bf16"))
+    mixed = build_workload(cfg, "n", Precision("nvfp4", "nvfp4", "bf16", "bf16"))
+    ratio = FORMAT_BYTES["bf16"] / FORMAT_BYTES["nvfp4"]
+    changed = 0
+    for a, b in zip(fp4.ops, mixed.ops):
+        if b.kind in ("linear_residual", "mla_attn"):  # matrices only (o_proj, W_UV): the whole op re-priced
+            assert b.weight_bytes / a.weight_bytes == pytest.approx(ratio) and b.dtype == "bf16"
+            changed += 1
+        elif b.kind in ATTENTION_KINDS:
+            assert b.weight_bytes > a.weight_bytes and b.dtype == "bf16"
+        else:
+            assert b.weight_bytes == a.weight_bytes and b.dtype == a.dtype
+    assert changed >= 4
+    assert Precision.released(cfg, attention="bfloat16").of("mla_attn") == "bf16"
+
+
+def test_host_loop_is_paid_per_step_by_host_driven_engines_only(nano):
+    chip, consts = get_chip("h100"), Constants.load()
+    none = consts.replace(step_overhead_us=0.0)
+    for executor, paid in (("kernels", True), ("megakernel", False)):
+        with_loop = predict(nano, chip, Layout(1), 1, 64, None, executor, consts).time
+        without = predict(nano, chip, Layout(1), 1, 64, None, executor, none).time
+        expected = consts.step_overhead_us * 1e-3 if paid else 0.0
+        assert with_loop.total_ms - without.total_ms == pytest.approx(expected)
+        assert with_loop.host_ms == pytest.approx(expected)
