@@ -1,4 +1,5 @@
-"""Fit the shared efficiency constants on the calibration points (``validation.json``).
+"""Fit the shared efficiency constants on the calibration points (``validation.json``; the held-out
+points of ``heldout.json`` are never read here).
 
 Objective: the mean squared log error of the predictions, log(predicted / published), over every
 calibration point, minimised by Nelder-Mead over the logarithms of the fitted constants
@@ -18,8 +19,9 @@ import time
 
 import numpy as np
 
+from nonstop.plan.points import load_points
 from nonstop.plan.timing import CONSTANTS, FITTED, Constants
-from nonstop.plan.validation import evaluate, load_points, table
+from nonstop.plan.validation import evaluate, table
 
 
 def _constants(base: Constants, x: np.ndarray) -> Constants:
@@ -28,8 +30,14 @@ def _constants(base: Constants, x: np.ndarray) -> Constants:
     return base.replace(**values)
 
 
-def objective(points: list[dict], base: Constants, x: np.ndarray) -> float:
-    rows = evaluate(points, _constants(base, x))
+def x0(base: Constants | None = None) -> np.ndarray:
+    """The logarithms of the fitted constants (default: the stored ones)."""
+    base = base or Constants.load()
+    return np.array([math.log(getattr(base, name)) for name in FITTED])
+
+
+def objective(points: list[dict], base: Constants | None, x: np.ndarray) -> float:
+    rows = evaluate(points, _constants(base or Constants.load(), x))
     return float(np.mean([math.log(r.predicted / r.published) ** 2 for r in rows]))
 
 
@@ -66,8 +74,7 @@ def nelder_mead(f, x0: np.ndarray, step: float = 0.3, iters: int = 600, tol: flo
 def fit(points: list[dict] | None = None, base: Constants | None = None) -> tuple[Constants, float]:
     points = points or load_points("calibration")
     base = base or Constants.load()
-    x0 = np.array([math.log(getattr(base, name)) for name in FITTED])
-    best = nelder_mead(lambda x: objective(points, base, x), x0)
+    best = nelder_mead(lambda x: objective(points, base, x), x0(base))
     for _ in range(2):  # restart from the optimum: Nelder-Mead can stall on a degenerate simplex
         best = nelder_mead(lambda x: objective(points, base, x), best, step=0.1)
     consts = _constants(base, best)
@@ -90,7 +97,7 @@ def main(argv: list[str] | None = None) -> int:
         f"\nfitted in {time.time() - t0:.0f} s on {len(points)} points: "
         f"rms log error {math.sqrt(loss):.3f}, worst |error| {worst:.1%}"
     )
-    for name in ("eta_hbm", "eta_flops", *FITTED[1:]):
+    for name in ("eta_hbm", "eta_flops", "kernel_factor", *FITTED[1:]):
         print(f"  {name:<16} {getattr(consts, name):.4g}{'' if name in FITTED else '  (fixed prior)'}")
     if args.write:
         data = json.loads(CONSTANTS.read_text())

@@ -1,0 +1,78 @@
+"""Published decode results as data: the calibration points (``validation.json``), the held-out points
+(``heldout.json``, never read by the calibration), and how one point becomes a ``nonstop plan`` command
+line and a number to compare.
+
+A point names the model (a preset, or a config under ``plan/models/``), the chip, the layout in ranks, the
+batch (concurrent sequences), the mean cached context, the executor, the serving formats where they differ
+from the checkpoint's, speculative decoding, and the published ``metric``:
+
+    ms_per_token | tokens_per_s_per_user | tokens_per_s_total | tokens_per_s_per_chip     the planner's own
+    tokens_per_s_total_with_ttft = batch · n / (ttft + (n - 1) · ms_per_token)             closed-loop serving
+
+The last is a serving benchmark's output throughput, which counts each request's time to first token
+(``ttft_ms``, published beside it) for its ``output_len`` = n generated tokens.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+POINTS = Path(__file__).with_name("validation.json")
+HELDOUT = Path(__file__).with_name("heldout.json")
+MODELS = Path(__file__).with_name("models")
+METRICS = (
+    "ms_per_token",
+    "tokens_per_s_per_user",
+    "tokens_per_s_total",
+    "tokens_per_s_per_chip",
+    "tokens_per_s_total_with_ttft",
+)
+# serving-format keys of a point's "precision" and the ``nonstop plan`` flag of each
+PRECISION_FLAGS = {
+    "dense": "--weights",
+    "experts": "--experts",
+    "cache": "--kv-cache",
+    "attention": "--attention-weights",
+}
+
+
+def load_points(role: str | None = None, path: Path = POINTS) -> list[dict]:
+    points = json.loads(Path(path).read_text())["points"]
+    return [p for p in points if role is None or p["role"] == role]
+
+
+def load_heldout(path: Path = HELDOUT) -> list[dict]:
+    return load_points(None, path)
+
+
+def model_ref(name: str) -> str:
+    """A model config bundled with the planner (``plan/models/<name>/config.json``), else the name itself."""
+    bundled = MODELS / name
+    return str(bundled) if (bundled / "config.json").exists() else name
+
+
+def plan_argv(point: dict) -> list[str]:
+    """The ``nonstop plan ... --json`` command line that predicts ``point``."""
+    argv = ["plan", "-m", model_ref(point["model"]), "--chip", point["chip"], "--chips", str(point["chips"])]
+    for flag in ("tp", "dp", "ep"):
+        argv += [f"--{flag}", str(point.get(flag, 1))]
+    argv += ["--batch", str(point["batch"]), "--context", str(point.get("context", 1024))]
+    argv += ["--executor", point.get("executor", "kernels"), "--sharding", point.get("sharding", "production")]
+    for key, value in (point.get("precision") or {}).items():
+        argv += [PRECISION_FLAGS[key], value]
+    if point.get("spec"):
+        argv += ["--spec-accept", str(point["spec"]["accept"]), "--spec-draft", str(point["spec"]["drafts"])]
+    return argv + ["--json"]
+
+
+def metric_value(result: dict, point: dict) -> float:
+    """The point's metric from a prediction's JSON (``Prediction.to_json`` / ``nonstop plan --json``)."""
+    metric = point["metric"]
+    if metric not in METRICS:
+        raise ValueError(f"point {point['id']}: unknown metric {metric!r}")
+    if metric == "tokens_per_s_total_with_ttft":
+        n = point["output_len"]
+        seconds = (point["ttft_ms"] + (n - 1) * result["ms_per_token"]) * 1e-3
+        return point["batch"] * n / seconds
+    return result[metric]
