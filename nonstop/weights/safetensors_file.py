@@ -65,7 +65,10 @@ class SafetensorsFile:
         except (json.JSONDecodeError, UnicodeDecodeError, RecursionError):
             raise CheckpointError(f"{self.path}: corrupt safetensors header (not JSON)") from None
         if not isinstance(header, dict):
-            raise CheckpointError(f"{self.path}: corrupt safetensors header")
+            raise CheckpointError(
+                f"{self.path}: corrupt safetensors header (a JSON object of tensors expected, got "
+                f"{type(header).__name__})"
+            )
         header.pop("__metadata__", None)
         self.data_start = 8 + n
         data_size = size - self.data_start

@@ -58,6 +58,15 @@ def _float_tensor(path) -> str:
     )
 
 
+def _matrix_tensor(path) -> str:
+    """A 2-D float projection weight (every family has an attention output projection)."""
+    return next(
+        k
+        for k, e in sorted(_header(path).items())
+        if k.endswith("o_proj.weight") and e["dtype"] == "F32" and len(e["shape"]) == 2
+    )
+
+
 def _rewrite(path, change) -> None:
     tensors = load_file(str(path))
     change(tensors)
@@ -187,6 +196,24 @@ def c_header_entry_garbage(d):
     return ["model.safetensors", name]
 
 
+def c_header_not_object(d):
+    p = d / "model.safetensors"
+    data = p.read_bytes()
+    (n,) = struct.unpack("<Q", data[:8])
+    raw = b"[1, 2]".ljust(n)  # valid JSON of the same length, but a list
+    p.write_bytes(data[:8] + raw + data[8 + n :])
+    return ["model.safetensors", "header", "JSON object"]
+
+
+def c_header_negative_shape(d):
+    p = d / "model.safetensors"
+    h = _header(p)
+    name = _float_tensor(p)
+    h[name]["shape"] = [-1, *h[name]["shape"][1:]] if len(h[name]["shape"]) > 1 else [-1]
+    _set_header(p, h)
+    return ["model.safetensors", name, "negative shape"]
+
+
 def c_unknown_dtype(d):
     p = d / "model.safetensors"
     h = _header(p)
@@ -250,6 +277,34 @@ def c_nan_in_weights(d):
     return [name, "model.safetensors", "NaN"]
 
 
+def _to_fp8(d, scale: torch.Tensor | None) -> str:
+    """Store a projection weight as fp8 with ``scale`` as its ``weight_scale_inv`` (None: no scale)."""
+    name = _matrix_tensor(d / "model.safetensors")
+
+    def quantise(t):
+        t[name] = t[name].to(torch.float8_e4m3fn)
+        if scale is not None:
+            t[name[: -len(".weight")] + ".weight_scale_inv"] = scale
+
+    _rewrite(d / "model.safetensors", quantise)
+    return name
+
+
+def c_fp8_without_scale(d):
+    name = _to_fp8(d, None)
+    return [name, "model.safetensors", "fp8", "weight_scale_inv", "missing"]
+
+
+def c_fp8_scale_wrong_shape(d):
+    name = _to_fp8(d, torch.ones(2, 3))
+    return [name[: -len(".weight")] + ".weight_scale_inv", "model.safetensors", "shape [2, 3]", "expected [1, 1]"]
+
+
+def c_fp8_scale_nan(d):
+    name = _to_fp8(d, torch.full((1, 1), float("nan")))
+    return [name[: -len(".weight")] + ".weight_scale_inv", "model.safetensors", "NaN"]
+
+
 def c_generation_config_not_json(d):
     (d / "generation_config.json").write_text("{,}")
     return ["generation_config.json", "not valid JSON"]
@@ -297,7 +352,9 @@ SINGLE = [
     c_no_header,
     c_header_longer_than_file,
     c_header_not_json,
+    c_header_not_object,
     c_header_entry_garbage,
+    c_header_negative_shape,
     c_unknown_dtype,
     c_offsets_do_not_fit_shape,
     c_no_weights,
@@ -307,6 +364,9 @@ SINGLE = [
     c_wrong_shape,
     c_wrong_dtype,
     c_nan_in_weights,
+    c_fp8_without_scale,
+    c_fp8_scale_wrong_shape,
+    c_fp8_scale_nan,
     c_generation_config_not_json,
     c_generation_config_bad_field,
     c_generation_config_bad_eos,
