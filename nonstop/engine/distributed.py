@@ -26,15 +26,13 @@ from dataclasses import dataclass, field
 import torch
 
 from nonstop.cache.pages import PAGE_SIZE
-from nonstop.cache.state import ModelCache, StepBatch
+from nonstop.cache.state import INITIAL_SLOT_TOKENS, ModelCache, StepBatch
 from nonstop.config import ModelConfig
 from nonstop.dist.comm import Comm, RankFailure
 from nonstop.dist.layout import Layout
 from nonstop.model.rows import is_row_exact, row_exact
 from nonstop.runtime.distributed import RankExecutor
 from nonstop.runtime.interface import Executor
-
-CACHE_CAPACITY = 64  # tokens per slot reserved up front (the pools grow on demand), as EngineCore
 
 
 @dataclass
@@ -121,7 +119,7 @@ class RankWorker:
                 self.caches[cid] = ModelCache(
                     self.executor.local_cfg,
                     max(1, mine),
-                    capacity=CACHE_CAPACITY,
+                    capacity=INITIAL_SLOT_TOKENS,
                     dtype=self.dtype,
                     device=self.comm.device,
                     page_size=page_size,
