@@ -41,7 +41,9 @@ from nonstop.kernels.gemv import (
     launch_gemv,
     pick_block_k,
     pick_block_n,
+    rms_scale,
     row_inv_rms,
+    vec_inv_rms,
 )
 from nonstop.kernels.launch import launcher, pdl_launch_args, phase_counters, phase_done, phase_ticket, workspace
 from nonstop.kernels.platform import num_sms, pipeline_stages, pow2, row_block, upcast_dots
@@ -390,7 +392,7 @@ def attnres_mix_norm_tile(
     for s in range(0, n_blocks + 1):  # sources: the completed blocks, then the partial sum
         src = tl.where(s < n_blocks, block_row + s * stride_blk_src, partial_row)
         v = tl.load(src + cols, mask=mask, other=0.0).to(tl.float32)
-        logit = tl.sum(v * w, axis=0) * tl.rsqrt(tl.sum(v * v, axis=0) / D + eps)
+        logit = tl.sum(v * w, axis=0) * vec_inv_rms(v, D, eps)
         m_new = tl.maximum(m, logit)
         scale = tl.exp(m - m_new)
         p = tl.exp(logit - m_new)
@@ -401,9 +403,9 @@ def attnres_mix_norm_tile(
     mixed = (acc / l).to(partial.dtype).to(tl.float32)
     if HAS_STORE:
         tl.store(block_row + store_block * stride_blk_src + cols, partial, mask=mask)
-    normed = (mixed * tl.rsqrt(tl.sum(mixed * mixed, axis=0) / D + eps)).to(partial.dtype).to(tl.float32)
-    gamma = tl.load(norm_ptr + cols, mask=mask, other=0.0).to(tl.float32)
-    tl.store(out_ptr + row.to(tl.int64) * stride_out + cols, (gamma * normed).to(out_ptr.dtype.element_ty), mask=mask)
+    gamma = tl.load(norm_ptr + cols, mask=mask, other=0.0)
+    normed = rms_scale(mixed, vec_inv_rms(mixed, D, eps), gamma, partial.dtype)
+    tl.store(out_ptr + row.to(tl.int64) * stride_out + cols, normed.to(out_ptr.dtype.element_ty), mask=mask)
 
 
 attnres_kernel = launcher(attnres_mix_norm_tile)

@@ -25,8 +25,9 @@ into an [BLOCK_R, BLOCK_N, BLOCK_K] accumulator summed once after the loop; 2..1
 (rows padded to 16) with the weight dtype's operands (``UPCAST``: fp32 operands, the interpreter's).
 
 Public ``@triton.jit`` functions: ``gemv_rows`` (the tile), ``gemv_tile`` (a tile plus its epilogue:
-STORE / ADD, see ``store_rows``), ``row_inv_rms``, ``rms_apply``, ``mm`` (every other matmul),
-``mxfp4_decode``. Python: ``gemv_blocks(R, N, K, device)`` and ``launch_gemv(...)``.
+STORE / ADD, see ``store_rows``), the RMS helpers (``row_inv_rms`` of rows in memory, ``vec_inv_rms`` of a
+vector in registers, both through ``rms_factor``; ``rms_apply`` / ``rms_scale`` apply it), ``mm`` (every other
+matmul), ``mxfp4_decode``. Python: ``gemv_blocks(R, N, K, device)`` and ``launch_gemv(...)``.
 
 Block choice (bf16 on an H100, 132 SMs): BLOCK_N is the largest of 64/32/16 that still gives ~one tile
 per SM; BLOCK_K makes each step a ~16 KiB weight tile (BLOCK_N · BLOCK_K = 8192); 8 warps keep the
@@ -88,7 +89,21 @@ def row_inv_rms(x_ptr, stride_x, R, K, eps, DT: tl.constexpr, BLOCK_R: tl.conste
             .to(tl.float32)
         )
         sq += x * x
-    return tl.rsqrt(tl.sum(sq, axis=1) / K + eps)
+    return rms_factor(tl.sum(sq, axis=1), K, eps)
+
+
+@triton.jit
+def rms_factor(sum_sq, K, eps):
+    """RMSNorm's factor 1 / sqrt(sum_sq / K + eps) of K values whose squares sum to ``sum_sq`` (fp32, any
+    shape): the one place the RMS is written (``row_inv_rms``, ``vec_inv_rms``)."""
+    return tl.rsqrt(sum_sq / K + eps)
+
+
+@triton.jit
+def vec_inv_rms(x, K, eps):
+    """1 / sqrt(mean x² + eps) of a vector x [BLOCK] (fp32) already in registers; lanes >= K must hold 0.
+    (The sum is over all of x, not ``axis=0``: the same registers under Triton 3.6 as the sites it replaced.)"""
+    return rms_factor(tl.sum(x * x), K, eps)
 
 
 @triton.jit

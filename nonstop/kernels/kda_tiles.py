@@ -26,7 +26,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from nonstop.kernels.gemv import gemv_rows, row_inv_rms
+from nonstop.kernels.gemv import gemv_rows, row_inv_rms, vec_inv_rms
 
 # ----------------------------------------------------------------------------- small helpers
 
@@ -446,7 +446,7 @@ def kda_core_tile(
             )
             tl.store(h_ptrs, S, mask=smask)
         o = tl.sum(q_t[:, None] * S, axis=0)
-        o = o * tl.rsqrt(tl.sum(o * o) / D + eps)
+        o = o * vec_inv_rms(o, D, eps)
         y = w_norm * o * tl.sigmoid(gate_t)
         tl.store(out_ptr + head, y.to(out_ptr.dtype.element_ty), mask=dmask)
     tl.store(s_ptrs, S, mask=smask)

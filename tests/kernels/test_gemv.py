@@ -92,3 +92,16 @@ def test_mxfp4_decoder_is_exact_for_every_byte_and_scale():
     got = mxfp4_values(b, s)
     want = mxfp4.dequantize(b.view(-1, 1), s.view(-1, 1), 2, torch.float32).view(-1)
     torch.testing.assert_close(got, want, rtol=0, atol=0, equal_nan=True)
+
+
+def test_the_rms_is_written_once():
+    """Every kernel's RMSNorm factor comes from ``gemv.rms_factor`` (through ``row_inv_rms`` / ``vec_inv_rms``):
+    no other kernel module writes an rsqrt of its own."""
+    import re
+    from pathlib import Path
+
+    import nonstop.kernels
+
+    folder = Path(nonstop.kernels.__file__).parent
+    writers = {p.name: len(re.findall(r"\brsqrt\(", p.read_text())) for p in sorted(folder.rglob("*.py"))}
+    assert {name: n for name, n in writers.items() if n} == {"gemv.py": 1}
