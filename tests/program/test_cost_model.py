@@ -1,6 +1,8 @@
 """The cost model (``program/cost.py``) and its footprint view (``program/footprint.py``) against counts made
 without them, on every family: the tensors of a built model, a checkpoint written to disk, the caches'
-real buffers and torch's FLOP counter on a reference decode step."""
+real buffers, torch's FLOP counter on a reference decode step (plus, for the KDA families, the elementwise
+work it cannot see, counted from the model's shapes), and each op's tiles counted from the shapes and
+``TILE_N``."""
 
 from __future__ import annotations
 
@@ -127,3 +129,107 @@ def test_flops_equal_torchs_count_where_every_flop_is_a_matmul():
             with FlopCounterMode(display=False) as counter:
                 model(ids[:, context:], cache, cache.batch([0, 1], 1), last_only=True)
             assert program.total_cost(rows=2, context=context).flops == counter.get_total_flops(), (name, context)
+
+
+def _decode_flops_seen_by_torch(model, cfg, context: int) -> tuple[int, list[tuple[int, int]]]:
+    """(torch's FLOP count of a 2-sequence decode step after ``context`` cached tokens, the (sources, rows)
+    of every attention-residual mix the reference model runs in that step)."""
+    import nonstop.model.stack as stack
+
+    mixes = []
+    mix = stack.attn_res_mix
+
+    def recording(sources, query, eps):
+        mixes.append((len(sources), sources[0][..., 0].numel()))
+        return mix(sources, query, eps)
+
+    cache = ModelCache(cfg, 2, capacity=16)
+    ids = torch.randint(0, cfg.vocab_size, (2, context + 1), generator=torch.Generator().manual_seed(0))
+    prefill = cache.batch([0, 1], context)
+    model(ids[:, :context], cache, prefill)
+    cache.advance(prefill)
+    stack.attn_res_mix = recording
+    try:
+        with FlopCounterMode(display=False) as counter:
+            model(ids[:, context:], cache, cache.batch([0, 1], 1), last_only=True)
+    finally:
+        stack.attn_res_mix = mix
+    return counter.get_total_flops(), mixes
+
+
+@pytest.mark.parametrize("name", ["kimi_linear", "kimi_k3"])
+def test_flops_of_the_kda_families_equal_torchs_count_plus_the_elementwise_work(name):
+    """Kimi Linear and K3: torch's counter sees every matmul (KDA's q·S and k·S included); the work it cannot
+    see is elementwise and counted here from the model's own shapes: the KDA state's rank-one update
+    S += k ⊗ u (a multiply-add per state element, H·D·D per row and layer) and each attention-residual
+    mix the reference runs (a dot product and a weighted sum over each of its S sources: 4·S·d per row;
+    a one-source mix, which the model short-circuits, still runs in its super-op)."""
+    cfg = ModelConfig.from_hf_dict(TINY_CONFIGS[name])
+    model = random_model(cfg, torch.float32, seed=3)
+    program = lower(random_model(cfg, torch.float32, seed=3))
+    rows = 2
+    kda_layers = sum(t == "kda" for t in cfg.attn_types)
+    state_update = kda_layers * rows * 2 * cfg.kda.num_heads * cfg.kda.head_dim**2
+    for context in (1, 6):
+        seen, mixes = _decode_flops_seen_by_torch(model, cfg, context)
+        attnres = sum(4 * sources * n * cfg.hidden_size for sources, n in mixes)
+        assert (name == "kimi_k3") == bool(mixes)
+        assert program.total_cost(rows=rows, context=context).flops == seen + state_update + attnres, context
+
+
+def expected_tiles(kind: str, cfg: ModelConfig, rows: int, seqs: int, context: int) -> int:
+    """The tiles of an op of ``kind`` counted from the model's shapes: a GEMV pass over a weight of N output
+    rows is ceil(N / TILE_N) tiles; attention one per (sequence, head), MLA's in blocks of query items and
+    key splits plus one combine per head; row-wise ops one per row."""
+    per = lambda n: -(-n // cost.TILE_N)  # noqa: E731
+    d = cfg.hidden_size
+    if kind in ("embed", "attnres_mix_norm"):
+        return rows
+    if kind in ("linear_residual", "moe_tail"):  # o_proj / the MoE's last projection write a hidden row
+        return per(d)
+    if kind == "lm_head":
+        return per(cfg.vocab_size)
+    if kind == "mlp":  # gate|up pass over the intermediate rows, then down
+        return per(cfg.intermediate_size) + per(d)
+    if kind == "gqa_qkv_rope":
+        return cfg.gqa.num_heads + 2 * cfg.gqa.num_kv_heads
+    if kind == "gqa_attn":
+        return seqs * cfg.gqa.num_kv_heads
+    if kind in ("mla_in_proj", "mla_q_up", "mla_attn"):
+        m = cfg.mla
+        if kind == "mla_q_up":
+            return m.num_heads + 1
+        if kind == "mla_attn":
+            tokens = rows // seqs
+            splits = -(-(context + tokens) // cost.ATTN_SPLIT_KEYS)
+            return seqs * -(-tokens * m.num_heads // cost.ATTN_BLOCK_M) * splits + m.num_heads
+        q = m.q_lora_rank or m.num_heads * (m.qk_nope_head_dim + m.qk_rope_head_dim)
+        gate = m.num_heads * m.v_head_dim if m.output_gate else 0
+        return per(q + m.kv_lora_rank + m.qk_rope_head_dim + gate)
+    if kind == "kda_in_proj":  # q, k, v, the output gate (full rank or its rank-D down-projection), beta, f_a
+        k = cfg.kda
+        hd = k.num_heads * k.head_dim
+        return per(3 * hd + (hd if k.full_rank_output_gate else k.head_dim) + k.num_heads + k.head_dim)
+    if kind == "kda_core":
+        return seqs * cfg.kda.num_heads
+    mc = cfg.moe
+    if kind == "moe_front":  # router, the experts' input row (latent or hidden), the shared experts' gate|up
+        shared = per(mc.num_shared_experts * mc.intermediate_size) if mc.num_shared_experts else 0
+        return per(mc.num_experts) + per(mc.latent_size or d) + shared
+    assert kind == "moe_experts", kind
+    return min(mc.num_experts, rows * mc.top_k) * per(mc.intermediate_size)
+
+
+@pytest.mark.parametrize("preset", ["llama-3.2-1b", "kimi-k2", "kimi-linear-48b-a3b", "kimi-k3"])
+def test_tiles_equal_a_count_from_the_shapes(preset):
+    """``op.tiles`` of every op of a preset's Program (real shapes, a weightless model) against
+    ``expected_tiles``, at batch 1, several rows of one sequence, and many sequences past a key split."""
+    from nonstop.model.build import meta_model
+
+    c = ModelConfig.preset(preset)
+    program = lower(meta_model(c, torch.bfloat16))
+    assert {op.kind for op in program.ops} <= set(cost._TILES)
+    for rows, seqs, context in ((1, 1, 0), (5, 1, 40), (16, 16, 300), (12, 4, 1000)):
+        for op in program.ops:
+            got = op.tiles(rows, context, seqs)
+            assert got == expected_tiles(op.kind, c, rows, seqs, context), (op.name, rows, seqs, context)
