@@ -1,10 +1,10 @@
 """Decode steps that sample on the device, several per launch when no token needs the host in between.
 
-With an executor that samples on the device (``samples_on_device`` and ``sample_tokens``: the megakernel,
-whose step ends with the ``sample`` op, and the superop executor with its kernels, which launches the
-sampler after the step) the engine's decode step hands it every running request's last token and sampling
-parameters (``runtime.device_sampling.SampleRow``: temperature, top-k, top-p, seed) and gets token ids
-back instead of logits (requests asking for logprobs, min_p or penalties sample on the host). When no
+With an executor that samples on the device (the interface's ``samples_on_device`` and ``sample_tokens``:
+the megakernel, whose step ends with the ``sample`` op, and the superop executor with its kernels, which
+launches the sampler after the step) the engine's decode step hands it every running request's last token
+and sampling parameters (``runtime.device_sampling.SampleRow``: temperature, top-k, top-p, seed) and gets
+token ids back instead of logits (requests asking for logprobs, min_p or penalties sample on the host). When no
 prompt waits to be prefilled (it should join the batch at the next step) it runs up to
 ``STEPS_PER_LAUNCH`` steps in one launch (never more than a request may still generate), and applies
 the tokens one by one afterwards: stop tokens, stop strings and max_tokens end a request exactly where
@@ -33,7 +33,7 @@ def wants_device(core, reqs) -> bool:
     """Does this decode step sample on the device?"""
     return (
         core.speculative_decoder is None
-        and getattr(core.executor, "samples_on_device", False)
+        and core.executor.samples_on_device
         and all(device_can_sample(r.params) for r in reqs)
     )
 

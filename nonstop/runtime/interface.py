@@ -31,12 +31,15 @@ class Executor(Protocol):
     max_rows:        the most rows (B·T) one step runs on the backend's own path; larger steps still work
                      (a fallback runs them) but speculative verification groups its rows to fit.
                      None: no limit.
+    samples_on_device: True when ``sample_tokens`` runs (decode steps that sample on the device,
+                     ``engine/device_decode.py``); False (the default): the engine samples from the logits.
     """
 
     name: str
     stats: dict
     batch_invariant: bool = False
     max_rows: int | None = None
+    samples_on_device: bool = False
 
     def forward(
         self, input_ids: torch.Tensor, cache: ModelCache | None, batch: StepBatch | None, last_only: bool = False
@@ -58,3 +61,12 @@ class Executor(Protocol):
         """The ``num_slots`` cache slots the engine decodes in: by default a ``ModelCache`` in this
         process (a multi-process executor keeps its slots on its ranks)."""
         return ModelCache(cfg, num_slots, capacity=INITIAL_SLOT_TOKENS, dtype=dtype, device=device, page_size=page_size)
+
+    def sample_tokens(
+        self, input_ids: torch.Tensor, cache: ModelCache, slots: list[int], n: int, rows: list
+    ) -> torch.Tensor:
+        """``n`` decode steps of ``slots`` from their last tokens ``input_ids`` [B, 1], each token sampled on
+        the device with ``rows`` (``runtime.device_sampling.SampleRow``, one per sequence), the cache advanced
+        by n; the tokens [B, n] (host int64). Only where ``samples_on_device``; by default there is no device
+        sampler."""
+        raise NotImplementedError(f"the {self.name} executor does not sample on the device")

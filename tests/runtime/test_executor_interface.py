@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import inspect
 
+import pytest
 import torch
 
 from nonstop.engine.sampling import SamplingParams
@@ -113,3 +114,62 @@ def test_forward_hidden_matches_forward():
     assert torch.equal(logits, ex.forward(ids, caches[1], b1))
     assert set(hidden) == {1, model.cfg.num_hidden_layers}
     assert all(h.shape == (1, 3, model.cfg.hidden_size) for h in hidden.values())
+
+
+DEVICE_SAMPLERS = ("superop", "megakernel")  # the backends with a device sampler (``sample_tokens``)
+
+
+def test_device_sampling_is_part_of_the_interface():
+    """``samples_on_device`` and ``sample_tokens`` are declared by the interface (default: no device sampler,
+    ``sample_tokens`` refuses); the backends with a sampler override both, with the interface's signature."""
+    from nonstop.runtime.superop import SuperOpExecutor
+
+    default = Executor.sample_tokens
+    want = list(inspect.signature(default).parameters)
+    for name, cls in backend_classes().items():
+        own = cls.sample_tokens is not default
+        assert own == (name in DEVICE_SAMPLERS), name
+        if own:
+            assert list(inspect.signature(cls.sample_tokens).parameters) == want, name
+            assert cls.samples_on_device is not Executor.samples_on_device, name
+        else:
+            assert cls.samples_on_device is False, name
+    model = tiny_model("llama")
+    ref = ReferenceExecutor(model)
+    with pytest.raises(NotImplementedError, match="reference"):
+        ref.sample_tokens(torch.tensor([[1]]), ref.new_cache(model.cfg, 1, torch.float32, "cpu", 4), [0], 1, [None])
+    assert SuperOpExecutor(model, use_kernels=False).samples_on_device is False  # the twins have no sampler
+
+
+class GreedyOnDevice(ReferenceExecutor):
+    """The reference executor declaring a device sampler: greedy tokens, each step a cached forward."""
+
+    samples_on_device = True
+
+    def __init__(self, model):
+        super().__init__(model)
+        self.launches: list[int] = []  # n of every sample_tokens call
+
+    def sample_tokens(self, input_ids, cache, slots, n, rows):
+        self.launches.append(n)
+        out, ids = [], input_ids
+        for _ in range(n):
+            batch = cache.batch(slots, 1)
+            ids = self.forward(ids, cache, batch, last_only=True).argmax(-1, keepdim=True)
+            cache.advance(batch)
+            out.append(ids)
+        return torch.cat(out, dim=1).cpu()
+
+
+def test_the_engine_samples_on_the_device_when_the_executor_says_so():
+    """The engine reads ``samples_on_device`` from the interface: an executor declaring it is asked for
+    ``sample_tokens`` (several steps a launch) and its tokens are the ones emitted; one that does not is not."""
+    model = tiny_model("llama")
+    ex = GreedyOnDevice(model)
+    got = generate(model, ex, PROMPTS, GREEDY)
+    assert ex.launches and max(ex.launches) > 1
+    assert [o.token_ids for o in got] == [o.token_ids for o in generate(model, Recording(model), PROMPTS, GREEDY)]
+    ex.samples_on_device = False
+    ex.launches.clear()
+    generate(model, ex, PROMPTS, GREEDY)
+    assert not ex.launches
