@@ -112,7 +112,7 @@ def test_version(capsys):
     assert e.value.code == 0 and capsys.readouterr().out.strip() == f"nonstop {nonstop.__version__}"
 
 
-@pytest.mark.parametrize("command", ["generate", "chat", "serve", "perplexity", "program", "synth", "train"])
+@pytest.mark.parametrize("command", ["generate", "chat", "serve", "perplexity", "program", "synth", "train", "tune"])
 def test_every_command_that_computes_takes_threads(command, monkeypatch):
     """--threads reaches torch through nonstop.threads.set_threads (parsed, then applied by the command)."""
     from nonstop.cli import build_parser
@@ -122,13 +122,41 @@ def test_every_command_that_computes_takes_threads(command, monkeypatch):
     assert args.threads == 3
 
 
-def test_threads_are_applied(tmp_path, capsys):
+def _cheap_run(command: str, tmp_path) -> list[str]:
+    """Arguments that make ``command`` compute a little (tune: fail right after applying --threads)."""
+    if command == "synth":
+        (tmp_path / "config.json").write_text(json.dumps(KIMI_K3))
+        return ["synth", "--config", str(tmp_path / "config.json"), "--out", str(tmp_path / "synth")]
+    if command == "perplexity":
+        (tmp_path / "text.txt").write_text("The quick brown fox jumps over the lazy dog. " * 8)
+        return ["perplexity", str(tmp_path / "text.txt"), "--context", "32"]
+    return {
+        "program": ["program", "--model", "k3-nano", "--summary"],
+        "generate": ["generate", "--backend", "reference", "--prompt-ids", "1,2", "-n", "2"],
+        "tune": ["tune", "--op", "no_such_kind"],
+    }[command]
+
+
+@pytest.mark.parametrize("command", ["program", "generate", "perplexity", "synth", "tune"])
+def test_threads_are_applied(command, tmp_path, capsys, monkeypatch):
+    """--threads N takes effect: torch computes with N threads afterwards (N differs from the count before, so
+    a command that ignores the flag fails) and N is the choice the cpu backend's default reads."""
     import torch
 
+    import nonstop.threads
+
     before = torch.get_num_threads()
+    want = 1 if before != 1 else 2
+    monkeypatch.setattr(nonstop.threads, "_chosen", None)
     try:
-        assert main(["program", "--model", "k3-nano", "--summary", "--threads", "1"]) == 0
-        assert torch.get_num_threads() == 1
+        if command == "tune":
+            with pytest.raises(SystemExit) as e:
+                main([*_cheap_run(command, tmp_path), "--threads", str(want)])
+            assert e.value.code == 2 and "no_such_kind" in capsys.readouterr().err
+        else:
+            assert main([*_cheap_run(command, tmp_path), "--threads", str(want)]) == 0
+        assert torch.get_num_threads() == want
+        assert nonstop.threads.default_threads() == want
     finally:
         torch.set_num_threads(before)
     capsys.readouterr()

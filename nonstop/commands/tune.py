@@ -7,6 +7,8 @@ import json
 import sys
 from pathlib import Path
 
+from nonstop.commands.common import add_threads_arg
+
 DESCRIPTION = """\
 Tune one super-op kind of a model's decode Program. Each round a proposer writes candidate kernel files
 (search: the current kernel's tile sizes, warps, stages and split factors; llm: any OpenAI-compatible
@@ -74,6 +76,7 @@ def _common(p: argparse.ArgumentParser, model_default: str | None) -> None:
         default=None,
         help="tuning store JSON (default $NONSTOP_TUNING_STORE or ~/.cache/nonstop/tuning.json)",
     )
+    add_threads_arg(p)  # this process: the twins, CPU timing (a sandboxed verification child uses one thread)
 
 
 def add_parser(sub) -> None:
@@ -159,9 +162,13 @@ def _default_model(kind: str) -> str:
 
 
 def _target(args):
+    """The op, model shapes and device to tune or verify at (``--threads`` applied first)."""
     from nonstop.kernels import KERNELS
+    from nonstop.threads import set_threads
     from nonstop.tune.target import make_target
     from nonstop.weights.resolve import parse_dtype, resolve_model
+
+    set_threads(args.threads)
 
     kinds = sorted(k for k in KERNELS if k != "sample")
     if not args.op:
