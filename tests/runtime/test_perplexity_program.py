@@ -1,7 +1,7 @@
 """Perplexity through the program equals the reference's: the held-out sample is scored with cached
 decode steps of at most 16 rows (so every step runs the superop program, not the reference prefill)
-and compared with the reference model's whole-window score; within 0.5%. On the bundled k3-nano when
-it exists; always on a tiny random K3 (byte tokens) so that the scoring path itself is exercised."""
+and compared with the reference model's whole-window score; within 0.5%. On the bundled k3-nano, and on
+a tiny random K3 (byte tokens) so that the scoring path itself is exercised."""
 
 from __future__ import annotations
 
@@ -15,7 +15,6 @@ from nonstop.runtime.superop import SuperOpExecutor
 from tests.runtime.helpers import decode_nll, kernel_skip_reason, perplexity, tiny_model
 
 ASSETS = Path(__file__).resolve().parents[2] / "nonstop" / "assets"
-K3_NANO = ASSETS / "k3-nano"
 SAMPLE = ASSETS / "heldout_sample.txt"
 
 
@@ -45,9 +44,6 @@ def test_program_perplexity_on_a_tiny_k3(use_kernels):
     assert abs(got / want - 1) < 0.005, (got, want)
 
 
-@pytest.mark.skipif(
-    not (K3_NANO / "config.json").exists(), reason="the bundled k3-nano is not there yet (nonstop/assets/k3-nano)"
-)
 @pytest.mark.parametrize("use_kernels,tokens", [(False, 320), (True, 32)], ids=["twins", "kernels"])
 def test_program_perplexity_on_k3_nano(use_kernels, tokens):
     from nonstop.engine.llm import LLM

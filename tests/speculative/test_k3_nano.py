@@ -1,6 +1,6 @@
 """On the bundled k3-nano: greedy outputs with the n-gram and the shipped DSpark drafter equal plain
 decoding for many held-out prompts, bit for bit; prompt lookup accepts > 1.5 tokens per step on
-repetitive text. Skipped while the model (or its drafter) is not in nonstop/assets."""
+repetitive text. The model and its drafter ship in nonstop/assets: a missing one fails."""
 
 from __future__ import annotations
 
@@ -11,8 +11,6 @@ import pytest
 from nonstop.engine.sampling import SamplingParams
 
 ASSETS = Path(__file__).resolve().parents[2] / "nonstop" / "assets"
-K3_NANO = ASSETS / "k3-nano"
-pytestmark = pytest.mark.skipif(not (K3_NANO / "model.safetensors").exists(), reason="k3-nano is not bundled yet")
 
 
 def heldout_prompts(tokenizer, n: int, length: int) -> list[list[int]]:
@@ -38,8 +36,6 @@ def runs():
 def test_greedy_equals_plain_on_heldout_prompts(runs, method):
     from nonstop import LLM
 
-    if method == "dspark" and not (K3_NANO / "dspark" / "config.json").exists():
-        pytest.skip("the DSpark drafter is not shipped yet")
     plain, prompts, params, want = runs
     spec = LLM("k3-nano", max_batch=4, batch_invariant=False, speculative={"method": method, "num_tokens": 4})
     got = spec.generate(prompt_token_ids=prompts, sampling=params)
