@@ -67,13 +67,14 @@ def wants_layout(args) -> bool:
     return args.tp > 1 or args.ep > 1 or (args.world or 1) > 1
 
 
-def llm_class(args):
+def llm_class(args, slots: int = 1):
     """The class a command builds its model with: ``LLM``, or under --tp / --ep this rank's
     ``DistributedLLM``. In the process the user started (no RANK in the environment) it checks the
     layout, starts its ranks on this host - each runs the same command - and exits with rank 0's status;
     under torchrun (or in a started rank) it checks the layout the same way (torchrun starts the ranks
     unchecked), then joins the process group; a rank other than 0 follows rank 0's steps and exits. Only
-    rank 0 returns."""
+    rank 0 returns. ``slots``: the sequences the engine decodes together (the memory preflight counts their
+    caches)."""
     import functools
     import os
 
@@ -82,7 +83,8 @@ def llm_class(args):
     if not wants_layout(args):
         return LLM
     layout = layout_from_args(args)
-    check_before_start(args, layout)  # in the launcher, and in each rank before it joins: torchrun checks nothing
+    # in the launcher, and in each rank before it joins: torchrun checks nothing
+    check_before_start(args, layout, slots)
     if "RANK" not in os.environ:
         raise SystemExit(start_ranks(args, layout))
     from nonstop.dist.comm import init
@@ -91,7 +93,7 @@ def llm_class(args):
 
     comm = init(layout, args.device, args.dist_timeout)
     if comm.rank != 0:
-        raise SystemExit(follow_rank(args, comm))
+        raise SystemExit(follow_rank(args, comm, slots))
     return functools.partial(
         DistributedLLM,
         comm=comm,
@@ -102,9 +104,11 @@ def llm_class(args):
     )
 
 
-def check_before_start(args, layout) -> None:
+def check_before_start(args, layout, slots: int = 1) -> None:
     """Refuse a layout the model or the backend cannot run before starting any rank (one clear error).
-    The GPUs needed on this host: LOCAL_WORLD_SIZE in a rank (torchrun sets it), else the whole world."""
+    The GPUs needed on this host: LOCAL_WORLD_SIZE in a rank (torchrun sets it), else the whole world.
+    Unless --no-preflight, CPU ranks' memory on this host (``host_ranks``) is checked too: their parts of
+    the model and the caches of ``slots`` sequences (``engine/layout_preflight.py``)."""
     import os
 
     import torch
@@ -122,6 +126,27 @@ def check_before_start(args, layout) -> None:
         raise ValueError(
             f"the layout needs {layout.world} ranks{where}, one GPU each, but {torch.cuda.device_count()} are visible"
         )
+    ranks = host_ranks(layout)
+    if args.preflight and ranks is not None and check_device(args.device).type == "cpu":
+        from nonstop.engine.layout_preflight import check_host_memory
+        from nonstop.weights.resolve import parse_dtype
+
+        check_host_memory(args.model, cfg, layout, ranks, parse_dtype(args.dtype, args.device), slots)
+
+
+def host_ranks(layout) -> range | None:
+    """The ranks whose share of this host's memory this process checks: all of them in the process that
+    starts them (no RANK in the environment); under torchrun (TORCHELASTIC_RUN_ID set), local rank 0
+    checks its host's LOCAL_WORLD_SIZE ranks, before it joins the process group (no rank loads before all
+    have joined); None in any other rank (a rank this launcher started was checked by it)."""
+    import os
+
+    if "RANK" not in os.environ:
+        return range(layout.world)
+    if "TORCHELASTIC_RUN_ID" not in os.environ or int(os.environ.get("LOCAL_RANK", "0")) != 0:
+        return None
+    first = int(os.environ["RANK"])
+    return range(first, first + int(os.environ.get("LOCAL_WORLD_SIZE", layout.world)))
 
 
 def _rank_main(args) -> None:
@@ -153,23 +178,28 @@ def start_ranks(args, layout) -> int:
     return 0
 
 
-def follow_rank(args, comm) -> int:
-    """A rank other than 0: load its part of the model and follow rank 0 until it says stop."""
+def follow_rank(args, comm, slots: int = 1) -> int:
+    """A rank other than 0: load its part of the model (a CUDA rank's memory checked first, unless
+    --no-preflight) and follow rank 0 until it says stop."""
     import signal
     import sys
 
     from nonstop.dist.comm import RankFailure, shutdown
     from nonstop.engine.distributed import build_worker, follow
+    from nonstop.engine.layout_preflight import check_rank_memory
     from nonstop.weights.resolve import parse_dtype, resolve_model
 
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # rank 0 (or the launcher) decides when to stop
     try:
         cfg, model_dir = resolve_model(args.model)
+        dtype = parse_dtype(args.dtype, args.device)
+        if args.preflight:
+            check_rank_memory(args.model, cfg, comm.layout, comm.rank, dtype, comm.device, slots)
         worker = build_worker(
             comm,
             cfg,
             model_dir,
-            parse_dtype(args.dtype, args.device),
+            dtype,
             args.backend,
             0,
             args.chunks,

@@ -114,7 +114,7 @@ def run(args) -> int:
     # under --tp / --ep llm_class starts or joins the ranks (nonstop.dist); only rank 0 goes on
     llm = llm_from_args(
         args,
-        cls=llm_class(args),
+        cls=llm_class(args, slots=args.max_batch),
         max_batch=args.max_batch,
         progress=True,
         prefill_chunk=args.prefill_chunk,

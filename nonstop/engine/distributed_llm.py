@@ -19,6 +19,7 @@ import torch
 
 from nonstop.dist.comm import Comm
 from nonstop.engine.distributed import ClusterExecutor, build_worker
+from nonstop.engine.layout_preflight import check_rank_memory
 from nonstop.engine.llm import LLM
 from nonstop.engine.speculative.config import SpeculativeConfig, make_drafter
 from nonstop.weights.resolve import check_device
@@ -49,8 +50,9 @@ class DistributedLLM(LLM):
     exchange (defaults: 2 overlapped chunks on CUDA, 1 on CPU), ``exchange`` its mode (auto | static |
     dynamic: ``nonstop/dist/exchange.py``), ``graphs`` CUDA-graph capture of the rank steps (auto: CUDA,
     superop, static exchange), ``on_failure(message)`` called when
-    another rank fails (the CLI prints and exits). ``preflight`` is accepted for the LLM signature; each
-    rank builds only its share of the weights, so the single-device memory check does not apply.
+    another rank fails (the CLI prints and exits). ``preflight``: on CUDA, refuse before loading when rank
+    0's part of the model and the caches of ``max_batch`` sequences exceed its GPU's free memory
+    (``engine/layout_preflight.check_rank_memory``; CPU ranks share the host, checked before they start).
     """
 
     def __init__(
@@ -84,6 +86,8 @@ class DistributedLLM(LLM):
         check_device(device)
         self.device = comm.device
         self._resolve(model, dtype, device, tokenizer, chat_template, generation_config)
+        if preflight:
+            check_rank_memory(self.name, self.cfg, comm.layout, comm.rank, self.dtype, comm.device, max_batch)
         if self.model_dir is None:
             print(f"nonstop: {model!r} is a preset: using random weights (seed {seed})", file=sys.stderr)
         worker = build_worker(

@@ -5,7 +5,8 @@
 ``cache_tokens`` tokens) with the memory free on the device: ``MemAvailable`` (bounded by the cgroup limit, in a
 container) on a CPU, ``cudaMemGetInfo`` on a GPU. ``check_disk`` compares a checkpoint's size with the
 free space of the file system it goes to. Both raise ``PreflightError`` with one line such as
-"kimi-k3 needs 1.56 TB at bfloat16; this machine has 23 GB free".
+"kimi-k3 needs 1.56 TB at bfloat16; this machine has 23 GB free". A multi-rank layout adds up its ranks'
+parts (``engine/layout_preflight.py``) and refuses through the same ``refuse_if_short``.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from pathlib import Path
 import torch
 
 from nonstop.config import ModelConfig
-from nonstop.program.footprint import model_footprint
+from nonstop.program.footprint import Footprint, model_footprint
 
 DTYPE_NAMES = {torch.float32: "float32", torch.bfloat16: "bfloat16", torch.float16: "float16"}
 CACHE_TOKENS_PER_SLOT = 1024  # attention cache counted per slot (it grows by pages as sequences grow)
@@ -71,13 +72,36 @@ def available_memory(device: torch.device) -> int:
     return min(free, cgroup) if cgroup is not None else free
 
 
+def footprint_bytes(
+    fp: Footprint, max_positions: int, slots: int = 1, cache_tokens: int = CACHE_TOKENS_PER_SLOT
+) -> tuple[int, int]:
+    """(weight bytes, cache bytes for ``slots`` sequences of ``cache_tokens`` tokens, at most
+    ``max_positions``) of a model (or a rank's part of one) with footprint ``fp``."""
+    tokens = min(cache_tokens, max_positions)
+    return fp.weight_bytes, slots * (fp.state_bytes_per_sequence + tokens * fp.cache_bytes_per_token)
+
+
 def model_bytes(
     cfg: ModelConfig, dtype: torch.dtype, slots: int = 1, cache_tokens: int = CACHE_TOKENS_PER_SLOT
 ) -> tuple[int, int]:
     """(weight bytes at ``dtype``, cache bytes for ``slots`` sequences of ``cache_tokens`` tokens)."""
-    fp = model_footprint(cfg, dtype)
-    tokens = min(cache_tokens, cfg.max_position_embeddings)
-    return fp.weight_bytes, slots * (fp.state_bytes_per_sequence + tokens * fp.cache_bytes_per_token)
+    return footprint_bytes(model_footprint(cfg, dtype), cfg.max_position_embeddings, slots, cache_tokens)
+
+
+def memory_place(device: torch.device) -> str:
+    """How a refusal names the memory of ``device``: "this machine" (host memory) or e.g. "cuda:1"."""
+    return "this machine" if device.type == "cpu" else f"{device}"
+
+
+def refuse_if_short(what: str, weights: int, cache: int, dtype: torch.dtype, slots: int, where: str, free: int) -> None:
+    """PreflightError, one line, when ``what`` (weights + cache of ``slots`` sequences) exceeds the ``free``
+    bytes of ``where``."""
+    if weights + cache > free:
+        raise PreflightError(
+            f"{what} needs {size_text(weights + cache)} at {DTYPE_NAMES.get(dtype, dtype)} "
+            f"({size_text(weights)} of weights, {size_text(cache)} of cache for {slots} "
+            f"sequence(s)); {where} has {size_text(free)} free ({OVERRIDE_HINT})"
+        )
 
 
 def check_memory(
@@ -86,13 +110,7 @@ def check_memory(
     """PreflightError when weights + cache of ``slots`` sequences exceed the free memory of ``device``."""
     weights, cache = model_bytes(cfg, dtype, slots)
     free = available_memory(device) if free is None else free
-    if weights + cache > free:
-        where = "this machine" if device.type == "cpu" else f"{device}"
-        raise PreflightError(
-            f"{name} needs {size_text(weights + cache)} at {DTYPE_NAMES.get(dtype, dtype)} "
-            f"({size_text(weights)} of weights, {size_text(cache)} of cache for {slots} "
-            f"sequence(s)); {where} has {size_text(free)} free ({OVERRIDE_HINT})"
-        )
+    refuse_if_short(name, weights, cache, dtype, slots, memory_place(device), free)
 
 
 def free_disk(path: Path) -> int:
