@@ -114,7 +114,8 @@ def load_kernel(root: Path, entry: dict):
 
 class TunedKind:
     """The launch function of one kind with stored winners: per (op shape, B, T) the stored kernel,
-    else the built-in ``fallback``. ``used`` counts the calls that ran a stored kernel, by shape key."""
+    else the built-in ``fallback``. ``used`` counts the calls that ran a stored kernel, by shape key;
+    ``refused`` holds the shapes whose winner an executor could not run, with the reason (``refuse``)."""
 
     def __init__(self, kind: str, fallback, entries: dict, root: Path):
         self.kind = kind
@@ -124,6 +125,25 @@ class TunedKind:
         self.loaded: dict[str, object] = {}
         self.keys: dict[tuple, str] = {}  # (id(op), B, T) -> shape key (the program's ops live as long as the executor)
         self.used: dict[str, int] = {}
+        self.refused: dict[str, str] = {}
+
+    def key(self, op, env) -> str:
+        at = (id(op), env.B, env.T)
+        if at not in self.keys:
+            self.keys[at] = shape_key(op, env.B, env.T, env.buf[op.reads[0]].dtype)
+        return self.keys[at]
+
+    def refuse(self, op, env, reason: str) -> None:
+        """From now on the built-in kernel runs at this call's shape; the last call there is not counted
+        as the winner's (the megakernel refuses winners it cannot run as tasks, ``codegen/record.py``)."""
+        key = self.key(op, env)
+        if key not in self.refused:
+            warnings.warn(
+                f"{self.kind} at {key}: {reason}; the built-in kernel runs there", RuntimeWarning, stacklevel=2
+            )
+        self.refused[key] = reason
+        if self.used.get(key):
+            self.used[key] -= 1
 
     def launch_for(self, key: str):
         if key not in self.loaded:
@@ -132,11 +152,8 @@ class TunedKind:
         return self.loaded[key]
 
     def __call__(self, op, env, **kwargs):
-        at = (id(op), env.B, env.T)
-        key = self.keys.get(at)
-        if key is None:
-            key = self.keys[at] = shape_key(op, env.B, env.T, env.buf[op.reads[0]].dtype)
-        launch = self.launch_for(key) if key in self.entries else None
+        key = self.key(op, env)
+        launch = self.launch_for(key) if key in self.entries and key not in self.refused else None
         if launch is None or kwargs:
             return self.fallback(op, env, **kwargs)
         self.used[key] = self.used.get(key, 0) + 1
@@ -145,7 +162,8 @@ class TunedKind:
 
 def use_tuned(table: dict, program, device, stats: dict | None = None) -> dict:
     """``table`` with the kinds of ``program`` that have stored winners for ``device`` dispatched through
-    ``TunedKind``; ``stats["tuned"]`` (when given) lists them: {kind: {"shapes": n, "used": {key: calls}}}."""
+    ``TunedKind``; ``stats["tuned"]`` (when given) lists them: {kind: {"shapes": n, "used": {key: calls},
+    "refused": {key: why}}}."""
     path = store_path()
     entries = load_store(path)["entries"].get(device_name(device), {})
     kinds = {op.kind for op in program.ops} & set(entries) & set(table)
@@ -155,5 +173,7 @@ def use_tuned(table: dict, program, device, stats: dict | None = None) -> dict:
     for kind in sorted(kinds):
         out[kind] = TunedKind(kind, table[kind], entries[kind], path.parent)
     if stats is not None:
-        stats["tuned"] = {k: {"shapes": len(entries[k]), "used": out[k].used} for k in sorted(kinds)}
+        stats["tuned"] = {
+            k: {"shapes": len(entries[k]), "used": out[k].used, "refused": out[k].refused} for k in sorted(kinds)
+        }
     return out

@@ -5,6 +5,13 @@ launcher's pointer, stride and block choices, it calls each op's ``launch(op, en
 shape under a ``LaunchRecorder``: every ``kernel[grid](...)`` is captured as a ``Launch`` (the
 launcher ``@triton.jit`` function, the grid size, and its arguments bound to parameter names) and
 nothing runs. Torch work a launch function does (a workspace's first zeroing) still happens.
+
+A stored winner of ``nonstop tune`` (``runtime/tuned.TunedKind`` in the table) is recorded like a built-in
+launch function: one whose launches are all declared launchers (the built-in launchers with other block
+sizes, warps or stages: what the ``search`` proposer writes) runs in the megakernel with its arguments;
+one that launches kernels of its own (not tile functions the megakernel can call) is refused for its
+shape (``TunedKind.refuse``: a warning and ``stats["tuned"][kind]["refused"]``) and the built-in launch
+function is recorded instead.
 """
 
 from __future__ import annotations
@@ -14,7 +21,7 @@ from dataclasses import dataclass
 
 import torch
 
-from nonstop.kernels.launch import python_function
+from nonstop.kernels.launch import declaration, python_function
 from nonstop.runtime.launch_count import TritonRunPatch, _grid_size
 
 LAUNCH_OPTIONS = {"num_warps", "num_stages", "num_ctas", "launch_pdl", "maxnreg", "enable_fp_fusion", "debug"}
@@ -96,6 +103,16 @@ def record_ops(ops, kernels: dict, env) -> list[list[Launch]]:
         for op in ops:
             start = len(rec.launches)
             kernels[op.kind](op, env)
+            foreign = sorted({la.name for la in rec.launches[start:] if declaration(la.fn) is None})
+            if foreign and hasattr(kernels[op.kind], "refuse"):  # a stored winner (runtime/tuned.py) with own kernels
+                kernels[op.kind].refuse(
+                    op,
+                    env,
+                    f"megakernel: the stored winner launches {', '.join(foreign)}, not "
+                    "a tile function's launcher (nonstop.kernels.launch.launcher)",
+                )
+                del rec.launches[start:]
+                kernels[op.kind](op, env)
             streamed, side = weight_roles(op)
             for launch in rec.launches[start:]:
                 tensors = {n: _storage(v) for n, v in launch.args.items() if isinstance(v, torch.Tensor)}
