@@ -15,7 +15,14 @@ leads back to the interpreter (modules, frames, globals, importers) stay out of 
   ``storage_offset``, ``append``, ``add_module``, ``register_*``, ``format`` ...) are not among them;
 * ``kernel_helpers()``: the host functions of ``nonstop.kernels`` a candidate may call: the built-in
   launchers and the helpers they call (Triton kernels and constant tables of ``nonstop.kernels`` are
-  always allowed); never ``launcher`` (it compiles source text) or ``workspace`` (state across calls).
+  always allowed); never ``launcher`` (it compiles source text).
+
+No memory a candidate can reach keeps a value from one call to the next, so no candidate can count its
+calls (right for the verifier's twenty, wrong from the thousandth on): scratch is allocated zeroed
+(``torch.zeros``: ``torch.empty`` may hand back the bytes the previous call left, which the executor's
+allocator does step after step), the persistent ``workspace`` scratch and the helpers that return it are
+out of reach, and the two-phase counters (``phase_counters``) must be back at zero after every call (the
+child checks).
 """
 
 from __future__ import annotations
@@ -60,7 +67,7 @@ MATH_NAMES = frozenset(
 )
 MODULES: dict[str, frozenset[str]] = {
     "torch": DTYPES
-    | frozenset("cuda device dtype Size Tensor empty empty_like empty_strided zeros zeros_like finfo iinfo".split()),
+    | frozenset("cuda device dtype Size Tensor zeros zeros_like finfo iinfo".split()),  # no torch.empty: see below
     "torch.cuda": frozenset(
         "current_device device_count get_device_capability get_device_name get_device_properties is_available".split()
     ),
@@ -113,7 +120,7 @@ HOST_ATTRS = frozenset(
     keep_states slots start
     conv fit_pool history_conv history_for history_recurrent layers page_size pages recurrent table tensors
     T device dim dtype element_size expand flatten is_contiguous is_cuda is_floating_point itemsize mT movedim narrow
-    nbytes ndim new_empty numel permute reshape select shape size squeeze stride transpose unflatten unsqueeze
+    nbytes ndim new_zeros numel permute reshape select shape size squeeze stride transpose unflatten unsqueeze
     view view_as
     get items keys values
     endswith join lower removeprefix removesuffix startswith upper
@@ -138,12 +145,23 @@ def host_attrs() -> frozenset[str]:
 
 
 NEVER_HELPERS = ("launcher", "workspace")  # compiles source text / state that outlives a call
+ZEROED_HELPERS = ("phase_counters",)  # persistent, but checked to be zero after every call
+
+
+def returns_workspace(fn) -> bool:
+    """True for a nonstop.kernels function whose body names ``workspace`` (it hands out persistent scratch)."""
+    try:
+        tree = ast.parse(textwrap.dedent(inspect.getsource(fn)))
+    except (OSError, TypeError):
+        return False
+    return any(isinstance(n, ast.Name) and n.id == "workspace" for n in ast.walk(tree))
 
 
 @functools.cache
 def kernel_helpers() -> frozenset[int]:
     """ids of the host functions of nonstop.kernels a candidate may call: every built-in launcher (the
-    ``KERNELS`` tables) and the plain functions of nonstop.kernels its body names."""
+    ``KERNELS`` tables) and the plain functions of nonstop.kernels its body names, except those that hand
+    out persistent scratch (``returns_workspace``; ``phase_counters`` is allowed: its counters are checked)."""
     from nonstop.kernels import KERNELS
     from nonstop.kernels import launch as launch_module
 
@@ -157,7 +175,8 @@ def kernel_helpers() -> frozenset[int]:
             if isinstance(node, ast.Name) and isinstance(node.ctx, ast.Load):
                 obj = getattr(module, node.id, None)
                 if inspect.isfunction(obj) and (obj.__module__ or "").startswith("nonstop.kernels."):
-                    out.add(id(obj))
+                    if obj.__name__ in ZEROED_HELPERS or not returns_workspace(obj):
+                        out.add(id(obj))
     return frozenset(out - never)
 
 

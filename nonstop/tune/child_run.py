@@ -33,8 +33,10 @@ import torch
 from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import TorchDispatchMode
 
+from nonstop.runtime.cuda_graph import pdl_support
 from nonstop.runtime.launch_count import HOST_METHODS, HOST_SYNC, HOST_UPLOADS, NO_LAUNCH, TritonRunPatch
 from nonstop.runtime.superop import ExecEnv
+from nonstop.tune.exec_check import run_executor
 from nonstop.tune.state import Packed, named_tensors, unpack
 
 NONSTOP = Path(__file__).resolve().parents[1]
@@ -173,6 +175,19 @@ def python_threads() -> set[int]:
     return {t.ident for t in threading.enumerate()}
 
 
+def dirty_counters() -> list[str]:
+    """The two-phase counters (``kernels/launch.phase_counters``) not back at zero: every launch must leave
+    them so (a counter that keeps a value across calls is state, e.g. a call count)."""
+    from nonstop.kernels.launch import _WORKSPACES
+
+    return sorted({key[0] for key, t in _WORKSPACES.items() if key[0].endswith(".phases") and bool(t.any())})
+
+
+def executor_env(buf, cache, batch, device: torch.device) -> ExecEnv:
+    """The env the ``superop`` executor would give the launch on ``device`` (PDL where it is supported)."""
+    return ExecEnv(buf, cache, batch, pdl=pdl_support(device)[0])
+
+
 def short_traceback(exc: BaseException, candidate_file: str) -> str:
     """The exception and the candidate's own lines of its traceback (what a proposer can act on)."""
     lines = [
@@ -225,7 +240,7 @@ def run_call(
     """One call on a fresh copy of ``packed``: what the parent needs to judge it."""
     unpacked = unpack(packed, device, gen)
     roots = unpacked.state
-    env = ExecEnv(roots["buf"], roots["cache"], roots["batch"], pdl=False)
+    env = executor_env(roots["buf"], roots["cache"], roots["batch"], device)
     recorder = Recorder(candidate_file)
     error = None
     t0 = time.perf_counter()
@@ -255,6 +270,7 @@ def run_call(
     rec["views"] = _views(unpacked)
     rec["patched"] = sorted(k for k, v in identities().items() if ids0.get(k) != v)
     rec["new_threads"] = len(python_threads() - threads0)
+    rec["dirty_counters"] = dirty_counters()
     return rec
 
 
@@ -266,6 +282,7 @@ def failed(rec: dict) -> bool:
         or rec.get("modified")
         or rec.get("patched")
         or rec.get("new_threads")
+        or rec.get("dirty_counters")
     )
 
 
@@ -278,7 +295,7 @@ def time_shape(launch, plan: dict, device: torch.device, candidate_file: str, ge
     of the ``checked`` launches are kept (device copies queued right after their end event)."""
     work = unpack(plan["base"], device, gen)
     roots = work.state
-    env = ExecEnv(roots["buf"], roots["cache"], roots["batch"], pdl=False)
+    env = executor_env(roots["buf"], roots["cache"], roots["batch"], device)
     weights = [{s: raw.to(device) for s, raw in w.items()} for w in plan["weights"]]
     inputs = [{s: raw.to(device) for s, raw in x.items()} for x in plan["inputs"]]
     sequence, checked, outputs = plan["sequence"], set(plan["checked"]), plan["outputs"]
@@ -318,6 +335,20 @@ def time_shape(launch, plan: dict, device: torch.device, candidate_file: str, ge
     }
 
 
+# ----------------------------------------------------------------------------- the executor run
+
+
+def _executor_run(plan: dict, device, with_store: bool, candidate_file: str, ids0: dict, threads0: set) -> dict:
+    """``exec_check.run_executor`` (the built-in kernel first, then the candidate as the stored winner)."""
+    try:
+        out = run_executor(plan, device, with_store)
+    except BaseException as exc:  # noqa: BLE001 - the candidate's failure (or, without the store, the verifier's)
+        return {"error": short_traceback(exc, candidate_file)}
+    out["patched"] = sorted(k for k, v in identities().items() if ids0.get(k) != v)
+    out["new_threads"] = len(python_threads() - threads0)
+    return out
+
+
 # ----------------------------------------------------------------------------- the job
 
 
@@ -354,6 +385,10 @@ def run_job(job: dict) -> dict:
         and len(result["calls"]) == len(job["calls"])
         and not any(failed(r) for r in result["calls"])
     )
+    if clean and job.get("executor"):
+        result["executor_builtin"] = _executor_run(job["executor"], device, False, candidate_file, ids0, threads0)
+        result["executor"] = _executor_run(job["executor"], device, True, candidate_file, ids0, threads0)
+        clean = "error" not in result["executor"]
     if clean and device.type == "cuda":
         for key, plan in job.get("timing", {}).items():
             try:

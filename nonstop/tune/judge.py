@@ -3,7 +3,7 @@
 For each call on a state (packed bytes ``before``, the twin's bytes ``after``):
 * the launch raised nothing, ran at least one Triton kernel, no torch operator computed in the
   candidate (or in nonstop code other than cache bookkeeping and ``nonstop.kernels`` helpers), no
-  function of the harness was patched, no thread was started;
+  function of the harness was patched, no thread was started, every two-phase counter is back at zero;
 * no guard band around any storage changed; every storage the twin leaves as it is came back bitwise
   unchanged (inputs, weights, caches); every tensor is still the same view of the same storage;
 * in the storages the twin writes: elements the twin leaves alone are bitwise unchanged, elements it
@@ -126,6 +126,11 @@ def judge_call(
         problems.append(f"{label}: the call replaced {', '.join(rec['patched'])}")
     if rec.get("new_threads"):
         problems.append(f"{label}: the call started {rec['new_threads']} thread(s)")
+    if rec.get("dirty_counters"):
+        problems.append(
+            f"{label}: left the persistent counters {', '.join(rec['dirty_counters'])} nonzero (two-phase counters "
+            "must be back at zero after a launch: a value kept across calls is state, e.g. a call count)"
+        )
     by_storage: dict[int, list[str]] = {}
     for path, index in packed.paths.items():
         by_storage.setdefault(packed.views[index].storage, []).append(path)

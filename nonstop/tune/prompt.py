@@ -27,11 +27,16 @@ Rules (a static checker and a sandboxed verifier enforce them; a file that break
   allocates scratch with torch.empty / torch.zeros, and launches kernels. No torch operators that compute
   (matmul, +, copy_, .to(), .sum() ...), no reading tensor values on the host (.item(), int(t), .tolist()).
 - Imports at module level only: triton, triton.language as tl, torch (dtypes, empty/zeros, torch.cuda device
-  facts), math, and functions / Triton kernels / constants from nonstop.kernels.* (e.g. the GEMV tile
-  nonstop.kernels.gemv.gemv_tile). Never the twin (nonstop.program.reference) or nonstop.model.
+  facts), math, typing, and from nonstop.kernels.* its Triton kernels and tiles (e.g. nonstop.kernels.gemv.gemv_rows),
+  constants, the built-in launchers and the host helpers they call. Never the twin (nonstop.program.reference) or
+  nonstop.model. Every name is checked against allow-lists (nonstop/tune/allowed.py): from each module only its
+  listed names, in host code only the basic builtins (len, range, min, max, int, isinstance ...) and the attributes
+  a launcher reads (op.weights/attrs/reads/writes, env.buf/cache/batch, config fields, tensor .shape/.stride()/
+  .dtype/.device/.numel()/views, dict .get/.items).
 - No try/except, with, classes, global/nonlocal, threads, async, exec/eval/getattr/__import__/open, dunder or
-  private attributes, streams, triton.autotune, module-level state (only constants at module level), mutable
-  default arguments, assignment to attributes or items of the objects you are given.
+  private attributes, str.format, streams, triton.autotune, module-level state (only constants at module level),
+  mutable default arguments, assignment to attributes or items of the objects you are given, augmented
+  assignment (x += y) in host code.
 - Write every output in place in the tensors you are given (env.buf[...], the cache rows / states the twin
   writes); change nothing else: inputs, weights and caches must stay bit for bit as they were.
 - Results must match the twin within tolerance (fp32: rtol 2e-4, atol 2e-5; fp16/bf16: 2e-2), be deterministic,

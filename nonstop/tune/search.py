@@ -7,7 +7,8 @@ Two kinds of candidate file, both plain candidates that go through the same veri
   ``gqa_attn``, ``mla_attn``: ``split_tokens``): a wrapper that calls it with other values;
 * otherwise the launcher's source with the keyword arguments of its kernel launch rewritten
   (``num_warps``, ``NUM_STAGES``, loop tile sizes halved or doubled), its free names imported from its
-  module.
+  module; a helper that hands out persistent scratch (``expert_scratch``: out of a candidate's reach, see
+  ``allowed.py``) is copied in with its ``workspace(...)`` calls made per-call ``torch.zeros``.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ import builtins
 import inspect
 import textwrap
 
+from nonstop.tune.allowed import ZEROED_HELPERS, returns_workspace
 from nonstop.tune.candidate import Candidate, RoundContext
 
 # keyword overrides of launchers that take them, with the values to try
@@ -102,6 +104,27 @@ class _NoItemAssignment(ast.NodeTransformer):
         return node
 
 
+class _PerCallScratch(ast.NodeTransformer):
+    """``workspace(name, numel, dtype, device[, zero])`` -> ``torch.zeros(numel, dtype=dtype, device=device)``."""
+
+    def visit_Call(self, node):
+        self.generic_visit(node)
+        if isinstance(node.func, ast.Name) and node.func.id == "workspace":
+            _, numel, dtype, device = node.args[:4]
+            zeros = ast.Attribute(ast.Name("torch", ast.Load()), "zeros", ast.Load())
+            return ast.Call(zeros, [numel], [ast.keyword("dtype", dtype), ast.keyword("device", device)])
+        return node
+
+
+def _per_call_copy(obj) -> ast.FunctionDef:
+    """The source of a scratch helper with its persistent workspaces made per-call zeroed tensors."""
+    func = ast.parse(textwrap.dedent(inspect.getsource(obj))).body[0]
+    func.decorator_list = []
+    func = _PerCallScratch().visit(func)
+    ast.fix_missing_locations(func)
+    return func
+
+
 def _free_names(fn: ast.FunctionDef) -> list[str]:
     bound = {a.arg for a in fn.args.args + fn.args.posonlyargs + fn.args.kwonlyargs}
     bound |= {a.arg for a in (fn.args.vararg, fn.args.kwarg) if a is not None}
@@ -137,21 +160,27 @@ def rewritten_source(kind: str, overrides: dict[str, str]) -> str:
             k.value = ast.parse(overrides[k.arg], mode="eval").body
     func = _NoItemAssignment().visit(func)
     ast.fix_missing_locations(func)
-    imports, names = [], []
-    for name in _free_names(func):
+    imports, names, copied = [], [], []
+    pending = _free_names(func)
+    while pending:
+        name = pending.pop(0)
         obj = getattr(module, name)
         if obj is tl:
             imports.append(f"import triton.language as {name}")
         elif inspect.ismodule(obj):
             imports.append(f"import {obj.__name__}" + (f" as {name}" if obj.__name__ != name else ""))
+        elif inspect.isfunction(obj) and returns_workspace(obj) and name not in ZEROED_HELPERS:
+            copied.append(_per_call_copy(obj))
+            seen = set(pending) | set(names) | {i.split()[-1] for i in imports}
+            pending += [n for n in _free_names(copied[-1]) if n not in seen and n != name]
         else:
             names.append(name)
     change = ", ".join(f"{k}={v}" for k, v in sorted(overrides.items()))
     head = f'"""search candidate for {kind}: the built-in launcher with {change}."""\n\n'
-    body = "\n".join(sorted(imports))
+    body = "\n".join(sorted(set(imports)))
     if names:
-        body += f"\n\nfrom {module.__name__} import {', '.join(names)}"
-    return head + body + "\n\n\n" + ast.unparse(func) + "\n"
+        body += f"\n\nfrom {module.__name__} import {', '.join(sorted(set(names)))}"
+    return head + body + "\n\n\n" + "\n\n\n".join(ast.unparse(f) for f in [*copied, func]) + "\n"
 
 
 def _scaled(expr: str, factor: str) -> str:

@@ -10,8 +10,11 @@
 3. One child process (``sandbox.run_child``) runs the calls of ``call_plan`` (A, a fresh copy of A,
    B; in the first cases also A's inputs with B's weights and B's inputs with A's weights), case after
    case; on a GPU it then times each tuned shape (``child_run.time_shape``).
-4. ``judge`` decides; timing is checked against the twin on the timed launches' outputs and against
-   the op's bandwidth floor (``timing.floor_seconds``): faster than the floor is impossible.
+   When every call is clean it runs the candidate once more the way the executor runs it (``exec_check``:
+   a short decode through the ``superop`` executor with the candidate as its stored winner).
+4. ``judge`` decides; the executor run's logits are compared with the reference executor's (run here);
+   timing is checked against the twin on the timed launches' outputs and against the op's bandwidth floor
+   (``timing.floor_seconds``): faster than the floor is impossible.
 """
 
 from __future__ import annotations
@@ -27,6 +30,7 @@ from pathlib import Path
 import torch
 
 from nonstop.tune.cases import CaseSpec, State, build_state, hidden_config, run_twin, twin_on
+from nonstop.tune.exec_check import judge_executor_run, plan_executor_run
 from nonstop.tune.judge import TOLERANCE, judge_call, judge_determinism, no_op_detectable
 from nonstop.tune.sandbox import run_child
 from nonstop.tune.state import Packed, pack, snapshot
@@ -140,9 +144,12 @@ def call_plan(cases: list[Prepared], specs: list[CaseSpec], kind: str, device) -
     return states, calls
 
 
-def _write_job(jobdir: Path, source: str, target: Target, states: list[Prepared], calls: list[Call], timing) -> None:
+def _write_job(
+    jobdir: Path, source: str, target: Target, states: list[Prepared], calls: list[Call], timing, executor: dict
+) -> None:
     (jobdir / "candidate.py").write_text(source)
     job = {
+        "executor": executor["job"],
         "kind": target.kind,
         "device": str(target.device),
         "candidate": str(jobdir / "candidate.py"),
@@ -204,7 +211,8 @@ def verify(
     )
     jobdir = Path(tempfile.mkdtemp(prefix="nonstop-verify-"))
     try:
-        _write_job(jobdir, source, target, states, calls, timing)
+        executor = plan_executor_run(target, source, jobdir, rng, hidden_cfg=specs[-1].cfg)
+        _write_job(jobdir, source, target, states, calls, timing, executor)
         if target.device.type == "cuda":
             torch.cuda.empty_cache()  # leave the child the memory this process's allocator holds
         t1 = time.perf_counter()
@@ -221,7 +229,7 @@ def verify(
         )
         tail = run.stderr.strip().splitlines()[-1:] if run.stderr.strip() else []
         return Verdict(False, [why + (f": {tail[0][:300]}" if tail else "")], {**record, "stage": "run"})
-    return _judge(run.result, target, states, calls, timing, record)
+    return _judge(run.result, target, states, calls, timing, record, executor)
 
 
 def _judge(
@@ -231,6 +239,7 @@ def _judge(
     calls: list[Call],
     timing: dict[str, TimingPlan],
     record: dict,
+    executor: dict,
 ) -> Verdict:
     if result.get("import_error"):
         return Verdict(
@@ -252,6 +261,15 @@ def _judge(
             break
     if not problems and len(recs) != len(calls):
         problems.append(f"the verification stopped after {len(recs)} of {len(calls)} calls")
+    if not problems:
+        got = result.get("executor") or {}
+        problems = judge_executor_run(executor, result.get("executor_builtin"), got, TOLERANCE[target.dtype])
+        record["executor_run"] = {
+            "B": executor["job"]["B"],
+            "T": executor["job"]["T"],
+            "steps": len(executor["job"]["steps"]),
+            **{k: got.get(k) for k in ("tuned_calls", "graphs", "pdl")},
+        }
     record["stage"] = "dynamic"
     if problems:
         return Verdict(False, problems[:6], record)
@@ -285,6 +303,7 @@ CHECKS = [
     "determinism (A twice)",
     "new inputs after old (B)",
     "swapped weights / inputs (no result cache)",
+    "executor run: the superop executor with the candidate stored gives the reference's logits",
     "no torch compute / host reads in the candidate",
     "Triton launch ran",
     "no patched functions, no threads",

@@ -21,7 +21,7 @@ def _add_rows(y_ptr, out_ptr, n, ACCUMULATE: tl.constexpr, BLOCK: tl.constexpr):
 
 def launch(op, env):
     a, out = env.buf[op.reads[0]], env.buf[op.writes[0]]
-    y = torch.empty(out.shape, dtype=torch.float16, device=out.device)
+    y = torch.zeros(out.shape, dtype=torch.float16, device=out.device)
     launch_gemv(a, op.weights["w"], y, bias=op.weights.get("b"), env=env)
     _add_rows[(triton.cdiv(out.numel(), 128),)](
         y, out, out.numel(), ACCUMULATE=op.attrs.get("accumulate", False), BLOCK=128

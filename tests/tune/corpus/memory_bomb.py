@@ -8,6 +8,6 @@ from nonstop.kernels.dense import linear_residual as builtin
 
 
 def launch(op, env):
-    hog = torch.empty(1 << 42, dtype=torch.uint8, device=op.weights["w"].device)
+    hog = torch.zeros(1 << 42, dtype=torch.uint8, device=op.weights["w"].device)
     builtin(op, env)
     return hog

@@ -1,7 +1,7 @@
 """CHEAT: hands back whatever an uninitialised allocation of the output's size holds (the caching
 allocator may return the reference's freed result: KernelBench's result-reuse exploit).
 kind: linear_residual
-expect: dynamic: differ from the twin"""
+expect: static: torch.empty is not allowed"""
 
 import torch
 import triton
