@@ -8,7 +8,9 @@ Two kinds of candidate file, both plain candidates that go through the same veri
 * otherwise the launcher's source with the keyword arguments of its kernel launch rewritten
   (``num_warps``, ``NUM_STAGES``, loop tile sizes halved or doubled), its free names imported from its
   module; a helper that hands out persistent scratch (``expert_scratch``: out of a candidate's reach, see
-  ``allowed.py``) is copied in with its ``workspace(...)`` calls made per-call ``torch.zeros``.
+  ``allowed.py``) is copied in with its ``workspace(...)`` calls made per-call ``torch.zeros``; a launcher
+  that launches one single-phase kernel also varies its tile order (``tile_order.py``: the candidate carries
+  a copy of the launcher kernel with the tile index permuted).
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ import textwrap
 
 from nonstop.tune.allowed import ZEROED_HELPERS, returns_workspace
 from nonstop.tune.candidate import Candidate, RoundContext
+from nonstop.tune.tile_order import ORDERS, ordered_kernel, ordered_source
 
 # keyword overrides of launchers that take them, with the values to try
 OVERRIDES = {
@@ -52,6 +55,7 @@ LAUNCH_TUNABLES = {
     "BLOCK_KD": "scale",
     "BLOCK_S": "scale",
     "BLOCK_V": "scale",
+    "tile_order": ["identity", *ORDERS],  # not a launch keyword: the launcher kernel's tile order
 }
 
 
@@ -136,11 +140,24 @@ def _free_names(fn: ast.FunctionDef) -> list[str]:
 
 
 def launch_tunables(kind: str) -> dict[str, str]:
-    """{keyword: its expression in the built-in launcher} for the tunable launch keywords."""
-    tree = ast.parse(textwrap.dedent(inspect.getsource(_builtin(kind))))
+    """{keyword: its expression in the built-in launcher} for the tunable launch keywords, and
+    ``tile_order: identity`` when the launcher launches one single-phase kernel."""
+    fn = _builtin(kind)
+    source = textwrap.dedent(inspect.getsource(fn))
     finder = _Launches()
-    finder.visit(tree)
-    return {k.arg: ast.unparse(k.value) for k in finder.keywords}
+    finder.visit(ast.parse(source))
+    out = {k.arg: ast.unparse(k.value) for k in finder.keywords}
+    if ordered_kernel(inspect.getmodule(fn), source):
+        out["tile_order"] = "identity"
+    return out
+
+
+class _Rename(ast.NodeTransformer):
+    def __init__(self, old: str, new: str):
+        self.old, self.new = old, new
+
+    def visit_Name(self, node):
+        return ast.Name(self.new, node.ctx) if node.id == self.old else node
 
 
 def rewritten_source(kind: str, overrides: dict[str, str]) -> str:
@@ -159,9 +176,16 @@ def rewritten_source(kind: str, overrides: dict[str, str]) -> str:
         if k.arg in overrides:
             k.value = ast.parse(overrides[k.arg], mode="eval").body
     func = _NoItemAssignment().visit(func)
+    kernels, imports = [], []
+    order = overrides.get("tile_order", "identity")
+    if order != "identity":
+        old = ordered_kernel(module, textwrap.dedent(inspect.getsource(fn)))
+        new, source, imports = ordered_source(getattr(module, old), order)
+        func = _Rename(old, new).visit(func)
+        kernels.append(source)
     ast.fix_missing_locations(func)
-    imports, names, copied = [], [], []
-    pending = _free_names(func)
+    names, copied = [], []
+    pending = [n for n in _free_names(func) if not (kernels and n == new)]
     while pending:
         name = pending.pop(0)
         obj = getattr(module, name)
@@ -180,7 +204,8 @@ def rewritten_source(kind: str, overrides: dict[str, str]) -> str:
     body = "\n".join(sorted(set(imports)))
     if names:
         body += f"\n\nfrom {module.__name__} import {', '.join(sorted(set(names)))}"
-    return head + body + "\n\n\n" + "\n\n\n".join(ast.unparse(f) for f in [*copied, func]) + "\n"
+    parts = [k.strip() for k in kernels] + [ast.unparse(f) for f in [*copied, func]]
+    return head + body + "\n\n\n" + "\n\n\n".join(parts) + "\n"
 
 
 def _scaled(expr: str, factor: str) -> str:
