@@ -17,8 +17,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import platform
 import sys
 import time
 from pathlib import Path
@@ -41,7 +39,7 @@ def main() -> None:
 
     from nonstop import LLM, SamplingParams
     from nonstop.engine.perplexity import score_token_ids
-    from nonstop.hostinfo import cpu_name
+    from nonstop.hostinfo import command_line, environment
     from nonstop.runtime.cpu import CPUExecutor
 
     text = HELDOUT.read_text()
@@ -78,18 +76,13 @@ def main() -> None:
         )
     result = {
         "benchmark": "cpu_quality",
-        "command": " ".join(sys.argv),
+        "command": command_line(),
         "model": args.model,
         "heldout_text": str(HELDOUT.relative_to(ROOT)),
         "context": args.context,
         "greedy": {"prompts": args.prompts, "prompt_len": args.prompt_len, "max_tokens": args.max_tokens},
         "formats": rows,
-        "machine": {
-            "cpu": cpu_name(),
-            "python": platform.python_version(),
-            "torch": torch.__version__,
-            "load_average_at_end": os.getloadavg(),
-        },
+        "machine": environment(),  # at the end: its load average is the one the run ended with
         "time": time.strftime("%Y-%m-%dT%H:%M:%S"),
     }
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)

@@ -47,9 +47,7 @@ import gc
 import json
 import math
 import os
-import platform
 import re
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -62,7 +60,7 @@ import torch  # noqa: E402
 
 from nonstop.cache.state import ModelCache  # noqa: E402
 from nonstop.config import ModelConfig  # noqa: E402
-from nonstop.hostinfo import Clock, copy_bandwidth, cpu_name, decode_floor  # noqa: E402
+from nonstop.hostinfo import Clock, copy_bandwidth, decode_floor, environment  # noqa: E402
 from nonstop.model.stack import CausalLM  # noqa: E402
 
 # name -> (preset, layers timed on an 80 GB GPU, depth of the full model); see the module docstring
@@ -504,45 +502,6 @@ def gpucheck_tables(results: list[dict]) -> str:
 # ----------------------------------------------------------------------------- report
 
 
-def environment(device) -> dict:
-    info = {
-        "python": platform.python_version(),
-        "torch": torch.__version__,
-        "torch_cuda": torch.version.cuda,
-        "host": platform.node(),
-    }
-    try:
-        import triton
-
-        info["triton"] = triton.__version__
-    except ImportError:
-        info["triton"] = None
-    if torch.device(device).type == "cuda":
-        props = torch.cuda.get_device_properties(device)
-        info.update(
-            gpu=props.name,
-            gpu_memory_GiB=round(props.total_memory / 2**30, 1),
-            sms=props.multi_processor_count,
-            capability=f"{props.major}.{props.minor}",
-        )
-        try:
-            info["driver"] = (
-                subprocess.run(
-                    ["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
-                    capture_output=True,
-                    text=True,
-                    timeout=20,
-                )
-                .stdout.strip()
-                .splitlines()[0]
-            )
-        except Exception:  # noqa: BLE001
-            info["driver"] = None
-    else:
-        info.update(gpu=None, cpu=cpu_name(), threads=torch.get_num_threads())
-    return info
-
-
 def spec_bandwidth(gpu: str | None) -> float | None:
     for key, gbps in SPEC_GBPS.items():
         if gpu and key in gpu:
@@ -648,7 +607,8 @@ def write(report: dict, args) -> list[str]:
 # ----------------------------------------------------------------------------- main
 
 
-def parse_args(argv=None):
+def build_parser() -> argparse.ArgumentParser:
+    """The command line's options (``parse_args`` then settles the defaults that depend on the device)."""
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--shapes", default=",".join(SHAPES), help=f"comma-separated, from: {', '.join(SHAPES)}")
     ap.add_argument(
@@ -735,12 +695,17 @@ def parse_args(argv=None):
         metavar="DIR",
         help="also run the offline GPU check with the Triton installed in DIR (repeatable)",
     )
-    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--seed", type=int, default=0, help="seed of the random weights and check inputs (default 0)")
     ap.add_argument(
         "--out",
         default=None,
         help="JSON path (default bench/results/decode_<gpu>.json; a --tiny run writes only --out / $OUT)",
     )
+    return ap
+
+
+def parse_args(argv=None):
+    ap = build_parser()
     args = ap.parse_args(argv)
     if args.dry_run:
         args.device, args.tiny = "cpu", True

@@ -19,8 +19,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import platform
 import sys
 import time
 from pathlib import Path
@@ -28,7 +26,7 @@ from pathlib import Path
 import torch
 
 from nonstop import LLM, SamplingParams
-from nonstop.hostinfo import cpu_name
+from nonstop.hostinfo import command_line, environment
 
 HELDOUT = Path(__file__).resolve().parent.parent / "nonstop" / "assets" / "heldout_sample.txt"
 CANDIDATES = {
@@ -94,9 +92,8 @@ def main() -> None:
     result = {
         "what": "k3-nano: distinct-n / loop share / mean NLL of completions of held-out prompts, "
         "per sampling configuration",
-        "command": " ".join([sys.executable, *sys.argv]),
-        "machine": {"cpu": cpu_name(), "threads": args.threads, "load_average": os.getloadavg()},
-        "versions": {"python": platform.python_version(), "torch": torch.__version__},
+        "command": command_line(),
+        "machine": environment(),  # versions, CPU, torch threads (--threads) and the load average at the end
         "prompts": len(ps),
         "prompt_tokens": args.prompt_tokens,
         "max_tokens": args.max_tokens,

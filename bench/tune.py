@@ -34,14 +34,13 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-for p in (ROOT, ROOT / "bench"):
-    if str(p) not in sys.path:
-        sys.path.insert(0, str(p))
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
 
 import torch  # noqa: E402
-from decode import environment  # noqa: E402
 
 from nonstop.config import ModelConfig  # noqa: E402
+from nonstop.hostinfo import environment  # noqa: E402
 from nonstop.program.twin import narrow_twin  # noqa: E402
 from nonstop.tune.cases import layers_for  # noqa: E402
 from nonstop.tune.llm import LLMProposer  # noqa: E402

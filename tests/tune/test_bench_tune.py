@@ -7,6 +7,8 @@ import importlib.util
 import json
 from pathlib import Path
 
+from nonstop.hostinfo import environment
+
 BENCH = Path(__file__).resolve().parents[2] / "bench" / "tune.py"
 
 
@@ -21,6 +23,7 @@ def test_dry_run_reports_verified_and_untimed(tmp_path, monkeypatch, capsys):
     )
     assert json.loads(out.read_text()) == json.loads(json.dumps(report, default=str))
     assert report["timed"] is False and "pending" in report["status"]
+    assert report["environment"].keys() == environment().keys()  # the machine as hostinfo records it
     (row,) = report["results"]
     assert row["kind"] == "linear_residual" and row["candidates"] == 1 and row["accepted"] == 1
     assert [s["B"] for s in row["shapes"]] == [1, 3] and all(
