@@ -33,12 +33,12 @@ from nonstop.kernels.attn_tiles import (
 )
 from nonstop.kernels.gemv import gemv_rows, mm, rms_apply, row_inv_rms
 from nonstop.kernels.launch import launcher, pdl_launch_args, phase_counters, phase_done, phase_ticket, workspace
-from nonstop.kernels.platform import dot_mode, on_gpu, pow2, row_block
+from nonstop.kernels.platform import dot_mode, on_gpu, pow2, row_block, wide_load_k
 
 # GPU block sizes, checked by compiling for sm_90 at K3 shapes (``nonstop gpucheck``):
 ON_GPU_BLOCK_N = 32  # output rows per in-proj tile
 ON_GPU_BLOCK_K = 256
-Q_UP_BLOCK_K = 64  # q_up streams [128 + 2·32 head rows] x 64 columns per step
+Q_UP_BLOCK_K = 64  # q_up streams [128 + 2·32 head rows] x 64 columns per step (at least; see q_up_block_k)
 ATTN_BLOCK_M = 32  # query (row, head) items per attention split tile
 ATTN_BLOCK_S = 32  # keys per inner step
 NUM_STAGES = 3
@@ -211,6 +211,7 @@ def mla_q_up_tile(
     BLOCK_P: tl.constexpr,
     BLOCK_HR: tl.constexpr,
     BLOCK_K: tl.constexpr,
+    BLOCK_KR: tl.constexpr,
     BLOCK_LC: tl.constexpr,
     BLOCK_L: tl.constexpr,
     NUM_STAGES: tl.constexpr,
@@ -221,7 +222,8 @@ def mla_q_up_tile(
     """Tile h < N: head h of all rows - q = W_qb[h] RMSNorm(c_q) (or q_in[h]), RoPE on q_pe, write q_pe[h] and
     q_lat[h] = W_UK[h]ᵀ q_nope (fp32, BLOCK_LC latent columns at a time). Tile N: the shared latent -
     c = RMSNorm(kv[:L]), RoPE on k_pe, append [c | k_pe] to the paged cache. Tiles: N + 1.
-    BLOCK_R >= 16 (the W_UK product is a tensor-core dot)."""
+    BLOCK_R >= 16 (the W_UK product is a tensor-core dot). W_qb streams in steps of BLOCK_K columns for the
+    [BLOCK_P, *] q_nope rows and BLOCK_KR for the [2·BLOCK_HR, *] RoPE rows (``q_up_block_k``)."""
     DT: tl.constexpr = latent_ptr.dtype.element_ty
     rows = tl.arange(0, BLOCK_R)
     rmask = rows < R
@@ -266,7 +268,11 @@ def mla_q_up_tile(
                 UPCAST,
                 NUM_STAGES,
             )
-            pe_a, pe_b = gemv_rows(
+            # both channels of every pair as ONE tile of 2·BLOCK_HR weight rows [first | second]: one dot of
+            # N = 2·BLOCK_HR >= 32 (two of N = 16 cost Triton 3.6 ~250 registers in the megakernel)
+            j = tl.arange(0, 2 * BLOCK_HR)
+            ja, jb = rope_pair_channels(j % BLOCK_HR, HALF, INTERLEAVED)
+            pe, _ = gemv_rows(
                 q_in_ptr,
                 q_in_stride,
                 R,
@@ -281,22 +287,21 @@ def mla_q_up_tile(
                 q_b_ptr,
                 0,
                 0,
-                base + P + first,
-                base + P + second,
-                imask,
+                base + P + tl.where(j < BLOCK_HR, ja, jb),
+                base + P + tl.where(j < BLOCK_HR, ja, jb),
+                j % BLOCK_HR < HALF,
                 True,
-                True,
+                False,
                 False,
                 DT,
                 BLOCK_R,
-                BLOCK_K,
+                BLOCK_KR,
                 True,
                 UPCAST,
                 NUM_STAGES,
             )
+            pe_a, pe_b = tl.split(tl.permute(tl.reshape(pe.to(DT), [BLOCK_R, 2, BLOCK_HR]), (0, 2, 1)))
             q_nope = q_nope.to(DT)
-            pe_a = pe_a.to(DT)
-            pe_b = pe_b.to(DT)
         else:
             row_base = q_in_ptr + rows[:, None] * q_in_stride + base
             q_nope = tl.load(row_base + p[None, :], mask=rmask[:, None] & pmask[None, :], other=0.0).to(DT)
@@ -344,6 +349,14 @@ def mla_q_up_tile(
 
 
 mla_q_up_kernel = launcher(mla_q_up_tile)
+
+
+def q_up_block_k(block_n: int, Q: int, gpu: bool) -> int:
+    """K step of a [block_n, Q] slice of W_qb: ``Q_UP_BLOCK_K`` columns, or more where that would leave the
+    threads of 8 warps (the launch's and the megakernel's) under one 16-byte load each (``platform.wide_load_k``:
+    16 rows need 128); the whole (padded) row in the interpreter or when it is narrower."""
+    whole = pow2(Q, 16)
+    return min(max(Q_UP_BLOCK_K, wide_load_k(block_n)), whole) if gpu else whole
 
 
 def mla_q_up(op, env) -> None:
@@ -402,7 +415,8 @@ def mla_q_up(op, env) -> None:
         BLOCK_R=pow2(R, 16),
         BLOCK_P=pow2(P, 16),
         BLOCK_HR=pow2(RR // 2, 16),
-        BLOCK_K=min(Q_UP_BLOCK_K, pow2(Q, 16)) if gpu else pow2(Q, 16),
+        BLOCK_K=q_up_block_k(pow2(P, 16), Q, gpu),
+        BLOCK_KR=q_up_block_k(2 * pow2(RR // 2, 16), Q, gpu),
         BLOCK_LC=min(64, pow2(L, 16)),
         BLOCK_L=pow2(L, 16),
         NUM_STAGES=NUM_STAGES,

@@ -127,6 +127,31 @@ def ptxas_usage(ptx: str, arch: int = 90, fp_fusion: bool = True) -> dict:
     return usage
 
 
+def function_registers(cubin: bytes, arch: int = 90) -> dict[str, int]:
+    """{function: registers it touches (its highest register + 1)} of every function of a compiled module -
+    the kernel and its non-inlined callees (the megakernel's ``task_k``), read from the SASS (``nvdisasm``
+    shipped with Triton): ptxas reports registers and spills for the whole call graph of a kernel only, so
+    this is how a spill is traced to the function that needs the registers."""
+    from triton.backends.nvidia.compiler import get_ptxas
+
+    nvdisasm = os.path.join(os.path.dirname(get_ptxas(arch).path), "nvdisasm")
+    with tempfile.TemporaryDirectory() as tmp:
+        path = os.path.join(tmp, "k.cubin")
+        with open(path, "wb") as f:
+            f.write(cubin)
+        sass = subprocess.run([nvdisasm, "-c", path], capture_output=True, text=True).stdout
+    out: dict[str, int] = {}
+    fn = None
+    for line in sass.splitlines():
+        label = re.match(r"^([^\s.][^\s]*):\s*$", line)
+        if label:
+            fn = label.group(1)
+            out.setdefault(fn, 0)
+        elif fn is not None and "/*" in line:
+            out[fn] = max([out[fn], *(int(r) + 1 for r in re.findall(r"\bR(\d+)\b", line))])
+    return out
+
+
 # ----------------------------------------------------------------------------- LLVM IR: weight loads in loops
 
 _DEF = re.compile(r"^\s*(%[\w.]+)\s*=\s*(.*)$")

@@ -7,7 +7,8 @@ records the launches of one decode step of ``rows`` sequences (the program's ops
 argument types, options) and the step's megakernel (``megakernel.kernel.StepKernel``: its real tables and
 launch options; the grid its registers and shared memory allow) are compiled with ``kernels.offline`` and
 checked:
-  * no register spills;
+  * no register spills (a megakernel's row names the registers each task class touches, from its SASS, so
+    a spill is traced to the class that takes the registers);
   * registers and shared memory let at least one CTA per SM run (and give the reported CTAs / SM);
   * an acquire orders every spin-wait of the PTX;
   * every loop that streams a weight does so with 16-byte loads (MXFP4 bytes included), and a side stream
@@ -20,6 +21,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 import time
@@ -43,6 +45,7 @@ class Row:
     load_widths: str
     spins: int
     violations: list[str]
+    classes: dict[str, int] | None = None  # the megakernel's task classes: label -> registers the class touches
 
 
 def _meta_model(cfg, dtype):
@@ -139,7 +142,7 @@ def check(
             )
             if report.ctas_per_sm >= 1:
                 report.grid = persistent_grid(target, report.registers, report.shared_bytes, report.num_warps)
-            out.append(_row(name, report))
+            out.append(_row(name, report, class_registers(kernel, mk.plan.classes, arch)))
             say(f"  {report.name}: {report.registers} registers, {time.perf_counter() - t0:.1f} s")
     return out
 
@@ -152,7 +155,26 @@ def _fingerprint(v):
     return repr(v)
 
 
-def _row(shape: str, r) -> Row:
+def class_registers(kernel, classes, arch: int = 90) -> dict[str, int]:
+    """{task class label: registers its function ``task_k`` touches} of a compiled megakernel, largest first
+    (``offline.function_registers``; ptxas counts registers and spills for the whole kernel only)."""
+    from nonstop.kernels import offline
+
+    used = offline.function_registers(kernel.asm["cubin"], arch)
+    out = {}
+    for k, cls in enumerate(classes):
+        regs = [n for f, n in used.items() if re.search(rf"_task_{k}_", f)]
+        if regs:
+            out[f"{cls.label} (task_{k})"] = max(regs)
+    return dict(sorted(out.items(), key=lambda kv: -kv[1]))
+
+
+def _row(shape: str, r, classes: dict[str, int] | None = None) -> Row:
+    violations = list(r.violations)
+    if classes and r.spill_bytes:  # name the classes that take the registers
+        heavy = ", ".join(f"{label} {n}" for label, n in list(classes.items())[:3])
+        note = f" (registers of the largest task classes: {heavy})"
+        violations = [v + note if "spills" in v else v for v in violations]
     return Row(
         shape,
         r.name,
@@ -164,7 +186,8 @@ def _row(shape: str, r) -> Row:
         r.grid,
         r.load_widths(),
         len(r.spins),
-        r.violations,
+        violations,
+        classes,
     )
 
 
