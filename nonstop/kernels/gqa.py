@@ -36,7 +36,7 @@ from nonstop.kernels.platform import dot_mode, on_gpu, pow2, row_block
 ON_GPU_BLOCK_K = 256
 PAIRS_PER_TILE = 16  # RoPE pairs per qkv tile: 2·16 output channels of one head (163 registers at 4 warps)
 ATTN_BLOCK_M = 64  # max query (row, head) items of one KV group per split tile
-ATTN_BLOCK_S = 64  # keys per inner step (190 registers, no spills at 8 warps and BLOCK_M 16)
+ATTN_BLOCK_S = 64  # keys per inner step at D <= 128 (190 registers, no spills at 8 warps and BLOCK_M 16)
 NUM_STAGES = 3
 
 # ----------------------------------------------------------------------------- gqa_qkv_rope
@@ -405,6 +405,12 @@ def gqa_attn_tile(
 gqa_attn_kernel = launcher(gqa_attn_tile, phases=("split", "combine"), first="n_split_tiles")
 
 
+def attn_block_s(block_d: int) -> int:
+    """Keys per inner step of a split tile: ``ATTN_BLOCK_S`` at head dims up to 128, fewer for wider heads so
+    the [keys, head dim] K and V tiles keep their size (a 176-dim head padded to 256 at 64 keys spilled)."""
+    return max(16, ATTN_BLOCK_S * 128 // max(128, block_d))
+
+
 def gqa_attn(op, env, split_tokens: int | None = None) -> None:
     """Launch gqa_attn once; ``split_tokens`` fixes the KV split length (default: sized to fill the GPU)."""
     a = op.attrs
@@ -416,7 +422,7 @@ def gqa_attn(op, env, split_tokens: int | None = None) -> None:
     R, T, B = q.shape[0], env.T, env.B
     G = H // HKV
     block_m = min(ATTN_BLOCK_M, pow2(T * G, 16))
-    block_s = ATTN_BLOCK_S if on_gpu(q.device) else 16
+    block_s = attn_block_s(pow2(D, 16)) if on_gpu(q.device) else 16
     mb = triton.cdiv(T * G, block_m)
     context_bound = pages.table.shape[1] * pages.page_size  # >= every row's end; no device sync
     # the split length depends on neither B nor T (row-exact: see mla_attn)
