@@ -20,9 +20,11 @@ and the byte's low / high nibbles multiply the even / odd input elements, so no 
 
 How a tile streams its weight: BLOCK_K columns (bytes for MXFP4) per step, the next step's weight tile
 loaded before the current one is multiplied (a register double buffer: Triton does not software-pipeline
-loads that do not feed ``tl.dot``). ``USE_DOT`` (``platform.row_block``): one row multiplies with FMAs
-into an [BLOCK_R, BLOCK_N, BLOCK_K] accumulator summed once after the loop; 2..16 rows use ``tl.dot``
-(rows padded to 16) with the weight dtype's operands (``UPCAST``: fp32 operands, the interpreter's).
+loads that do not feed ``tl.dot``). ``USE_DOT``: ``tl.dot`` with the rows padded to 16 and the weight dtype's
+operands (``UPCAST``: fp32 operands, the interpreter's) - what every launcher passes, for every row count
+(``platform.row_block``: one K order, so a row's bits do not depend on the step's other rows); without it
+the tile multiplies with FMAs into an [BLOCK_R, BLOCK_N, BLOCK_K] accumulator summed once after the loop
+(no launcher uses that variant now).
 
 Public ``@triton.jit`` functions: ``gemv_rows`` (the tile), ``gemv_tile`` (a tile plus its epilogue:
 STORE / ADD, see ``store_rows``), the RMS helpers (``row_inv_rms`` of rows in memory, ``vec_inv_rms`` of a

@@ -7,9 +7,10 @@
   ``target(device)`` is the CUDA device's own (from torch), the interpreter's stand-in (2 "SMs": fewer,
   larger tiles interpret faster), or the target set by ``simulating(...)``: the offline GPU check records
   launches with weights on the meta device as they would be made on that GPU.
-* powers of two (``pow2``), the row block of a decode step (``row_block``), and the dot policy: the
-  interpreter's bf16 ``tl.dot`` is wrong, so its operands are upcast to fp32 there (``upcast_dots``);
-  fp32 models multiply exactly (``"ieee"``), 16-bit models on tensor cores (``dot_precision``).
+* powers of two (``pow2``), the row block of a decode step (``row_block``: one for every row count), and
+  the dot policy: the interpreter's bf16 ``tl.dot`` is wrong, so its operands are upcast to fp32 there
+  (``upcast_dots``); fp32 models multiply exactly (``"ieee"``), 16-bit models on tensor cores
+  (``dot_precision``).
 * the GPU numerics mode (``gpu_numerics``, env ``NONSTOP_GPU_NUMERICS=1``): the interpreter rounds the
   operands of every dot the GPU would run in tf32 to tf32 first, so a CPU test sees the GPU's rounding
   (16-bit products are exact in fp32 either way; the sums are fp32 on both).
@@ -148,10 +149,12 @@ def pow2(n: int, lo: int = 1) -> int:
 
 
 def row_block(rows: int) -> tuple[int, bool]:
-    """(BLOCK_R, USE_DOT) for a step of ``rows`` rows: one row multiplies with FMAs on the CUDA cores;
-    2..16 rows use ``tl.dot`` with the rows padded to a power of two >= 16 (tl.dot's smallest M)."""
-    if rows <= 1:
-        return 1, False
+    """(BLOCK_R, USE_DOT) for a step of ``rows`` rows: ``tl.dot`` with the rows padded to a power of two >= 16
+    (tl.dot's smallest M) - 16 for every decode step (<= 16 rows), one row included. One reduction path and
+    one K order for every row count, so a row's result has the same bits whatever else the step holds (a
+    batch of 1, 3 or 16 sequences; a decode step or a speculative verification). Decode is bandwidth-bound:
+    the padded rows cost tensor-core cycles, not bytes; the registers are those of a 16-row step, which
+    ``nonstop gpucheck`` checks."""
     return pow2(rows, 16), True
 
 

@@ -27,7 +27,7 @@ def one_torch_thread():
     torch.set_num_threads(threads)
 
 
-# (dtype, B, T): both dtypes see T = 1 and T = 3 (R = 1, 3, 6, 9 rows: the FMA and the mma paths)
+# (dtype, B, T): both dtypes see T = 1 and T = 3 (R = 1, 3, 6, 9 rows, all padded to 16 for the mma)
 FULL = [(F32, 1, 1), (F16, 3, 1), (F32, 2, 3), (F16, 3, 3)]
 SHORT = [(F32, 1, 1), (F16, 3, 3)]  # for kimi_k3, whose model and prefill cost ~5 s per check
 

@@ -1,5 +1,5 @@
 """The GEMV tile every family uses (``nonstop/kernels/gemv.py``) against torch: gathered weight rows, the
-gate/up pair, the fused RMSNorm, one row (FMAs) and several (tensor-core path), dense and MXFP4 weights
+gate/up pair, the fused RMSNorm, one row and several (both the tensor-core path), dense and MXFP4 weights
 (ragged K included), several K steps; and MXFP4 decoding of every byte and scale exponent."""
 
 from __future__ import annotations

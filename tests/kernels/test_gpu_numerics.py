@@ -158,9 +158,11 @@ def _batch_logits(executor, model, prompts: list[list[int]]) -> torch.Tensor:
 
 @pytest.mark.parametrize("backend", ["superop", "megakernel"])
 def test_same_step_twice_gives_identical_logits(backend):
-    """Kimi K3 (MoE with shared experts, KDA, MLA): two runs of the same step, bit for bit; and the
-    first row's logits are the same bits whichever sequence shares its batch (the experts the batch
-    selects differ)."""
+    """Kimi K3 (MoE with shared experts, KDA, MLA, AttnRes): two runs of the same step, bit for bit; and a
+    row's logits are the same bits whether its sequence runs alone (B = 1: one row a step) or in a batch of 3
+    or 5 at any place, whichever sequences share it (the experts the batch selects differ): every GEMV takes
+    one reduction path for every row count (``platform.row_block``), and the expert down-projection sums
+    its slots in a fixed order."""
     from nonstop.runtime.megakernel.executor import MegakernelExecutor
 
     model = tiny_model("kimi_k3")
@@ -168,10 +170,12 @@ def test_same_step_twice_gives_identical_logits(backend):
     if reason:
         pytest.skip(reason)
     executor = SuperOpExecutor(model) if backend == "superop" else MegakernelExecutor(model, graphs=False)
-    a, b, c = [5, 6, 7, 8], [40, 2, 17, 99], [61, 62, 3, 30]
-    first = _batch_logits(executor, model, [a, b])
-    again = _batch_logits(executor, model, [a, b])
-    assert torch.equal(first, again)
-    other = _batch_logits(executor, model, [a, c])
-    assert not torch.equal(first[1], other[1])  # the companions differ, so does their routing
-    assert torch.equal(first[0], other[0])
+    a, b, c, d, e = [5, 6, 7], [40, 2, 17], [61, 62, 3], [1, 99, 250], [33, 8, 120]
+    three = _batch_logits(executor, model, [b, a, c])
+    assert torch.equal(three, _batch_logits(executor, model, [b, a, c]))
+    alone = _batch_logits(executor, model, [a])
+    assert torch.equal(alone[0], three[1])
+    five = _batch_logits(executor, model, [d, e, c, b, a])
+    assert not torch.equal(three[0], three[1])  # different sequences, different logits: the checks can fail
+    assert torch.equal(five[4], alone[0])
+    assert torch.equal(five[3], three[0]) and torch.equal(five[2], three[2])

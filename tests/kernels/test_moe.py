@@ -3,8 +3,8 @@
 
 Configs: deepseek_v3 (grouped top-k, SwiGLU, non-latent), kimi_linear (non-latent), kimi_k3 (latent,
 SiTU, 2 shared experts), kimi_k3_mxfp4 (+ MXFP4 experts, latent 22: a ragged 32-group). B·T rows with
-T = 3 let several rows of a sequence share or split experts; one row takes the FMA path, several the
-tensor-core path (rows padded to 16). Runs under the Triton interpreter on a CPU.
+T = 3 let several rows of a sequence share or split experts; every row count takes the tensor-core path
+(rows padded to 16: ``platform.row_block``). Runs under the Triton interpreter on a CPU.
 """
 
 from __future__ import annotations
