@@ -4,11 +4,12 @@ Tile functions live in ``kda_tiles.py`` (the megakernel calls them directly); th
 generated launchers and the Python ``launch(op, env)`` of each kind.
 
 Grids:  kda_in_proj: ceil(N / BLOCK_N) tiles over the packed W_in rows (N = 3C + G + H + RANK), each
-        tile all R rows;  kda_core: B·H tiles, one per (sequence, head), whole fp32 state in registers.
+        tile all R rows;  kda_core: B·H tiles, one per (sequence, head), whole fp32 state in registers (heads
+        wider than 128: streamed in blocks of key rows, ``state_block_rows``).
 
 GPU design (K3: d 7168, 96 heads of 128, conv 4; bf16 weights):
 * kda_in_proj streams W_in (49376 × 7168, 708 MB) once: 772 tiles of 64 rows (0.9 MB each), BLOCK_K
-  128 (R = 1: fp32 FMA + reduction) or 64 (R >= 2: mma with the rows padded to 16), 3-stage
+  64 (mma with the rows padded to 16, every row count: ``platform.row_block``), 3-stage
   ``tl.range`` pipeline (the GEMV tile, ``gemv.py``). The input RMSNorm is recomputed per tile from the
   few rows (``gemv.row_inv_rms``, read from L2); the conv epilogue stays in registers (earlier tokens of the step via
   one-hot mma row shifts, older ones from the slot's window) with one CTA barrier between the window
@@ -28,6 +29,9 @@ from nonstop.kernels.launch import launcher, pdl_launch_args
 from nonstop.kernels.platform import pipeline_stages, pow2, row_block, upcast_dots
 
 IN_PROJ_BLOCK_N = 64  # W_in rows per tile: 772 tiles of 0.9 MB at K3 size (N = 49376, d = 7168)
+# fp32 state values a kda_core tile holds in registers: a head's [128, 128] state (64 a thread at 8 warps);
+# wider heads stream their state in blocks of key rows of this size (``state_block_rows``)
+STATE_ELEMS = 128 * 128
 
 kda_in_proj_kernel = launcher(kda_in_proj_tile, prefetch=("w_ptr", "pid * BLOCK_N * stride_w", "BLOCK_N * stride_w"))
 kda_core_kernel = launcher(kda_core_tile)
@@ -66,7 +70,7 @@ def kda_in_proj(op, env) -> None:
     assert x.stride(1) == 1 and w.dtype == x.dtype == outs[0].dtype == state.conv.dtype
     block_n = min(IN_PROJ_BLOCK_N, pow2(N, 16))
     block_r, use_dot = row_block(R)
-    block_k = min(128 if block_r == 1 else 64, pow2(d, 16))
+    block_k = min(64, pow2(d, 16))
     grid = (triton.cdiv(N, block_n),)
     hist = _history(env, state, "conv")
     kda_in_proj_kernel[grid](
@@ -105,6 +109,13 @@ def kda_in_proj(op, env) -> None:
         num_warps=4,
         **pdl_launch_args(env),
     )
+
+
+def state_block_rows(block_d: int) -> int:
+    """Key rows of the recurrent state a kda_core tile holds at once: all ``block_d`` (the state stays in
+    registers through the sequence's tokens) when [block_d, block_d] fits in ``STATE_ELEMS``, else a block of
+    them (the state is streamed through memory, two passes a token)."""
+    return min(block_d, max(1, STATE_ELEMS // block_d))
 
 
 def kda_core(op, env) -> None:
@@ -162,6 +173,7 @@ def kda_core(op, env) -> None:
         stride_hist_slot=hist[1],
         stride_hist_t=hist[2],
         KEEP=hist[3],
+        BLOCK_KD=state_block_rows(block_d),
         num_warps=8 if block_d >= 128 else 4,
         **pdl_launch_args(env),
     )

@@ -12,7 +12,9 @@ kda_in_proj_tile(tile): outputs n0 = tile·BLOCK_N .. n0+BLOCK_N-1 of the packed
   KEEP (speculative verification): also the window after every token, into the layer's conv
   history [S, T_cap, 3C, K-1]: entry i after token t = s_{t+1+i} (the token K-2-i steps before t).
 
-kda_core_tile(tile): sequence b = tile // H, head h = tile % H, the whole state S [D, D] fp32 in registers:
+kda_core_tile(tile): sequence b = tile // H, head h = tile % H, the whole state S [D, D] fp32 in registers
+  (BLOCK_KD = BLOCK_D), or streamed through memory in blocks of BLOCK_KD key rows, two passes a token (wide
+  heads: ``kda.state_block_rows``):
     f = fa W_fb[h]ᵀ,  g = -e^{A_log[h]} softplus(f + dt_bias)  or  lower_bound · σ(e^{A_log[h]} (f + dt_bias))
     per token in order: q ← L2(q)·D^-½, k ← L2(k), β = σ(b);
         S ← Diag(e^g) S;  S ← S + k (β (v - Sᵀk))ᵀ;  o = Sᵀq
@@ -315,6 +317,7 @@ def kda_core_tile(
     USE_DOT: tl.constexpr,
     UPCAST: tl.constexpr,
     NUM_STAGES: tl.constexpr,
+    BLOCK_KD: tl.constexpr,
     hist_ptr=None,
     stride_hist_slot=0,
     stride_hist_t=0,
@@ -326,7 +329,8 @@ def kda_core_tile(
     f_b [H·D, RANK]; g_b [H·D, G] (LOW_RANK_GATE; else og is the full-rank gate, G = H·D);
     A_log [H]; dt_bias [H·D]; o_norm [D]; out [R, H·D];
     state: the layer's recurrent state [S, H, D, D] fp32 (slot stride stride_state_slot, key-major).
-    BLOCK_T, USE_DOT = platform.row_block(T); BLOCK_D, BLOCK_RANK, BLOCK_G powers of two >= 16.
+    BLOCK_T, USE_DOT = platform.row_block(T); BLOCK_D, BLOCK_RANK, BLOCK_G powers of two >= 16; BLOCK_KD key
+    rows of the state at a time (a power of two <= BLOCK_D; BLOCK_D: the state stays in registers).
     KEEP: hist = the recurrent history [S, T_cap, H, D, D] fp32 (slot / token strides given).
     """
     dtype = q_ptr.dtype.element_ty
@@ -336,52 +340,36 @@ def kda_core_tile(
     row0 = b * T
     cols = tl.arange(0, BLOCK_D)
     dmask = cols < D
-
-    # the state S[key, value] (zeros for a fresh sequence), loaded first: the largest transfer
     slot = tl.load(slots_ptr + b)
     held = tl.where(tl.load(start_ptr + b) != 0, D, 0)  # key rows to read: none for a fresh sequence
-    s_ptrs = state_ptr + slot.to(tl.int64) * stride_state_slot + h * D * D + cols[:, None] * D + cols[None, :]
+    s_base = state_ptr + slot.to(tl.int64) * stride_state_slot + h * D * D
     smask = dmask[:, None] & dmask[None, :]
-    S = tl.load(s_ptrs, mask=(cols < held)[:, None] & dmask[None, :], other=0.0)
-
-    # decay gate and output gate of the sequence's T rows: [BLOCK_T, BLOCK_D] fp32
-    ones = tl.full([BLOCK_T], 1.0, tl.float32)
-    f, _ = gemv_rows(
-        fa_ptr + row0 * RANK,
-        RANK,
-        T,
-        0,
-        RANK,
-        fa_ptr,
-        ones,
-        fb_ptr,
-        fb_ptr,
-        RANK,
-        fb_ptr,
-        fb_ptr,
-        0,
-        0,
-        h * D + cols,
-        h * D + cols,
-        dmask,
-        False,
-        False,
-        False,
-        dtype,
-        BLOCK_T,
-        BLOCK_RANK,
-        USE_DOT,
-        UPCAST,
-        NUM_STAGES,
-    )
-    f = _round(f, dtype)
-    z = f + tl.load(dt_bias_ptr + h * D + cols, mask=dmask, other=0.0).to(tl.float32)[None, :]
-    a = tl.exp(tl.load(A_log_ptr + h).to(tl.float32))
-    if BOUNDED:
-        g = lower_bound * tl.sigmoid(a * z)
-    else:
-        g = -a * _softplus(z)
+    if BLOCK_KD == BLOCK_D:
+        # the state S[key, value] (zeros for a fresh sequence), loaded first: the largest transfer
+        S = tl.load(s_base + cols[:, None] * D + cols[None, :], mask=(cols < held)[:, None] & dmask[None, :], other=0.0)
     trow = tl.arange(0, BLOCK_T)
+    ones = tl.full([BLOCK_T], 1.0, tl.float32)
+    a = tl.exp(tl.load(A_log_ptr + h).to(tl.float32))
+    if BLOCK_KD == BLOCK_D:  # decay gate of the sequence's T rows: [BLOCK_T, BLOCK_D] fp32
+        g = _decay(
+            fa_ptr,
+            fb_ptr,
+            dt_bias_ptr,
+            row0,
+            T,
+            RANK,
+            h * D + cols,
+            dmask,
+            a,
+            lower_bound,
+            BOUNDED,
+            dtype,
+            BLOCK_T,
+            BLOCK_RANK,
+            USE_DOT,
+            UPCAST,
+            NUM_STAGES,
+        )
     if LOW_RANK_GATE:
         gate, _ = gemv_rows(
             og_ptr + row0 * G,
@@ -419,34 +407,144 @@ def kda_core_tile(
             other=0.0,
         ).to(tl.float32)
     w_norm = tl.load(o_norm_ptr + cols, mask=dmask, other=0.0).to(tl.float32)
+    kb = tl.arange(0, BLOCK_KD)
 
     for t in range(0, T):
         r = row0 + t
         here = (trow == t)[:, None]
-        g_t = tl.sum(tl.where(here, g, 0.0), axis=0)
         gate_t = tl.sum(tl.where(here, gate, 0.0), axis=0)
-        head = r * C + h * D + cols
-        q_t = tl.load(q_ptr + head, mask=dmask, other=0.0).to(tl.float32)
-        k_t = tl.load(k_ptr + head, mask=dmask, other=0.0).to(tl.float32)
-        v_t = tl.load(v_ptr + head, mask=dmask, other=0.0).to(tl.float32)
+        head0 = r * C + h * D
+        q_t = tl.load(q_ptr + head0 + cols, mask=dmask, other=0.0).to(tl.float32)
+        k_t = tl.load(k_ptr + head0 + cols, mask=dmask, other=0.0).to(tl.float32)
+        v_t = tl.load(v_ptr + head0 + cols, mask=dmask, other=0.0).to(tl.float32)
         beta_t = tl.sigmoid(tl.load(beta_ptr + r * H + h).to(tl.float32))
-        q_t = q_t / tl.sqrt(tl.sum(q_t * q_t) + 1e-6) * q_scale
-        k_t = k_t / tl.sqrt(tl.sum(k_t * k_t) + 1e-6)
-        S = S * tl.exp(g_t)[:, None]
-        u = beta_t * (v_t - tl.sum(k_t[:, None] * S, axis=0))
-        S = S + k_t[:, None] * u[None, :]
-        if KEEP:
-            h_ptrs = (
-                hist_ptr
-                + slot.to(tl.int64) * stride_hist_slot
-                + t * stride_hist_t
-                + h * D * D
-                + cols[:, None] * D
-                + cols[None, :]
-            )
-            tl.store(h_ptrs, S, mask=smask)
-        o = tl.sum(q_t[:, None] * S, axis=0)
+        q_den = tl.sqrt(tl.sum(q_t * q_t) + 1e-6)
+        k_den = tl.sqrt(tl.sum(k_t * k_t) + 1e-6)
+        q_t = q_t / q_den * q_scale
+        k_t = k_t / k_den
+        if BLOCK_KD == BLOCK_D:
+            g_t = tl.sum(tl.where(here, g, 0.0), axis=0)
+            S = S * tl.exp(g_t)[:, None]
+            u = beta_t * (v_t - tl.sum(k_t[:, None] * S, axis=0))
+            S = S + k_t[:, None] * u[None, :]
+            if KEEP:
+                h_base = hist_ptr + slot.to(tl.int64) * stride_hist_slot + t * stride_hist_t + h * D * D
+                tl.store(h_base + cols[:, None] * D + cols[None, :], S, mask=smask)
+            o = tl.sum(q_t[:, None] * S, axis=0)
+        else:
+            # the state streamed in blocks of BLOCK_KD key rows (a [BLOCK_D, BLOCK_D] state would not fit in
+            # registers): pass 1 reads Diag(e^g) S for its products with k and q, pass 2 writes Diag(e^g) S + k uᵀ
+            # back; o = Sᵀq of the updated state = (Diag(e^g) S)ᵀq + (q·k) u
+            ks = tl.zeros([BLOCK_D], dtype=tl.float32)
+            qs = tl.zeros([BLOCK_D], dtype=tl.float32)
+            u = ks
+            for rewrite in tl.static_range(2):
+                if rewrite:
+                    u = beta_t * (v_t - ks)
+                    tl.debug_barrier()  # every block read before one is rewritten
+                for k0 in range(0, D, BLOCK_KD):
+                    rows = k0 + kb
+                    S_b = tl.load(
+                        s_base + rows[:, None] * D + cols[None, :],
+                        mask=(rows < held)[:, None] & dmask[None, :],  # a fresh sequence: zeros before its first token
+                        other=0.0,
+                    )
+                    g_b = _decay(
+                        fa_ptr,
+                        fb_ptr,
+                        dt_bias_ptr,
+                        row0,
+                        T,
+                        RANK,
+                        h * D + rows,
+                        rows < D,
+                        a,
+                        lower_bound,
+                        BOUNDED,
+                        dtype,
+                        BLOCK_T,
+                        BLOCK_RANK,
+                        USE_DOT,
+                        UPCAST,
+                        NUM_STAGES,
+                    )
+                    S_b = S_b * tl.exp(tl.sum(tl.where(here, g_b, 0.0), axis=0))[:, None]  # Diag(e^g_t) S[rows, :]
+                    k_b = tl.load(k_ptr + head0 + rows, mask=rows < D, other=0.0).to(tl.float32) / k_den
+                    if rewrite:
+                        S_b = S_b + k_b[:, None] * u[None, :]
+                        bmask = (rows < D)[:, None] & dmask[None, :]
+                        tl.store(s_base + rows[:, None] * D + cols[None, :], S_b, mask=bmask)
+                        if KEEP:
+                            h_base = hist_ptr + slot.to(tl.int64) * stride_hist_slot + t * stride_hist_t + h * D * D
+                            tl.store(h_base + rows[:, None] * D + cols[None, :], S_b, mask=bmask)
+                    else:
+                        q_b = tl.load(q_ptr + head0 + rows, mask=rows < D, other=0.0).to(tl.float32) / q_den * q_scale
+                        ks += tl.sum(k_b[:, None] * S_b, axis=0)
+                        qs += tl.sum(q_b[:, None] * S_b, axis=0)
+            tl.debug_barrier()  # the new state in memory before the next token reads it
+            held = D
+            o = qs + tl.sum(q_t * k_t) * u
         o = o * vec_inv_rms(o, D, eps)
         y = w_norm * o * tl.sigmoid(gate_t)
-        tl.store(out_ptr + head, y.to(out_ptr.dtype.element_ty), mask=dmask)
-    tl.store(s_ptrs, S, mask=smask)
+        tl.store(out_ptr + head0 + cols, y.to(out_ptr.dtype.element_ty), mask=dmask)
+    if BLOCK_KD == BLOCK_D:
+        tl.store(s_base + cols[:, None] * D + cols[None, :], S, mask=smask)
+
+
+@triton.jit
+def _decay(
+    fa_ptr,
+    fb_ptr,
+    dt_bias_ptr,
+    row0,
+    T,
+    RANK,
+    channels,
+    cmask,
+    a,
+    lower_bound,
+    BOUNDED: tl.constexpr,
+    dtype: tl.constexpr,
+    BLOCK_T: tl.constexpr,
+    BLOCK_RANK: tl.constexpr,
+    USE_DOT: tl.constexpr,
+    UPCAST: tl.constexpr,
+    NUM_STAGES: tl.constexpr,
+):
+    """The decay gate g [BLOCK_T, len(channels)] fp32 of the sequence's T rows (rows row0..) at key channels
+    ``channels`` of the layer: f = fa W_fb[channels]ᵀ rounded to the model dtype, z = f + dt_bias,
+    g = lower_bound · σ(a z) (BOUNDED) or -a · softplus(z)."""
+    f, _ = gemv_rows(
+        fa_ptr + row0 * RANK,
+        RANK,
+        T,
+        0,
+        RANK,
+        fa_ptr,
+        tl.full([BLOCK_T], 1.0, tl.float32),
+        fb_ptr,
+        fb_ptr,
+        RANK,
+        fb_ptr,
+        fb_ptr,
+        0,
+        0,
+        channels,
+        channels,
+        cmask,
+        False,
+        False,
+        False,
+        dtype,
+        BLOCK_T,
+        BLOCK_RANK,
+        USE_DOT,
+        UPCAST,
+        NUM_STAGES,
+    )
+    z = _round(f, dtype) + tl.load(dt_bias_ptr + channels, mask=cmask, other=0.0).to(tl.float32)[None, :]
+    if BOUNDED:
+        g = lower_bound * tl.sigmoid(a * z)
+    else:
+        g = -a * _softplus(z)
+    return g

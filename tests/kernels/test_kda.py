@@ -64,7 +64,7 @@ def test_kda_kernel_matches_twin(kind, config, dtype, B, T):
 )
 @pytest.mark.parametrize("kind", KINDS)
 def test_kda_kernel_rows(kind, B, T, config, dtype):
-    """One row (the batch-1 reduction path of the GEMVs), and the other pairings of B and T."""
+    """One row, and the other pairings of B and T."""
     assert _check(kind, config, dtype, B, T, seed=B + T) > 0
 
 
@@ -83,6 +83,22 @@ def test_fresh_sequence_ignores_what_the_slot_held(kind):
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", RuntimeWarning)
         assert check_kernel(kind, TINY_CONFIGS["kimi_linear"], dirty_then_kernel, torch.float32, B=2, T=1) > 0
+
+
+@pytest.mark.parametrize(
+    "config,dtype,keep",
+    [("kimi_linear", torch.float32, False), ("kimi_k3", torch.float16, True)],
+    ids=["kimi_linear", "kimi_k3-keep"],
+)
+def test_kda_core_streams_a_wide_state(config, dtype, keep, monkeypatch):
+    """A head whose [D, D] state exceeds ``kda.STATE_ELEMS`` streams it through memory in blocks of key rows
+    (two passes a token): shrunk here to 2 blocks of the tiny heads, against the twin - 3 sequences of 3 tokens
+    (one fresh: its slot holds junk), and a speculative-verification step keeping the state after every token."""
+    monkeypatch.setattr(kda, "STATE_ELEMS", 128)
+    assert kda.state_block_rows(16) == 8
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)
+        assert check_kernel("kda_core", TINY_CONFIGS[config], kda.kda_core, dtype, B=3, T=3, seed=7, keep_states=keep)
 
 
 # ----------------------------------------------------------------------------- tile helpers
