@@ -278,7 +278,8 @@ class SuperOpExecutor(Executor):
         """``n`` decode steps of ``slots`` from their last tokens ``input_ids`` [B, 1], each token sampled on
         the device after the step (``kernels/sample.py``) with ``rows`` (``runtime.device_sampling.SampleRow``
         per sequence; the noise counter is the token's position) and fed to the next step without a host
-        round trip. Advances the cache by n; returns the tokens [B, n] (host int64)."""
+        round trip. Advances the cache by n; returns the tokens [B, n] (host int64). ``stats``:
+        ``sampling_calls`` counts the calls, ``device_sampled_steps`` their steps."""
         from nonstop.kernels import KERNELS
         from nonstop.kernels.sample import sample_op
         from nonstop.program.reference import StepEnv
@@ -309,6 +310,8 @@ class SuperOpExecutor(Executor):
             cache.advance(batch)
             tokens.append(buf["next_ids"].clone())
             ids = buf["next_ids"].view(B, 1)
+        self.stats["sampling_calls"] = self.stats.get("sampling_calls", 0) + 1
+        self.stats["device_sampled_steps"] = self.stats.get("device_sampled_steps", 0) + n
         return torch.stack(tokens, 1).cpu()
 
     def forward(

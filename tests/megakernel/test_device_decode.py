@@ -128,3 +128,58 @@ def test_host_only_parameters_sample_on_the_host(llama, backend, feature, monkey
     got = run(llama, ex, params)
     assert not calls, f"{feature}: the device sampler was called"
     assert got == run(llama, ReferenceExecutor(llama), params)
+
+
+@pytest.fixture(scope="module")
+def llama_dir(tmp_path_factory):
+    from tests.engine.tiny_models import synth_checkpoint
+
+    return synth_checkpoint("llama", tmp_path_factory.mktemp("tiny-llama"))
+
+
+def _sampled_llm(model_dir, backend):
+    from nonstop.engine.llm import LLM
+
+    llm = LLM(model_dir, dtype="float32", backend=backend, max_batch=3, tokenizer="bytes")
+    if kernel_skip_reason(llm.model):
+        pytest.skip(kernel_skip_reason(llm.model))
+    return llm
+
+
+@pytest.mark.parametrize("backend", list(BACKENDS))
+def test_llm_and_server_sample_on_the_device(llama_dir, backend, monkeypatch):
+    """``LLM(backend=...)`` and the OpenAI server over it: decode tokens are sampled on the device with each
+    request's temperature / top-k / top-p / seed - the executor counts device-sampled steps, several per
+    launch (megakernel) or call (superop) when no token needs the host - and they are the tokens of
+    step-by-step decoding (one step a launch); the server's completion is ``LLM.generate``'s."""
+    import httpx
+
+    from nonstop.server import build_context
+    from tests.server.inprocess import serve_in_thread
+
+    prompts = [[5, 17, 40], [90, 3], [7, 8, 9, 10]]
+    params = [
+        SamplingParams(max_tokens=6, temperature=0.8, seed=5, ignore_eos=True),
+        SamplingParams(max_tokens=6, temperature=1.2, top_k=7, seed=6, ignore_eos=True),
+        SamplingParams(max_tokens=6, temperature=1.0, top_p=0.7, seed=7),  # as the server's request below
+    ]
+    llm = _sampled_llm(llama_dir, backend)
+    outs = llm.generate(prompt_token_ids=prompts, sampling=params)
+    stats = llm.executor.stats
+    launches = stats.get("sampling_launches", stats.get("sampling_calls", 0))
+    assert stats["device_sampled_steps"] >= 5 and launches >= 1  # the first token comes from the prefill
+    assert stats["device_sampled_steps"] > launches  # several steps per launch / call
+    monkeypatch.setattr(device_decode, "STEPS_PER_LAUNCH", 1)
+    single = _sampled_llm(llama_dir, backend)
+    assert [o.token_ids for o in single.generate(prompt_token_ids=prompts, sampling=params)] == [
+        o.token_ids for o in outs
+    ]
+    one = single.executor.stats
+    assert one["device_sampled_steps"] == one.get("sampling_launches", one.get("sampling_calls"))
+
+    before = stats["device_sampled_steps"]
+    with serve_in_thread(build_context(llm, ["tiny"], max_batch=3)) as url:
+        body = {"model": "tiny", "prompt": prompts[2], "max_tokens": 6, "temperature": 1.0, "top_p": 0.7, "seed": 7}
+        reply = httpx.post(url + "/v1/completions", json=body, timeout=600).json()
+    assert reply["choices"][0]["text"] == outs[2].text
+    assert llm.executor.stats["device_sampled_steps"] > before  # the server's decode steps sampled on the device
