@@ -225,7 +225,7 @@ def test_kernel_schedule_survives_adversarial_interleavings(name):
     assert found is None, found.summary()
 
 
-@pytest.mark.parametrize("name", ["llama", "kimi_k3_mxfp4"])
+@pytest.mark.parametrize("name", list(TINY_CONFIGS))
 def test_tasks_write_only_their_declared_regions(name, monkeypatch):
     """The declarations the validator trusts hold for the code that runs: a step of B = 2 sequences x
     T = 2 tokens, task by task, changes activation buffers only inside each task's declared writes
@@ -304,3 +304,21 @@ def test_a_kind_without_kernel_is_a_clear_error():
     with pytest.raises(ValueError, match="backend 'megakernel' has no Triton kernel yet for: mlp"):
         MegakernelExecutor(model, kernels=table)
 
+
+def test_grid_fills_the_sms_or_refuses_a_kernel_that_cannot_be_co_resident():
+    """``persistent_grid`` on a made-up device of 3 SMs with a quarter of an H100's registers and 48 KiB of
+    shared memory: as many CTAs as fit on every SM, and a clear error (not a launch that would hang waiting
+    for programs that never run) when the registers or the shared memory of one CTA exceed an SM's."""
+    from dataclasses import replace
+
+    from nonstop.kernels import platform
+    from nonstop.runtime.megakernel.kernel import persistent_grid
+
+    tiny = replace(platform.H100, name="tiny GPU", sms=3, regs_per_sm=16384, smem_per_sm=49152, smem_per_block=49152)
+    assert persistent_grid(tiny, 32, 1024, 4) == 3 * 4  # 32 registers x 128 threads: 4 CTAs of 4 warps an SM
+    assert persistent_grid(tiny, 64, 1024, 8) == 3  # one CTA of 8 warps an SM
+    assert persistent_grid(tiny, 32, 20_000, 4) == 3 * 2  # two CTAs' shared memory an SM
+    for registers, shared, warps, what in [(96, 0, 8, "96 registers x 256 threads"), (32, 60_000, 4, "60000 bytes")]:
+        with pytest.raises(RuntimeError, match=f"cannot run on tiny GPU: .*{what}"):
+            persistent_grid(tiny, registers, shared, warps)
+    assert persistent_grid(platform.H100, 255, 49152, 8) == 132  # the K3 megakernel's: one CTA an SM
