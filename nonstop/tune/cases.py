@@ -53,6 +53,7 @@ class CaseSpec:
     keep_states: bool
     variant: int
     context: int | None = None  # tokens cached per sequence (None: random 1..MAX_PREFIX)
+    spare_slots: int = 2  # cache slots beyond B (drawn per verification: a fixed count would tell its states)
 
     @property
     def rows(self) -> int:
@@ -196,7 +197,7 @@ def _step(
 ) -> tuple[ModelCache, StepBatch]:
     """A cache whose B sequences have random prefixes (the last of several starts fresh), and the step batch."""
     B, T = spec.B, spec.T
-    num_slots = B + 2
+    num_slots = B + spec.spare_slots
     slots = rng.sample(range(num_slots), B)
     longest = (spec.context or MAX_PREFIX) + T
     cache = ModelCache(cfg, num_slots=num_slots, capacity=max(16, longest), dtype=dtype, device=device)

@@ -7,10 +7,14 @@ Per call: the state is rebuilt on fresh memory with guard bands (``state.unpack`
 runs under a ``Recorder`` that notes every torch operator doing device work or reading values to the
 host, attributed by the Python frames that issued it: the candidate's own code (a violation),
 ``nonstop.cache`` / ``nonstop.kernels`` (cache bookkeeping and trusted helpers: allowed) or any other
-nonstop code (a violation: the model, the twins). Triton launches are counted. After the call:
-guard bands, the storages that must be unchanged (compared here with their packed bytes), the bytes
-of the output storages, the tensor views by path, Python threads, and the identity of the functions
-timing relies on.
+nonstop code (a violation: the model, the twins). Triton launches are counted. The env is the one the
+``superop`` executor would give the launch on this device (``executor_env``: PDL where supported). After
+the call: guard bands, the storages that must be unchanged (compared here with their packed bytes), the
+bytes of the output storages, the tensor views by path, Python threads, the identity of the functions
+timing relies on, and the two-phase counters (all back at zero).
+
+When every call ran clean, the executor run (``exec_check.run_executor``): the built-in kernel's, then the
+candidate's as the executor's stored winner; the parent compares both with the reference executor.
 
 Timing (CUDA only, when every call ran clean; the plan is ``timing.TimingPlan``): one rebuilt state per
 timed shape; before each launch one never-repeated pairing of a weight draw and an input draw is copied

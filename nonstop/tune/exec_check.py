@@ -52,7 +52,7 @@ def _steps(cfg, B: int, T: int, rng: random.Random) -> list[torch.Tensor]:
 
 
 def _decode(executor, cfg, dtype, device, plan: dict) -> list[torch.Tensor]:
-    cache = executor.new_cache(cfg, NUM_SLOTS, dtype, torch.device(device), PAGE_SIZE)
+    cache = executor.new_cache(cfg, plan["num_slots"], dtype, torch.device(device), PAGE_SIZE)
     out = []
     for ids in plan["steps"]:
         batch = cache.batch(plan["slots"], ids.shape[1])
@@ -84,7 +84,8 @@ def plan_executor_run(target, source: str, jobdir: Path, rng: random.Random, hid
         "seed": seed,
         "kind": target.kind,
         "steps": steps,
-        "slots": rng.sample(range(NUM_SLOTS), B),
+        "num_slots": max(NUM_SLOTS, B + 2),
+        "slots": rng.sample(range(max(NUM_SLOTS, B + 2)), B),
         "store": str(jobdir / "store" / "tuning.json"),
         "fingerprint": weights,
         "B": B,

@@ -76,14 +76,24 @@ def builtin_source(kind: str) -> str:
 
 def plan(target: Target, rng: random.Random, hidden: int = HIDDEN_CASES) -> list[CaseSpec]:
     """The tuned shapes, then hidden ones (at least ``MIN_CASES`` cases in all)."""
-    specs = [CaseSpec("tuned", target.cfg, target.dtype, s.B, s.T, False, s.variant) for s in target.shapes]
+    specs = [
+        CaseSpec("tuned", target.cfg, target.dtype, s.B, s.T, False, s.variant, spare_slots=rng.randint(2, 9))
+        for s in target.shapes
+    ]
     n_hidden = max(hidden, MIN_CASES - len(specs))
     shapes = [(1, 1), (3, 1), (2, 3)] + [(rng.randint(1, 4), rng.randint(1, 4)) for _ in range(n_hidden)]
     for i in range(n_hidden):
         B, T = shapes[i]
         specs.append(
             CaseSpec(
-                "hidden", hidden_config(target.cfg, rng), target.dtype, B, T, keep_states=(B, T) == (2, 3), variant=i
+                "hidden",
+                hidden_config(target.cfg, rng),
+                target.dtype,
+                B,
+                T,
+                keep_states=(B, T) == (2, 3),
+                variant=i,
+                spare_slots=rng.randint(2, 9),
             )
         )
     return specs
@@ -195,7 +205,15 @@ def verify(
     if target.device.type == "cuda" and time_it:
         for shape in target.shapes:
             spec = CaseSpec(
-                "tuned", target.cfg, target.dtype, shape.B, shape.T, False, shape.variant, context=target.context
+                "tuned",
+                target.cfg,
+                target.dtype,
+                shape.B,
+                shape.T,
+                False,
+                shape.variant,
+                context=target.context,
+                spare_slots=rng.randint(2, 9),
             )
             timing[shape.key] = plan_timing(shape.key, spec, target.kind, target.device, rng)
     states, calls = call_plan(cases, specs, target.kind, target.device)
