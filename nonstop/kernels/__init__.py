@@ -8,7 +8,7 @@ Conventions (shared by the ``superop`` executor and the megakernel):
   ``nonstop/program/reference.py`` sets up pointers and launches once; each module exports
   ``KERNELS = {kind: launch}``;
 * shared pieces: ``platform`` (interpreter, device target, sizes, dot policy), ``gemv`` (the GEMV tile,
-  the RMS helper, the matmul helper), ``launch`` (launchers, PDL, the two-phase protocol, workspaces).
+  the RMS helper, the matmul helper), ``launch`` (launchers, PDL, the multi-phase protocol, workspaces).
 Triton is needed to import the kernel modules (``TRITON_INTERPRET=1`` runs them on a CPU); ``KERNELS`` is
 built on first access, so ``nonstop.kernels.platform`` imports without Triton. Every family module is
 required: a missing one is an import error, never a silently smaller table.
@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import importlib
 
-FAMILY_MODULES = ("dense", "kda", "mla", "gqa", "moe", "sample")
+FAMILY_MODULES = ("dense", "attnres", "kda", "mla", "gqa", "moe", "sample")
 
 
 def _collect() -> dict:

@@ -1,4 +1,5 @@
-"""The dense super-ops: embedding gather, linear + residual, LM head, dense MLP, K3 attention-residual mix.
+"""The dense super-ops: embedding gather, linear + residual, LM head, dense MLP (K3's attention-residual
+mix: ``attnres.py``).
 
 Each kind equals its twin in ``nonstop/program/reference.py`` (same buffers written, same rounding
 points: every ``F.linear`` of the twin is an fp32 accumulation rounded once to the model dtype).
@@ -17,10 +18,6 @@ Tile functions:
     2 ``down``: ``gemv_tile`` over W_down [D, I] with the STORE / ADD residual epilogue  tiles: cdiv(D, BLOCK_N)
     Why not split-K atomics into the residual: the result would depend on the order of the fp32
     additions; here every output is the twin's computation in a fixed order (deterministic).
-``attnres_mix_norm_tile(row, ...)``
-    logit_s = ⟨w, v_s⟩ / sqrt(mean v_s² + eps) over sources v = blocks[row, :n_blocks] + [partial[row]],
-    mix = Σ softmax(logit)_s v_s (online softmax, fp32, one read of each source), optional
-    blocks[row, store_block] = partial[row], out = RMSNorm(mix.to(model dtype))             tiles: R
 
 The MLP's h scratch (``launch.workspace``, one per device and dtype) is reused by every launch; ops that
 share it must not run concurrently on one device.
@@ -41,9 +38,7 @@ from nonstop.kernels.gemv import (
     launch_gemv,
     pick_block_k,
     pick_block_n,
-    rms_scale,
     row_inv_rms,
-    vec_inv_rms,
 )
 from nonstop.kernels.launch import launcher, pdl_launch_args, phase_counters, phase_done, phase_ticket, workspace
 from nonstop.kernels.platform import num_sms, pipeline_stages, pow2, row_block, upcast_dots
@@ -357,93 +352,9 @@ def mlp(op, env, **blocks):
     )
 
 
-# ----------------------------------------------------------------------------- K3 attention-residual mix + norm
-
-
-@triton.jit
-def attnres_mix_norm_tile(
-    row,
-    blocks_ptr,
-    stride_blk_row,
-    stride_blk_src,
-    partial_ptr,
-    stride_partial,
-    query_ptr,
-    norm_ptr,
-    out_ptr,
-    stride_out,
-    D,
-    n_blocks,
-    store_block,
-    eps,
-    HAS_STORE: tl.constexpr,
-    BLOCK_D: tl.constexpr,
-):
-    """out[row] = RMSNorm(Σ_s softmax_s(⟨w, v_s⟩ / rms(v_s)) v_s) over v = blocks[row, :n_blocks] + [partial[row]];
-    then blocks[row, store_block] = partial[row] when HAS_STORE."""
-    cols = tl.arange(0, BLOCK_D)
-    mask = cols < D
-    w = tl.load(query_ptr + cols, mask=mask, other=0.0).to(tl.float32)
-    block_row = blocks_ptr + row.to(tl.int64) * stride_blk_row
-    partial_row = partial_ptr + row.to(tl.int64) * stride_partial
-    m = tl.full([], float("-inf"), tl.float32)  # online softmax: running max, normaliser, weighted sum
-    l = tl.full([], 0.0, tl.float32)
-    acc = tl.zeros([BLOCK_D], dtype=tl.float32)
-    for s in range(0, n_blocks + 1):  # sources: the completed blocks, then the partial sum
-        src = tl.where(s < n_blocks, block_row + s * stride_blk_src, partial_row)
-        v = tl.load(src + cols, mask=mask, other=0.0).to(tl.float32)
-        logit = tl.sum(v * w, axis=0) * vec_inv_rms(v, D, eps)
-        m_new = tl.maximum(m, logit)
-        scale = tl.exp(m - m_new)
-        p = tl.exp(logit - m_new)
-        l = l * scale + p
-        acc = acc * scale + p * v
-        m = m_new
-    partial = tl.load(partial_row + cols, mask=mask, other=0.0)
-    mixed = (acc / l).to(partial.dtype).to(tl.float32)
-    if HAS_STORE:
-        tl.store(block_row + store_block * stride_blk_src + cols, partial, mask=mask)
-    gamma = tl.load(norm_ptr + cols, mask=mask, other=0.0)
-    normed = rms_scale(mixed, vec_inv_rms(mixed, D, eps), gamma, partial.dtype)
-    tl.store(out_ptr + row.to(tl.int64) * stride_out + cols, normed.to(out_ptr.dtype.element_ty), mask=mask)
-
-
-attnres_kernel = launcher(attnres_mix_norm_tile)
-
-
-def attnres_mix_norm(op, env):
-    """x = RMSNorm(Mix(blocks[:n] + [partial])); blocks[store] = partial (see ``model/attnres.py``).
-    At most 8 warps (a whole K3 row, 7168 values, is 28 fp32 registers a thread per vector)."""
-    blocks, partial, out = env.buf["blocks"], env.buf["partial"], env.buf[op.writes[0]]
-    R, _, D = blocks.shape
-    assert blocks.stride(2) == 1 and partial.stride(1) == 1
-    store = op.attrs.get("store_block")
-    BLOCK_D = pow2(D)
-    attnres_kernel[(R,)](
-        blocks,
-        blocks.stride(0),
-        blocks.stride(1),
-        partial,
-        partial.stride(0),
-        op.weights["query"],
-        op.weights["norm"],
-        out,
-        out.stride(0),
-        D,
-        op.attrs["n_blocks"],
-        store if store is not None else 0,
-        op.attrs["eps"],
-        HAS_STORE=store is not None,
-        BLOCK_D=BLOCK_D,
-        num_warps=min(8, max(4, BLOCK_D // 512)),
-        **pdl_launch_args(env),
-    )
-
-
 KERNELS = {
     "embed": embed,
     "linear_residual": linear_residual,
     "lm_head": lm_head,
     "mlp": mlp,
-    "attnres_mix_norm": attnres_mix_norm,
 }

@@ -12,16 +12,16 @@ writes its launcher kernel: the same parameters (minus the tile index) plus ``US
 so a launcher's signature is never written twice, and the megakernel calls the tile function itself
 with the arguments recorded from the launcher (``declaration(launcher)`` gives it the tile function).
 
-Two-phase super-ops (the dense MLP, split-KV attention, the routed experts, AttnRes, sampling) order
-two kinds of tiles inside one launch. Their tile function takes ``PHASE: tl.constexpr``: 1 and 2 run one
-tile of the first / second phase, 0 (what the launcher passes) runs the in-launch protocol: each program
-takes a ticket (``phase_ticket``); tickets below the first phase's tile count run phase-1 tiles and
-arrive (release); later tickets wait (acquire) for every arrival, then run phase-2 tiles
-(``phase_done``: the last one puts the three int32 counters back to zero for the next launch). A program
-waits only on tickets taken before its own, whose programs are running: no deadlock at any grid size,
-and the interpreter's sequential programs never wait. The megakernel runs the two phases as two stages
-of its schedule instead (``phases``: their names; ``first``: the launcher argument holding the number of
-phase-1 tiles; phase 2 has the rest of the grid).
+Multi-phase super-ops (two phases: the dense MLP, split-KV attention, the routed experts, sampling;
+three: AttnRes) order kinds of tiles inside one launch. Their tile function takes ``PHASE: tl.constexpr``:
+1, 2 (, 3) run one tile of that phase, 0 (what the launcher passes) runs the in-launch protocol: each
+program takes a ticket (``phase_ticket``); tickets below the first phase's tile count run phase-1 tiles and
+arrive (release); later tickets wait (acquire) for every arrival of the phase before theirs, then run its
+tiles (``phase_done``: the last tile of the last phase puts the int32 counters back to zero for the next
+launch). A program waits only on tickets taken before its own, whose programs are running: no deadlock at
+any grid size, and the interpreter's sequential programs never wait. The megakernel runs the phases as
+stages of its schedule instead (``phases``: their names; ``first``: the launcher arguments holding the tile
+counts of the phases before the last, which has the rest of the grid).
 
 Programmatic dependent launch (PDL, sm_90+): with ``USE_PDL`` a launch may start before its
 predecessor ends; ``pdl_wait`` waits until the predecessor grid has completed and its writes are
@@ -108,33 +108,38 @@ def wait_at_least(counter_ptr, target):
 
 
 @triton.jit
-def phase_ticket(count_ptr, n_first):
-    """(phase, tile) of this program in a two-phase launch: ticket t < n_first is phase-1 tile t; a later
-    ticket waits until all n_first phase-1 tiles arrived, then is phase-2 tile t - n_first.
-    count_ptr: int32 [3] (tickets, phase-1 arrivals, phase-2 arrivals), zero before the launch."""
+def phase_ticket(count_ptr, n_first, n_second=0):
+    """(phase, tile) of this program in a two- or three-phase launch: ticket t < n_first is phase-1 tile t;
+    a later ticket waits until all tiles of the phase before it arrived, then is tile t - n_first of phase 2
+    (three phases: t < n_first + n_second; the rest, t - n_first - n_second, phase 3).
+    count_ptr: int32 [4] (tickets, then the arrivals of each phase), zero before the launch."""
     ticket = tl.atomic_add(count_ptr, 1, sem="relaxed")
     phase = 1
     tile = ticket
     if ticket >= n_first:
-        wait_at_least(count_ptr + 1, n_first)
-        phase = 2
-        tile = ticket - n_first
+        if n_second > 0 and ticket >= n_first + n_second:
+            wait_at_least(count_ptr + 2, n_second)
+            phase = 3
+            tile = ticket - n_first - n_second
+        else:
+            wait_at_least(count_ptr + 1, n_first)
+            phase = 2
+            tile = ticket - n_first
     return phase, tile
 
 
 @triton.jit
-def phase_done(count_ptr, phase, n_second):
-    """Arrive after a tile of ``phase_ticket``: phase 1 releases its writes to the waiters; the last
-    phase-2 tile resets the three counters to zero (every program has taken its ticket and passed its
-    wait by then)."""
+def phase_done(count_ptr, phase, n_last, LAST: tl.constexpr = 2):
+    """Arrive after a tile of ``phase_ticket``: a tile of an earlier phase releases its writes to the waiters;
+    the last tile of the last phase (``LAST``: 2 or 3, with ``n_last`` tiles) resets the counters to zero (every
+    program has taken its ticket and passed its wait by then)."""
     tl.debug_barrier()  # every thread's stores precede the arrival
-    if phase == 1:
-        tl.atomic_add(count_ptr + 1, 1, sem="release")
+    if phase < LAST:
+        tl.atomic_add(count_ptr + phase, 1, sem="release")
     else:
-        if tl.atomic_add(count_ptr + 2, 1, sem="acq_rel") == n_second - 1:
-            tl.atomic_xchg(count_ptr, 0, sem="relaxed")
-            tl.atomic_xchg(count_ptr + 1, 0, sem="relaxed")
-            tl.atomic_xchg(count_ptr + 2, 0, sem="relaxed")
+        if tl.atomic_add(count_ptr + LAST, 1, sem="acq_rel") == n_last - 1:
+            for i in tl.static_range(LAST + 1):
+                tl.atomic_xchg(count_ptr + i, 0, sem="relaxed")
 
 
 # ----------------------------------------------------------------------------- workspaces
@@ -156,8 +161,8 @@ def workspace(name: str, numel: int, dtype: torch.dtype, device, zero: bool = Fa
 
 
 def phase_counters(name: str, device) -> torch.Tensor:
-    """The int32 [3] zeroed counters of a two-phase launcher (``phase_ticket``)."""
-    return workspace(f"{name}.phases", 3, torch.int32, device, zero=True)
+    """The int32 [4] zeroed counters of a two- or three-phase launcher (``phase_ticket``)."""
+    return workspace(f"{name}.phases", 4, torch.int32, device, zero=True)
 
 
 # ----------------------------------------------------------------------------- launchers
@@ -171,14 +176,15 @@ class Declaration:
     tile_fn: object
     num_tiles: bool
     phases: tuple[str, ...] = ("main",)
-    first: str | None = None
+    first: str | tuple[str, ...] | None = None  # None: one phase
 
     def phase_tiles(self, args: dict, grid: int) -> list[tuple[str, int]]:
-        """(phase name, tiles) of a launch with bound ``args`` and ``grid`` programs."""
-        if self.first is None:
-            return [(self.phases[0], grid)]
-        n1 = int(args[self.first])
-        return [(self.phases[0], n1), (self.phases[1], grid - n1)]
+        """(phase name, tiles) of a launch with bound ``args`` and ``grid`` programs: the tile counts of every
+        phase but the last are arguments (``first``: one name, or a tuple for three phases), the last phase
+        has the rest of the grid."""
+        names = () if self.first is None else (self.first,) if isinstance(self.first, str) else self.first
+        counts = [int(args[name]) for name in names]
+        return list(zip(self.phases, [*counts, grid - sum(counts)]))
 
 
 DECLARATIONS: dict[object, Declaration] = {}  # launcher Python function -> its declaration
@@ -211,13 +217,14 @@ PDL_PREFETCH_LINES = 512  # 128-byte lines of its weight slice a PDL launch requ
 def launcher(
     tile_fn,
     *,
-    phases: tuple[str, str] | None = None,
-    first: str | None = None,
+    phases: tuple[str, ...] | None = None,
+    first: str | tuple[str, ...] | None = None,
     name: str | None = None,
     prefetch: tuple[str, str, str] | None = None,
 ):
     """The launcher kernel of ``tile_fn`` (see the module docstring); ``phases`` / ``first`` declare a
-    two-phase tile function (it takes ``PHASE``). ``prefetch`` = (weight pointer, first element, elements):
+    two- or three-phase tile function (it takes ``PHASE``; ``first``: the argument(s) holding the tile counts
+    of the phases before the last). ``prefetch`` = (weight pointer, first element, elements):
     expressions over the launcher's parameters and ``pid`` (the program id) naming the contiguous weight slice
     a program streams first; with PDL its first ``PDL_PREFETCH_LINES`` lines are requested into L2 before the
     wait (weights depend on no predecessor). Returns a ``JITFunction`` (``InterpretedFunction`` under the
@@ -257,6 +264,7 @@ def launcher(
     namespace = {"__name__": module_name}
     exec(compile(source, filename, "exec"), namespace)
     kernel = namespace[name]
+    first = tuple(first) if isinstance(first, list) else first
     DECLARATIONS[python_function(kernel)] = Declaration(tile_fn, takes_num_tiles, tuple(phases or ("main",)), first)
     sys.modules.setdefault(module_name, type(sys)(module_name)).__dict__.update(namespace)
     return kernel

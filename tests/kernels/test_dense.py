@@ -1,4 +1,4 @@
-"""Dense super-op kernels (embed, linear_residual, lm_head, mlp, attnres_mix_norm) against their twins
+"""Dense super-op kernels (embed, linear_residual, lm_head, mlp) against their twins
 inside real decode steps, and the GEMV / activation tile helpers against torch."""
 
 from __future__ import annotations
@@ -57,17 +57,6 @@ def test_lm_head(config, dtype, B, T):
 @pytest.mark.parametrize("config,dtype,B,T", _cases(["llama"], SHORT) + _cases(["kimi_k3"], [(F16, 2, 3)]))
 def test_embed(config, dtype, B, T):
     check_kernel("embed", TINY_CONFIGS[config], dense.KERNELS["embed"], dtype, B=B, T=T)
-
-
-@pytest.mark.parametrize("config,dtype,B,T", _cases(["kimi_k3"], FULL))
-def test_attnres_mix_norm(config, dtype, B, T):
-    """All 15 mixes of the 7-layer model: 1 to 3 completed blocks, with and without a block store."""
-    assert (
-        check_kernel(
-            "attnres_mix_norm", TINY_CONFIGS[config], dense.KERNELS["attnres_mix_norm"], dtype, B=B, T=T, seed=B * T
-        )
-        == 15
-    )
 
 
 @pytest.mark.parametrize(

@@ -1,6 +1,7 @@
 """Tilings of the dense kinds (``nonstop/kernels/dense.py``, ``gemv.py``), from each launch's arguments.
 
-embed, attnres_mix_norm   one tile per row
+embed                     one tile per row
+attnres_mix_norm          dots, mix, norm: a tile per (row, column chunk) in each
 linear_residual, lm_head  BLOCK_N output columns for all rows (each tile recomputes the row's norm);
                           a residual target updated in place (``accumulate``) is a READ + WRITE of the
                           tile's own columns
@@ -47,21 +48,37 @@ def embed(ctx: TileContext, op: SuperOp, args: dict) -> list[StageSpec]:
 
 
 def attnres_mix_norm(ctx: TileContext, op: SuperOp, args: dict) -> list[StageSpec]:
-    """Tile r: x[r] = RMSNorm(Mix(blocks[r, :n], partial[r])); blocks[r, store] = partial[r] if storing."""
+    """Three stages of R·NCH tiles, tile r·NCH + c = columns c·BLOCK_C.. of row r (``kernels/attnres.py``):
+    dots (the chunk of every source -> the row's cells of ``attnres.dots``; the block store's chunk), mix (all
+    the row's cells and the chunk of every source -> x's chunk and the chunk's cell of ``attnres.sq``), norm
+    (the row's ``attnres.sq`` and x's chunk -> x's chunk)."""
     d = ctx.cfg.hidden_size
     n, store = op.attrs["n_blocks"], op.attrs.get("store_block")
+    NCH, BC, width = args["NCH"], args["BLOCK_C"], 2 * args["BLOCK_S"]
     blocks, partial, x = ctx.buf("blocks"), ctx.buf("partial"), ctx.buf(op.writes[0])
-    w = ctx.weights(ctx.weight(op, "query"), ctx.weight(op, "norm"))
-    tiles = []
+    dots, sq = ctx.scratch("attnres.dots", ctx.R, NCH * width), ctx.scratch("attnres.sq", ctx.R, NCH)
+    stages = {"dots": [], "mix": [], "norm": []}
     for r in range(ctx.R):
-        rows = (r, r + 1)
-        regs = [ctx.box(partial, READ, rows), ctx.box(x, WRITE, rows)]
-        if n:
-            regs.append(ctx.box(blocks, READ, rows, (0, n * d)))
-        if store is not None:
-            regs.append(ctx.box(blocks, WRITE, rows, (store * d, (store + 1) * d)))
-        tiles.append(TileSpec(r, tuple(regs), w, f"row {r}"))
-    return [StageSpec("main", tiles)]
+        row = (r, r + 1)
+        for c, (a, b) in enumerate(chunks(d, BC)):
+            t, name = r * NCH + c, f"row {r} cols {a}:{b}"
+            sources = [ctx.box(partial, READ, row, (a, b))] + [
+                ctx.box(blocks, READ, row, (s * d + a, s * d + b)) for s in range(n)
+            ]
+            regs = [*sources, ctx.box(dots, WRITE, row, (c * width, (c + 1) * width))]
+            if store is not None:
+                regs.append(ctx.box(blocks, WRITE, row, (store * d + a, store * d + b)))
+            stages["dots"].append(TileSpec(t, tuple(regs), ctx.weights(ctx.weight(op, "query", 0, a, b)), name))
+            regs = [
+                *sources,
+                ctx.box(dots, READ, row),
+                ctx.box(x, WRITE, row, (a, b)),
+                ctx.box(sq, WRITE, row, (c, c + 1)),
+            ]
+            stages["mix"].append(TileSpec(t, tuple(regs), (), name))
+            regs = [ctx.box(sq, READ, row), ctx.box(x, READ, row, (a, b)), ctx.box(x, WRITE, row, (a, b))]
+            stages["norm"].append(TileSpec(t, tuple(regs), ctx.weights(ctx.weight(op, "norm", 0, a, b)), name))
+    return [StageSpec(name, tiles) for name, tiles in stages.items()]
 
 
 def _gemv(ctx: TileContext, op: SuperOp, args: dict, norm: bool) -> list[StageSpec]:

@@ -1,6 +1,6 @@
 """Plain-torch twins of the stages a kernel's tiling adds inside one super-op (for the simulator).
 
-Most kinds run as one stage whose twin is the op's own (``program/reference.py``). The two-phase kinds
+Most kinds run as one stage whose twin is the op's own (``program/reference.py``). The multi-phase kinds
 (``nonstop.kernels.launch``) get a twin per phase here, writing the workspace layout their tiling
 declares (``tiling/``), with the split lengths and block sizes of the op's launch (``Schedule.ops[i].args``):
   mlp/gate_up        h = glu(x̂ W_gateᵀ, x̂ W_upᵀ)                        -> ``mlp.h`` (row r at r·I)
@@ -14,6 +14,11 @@ declares (``tiling/``), with the split lengths and block sizes of the op's launc
   moe_experts/gate_up  per distinct selected expert (slot, id order): act = glu(z W1ᵀ, z W3ᵀ) for every row
                      -> ``moe_experts.act``; (expert, row weights) per slot -> ``moe_experts.route``
   moe_experts/down   moe_out = (Σ_slot p · (act W2ᵀ rounded to the model dtype)).to(model dtype)
+  attnres_mix_norm/dots  per (row, column chunk): ⟨w, v_s⟩ and Σ v_s² of its columns -> ``attnres.dots``; the
+                     block store
+  attnres_mix_norm/mix   per (row, chunk): softmax over the row's summed cells, the chunk's mix -> x, Σ mix² ->
+                     ``attnres.sq``
+  attnres_mix_norm/norm  per (row, chunk): x's chunk normalised with the row's Σ mix²
   sample/scan        zeros into its cells of ``sample.partial`` (what the kernel's pick reads there is its own)
   sample/pick        the op's twin on the logits row
 Twins take ``(op, env, task, schedule)``; ``env`` is a ``program.reference.StepEnv``.
@@ -162,6 +167,51 @@ def moe_down(op, env, task, s) -> None:
     env.buf[op.writes[0]].copy_(out.to(x.dtype))
 
 
+# ----------------------------------------------------------------------------- attention-residual mix
+
+
+def _attnres_tiles(op, env, task, s):
+    """Per tile of an attnres stage (every tile: the simulator keeps a stage twin's run for all its tiles):
+    (row, chunk, columns, the chunk of every source [n + 1, cols] fp32, cells [R, NCH, 2·BLOCK_S], sq [R, NCH])."""
+    args = _args(s, task)
+    NCH, BC, BS = args["NCH"], args["BLOCK_C"], args["BLOCK_S"]
+    blocks, partial = env.buf["blocks"], env.buf["partial"]
+    R, d, n = partial.shape[0], partial.shape[1], op.attrs["n_blocks"]
+    cells = env.buf["attnres.dots"].view(-1)[: R * NCH * 2 * BS].view(R, NCH, 2 * BS)
+    sq = env.buf["attnres.sq"].view(-1)[: R * NCH].view(R, NCH)
+    for r in range(R):
+        for c in range(NCH):
+            cols = slice(c * BC, min((c + 1) * BC, d))
+            yield r, c, cols, torch.cat([blocks[r, :n, cols], partial[r, None, cols]]).float(), cells, sq
+
+
+def attnres_dots(op, env, task, s) -> None:
+    BS = _args(s, task)["BLOCK_S"]
+    for r, c, cols, v, cells, _ in _attnres_tiles(op, env, task, s):
+        cells[r, c].zero_()
+        cells[r, c, : v.shape[0]] = (v * op.weights["query"][cols].float()).sum(-1)
+        cells[r, c, BS : BS + v.shape[0]] = (v * v).sum(-1)
+        if op.attrs.get("store_block") is not None:
+            env.buf["blocks"][r, op.attrs["store_block"], cols] = env.buf["partial"][r, cols]
+
+
+def attnres_mix(op, env, task, s) -> None:
+    BS, d = _args(s, task)["BLOCK_S"], env.buf["partial"].shape[1]
+    for r, c, cols, v, cells, sq in _attnres_tiles(op, env, task, s):
+        sums, n = cells[r].sum(0), v.shape[0]
+        logits = sums[:n] * torch.rsqrt(sums[BS : BS + n] / d + op.attrs["eps"])
+        mix = (torch.softmax(logits, 0)[:, None] * v).sum(0).to(env.buf["partial"].dtype)
+        env.buf[op.writes[0]][r, cols] = mix
+        sq[r, c] = (mix.float() ** 2).sum()
+
+
+def attnres_norm(op, env, task, s) -> None:
+    x, dt, d = env.buf[op.writes[0]], env.buf["partial"].dtype, env.buf["partial"].shape[1]
+    for r, _, cols, _, _, sq in _attnres_tiles(op, env, task, s):
+        inv = torch.rsqrt(sq[r].sum() / d + op.attrs["eps"])
+        x[r, cols] = (op.weights["norm"][cols].float() * (x[r, cols].float() * inv).to(dt).float()).to(dt)
+
+
 # ----------------------------------------------------------------------------- sampling
 
 
@@ -183,6 +233,9 @@ STAGE_TWINS = {
     ("mla_attn", "combine"): mla_combine,
     ("moe_experts", "gate_up"): moe_gate_up,
     ("moe_experts", "down"): moe_down,
+    ("attnres_mix_norm", "dots"): attnres_dots,
+    ("attnres_mix_norm", "mix"): attnres_mix,
+    ("attnres_mix_norm", "norm"): attnres_norm,
     ("sample", "scan"): sample_scan,
     ("sample", "pick"): sample_pick,
 }
