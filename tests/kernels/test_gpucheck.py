@@ -5,11 +5,12 @@ the Triton of this environment and a Triton 3.6 installation (the GPU machines' 
 
 * the PTX reading: a spin-wait whose acquire is an unused atomic after a volatile poll - the pattern Triton 3.6
   compiles to no acquire at all - is caught; ``launch.wait_at_least`` keeps its acquire under every Triton;
-* a few launchers at real Kimi K3 shapes (the MXFP4 routed experts, the LM head, MLA attention: 162 KB of shared
-  memory) and the whole megakernel of one Llama-3.2-1B layer, compiled as they launch on an H100: no spill,
-  a CTA fits, every spin-wait acquires, every weight stream uses 16-byte loads (MXFP4 bytes included; their
-  scales one load per thread and step). The full form is ``nonstop gpucheck`` (three preset shapes, every
-  kernel).
+* at real preset widths (``BOUNDED``): the megakernels of Kimi K3 (4 layers: every kind of layer), Llama-3.2-1B
+  (1 layer) and Kimi-Linear-48B-A3B (2 layers, 5 rows), every launcher of the last two and the K3 launchers that
+  stand out (the MXFP4 routed experts, the LM head, MLA attention: 162 KB of shared memory, the sampler),
+  compiled as they launch on an H100: no spill, a CTA fits, every spin-wait acquires, every weight stream uses
+  16-byte loads (MXFP4 bytes included; their scales one load per thread and step). The full form is
+  ``nonstop gpucheck`` (three preset shapes, every kernel).
 Each check runs in a fresh process without ``TRITON_INTERPRET``; compiles are cached by Triton and ptxas
 results by ``kernels/offline.py``.
 """
@@ -220,18 +221,32 @@ def test_ptx_pass_runs_in_every_triton_pipeline(triton_path, tmp_path):
         assert got["other"] > 0, got
 
 
-# (name, preset, layers, launchers checked, megakernel too, rows): the Kimi-Linear megakernel at 5 rows runs
-# moe_tail (a 4-warp launcher) at the megakernel's 8 warps with a 16-column weight tile - too narrow a K block
-# there gave each thread 8 bytes of the tile
+# (name, preset, layers, launchers checked, megakernel too, rows): real preset widths, few layers (a class compiles
+# once, whatever the layers), one row count each (every row count takes the same blocks: ``platform.row_block``).
+# Kimi K3's 4 layers hold every kind of layer (KDA, dense MLP, latent MoE with MXFP4 experts, gated MLA) and its
+# launchers the ones that stand out (the MXFP4 experts, the LM head, MLA attention: 162 KB of shared memory, the
+# sampler); Llama and Kimi Linear: every launcher but the sampler (K3's) and their megakernels - Kimi Linear at 5
+# rows runs moe_tail (a 4-warp launcher) at the megakernel's 8 warps, where too narrow a K block once gave each
+# thread 8 bytes of the tile.
+LAUNCHERS = {
+    "llama-3.2-1b": ["embed", "gqa_qkv_rope", "gqa_attn", "linear_residual", "mlp", "lm_head", "advance"],
+    "kimi-linear-48b-a3b": [
+        *("embed", "kda_in_proj", "kda_core", "linear_residual", "mlp"),
+        *("moe_front", "moe_experts", "moe_tail", "lm_head", "advance"),
+    ],
+}
 BOUNDED = [
-    ("kimi-k3", "kimi-k3", 4, ["moe_experts", "lm_head", "mla_attn", "sample"], False, 1),
-    ("llama-3.2-1b", "llama-3.2-1b", 1, [], True, 1),
-    ("kimi-linear-48b-a3b", "kimi-linear-48b-a3b", 2, [], True, 5),
+    ("kimi-k3", "kimi-k3", 4, ["moe_experts", "lm_head", "mla_attn", "sample"], True, 1),
+    ("llama-3.2-1b", "llama-3.2-1b", 1, LAUNCHERS["llama-3.2-1b"], True, 1),
+    ("kimi-linear-48b-a3b", "kimi-linear-48b-a3b", 2, LAUNCHERS["kimi-linear-48b-a3b"], True, 5),
 ]
 
 
 @pytest.mark.parametrize("triton_path", TRITONS)
 def test_bounded_offline_check(triton_path):
+    """Every kernel of the bounded set compiles as it launches on an H100 with no violation (no spill, a CTA
+    fits, every spin-wait acquires, 16-byte weight loads); the three megakernels report their task classes'
+    registers."""
     from nonstop.runtime import gpucheck
 
     rows = []
@@ -241,16 +256,22 @@ def test_bounded_offline_check(triton_path):
         )
         rows += result["rows"]
     print(gpucheck.table([gpucheck.Row(**r) for r in rows], result["triton"]))
-    assert not [v for r in rows for v in r["violations"]]
-    by = {r["kernel"]: r for r in rows}
+    assert [v for r in rows for v in r["violations"]] == []
+    checked = {(r["shape"], r["kernel"].split(":")[0].split(" (")[0]) for r in rows}
+    for name, _, _, kinds, _, _ in BOUNDED:
+        assert {(name, kind) for kind in [*kinds, "megakernel"]} <= checked, name
+    by = {r["kernel"]: r for r in rows if r["shape"] == "kimi-k3"}
     experts = by["moe_experts:moe_experts_kernel"]
     assert experts["load_widths"].split(",")[-1] == "16" and experts["ctas_per_sm"] >= 1  # MXFP4 bytes as 16-byte loads
     assert (
         by["mla_attn:mla_attn_kernel"]["shared_bytes"] > 100_000 and by["mla_attn:mla_attn_kernel"]["ctas_per_sm"] == 1
     )
-    mk = next(r for r in rows if r["kernel"].startswith("megakernel"))
-    assert len([r for r in rows if r["kernel"].startswith("megakernel")]) == 2
-    assert mk["spins"] >= 1 and mk["warps"] == 8 and mk["grid"] == mk["ctas_per_sm"] * 132 and mk["load_widths"] != "-"
+    megakernels = [r for r in rows if r["kernel"].startswith("megakernel")]
+    assert len(megakernels) == 3
+    for mk in megakernels:
+        assert mk["spins"] >= 1 and mk["warps"] == 8 and mk["load_widths"] != "-"
+        assert mk["grid"] == mk["ctas_per_sm"] * 132
+        assert max(mk["classes"].values()) <= mk["registers"] and len(mk["classes"]) >= 10
 
 
 def test_command_exit_status_and_errors(tmp_path, capsys):

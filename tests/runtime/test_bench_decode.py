@@ -63,6 +63,7 @@ def test_dry_run_writes_a_complete_report(tmp_path, monkeypatch, capsys):
     kernels = {(r["shape"], r["kernel"].split(" (")[0]) for r in check["rows"]}
     assert {("llama-3.2-1b", "megakernel"), ("kimi-linear-48b-a3b", "megakernel")} <= kernels
     assert ("kimi-linear-48b-a3b", "moe_experts:moe_experts_kernel") in kernels
+    assert [v for r in check["rows"] for v in r["violations"]] == []  # every kernel of both shapes passes
     out = capsys.readouterr().out
     assert "ms/token" in out and "violation(s) of the offline check" in out and "CTA/SM" in out
 
