@@ -7,9 +7,10 @@ from __future__ import annotations
 import pytest
 import torch
 
+from nonstop.program.lower import lower
 from nonstop.runtime.cpu import CPUExecutor
 from nonstop.runtime.cpu.kernels import load_kernels
-from nonstop.runtime.cpu.packed import Bf16Weight, Int8Weight, tile_rows, untile_rows
+from nonstop.runtime.cpu.packed import Bf16Weight, F32Weight, Int8Weight, tile_rows, untile_rows
 from nonstop.runtime.executors import ReferenceExecutor
 from nonstop.weights.quant import dequantize_int8, group_size, quantize_int8
 from tests.runtime.helpers import greedy_tokens, tiny_model
@@ -57,7 +58,7 @@ def test_kernels_equal_torch_on_the_same_weights(M, N, K, isa):
     best = torch.ops.nonstop_cpu.limit_isa(9)  # what this CPU supports
     assert torch.ops.nonstop_cpu.limit_isa(isa) == min(isa, best)
     try:
-        for packed in (Bf16Weight(w, kernels=True), Int8Weight(w, kernels=True, group=K)):
+        for packed in (F32Weight(w, kernels=True), Bf16Weight(w, kernels=True), Int8Weight(w, kernels=True, group=K)):
             want = x @ packed.dequantized().t() + bias
             torch.testing.assert_close(packed.linear(x, bias), want, rtol=1e-5, atol=1e-4)
         for group in [g for g in (8, 32, 128) if K % g == 0]:  # several scales per row (kernel when 16 | group)
@@ -80,6 +81,28 @@ def test_quantized_executor_equals_the_reference_on_its_weights(name, weights):
     ex = CPUExecutor(model, weights=weights, compile=False, progress=False)
     assert ex.stats["weights"] == weights
     assert not torch.equal(before, model.lm_head_weight)  # the model now computes with rounded weights
+    prompts, max_tokens = [[3, 4, 5, 6, 9], [7, 8]], [8, 5]
+    assert greedy_tokens(model, ex, prompts, max_tokens) == greedy_tokens(
+        model, ReferenceExecutor(model), prompts, max_tokens
+    )
+
+
+@pytest.mark.skipif(KERNELS_MISSING is not None, reason=f"C++ kernels unavailable: {KERNELS_MISSING}")
+def test_fp32_weights_run_the_tiled_kernel_on_unchanged_values():
+    """fp32: every linear weight of the Program is a row-tiled copy for ``linear_f32``, holding exactly the
+    loaded values (the model keeps its own, untouched), and the step gives the reference's tokens."""
+    model = tiny_model("kimi_k3")
+    before = {name: p.detach().clone() for name, p in model.named_parameters()}
+    ex = CPUExecutor(model, weights="float32", compile=False, progress=False)
+    plain = lower(model)  # the same Program with the model's own tensors
+    packed = 0
+    for op, plain_op in zip(ex.program.ops, plain.ops):
+        for role, w in op.weights.items():
+            if isinstance(w, F32Weight):
+                assert w.kernels and torch.equal(untile_rows(w.w, *w.shape, 16), plain_op.weights[role])
+                packed += 1
+    assert packed >= model.cfg.num_hidden_layers  # at least one per layer
+    assert all(torch.equal(p, before[name]) for name, p in model.named_parameters())
     prompts, max_tokens = [[3, 4, 5, 6, 9], [7, 8]], [8, 5]
     assert greedy_tokens(model, ex, prompts, max_tokens) == greedy_tokens(
         model, ReferenceExecutor(model), prompts, max_tokens

@@ -7,11 +7,12 @@ per kernel instead of the ~2,000 eager torch ops of the reference. Compiled once
 (dynamic sizes: batch rows, context length, cache pool) and cached on disk (``compile_cache``);
 compiling is announced on stderr.
 
-Weights (``weights``): ``float32`` (as loaded, fp32 activations), ``bfloat16`` (16-bit weights) or
-``int8`` (8-bit weight-only, ``weights.quant``), the last two through the C++ kernels of
-``kernels.py`` with fp32 activations and accumulation. ``auto``: bfloat16 for a model loaded in a
-16-bit dtype, else float32. The model's own parameters are set to the values the packed weights
-represent, so a call that runs the reference model computes with the same weights.
+Weights (``weights``): ``float32`` (as loaded), ``bfloat16`` (16-bit weights) or ``int8`` (8-bit
+weight-only, ``weights.quant``), all three through the C++ GEMV kernels of ``kernels.py`` (weights in
+row tiles, fp32 activations and accumulation; without the kernels, torch's products on the same
+values). ``auto``: bfloat16 for a model loaded in a 16-bit dtype, else float32. The model's own
+parameters are set to the values the packed weights represent, so a call that runs the reference
+model computes with the same weights (fp32 row tiles are a second copy of those weights).
 
 Calls the compiled step does not cover run the reference model, counted in ``stats["reference_steps"]``
 by reason: cache-free scoring, prefill (more than one token per row), speculative verification
@@ -135,7 +136,7 @@ class CPUExecutor(Executor):
         self.program = lower(model)
         self.threads = configure_threads(threads, self.program.total_cost(rows=1).weight_bytes)
         self.progress = progress
-        kernels_error = load_kernels(progress) if self.weights != "float32" else None
+        kernels_error = load_kernels(progress)
         pack_program(self.program, self.weights, kernels=kernels_error is None, group=int8_group)
         if compile is None:
             compile = os.environ.get("NONSTOP_CPU_COMPILE", "1") != "0"
@@ -149,9 +150,7 @@ class CPUExecutor(Executor):
         self.stats = {
             "weights": self.weights,
             "threads": self.threads,
-            "kernels": "not needed (fp32 weights)"
-            if self.weights == "float32"
-            else kernels_error or "C++ GEMV kernels",
+            "kernels": kernels_error or "C++ GEMV kernels",
             "compiled_steps": 0,
             "reference_steps": 0,
             "reference_reasons": {},
@@ -189,10 +188,10 @@ class CPUExecutor(Executor):
         write_rows, read_rows = step_rows(cache, batch)
         tensors = cache_tensors(cache)
         args = (self.program, CPU_OPS, input_ids, batch.slots, batch.start, write_rows, read_rows, tensors)
-        if self.compiled:
-            mark_dynamic_sizes(args[2:])
         self.stats["compiled_steps"] += 1
         shape = self._shape_class(input_ids.shape[0], read_rows.shape[1])
+        if self.compiled and shape not in self._shapes:  # the marks matter to compiling only (tens of us a step)
+            mark_dynamic_sizes(args[2:])
         if not self.compiled:
             return self._step(*args)[0]
         if shape in self._shapes:

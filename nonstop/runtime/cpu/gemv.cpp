@@ -1,16 +1,18 @@
-// Weight-only low-precision matrix-vector products for CPUs: y = x Wᵀ with fp32 activations and
-// fp32 accumulation, W stored as bf16 or int8 (+ fp32 scales per group of input columns) and
-// converted to fp32 in registers (never materialised). Decode is bound by reading W, so halving or
-// quartering its bytes is the speed-up, whether or not the CPU has native bf16 arithmetic.
+// Weight-only matrix-vector products for CPUs: y = x Wᵀ with fp32 activations and fp32 accumulation,
+// W stored as fp32, bf16 or int8 (+ fp32 scales per group of input columns), low precisions converted
+// to fp32 in registers (never materialised). Decode is bound by reading W: halving or quartering its
+// bytes is the speed-up, whether or not the CPU has native bf16 arithmetic; at fp32 the tiled stream
+// below reads W faster than a BLAS GEMM on one to a few rows (bench/cpu_gemv.py).
+//   linear_f32(x [M, K] f32, w tiled f32 [Np, Kp], n)                   -> y [M, n] f32
 //   linear_bf16(x [M, K] f32, w tiled bf16 [Np, Kp], n)                  -> y [M, n] f32
 //   linear_int8(x [M, K] f32, q tiled i8 [Np, Kp], s [Np, G] f32, n)     -> y [M, n] f32,
 //     y[m, i] = Σ_g s[i, g] · Σ_{k ∈ group g} x[m, k] · q[i, k]   (group g: Kp/G consecutive columns)
 //
 // Row tiles (``packed.tile_rows``): W [n, K] is stored as Np/4 tiles of 4 rows (Np = n rounded up to 4,
-// Kp = K rounded up to C = 16 int8 / 32 bf16 columns, zeros past n and K); a tile holds its rows'
+// Kp = K rounded up to C = 16 fp32 / 32 bf16 / 16 int8 columns, zeros past n and K); a tile holds its rows'
 // columns in chunks of C, the 4 rows' chunks side by side:  tiled[4t + r', C·c + j] = W[4t + r, C·c + j]
 // with the tile's memory ordered [c][r][j]. A tile is one contiguous stream of 4·Kp weights, each
-// chunk step reads one 64-byte line per row (int8) or four lines (bf16), and a thread walks its
+// chunk step reads one 64-byte line (int8) or four lines (fp32, bf16), and a thread walks its
 // tiles front to back while software prefetches run PREFETCH bytes ahead: the hardware prefetcher
 // alone (rows of a plain [n, K] matrix read four at a time) left the kernels at half the bandwidth.
 // bf16 chunks are widened without shuffles: a 32-bit lane holds columns 2j (low half: shift left 16)
@@ -29,7 +31,7 @@
 
 namespace {
 
-constexpr int64_t I8_CHUNK = 16, BF16_CHUNK = 32, PREFETCH = 8192;
+constexpr int64_t I8_CHUNK = 16, BF16_CHUNK = 32, F32_CHUNK = 16, PREFETCH = 8192;
 
 inline float bf16_to_f32(uint16_t v) {
   uint32_t bits = uint32_t(v) << 16;
@@ -176,6 +178,45 @@ __attribute__((target("avx2,fma"))) void tile_bf16_avx2(const float* xeo, const 
   for (int r = 0; r < 4; ++r) out[r] = hsum256(_mm256_add_ps(a[r], b[r]));
 }
 
+// fp32: x [Kp], the tile's chunks of 16 columns (one 64-byte line per row).
+void tile_f32_scalar(const float* x, const float* t, int64_t chunks, float* out) {
+  for (int r = 0; r < 4; ++r) {
+    float acc = 0.f;
+    for (int64_t c = 0; c < chunks; ++c)
+      for (int64_t j = 0; j < F32_CHUNK; ++j) acc += x[c * F32_CHUNK + j] * t[(c * 4 + r) * F32_CHUNK + j];
+    out[r] = acc;
+  }
+}
+
+__attribute__((target("avx512f,avx512bw"))) void tile_f32_avx512(const float* x, const float* t, int64_t chunks,
+                                                                 float* out) {
+  __m512 a[4] = {_mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps()};
+  for (int64_t c = 0; c < chunks; ++c) {
+    const float* w = t + c * 4 * F32_CHUNK;
+    const char* ahead = reinterpret_cast<const char*>(w) + PREFETCH;
+    for (int line = 0; line < 4; ++line) _mm_prefetch(ahead + 64 * line, _MM_HINT_T0);
+    __m512 xv = _mm512_loadu_ps(x + c * F32_CHUNK);
+    for (int r = 0; r < 4; ++r) a[r] = _mm512_fmadd_ps(xv, _mm512_loadu_ps(w + r * F32_CHUNK), a[r]);
+  }
+  for (int r = 0; r < 4; ++r) out[r] = _mm512_reduce_add_ps(a[r]);
+}
+
+__attribute__((target("avx2,fma"))) void tile_f32_avx2(const float* x, const float* t, int64_t chunks, float* out) {
+  __m256 a[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps()};
+  __m256 b[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps()};
+  for (int64_t c = 0; c < chunks; ++c) {
+    const float* w = t + c * 4 * F32_CHUNK;
+    const char* ahead = reinterpret_cast<const char*>(w) + PREFETCH;
+    for (int line = 0; line < 4; ++line) _mm_prefetch(ahead + 64 * line, _MM_HINT_T0);
+    __m256 x0 = _mm256_loadu_ps(x + c * F32_CHUNK), x1 = _mm256_loadu_ps(x + c * F32_CHUNK + 8);
+    for (int r = 0; r < 4; ++r) {
+      a[r] = _mm256_fmadd_ps(x0, _mm256_loadu_ps(w + r * F32_CHUNK), a[r]);
+      b[r] = _mm256_fmadd_ps(x1, _mm256_loadu_ps(w + r * F32_CHUNK + 8), b[r]);
+    }
+  }
+  for (int r = 0; r < 4; ++r) out[r] = hsum256(_mm256_add_ps(a[r], b[r]));
+}
+
 // ---------------------------------------------------------------- operators
 void check(const at::Tensor& x, const at::Tensor& w, at::ScalarType wt, int64_t n, int64_t chunk) {
   TORCH_CHECK(x.dim() == 2 && x.scalar_type() == at::kFloat && x.is_contiguous(), "x must be a contiguous fp32 [M, K]");
@@ -226,6 +267,17 @@ at::Tensor run_tiles(const at::Tensor& x, const std::vector<float>& xs, int64_t 
   return y;
 }
 
+at::Tensor linear_f32(const at::Tensor& x, const at::Tensor& w, int64_t n) {
+  check(x, w, at::kFloat, n, F32_CHUNK);
+  const int64_t Np = w.size(0), Kp = w.size(1), chunks = Kp / F32_CHUNK;
+  const std::vector<float> xs = padded_x(x, Kp, false);
+  const float* wp = w.data_ptr<float>();
+  auto fn = isa() == 2 ? tile_f32_avx512 : isa() == 1 ? tile_f32_avx2 : tile_f32_scalar;
+  return run_tiles(x, xs, n, Np, Kp, 4 * Kp * 4, [&](const float* xr, int64_t t, float* out) {
+    fn(xr, wp + t * 4 * Kp, chunks, out);
+  });
+}
+
 at::Tensor linear_bf16(const at::Tensor& x, const at::Tensor& w, int64_t n) {
   check(x, w, at::kBFloat16, n, BF16_CHUNK);
   const int64_t Np = w.size(0), Kp = w.size(1), chunks = Kp / BF16_CHUNK;
@@ -256,12 +308,14 @@ at::Tensor linear_int8(const at::Tensor& x, const at::Tensor& q, const at::Tenso
 }  // namespace
 
 TORCH_LIBRARY(nonstop_cpu, m) {
+  m.def("linear_f32(Tensor x, Tensor w, int n) -> Tensor");
   m.def("linear_bf16(Tensor x, Tensor w, int n) -> Tensor");
   m.def("linear_int8(Tensor x, Tensor q, Tensor s, int n) -> Tensor");
   m.def("limit_isa(int level) -> int", &limit_isa);
 }
 
 TORCH_LIBRARY_IMPL(nonstop_cpu, CPU, m) {
+  m.impl("linear_f32", &linear_f32);
   m.impl("linear_bf16", &linear_bf16);
   m.impl("linear_int8", &linear_int8);
 }

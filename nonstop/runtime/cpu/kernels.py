@@ -1,5 +1,5 @@
 """The C++ weight-only GEMV kernels (``gemv.cpp``): built once per machine into the compile cache
-and registered as torch operators ``torch.ops.nonstop_cpu.linear_bf16`` / ``linear_int8`` (with
+and registered as torch operators ``torch.ops.nonstop_cpu.linear_f32`` / ``linear_bf16`` / ``linear_int8`` (with
 shape-only "fake" versions, so a compiled step calls them directly).
 
 ``load_kernels()`` returns None when they are ready, else the reason they are not (no compiler, a
@@ -22,6 +22,10 @@ _state: dict = {}
 
 
 def _register_fakes() -> None:
+    @torch.library.register_fake("nonstop_cpu::linear_f32")
+    def _(x, w, n):
+        return x.new_empty(x.shape[0], n)
+
     @torch.library.register_fake("nonstop_cpu::linear_bf16")
     def _(x, w, n):
         return x.new_empty(x.shape[0], n)

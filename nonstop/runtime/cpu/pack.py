@@ -1,7 +1,8 @@
 """Put a Program's weights into the CPU executor's format (in place).
 
 * Every weight a super-op multiplies with ``model.linear.linear`` (roles in ``LINEAR_ROLES``) becomes a
-  packed weight (``packed.FORMATS``) for ``bfloat16`` / ``int8``; ``float32`` keeps the tensors.
+  packed weight (``packed.FORMATS``); ``float32`` keeps the tensors when the C++ kernels are unavailable
+  (its packed form is the same values in row tiles: a second copy of those weights).
 * Routed experts get ``op.attrs["dense_experts"]`` for ``ops.moe_experts_gathered``: the stacked
   weights (MXFP4 dequantised to fp32), as bf16 or int8 (Q, per-channel scales) when asked.
 * The tensors a packed weight replaces are overwritten with the values it represents, so the model
@@ -65,7 +66,7 @@ def pack_program(program: Program, fmt: str, kernels: bool, group: int = DEFAULT
     for op in program.ops:
         if op.kind == "moe_experts":
             op.attrs["dense_experts"] = _pack_experts(op.attrs["experts"], fmt)
-        if fmt == "float32":
+        if fmt == "float32" and not kernels:
             continue
         for role, w in list(op.weights.items()):
             if role not in LINEAR_ROLES or not isinstance(w, torch.Tensor) or w.dim() != 2:

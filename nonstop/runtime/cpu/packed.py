@@ -2,9 +2,9 @@
 
 A packed weight stands in for a [N, K] weight tensor in the Program: ``model.linear.linear`` calls
 its ``linear(x, bias)`` (x [..., K] -> [..., N] fp32). The products run in the C++ kernels
-(``kernels.py``: 16-bit or 8-bit weights converted to fp32 in registers, fp32 accumulation) on the
-weights in row tiles (``tile_rows``, the layout ``gemv.cpp`` streams); where those kernels are
-unavailable, in torch on the dequantised weight (same result up to summation order).
+(``kernels.py``: fp32 weights as they are, 16-bit or 8-bit weights converted to fp32 in registers; fp32
+accumulation) on the weights in row tiles (``tile_rows``, the layout ``gemv.cpp`` streams); where those
+kernels are unavailable, in torch on the dequantised weight (same result up to summation order).
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ import torch.nn.functional as F
 
 from nonstop.weights.quant import dequantize_int8, group_size, quantize_int8
 
-BF16_CHUNK, INT8_CHUNK = 32, 16  # columns per chunk of a row tile (gemv.cpp)
+F32_CHUNK, BF16_CHUNK, INT8_CHUNK = 16, 32, 16  # columns per chunk of a row tile (gemv.cpp): 64 bytes a row
 
 
 def tile_rows(w: torch.Tensor, chunk: int) -> torch.Tensor:
@@ -34,6 +34,27 @@ def untile_rows(tiles: torch.Tensor, N: int, K: int, chunk: int) -> torch.Tensor
 
 def _rows(x: torch.Tensor) -> torch.Tensor:
     return x.reshape(-1, x.shape[-1]).float().contiguous()
+
+
+class F32Weight:
+    """W [N, K] fp32 in row tiles (4 bytes per weight): at one to a few rows of x the tiled stream with
+    software prefetch reads weights faster than a BLAS GEMM call on the plain matrix (bench/cpu_gemv.py).
+    Without the kernels, the plain matrix and ``F.linear``."""
+
+    def __init__(self, w: torch.Tensor, kernels: bool):
+        w = w.float()
+        self.kernels = kernels
+        self.shape = w.shape
+        self.w = tile_rows(w, F32_CHUNK) if kernels else w.contiguous()
+
+    def dequantized(self) -> torch.Tensor:
+        return untile_rows(self.w, *self.shape, F32_CHUNK) if self.kernels else self.w
+
+    def linear(self, x: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+        rows = _rows(x)
+        y = torch.ops.nonstop_cpu.linear_f32(rows, self.w, self.shape[0]) if self.kernels else F.linear(rows, self.w)
+        y = y.reshape(*x.shape[:-1], self.shape[0])
+        return y if bias is None else y + bias.float()
 
 
 class Bf16Weight:
@@ -90,4 +111,4 @@ class Int8Weight:
         return y if bias is None else y + bias.float()
 
 
-FORMATS = {"bfloat16": Bf16Weight, "int8": Int8Weight}
+FORMATS = {"float32": F32Weight, "bfloat16": Bf16Weight, "int8": Int8Weight}

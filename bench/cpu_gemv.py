@@ -1,0 +1,111 @@
+"""One-row weight products on the CPU: the ``cpu`` executor's tiled GEMV kernels against torch's.
+
+For each weight shape [N, K] (by default the shapes of k3-nano's and a 246M Llama's decode steps), a set
+of distinct weights larger than the last-level cache (--working-set MB) is cycled so every product reads
+its weight from memory, as a decode step does. Timed per product, x [1, K] fp32:
+  torch fp32      ``x @ Wᵀ`` on the plain matrix (BLAS)
+  tiled fp32      ``linear_f32`` on the row tiles (``runtime/cpu/packed.F32Weight``)
+  tiled bf16      ``linear_bf16`` (16-bit weights widened in registers)
+  tiled int8      ``linear_int8`` (8-bit weights, one fp32 scale per 128 columns)
+each as µs per product and GB/s of weight bytes read, next to the copy bandwidth measured in the same
+run (``hostinfo.copy_bandwidth``, bytes read + written). Writes bench/results/cpu_gemv.json.
+
+    python bench/cpu_gemv.py [--threads 1] [--working-set 96] [--reps 5] [--shapes 1024x256,2048x2048]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from functools import partial
+from pathlib import Path
+
+import torch
+
+DEFAULT_SHAPES = "128x256,548x256,1024x256,256x768,6144x256,2048x2048,5632x2048,2048x5632"
+
+
+def _packed_linear(x: torch.Tensor, w) -> torch.Tensor:
+    return w.linear(x)
+
+
+def time_products(calls: list, reps: int) -> float:
+    """Microseconds per call, each of ``calls`` run once per rep after one warm-up pass."""
+    for call in calls:
+        call()
+    t0 = time.perf_counter()
+    for _ in range(reps):
+        for call in calls:
+            call()
+    return (time.perf_counter() - t0) / (reps * len(calls)) * 1e6
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--working-set", type=float, default=96.0, help="MB of fp32 weights cycled per shape")
+    ap.add_argument("--reps", type=int, default=5)
+    ap.add_argument("--shapes", default=DEFAULT_SHAPES, help="comma-separated NxK weight shapes")
+    ap.add_argument("--out", default="bench/results/cpu_gemv.json")
+    args = ap.parse_args()
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+    torch.set_num_threads(args.threads)
+
+    from nonstop.hostinfo import command_line, copy_bandwidth, environment
+    from nonstop.runtime.cpu.kernels import load_kernels
+    from nonstop.runtime.cpu.packed import Bf16Weight, F32Weight, Int8Weight
+
+    missing = load_kernels(progress=True)
+    if missing:
+        sys.exit(f"the C++ GEMV kernels are unavailable: {missing}")
+    load = [os.getloadavg()]
+    copy = copy_bandwidth()["copy_GBps"]
+    rows = []
+    for shape in args.shapes.split(","):
+        N, K = (int(v) for v in shape.lower().split("x"))
+        count = max(1, int(args.working_set * 1e6 // (N * K * 4)))
+        g = torch.Generator().manual_seed(N * K)
+        plain = [torch.randn(N, K, generator=g) for _ in range(count)]
+        x = torch.randn(1, K, generator=g)
+        row = {"N": N, "K": K, "weights_cycled": count}
+        group = 128 if K % 128 == 0 else K
+        formats = {  # name -> (bytes per weight, the weight as its product takes it)
+            "torch fp32": (4.0, lambda w: w.t()),
+            "tiled fp32": (4.0, lambda w: F32Weight(w, True)),
+            "tiled bf16": (2.0, lambda w: Bf16Weight(w, True)),
+            "tiled int8": (1 + 4 / group, partial(Int8Weight, kernels=True, group=group)),
+        }
+        for name, (bytes_per_weight, pack) in formats.items():
+            weights = [pack(w) for w in plain]
+            calls = [partial(torch.matmul if name == "torch fp32" else _packed_linear, x, w) for w in weights]
+            us = time_products(calls, args.reps)
+            row[name] = {"us": round(us, 2), "GBps": round(N * K * bytes_per_weight / us / 1e3, 2)}
+            del weights, calls  # free this format's copies before the next
+        rows.append(row)
+        print(
+            f"{N:>5}x{K:<5} "
+            + "  ".join(f"{name} {row[name]['us']:8.1f} us {row[name]['GBps']:5.1f} GB/s" for name in formats),
+            flush=True,
+        )
+    load.append(os.getloadavg())
+    copy_after = copy_bandwidth()["copy_GBps"]
+    result = {
+        "benchmark": "cpu_gemv",
+        "command": command_line(),
+        "environment": environment(),
+        "threads": args.threads,
+        "working_set_MB": args.working_set,
+        "copy_GBps": [round(copy, 2), round(copy_after, 2)],
+        "load_average": [[round(v, 2) for v in la] for la in load],
+        "rows": rows,
+    }
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.out).write_text(json.dumps(result, indent=1) + "\n")
+    print(f"copy bandwidth {copy:.1f} / {copy_after:.1f} GB/s; wrote {args.out}")
+
+
+if __name__ == "__main__":
+    main()
