@@ -4,8 +4,8 @@ A tiny random model (odd shapes) prefills a few sequences of different lengths, 
 B sequences × T tokens through the Program with the twins. Right before every op of the requested
 kind, the whole step state (activation buffers, caches, recurrent state) is cloned; the twin runs on
 one copy and the kernel on the other, whose outputs (non-accumulating writes and the cache rows the
-step appends, when the twin writes them) are first poisoned with NaN. All written buffers and all cache/state
-tensors must agree.
+step appends, when the twin writes them) are first poisoned with NaN; the buffers an op accumulates into
+start from the same random values in both copies. All written buffers and all cache/state tensors must agree.
 """
 
 from __future__ import annotations
@@ -51,6 +51,19 @@ def _poison(op, env: StepEnv, cache_rows: bool) -> None:
         rows = cache.pages.rows(env.batch.slots, env.batch.positions)
         for t in cache.tensors.values():
             t[rows] = float("nan")
+
+
+def _randomize_accumulators(op, gen: torch.Generator, *envs: StepEnv) -> None:
+    """The same random values in every copy of the buffers an accumulating op adds into (``out += y``), so
+    a kernel that overwrites them instead of adding fails (the twins' step left them zero or small)."""
+    if not op.attrs.get("accumulate", False):
+        return
+    for name in op.writes:
+        buf = envs[0].buf[name]
+        if buf.dtype.is_floating_point:
+            noise = torch.randn(buf.shape, generator=gen).to(buf.device, buf.dtype)
+            for env in envs:
+                env.buf[name].copy_(noise)
 
 
 def _poison_history(op, env: StepEnv) -> None:
@@ -123,6 +136,7 @@ def check_kernel(
     for op in program.ops:
         if op.kind == kind:
             want, got = _clone_env(env), _clone_env(env)
+            _randomize_accumulators(op, gen, want, got)
             REFERENCE[kind](op, want)
             _poison(op, got, cache_rows=_writes_cache(op, got, want))
             _poison_history(op, got)
