@@ -3,10 +3,11 @@
 For each weight shape [N, K] (by default the shapes of k3-nano's and a 246M Llama's decode steps), a set
 of distinct weights larger than the last-level cache (--working-set MB) is cycled so every product reads
 its weight from memory, as a decode step does. Timed per product, x [1, K] fp32:
-  torch fp32      ``x @ Wᵀ`` on the plain matrix (BLAS)
-  tiled fp32      ``linear_f32`` on the row tiles (``runtime/cpu/packed.F32Weight``)
-  tiled bf16      ``linear_bf16`` (16-bit weights widened in registers)
-  tiled int8      ``linear_int8`` (8-bit weights, one fp32 scale per 128 columns)
+  torch fp32            ``x @ Wᵀ`` on the plain matrix (BLAS)
+  tiled fp32 4K pages   ``linear_f32`` on the row tiles (``runtime/cpu/packed.F32Weight``), ordinary pages
+  tiled fp32            the same tiles on huge pages, as the executor places them (``pack.place_on_huge_pages``)
+  tiled bf16            ``linear_bf16`` (16-bit weights widened in registers), huge pages
+  tiled int8            ``linear_int8`` (8-bit weights, one fp32 scale per 128 columns), huge pages
 each as µs per product and GB/s of weight bytes read, next to the copy bandwidth measured in the same
 run (``hostinfo.copy_bandwidth``, bytes read + written). Writes bench/results/cpu_gemv.json.
 
@@ -56,6 +57,7 @@ def main() -> None:
 
     from nonstop.hostinfo import command_line, copy_bandwidth, environment
     from nonstop.runtime.cpu.kernels import load_kernels
+    from nonstop.runtime.cpu.pack import place_on_huge_pages
     from nonstop.runtime.cpu.packed import Bf16Weight, F32Weight, Int8Weight
 
     missing = load_kernels(progress=True)
@@ -72,14 +74,17 @@ def main() -> None:
         x = torch.randn(1, K, generator=g)
         row = {"N": N, "K": K, "weights_cycled": count}
         group = 128 if K % 128 == 0 else K
-        formats = {  # name -> (bytes per weight, the weight as its product takes it)
-            "torch fp32": (4.0, lambda w: w.t()),
-            "tiled fp32": (4.0, lambda w: F32Weight(w, True)),
-            "tiled bf16": (2.0, lambda w: Bf16Weight(w, True)),
-            "tiled int8": (1 + 4 / group, partial(Int8Weight, kernels=True, group=group)),
+        formats = {  # name -> (bytes per weight, the weight as its product takes it, on huge pages)
+            "torch fp32": (4.0, lambda w: w.t(), False),
+            "tiled fp32 4K pages": (4.0, lambda w: F32Weight(w, True), False),
+            "tiled fp32": (4.0, lambda w: F32Weight(w, True), True),
+            "tiled bf16": (2.0, lambda w: Bf16Weight(w, True), True),
+            "tiled int8": (1 + 4 / group, partial(Int8Weight, kernels=True, group=group), True),
         }
-        for name, (bytes_per_weight, pack) in formats.items():
+        for name, (bytes_per_weight, pack, huge) in formats.items():
             weights = [pack(w) for w in plain]
+            if huge:  # as the cpu executor places them (runtime/cpu/pack.py)
+                place_on_huge_pages(weights)
             calls = [partial(torch.matmul if name == "torch fp32" else _packed_linear, x, w) for w in weights]
             us = time_products(calls, args.reps)
             row[name] = {"us": round(us, 2), "GBps": round(N * K * bytes_per_weight / us / 1e3, 2)}

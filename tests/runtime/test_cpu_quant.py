@@ -9,6 +9,7 @@ import torch
 
 from nonstop.program.lower import lower
 from nonstop.runtime.cpu import CPUExecutor
+from nonstop.runtime.cpu.hugepages import HUGE_PAGE, hugepage_copies, hugepage_empty
 from nonstop.runtime.cpu.kernels import load_kernels
 from nonstop.runtime.cpu.packed import Bf16Weight, F32Weight, Int8Weight, tile_rows, untile_rows
 from nonstop.runtime.executors import ReferenceExecutor
@@ -107,3 +108,37 @@ def test_fp32_weights_run_the_tiled_kernel_on_unchanged_values():
     assert greedy_tokens(model, ex, prompts, max_tokens) == greedy_tokens(
         model, ReferenceExecutor(model), prompts, max_tokens
     )
+
+
+def test_huge_page_copies_keep_values_order_and_alignment():
+    """Tensors of several dtypes copied side by side into one allocation starting on a huge-page boundary:
+    same values and shapes, each at a 64-byte boundary, in order, none overlapping."""
+    g = torch.Generator().manual_seed(3)
+    tensors = [
+        torch.randn(1031, 517, generator=g),  # 2.1 MB: the allocation spans more than one huge page
+        torch.randn(5, 7, generator=g).to(torch.bfloat16),
+        torch.randint(-127, 128, (13, 33), generator=g).to(torch.int8),
+        torch.randn(3, generator=g),
+    ]
+    copies = hugepage_copies(tensors)
+    assert copies[0].data_ptr() % HUGE_PAGE == 0
+    ends = 0
+    for t, c in zip(tensors, copies):
+        assert torch.equal(t, c) and c.shape == t.shape and c.dtype == t.dtype and c.is_contiguous()
+        assert c.data_ptr() % 64 == 0 and c.data_ptr() >= ends
+        ends = c.data_ptr() + c.numel() * c.element_size()
+    assert hugepage_empty(10, torch.float32).shape == (10,)  # under a huge page: a plain tensor
+
+
+@pytest.mark.skipif(KERNELS_MISSING is not None, reason=f"C++ kernels unavailable: {KERNELS_MISSING}")
+def test_packed_tiles_share_one_huge_page_allocation():
+    """After packing, every streamed tile of the Program lies in one allocation, in the Program's order."""
+    ex = CPUExecutor(tiny_model("kimi_k3"), weights="int8", compile=False, progress=False)
+    seen, tiles = set(), []
+    for op in ex.program.ops:
+        for w in op.weights.values():
+            if isinstance(w, Int8Weight) and id(w) not in seen:
+                seen.add(id(w))
+                tiles += [w.q, w.s]
+    assert len(tiles) > 4 and len({t.untyped_storage().data_ptr() for t in tiles}) == 1
+    assert [t.data_ptr() for t in tiles] == sorted(t.data_ptr() for t in tiles)

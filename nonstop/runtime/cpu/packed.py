@@ -41,6 +41,8 @@ class F32Weight:
     software prefetch reads weights faster than a BLAS GEMM call on the plain matrix (bench/cpu_gemv.py).
     Without the kernels, the plain matrix and ``F.linear``."""
 
+    streamed = ("w",)  # the tensors a product reads (``pack.place_on_huge_pages`` moves them)
+
     def __init__(self, w: torch.Tensor, kernels: bool):
         w = w.float()
         self.kernels = kernels
@@ -59,6 +61,8 @@ class F32Weight:
 
 class Bf16Weight:
     """W [N, K] stored as bf16 (2 bytes per weight)."""
+
+    streamed = ("w",)
 
     def __init__(self, w: torch.Tensor, kernels: bool):
         w = w.to(torch.bfloat16)
@@ -84,6 +88,8 @@ class Int8Weight:
     """W [N, K] as int8 Q [N, K] and fp32 scales [N, K/group] (``weights.quant``; 1 byte per weight).
     For the kernel, Q in row tiles and the scales' rows padded to match; a group must then be whole
     16-column chunks (or the whole row): other groups compute in torch."""
+
+    streamed = ("q", "s")
 
     def __init__(self, w: torch.Tensor, kernels: bool, group: int | None = None):
         N, K = w.shape
