@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from nonstop.program.lower import lower
+from nonstop.program.preflight import PreflightError
 from nonstop.runtime.cpu import CPUExecutor
 from nonstop.runtime.cpu.hugepages import HUGE_PAGE, hugepage_copies, hugepage_empty
 from nonstop.runtime.cpu.kernels import load_kernels
@@ -142,3 +143,22 @@ def test_packed_tiles_share_one_huge_page_allocation():
                 tiles += [w.q, w.s]
     assert len(tiles) > 4 and len({t.untyped_storage().data_ptr() for t in tiles}) == 1
     assert [t.data_ptr() for t in tiles] == sorted(t.data_ptr() for t in tiles)
+
+
+def test_packing_that_does_not_fit_in_memory_is_refused_or_skipped(monkeypatch):
+    """The packed copy must fit beside the loaded weights: fp32 then keeps torch's products on the loaded
+    tensors (and says why), bf16 / int8 refuse in one line before allocating."""
+    import nonstop.runtime.cpu.executor as cpu_executor
+
+    model = tiny_model("llama")
+    lm_head = model.lm_head_weight.numel() * 4
+    monkeypatch.setattr(cpu_executor, "available_memory", lambda device: lm_head)  # less than all linear weights
+    ex = CPUExecutor(model, weights="float32", compile=False, progress=False)
+    assert "row tiles need" in ex.stats["kernels"]
+    assert not any(isinstance(w, F32Weight) for op in ex.program.ops for w in op.weights.values())
+    prompts, max_tokens = [[3, 4, 5]], [4]
+    assert greedy_tokens(model, ex, prompts, max_tokens) == greedy_tokens(
+        model, ReferenceExecutor(model), prompts, max_tokens
+    )
+    with pytest.raises(PreflightError, match="int8 row tiles need .* free"):
+        CPUExecutor(tiny_model("llama"), weights="int8", compile=False, progress=False)

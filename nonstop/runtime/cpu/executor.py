@@ -32,11 +32,12 @@ from nonstop.cache.state import ModelCache, StepBatch
 from nonstop.model.rows import is_row_exact
 from nonstop.model.stack import CausalLM
 from nonstop.program.lower import lower
+from nonstop.program.preflight import PreflightError, available_memory, size_text
 from nonstop.runtime.cpu.cache_view import cache_tensors, step_rows
 from nonstop.runtime.cpu.compile_cache import announced, use_inductor_cache
 from nonstop.runtime.cpu.kernels import load_kernels
 from nonstop.runtime.cpu.ops import CPU_OPS
-from nonstop.runtime.cpu.pack import pack_program
+from nonstop.runtime.cpu.pack import pack_program, packed_bytes
 from nonstop.runtime.cpu.step import run_step
 from nonstop.runtime.interface import Executor
 from nonstop.threads import configure_threads
@@ -136,7 +137,7 @@ class CPUExecutor(Executor):
         self.program = lower(model)
         self.threads = configure_threads(threads, self.program.total_cost(rows=1).weight_bytes)
         self.progress = progress
-        kernels_error = load_kernels(progress)
+        kernels_error = load_kernels(progress) or self._room_for_packing()
         pack_program(self.program, self.weights, kernels=kernels_error is None, group=int8_group)
         if compile is None:
             compile = os.environ.get("NONSTOP_CPU_COMPILE", "1") != "0"
@@ -158,6 +159,19 @@ class CPUExecutor(Executor):
             "compiling_s": 0.0,  # all compiling so far: first compiles and recompiles
             "recompiles": 0,
         }
+
+    def _room_for_packing(self) -> str | None:
+        """None when the packed copy of the weights fits in free memory. Else fp32 keeps the loaded tensors
+        (returns why: no kernels then) and bf16 / int8 refuse with a one-line PreflightError."""
+        need, free = packed_bytes(self.program, self.weights), available_memory(torch.device("cpu"))
+        if need <= free:
+            return None
+        why = f"the {self.weights} row tiles need {size_text(need)} beside the loaded weights; {size_text(free)} free"
+        if self.weights != "float32":
+            raise PreflightError(f"backend cpu: {why} (load the model in a 16-bit dtype, or use more memory)")
+        if self.progress:
+            print(f"nonstop cpu: {why}: fp32 products run in torch on the loaded weights", file=sys.stderr)
+        return why
 
     # ------------------------------------------------------------------ routing
     def _fallback_reason(

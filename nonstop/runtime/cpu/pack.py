@@ -62,6 +62,21 @@ def _pack_experts(experts, fmt: str) -> dict:
     return stacks
 
 
+BYTES_PER_WEIGHT = {"float32": 4.0, "bfloat16": 2.0, "int8": 1.0 + 4 / DEFAULT_GROUP}
+
+
+def packed_bytes(program: Program, fmt: str) -> int:
+    """About what packing ``program`` into ``fmt`` allocates beside the loaded weights (which stay): its
+    linear weights at ``fmt``'s bytes per weight (int8 at the default group)."""
+    seen, total = set(), 0.0
+    for op in program.ops:
+        for role, w in op.weights.items():
+            if role in LINEAR_ROLES and isinstance(w, torch.Tensor) and w.dim() == 2 and id(w) not in seen:
+                seen.add(id(w))
+                total += w.numel() * BYTES_PER_WEIGHT[fmt]
+    return int(total)
+
+
 def pack_program(program: Program, fmt: str, kernels: bool, group: int = DEFAULT_GROUP) -> None:
     """Convert ``program``'s weights to ``fmt`` (float32 | bfloat16 | int8); activations become fp32.
     kernels: the C++ kernels are loaded (else packed weights compute in torch). group: int8 scale group
