@@ -13,22 +13,33 @@ exactly from softmax(x) restricted to K; a caller advances ``offset`` every step
 request. K is an upper set of the order "larger x first, then smaller index" (a stable descending
 sort): ties break by index.
 
-Two phases spread the vocabulary over many programs (``launch.py``'s two-phase protocol):
+Three phases spread the vocabulary over many programs (``launch.py``'s protocol):
   1 ``scan`` - tile (r, c): chunk c (CHUNK entries) of row r: its max m_c of x, Z_c = Σ e^{x - m_c}, the
     best score (x, or x + g when sampling) with its first index, and - when the row filters (top-k / top-p)
-    - its KC largest entries as stable-order keys (``stable_key``: value, then index).
-  2 ``pick`` - tile r: greedy and unfiltered rows take the best score over the chunks (first index on
+    - its KC largest entries and its SC best scorers (largest x + g), both as stable-order keys
+    (``stable_key``: value, then index).
+  2 ``verify`` - tile (r, c), filtered rows: the row's SC best scorers j (merged from its chunks' lists) and,
+    over chunk c, #{x > x_j}, #{x >= x_j}, the mass above j in the stable order and the mass of x >= x_j
+    (masses e^{x - m}, m the row's max).
+  3 ``pick`` - tile r: greedy and unfiltered rows take the best score over the chunks (first index on
     ties). Filtered rows merge the chunks' lists (one sort), decide top-k (x >= the k-th value) and top-p
-    (mass above < top_p · Z_k, masses e^{x - max}, Z_k the mass of the top-k set, or of the row from the
-    chunks' Z_c) on the merged list, and take Gumbel-max over the kept entries. That is exact when no
-    token outside the lists could belong: every chunk whose list is full ends below the kept set and, with
-    top-k, below the k-th value. Otherwise (more than KC kept tokens in one chunk) the tile runs the
-    one-program search over the row (``sample_row_search``): start from argmax (x + g), and while the
-    candidate is not in K move to the best candidate above it; top-k membership is #{x > x_j} < k, top-p
-    mass above j < top_p · Z_k (Z_k by bisection on the monotone int32 image of fp32 when needed).
+    (mass above < top_p · Z_k, Z_k the mass of the top-k set, or of the row from the chunks' Z_c) on the
+    merged list, and take Gumbel-max over the kept entries. That is exact when no token outside the lists
+    could belong: every chunk whose list is full ends below the kept set and, with top-k, below the k-th
+    value (path 1). Otherwise (more than KC kept tokens in one chunk: a flat row under top-p, a chunk holding
+    most of the top-k) the draw is the best scorer in the kept set (``scorer_pick``, path 2): the global
+    best scorers are among the chunks' lists, and their membership follows exactly from the verified sums
+    (top-k: fewer than k larger values; top-p: mass above under top_p · Z_k, Z_k bounded by the scorers'
+    masses). Only when none of them is known to be kept first (a kept set of small mass - top-k on a flat
+    chunk cluster - or top-k and top-p together with Z_k left open) the tile runs the one-program search
+    over the row (``sample_row_search``, path 3): start from argmax (x + g), and while the candidate is not
+    in K move to the best candidate above it; top-k membership is #{x > x_j} < k, top-p mass above j <
+    top_p · Z_k (Z_k by bisection on the monotone int32 image of fp32 when needed). The path of each row is
+    kept (``sample_paths``).
 
 Tile function: ``sample_tile(tile, ..., PHASE)``; workspaces: stats fp32 [R, NC, 3], best index int32
-[R, NC], candidate keys int64 [R, NC, KC] (NC = cdiv(V, CHUNK)).
+[R, NC], candidate keys int64 [R, NC, KC], scorer keys int64 [R, NC, SC], verify fp32 [R, NC, SC, 4], path
+int32 [R] (NC = cdiv(V, CHUNK)).
 
 Using it: ``op, specs = sample_op(vocab_size)`` gives the SuperOp and the buffers it needs; allocate them
 next to the program's (``program.buffers.update(specs)`` before ``program.allocate``), fill
@@ -246,6 +257,7 @@ def sample_row_search(
 
 
 MIN_KEY: tl.constexpr = tl.constexpr(-(2**63))
+VERIFY_BLOCK: tl.constexpr = tl.constexpr(256)  # chunk entries a verify step compares with every scorer
 BIG: tl.constexpr = tl.constexpr(2147483647)
 
 
@@ -287,10 +299,12 @@ def sample_scan_tile(
     stats_ptr,
     best_idx_ptr,
     cand_ptr,
+    scored_ptr,
     V,
     NC,
     CHUNK: tl.constexpr,
     KC: tl.constexpr,
+    SC: tl.constexpr,
 ):
     """Phase 1, tile t = (row, chunk) = divmod(t, NC): the chunk's statistics (module docstring)."""
     row = t // NC
@@ -317,6 +331,8 @@ def sample_scan_tile(
         if ((k > 0) & (k < V)) | (tl.load(top_p_ptr + row) < 1.0):
             top = tl.topk(tl.where(valid, stable_key(x, idx), MIN_KEY), KC)
             tl.store(cand_ptr + slot * KC + tl.arange(0, KC), top)
+            best_scores = tl.topk(tl.where(valid, stable_key(score, idx), MIN_KEY), SC)
+            tl.store(scored_ptr + slot * SC + tl.arange(0, SC), best_scores)
     else:
         score = tl.where(logit == logit, logit, float("-inf"))
         m = tl.max(score, axis=0)
@@ -326,6 +342,113 @@ def sample_scan_tile(
     tl.store(stats_ptr + slot * 3 + 1, z)
     tl.store(stats_ptr + slot * 3 + 2, best)
     tl.store(best_idx_ptr + slot, tl.min(tl.where(score == best, idx, BIG), axis=0))
+
+
+@triton.jit
+def row_top_scorers(scored_ptr, row, NC, SC: tl.constexpr, BLOCK_SCORED: tl.constexpr):
+    """The row's SC best (x + g, then smaller index) entries from its chunks' lists, best first: (stable keys of
+    their scores [SC] (MIN_KEY past the listed ones), entry indices [SC])."""
+    pos = tl.arange(0, BLOCK_SCORED)
+    listed = tl.load(scored_ptr + row.to(tl.int64) * NC * SC + pos, mask=pos < NC * SC, other=MIN_KEY)
+    top = tl.topk(listed, SC)
+    return top, 2147483647 - (top & 0xFFFFFFFF).to(tl.int32)
+
+
+@triton.jit
+def sample_verify_tile(
+    t,
+    logits_ptr,
+    stride_logits,
+    temperature_ptr,
+    top_k_ptr,
+    top_p_ptr,
+    stats_ptr,
+    scored_ptr,
+    verify_ptr,
+    V,
+    NC,
+    CHUNK: tl.constexpr,
+    SC: tl.constexpr,
+    BLOCK_NC: tl.constexpr,
+    BLOCK_SCORED: tl.constexpr,
+):
+    """Phase 2, tile t = (row, chunk): for each of the row's SC best scorers j (``row_top_scorers``), over the
+    chunk: #{x > x_j}, #{x >= x_j}, the mass (e^{x - m}, m the row's max) of the entries above j in the stable
+    order, and of x >= x_j -> verify [R, NC, SC, 4] fp32. Filtered rows only."""
+    row = t // NC
+    c = t % NC
+    temperature = tl.load(temperature_ptr + row)
+    k = tl.load(top_k_ptr + row)
+    if (temperature > 0) & (((k > 0) & (k < V)) | (tl.load(top_p_ptr + row) < 1.0)):
+        ch = tl.arange(0, BLOCK_NC)
+        m = tl.max(tl.load(stats_ptr + (row.to(tl.int64) * NC + ch) * 3, mask=ch < NC, other=float("-inf")), axis=0)
+        _, j = row_top_scorers(scored_ptr, row, NC, SC, BLOCK_SCORED)
+        row_ptr = logits_ptr + row.to(tl.int64) * stride_logits
+        x_j = tl.div_rn(tl.load(row_ptr + j, mask=(j >= 0) & (j < V), other=float("-inf")), temperature)
+        x_j = tl.where(x_j == x_j, x_j, float("-inf"))
+        gt = tl.zeros([SC], dtype=tl.float32)
+        ge = tl.zeros([SC], dtype=tl.float32)
+        mass_above = tl.zeros([SC], dtype=tl.float32)
+        mass_ge = tl.zeros([SC], dtype=tl.float32)
+        for b0 in range(0, CHUNK, VERIFY_BLOCK):  # [SC, VERIFY_BLOCK] comparisons at a time
+            within = b0 + tl.arange(0, VERIFY_BLOCK)
+            idx = c * CHUNK + within
+            x = tl.div_rn(tl.load(row_ptr + idx, mask=(within < CHUNK) & (idx < V), other=float("-inf")), temperature)
+            x = tl.where(x == x, x, float("-inf"))
+            e = tl.where(x > float("-inf"), tl.exp(x - m), 0.0)[None, :]
+            greater = x[None, :] > x_j[:, None]
+            at_least = x[None, :] >= x_j[:, None]
+            above = greater | ((x[None, :] == x_j[:, None]) & (idx[None, :] < j[:, None]))
+            gt += tl.sum(greater.to(tl.float32), axis=1)
+            ge += tl.sum(at_least.to(tl.float32), axis=1)
+            mass_above += tl.sum(tl.where(above, e, 0.0), axis=1)
+            mass_ge += tl.sum(tl.where(at_least, e, 0.0), axis=1)
+        cell = verify_ptr + (row.to(tl.int64) * NC + c) * (SC * 4) + tl.arange(0, SC) * 4
+        tl.store(cell, gt)
+        tl.store(cell + 1, ge)
+        tl.store(cell + 2, mass_above)
+        tl.store(cell + 3, mass_ge)
+
+
+@triton.jit
+def scorer_pick(
+    row,
+    scored_ptr,
+    verify_ptr,
+    NC,
+    k,
+    p,
+    use_k,
+    use_p,
+    z,
+    SC: tl.constexpr,
+    BLOCK_NC: tl.constexpr,
+    BLOCK_SCORED: tl.constexpr,
+):
+    """The draw from the row's best scorers (module docstring): the first of them (best score first) in the kept
+    set, provided every better one is known to be out. Membership from the chunks' ``verify`` sums, exactly:
+    top-k keeps j iff fewer than k values exceed x_j; top-p keeps j iff the mass above it (stable order) is
+    under top_p · Z_k, Z_k = the mass of x >= v_k (Z without top-k) bounded by the scorers: at least the mass
+    of x >= x_j of a scorer inside the top-k set, at most that of one with >= k values >= x_j (equal when a
+    scorer holds v_k). -1 when the bounds leave the first undecided scorer open, or no scorer is kept."""
+    top, j = row_top_scorers(scored_ptr, row, NC, SC, BLOCK_SCORED)
+    ch = tl.arange(0, BLOCK_NC)
+    cells = verify_ptr + (row.to(tl.int64) * NC + ch[:, None]) * (SC * 4) + tl.arange(0, SC)[None, :] * 4
+    cm = (ch < NC)[:, None]
+    gt = tl.sum(tl.load(cells, mask=cm, other=0.0), axis=0)  # [SC], chunks in order: exact counts
+    ge = tl.sum(tl.load(cells + 1, mask=cm, other=0.0), axis=0)
+    above = tl.sum(tl.load(cells + 2, mask=cm, other=0.0), axis=0)
+    mass_ge = tl.sum(tl.load(cells + 3, mask=cm, other=0.0), axis=0)
+    finite = (top != MIN_KEY) & (key_value(top) > float("-inf"))  # a listed score of -inf: x = -inf, never kept
+    in_k = finite & ((use_k == 0) | (gt < k.to(tl.float32)))
+    z_lo = tl.where(use_k, tl.max(tl.where(in_k, mass_ge, 0.0), axis=0), z)
+    z_hi = tl.where(use_k, tl.min(tl.where(finite & (ge >= k.to(tl.float32)), mass_ge, z), axis=0), z)
+    kept = in_k & ((use_p == 0) | (above < p * z_lo))
+    out = (finite == 0) | (in_k == 0) | ((use_p != 0) & (above >= p * z_hi))
+    first = tl.min(tl.where(out, SC, tl.arange(0, SC)), axis=0)  # the best scorer not known to be out
+    decided = first < SC
+    is_kept = tl.sum(tl.where(tl.arange(0, SC) == first, kept.to(tl.int32), 0), axis=0) > 0
+    return tl.where(decided & is_kept, tl.sum(tl.where(tl.arange(0, SC) == first, j, 0), axis=0), -1)
 
 
 @triton.jit
@@ -342,14 +465,21 @@ def sample_pick_tile(
     stats_ptr,
     best_idx_ptr,
     cand_ptr,
+    scored_ptr,
+    verify_ptr,
+    path_ptr,
     V,
     NC,
     KC: tl.constexpr,
+    SC: tl.constexpr,
     BLOCK_NC: tl.constexpr,
     BLOCK_CAND: tl.constexpr,
+    BLOCK_SCORED: tl.constexpr,
     BLOCK_Q: tl.constexpr,
 ):
-    """Phase 2, tile = row: combine the row's chunks (module docstring); next_ids[row]."""
+    """Phase 3, tile = row: combine the row's chunks (module docstring); next_ids[row], and the way it was
+    decided in path[row] (``PATHS``)."""
+    path = tl.full([], 0, tl.int32)
     c = tl.arange(0, BLOCK_NC)
     cm = c < NC
     base = row.to(tl.int64) * NC
@@ -394,7 +524,11 @@ def sample_pick_tile(
                 (last < threshold)
                 & ((use_k == 0) | ((key_value(last) < v_k) & (k <= tl.sum(listed.to(tl.int32), axis=0))))
             )
+            if complete == 0:
+                j = scorer_pick(row, scored_ptr, verify_ptr, NC, k, p, use_k, use_p, z, SC, BLOCK_NC, BLOCK_SCORED)
+                path = tl.where(j >= 0, 2, 3).to(tl.int32)
             if complete:
+                path = tl.full([], 1, tl.int32)
                 offset = tl.load(offset_ptr + row)
                 g = gumbel_at(
                     tl.load(seed_ptr + row),
@@ -405,7 +539,7 @@ def sample_pick_tile(
                 score = tl.where(keep, x + g, float("-inf"))
                 top = tl.max(score, axis=0)
                 j = tl.min(tl.where(keep & (score == top), idx, BIG), axis=0)
-            else:
+            elif j < 0:
                 j = sample_row_search(
                     row,
                     logits_ptr,
@@ -419,6 +553,7 @@ def sample_pick_tile(
                     BLOCK_Q,
                 )
     tl.store(out_ptr + row, j.to(tl.int64))
+    tl.store(path_ptr + row, path)
 
 
 @triton.jit
@@ -435,6 +570,9 @@ def sample_tile(
     stats_ptr,
     best_idx_ptr,
     cand_ptr,
+    scored_ptr,
+    verify_ptr,
+    path_ptr,
     counters_ptr,
     V,
     NC,
@@ -442,16 +580,18 @@ def sample_tile(
     n_pick,
     CHUNK: tl.constexpr,
     KC: tl.constexpr,
+    SC: tl.constexpr,
     BLOCK_NC: tl.constexpr,
     BLOCK_CAND: tl.constexpr,
+    BLOCK_SCORED: tl.constexpr,
     BLOCK_Q: tl.constexpr,
     PHASE: tl.constexpr,
 ):
-    """Sampling in two phases (module docstring): 1 ``scan`` (n_scan = R·NC tiles), 2 ``pick`` (n_pick = R);
-    0 the in-launch protocol (counters int32 [3])."""
+    """Sampling in three phases (module docstring): 1 ``scan`` and 2 ``verify`` (n_scan = R·NC tiles each),
+    3 ``pick`` (n_pick = R); 0 the in-launch protocol (counters int32 [4])."""
     phase = PHASE
     if PHASE == 0:
-        phase, tile = phase_ticket(counters_ptr, n_scan)
+        phase, tile = phase_ticket(counters_ptr, n_scan, n_scan)
     if phase == 1:
         sample_scan_tile(
             tile,
@@ -465,10 +605,30 @@ def sample_tile(
             stats_ptr,
             best_idx_ptr,
             cand_ptr,
+            scored_ptr,
             V,
             NC,
             CHUNK,
             KC,
+            SC,
+        )
+    elif phase == 2:
+        sample_verify_tile(
+            tile,
+            logits_ptr,
+            stride_logits,
+            temperature_ptr,
+            top_k_ptr,
+            top_p_ptr,
+            stats_ptr,
+            scored_ptr,
+            verify_ptr,
+            V,
+            NC,
+            CHUNK,
+            SC,
+            BLOCK_NC,
+            BLOCK_SCORED,
         )
     else:
         sample_pick_tile(
@@ -484,39 +644,50 @@ def sample_tile(
             stats_ptr,
             best_idx_ptr,
             cand_ptr,
+            scored_ptr,
+            verify_ptr,
+            path_ptr,
             V,
             NC,
             KC,
+            SC,
             BLOCK_NC,
             BLOCK_CAND,
+            BLOCK_SCORED,
             BLOCK_Q,
         )
     if PHASE == 0:
-        phase_done(counters_ptr, phase, n_pick)
+        phase_done(counters_ptr, phase, n_pick, 3)
 
 
-sample_kernel = launcher(sample_tile, phases=("scan", "pick"), first="n_scan")
+sample_kernel = launcher(sample_tile, phases=("scan", "verify", "pick"), first=("n_scan", "n_scan"))
 
 CHUNK = 2048  # vocabulary entries per scan tile on a GPU: 80 tiles per row of a 163840-token vocabulary
 CANDIDATES = 16  # largest entries each chunk lists for a filtered row (the merged list: NC · 16)
+SCORERS = 8  # best scorers (x + g) each chunk lists for a filtered row; the row's best 8 are verified
+PATHS = {0: "greedy or unfiltered", 1: "merged lists", 2: "verified scorers", 3: "one-program search"}
 
 
-def sample(op, env, chunk: int | None = None, candidates: int | None = None):
+def sample(op, env, chunk: int | None = None, candidates: int | None = None, scorers: int | None = None):
     """next_ids [R] (int64) from logits [R, V] and the per-row sampling buffers (``SAMPLE_READS``).
-    ``chunk`` / ``candidates``: scan tile width and list length (tests; defaults ``CHUNK`` / ``CANDIDATES``,
-    a quarter-vocabulary chunk in the interpreter)."""
+    ``chunk`` / ``candidates`` / ``scorers``: scan tile width and list lengths (tests; defaults ``CHUNK`` /
+    ``CANDIDATES`` / ``SCORERS``, a quarter-vocabulary chunk in the interpreter). How each row was decided:
+    ``sample_paths(device)`` after the launch."""
     logits, temperature, top_k, top_p, seed, offset = (env.buf[n] for n in op.reads)
     out = env.buf[op.writes[0]]
     R, V = logits.shape
     assert logits.dtype == torch.float32 and logits.stride(1) == 1
     chunk = pow2(chunk or (min(CHUNK, pow2(V) // 4) if interpreting() else CHUNK), 16)
     kc = min(pow2(candidates or CANDIDATES), chunk)
+    sc = min(pow2(scorers or SCORERS), chunk)
     nc = triton.cdiv(V, chunk)
     dev = logits.device
     stats = workspace("sample.stats", R * nc * 3, torch.float32, dev)
     best_idx = workspace("sample.best_idx", R * nc, torch.int32, dev)
     cand = workspace("sample.cand", R * nc * kc, torch.int64, dev)
-    sample_kernel[(R * nc + R,)](
+    scored = workspace("sample.scored", R * nc * sc, torch.int64, dev)
+    verify = workspace("sample.verify", R * nc * sc * 4, torch.float32, dev)
+    sample_kernel[(2 * R * nc + R,)](
         logits,
         logits.stride(0),
         temperature,
@@ -528,6 +699,9 @@ def sample(op, env, chunk: int | None = None, candidates: int | None = None):
         stats,
         best_idx,
         cand,
+        scored,
+        verify,
+        sample_paths(dev, R),
         phase_counters("sample", dev),
         V,
         nc,
@@ -535,12 +709,19 @@ def sample(op, env, chunk: int | None = None, candidates: int | None = None):
         R,
         CHUNK=chunk,
         KC=kc,
+        SC=sc,
         BLOCK_NC=pow2(nc),
         BLOCK_CAND=pow2(nc * kc),
+        BLOCK_SCORED=pow2(nc * sc),
         BLOCK_Q=min(1024, pow2(triton.cdiv(V, 4), 16)),
         num_warps=4,
         **pdl_launch_args(env),
     )
+
+
+def sample_paths(device, rows: int = 16) -> torch.Tensor:
+    """int32 [>= rows]: how the last ``sample`` launch on ``device`` decided each row (``PATHS``)."""
+    return workspace("sample.path", rows, torch.int32, device)
 
 
 KERNELS = {"sample": sample}

@@ -5,8 +5,10 @@ from __future__ import annotations
 
 import pytest
 import torch
+import triton
+import triton.language as tl
 
-from nonstop.kernels.sample import KERNELS, gumbel_block, sample_op
+from nonstop.kernels.sample import KERNELS, gumbel_block, sample_op, scorer_pick, stable_key
 from nonstop.model.philox import gumbel_noise, philox4x32
 from nonstop.model.sampling import filter_logits
 from nonstop.program.reference import REFERENCE, StepEnv
@@ -210,3 +212,95 @@ def test_kernel_draws_follow_the_filtered_distribution():
     counts = torch.bincount(got, minlength=logits.numel()).double()
     assert counts[~kept].sum() == 0
     assert _chi_square_p(counts[kept], torch.softmax(x, -1)[kept].double()) > 1e-3
+
+
+def _paths(R: int) -> list[int]:
+    from nonstop.kernels.sample import sample_paths
+
+    return sample_paths("cpu", R)[:R].tolist()
+
+
+# (name, logits of a 1200-entry row): flat, a few peaks over noise, the top 60 entries in one 128-entry chunk
+DISTRIBUTIONS = {
+    "flat": lambda gen: torch.randn(1200, generator=gen) * 0.05,
+    "peaked": lambda gen: (
+        torch.randn(1200, generator=gen) * 0.5
+        + torch.zeros(1200).index_fill_(0, torch.randperm(1200, generator=gen)[:5], 8.0)
+    ),
+    "clustered": lambda gen: torch.randn(1200, generator=gen) + torch.cat([torch.full((60,), 4.0), torch.zeros(1140)]),
+}
+# (temperature, top_k, top_p) -> the ways the default lists (16 a chunk) and scorers (8) may decide each
+# distribution: 1 the merged lists hold every kept entry; 2 more kept entries than a chunk lists - the best
+# scorers, verified. Top-k and top-p together over the cluster: a scorer's top-p membership needs Z_k, which the
+# scorers only bound; a draw whose first open scorer the bounds leave undecided takes the search (3).
+FILTERS = {
+    (1.0, 50, 1.0): {"flat": {1}, "peaked": {1}, "clustered": {2}},
+    (1.0, -1, 0.9): {"flat": {2}, "peaked": {1}, "clustered": {2}},
+    (0.8, 50, 0.9): {"flat": {1}, "peaked": {1}, "clustered": {2, 3}},
+}
+
+
+@pytest.mark.parametrize("dist", list(DISTRIBUTIONS))
+def test_top_k_50_and_top_p_09_are_decided_by_many_programs(dist):
+    """Top-k 50 and top-p 0.9, alone and together, on flat, peaked and clustered rows (128-entry chunks: 10 scan
+    and 10 verify programs a row), 4 draws each (seeds and noise counters): the twin's tokens, decided by the
+    merged lists or, when one chunk holds more kept entries than it lists (flat top-p keeps ~1000 entries, the
+    cluster ~50), by the verified best scorers - not by the one-program search (but for ``FILTERS``' one case)."""
+    gen = torch.Generator().manual_seed(len(dist))
+    logits = DISTRIBUTIONS[dist](gen).expand(4 * len(FILTERS), -1).contiguous()
+    params = [f for f in FILTERS for _ in range(4)]
+    got, want = _run_both(logits, params, torch.arange(len(params)) * 31 + 5, torch.arange(len(params)) * 7, chunk=128)
+    assert torch.equal(got, want), (got, want)
+    paths = _paths(len(params))
+    assert all(path in FILTERS[f][dist] for f, path in zip(params, paths)), paths
+    assert paths.count(3) <= 1, paths
+
+
+def test_an_undecided_row_takes_the_one_program_search():
+    """Top-k 3 over lists of 2 a chunk and one verified scorer, the 10 largest values (a small bump over a flat
+    row) in one chunk: the lists cannot hold the kept set and the best scorer is rarely among the 3, so most
+    draws take the search over the row - still the twin's tokens."""
+    gen = torch.Generator().manual_seed(4)
+    row = torch.randn(1200, generator=gen) * 0.05 + torch.cat([torch.full((10,), 0.3), torch.zeros(1190)])
+    params = [(1.0, 3, 1.0)] * 12
+    got, want = _run_both(
+        row.expand(12, -1).contiguous(), params, 77, torch.arange(12), chunk=64, candidates=2, scorers=1
+    )
+    assert torch.equal(got, want)
+    paths = _paths(12)
+    assert 3 in paths and set(paths) <= {2, 3}, paths
+
+
+@triton.jit
+def _scorer_probe(score_ptr, idx_ptr, scored_ptr, verify_ptr, out_ptr, k, p, z):
+    i = tl.arange(0, 4)
+    tl.store(scored_ptr + i, stable_key(tl.load(score_ptr + i), tl.load(idx_ptr + i)))
+    use_k = (k > 0) & (k < 1000)
+    use_p = p < 1.0
+    row = tl.full([], 0, tl.int32)
+    tl.store(out_ptr, scorer_pick(row, scored_ptr, verify_ptr, 1, k, p, use_k, use_p, z, 4, 1, 4))
+
+
+def _scorer_pick(k, p, gt, ge, above, mass_ge, z=10.0) -> int:
+    """``scorer_pick`` over 4 scorers (scores 4..1, entries 40, 30, 20, 10) with these verified sums."""
+    verify = torch.tensor([gt, ge, above, mass_ge], dtype=torch.float32).T.contiguous()
+    out = torch.full((1,), -7, dtype=torch.int32)
+    scores, idx = torch.tensor([4.0, 3.0, 2.0, 1.0]), torch.tensor([40, 30, 20, 10], dtype=torch.int32)
+    _scorer_probe[(1,)](scores, idx, torch.empty(4, dtype=torch.int64), verify, out, k, p, z)
+    return int(out)
+
+
+def test_scorer_pick_decides_only_what_the_sums_prove():
+    """``scorer_pick`` on hand-made verified sums (one chunk, 4 scorers listed best first): a scorer known to be
+    out (top-k: k larger values; top-p: mass above >= top_p · an upper bound of Z_k) is passed over, the first
+    open one is drawn when known to be kept (mass above < top_p · a lower bound of Z_k) and -1 (the search)
+    when the bounds leave it undecided."""
+    zeros = [0.0] * 4
+    assert _scorer_pick(-1, 0.9, zeros, zeros, [9.5, 1.0, 2.0, 3.0], zeros) == 30  # 9.5 >= 0.9 · Z: out
+    assert _scorer_pick(-1, 0.9, zeros, zeros, [8.9, 1.0, 2.0, 3.0], zeros) == 40
+    gt, ge, mass_ge = [0, 1, 2, 3], [1, 2, 3, 4], [1.0, 2.0, 3.0, 4.0]  # all in the top 5: Z_k in [4, 10]
+    assert _scorer_pick(5, 0.9, gt, ge, [0.5, 1.5, 2.5, 3.5], mass_ge) == 40  # 0.5 < 0.9 · 4
+    assert _scorer_pick(5, 0.9, gt, ge, [3.7, 1.5, 2.5, 3.5], mass_ge) == -1  # 0.9 · 4 <= 3.7 < 0.9 · 10: open
+    exact = [1.0, 2.0, 3.0, 4.1]  # the last scorer holds the 5th value: Z_k = 4.1, 3.7 >= 0.9 · 4.1
+    assert _scorer_pick(5, 0.9, gt, [1, 2, 3, 5], [3.7, 1.5, 2.5, 3.5], exact) == 30
+    assert _scorer_pick(5, 1.0, [7, 5, 2, 3], ge, zeros, mass_ge) == 20  # 7 and 5 larger values: out of the top 5

@@ -20,7 +20,8 @@ declares (``tiling/``), with the split lengths and block sizes of the op's launc
                      ``attnres.sq``
   attnres_mix_norm/norm  per (row, chunk): x's chunk normalised with the row's Σ mix²
   sample/scan        zeros into its cells of ``sample.partial`` (what the kernel's pick reads there is its own)
-  sample/pick        the op's twin on the logits row
+  sample/verify      zeros into its cells of ``sample.verify``
+  sample/pick        the op's twin on the logits row (and 0 into ``sample.path``)
 Twins take ``(op, env, task, schedule)``; ``env`` is a ``program.reference.StepEnv``.
 """
 
@@ -220,8 +221,14 @@ def sample_scan(op, env, task, s) -> None:
     env.buf["sample.partial"].zero_()
 
 
+def sample_verify(op, env, task, s) -> None:
+    """The verify cells: sums only the kernel's pick reads."""
+    env.buf["sample.verify"].zero_()
+
+
 def sample_pick(op, env, task, s) -> None:
     REFERENCE["sample"](op, env)
+    env.buf["sample.path"].zero_()
 
 
 STAGE_TWINS = {
@@ -237,6 +244,7 @@ STAGE_TWINS = {
     ("attnres_mix_norm", "mix"): attnres_mix,
     ("attnres_mix_norm", "norm"): attnres_norm,
     ("sample", "scan"): sample_scan,
+    ("sample", "verify"): sample_verify,
     ("sample", "pick"): sample_pick,
 }
 
