@@ -9,6 +9,7 @@ import torch
 
 from nonstop import LLM, SamplingParams
 from nonstop.engine.loop import EngineLoop, EngineOverloaded, EngineStopped
+from nonstop.runtime.interface import Executor
 from tests.engine.tiny_models import synth_checkpoint
 
 PROMPTS = [("the quick brown fox " * 2)[i % 5 : i % 5 + 3 + i] for i in range(16)]
@@ -103,11 +104,13 @@ def test_cancel_frees_the_slot_and_others_continue(k3_dir):
         loop.stop()
 
 
-class FailOnToken:
-    """An executor wrapper that raises whenever ``bad_token`` is among the input ids."""
+class FailOnToken(Executor):
+    """An executor wrapper that raises whenever ``bad_token`` is among the input ids (declares the
+    executor interface, as every backend does; the engine reads only that)."""
 
     def __init__(self, inner, bad_token: int):
         self.inner, self.bad_token = inner, bad_token
+        self.name, self.stats = f"fail-on-{bad_token}", {}
 
     def forward(self, ids, cache, batch, last_only=False):
         if bool((ids == self.bad_token).any()):
