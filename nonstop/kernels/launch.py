@@ -12,8 +12,8 @@ writes its launcher kernel: the same parameters (minus the tile index) plus ``US
 so a launcher's signature is never written twice, and the megakernel calls the tile function itself
 with the arguments recorded from the launcher (``declaration(launcher)`` gives it the tile function).
 
-Multi-phase super-ops (two phases: the dense MLP, split-KV attention, the routed experts, sampling;
-three: AttnRes) order kinds of tiles inside one launch. Their tile function takes ``PHASE: tl.constexpr``:
+Multi-phase super-ops (two phases: the dense MLP, split-KV attention, the routed experts; three: AttnRes,
+sampling) order kinds of tiles inside one launch. Their tile function takes ``PHASE: tl.constexpr``:
 1, 2 (, 3) run one tile of that phase, 0 (what the launcher passes) runs the in-launch protocol: each
 program takes a ticket (``phase_ticket``); tickets below the first phase's tile count run phase-1 tiles and
 arrive (release); later tickets wait (acquire) for every arrival of the phase before theirs, then run its
@@ -72,7 +72,7 @@ def pdl_launch_args(env) -> dict:
     return {"USE_PDL": True, **env.launch_kwargs}
 
 
-# ----------------------------------------------------------------------------- the two-phase protocol
+# ----------------------------------------------------------------------------- the multi-phase protocol
 
 
 @triton.jit
@@ -234,7 +234,7 @@ def launcher(
     takes_num_tiles = len(params) > 1 and params[1].name == "num_tiles"
     own = params[2 if takes_num_tiles else 1 :]
     if phases is not None and not any(p.name == "PHASE" for p in own):
-        raise TypeError(f"{fn.__name__}: a two-phase tile function takes PHASE: tl.constexpr")
+        raise TypeError(f"{fn.__name__}: a multi-phase tile function takes PHASE: tl.constexpr")
     name = name or f"{fn.__name__.removesuffix('_tile')}_kernel"
     signature = [_param_text(p) for p in own if p.name != "PHASE"] + ["USE_PDL: tl.constexpr = False"]
     call = (

@@ -8,9 +8,10 @@ Two kinds of candidate file, both plain candidates that go through the same veri
 * otherwise the launcher's source with the keyword arguments of its kernel launch rewritten
   (``num_warps``, ``NUM_STAGES``, loop tile sizes halved or doubled), its free names imported from its
   module; a helper that hands out persistent scratch (``expert_scratch``: out of a candidate's reach, see
-  ``allowed.py``) is copied in with its ``workspace(...)`` calls made per-call ``torch.zeros``; a launcher
-  that launches one single-phase kernel also varies its tile order (``tile_order.py``: the candidate carries
-  a copy of the launcher kernel with the tile index permuted).
+  ``allowed.py``) is copied in with its ``workspace(...)`` calls made per-call ``torch.zeros``, and so are
+  the launcher's own ``workspace(...)`` calls (``attnres_mix_norm``); a launcher that launches one
+  single-phase kernel also varies its tile order (``tile_order.py``: the candidate carries a copy of the
+  launcher kernel with the tile index permuted).
 """
 
 from __future__ import annotations
@@ -176,6 +177,7 @@ def rewritten_source(kind: str, overrides: dict[str, str]) -> str:
         if k.arg in overrides:
             k.value = ast.parse(overrides[k.arg], mode="eval").body
     func = _NoItemAssignment().visit(func)
+    func = _PerCallScratch().visit(func)  # a launcher that takes scratch itself (attnres) gets it per call
     kernels, imports = [], []
     order = overrides.get("tile_order", "identity")
     if order != "identity":

@@ -4,8 +4,8 @@
   stages   per op, the ``(stage name, class, instance, ntiles)`` of each phase, in order;
   classes  ``TaskClass`` list: the opcode of a task is its class index (see ``source``);
   ptrs / ints / floats   the argument tables, one row per instance (= recorded launch).
-A launcher's stages are its declared phases (``nonstop.kernels.launch``: one, or two for the two-phase
-super-ops); a class calls the launcher's tile function with ``PHASE`` = the stage's phase (1, 2).
+A launcher's stages are its declared phases (``nonstop.kernels.launch``: one, or two or three for the
+multi-phase super-ops); a class calls the launcher's tile function with ``PHASE`` = the stage's phase (1, 2, 3).
 Argument kinds: ``const`` (a constexpr: part of the class), ``ptr`` / ``wptr`` (a tensor / one of the op's
 weights: its address in ``ptrs`` / ``wptrs``, dtype in the class; weights apart, so the offline check can
 tell weight loads from the rest), ``int`` / ``float`` (scalars: baked into the class when equal in all its

@@ -23,7 +23,7 @@ Generated code, per class k (``opcode`` k):
 
 A class's body is its launcher's tile function (``nonstop.kernels.launch.declaration``), called with
 the task's tile, the recorded arguments by parameter name, and ``PHASE`` = its stage's phase for the
-two-phase super-ops.
+multi-phase super-ops.
 """
 
 from __future__ import annotations

@@ -6,7 +6,7 @@ Buffers of a schedule for a step of B sequences x T tokens (R = B*T rows):
                          the step's new tokens; append-only (older tokens: ``READ_PAST``).
   KDA state              ``L{i}.recurrent`` ``[B, H*D*D]`` and ``L{i}.conv`` ``[B, 3*C*(K-1)]``: row b is
                          sequence b's slot (slots of a step are distinct).
-  workspaces             the kernels' scratch between the phases of a two-phase op, shared by every op of
+  workspaces             the kernels' scratch between the phases of a multi-phase op, shared by every op of
                          the kind as the workspace is (``nonstop.kernels.launch.workspace``), in the layout
                          the kernels and the checks' twins agree on.
   ``start``              the step's start positions ``[B, 1]`` (read by the attention and KDA tiles,
