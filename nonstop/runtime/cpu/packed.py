@@ -37,9 +37,9 @@ def _rows(x: torch.Tensor) -> torch.Tensor:
 
 
 class F32Weight:
-    """W [N, K] fp32 in row tiles (4 bytes per weight): at one to a few rows of x the tiled stream with
-    software prefetch reads weights faster than a BLAS GEMM call on the plain matrix (bench/cpu_gemv.py).
-    Without the kernels, the plain matrix and ``F.linear``."""
+    """W [N, K] fp32 in row tiles (4 bytes per weight): at one to a few rows of x the tiled stream (one
+    contiguous run per tile, which the hardware prefetcher follows) reads weights faster than a BLAS GEMM
+    call on the plain matrix (bench/cpu_gemv.py). Without the kernels, the plain matrix and ``F.linear``."""
 
     streamed = ("w",)  # the tensors a product reads (``pack.place_on_huge_pages`` moves them)
 
