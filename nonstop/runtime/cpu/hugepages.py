@@ -34,8 +34,7 @@ def _madvise_huge(address: int, length: int) -> bool:
 def hugepage_empty(numel: int, dtype: torch.dtype) -> torch.Tensor:
     """An uninitialised 1-D CPU tensor of ``numel`` elements starting on a huge-page boundary, its pages
     advised as huge before anything touches them (a view into a slightly larger allocation)."""
-    itemsize = torch.empty((), dtype=dtype).element_size()
-    nbytes = numel * itemsize
+    nbytes = numel * dtype.itemsize
     if not sys.platform.startswith("linux") or nbytes < HUGE_PAGE:
         return torch.empty(numel, dtype=dtype)
     raw = torch.empty(nbytes + HUGE_PAGE, dtype=torch.uint8)  # untouched: pages are faulted in on first write

@@ -62,7 +62,9 @@ def _pack_experts(experts, fmt: str) -> dict:
     return stacks
 
 
-BYTES_PER_WEIGHT = {"float32": 4.0, "bfloat16": 2.0, "int8": 1.0 + 4 / DEFAULT_GROUP}
+def bytes_per_weight(fmt: str, group: int = DEFAULT_GROUP) -> float:
+    """Bytes a packed weight of ``fmt`` takes per weight: fp32 4, bf16 2, int8 1 + one fp32 scale per ``group``."""
+    return {"float32": 4.0, "bfloat16": 2.0, "int8": 1.0 + 4 / group}[fmt]
 
 
 def packed_bytes(program: Program, fmt: str) -> int:
@@ -73,7 +75,7 @@ def packed_bytes(program: Program, fmt: str) -> int:
         for role, w in op.weights.items():
             if role in LINEAR_ROLES and isinstance(w, torch.Tensor) and w.dim() == 2 and id(w) not in seen:
                 seen.add(id(w))
-                total += w.numel() * BYTES_PER_WEIGHT[fmt]
+                total += w.numel() * bytes_per_weight(fmt)
     return int(total)
 
 
