@@ -28,7 +28,9 @@ class PageTable:
         self.num_pages = 0
         self.free_pages: list[int] = []
         self.slot_pages: list[list[int]] = [[] for _ in range(num_slots)]
-        self.table = torch.zeros(num_slots, 1, dtype=torch.long, device=device)  # [S, max pages per slot]
+        # [S, page columns]: room for at least 2 pages per slot from the start, so a width of 1 never reaches
+        # a compiled step (torch.compile specialises a size-1 dim and would compile again at 2)
+        self.table = torch.zeros(num_slots, 2, dtype=torch.long, device=device)
         self._grow_pool(max(num_pages, 1))
 
     def _grow_pool(self, num_pages: int) -> None:
@@ -70,11 +72,17 @@ class PageTable:
         self.table[slot] = 0
 
     def rows(self, slots: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
-        """Pool rows of tokens: slots [B], positions [B, T] -> [B, T] long. Positions past a slot's pages
-        map into page 0 (callers mask them)."""
-        page_index = torch.clamp(positions // self.page_size, max=self.table.shape[1] - 1)
-        return self.table[slots[:, None], page_index] * self.page_size + positions % self.page_size
+        """Pool rows of tokens: slots [B], positions [B, T] -> [B, T] long (``pool_rows`` on this table)."""
+        return pool_rows(self.table, self.page_size, slots, positions)
 
     @property
     def used_pages(self) -> int:
         return self.num_pages - len(self.free_pages)
+
+
+def pool_rows(table: torch.Tensor, page_size: int, slots: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+    """Pool rows of tokens: table [S, W] page ids, slots [B], positions [B, T] -> [B, T] long,
+    row = table[s, p // page_size] · page_size + p % page_size. Positions past a slot's pages map into
+    page 0 (callers mask them). Plain tensor ops: a compiled step computes its rows with it too."""
+    page_index = torch.clamp(positions // page_size, max=table.shape[1] - 1)
+    return table[slots[:, None], page_index] * page_size + positions % page_size

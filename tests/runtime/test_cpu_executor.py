@@ -56,6 +56,8 @@ def test_compiled_step_gives_the_reference_tokens(name):
     assert set(ex.stats["compile_seconds"]) == {"batch B>1, context L>1", "batch 1, context L>1"}
     # the cache pools grow during the run (inside inference mode): the step is not compiled again for it
     assert ex.stats["recompiles"] == 0
+    # each shape class's first step goes through torch.compile, every later one is a direct call
+    assert ex.stats["direct_steps"] == ex.stats["compiled_steps"] - 2
 
 
 def test_decode_logits_match_the_reference_and_cache_state_too():
@@ -169,6 +171,7 @@ def test_cache_growth_while_decoding_does_not_recompile_the_step():
     prompt, n = [[5, 6, 7]], [INITIAL_SLOT_TOKENS + 6]
     assert greedy_tokens(model, ex, prompt, n) == greedy_tokens(model, ReferenceExecutor(model), prompt, n)
     assert ex.stats["compiled_steps"] == n[0] - 1 and ex.stats["recompiles"] == 0
+    assert ex.stats["direct_steps"] == n[0] - 2  # the page table widened too: no new graph for it
 
 
 def test_guards_dropped_only_on_the_executors_fixed_arguments():

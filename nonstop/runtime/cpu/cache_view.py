@@ -2,7 +2,8 @@
 
 A compiled step cannot run the page table's host-side bookkeeping (Python lists, pool growth), so the
 executor does it eagerly before the step (``ModelCache.batch`` reserves pages, ``fit_pool`` grows the
-pools) and hands the step the pool tensors and two index tensors:
+pools) and hands the step the pool tensors, the page table and the span of positions to read
+(``step_pages``); the step computes its rows from them (``cache.pages.pool_rows``, fused into the step):
   write_rows [B·T]  pool row of each new token (row r = token r % T of sequence r // T),
   read_rows  [B, L] pool rows of positions 0..L-1 of each sequence (L = max end; rows past a
                     sequence's own end hold stale data and are masked by the step).
@@ -14,6 +15,7 @@ from __future__ import annotations
 
 import torch
 
+from nonstop.cache.pages import pool_rows
 from nonstop.cache.state import KDAState, ModelCache, StepBatch, _TokenCache
 
 
@@ -60,13 +62,18 @@ def cache_tensors(cache: ModelCache) -> list:
     return out
 
 
-def step_rows(cache: ModelCache, batch: StepBatch) -> tuple[torch.Tensor, torch.Tensor]:
-    """(write_rows [B·T], read_rows [B, L]) of a step (pages already reserved by ``cache.batch``)."""
+def step_pages(cache: ModelCache, batch: StepBatch) -> tuple[torch.Tensor, int, torch.Tensor]:
+    """(page table [S, W], page size, span [L] = 0..L-1 with L = max end) of a step whose pages
+    ``cache.batch`` has reserved."""
     pages = cache.pages
-    write = pages.rows(batch.slots, batch.positions).reshape(-1)
-    length = int(batch.end.max())
-    positions = torch.arange(length, device=batch.slots.device)[None, :].expand(batch.slots.shape[0], length)
-    return write, pages.rows(batch.slots, positions)
+    return pages.table, pages.page_size, torch.arange(int(batch.end.max()), device=batch.slots.device)
+
+
+def step_rows(table: torch.Tensor, page_size: int, batch: StepBatch, span: torch.Tensor):
+    """(write_rows [B·T], read_rows [B, L]) from ``step_pages``' tensors: traceable, no host sync."""
+    B = batch.slots.shape[0]
+    write = pool_rows(table, page_size, batch.slots, batch.positions).reshape(-1)
+    return write, pool_rows(table, page_size, batch.slots, span[None, :].expand(B, span.shape[0]))
 
 
 def make_view(tensors: list, write_rows: torch.Tensor, read_rows: torch.Tensor) -> CacheView:

@@ -4,8 +4,10 @@ The model's Program (``program/lower.py``: weights packed per super-op) runs as 
 (``step.run_step``) that ``torch.compile`` (inductor, C++ kernels and a C++ wrapper calling them) turns
 into fused loops around the matrix products, so a step costs a few hundred native calls and no Python
 per kernel instead of the ~2,000 eager torch ops of the reference. Compiled once per step shape class
-(dynamic sizes: batch rows, context length, cache pool) and cached on disk (``compile_cache``);
-compiling is announced on stderr.
+(dynamic sizes: batch rows, context length, cache pool, page table) and cached on disk
+(``compile_cache``); compiling is announced on stderr. Once compiled, a step is called directly under
+torch.compile's own guards, with the Program's weights gathered once (``direct_call``: ~0.15-0.2 ms of
+a ~1.4 ms k3-nano step), and computes its cache rows from the page table inside the graph.
 
 Weights (``weights``): ``float32`` (as loaded), ``bfloat16`` (16-bit weights) or ``int8`` (8-bit
 weight-only, ``weights.quant``), all three through the C++ GEMV kernels of ``kernels.py`` (weights in
@@ -33,8 +35,9 @@ from nonstop.model.rows import is_row_exact
 from nonstop.model.stack import CausalLM
 from nonstop.program.lower import lower
 from nonstop.program.preflight import PreflightError, available_memory, size_text
-from nonstop.runtime.cpu.cache_view import cache_tensors, step_rows
+from nonstop.runtime.cpu.cache_view import cache_tensors, step_pages
 from nonstop.runtime.cpu.compile_cache import announced, use_inductor_cache
+from nonstop.runtime.cpu.direct_call import CapturingInductor, DirectStep
 from nonstop.runtime.cpu.kernels import load_kernels
 from nonstop.runtime.cpu.ops import CPU_OPS
 from nonstop.runtime.cpu.pack import pack_program, packed_bytes
@@ -83,23 +86,32 @@ def unguarded_fixed_arguments(guard_entries) -> list[bool]:
 
 
 def compile_options() -> dict:
-    """Options of the compiled step: the wrapper that calls the step's fused C++ loops and matrix products
-    generated as C++ too (``cpp_wrapper``; off with ``NONSTOP_CPU_CPP_WRAPPER=0``: a Python wrapper costs a
-    Python call and argument unpacking per kernel, ~150 a step, a quarter of a k3-nano step), and no guards
-    on the fixed arguments (``unguarded_fixed_arguments``)."""
-    return {
-        "cpp_wrapper": os.environ.get("NONSTOP_CPU_CPP_WRAPPER", "1") != "0",
-        "guard_filter_fn": unguarded_fixed_arguments,
-    }
+    """Inductor's options for the compiled step: the wrapper that calls the step's fused C++ loops and matrix
+    products generated as C++ too (``cpp_wrapper``; off with ``NONSTOP_CPU_CPP_WRAPPER=0``: a Python wrapper
+    costs a Python call and argument unpacking per kernel, ~150 a step, a quarter of a k3-nano step)."""
+    return {"cpp_wrapper": os.environ.get("NONSTOP_CPU_CPP_WRAPPER", "1") != "0"}
+
+
+def compile_step(step_fn):
+    """(compiled step, its DirectStep or None): ``run_step``'s own copy compiled whole by inductor
+    (``compile_options``), without guards on the fixed arguments (``unguarded_fixed_arguments``), called
+    directly once compiled (``direct_call``; off with ``NONSTOP_CPU_DIRECT=0``)."""
+    backend = CapturingInductor(compile_options())
+    step = torch.compile(
+        step_fn, backend=backend, fullgraph=True, options={"guard_filter_fn": unguarded_fixed_arguments}
+    )
+    direct = DirectStep(step, backend, FIXED_ARGUMENTS) if os.environ.get("NONSTOP_CPU_DIRECT", "1") != "0" else None
+    return step, direct
 
 
 def mark_dynamic_sizes(step_args) -> None:
-    """Compile the step once for any batch size, context length, pool size and slot count: every dim of
-    the step's inputs except the per-row feature dims (weights, reached through the program, stay static)."""
-    ids, slots, start, write_rows, read_rows, tensors = step_args
-    for t in (ids, slots, start, write_rows, read_rows):
+    """Compile the step once for any batch size, context length, pool size, page table width and slot
+    count: every dim of the step's inputs except the per-row feature dims (weights, reached through the
+    program, stay static)."""
+    ids, slots, start, pages, _, span, tensors = step_args
+    for t in (ids, slots, start, pages, span):
         torch._dynamo.maybe_mark_dynamic(t, 0)
-    torch._dynamo.maybe_mark_dynamic(read_rows, 1)
+    torch._dynamo.maybe_mark_dynamic(pages, 1)
     for layer in tensors:
         for t in layer.values() if isinstance(layer, dict) else layer:
             torch._dynamo.maybe_mark_dynamic(t, 0)
@@ -144,15 +156,16 @@ class CPUExecutor(Executor):
         self.compiled = compile
         if compile:
             use_inductor_cache()
-            self._step = torch.compile(_own_copy(run_step), fullgraph=True, options=compile_options())
+            self._step, self._direct = compile_step(_own_copy(run_step))
         else:
-            self._step = run_step
+            self._step, self._direct = run_step, None
         self._shapes: set = set()
         self.stats = {
             "weights": self.weights,
             "threads": self.threads,
             "kernels": kernels_error or "C++ GEMV kernels",
             "compiled_steps": 0,
+            "direct_steps": 0,  # compiled steps called without torch.compile's frame machinery (direct_call)
             "reference_steps": 0,
             "reference_reasons": {},
             "compile_seconds": {},
@@ -199,19 +212,25 @@ class CPUExecutor(Executor):
 
     def run_compiled(self, input_ids: torch.Tensor, cache: ModelCache, batch: StepBatch) -> torch.Tensor:
         """One step through the compiled program; logits [B·T, V] fp32."""
-        write_rows, read_rows = step_rows(cache, batch)
+        pages, page_size, span = step_pages(cache, batch)
         tensors = cache_tensors(cache)
-        args = (self.program, CPU_OPS, input_ids, batch.slots, batch.start, write_rows, read_rows, tensors)
+        args = (self.program, CPU_OPS, input_ids, batch.slots, batch.start, pages, page_size, span, tensors)
         self.stats["compiled_steps"] += 1
-        shape = self._shape_class(input_ids.shape[0], read_rows.shape[1])
+        shape = self._shape_class(input_ids.shape[0], span.shape[0])
         if self.compiled and shape not in self._shapes:  # the marks matter to compiling only (tens of us a step)
             mark_dynamic_sizes(args[2:])
         if not self.compiled:
             return self._step(*args)[0]
         if shape in self._shapes:
+            logits = self._direct(*args) if self._direct is not None else None
+            if logits is not None:
+                self.stats["direct_steps"] += 1
+                return logits
             graphs = _compiled_graphs()
             t0 = time.perf_counter()
             logits = self._step(*args)[0]
+            if self._direct is not None:
+                self._direct.learn(*args)
             if _compiled_graphs() > graphs:  # torch.compile specialised the step again (e.g. a new input kind)
                 self.stats["recompiles"] += 1
                 self.stats["compiling_s"] += time.perf_counter() - t0
@@ -227,6 +246,8 @@ class CPUExecutor(Executor):
             f"compiling the decode step for {shape} (cached for later runs)", enabled=self.progress
         ) as timing:
             logits = self._step(*args)[0]
+        if self._direct is not None:
+            self._direct.learn(*args)
         self._shapes.add(shape)
         self.stats["compile_seconds"][shape] = round(timing["seconds"], 2)
         self.stats["compiling_s"] += timing["seconds"]
