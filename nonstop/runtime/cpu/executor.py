@@ -96,12 +96,12 @@ def compile_step(step_fn):
     """(compiled step, its DirectStep or None): ``run_step``'s own copy compiled whole by inductor
     (``compile_options``), without guards on the fixed arguments (``unguarded_fixed_arguments``), called
     directly once compiled (``direct_call``; off with ``NONSTOP_CPU_DIRECT=0``)."""
+    guards = {"guard_filter_fn": unguarded_fixed_arguments}
+    if os.environ.get("NONSTOP_CPU_DIRECT", "1") == "0":
+        return torch.compile(step_fn, fullgraph=True, options={**compile_options(), **guards}), None
     backend = CapturingInductor(compile_options())
-    step = torch.compile(
-        step_fn, backend=backend, fullgraph=True, options={"guard_filter_fn": unguarded_fixed_arguments}
-    )
-    direct = DirectStep(step, backend, FIXED_ARGUMENTS) if os.environ.get("NONSTOP_CPU_DIRECT", "1") != "0" else None
-    return step, direct
+    step = torch.compile(step_fn, backend=backend, fullgraph=True, options=guards)
+    return step, DirectStep(step, backend, FIXED_ARGUMENTS)
 
 
 def mark_dynamic_sizes(step_args) -> None:
