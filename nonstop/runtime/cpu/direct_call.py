@@ -100,8 +100,8 @@ class DirectStep:
         cache entry that now accepts them."""
         new = self.backend.captured[self.known :]
         self.known = len(self.backend.captured)
-        if len(new) != 1 or new[0].outputs < 1 or None in new[0].sources:
-            return  # nothing new, or more than one graph (a graph break), or an input without a source
+        if len(new) != 1 or new[0].outputs != 1 or None in new[0].sources:
+            return  # nothing new, more than one graph (a graph break), outputs besides the first, a sourceless input
         frame = self._locals(args)
         manager = self._entry(frame)
         if manager is None or id(manager) in self.calls:
