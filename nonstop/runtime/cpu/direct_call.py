@@ -1,6 +1,6 @@
 """Call the compiled decode step without torch.compile's per-call frame machinery, under its own guards.
 
-A compiled k3-nano step is ~1.6 ms, and torch.compile spends ~0.1-0.2 ms of each call around it: the
+A compiled k3-nano step is ~1.4 ms, and torch.compile spends ~0.15-0.2 ms of each call around it: the
 frame hook, then the bytecode that gathers the graph's ~190 inputs (every weight tensor of the Program,
 through attribute and dict lookups) before calling the compiled graph. The weights never change for one
 executor, so ``DirectStep`` gathers them once and, per call, only the ~20 inputs that come from the step's
@@ -13,7 +13,7 @@ an entry compiled before this object saw it; sources it cannot evaluate) goes th
 
 ``CapturingInductor`` is the backend that makes this possible: inductor with the executor's options, which
 also records each graph it compiles with the sources of its inputs (``L['program'].ops[3].weights['w']``,
-``L['read_rows'].size()[1]``: Python expressions over the frame's locals ``L``).
+``L['span'].size()[0]``: Python expressions over the frame's locals ``L``).
 """
 
 from __future__ import annotations
@@ -60,12 +60,9 @@ class DirectStep:
 
     def __init__(self, step, backend: CapturingInductor, fixed: tuple[str, ...]):
         self.code = step._torchdynamo_orig_callable.__code__
-        self.names = list(inspect.signature(step._torchdynamo_orig_callable).parameters)
-        self.defaults = {
-            n: p.default
-            for n, p in inspect.signature(step._torchdynamo_orig_callable).parameters.items()
-            if p.default is not inspect.Parameter.empty
-        }
+        parameters = inspect.signature(step._torchdynamo_orig_callable).parameters
+        self.names = list(parameters)
+        self.defaults = {n: p.default for n, p in parameters.items() if p.default is not inspect.Parameter.empty}
         self.backend = backend
         self.fixed = fixed
         self.known = 0  # backend.captured[:known] have been matched to cache entries (or given up)
