@@ -1,10 +1,11 @@
 """Call the compiled decode step without torch.compile's per-call frame machinery, under its own guards.
 
-A compiled k3-nano step is ~1.4 ms, and torch.compile spends ~0.15-0.2 ms of each call around it: the
-frame hook, then the bytecode that gathers the graph's ~190 inputs (every weight tensor of the Program,
-through attribute and dict lookups) before calling the compiled graph. The weights never change for one
-executor, so ``DirectStep`` gathers them once and, per call, only the ~20 inputs that come from the step's
-arguments (ids, rows, cache tensors, their dynamic sizes).
+A compiled k3-nano step is ~1.4 ms, and torch.compile spends ~0.15-0.3 ms of each call around it
+(``bench/cpu_direct_call.py``): the frame hook, then the bytecode that gathers the graph's ~190 inputs
+(every weight tensor of the Program, through attribute and dict lookups) before calling the compiled
+graph. The weights never change for one executor, so ``DirectStep`` gathers them once and, per call,
+only the ~20 inputs that come from the step's arguments (ids, page table, span, cache tensors, their
+dynamic sizes).
 
 It keeps torch.compile's semantics: a call goes direct only when the first of the code's cache entries
 whose guards (torch.compile's own guard manager, ~15 us) accept the arguments is an entry this object has

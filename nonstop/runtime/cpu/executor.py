@@ -6,8 +6,9 @@ into fused loops around the matrix products, so a step costs a few hundred nativ
 per kernel instead of the ~2,000 eager torch ops of the reference. Compiled once per step shape class
 (dynamic sizes: batch rows, context length, cache pool, page table) and cached on disk
 (``compile_cache``); compiling is announced on stderr. Once compiled, a step is called directly under
-torch.compile's own guards, with the Program's weights gathered once (``direct_call``: ~0.15-0.2 ms of
-a ~1.4 ms k3-nano step), and computes its cache rows from the page table inside the graph.
+torch.compile's own guards, with the Program's weights gathered once (``direct_call``: ~0.15-0.3 ms of
+a ~1.4 ms k3-nano step, ``bench/cpu_direct_call.py``), and computes its cache rows from the page table
+inside the graph.
 
 Weights (``weights``): ``float32`` (as loaded), ``bfloat16`` (16-bit weights) or ``int8`` (8-bit
 weight-only, ``weights.quant``), all three through the C++ GEMV kernels of ``kernels.py`` (weights in
