@@ -2,7 +2,7 @@
 
 The ``cpu`` executor calls a compiled step directly under torch.compile's own guards
 (``runtime/cpu/direct_call.py``). This times one decode step of a model (default: the bundled k3-nano,
-fp32, its default 1 thread) with the same arguments, interleaved round after round:
+fp32, the executor's default threads) with the same arguments, interleaved round after round:
   through torch.compile   the compiled function (frame hook, guards, the bytecode gathering ~190 inputs)
   direct                  ``DirectStep``: torch.compile's guard check, then the graph with weights gathered once
   executor prep           what the executor does eagerly before either (``step_pages``, ``cache_tensors``)

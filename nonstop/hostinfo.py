@@ -9,7 +9,8 @@ One helper for every script in ``bench/`` (and the training report):
                               GPU, ``perf_counter`` after a sync elsewhere): median, p10, p90, fastest
   timed(fn)                   seconds one call of ``fn`` takes (wall clock)
   copy_bandwidth(device, ...) a device-to-device copy's GB/s counting bytes read + written (the floor's
-                              bandwidth), and a read-only sum's
+                              bandwidth), and a read-only sum's; on a CPU the buffers outgrow the last-level
+                              cache (``last_level_cache_bytes``), so the figure is the memory's, not the cache's
   decode_floor(bytes, GB/s)   batch-1 decode floor: every active weight byte read once per token
   command_line()              the exact command, for the results JSON
 """
@@ -78,6 +79,7 @@ def environment(device="cpu") -> dict:
         "platform": platform.platform(),
         "cpu": cpu_name(),
         "cores": os.cpu_count(),
+        "last_level_cache_MB": round(last_level_cache_bytes() / 2**20, 1),
         "threads": torch.get_num_threads(),
         "load_average": [round(x, 2) for x in os.getloadavg()] if hasattr(os, "getloadavg") else None,
         "gpu": None,
@@ -150,9 +152,37 @@ class Clock:
         }
 
 
-def copy_bandwidth(device="cpu", nbytes: int = 256 << 20, reps: int = 10) -> dict:
+def last_level_cache_bytes() -> int:
+    """The CPU's largest cache in bytes (sysconf, else /sys's cache index), 0 when neither says."""
+    for name in ("SC_LEVEL4_CACHE_SIZE", "SC_LEVEL3_CACHE_SIZE", "SC_LEVEL2_CACHE_SIZE"):
+        try:
+            size = os.sysconf(name)
+        except (ValueError, OSError):
+            continue
+        if size and size > 0:
+            return int(size)
+    sizes = []
+    for entry in Path("/sys/devices/system/cpu/cpu0/cache").glob("index*/size"):
+        text = entry.read_text().strip().upper()
+        scale = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}.get(text[-1:], 1)
+        digits = text.rstrip("KMG")
+        if digits.isdigit():
+            sizes.append(int(digits) * scale)
+    return max(sizes, default=0)
+
+
+def memory_sized_bytes(minimum: int = 256 << 20) -> int:
+    """A CPU buffer size that no cache holds: ``minimum`` or twice the last-level cache, the larger
+    (a machine with a 480 MiB L3 would otherwise time its cache, not its memory)."""
+    return max(minimum, 2 * last_level_cache_bytes())
+
+
+def copy_bandwidth(device="cpu", nbytes: int | None = None, reps: int = 10) -> dict:
     """Median GB/s of a device-to-device copy of ``nbytes`` (bytes read + written: 2·nbytes / time) and of
-    a read-only sum of the same bytes as bf16 (nbytes / time), at the current torch thread count."""
+    a read-only sum of the same bytes as bf16 (nbytes / time), at the current torch thread count.
+    ``nbytes`` defaults to 256 MiB, on a CPU at least twice its last-level cache (``memory_sized_bytes``)."""
+    if nbytes is None:
+        nbytes = memory_sized_bytes() if torch.device(device).type == "cpu" else 256 << 20
     clock = Clock(device)
     src = torch.ones(nbytes, dtype=torch.uint8, device=device)
     dst = torch.empty_like(src)

@@ -35,8 +35,10 @@ for name, module in _hidden.items():
 import pytest  # noqa: E402
 import torch  # noqa: E402
 
-# Test models are tiny: one thread avoids thread-pool contention on small, shared machines.
+# Test models are tiny: one thread avoids thread-pool contention on small, shared machines (the cpu
+# executor's own default for k3-nano is every physical core; NONSTOP_THREADS also reaches subprocesses).
 torch.set_num_threads(1)
+os.environ.setdefault("NONSTOP_THREADS", "1")
 
 from tests.tiny_configs import TINY_CONFIGS, hf_model_from_dict  # noqa: E402
 

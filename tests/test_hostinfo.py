@@ -4,10 +4,20 @@ from __future__ import annotations
 
 import os
 import time
+from pathlib import Path
 
 import torch
 
-from nonstop.hostinfo import Clock, command_line, copy_bandwidth, decode_floor, environment, timed
+from nonstop.hostinfo import (
+    Clock,
+    command_line,
+    copy_bandwidth,
+    decode_floor,
+    environment,
+    last_level_cache_bytes,
+    memory_sized_bytes,
+    timed,
+)
 
 
 def test_environment_names_the_machine_and_versions():
@@ -25,6 +35,17 @@ def test_clock_measures_a_known_delay():
     assert delay * 1e3 <= stats["min_ms"] <= stats["p10_ms"] <= stats["ms_per_token"] <= stats["p90_ms"]
     assert stats["loop_ms_per_step"] >= stats["min_ms"]
     assert delay <= timed(lambda: time.sleep(delay))
+
+
+def test_memory_sized_buffers_outgrow_every_cache():
+    llc = last_level_cache_bytes()
+    listed = Path("/sys/devices/system/cpu/cpu0/cache")
+    for entry in listed.glob("index*/size") if listed.is_dir() else ():
+        text = entry.read_text().strip()
+        size = int(text.rstrip("KMG")) << {"K": 10, "M": 20, "G": 30}.get(text[-1:], 0)
+        assert llc >= size, (entry, text, llc)  # no cache the kernel lists is larger
+    assert memory_sized_bytes(minimum=1) == 2 * llc
+    assert memory_sized_bytes(minimum=1 << 40) == 1 << 40
 
 
 def test_copy_bandwidth_and_floor():
