@@ -509,7 +509,7 @@ def main() -> None:
             why = f"the default run died of signal {-workers[name].proc.returncode}"
             print(f"  {name}: {why}; again without ggml's extra buffer types (AMX)", file=sys.stderr)
             workers[name] = Worker(name, python, {**base, **spec, "extra_buffer_types": False}, worker_env)
-            workers[name].ready["retried"] = f"{why} (ggml_backend_amx_mul_mat on this CPU); use_extra_bufts=False"
+            workers[name].ready["retried"] = f"{why}; started again with use_extra_bufts=False"
         if not workers[name].ready.get("ready"):
             print(f"  {name} unavailable: {workers[name].ready.get('error')}", file=sys.stderr)
     runs: dict[str, list] = {name: [] for name in systems}
