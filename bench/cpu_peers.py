@@ -8,7 +8,9 @@ Every system runs in a worker process of its own (llama.cpp and vLLM from their 
 environments: --llama-python, --vllm-python) that loads its model once, warms up (nonstop compiles
 its step here; the compile time is recorded) and then answers "measure" requests. The driver asks
 each worker in turn, round after round (--rounds), so machine load affects all alike; a system's
-figure is its best round (the least disturbed on a shared machine), all rounds are in the JSON.
+figure is its best round (the least disturbed on a shared machine), all rounds are in the JSON; beside
+the best-round ratio to llama.cpp, the ratio of each round's adjacent runs and its median (the two
+systems ran seconds apart, so a VM whose memory bandwidth drifts affects both alike).
 Decode tokens/s = (N - 1) / (time of the N-th new token - time of the first), clocked per token inside
 each system's own generation loop (nonstop's request metrics, llama.cpp's token iterator, a
 transformers streamer; vLLM: time(N tokens) - time(1 token)): prefill and first token excluded.
@@ -39,6 +41,7 @@ import argparse
 import json
 import os
 import signal
+import statistics
 import subprocess
 import sys
 import time
@@ -578,7 +581,7 @@ def main() -> None:
             rows[name] = row
         result[group] = {**model_info, "systems": rows}
     ours = result["llama"]["systems"]
-    ratio = {}
+    ratio, paired = {}, {}
     for mine, theirs in (
         ("nonstop cpu fp32", "llama.cpp f32"),
         ("nonstop cpu bf16", "llama.cpp f16"),
@@ -586,7 +589,13 @@ def main() -> None:
     ):
         if ours.get(mine, {}).get("tokens_per_s") and ours.get(theirs, {}).get("tokens_per_s"):
             ratio[f"{mine} / {theirs}"] = round(ours[mine]["tokens_per_s"] / ours[theirs]["tokens_per_s"], 2)
+            per_round = [a / b for a, b in zip(ours[mine]["rounds"], ours[theirs]["rounds"])]
+            paired[f"{mine} / {theirs}"] = {
+                "per_round": [round(r, 3) for r in per_round],
+                "median": round(statistics.median(per_round), 3),
+            }
     result["nonstop_over_llama_cpp"] = ratio
+    result["nonstop_over_llama_cpp_paired"] = paired
     result["compile"] = compile_times
     result["machine"] = {
         **environment(),
@@ -613,7 +622,7 @@ def main() -> None:
             else:
                 print(f"{name:<34} unavailable: {row['worker'].get('error', '')[:80]}")
     for k, v in ratio.items():
-        print(f"{k}: {v:.2f}x")
+        print(f"{k}: {v:.2f}x (best rounds); paired rounds {paired[k]['per_round']}, median {paired[k]['median']:.2f}x")
     for name, row in compile_times.items():
         first, cached = row["first_run"]["compile_seconds"], row["cached"]["compile_seconds"]
         print(f"compile {name}: first run {first}, cached {cached}")

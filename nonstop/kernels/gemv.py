@@ -60,17 +60,27 @@ def tf32_round(x):
 
 
 @triton.jit
+def interpreted_dot(a, b):
+    """a [M, K] @ b [K, N] -> fp32, as the interpreter's kernels compute every dot: in fp64, rounded once to
+    fp32. The interpreter hands a dot to numpy's BLAS, whose fp32 GEMM may sum a row in another order at
+    another row position of the same product (OpenBLAS on a Zen 5 EPYC: rows 6-15 of 16 differ from rows
+    0-5 in the last bit), which would make a row's bits depend on the batch around it; the fp64 sums agree
+    to far below fp32's rounding, so the rounded row does not (row position probe: 0 of 1,600 differ)."""
+    return tl.dot(a.to(tl.float64), b.to(tl.float64), input_precision="ieee").to(tl.float32)
+
+
+@triton.jit
 def mm(a, b, UPCAST: tl.constexpr, PREC: tl.constexpr, TF32_ROUND: tl.constexpr = False):
-    """a [M, K] @ b [K, N] -> [M, N] fp32 (``tl.dot``; M, N, K >= 16). UPCAST: fp32 operands, exact
-    ("ieee"; the interpreter, whose bf16 dot is wrong), after rounding to tf32 when TF32_ROUND (the GPU
-    numerics mode, for dots the GPU runs in tf32); else ``input_precision=PREC`` (``platform.dot_mode``)."""
+    """a [M, K] @ b [K, N] -> [M, N] fp32 (``tl.dot``; M, N, K >= 16). UPCAST: the interpreter (whose bf16
+    dot is wrong): fp32 operands, after rounding to tf32 when TF32_ROUND (the GPU numerics mode, for dots
+    the GPU runs in tf32), multiplied by ``interpreted_dot``; else ``input_precision=PREC`` (``platform.dot_mode``)."""
     if UPCAST:
         a32 = a.to(tl.float32)
         b32 = b.to(tl.float32)
         if TF32_ROUND:
             a32 = tf32_round(a32)
             b32 = tf32_round(b32)
-        out = tl.dot(a32, b32, input_precision="ieee")
+        out = interpreted_dot(a32, b32)
     else:
         out = tl.dot(a, b, input_precision=PREC)
     return out
@@ -146,10 +156,13 @@ def mxfp4_decode(b, s, OUT_DT: tl.constexpr):
 @triton.jit
 def mac(acc, x, w, USE_DOT: tl.constexpr, UPCAST: tl.constexpr):
     """acc + x [BR, BK] · w [BN, BK]ᵀ. USE_DOT: ``tl.dot`` into acc [BR, BN] (fp32 weights exactly; else
-    operands in w's dtype, fp32 with UPCAST); otherwise FMAs into acc [BR, BN, BK] (summed by ``mac_sum``)."""
+    operands in w's dtype; with UPCAST, the interpreter, ``interpreted_dot`` on fp32 operands); otherwise
+    FMAs into acc [BR, BN, BK] (summed by ``mac_sum``)."""
     if USE_DOT:
-        if UPCAST or w.dtype == tl.float32:
-            acc = tl.dot(x.to(tl.float32), tl.trans(w.to(tl.float32)), acc, input_precision="ieee")
+        if UPCAST:
+            acc += interpreted_dot(x.to(tl.float32), tl.trans(w.to(tl.float32)))
+        elif w.dtype == tl.float32:
+            acc = tl.dot(x.to(tl.float32), tl.trans(w), acc, input_precision="ieee")
         else:
             acc = tl.dot(x.to(w.dtype), tl.trans(w), acc)
     else:

@@ -12,6 +12,7 @@ from nonstop.program.preflight import PreflightError
 from nonstop.runtime.cpu import CPUExecutor
 from nonstop.runtime.cpu.hugepages import HUGE_PAGE, hugepage_copies, hugepage_empty
 from nonstop.runtime.cpu.kernels import load_kernels
+from nonstop.runtime.cpu.pack import streams_weights
 from nonstop.runtime.cpu.packed import Bf16Weight, F32Weight, Int8Weight, tile_rows, untile_rows
 from nonstop.runtime.executors import ReferenceExecutor
 from nonstop.weights.quant import dequantize_int8, group_size, quantize_int8
@@ -62,7 +63,10 @@ def test_kernels_equal_torch_on_the_same_weights(M, N, K, isa):
     try:
         for packed in (F32Weight(w, kernels=True), Bf16Weight(w, kernels=True), Int8Weight(w, kernels=True, group=K)):
             want = x @ packed.dequantized().t() + bias
-            torch.testing.assert_close(packed.linear(x, bias), want, rtol=1e-5, atol=1e-4)
+            cached = packed.linear(x, bias)
+            torch.testing.assert_close(cached, want, rtol=1e-5, atol=1e-4)
+            packed.stream = True  # non-temporal prefetches: the same products, bit for bit
+            assert torch.equal(packed.linear(x, bias), cached)
         for group in [g for g in (8, 32, 128) if K % g == 0]:  # several scales per row (kernel when 16 | group)
             packed = Int8Weight(w, kernels=True, group=group)
             assert packed.kernels == (group % 16 == 0)
@@ -109,6 +113,38 @@ def test_fp32_weights_run_the_tiled_kernel_on_unchanged_values():
     assert greedy_tokens(model, ex, prompts, max_tokens) == greedy_tokens(
         model, ReferenceExecutor(model), prompts, max_tokens
     )
+
+
+def test_weights_stream_when_they_outgrow_half_the_cache(monkeypatch):
+    monkeypatch.delenv("NONSTOP_CPU_STREAM", raising=False)
+    assert not streams_weights(20 << 20, cache_bytes=40 << 20)
+    assert streams_weights((20 << 20) + 1, cache_bytes=40 << 20)
+    monkeypatch.setenv("NONSTOP_CPU_STREAM", "1")
+    assert streams_weights(1, cache_bytes=40 << 20)
+    monkeypatch.setenv("NONSTOP_CPU_STREAM", "0")
+    assert not streams_weights(1 << 40, cache_bytes=40 << 20)
+    monkeypatch.setenv("NONSTOP_CPU_STREAM", "yes")
+    with pytest.raises(ValueError, match="NONSTOP_CPU_STREAM must be 1"):
+        streams_weights(1)
+
+
+@pytest.mark.skipif(KERNELS_MISSING is not None, reason=f"C++ kernels unavailable: {KERNELS_MISSING}")
+@pytest.mark.parametrize("weights", ["float32", "int8"])
+def test_streamed_weights_give_the_reference_tokens(monkeypatch, weights):
+    """With the weights read non-temporally (forced: the tiny model would fit any cache), every packed
+    weight streams, the executor says so, and the step still gives the reference's tokens."""
+    monkeypatch.setenv("NONSTOP_CPU_STREAM", "1")
+    model = tiny_model("llama")
+    ex = CPUExecutor(model, weights=weights, compile=False, progress=False)
+    assert ex.stats["weight_loads"] == "streamed (non-temporal)"
+    packed = [w for op in ex.program.ops for w in op.weights.values() if hasattr(w, "stream")]
+    assert packed and all(w.stream for w in packed)
+    prompts, max_tokens = [[3, 4, 5, 6, 9], [7, 8]], [8, 5]
+    assert greedy_tokens(model, ex, prompts, max_tokens) == greedy_tokens(
+        model, ReferenceExecutor(model), prompts, max_tokens
+    )
+    monkeypatch.setenv("NONSTOP_CPU_STREAM", "0")
+    assert CPUExecutor(tiny_model("llama"), compile=False, progress=False).stats["weight_loads"] == "cached"
 
 
 def test_huge_page_copies_keep_values_order_and_alignment():

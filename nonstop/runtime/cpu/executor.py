@@ -13,9 +13,10 @@ inside the graph.
 Weights (``weights``): ``float32`` (as loaded), ``bfloat16`` (16-bit weights) or ``int8`` (8-bit
 weight-only, ``weights.quant``), all three through the C++ GEMV kernels of ``kernels.py`` (weights in
 row tiles, fp32 activations and accumulation; without the kernels, torch's products on the same
-values). ``auto``: bfloat16 for a model loaded in a 16-bit dtype, else float32. The model's own
-parameters are set to the values the packed weights represent, so a call that runs the reference
-model computes with the same weights (fp32 row tiles are a second copy of those weights).
+values), read with non-temporal prefetches when they outgrow the cache (``pack.streams_weights``).
+``auto``: bfloat16 for a model loaded in a 16-bit dtype, else float32. The model's own parameters are set
+to the values the packed weights represent, so a call that runs the reference model computes with the same
+weights (fp32 row tiles are a second copy of those weights).
 
 Calls the compiled step does not cover run the reference model, counted in ``stats["reference_steps"]``
 by reason: cache-free scoring, prefill (more than one token per row), speculative verification
@@ -41,7 +42,7 @@ from nonstop.runtime.cpu.compile_cache import announced, use_inductor_cache
 from nonstop.runtime.cpu.direct_call import CapturingInductor, DirectStep
 from nonstop.runtime.cpu.kernels import load_kernels
 from nonstop.runtime.cpu.ops import CPU_OPS
-from nonstop.runtime.cpu.pack import pack_program, packed_bytes
+from nonstop.runtime.cpu.pack import pack_program, packed_bytes, streams_weights
 from nonstop.runtime.cpu.step import run_step
 from nonstop.runtime.interface import Executor
 from nonstop.threads import configure_threads
@@ -151,7 +152,8 @@ class CPUExecutor(Executor):
         self.threads = configure_threads(threads, self.program.total_cost(rows=1).weight_bytes)
         self.progress = progress
         kernels_error = load_kernels(progress) or self._room_for_packing()
-        pack_program(self.program, self.weights, kernels=kernels_error is None, group=int8_group)
+        stream = kernels_error is None and streams_weights(packed_bytes(self.program, self.weights))
+        pack_program(self.program, self.weights, kernels=kernels_error is None, group=int8_group, stream=stream)
         if compile is None:
             compile = os.environ.get("NONSTOP_CPU_COMPILE", "1") != "0"
         self.compiled = compile
@@ -165,6 +167,7 @@ class CPUExecutor(Executor):
             "weights": self.weights,
             "threads": self.threads,
             "kernels": kernels_error or "C++ GEMV kernels",
+            "weight_loads": "streamed (non-temporal)" if stream else "cached",
             "compiled_steps": 0,
             "direct_steps": 0,  # compiled steps called without torch.compile's frame machinery (direct_call)
             "reference_steps": 0,

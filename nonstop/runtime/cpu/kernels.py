@@ -1,6 +1,7 @@
 """The C++ weight-only GEMV kernels (``gemv.cpp``): built once per machine into the compile cache
 and registered as torch operators ``torch.ops.nonstop_cpu.linear_f32`` / ``linear_bf16`` / ``linear_int8`` (with
-shape-only "fake" versions, so a compiled step calls them directly).
+shape-only "fake" versions, so a compiled step calls them directly). Their last argument, ``stream``, reads
+the weights with non-temporal prefetches (``pack.streams_weights``).
 
 ``load_kernels()`` returns None when they are ready, else the reason they are not (no compiler, a
 build error); callers then compute with the weights dequantised by torch ops instead (correct, slower).
@@ -23,15 +24,15 @@ _state: dict = {}
 
 def _register_fakes() -> None:
     @torch.library.register_fake("nonstop_cpu::linear_f32")
-    def _(x, w, n):
+    def _(x, w, n, stream=False):
         return x.new_empty(x.shape[0], n)
 
     @torch.library.register_fake("nonstop_cpu::linear_bf16")
-    def _(x, w, n):
+    def _(x, w, n, stream=False):
         return x.new_empty(x.shape[0], n)
 
     @torch.library.register_fake("nonstop_cpu::linear_int8")
-    def _(x, q, s, n):
+    def _(x, q, s, n, stream=False):
         return x.new_empty(x.shape[0], n)
 
 

@@ -10,14 +10,18 @@
   same weights when a call runs the reference.
 * The packed weights' tiles are then copied side by side, in the Program's order, into one allocation on
   huge pages (``hugepages``): the step streams them like one array, with no 4 KiB page boundary to stall
-  the prefetchers.
+  the prefetchers. When they outgrow the cache (``streams_weights``) the kernels read them with
+  non-temporal prefetches (``gemv.cpp``).
 Router, norms, conv taps, MLA's absorbed W_UK / W_UV and the embedding stay as loaded.
 """
 
 from __future__ import annotations
 
+import os
+
 import torch
 
+from nonstop.hostinfo import last_level_cache_bytes
 from nonstop.program.ir import Program
 from nonstop.runtime.cpu.hugepages import hugepage_copies
 from nonstop.runtime.cpu.packed import FORMATS
@@ -79,10 +83,26 @@ def packed_bytes(program: Program, fmt: str) -> int:
     return int(total)
 
 
-def pack_program(program: Program, fmt: str, kernels: bool, group: int = DEFAULT_GROUP) -> None:
+def streams_weights(weight_bytes: int, cache_bytes: int | None = None) -> bool:
+    """Whether the kernels read a step's ``weight_bytes`` of packed weights with non-temporal prefetches:
+    as ``NONSTOP_CPU_STREAM`` says (1 / 0) when it is set, else when they exceed half the last-level cache
+    (``cache_bytes``, default this CPU's): then no weight is still cached when the next step needs it (the
+    step's other data takes its share, and a VM reports a cache its neighbours use too), so keeping the
+    weights out of the caches costs nothing and leaves them to the activations, KV cache and code."""
+    setting = os.environ.get("NONSTOP_CPU_STREAM", "").strip()
+    if setting:
+        if setting not in ("0", "1"):
+            raise ValueError(f"NONSTOP_CPU_STREAM must be 1 (stream the weights) or 0 (cached loads), not {setting!r}")
+        return setting == "1"
+    cache = last_level_cache_bytes() if cache_bytes is None else cache_bytes
+    return weight_bytes > cache // 2
+
+
+def pack_program(program: Program, fmt: str, kernels: bool, group: int = DEFAULT_GROUP, stream: bool = False) -> None:
     """Convert ``program``'s weights to ``fmt`` (float32 | bfloat16 | int8); activations become fp32.
     kernels: the C++ kernels are loaded (else packed weights compute in torch). group: int8 scale group
-    (columns per scale where it divides K, else per channel; 0: always per channel)."""
+    (columns per scale where it divides K, else per channel; 0: always per channel). stream: the kernels
+    read the weights with non-temporal prefetches (``streams_weights``)."""
     done: dict[int, object] = {}  # a tensor shared by ops (tied embeddings) is packed once
     for op in program.ops:
         if op.kind == "moe_experts":
@@ -95,6 +115,7 @@ def pack_program(program: Program, fmt: str, kernels: bool, group: int = DEFAULT
             if id(w) not in done:
                 extra = {"group": group_size(w.shape[-1], group) if group else w.shape[-1]} if fmt == "int8" else {}
                 packed = FORMATS[fmt](w, kernels, **extra)
+                packed.stream = stream and packed.kernels
                 w.data.copy_(packed.dequantized().to(w.dtype))
                 done[id(w)] = packed
             op.weights[role] = done[id(w)]

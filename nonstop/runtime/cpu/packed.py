@@ -5,6 +5,8 @@ its ``linear(x, bias)`` (x [..., K] -> [..., N] fp32). The products run in the C
 (``kernels.py``: fp32 weights as they are, 16-bit or 8-bit weights converted to fp32 in registers; fp32
 accumulation) on the weights in row tiles (``tile_rows``, the layout ``gemv.cpp`` streams); where those
 kernels are unavailable, in torch on the dequantised weight (same result up to summation order).
+A packed weight's ``stream`` (set by ``pack.pack_program``) has the kernel read it with non-temporal
+prefetches: weights that no cache keeps from one step to the next then leave the caches to the rest of the step.
 """
 
 from __future__ import annotations
@@ -42,6 +44,7 @@ class F32Weight:
     call on the plain matrix (bench/cpu_gemv.py). Without the kernels, the plain matrix and ``F.linear``."""
 
     streamed = ("w",)  # the tensors a product reads (``pack.place_on_huge_pages`` moves them)
+    stream = False  # read with non-temporal prefetches (``pack.streams_weights``)
 
     def __init__(self, w: torch.Tensor, kernels: bool):
         w = w.float()
@@ -54,7 +57,10 @@ class F32Weight:
 
     def linear(self, x: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
         rows = _rows(x)
-        y = torch.ops.nonstop_cpu.linear_f32(rows, self.w, self.shape[0]) if self.kernels else F.linear(rows, self.w)
+        if self.kernels:
+            y = torch.ops.nonstop_cpu.linear_f32(rows, self.w, self.shape[0], self.stream)
+        else:
+            y = F.linear(rows, self.w)
         y = y.reshape(*x.shape[:-1], self.shape[0])
         return y if bias is None else y + bias.float()
 
@@ -63,6 +69,7 @@ class Bf16Weight:
     """W [N, K] stored as bf16 (2 bytes per weight)."""
 
     streamed = ("w",)
+    stream = False
 
     def __init__(self, w: torch.Tensor, kernels: bool):
         w = w.to(torch.bfloat16)
@@ -77,7 +84,7 @@ class Bf16Weight:
     def linear(self, x: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
         rows = _rows(x)
         if self.kernels:
-            y = torch.ops.nonstop_cpu.linear_bf16(rows, self.w, self.shape[0])
+            y = torch.ops.nonstop_cpu.linear_bf16(rows, self.w, self.shape[0], self.stream)
         else:
             y = F.linear(rows, self.w.float())
         y = y.reshape(*x.shape[:-1], self.shape[0])
@@ -90,6 +97,7 @@ class Int8Weight:
     16-column chunks (or the whole row): other groups compute in torch."""
 
     streamed = ("q", "s")
+    stream = False
 
     def __init__(self, w: torch.Tensor, kernels: bool, group: int | None = None):
         N, K = w.shape
@@ -109,7 +117,7 @@ class Int8Weight:
     def linear(self, x: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
         rows = _rows(x)
         y = (
-            torch.ops.nonstop_cpu.linear_int8(rows, self.q, self.s, self.shape[0])
+            torch.ops.nonstop_cpu.linear_int8(rows, self.q, self.s, self.shape[0], self.stream)
             if self.kernels
             else F.linear(rows, self.dequantized())
         )
