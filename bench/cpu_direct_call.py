@@ -41,7 +41,6 @@ def main() -> None:
     from nonstop.hostinfo import command_line, copy_bandwidth, decode_floor, environment
     from nonstop.program.footprint import model_footprint
     from nonstop.runtime.cpu.cache_view import cache_tensors, step_pages
-    from nonstop.runtime.cpu.ops import CPU_OPS
 
     llm = LLM(args.model, dtype="float32", backend="cpu")
     ex = llm.executor
@@ -63,7 +62,7 @@ def main() -> None:
     copy = copy_bandwidth()["copy_GBps"]
     load = [os.getloadavg()]
     with torch.inference_mode():  # as the engine calls the executor
-        step_args = (ex.program, CPU_OPS, seen["ids"], batch.slots, batch.start, *step_pages(cache, batch))
+        step_args = (ex.program, ex.table, seen["ids"], batch.slots, batch.start, *step_pages(cache, batch))
         step_args += (cache_tensors(cache),)
         if ex._direct(*step_args) is None:
             sys.exit("the replayed step did not go direct: torch.compile's guards refused it")

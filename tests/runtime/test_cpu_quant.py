@@ -117,15 +117,31 @@ def test_fp32_weights_run_the_tiled_kernel_on_unchanged_values():
 
 def test_weights_stream_when_they_outgrow_half_the_cache(monkeypatch):
     monkeypatch.delenv("NONSTOP_CPU_STREAM", raising=False)
-    assert not streams_weights(20 << 20, cache_bytes=40 << 20)
-    assert streams_weights((20 << 20) + 1, cache_bytes=40 << 20)
+    for fmt in ("float32", "bfloat16", "int8"):  # AVX-512 path: every format by size
+        assert not streams_weights(20 << 20, fmt, isa=2, cache_bytes=40 << 20)
+        assert streams_weights((20 << 20) + 1, fmt, isa=2, cache_bytes=40 << 20)
+    assert streams_weights(1 << 30, "int8", isa=1, cache_bytes=40 << 20)  # AVX2 path: int8 only
+    assert not streams_weights(20 << 20, "int8", isa=1, cache_bytes=40 << 20)
+    assert not streams_weights(1 << 30, "float32", isa=1, cache_bytes=40 << 20)
+    assert not streams_weights(1 << 30, "bfloat16", isa=1, cache_bytes=40 << 20)
     monkeypatch.setenv("NONSTOP_CPU_STREAM", "1")
-    assert streams_weights(1, cache_bytes=40 << 20)
+    assert streams_weights(1, "float32", isa=1, cache_bytes=40 << 20)
     monkeypatch.setenv("NONSTOP_CPU_STREAM", "0")
-    assert not streams_weights(1 << 40, cache_bytes=40 << 20)
+    assert not streams_weights(1 << 40, "int8", isa=2, cache_bytes=40 << 20)
     monkeypatch.setenv("NONSTOP_CPU_STREAM", "yes")
     with pytest.raises(ValueError, match="NONSTOP_CPU_STREAM must be 1"):
-        streams_weights(1)
+        streams_weights(1, "int8", isa=2)
+
+
+@pytest.mark.skipif(KERNELS_MISSING is not None, reason=f"C++ kernels unavailable: {KERNELS_MISSING}")
+def test_isa_level_reports_the_path_in_effect_without_changing_it():
+    best = torch.ops.nonstop_cpu.limit_isa(9)
+    try:
+        assert torch.ops.nonstop_cpu.isa_level() == best
+        torch.ops.nonstop_cpu.limit_isa(0)
+        assert torch.ops.nonstop_cpu.isa_level() == 0 and torch.ops.nonstop_cpu.isa_level() == 0
+    finally:
+        torch.ops.nonstop_cpu.limit_isa(best)
 
 
 @pytest.mark.skipif(KERNELS_MISSING is not None, reason=f"C++ kernels unavailable: {KERNELS_MISSING}")

@@ -4,8 +4,10 @@ A compiled k3-nano step is ~1.4 ms, and torch.compile spends ~0.15-0.3 ms of eac
 (``bench/cpu_direct_call.py``): the frame hook, then the bytecode that gathers the graph's ~190 inputs
 (every weight tensor of the Program, through attribute and dict lookups) before calling the compiled
 graph. The weights never change for one executor, so ``DirectStep`` gathers them once and, per call,
-only the ~20 inputs that come from the step's arguments (ids, page table, span, cache tensors, their
-dynamic sizes).
+only the ~20-60 inputs that come from the step's arguments (ids, page table, span, cache tensors, their
+dynamic sizes). With inductor's C++ wrapper a dynamic size (a Python int: one per cache pool, two a layer on
+a Llama) is handed to the graph as a 0-d int64 tensor kept per value, since the wrapper would otherwise make
+a fresh one per int per call (``torch.tensor``, ~4 us each: ~0.1 ms a step on a 12-layer Llama).
 
 It keeps torch.compile's semantics: a call goes direct only when the first of the code's cache entries
 whose guards (torch.compile's own guard manager, ~15 us) accept the arguments is an entry this object has
@@ -40,6 +42,7 @@ class CapturingInductor:
 
     def __init__(self, options: dict):
         self.inner = torch._TorchCompileInductorWrapper(None, options, None)
+        self.cpp_wrapper = bool(options.get("cpp_wrapper"))  # the graph takes its ints as 0-d tensors
         self.captured: list[Captured] = []
 
     def __call__(self, gm: torch.fx.GraphModule, example_inputs):
@@ -68,6 +71,7 @@ class DirectStep:
         self.fixed = fixed
         self.known = 0  # backend.captured[:known] have been matched to cache entries (or given up)
         self.calls: dict[int, tuple] = {}  # id(guard manager) -> (guard manager, fn, template, dynamic, getter)
+        self.sizes: dict[int, torch.Tensor] | None = {} if backend.cpp_wrapper else None  # size -> its 0-d tensor
 
     def _locals(self, args) -> dict:
         frame = dict(self.defaults)
@@ -89,9 +93,22 @@ class DirectStep:
             return None
         _, fn, template, dynamic, getter = call
         inputs = list(template)
-        for i, value in zip(dynamic, getter(frame)):
-            inputs[i] = value
+        if self.sizes is None:  # a Python wrapper uses its ints as they are
+            for i, value in zip(dynamic, getter(frame)):
+                inputs[i] = value
+        else:
+            for i, value in zip(dynamic, getter(frame)):
+                inputs[i] = self._size(value) if type(value) is int else value
         return fn(*inputs)[0]
+
+    def _size(self, value: int) -> torch.Tensor:
+        """The 0-d tensor inductor's wrapper would make of a dynamic size (never written by the graph)."""
+        t = self.sizes.get(value)
+        if t is None:
+            if len(self.sizes) > 4096:  # sizes seen over a long run (pool rows, context lengths): bounded
+                self.sizes.clear()
+            t = self.sizes[value] = torch.tensor(value, dtype=torch.int64)
+        return t
 
     def learn(self, *args) -> None:
         """After torch.compile ran ``args``: if it compiled a graph for them, remember that graph for the
@@ -114,4 +131,6 @@ class DirectStep:
         except Exception:  # a source that is not a plain expression over L: stay with torch.compile
             return
         template = [None if i in is_dynamic else v for i, v in enumerate(values)]
+        if self.sizes is not None:
+            template = [self._size(v) if type(v) is int else v for v in template]
         self.calls[id(manager)] = (manager, captured.fn, template, dynamic, getter)

@@ -3,9 +3,10 @@
 The model's Program (``program/lower.py``: weights packed per super-op) runs as one function
 (``step.run_step``) that ``torch.compile`` (inductor, C++ kernels and a C++ wrapper calling them) turns
 into fused loops around the matrix products, so a step costs a few hundred native calls and no Python
-per kernel instead of the ~2,000 eager torch ops of the reference. Compiled once per step shape class
-(dynamic sizes: batch rows, context length, cache pool, page table) and cached on disk
-(``compile_cache``); compiling is announced on stderr. Once compiled, a step is called directly under
+per kernel instead of the ~2,000 eager torch ops of the reference. With the C++ kernels built, one-token GQA
+attention reads the paged cache in place in one kernel (``ops.gqa_attn_decode``, ``attention.cpp``).
+Compiled once per step shape class (dynamic sizes: batch rows, context length, cache pool, page table)
+and cached on disk (``compile_cache``); compiling is announced on stderr. Once compiled, a step is called directly under
 torch.compile's own guards, with the Program's weights gathered once (``direct_call``: ~0.15-0.3 ms of
 a ~1.4 ms k3-nano step, ``bench/cpu_direct_call.py``), and computes its cache rows from the page table
 inside the graph.
@@ -13,7 +14,8 @@ inside the graph.
 Weights (``weights``): ``float32`` (as loaded), ``bfloat16`` (16-bit weights) or ``int8`` (8-bit
 weight-only, ``weights.quant``), all three through the C++ GEMV kernels of ``kernels.py`` (weights in
 row tiles, fp32 activations and accumulation; without the kernels, torch's products on the same
-values), read with non-temporal prefetches when they outgrow the cache (``pack.streams_weights``).
+values), read with non-temporal prefetches when they outgrow the cache (``pack.streams_weights``: on AVX2-only
+CPUs int8 only).
 ``auto``: bfloat16 for a model loaded in a 16-bit dtype, else float32. The model's own parameters are set
 to the values the packed weights represent, so a call that runs the reference model computes with the same
 weights (fp32 row tiles are a second copy of those weights).
@@ -41,7 +43,7 @@ from nonstop.runtime.cpu.cache_view import cache_tensors, step_pages
 from nonstop.runtime.cpu.compile_cache import announced, use_inductor_cache
 from nonstop.runtime.cpu.direct_call import CapturingInductor, DirectStep
 from nonstop.runtime.cpu.kernels import load_kernels
-from nonstop.runtime.cpu.ops import CPU_OPS
+from nonstop.runtime.cpu.ops import CPU_KERNEL_OPS, CPU_OPS
 from nonstop.runtime.cpu.pack import pack_program, packed_bytes, streams_weights
 from nonstop.runtime.cpu.step import run_step
 from nonstop.runtime.interface import Executor
@@ -152,8 +154,11 @@ class CPUExecutor(Executor):
         self.threads = configure_threads(threads, self.program.total_cost(rows=1).weight_bytes)
         self.progress = progress
         kernels_error = load_kernels(progress) or self._room_for_packing()
-        stream = kernels_error is None and streams_weights(packed_bytes(self.program, self.weights))
+        stream = kernels_error is None and streams_weights(
+            packed_bytes(self.program, self.weights), self.weights, int(torch.ops.nonstop_cpu.isa_level())
+        )
         pack_program(self.program, self.weights, kernels=kernels_error is None, group=int8_group, stream=stream)
+        self.table = CPU_KERNEL_OPS if kernels_error is None else CPU_OPS  # the super-ops' implementations
         if compile is None:
             compile = os.environ.get("NONSTOP_CPU_COMPILE", "1") != "0"
         self.compiled = compile
@@ -218,7 +223,7 @@ class CPUExecutor(Executor):
         """One step through the compiled program; logits [B·T, V] fp32."""
         pages, page_size, span = step_pages(cache, batch)
         tensors = cache_tensors(cache)
-        args = (self.program, CPU_OPS, input_ids, batch.slots, batch.start, pages, page_size, span, tensors)
+        args = (self.program, self.table, input_ids, batch.slots, batch.start, pages, page_size, span, tensors)
         self.stats["compiled_steps"] += 1
         shape = self._shape_class(input_ids.shape[0], span.shape[0])
         if self.compiled and shape not in self._shapes:  # the marks matter to compiling only (tens of us a step)

@@ -24,16 +24,19 @@
 // the KV cache, code). Whole decode steps on a Zen 5 EPYC VM (AVX-512 path, 2 threads, 64-token runs
 // alternated, median of the paired ratios over 10-16 pairs): while neighbours loaded its memory, a 246M
 // Llama fp32 +3..6%, bf16 +9%, int8 +6% (against its T0 prefetch), k3-nano +10%; on the quiet machine later
-// fp32 -1%, bf16 -2%, int8 +2%, k3-nano +7%. The AVX2 path does the same, unmeasured.
+// fp32 -1%, bf16 -2%, int8 +2%, k3-nano +7%. On a Zen 3 EPYC VM (AVX2 path, 2 threads, paired runs) streaming
+// lost for fp32 (-7% on a 768-wide Llama, -15% on k3-nano) and bf16 (-9%) and was even for int8 (+3%),
+// so on the AVX2 path only int8 streams (``pack.streams_weights``).
 // bf16 chunks are widened without shuffles: a 32-bit lane holds columns 2j (low half: shift left 16)
 // and 2j+1 (high half: mask), so x is reordered once per call to [even columns | odd columns] per chunk.
 // Tiles are split over threads (at::parallel_for); each tile is read once for all M rows of x.
-// AVX-512 and AVX2 paths are chosen at run time (__builtin_cpu_supports); a scalar path covers the rest.
+// AVX-512 and AVX2 paths are chosen at run time (isa.h); a scalar path covers the rest.
 #include <torch/library.h>
 #include <ATen/Parallel.h>
 #include <ATen/core/Tensor.h>
 #include <ATen/ops/empty.h>
 #include <immintrin.h>
+#include "isa.h"
 #include <algorithm>
 #include <cstdint>
 #include <cstring>
@@ -56,24 +59,11 @@ inline float bf16_to_f32(uint16_t v) {
   return f;
 }
 
-int supported_isa() {  // 2: AVX-512, 1: AVX2+FMA, 0: scalar
-  static int level = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") ? 2
-                     : (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) ? 1 : 0;
-  return level;
-}
+int isa() { return nonstop_cpu_isa::level(); }
 
-int& isa_level() {
-  static int level = supported_isa();
-  return level;
-}
+int64_t limit_isa(int64_t level) { return nonstop_cpu_isa::limit(level); }
 
-int isa() { return isa_level(); }
-
-// Use at most ``level`` (tests run every path the CPU has); returns the level in effect.
-int64_t limit_isa(int64_t level) {
-  isa_level() = int(std::min<int64_t>(std::max<int64_t>(level, 0), supported_isa()));
-  return isa_level();
-}
+int64_t isa_level() { return isa(); }  // the vector path in effect, unchanged
 
 // ---------------------------------------------------------------- one tile (4 rows) against one row of x
 // int8: x [Kp] (zero past K), t the tile, s its rows' scales (row r: s[r·G .. r·G+G)), cpg chunks per group.
@@ -331,6 +321,7 @@ TORCH_LIBRARY(nonstop_cpu, m) {
   m.def("linear_bf16(Tensor x, Tensor w, int n, bool stream=False) -> Tensor");
   m.def("linear_int8(Tensor x, Tensor q, Tensor s, int n, bool stream=False) -> Tensor");
   m.def("limit_isa(int level) -> int", &limit_isa);
+  m.def("isa_level() -> int", &isa_level);
 }
 
 TORCH_LIBRARY_IMPL(nonstop_cpu, CPU, m) {

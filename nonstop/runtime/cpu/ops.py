@@ -1,5 +1,6 @@
-"""The super-op table of the CPU executor: the Program's plain-torch twins, with the one twin that
-cannot be traced into a compiled step replaced by an equivalent gathered form.
+"""The super-op tables of the CPU executor: the Program's plain-torch twins, with the one twin that
+cannot be traced into a compiled step replaced by an equivalent gathered form (``CPU_OPS``), and, where the
+C++ kernels are built, one-token GQA attention in the ``decode_attention`` kernel (``CPU_KERNEL_OPS``).
 
 ``program/reference.moe_experts`` loops over the distinct experts chosen (a host sync and a
 data-dependent loop). ``moe_experts_gathered`` computes every row's k chosen experts from weights
@@ -50,4 +51,20 @@ def moe_experts_gathered(op, env):
     env.buf[op.writes[0]].add_(acc.to(x.dtype))
 
 
+def gqa_attn_decode(op, env):
+    """``gqa_attn`` of a one-token step on an fp32 cache in the C++ kernel (``attention.cpp``): keys and values
+    read in place from the pool rows of ``env.cache`` (a ``cache_view.TokenCacheView``) instead of gathered
+    into a copy for two batched GEMMs. q [B, H·D] -> o [B, H·D]; other steps and dtypes: the twin."""
+    a = op.attrs
+    cache = env.cache.layers[a["cache_layer"]]
+    q, k, v = env.buf[op.reads[0]], cache.tensors["k"], cache.tensors["v"]
+    if env.T != 1 or any(t.dtype != torch.float32 for t in (q, k, v)):
+        return REFERENCE["gqa_attn"](op, env)
+    H, D = a["heads"], a["head_dim"]
+    visible = env.batch.start + 1  # the query at position start sees keys 0..start
+    o = torch.ops.nonstop_cpu.decode_attention(q.view(env.B, H, D), k, v, cache.read_rows, visible, D**-0.5)
+    env.buf[op.writes[0]].copy_(o.reshape(-1, H * v.shape[-1]))
+
+
 CPU_OPS = {**REFERENCE, "moe_experts": moe_experts_gathered}
+CPU_KERNEL_OPS = {**CPU_OPS, "gqa_attn": gqa_attn_decode}

@@ -83,17 +83,25 @@ def packed_bytes(program: Program, fmt: str) -> int:
     return int(total)
 
 
-def streams_weights(weight_bytes: int, cache_bytes: int | None = None) -> bool:
-    """Whether the kernels read a step's ``weight_bytes`` of packed weights with non-temporal prefetches:
+STREAMED_ON_AVX2 = ("int8",)  # the formats whose AVX2 kernels stream (see ``streams_weights``)
+
+
+def streams_weights(weight_bytes: int, fmt: str, isa: int, cache_bytes: int | None = None) -> bool:
+    """Whether the kernels read a step's ``weight_bytes`` of packed ``fmt`` weights with non-temporal prefetches:
     as ``NONSTOP_CPU_STREAM`` says (1 / 0) when it is set, else when they exceed half the last-level cache
     (``cache_bytes``, default this CPU's): then no weight is still cached when the next step needs it (the
     step's other data takes its share, and a VM reports a cache its neighbours use too), so keeping the
-    weights out of the caches costs nothing and leaves them to the activations, KV cache and code."""
+    weights out of the caches leaves them to the activations, KV cache and code. On the kernels' AVX2 path
+    (``isa`` 1: ``torch.ops.nonstop_cpu.isa_level()``) only int8 streams: paired whole-step runs on a Zen 3 VM
+    lost 7-15% at fp32 and 9% at bf16 when streamed (the hardware prefetcher alone reads their tiles faster)
+    and were even at int8; on the AVX-512 path (a Zen 5 VM) streaming gained 3-10% under load, +-2% quiet."""
     setting = os.environ.get("NONSTOP_CPU_STREAM", "").strip()
     if setting:
         if setting not in ("0", "1"):
             raise ValueError(f"NONSTOP_CPU_STREAM must be 1 (stream the weights) or 0 (cached loads), not {setting!r}")
         return setting == "1"
+    if isa == 1 and fmt not in STREAMED_ON_AVX2:
+        return False
     cache = last_level_cache_bytes() if cache_bytes is None else cache_bytes
     return weight_bytes > cache // 2
 
