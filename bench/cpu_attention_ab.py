@@ -49,11 +49,10 @@ def main() -> None:
     from nonstop.runtime.cpu.pack import packed_bytes
 
     if args.checkpoint is None:
-        from cpu_peers import make_llama_checkpoint
+        from cpu_peers import default_checkpoint, make_llama_checkpoint
 
         shape = argparse.Namespace(**HELD_OUT)
-        name = "llama-h{hidden}-l{layers}-i{intermediate}-a{heads}-kv{kv_heads}-v{vocab}".format(**HELD_OUT)
-        path = Path.home() / ".cache" / "nonstop" / "bench" / name
+        path = default_checkpoint(shape)
         make_llama_checkpoint(shape, path)
         args.checkpoint = str(path)
     sides = {}

@@ -261,6 +261,14 @@ class Worker:
                 self.proc.kill()
 
 
+def default_checkpoint(args) -> Path:
+    """Where the Llama checkpoint of ``args``' shape is kept: under the nonstop cache, one directory per shape."""
+    from nonstop.runtime.cpu.compile_cache import cache_root
+
+    shape = f"h{args.hidden}-l{args.layers}-i{args.intermediate}-a{args.heads}-kv{args.kv_heads}-v{args.vocab}"
+    return cache_root() / "bench" / f"llama-{shape}"
+
+
 def make_llama_checkpoint(args, path: Path):
     """A random-weight Llama in HF layout (bf16 on disk would change fp32 values; written in fp32)."""
     import torch
@@ -443,13 +451,11 @@ def main() -> None:
     from nonstop.config import ModelConfig
     from nonstop.hostinfo import copy_bandwidth, environment
     from nonstop.program.footprint import model_footprint
-    from nonstop.runtime.cpu.compile_cache import cache_root
     from nonstop.runtime.cpu.pack import bytes_per_weight
 
     load_start = os.getloadavg()
     skip = set(filter(None, args.skip.split(",")))
-    shape = f"h{args.hidden}-l{args.layers}-i{args.intermediate}-a{args.heads}-kv{args.kv_heads}-v{args.vocab}"
-    ckpt = Path(args.checkpoint) if args.checkpoint else cache_root() / "bench" / f"llama-{shape}"
+    ckpt = Path(args.checkpoint) if args.checkpoint else default_checkpoint(args)
     cfg, hf = make_llama_checkpoint(args, ckpt)
     k3 = ROOT / "nonstop" / "assets" / "k3-nano"
     g = torch.Generator().manual_seed(0)
