@@ -51,9 +51,10 @@ def test_row_tiles_round_trip():
 
 @pytest.mark.skipif(KERNELS_MISSING is not None, reason=f"C++ kernels unavailable: {KERNELS_MISSING}")
 @pytest.mark.parametrize("isa", [2, 1, 0], ids=["avx512", "avx2", "scalar"])
-@pytest.mark.parametrize("M,N,K", [(1, 5, 37), (3, 17, 200), (2, 9, 1031), (3, 13, 256)])
+@pytest.mark.parametrize("M,N,K", [(1, 5, 37), (3, 17, 200), (2, 9, 1031), (3, 13, 256), (2, 203, 1031)])
 def test_kernels_equal_torch_on_the_same_weights(M, N, K, isa):
-    """Every vector path the CPU has (a path it lacks runs the best one it has), odd N and K, fresh inputs."""
+    """Every vector path the CPU has (a path it lacks runs the best one it has), odd N and K, fresh inputs;
+    tile counts that pair up, leave one over, and (N = 203) split over threads."""
     g = torch.Generator().manual_seed(M * N + K)
     x = torch.randn(M, K, generator=g)
     w = torch.randn(N, K, generator=g)

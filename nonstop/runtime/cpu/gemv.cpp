@@ -13,11 +13,11 @@
 // columns in chunks of C, the 4 rows' chunks side by side:  tiled[4t + r', C·c + j] = W[4t + r, C·c + j]
 // with the tile's memory ordered [c][r][j]. A tile is one contiguous stream of 4·Kp weights, each
 // chunk step reads one 64-byte line (int8) or four lines (fp32, bf16), and a thread walks its
-// tiles front to back. On a plain [n, K] matrix read four rows at a time the hardware prefetcher left
-// the kernels at half the bandwidth; on the tiles' single stream it does better alone for fp32 and bf16
-// (an interleaved A/B on an EPYC, 2 threads: fp32 +3-14%, bf16 even, at 2816x1024 .. 32000x1024), while
-// int8, whose chunk step is one line, keeps a software prefetch PREFETCH bytes ahead (it lost up to 20%
-// without one at 1024x2816).
+// tiles front to back (on the AVX2 path as two streams, below). On a plain [n, K] matrix read four
+// rows at a time the hardware prefetcher left the kernels at half the bandwidth; on the tiles' single
+// stream it does better alone for fp32 and bf16 (an interleaved A/B on an EPYC, 2 threads: fp32 +3-14%,
+// bf16 even, at 2816x1024 .. 32000x1024), while int8, whose chunk step is one line, keeps a software
+// prefetch PREFETCH bytes ahead (it lost up to 20% without one at 1024x2816).
 // stream (``pack.streams_weights``: the step's weights outgrow the cache, so none is still there the next
 // step): every chunk's lines are requested STREAM_AHEAD bytes ahead with the non-temporal hint instead, so
 // the weights pass through L1 without evicting from L2 / L3 what the rest of the step reuses (activations,
@@ -29,7 +29,10 @@
 // so on the AVX2 path only int8 streams (``pack.streams_weights``).
 // bf16 chunks are widened without shuffles: a 32-bit lane holds columns 2j (low half: shift left 16)
 // and 2j+1 (high half: mask), so x is reordered once per call to [even columns | odd columns] per chunk.
-// Tiles are split over threads (at::parallel_for); each tile is read once for all M rows of x.
+// Tiles are split over threads (at::parallel_for); each tile is read once for all M rows of x. On the AVX2
+// path a thread reads its share as two streams side by side (``run_tiles``' paired form: its two halves,
+// one tile of each per pass): on a Zen 3 EPYC VM, paired medians fp32 1.03-1.18x, bf16 1.10-1.25x over
+// 768x768 .. 24576x768 at 2 threads (bench/cpu_gemv_ab.py).
 // AVX-512 and AVX2 paths are chosen at run time (isa.h); a scalar path covers the rest.
 #include <torch/library.h>
 #include <ATen/Parallel.h>
@@ -167,25 +170,31 @@ __attribute__((target("avx512f,avx512bw"))) void tile_bf16_avx512(const float* x
   for (int r = 0; r < 4; ++r) out[r] = _mm512_reduce_add_ps(_mm512_add_ps(a[r], b[r]));
 }
 
-__attribute__((target("avx2,fma"))) void tile_bf16_avx2(const float* xeo, const uint16_t* t, int64_t chunks,
-                                                        bool stream, float* out) {
+// S tiles side by side (``run_tiles``' two streams per thread on the AVX2 path); out[s] gets tile t[s]'s 4 rows.
+template <int S>
+__attribute__((target("avx2,fma"))) void tiles_bf16_avx2(const float* xeo, const uint16_t* const* t,
+                                                         int64_t chunks, bool stream, float (*out)[4]) {
   const __m256i high = _mm256_set1_epi32(int32_t(0xFFFF0000u));
-  __m256 a[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps()};
-  __m256 b[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps()};
+  __m256 a[S][4];
+  for (int s = 0; s < S; ++s)
+    for (int r = 0; r < 4; ++r) a[s][r] = _mm256_setzero_ps();
   for (int64_t c = 0; c < chunks; ++c) {
-    const uint16_t* w = t + c * 4 * BF16_CHUNK;
-    if (stream) fetch_ahead(w, 4);
     const float* xc = xeo + c * BF16_CHUNK;
-    for (int half = 0; half < 2; ++half) {  // columns 16·half .. 16·half+15 of the chunk
-      __m256 even = _mm256_loadu_ps(xc + 8 * half), odd = _mm256_loadu_ps(xc + 16 + 8 * half);
-      for (int r = 0; r < 4; ++r) {
-        __m256i raw = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w + r * BF16_CHUNK + 16 * half));
-        a[r] = _mm256_fmadd_ps(even, _mm256_castsi256_ps(_mm256_slli_epi32(raw, 16)), a[r]);
-        b[r] = _mm256_fmadd_ps(odd, _mm256_castsi256_ps(_mm256_and_si256(raw, high)), b[r]);
+    for (int s = 0; s < S; ++s) {
+      const uint16_t* w = t[s] + c * 4 * BF16_CHUNK;
+      if (stream) fetch_ahead(w, 4);
+      for (int half = 0; half < 2; ++half) {  // columns 16·half .. 16·half+15 of the chunk
+        __m256 even = _mm256_loadu_ps(xc + 8 * half), odd = _mm256_loadu_ps(xc + 16 + 8 * half);
+        for (int r = 0; r < 4; ++r) {
+          __m256i raw = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w + r * BF16_CHUNK + 16 * half));
+          a[s][r] = _mm256_fmadd_ps(even, _mm256_castsi256_ps(_mm256_slli_epi32(raw, 16)), a[s][r]);
+          a[s][r] = _mm256_fmadd_ps(odd, _mm256_castsi256_ps(_mm256_and_si256(raw, high)), a[s][r]);
+        }
       }
     }
   }
-  for (int r = 0; r < 4; ++r) out[r] = hsum256(_mm256_add_ps(a[r], b[r]));
+  for (int s = 0; s < S; ++s)
+    for (int r = 0; r < 4; ++r) out[s][r] = hsum256(a[s][r]);
 }
 
 // fp32: x [Kp], the tile's chunks of 16 columns (one 64-byte line per row).
@@ -210,20 +219,25 @@ __attribute__((target("avx512f,avx512bw"))) void tile_f32_avx512(const float* x,
   for (int r = 0; r < 4; ++r) out[r] = _mm512_reduce_add_ps(a[r]);
 }
 
-__attribute__((target("avx2,fma"))) void tile_f32_avx2(const float* x, const float* t, int64_t chunks, bool stream,
-                                                       float* out) {
-  __m256 a[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps()};
-  __m256 b[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps()};
+template <int S>
+__attribute__((target("avx2,fma"))) void tiles_f32_avx2(const float* x, const float* const* t, int64_t chunks,
+                                                        bool stream, float (*out)[4]) {
+  __m256 a[S][4];
+  for (int s = 0; s < S; ++s)
+    for (int r = 0; r < 4; ++r) a[s][r] = _mm256_setzero_ps();
   for (int64_t c = 0; c < chunks; ++c) {
-    const float* w = t + c * 4 * F32_CHUNK;
-    if (stream) fetch_ahead(w, 4);
     __m256 x0 = _mm256_loadu_ps(x + c * F32_CHUNK), x1 = _mm256_loadu_ps(x + c * F32_CHUNK + 8);
-    for (int r = 0; r < 4; ++r) {
-      a[r] = _mm256_fmadd_ps(x0, _mm256_loadu_ps(w + r * F32_CHUNK), a[r]);
-      b[r] = _mm256_fmadd_ps(x1, _mm256_loadu_ps(w + r * F32_CHUNK + 8), b[r]);
+    for (int s = 0; s < S; ++s) {
+      const float* w = t[s] + c * 4 * F32_CHUNK;
+      if (stream) fetch_ahead(w, 4);
+      for (int r = 0; r < 4; ++r) {
+        a[s][r] = _mm256_fmadd_ps(x0, _mm256_loadu_ps(w + r * F32_CHUNK), a[s][r]);
+        a[s][r] = _mm256_fmadd_ps(x1, _mm256_loadu_ps(w + r * F32_CHUNK + 8), a[s][r]);
+      }
     }
   }
-  for (int r = 0; r < 4; ++r) out[r] = hsum256(_mm256_add_ps(a[r], b[r]));
+  for (int s = 0; s < S; ++s)
+    for (int r = 0; r < 4; ++r) out[s][r] = hsum256(a[s][r]);
 }
 
 // ---------------------------------------------------------------- operators
@@ -258,44 +272,70 @@ std::vector<float> padded_x(const at::Tensor& x, int64_t Kp, bool even_odd) {
 // Tiles per task: enough weight bytes (64 KB) to amortise handing a task to a thread.
 int64_t grain(int64_t tile_bytes) { return std::max<int64_t>(1, (64 << 10) / std::max<int64_t>(tile_bytes, 1)); }
 
-template <typename TileFn>
+// tiles(x row, ts, count, out): count (1, or 2 where ``paired``) tiles ts[0..count) against one row of x,
+// out[i] = tile ts[i]'s 4 outputs. Paired, a thread reads its range's two halves as two sequential streams
+// side by side, one tile of each per pass: on a Zen 3 EPYC (AVX2 path) one core keeps more lines in flight
+// from two streams than from one (the hardware prefetcher follows both). Software prefetches on the single
+// stream (T0, 1-16 KB ahead) were slower than none there.
+template <typename TilesFn>
 at::Tensor run_tiles(const at::Tensor& x, const std::vector<float>& xs, int64_t n, int64_t Np, int64_t Kp,
-                     int64_t tile_bytes, TileFn tile) {
+                     int64_t tile_bytes, bool paired, TilesFn tiles) {
   const int64_t M = x.size(0);
   at::Tensor y = at::empty({M, n}, x.options());
   float* yp = y.data_ptr<float>();
   const float* xsp = xs.data();
   at::parallel_for(0, Np / 4, grain(tile_bytes), [&](int64_t t0, int64_t t1) {
-    float out[4];
-    for (int64_t t = t0; t < t1; ++t)
+    float out[2][4];
+    auto emit = [&](int64_t m, int64_t t, const float* o) {
+      for (int r = 0; r < 4 && 4 * t + r < n; ++r) yp[m * n + 4 * t + r] = o[r];
+    };
+    const int64_t half = paired ? (t1 - t0) / 2 : 0;
+    for (int64_t i = 0; i < half; ++i) {
+      const int64_t ts[2] = {t0 + i, t0 + half + i};
       for (int64_t m = 0; m < M; ++m) {
-        tile(xsp + m * Kp, t, out);
-        for (int r = 0; r < 4 && 4 * t + r < n; ++r) yp[m * n + 4 * t + r] = out[r];
+        tiles(xsp + m * Kp, ts, 2, out);
+        emit(m, ts[0], out[0]);
+        emit(m, ts[1], out[1]);
+      }
+    }
+    for (int64_t t = t0 + 2 * half; t < t1; ++t)
+      for (int64_t m = 0; m < M; ++m) {
+        tiles(xsp + m * Kp, &t, 1, out);
+        emit(m, t, out[0]);
       }
   });
   return y;
 }
 
+// fp32 / bf16 weights W (no scales): ``one`` reads one tile on the AVX-512 and scalar paths, the AVX2 path
+// reads two side by side (``pair``) and ``single`` takes the one left over.
+template <typename W, typename OneFn, typename SideFn>
+at::Tensor run_unscaled(const at::Tensor& x, const std::vector<float>& xs, int64_t n, int64_t Np, int64_t Kp,
+                        const W* wp, int64_t chunks, bool stream, OneFn one, SideFn single, SideFn pair) {
+  const bool avx2 = isa() == 1;
+  return run_tiles(x, xs, n, Np, Kp, 4 * Kp * int64_t(sizeof(W)), avx2,
+                   [&](const float* xr, const int64_t* ts, int count, float (*out)[4]) {
+                     const W* t[2] = {wp + ts[0] * 4 * Kp, count == 2 ? wp + ts[1] * 4 * Kp : nullptr};
+                     if (!avx2)
+                       one(xr, t[0], chunks, stream, out[0]);
+                     else
+                       (count == 2 ? pair : single)(xr, t, chunks, stream, out);
+                   });
+}
+
 at::Tensor linear_f32(const at::Tensor& x, const at::Tensor& w, int64_t n, bool stream) {
   check(x, w, at::kFloat, n, F32_CHUNK);
-  const int64_t Np = w.size(0), Kp = w.size(1), chunks = Kp / F32_CHUNK;
-  const std::vector<float> xs = padded_x(x, Kp, false);
-  const float* wp = w.data_ptr<float>();
-  auto fn = isa() == 2 ? tile_f32_avx512 : isa() == 1 ? tile_f32_avx2 : tile_f32_scalar;
-  return run_tiles(x, xs, n, Np, Kp, 4 * Kp * 4, [&](const float* xr, int64_t t, float* out) {
-    fn(xr, wp + t * 4 * Kp, chunks, stream, out);
-  });
+  const int64_t Np = w.size(0), Kp = w.size(1);
+  return run_unscaled(x, padded_x(x, Kp, false), n, Np, Kp, w.data_ptr<float>(), Kp / F32_CHUNK, stream,
+                      isa() == 2 ? tile_f32_avx512 : tile_f32_scalar, tiles_f32_avx2<1>, tiles_f32_avx2<2>);
 }
 
 at::Tensor linear_bf16(const at::Tensor& x, const at::Tensor& w, int64_t n, bool stream) {
   check(x, w, at::kBFloat16, n, BF16_CHUNK);
-  const int64_t Np = w.size(0), Kp = w.size(1), chunks = Kp / BF16_CHUNK;
-  const std::vector<float> xs = padded_x(x, Kp, true);
-  const uint16_t* wp = reinterpret_cast<const uint16_t*>(w.data_ptr());
-  auto fn = isa() == 2 ? tile_bf16_avx512 : isa() == 1 ? tile_bf16_avx2 : tile_bf16_scalar;
-  return run_tiles(x, xs, n, Np, Kp, 4 * Kp * 2, [&](const float* xr, int64_t t, float* out) {
-    fn(xr, wp + t * 4 * Kp, chunks, stream, out);
-  });
+  const int64_t Np = w.size(0), Kp = w.size(1);
+  return run_unscaled(x, padded_x(x, Kp, true), n, Np, Kp, reinterpret_cast<const uint16_t*>(w.data_ptr()),
+                      Kp / BF16_CHUNK, stream, isa() == 2 ? tile_bf16_avx512 : tile_bf16_scalar,
+                      tiles_bf16_avx2<1>, tiles_bf16_avx2<2>);
 }
 
 at::Tensor linear_int8(const at::Tensor& x, const at::Tensor& q, const at::Tensor& s, int64_t n, bool stream) {
@@ -309,8 +349,8 @@ at::Tensor linear_int8(const at::Tensor& x, const at::Tensor& q, const at::Tenso
   const float* sp = s.data_ptr<float>();
   const int64_t cpg = chunks / G;
   auto fn = isa() == 2 ? tile_i8_avx512 : isa() == 1 ? tile_i8_avx2 : tile_i8_scalar;
-  return run_tiles(x, xs, n, Np, Kp, 4 * Kp, [&](const float* xr, int64_t t, float* out) {
-    fn(xr, qp + t * 4 * Kp, sp + t * 4 * G, G, cpg, stream, out);
+  return run_tiles(x, xs, n, Np, Kp, 4 * Kp, false, [&](const float* xr, const int64_t* ts, int, float (*out)[4]) {
+    fn(xr, qp + ts[0] * 4 * Kp, sp + ts[0] * 4 * G, G, cpg, stream, out[0]);
   });
 }
 
