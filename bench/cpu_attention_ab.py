@@ -16,7 +16,6 @@ run (the packed weights' bytes per token; the KV cache read per token at that co
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import statistics
 import sys
@@ -43,7 +42,7 @@ def main() -> None:
     import torch
 
     from nonstop import LLM, SamplingParams
-    from nonstop.hostinfo import command_line, copy_bandwidth, decode_floor, environment
+    from nonstop.hostinfo import copy_bandwidth, decode_floor, write_result
     from nonstop.program.lower import lower
     from nonstop.runtime.cpu.ops import CPU_KERNEL_OPS, CPU_OPS
     from nonstop.runtime.cpu.pack import packed_bytes
@@ -104,22 +103,21 @@ def main() -> None:
         )
         load.append(os.getloadavg())
     copy.append(copy_bandwidth()["copy_GBps"])
-    result = {
-        "benchmark": "cpu_attention_ab",
-        "command": command_line(),
-        "environment": environment(),
-        "checkpoint": args.checkpoint,
-        "weights": args.weights,
-        "threads": torch.get_num_threads(),
-        "pairs": args.pairs,
-        "load_average": [[round(v, 2) for v in la] for la in load],
-        "copy_GBps": [round(c, 2) for c in copy],
-        "floor": decode_floor(weight_bytes, max(copy)),
-        "contexts": results,
-    }
+    result = write_result(
+        args.out,
+        "cpu_attention_ab",
+        {
+            "checkpoint": args.checkpoint,
+            "weights": args.weights,
+            "threads": torch.get_num_threads(),
+            "pairs": args.pairs,
+            "load_average": [[round(v, 2) for v in la] for la in load],
+            "copy_GBps": [round(c, 2) for c in copy],
+            "floor": decode_floor(weight_bytes, max(copy)),
+            "contexts": results,
+        },
+    )
     print(f"weights floor {result['floor']['floor_ms_per_token']:.2f} ms/token at {max(copy):.1f} GB/s copy")
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps(result, indent=1) + "\n")
     print(f"wrote {args.out}")
 
 

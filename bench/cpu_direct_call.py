@@ -17,7 +17,6 @@ Writes bench/results/cpu_direct_call.json.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import statistics
 import sys
@@ -38,7 +37,7 @@ def main() -> None:
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
     from nonstop import LLM, SamplingParams
-    from nonstop.hostinfo import command_line, copy_bandwidth, decode_floor, environment
+    from nonstop.hostinfo import copy_bandwidth, decode_floor, write_result
     from nonstop.program.footprint import model_footprint
     from nonstop.runtime.cpu.cache_view import cache_tensors, step_pages
 
@@ -84,26 +83,25 @@ def main() -> None:
     }
     saved = {k: round(rows["through torch.compile"][k] - rows["direct"][k], 1) for k in ("min_us", "median_us")}
     bytes_per_token = int(model_footprint(llm.cfg, torch.float32).bytes_per_token)
-    result = {
-        "benchmark": "cpu_direct_call",
-        "command": command_line(),
-        "environment": environment(),
-        "model": args.model,
-        "threads": torch.get_num_threads(),
-        "rounds": args.rounds,
-        "calls_per_round": args.calls,
-        "load_average": [[round(v, 2) for v in la] for la in load],
-        "floor": decode_floor(bytes_per_token, copy),
-        "per_call": rows,
-        "saved_per_call_us": saved,
-    }
+    result = write_result(
+        args.out,
+        "cpu_direct_call",
+        {
+            "model": args.model,
+            "threads": torch.get_num_threads(),
+            "rounds": args.rounds,
+            "calls_per_round": args.calls,
+            "load_average": [[round(v, 2) for v in la] for la in load],
+            "floor": decode_floor(bytes_per_token, copy),
+            "per_call": rows,
+            "saved_per_call_us": saved,
+        },
+    )
     for name, row in rows.items():
         print(f"{name:<24} min {row['min_us']:8.1f} us  median {row['median_us']:8.1f} us")
     floor_us = result["floor"]["floor_ms_per_token"] * 1e3
     print(f"saved per call: {saved['min_us']} us (min), {saved['median_us']} us (median)")
     print(f"bandwidth floor {floor_us:.0f} us per token")
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps(result, indent=1) + "\n")
     print(f"wrote {args.out}")
 
 

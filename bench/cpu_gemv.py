@@ -18,7 +18,6 @@ cache. Writes bench/results/cpu_gemv.json.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 import time
@@ -61,7 +60,7 @@ def main() -> None:
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
     torch.set_num_threads(args.threads)
 
-    from nonstop.hostinfo import command_line, copy_bandwidth, environment, memory_sized_bytes
+    from nonstop.hostinfo import copy_bandwidth, memory_sized_bytes, write_result
     from nonstop.runtime.cpu.kernels import load_kernels
     from nonstop.runtime.cpu.pack import bytes_per_weight, place_on_huge_pages
     from nonstop.runtime.cpu.packed import Bf16Weight, F32Weight, Int8Weight
@@ -106,18 +105,17 @@ def main() -> None:
         )
     load.append(os.getloadavg())
     copy_after = copy_bandwidth()["copy_GBps"]
-    result = {
-        "benchmark": "cpu_gemv",
-        "command": command_line(),
-        "environment": environment(),
-        "threads": args.threads,
-        "working_set_MB": args.working_set,
-        "copy_GBps": [round(copy, 2), round(copy_after, 2)],
-        "load_average": [[round(v, 2) for v in la] for la in load],
-        "rows": rows,
-    }
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps(result, indent=1) + "\n")
+    write_result(
+        args.out,
+        "cpu_gemv",
+        {
+            "threads": args.threads,
+            "working_set_MB": args.working_set,
+            "copy_GBps": [round(copy, 2), round(copy_after, 2)],
+            "load_average": [[round(v, 2) for v in la] for la in load],
+            "rows": rows,
+        },
+    )
     print(f"copy bandwidth {copy:.1f} / {copy_after:.1f} GB/s; wrote {args.out}")
 
 

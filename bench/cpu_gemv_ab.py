@@ -15,7 +15,6 @@ builds must compute the same product), next to the copy bandwidth measured in th
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import statistics
 import subprocess
@@ -66,7 +65,7 @@ def main() -> None:
     sys.path.insert(0, str(ROOT))
     torch.set_num_threads(args.threads)
 
-    from nonstop.hostinfo import command_line, copy_bandwidth, environment, memory_sized_bytes
+    from nonstop.hostinfo import copy_bandwidth, memory_sized_bytes, write_result
     from nonstop.runtime.cpu.kernels import load_kernels
     from nonstop.runtime.cpu.pack import bytes_per_weight, place_on_huge_pages
     from nonstop.runtime.cpu.packed import Bf16Weight, F32Weight, Int8Weight
@@ -85,14 +84,18 @@ def main() -> None:
         g = torch.Generator().manual_seed(N * K)
         x = torch.randn(1, K, generator=g)
         group = group_size(K)
-        formats = {  # name -> (packing, op name, the op's extra arguments)
-            "fp32": (lambda w: F32Weight(w, True), "linear_f32", lambda p: (p.w,)),
-            "bf16": (lambda w: Bf16Weight(w, True), "linear_bf16", lambda p: (p.w,)),
-            "int8": (lambda w, group=group: Int8Weight(w, True, group=group), "linear_int8", lambda p: (p.q, p.s)),
+        formats = {  # name -> (pack format, packing, op name, the op's weight operands)
+            "fp32": ("float32", lambda w: F32Weight(w, True), "linear_f32", lambda p: (p.w,)),
+            "bf16": ("bfloat16", lambda w: Bf16Weight(w, True), "linear_bf16", lambda p: (p.w,)),
+            "int8": (
+                "int8",
+                lambda w, group=group: Int8Weight(w, True, group=group),
+                "linear_int8",
+                lambda p: (p.q, p.s),
+            ),
         }
         row = {"N": N, "K": K}
-        for name, (pack, op, operands) in formats.items():
-            fmt = {"fp32": "float32", "bf16": "bfloat16", "int8": "int8"}[name]
+        for name, (fmt, pack, op, operands) in formats.items():
             nbytes = N * K * bytes_per_weight(fmt, group)
             count = max(2, int(working_set * 1e6 // nbytes))
             weights = [pack(torch.randn(N, K, generator=g)) for _ in range(count)]
@@ -130,21 +133,20 @@ def main() -> None:
         )
     load.append(os.getloadavg())
     copy_after = copy_bandwidth()["copy_GBps"]
-    result = {
-        "benchmark": "cpu_gemv_ab",
-        "command": command_line(),
-        "environment": environment(),
-        "base": subprocess.run(
-            ["git", "-C", str(ROOT), "rev-parse", args.base], capture_output=True, text=True
-        ).stdout.strip(),
-        "threads": args.threads,
-        "reps": args.reps,
-        "copy_GBps": [round(copy, 2), round(copy_after, 2)],
-        "load_average": [[round(v, 2) for v in la] for la in load],
-        "rows": rows,
-    }
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps(result, indent=1) + "\n")
+    write_result(
+        args.out,
+        "cpu_gemv_ab",
+        {
+            "base": subprocess.run(
+                ["git", "-C", str(ROOT), "rev-parse", args.base], capture_output=True, text=True
+            ).stdout.strip(),
+            "threads": args.threads,
+            "reps": args.reps,
+            "copy_GBps": [round(copy, 2), round(copy_after, 2)],
+            "load_average": [[round(v, 2) for v in la] for la in load],
+            "rows": rows,
+        },
+    )
     print(f"copy bandwidth {copy:.1f} / {copy_after:.1f} GB/s; wrote {args.out}")
 
 

@@ -13,11 +13,13 @@ One helper for every script in ``bench/`` (and the training report):
                               cache (``last_level_cache_bytes``), so the figure is the memory's, not the cache's
   decode_floor(bytes, GB/s)   batch-1 decode floor: every active weight byte read once per token
   command_line()              the exact command, for the results JSON
+  write_result(out, name, fields) a results JSON: the benchmark's name, command and environment, then fields
 """
 
 from __future__ import annotations
 
 import importlib.metadata
+import json
 import os
 import platform
 import shlex
@@ -93,6 +95,14 @@ def environment(device="cpu") -> dict:
 def command_line() -> str:
     """This process's command, as one shell-quoted line."""
     return " ".join(shlex.quote(a) for a in [Path(sys.executable).name, *sys.argv])
+
+
+def write_result(out, benchmark: str, fields: dict, indent: int = 1) -> dict:
+    """Write ``{"benchmark", "command", "environment", **fields}`` as JSON to ``out`` (folders made); returns it."""
+    result = {"benchmark": benchmark, "command": command_line(), "environment": environment(), **fields}
+    Path(out).parent.mkdir(parents=True, exist_ok=True)
+    Path(out).write_text(json.dumps(result, indent=indent) + "\n")
+    return result
 
 
 def timed(fn) -> float:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import time
 from pathlib import Path
@@ -17,6 +18,7 @@ from nonstop.hostinfo import (
     last_level_cache_bytes,
     memory_sized_bytes,
     timed,
+    write_result,
 )
 
 
@@ -58,3 +60,14 @@ def test_copy_bandwidth_and_floor():
         "floor_ms_per_token": 20.0,
         "floor_tokens_per_s": 50.0,
     }
+
+
+def test_results_json_leads_with_name_command_and_environment(tmp_path):
+    out = tmp_path / "new" / "folder" / "r.json"
+    fields = {"rows": [{"N": 3, "GBps": 1.5}], "threads": torch.get_num_threads()}
+    written = write_result(out, "bench_x", fields)
+    on_disk = json.loads(out.read_text())
+    assert on_disk == written
+    assert list(on_disk)[:3] == ["benchmark", "command", "environment"] and on_disk["benchmark"] == "bench_x"
+    assert on_disk["command"] == command_line() and on_disk["environment"]["torch"] == torch.__version__
+    assert {k: on_disk[k] for k in fields} == fields
