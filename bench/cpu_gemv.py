@@ -29,6 +29,17 @@ import torch
 DEFAULT_SHAPES = "128x256,548x256,1024x256,256x768,6144x256,2048x2048,5632x2048,2048x5632"
 
 
+def weight_shapes(text: str) -> list[tuple[int, int]]:
+    """``--shapes``: "N1xK1,N2xK2" -> [(N1, K1), (N2, K2)], each a positive weight shape [N, K]."""
+    shapes = []
+    for item in text.split(","):
+        parts = item.strip().lower().split("x")
+        if len(parts) != 2 or not all(p.isdigit() and int(p) > 0 for p in parts):
+            raise argparse.ArgumentTypeError(f"{item.strip()!r} is not a weight shape NxK (e.g. 2048x768)")
+        shapes.append((int(parts[0]), int(parts[1])))
+    return shapes
+
+
 def _packed_linear(x: torch.Tensor, w) -> torch.Tensor:
     return w.linear(x)
 
@@ -54,7 +65,7 @@ def main() -> None:
         help="MB of fp32 weights cycled per shape (default: 96 MB or twice the last-level cache, the larger)",
     )
     ap.add_argument("--reps", type=int, default=5)
-    ap.add_argument("--shapes", default=DEFAULT_SHAPES, help="comma-separated NxK weight shapes")
+    ap.add_argument("--shapes", type=weight_shapes, default=DEFAULT_SHAPES, help="comma-separated NxK weight shapes")
     ap.add_argument("--out", default="bench/results/cpu_gemv.json")
     args = ap.parse_args()
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
@@ -74,8 +85,7 @@ def main() -> None:
     load = [os.getloadavg()]
     copy = copy_bandwidth()["copy_GBps"]
     rows = []
-    for shape in args.shapes.split(","):
-        N, K = (int(v) for v in shape.lower().split("x"))
+    for N, K in args.shapes:
         count = max(1, int(args.working_set * 1e6 // (N * K * 4)))
         g = torch.Generator().manual_seed(N * K)
         plain = [torch.randn(N, K, generator=g) for _ in range(count)]

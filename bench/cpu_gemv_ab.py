@@ -24,6 +24,7 @@ import time
 from pathlib import Path
 
 import torch
+from cpu_gemv import weight_shapes  # bench/ is this script's folder, so on sys.path
 
 ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_SHAPES = "1280x768,768x768,2048x768,768x2048,24576x768,4099x1030"
@@ -58,7 +59,7 @@ def main() -> None:
     ap.add_argument("--base", required=True, help="git revision whose kernels are the baseline (e.g. HEAD, main~1)")
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--reps", type=int, default=9)
-    ap.add_argument("--shapes", default=DEFAULT_SHAPES, help="comma-separated NxK weight shapes")
+    ap.add_argument("--shapes", type=weight_shapes, default=DEFAULT_SHAPES, help="comma-separated NxK weight shapes")
     ap.add_argument("--working-set", type=float, default=None, help="MB of weights cycled (default: 96 or 2x LLC)")
     ap.add_argument("--out", default="bench/results/cpu_gemv_ab.json")
     args = ap.parse_args()
@@ -79,8 +80,7 @@ def main() -> None:
     load = [os.getloadavg()]
     copy = copy_bandwidth()["copy_GBps"]
     rows = []
-    for shape in args.shapes.split(","):
-        N, K = (int(v) for v in shape.lower().split("x"))
+    for N, K in args.shapes:
         g = torch.Generator().manual_seed(N * K)
         x = torch.randn(1, K, generator=g)
         group = group_size(K)
