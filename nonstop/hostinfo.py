@@ -32,15 +32,25 @@ from pathlib import Path
 import torch
 
 
-def cpu_name() -> str:
-    """The CPU's model name from /proc/cpuinfo, else what ``platform`` knows."""
+def _cpuinfo_field(name: str) -> str | None:
+    """The first ``name : value`` of /proc/cpuinfo (Linux), else None."""
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
+            if line.split(":", 1)[0].strip() == name:
                 return line.split(":", 1)[1].strip()
     except OSError:
         pass
-    return platform.processor() or platform.machine()
+    return None
+
+
+def cpu_name() -> str:
+    """The CPU's model name from /proc/cpuinfo, else what ``platform`` knows."""
+    return _cpuinfo_field("model name") or platform.processor() or platform.machine()
+
+
+def cpu_vendor() -> str:
+    """The CPU's vendor id from /proc/cpuinfo (``GenuineIntel``, ``AuthenticAMD``, ...), "" when it does not say."""
+    return _cpuinfo_field("vendor_id") or ""
 
 
 def _version(package: str) -> str | None:

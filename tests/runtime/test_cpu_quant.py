@@ -116,19 +116,25 @@ def test_fp32_weights_run_the_tiled_kernel_on_unchanged_values():
     )
 
 
-def test_weights_stream_when_they_outgrow_half_the_cache(monkeypatch):
+def test_weights_stream_when_they_outgrow_half_the_cache_where_measured_to_help(monkeypatch):
     monkeypatch.delenv("NONSTOP_CPU_STREAM", raising=False)
-    for fmt in ("float32", "bfloat16", "int8"):  # AVX-512 path: every format by size
-        assert not streams_weights(20 << 20, fmt, isa=2, cache_bytes=40 << 20)
-        assert streams_weights((20 << 20) + 1, fmt, isa=2, cache_bytes=40 << 20)
-    assert streams_weights(1 << 30, "int8", isa=1, cache_bytes=40 << 20)  # AVX2 path: int8 only
-    assert not streams_weights(20 << 20, "int8", isa=1, cache_bytes=40 << 20)
-    assert not streams_weights(1 << 30, "float32", isa=1, cache_bytes=40 << 20)
-    assert not streams_weights(1 << 30, "bfloat16", isa=1, cache_bytes=40 << 20)
+    cache = 40 << 20
+    for fmt in ("float32", "bfloat16", "int8"):  # AMD, AVX-512 path: every format by size
+        assert not streams_weights(20 << 20, fmt, isa=2, cache_bytes=cache, vendor="AuthenticAMD")
+        assert streams_weights((20 << 20) + 1, fmt, isa=2, cache_bytes=cache, vendor="AuthenticAMD")
+        for vendor in ("GenuineIntel", ""):  # Intel (its NTA prefetch halves the stream) and unknown CPUs: cached
+            for isa in (0, 1, 2):
+                assert not streams_weights(1 << 40, fmt, isa=isa, cache_bytes=cache, vendor=vendor)
+    amd_avx2 = {"cache_bytes": cache, "vendor": "AuthenticAMD", "isa": 1}  # AVX2 path: int8 only
+    assert streams_weights(1 << 30, "int8", **amd_avx2)
+    assert not streams_weights(20 << 20, "int8", **amd_avx2)
+    assert not streams_weights(1 << 30, "float32", **amd_avx2)
+    assert not streams_weights(1 << 30, "bfloat16", **amd_avx2)
+    assert not streams_weights(1 << 30, "int8", isa=0, cache_bytes=cache, vendor="AuthenticAMD")  # scalar path
     monkeypatch.setenv("NONSTOP_CPU_STREAM", "1")
-    assert streams_weights(1, "float32", isa=1, cache_bytes=40 << 20)
+    assert streams_weights(1, "float32", isa=1, cache_bytes=cache, vendor="GenuineIntel")
     monkeypatch.setenv("NONSTOP_CPU_STREAM", "0")
-    assert not streams_weights(1 << 40, "int8", isa=2, cache_bytes=40 << 20)
+    assert not streams_weights(1 << 40, "int8", isa=2, cache_bytes=cache, vendor="AuthenticAMD")
     monkeypatch.setenv("NONSTOP_CPU_STREAM", "yes")
     with pytest.raises(ValueError, match="NONSTOP_CPU_STREAM must be 1"):
         streams_weights(1, "int8", isa=2)

@@ -14,8 +14,8 @@ inside the graph.
 Weights (``weights``): ``float32`` (as loaded), ``bfloat16`` (16-bit weights) or ``int8`` (8-bit
 weight-only, ``weights.quant``), all three through the C++ GEMV kernels of ``kernels.py`` (weights in
 row tiles, fp32 activations and accumulation; without the kernels, torch's products on the same
-values), read with non-temporal prefetches when they outgrow the cache (``pack.streams_weights``: on AVX2-only
-CPUs int8 only).
+values), read with non-temporal prefetches when they outgrow the cache on AMD CPUs (``pack.streams_weights``:
+on AVX2-only ones int8 only; never on Intel, where it halves the read rate).
 ``auto``: bfloat16 for a model loaded in a 16-bit dtype, else float32. The model's own parameters are set
 to the values the packed weights represent, so a call that runs the reference model computes with the same
 weights (fp32 row tiles are a second copy of those weights).

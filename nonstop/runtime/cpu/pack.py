@@ -10,8 +10,8 @@
   same weights when a call runs the reference.
 * The packed weights' tiles are then copied side by side, in the Program's order, into one allocation on
   huge pages (``hugepages``): the step streams them like one array, with no 4 KiB page boundary to stall
-  the prefetchers. When they outgrow the cache (``streams_weights``) the kernels read them with
-  non-temporal prefetches (``gemv.cpp``).
+  the prefetchers. When they outgrow the cache on a CPU where that was measured to help (``streams_weights``:
+  AMD), the kernels read them with non-temporal prefetches (``gemv.cpp``).
 Router, norms, conv taps, MLA's absorbed W_UK / W_UV and the embedding stay as loaded.
 """
 
@@ -21,7 +21,7 @@ import os
 
 import torch
 
-from nonstop.hostinfo import last_level_cache_bytes
+from nonstop.hostinfo import cpu_vendor, last_level_cache_bytes
 from nonstop.program.ir import Program
 from nonstop.runtime.cpu.hugepages import hugepage_copies
 from nonstop.runtime.cpu.packed import FORMATS
@@ -83,24 +83,34 @@ def packed_bytes(program: Program, fmt: str) -> int:
     return int(total)
 
 
-STREAMED_ON_AVX2 = ("int8",)  # the formats whose AVX2 kernels stream (see ``streams_weights``)
+# (CPU vendor, the kernels' vector path: 2 AVX-512, 1 AVX2) -> the formats whose weights stream once they
+# outgrow half the last-level cache, as measured on whole steps or whole-step GEMV sweeps (2 threads):
+STREAMED_FORMATS = {
+    ("AuthenticAMD", 2): ("float32", "bfloat16", "int8"),  # Zen 5 VM: +3-10% under load, +-2% quiet
+    ("AuthenticAMD", 1): ("int8",),  # Zen 3 VM: fp32 -7..-15%, bf16 -9%, int8 +3%
+}
+# Anything else reads cached. Intel: on a Xeon VM with AMX (AVX-512 path) the 246M Llama's GEMVs read 11.9 vs
+# 28.3 GB/s at fp32, 10.9 vs 28.0 at bf16 and 13.7 vs 26.4 at int8 streamed vs cached, and its fp32 decode ran
+# 13.9 vs 31.0 tok/s: there a non-temporal prefetch fills L1 alone, so the stream is held to L1's few fill
+# buffers instead of the L2 streamer's many requests in flight.
 
 
-def streams_weights(weight_bytes: int, fmt: str, isa: int, cache_bytes: int | None = None) -> bool:
+def streams_weights(
+    weight_bytes: int, fmt: str, isa: int, cache_bytes: int | None = None, vendor: str | None = None
+) -> bool:
     """Whether the kernels read a step's ``weight_bytes`` of packed ``fmt`` weights with non-temporal prefetches:
-    as ``NONSTOP_CPU_STREAM`` says (1 / 0) when it is set, else when they exceed half the last-level cache
-    (``cache_bytes``, default this CPU's): then no weight is still cached when the next step needs it (the
-    step's other data takes its share, and a VM reports a cache its neighbours use too), so keeping the
-    weights out of the caches leaves them to the activations, KV cache and code. On the kernels' AVX2 path
-    (``isa`` 1: ``torch.ops.nonstop_cpu.isa_level()``) only int8 streams: paired whole-step runs on a Zen 3 VM
-    lost 7-15% at fp32 and 9% at bf16 when streamed (the hardware prefetcher alone reads their tiles faster)
-    and were even at int8; on the AVX-512 path (a Zen 5 VM) streaming gained 3-10% under load, +-2% quiet."""
+    as ``NONSTOP_CPU_STREAM`` says (1 / 0) when it is set, else when ``STREAMED_FORMATS`` lists ``fmt`` for this
+    CPU's ``vendor`` (default: ``hostinfo.cpu_vendor()``) and vector path ``isa``
+    (``torch.ops.nonstop_cpu.isa_level()``) and the weights exceed half the last-level cache (``cache_bytes``,
+    default this CPU's): then no weight is still cached when the next step needs it (the step's other data takes
+    its share, and a VM reports a cache its neighbours use too), so keeping the weights out of the caches leaves
+    them to the activations, KV cache and code."""
     setting = os.environ.get("NONSTOP_CPU_STREAM", "").strip()
     if setting:
         if setting not in ("0", "1"):
             raise ValueError(f"NONSTOP_CPU_STREAM must be 1 (stream the weights) or 0 (cached loads), not {setting!r}")
         return setting == "1"
-    if isa == 1 and fmt not in STREAMED_ON_AVX2:
+    if fmt not in STREAMED_FORMATS.get((cpu_vendor() if vendor is None else vendor, isa), ()):
         return False
     cache = last_level_cache_bytes() if cache_bytes is None else cache_bytes
     return weight_bytes > cache // 2
