@@ -13,7 +13,7 @@
 // columns in chunks of C, the 4 rows' chunks side by side:  tiled[4t + r', C·c + j] = W[4t + r, C·c + j]
 // with the tile's memory ordered [c][r][j]. A tile is one contiguous stream of 4·Kp weights, each
 // chunk step reads one 64-byte line (int8) or four lines (fp32, bf16), and a thread walks its
-// tiles front to back (on the AVX2 path as two streams, below). On a plain [n, K] matrix read four
+// tiles front to back (fp32 and bf16 as two streams, below). On a plain [n, K] matrix read four
 // rows at a time the hardware prefetcher left the kernels at half the bandwidth; on the tiles' single
 // stream it does better alone for fp32 and bf16 (an interleaved A/B on an EPYC, 2 threads: fp32 +3-14%,
 // bf16 even, at 2816x1024 .. 32000x1024), while int8, whose chunk step is one line, keeps a software
@@ -31,10 +31,10 @@
 // streams (``pack.streams_weights``).
 // bf16 chunks are widened without shuffles: a 32-bit lane holds columns 2j (low half: shift left 16)
 // and 2j+1 (high half: mask), so x is reordered once per call to [even columns | odd columns] per chunk.
-// Tiles are split over threads (at::parallel_for); each tile is read once for all M rows of x. On the AVX2
-// path a thread reads its share as two streams side by side (``run_tiles``' paired form: its two halves,
-// one tile of each per pass): on a Zen 3 EPYC VM, paired medians fp32 1.03-1.18x, bf16 1.10-1.25x over
-// 768x768 .. 24576x768 at 2 threads (bench/cpu_gemv_ab.py).
+// Tiles are split over threads (at::parallel_for); each tile is read once for all M rows of x. For fp32 and
+// bf16 a thread reads its share as two streams side by side (``run_tiles``' paired form: its two halves,
+// one tile of each per pass): on a Zen 3 EPYC VM (AVX2 path), paired medians fp32 1.03-1.18x, bf16
+// 1.10-1.25x over 768x768 .. 24576x768 at 2 threads (bench/cpu_gemv_ab.py); on a Xeon VM (AVX-512) +7-8%.
 // AVX-512 and AVX2 paths are chosen at run time (isa.h); a scalar path covers the rest.
 #include <torch/library.h>
 #include <ATen/Parallel.h>
@@ -140,39 +140,46 @@ __attribute__((target("avx2,fma"))) void tile_i8_avx2(const float* x, const int8
   for (int r = 0; r < 4; ++r) out[r] = hsum256(a[r]);
 }
 
-// bf16: x [Kp] reordered per 32-column chunk to [x0, x2, .., x30, x1, x3, .., x31] (``even_odd``).
-void tile_bf16_scalar(const float* xeo, const uint16_t* t, int64_t chunks, bool, float* out) {
-  for (int r = 0; r < 4; ++r) {
-    float acc = 0.f;
-    for (int64_t c = 0; c < chunks; ++c) {
-      const uint16_t* w = t + (c * 4 + r) * BF16_CHUNK;
-      const float* xc = xeo + c * BF16_CHUNK;
-      for (int64_t j = 0; j < BF16_CHUNK / 2; ++j)
-        acc += xc[j] * bf16_to_f32(w[2 * j]) + xc[BF16_CHUNK / 2 + j] * bf16_to_f32(w[2 * j + 1]);
-    }
-    out[r] = acc;
-  }
-}
-
-__attribute__((target("avx512f,avx512bw"))) void tile_bf16_avx512(const float* xeo, const uint16_t* t,
-                                                                  int64_t chunks, bool stream, float* out) {
-  const __m512i high = _mm512_set1_epi32(int32_t(0xFFFF0000u));
-  __m512 a[4] = {_mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps()};
-  __m512 b[4] = {_mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps()};
-  for (int64_t c = 0; c < chunks; ++c) {
-    const uint16_t* w = t + c * 4 * BF16_CHUNK;
-    if (stream) fetch_ahead(w, 4);
-    __m512 even = _mm512_loadu_ps(xeo + c * BF16_CHUNK), odd = _mm512_loadu_ps(xeo + c * BF16_CHUNK + 16);
+// bf16: x [Kp] reordered per 32-column chunk to [x0, x2, .., x30, x1, x3, .., x31] (``even_odd``); S tiles as
+// for fp32.
+template <int S>
+void tiles_bf16_scalar(const float* xeo, const uint16_t* const* t, int64_t chunks, bool, float (*out)[4]) {
+  for (int s = 0; s < S; ++s)
     for (int r = 0; r < 4; ++r) {
-      __m512i raw = _mm512_loadu_si512(w + r * BF16_CHUNK);
-      a[r] = _mm512_fmadd_ps(even, _mm512_castsi512_ps(_mm512_slli_epi32(raw, 16)), a[r]);
-      b[r] = _mm512_fmadd_ps(odd, _mm512_castsi512_ps(_mm512_and_si512(raw, high)), b[r]);
+      float acc = 0.f;
+      for (int64_t c = 0; c < chunks; ++c) {
+        const uint16_t* w = t[s] + (c * 4 + r) * BF16_CHUNK;
+        const float* xc = xeo + c * BF16_CHUNK;
+        for (int64_t j = 0; j < BF16_CHUNK / 2; ++j)
+          acc += xc[j] * bf16_to_f32(w[2 * j]) + xc[BF16_CHUNK / 2 + j] * bf16_to_f32(w[2 * j + 1]);
+      }
+      out[s][r] = acc;
     }
-  }
-  for (int r = 0; r < 4; ++r) out[r] = _mm512_reduce_add_ps(_mm512_add_ps(a[r], b[r]));
 }
 
-// S tiles side by side (``run_tiles``' two streams per thread on the AVX2 path); out[s] gets tile t[s]'s 4 rows.
+template <int S>
+__attribute__((target("avx512f,avx512bw"))) void tiles_bf16_avx512(const float* xeo, const uint16_t* const* t,
+                                                                   int64_t chunks, bool stream, float (*out)[4]) {
+  const __m512i high = _mm512_set1_epi32(int32_t(0xFFFF0000u));
+  __m512 a[S][4], b[S][4];
+  for (int s = 0; s < S; ++s)
+    for (int r = 0; r < 4; ++r) a[s][r] = b[s][r] = _mm512_setzero_ps();
+  for (int64_t c = 0; c < chunks; ++c) {
+    __m512 even = _mm512_loadu_ps(xeo + c * BF16_CHUNK), odd = _mm512_loadu_ps(xeo + c * BF16_CHUNK + 16);
+    for (int s = 0; s < S; ++s) {
+      const uint16_t* w = t[s] + c * 4 * BF16_CHUNK;
+      if (stream) fetch_ahead(w, 4);
+      for (int r = 0; r < 4; ++r) {
+        __m512i raw = _mm512_loadu_si512(w + r * BF16_CHUNK);
+        a[s][r] = _mm512_fmadd_ps(even, _mm512_castsi512_ps(_mm512_slli_epi32(raw, 16)), a[s][r]);
+        b[s][r] = _mm512_fmadd_ps(odd, _mm512_castsi512_ps(_mm512_and_si512(raw, high)), b[s][r]);
+      }
+    }
+  }
+  for (int s = 0; s < S; ++s)
+    for (int r = 0; r < 4; ++r) out[s][r] = _mm512_reduce_add_ps(_mm512_add_ps(a[s][r], b[s][r]));
+}
+
 template <int S>
 __attribute__((target("avx2,fma"))) void tiles_bf16_avx2(const float* xeo, const uint16_t* const* t,
                                                          int64_t chunks, bool stream, float (*out)[4]) {
@@ -199,26 +206,35 @@ __attribute__((target("avx2,fma"))) void tiles_bf16_avx2(const float* xeo, const
     for (int r = 0; r < 4; ++r) out[s][r] = hsum256(a[s][r]);
 }
 
-// fp32: x [Kp], the tile's chunks of 16 columns (one 64-byte line per row).
-void tile_f32_scalar(const float* x, const float* t, int64_t chunks, bool, float* out) {
-  for (int r = 0; r < 4; ++r) {
-    float acc = 0.f;
-    for (int64_t c = 0; c < chunks; ++c)
-      for (int64_t j = 0; j < F32_CHUNK; ++j) acc += x[c * F32_CHUNK + j] * t[(c * 4 + r) * F32_CHUNK + j];
-    out[r] = acc;
-  }
+// fp32: x [Kp], S tiles side by side (``run_tiles``' two streams per thread), each as chunks of 16 columns (one
+// 64-byte line per row); out[s] gets tile t[s]'s 4 rows.
+template <int S>
+void tiles_f32_scalar(const float* x, const float* const* t, int64_t chunks, bool, float (*out)[4]) {
+  for (int s = 0; s < S; ++s)
+    for (int r = 0; r < 4; ++r) {
+      float acc = 0.f;
+      for (int64_t c = 0; c < chunks; ++c)
+        for (int64_t j = 0; j < F32_CHUNK; ++j) acc += x[c * F32_CHUNK + j] * t[s][(c * 4 + r) * F32_CHUNK + j];
+      out[s][r] = acc;
+    }
 }
 
-__attribute__((target("avx512f,avx512bw"))) void tile_f32_avx512(const float* x, const float* t, int64_t chunks,
-                                                                 bool stream, float* out) {
-  __m512 a[4] = {_mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps()};
+template <int S>
+__attribute__((target("avx512f,avx512bw"))) void tiles_f32_avx512(const float* x, const float* const* t,
+                                                                  int64_t chunks, bool stream, float (*out)[4]) {
+  __m512 a[S][4];
+  for (int s = 0; s < S; ++s)
+    for (int r = 0; r < 4; ++r) a[s][r] = _mm512_setzero_ps();
   for (int64_t c = 0; c < chunks; ++c) {
-    const float* w = t + c * 4 * F32_CHUNK;
-    if (stream) fetch_ahead(w, 4);
     __m512 xv = _mm512_loadu_ps(x + c * F32_CHUNK);
-    for (int r = 0; r < 4; ++r) a[r] = _mm512_fmadd_ps(xv, _mm512_loadu_ps(w + r * F32_CHUNK), a[r]);
+    for (int s = 0; s < S; ++s) {
+      const float* w = t[s] + c * 4 * F32_CHUNK;
+      if (stream) fetch_ahead(w, 4);
+      for (int r = 0; r < 4; ++r) a[s][r] = _mm512_fmadd_ps(xv, _mm512_loadu_ps(w + r * F32_CHUNK), a[s][r]);
+    }
   }
-  for (int r = 0; r < 4; ++r) out[r] = _mm512_reduce_add_ps(a[r]);
+  for (int s = 0; s < S; ++s)
+    for (int r = 0; r < 4; ++r) out[s][r] = _mm512_reduce_add_ps(a[s][r]);
 }
 
 template <int S>
@@ -309,35 +325,41 @@ at::Tensor run_tiles(const at::Tensor& x, const std::vector<float>& xs, int64_t 
   return y;
 }
 
-// fp32 / bf16 weights W (no scales): ``one`` reads one tile on the AVX-512 and scalar paths, the AVX2 path
-// reads two side by side (``pair``) and ``single`` takes the one left over.
-template <typename W, typename OneFn, typename SideFn>
+// fp32 / bf16 weights W (no scales) on every vector path as two streams per thread: ``tiles[isa][S - 1]`` reads
+// S tiles side by side (a Xeon VM with AMX, AVX-512 path, whole-step sweep at 2 threads: fp32 28.5 -> 30.7 GB/s,
+// bf16 27.6 -> 29.7 median, as the AVX2 path's pairs did on Zen 3).
+template <typename W>
+using UnscaledTiles = void (*)(const float*, const W* const*, int64_t, bool, float (*)[4]);
+
+template <typename W>
 at::Tensor run_unscaled(const at::Tensor& x, const std::vector<float>& xs, int64_t n, int64_t Np, int64_t Kp,
-                        const W* wp, int64_t chunks, bool stream, OneFn one, SideFn single, SideFn pair) {
-  const bool avx2 = isa() == 1;
-  return run_tiles(x, xs, n, Np, Kp, 4 * Kp * int64_t(sizeof(W)), avx2,
+                        const W* wp, int64_t chunks, bool stream, const UnscaledTiles<W> (&tiles)[3][2]) {
+  const UnscaledTiles<W>* fn = tiles[isa()];
+  return run_tiles(x, xs, n, Np, Kp, 4 * Kp * int64_t(sizeof(W)), true,
                    [&](const float* xr, const int64_t* ts, int count, float (*out)[4]) {
                      const W* t[2] = {wp + ts[0] * 4 * Kp, count == 2 ? wp + ts[1] * 4 * Kp : nullptr};
-                     if (!avx2)
-                       one(xr, t[0], chunks, stream, out[0]);
-                     else
-                       (count == 2 ? pair : single)(xr, t, chunks, stream, out);
+                     fn[count - 1](xr, t, chunks, stream, out);
                    });
 }
+
+const UnscaledTiles<float> F32_TILES[3][2] = {{tiles_f32_scalar<1>, tiles_f32_scalar<2>},
+                                              {tiles_f32_avx2<1>, tiles_f32_avx2<2>},
+                                              {tiles_f32_avx512<1>, tiles_f32_avx512<2>}};
+const UnscaledTiles<uint16_t> BF16_TILES[3][2] = {{tiles_bf16_scalar<1>, tiles_bf16_scalar<2>},
+                                                  {tiles_bf16_avx2<1>, tiles_bf16_avx2<2>},
+                                                  {tiles_bf16_avx512<1>, tiles_bf16_avx512<2>}};
 
 at::Tensor linear_f32(const at::Tensor& x, const at::Tensor& w, int64_t n, bool stream) {
   check(x, w, at::kFloat, n, F32_CHUNK);
   const int64_t Np = w.size(0), Kp = w.size(1);
-  return run_unscaled(x, padded_x(x, Kp, false), n, Np, Kp, w.data_ptr<float>(), Kp / F32_CHUNK, stream,
-                      isa() == 2 ? tile_f32_avx512 : tile_f32_scalar, tiles_f32_avx2<1>, tiles_f32_avx2<2>);
+  return run_unscaled(x, padded_x(x, Kp, false), n, Np, Kp, w.data_ptr<float>(), Kp / F32_CHUNK, stream, F32_TILES);
 }
 
 at::Tensor linear_bf16(const at::Tensor& x, const at::Tensor& w, int64_t n, bool stream) {
   check(x, w, at::kBFloat16, n, BF16_CHUNK);
   const int64_t Np = w.size(0), Kp = w.size(1);
   return run_unscaled(x, padded_x(x, Kp, true), n, Np, Kp, reinterpret_cast<const uint16_t*>(w.data_ptr()),
-                      Kp / BF16_CHUNK, stream, isa() == 2 ? tile_bf16_avx512 : tile_bf16_scalar,
-                      tiles_bf16_avx2<1>, tiles_bf16_avx2<2>);
+                      Kp / BF16_CHUNK, stream, BF16_TILES);
 }
 
 at::Tensor linear_int8(const at::Tensor& x, const at::Tensor& q, const at::Tensor& s, int64_t n, bool stream) {
