@@ -4,6 +4,8 @@
               k3-nano and Kimi K3 (Kimi K3's eager ops are counted on its narrow twin: about a minute)
   floors      the bandwidth floor of each CPU benchmark in bench/results/: the copy bandwidth that run
               measured over the weight bytes per token of the current cost model (``program/footprint.py``)
+  peers       one table row per ``bench/cpu_peers.py`` run in bench/results/ (oldest first): machine,
+              Llama shape, copy bandwidth, nonstop over llama.cpp per precision, k3-nano's share of its floor
 
     python bench/readme_numbers.py      # prints the README fragments, writes bench/results/readme_numbers.json
 
@@ -23,6 +25,8 @@ RESULTS = ROOT / "bench" / "results"
 OUT = RESULTS / "readme_numbers.json"
 OP_COUNT_MODELS = {"k3-nano": "k3-nano", "kimi-k3": "Kimi K3"}  # model -> the README's name for it
 FLOOR_RUNS = ("cpu_decode.json", "spec_decode_cpu_k3-nano.json")
+PEER_RATIOS = ("nonstop cpu fp32 / llama.cpp f32", "nonstop cpu bf16 / llama.cpp f16", "nonstop cpu int8 / llama.cpp q8_0")
+K3_NANO_CPU = "k3-nano nonstop cpu fp32"  # its default threads; a second row names its other thread count
 
 
 def op_counts(model: str) -> dict:
@@ -66,6 +70,36 @@ def floor(name: str) -> dict:
     return decode_floor(model_footprint(cfg, dtype).bytes_per_token, copy_gbps)
 
 
+def _peer_row(path: Path, run: dict) -> str:
+    machine = run.get("machine", {})
+    cache = machine.get("last_level_cache_MB")
+    cpu = machine.get("cpu", "?") + (f", {cache:.0f} MB L3" if cache else "")
+    hf = run["llama"]["hf_config"]
+    shape = f"{run['llama']['params'] / 1e6:.0f}M ({hf['hidden_size']} x {hf['num_hidden_layers']})"
+    paired = run.get("nonstop_over_llama_cpp_paired", {})
+    ratios = []
+    for name in PEER_RATIOS:
+        best = run.get("nonstop_over_llama_cpp", {}).get(name)
+        median = paired.get(name, {}).get("median")
+        ratios.append("-" if best is None else f"{best:.2f}x" + (f" ({median:.2f}x)" if median is not None else ""))
+    k3 = run["k3_nano"]["systems"]
+    other = next((n for n in k3 if n.startswith(K3_NANO_CPU + " ")), None)
+    nano = f"{k3[K3_NANO_CPU]['percent_of_floor']:.1f}%" + (
+        f" ({other[len(K3_NANO_CPU) + 1 :]}: {k3[other]['percent_of_floor']:.1f}%)" if other else ""
+    )
+    links = f"[json](bench/results/{path.name})"
+    if path.with_suffix(".png").exists():
+        links += f" [chart](bench/results/{path.with_suffix('.png').name})"
+    cells = [run["time"][:10], cpu, shape, f"{run['copy_GBps_best']:.1f}", *ratios, nano, links]
+    return "| " + " | ".join(cells) + " |"
+
+
+def peer_rows() -> list[str]:
+    """The README's table of ``bench/cpu_peers.py`` runs, one row per results file, oldest first."""
+    runs = [(p, json.loads(p.read_text())) for p in RESULTS.glob("cpu_peers*.json")]
+    return [_peer_row(p, run) for p, run in sorted(runs, key=lambda pr: pr[1]["time"])]
+
+
 def fragments(numbers: dict) -> list[str]:
     """The README's text for ``numbers`` (as ``compute`` returns them)."""
     counts = numbers["op_counts"]
@@ -76,6 +110,7 @@ def fragments(numbers: dict) -> list[str]:
         f"bandwidth floor {cpu['floor_tokens_per_s']:.0f} tok/s ({cpu['bytes_per_token'] / 1e6:.0f} MB/token "
         f"at a measured {cpu['copy_GBps']:.1f} GB/s)",
         f"(floor {spec['floor_tokens_per_s']:.0f} tok/s)",
+        *numbers.get("peers", []),
     ]
 
 
@@ -83,6 +118,7 @@ def compute() -> dict:
     return {
         "op_counts": {m: op_counts(m) for m in OP_COUNT_MODELS},
         "floors": {name: floor(name) for name in FLOOR_RUNS},
+        "peers": peer_rows(),
     }
 
 

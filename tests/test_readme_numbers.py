@@ -1,5 +1,5 @@
 """The README's op counts and bandwidth floors are ``bench/readme_numbers.py``'s output: recomputed here
-where that is fast (k3-nano's counts, every super-op count, the floors), read from the script's last
+where that is fast (k3-nano's counts, every super-op count, the floors, the table of CPU peer runs), read from the script's last
 output where it is not (Kimi K3's eager ops, counted on a narrow twin in about a minute)."""
 
 from __future__ import annotations
@@ -21,7 +21,11 @@ def _script():
 def test_readme_quotes_the_numbers_as_computed_now():
     script = _script()
     recorded = json.loads(script.OUT.read_text())
-    numbers = {"op_counts": {}, "floors": {name: script.floor(name) for name in script.FLOOR_RUNS}}
+    numbers = {
+        "op_counts": {},
+        "floors": {name: script.floor(name) for name in script.FLOOR_RUNS},
+        "peers": script.peer_rows(),
+    }
     for model in script.OP_COUNT_MODELS:
         saved = recorded["op_counts"][model]
         live = script.op_counts(model) if model == "k3-nano" else dict(saved, super_ops=script.super_ops(model))
