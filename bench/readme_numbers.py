@@ -25,7 +25,9 @@ RESULTS = ROOT / "bench" / "results"
 OUT = RESULTS / "readme_numbers.json"
 OP_COUNT_MODELS = {"k3-nano": "k3-nano", "kimi-k3": "Kimi K3"}  # model -> the README's name for it
 FLOOR_RUNS = ("cpu_decode.json", "spec_decode_cpu_k3-nano.json")
-PEER_RATIOS = ("nonstop cpu fp32 / llama.cpp f32", "nonstop cpu bf16 / llama.cpp f16", "nonstop cpu int8 / llama.cpp q8_0")
+PEER_RATIOS = tuple(
+    f"nonstop cpu {ours} / llama.cpp {theirs}" for ours, theirs in (("fp32", "f32"), ("bf16", "f16"), ("int8", "q8_0"))
+)
 K3_NANO_CPU = "k3-nano nonstop cpu fp32"  # its default threads; a second row names its other thread count
 
 

@@ -1,6 +1,6 @@
-"""The README's op counts and bandwidth floors are ``bench/readme_numbers.py``'s output: recomputed here
-where that is fast (k3-nano's counts, every super-op count, the floors, the table of CPU peer runs), read from the script's last
-output where it is not (Kimi K3's eager ops, counted on a narrow twin in about a minute)."""
+"""The README's op counts, bandwidth floors and table of CPU peer runs are ``bench/readme_numbers.py``'s output:
+recomputed here where that is fast (k3-nano's counts, every super-op count, the floors, the peer rows), read from the
+script's last output where it is not (Kimi K3's eager ops, counted on a narrow twin in about a minute)."""
 
 from __future__ import annotations
 
