@@ -34,7 +34,7 @@
 // Tiles are split over threads (at::parallel_for); each tile is read once for all M rows of x. For fp32 and
 // bf16 a thread reads its share as two streams side by side (``run_tiles``' paired form: its two halves,
 // one tile of each per pass): on a Zen 3 EPYC VM (AVX2 path), paired medians fp32 1.03-1.18x, bf16
-// 1.10-1.25x over 768x768 .. 24576x768 at 2 threads (bench/cpu_gemv_ab.py); on a Xeon VM (AVX-512) +7-8%.
+// 1.10-1.25x over 768x768 .. 24576x768 at 2 threads (bench/cpu_gemv_ab.py); on a Xeon VM (AVX-512 path) 1.03-1.10x and 1.02-1.17x.
 // AVX-512 and AVX2 paths are chosen at run time (isa.h); a scalar path covers the rest.
 #include <torch/library.h>
 #include <ATen/Parallel.h>
@@ -326,8 +326,8 @@ at::Tensor run_tiles(const at::Tensor& x, const std::vector<float>& xs, int64_t 
 }
 
 // fp32 / bf16 weights W (no scales) on every vector path as two streams per thread: ``tiles[isa][S - 1]`` reads
-// S tiles side by side (a Xeon VM with AMX, AVX-512 path, whole-step sweep at 2 threads: fp32 28.5 -> 30.7 GB/s,
-// bf16 27.6 -> 29.7 median, as the AVX2 path's pairs did on Zen 3).
+// S tiles side by side (on a Xeon VM with AMX, AVX-512 path, 2 threads: fp32 1.03-1.10x, bf16 1.02-1.17x over one
+// stream, bench/results/cpu_gemv_ab_xeon.json, as the AVX2 path's pairs did on Zen 3).
 template <typename W>
 using UnscaledTiles = void (*)(const float*, const W* const*, int64_t, bool, float (*)[4]);
 
