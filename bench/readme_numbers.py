@@ -112,7 +112,7 @@ def fragments(numbers: dict) -> list[str]:
         f"bandwidth floor {cpu['floor_tokens_per_s']:.0f} tok/s ({cpu['bytes_per_token'] / 1e6:.0f} MB/token "
         f"at a measured {cpu['copy_GBps']:.1f} GB/s)",
         f"(floor {spec['floor_tokens_per_s']:.0f} tok/s)",
-        *numbers.get("peers", []),
+        *numbers["peers"],
     ]
 
 
