@@ -9,14 +9,27 @@ smaller than the GEMV kernels' 64 KB task grain, so a second thread only adds a 
 parallel region. Measured on 2 cores, interleaved, ``cpu`` backend, batch 1: k3-nano (29 MB per token)
 decodes 16-19% faster at 2 threads than at 1 (Xeon with AVX-512: 728 vs 625 tok/s median; EPYC: 794 vs
 721 best round), the tiny kimi_k3 config (0.5 MB) 2% slower (2,060 vs 2,161).
+
+Cores other processes keep busy are left to them (``busy_elsewhere``: /proc/stat over ``LOAD_SAMPLE_S``, less
+this process's own CPU time): the step's parallel regions need every one of its threads scheduled at once, so a
+thread that shares its core with another busy process stalls each region until the scheduler returns it. On a
+2-core Xeon VM with one other process spinning, k3-nano decoded 109 tok/s (median; best 194) on both cores
+against 619 with the default's one thread, and 749 vs 729 quiet, where the default keeps both
+(``bench/cpu_busy.py``, bench/results/cpu_busy.json); beside the test suite, 5-46 against 615-625. The sample
+costs ``LOAD_SAMPLE_S`` once per executor, for models past ``SMALL_MODEL_BYTES`` on more than one core.
 """
 
 from __future__ import annotations
 
+import math
 import os
+import sys
+import time
 from pathlib import Path
 
 SMALL_MODEL_BYTES = 4 << 20
+LOAD_SAMPLE_S = 0.15  # how long busy_elsewhere watches the CPUs
+BUSY_SLACK = 0.3  # a core counts as taken from this share of it busy with others on
 _chosen: int | None = None  # set_threads' explicit choice
 
 
@@ -50,24 +63,79 @@ def physical_cores() -> int:
     return max(1, len(cores))
 
 
-def default_threads(bytes_per_token: int | None = None) -> int:
-    """The explicit choice if there is one, else the rule above for a model reading ``bytes_per_token``."""
+def _cpu_jiffies(cpus: set[int]) -> tuple[int, int] | None:
+    """(busy, total) clock ticks of ``cpus`` since boot from /proc/stat's per-CPU lines, None where unreadable.
+    Busy: user, nice, system, irq, softirq and steal (time a VM's CPU ran someone else); idle and iowait are free."""
+    try:
+        lines = Path("/proc/stat").read_text().splitlines()
+    except OSError:
+        return None
+    busy = total = 0
+    for line in lines:
+        name, *fields = line.split() or [""]
+        if not (name.startswith("cpu") and name[3:].isdigit() and int(name[3:]) in cpus):
+            continue
+        ticks = [int(f) for f in fields[:8]]
+        busy += sum(ticks) - ticks[3] - ticks[4]
+        total += sum(ticks)
+    return (busy, total) if total else None
+
+
+def busy_elsewhere(seconds: float = LOAD_SAMPLE_S) -> float:
+    """Cores' worth of CPU time that other processes used on the CPUs this process may run on, watched for
+    ``seconds`` (Linux /proc/stat, less this process's own CPU time over the same window); 0.0 where unknown."""
+    try:
+        cpus = set(os.sched_getaffinity(0))
+    except AttributeError:
+        return 0.0
+    before, own = _cpu_jiffies(cpus), time.process_time()
+    time.sleep(seconds)
+    after, own = _cpu_jiffies(cpus), time.process_time() - own
+    if before is None or after is None or after[1] <= before[1]:
+        return 0.0
+    share = (after[0] - before[0]) / (after[1] - before[1])  # of all the CPUs' time in the window
+    return max(0.0, share * len(cpus) - own / seconds)
+
+
+def cores_left(cores: int, busy: float, logical: int | None = None) -> int:
+    """Physical ``cores`` less those other processes keep busy (``busy`` logical CPUs' worth, of ``logical``
+    CPUs in all; a core counts as taken from ``1 - BUSY_SLACK`` of it on), at least 1."""
+    taken = math.floor(busy * cores / (logical or cores) + BUSY_SLACK)
+    return max(1, cores - taken)
+
+
+def _default(bytes_per_token: int | None) -> tuple[int, str | None]:
+    """(default_threads' count, why it is below the physical cores because of other processes, or None)."""
     if _chosen is not None:
-        return _chosen
+        return _chosen, None
     for var in ("NONSTOP_THREADS", "OMP_NUM_THREADS"):
         value = os.environ.get(var, "")
         if value.isdigit() and int(value) > 0:
-            return int(value)
+            return int(value), None
     if bytes_per_token is not None and bytes_per_token < SMALL_MODEL_BYTES:
-        return 1
-    return physical_cores()
+        return 1, None
+    cores = physical_cores()
+    if cores == 1:
+        return 1, None
+    busy = busy_elsewhere()
+    n = cores_left(cores, busy, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else cores)
+    why = f"other processes keep {busy:.1f} CPUs busy: {n} thread(s) for {cores} cores" if n < cores else None
+    return n, why
 
 
-def configure_threads(threads: int | None = None, bytes_per_token: int | None = None) -> int:
-    """Set torch's intra-op threads to ``threads`` (or ``default_threads(bytes_per_token)``); returns the count."""
+def default_threads(bytes_per_token: int | None = None) -> int:
+    """The explicit choice if there is one, else the rules above for a model reading ``bytes_per_token``."""
+    return _default(bytes_per_token)[0]
+
+
+def configure_threads(threads: int | None = None, bytes_per_token: int | None = None, announce: bool = False) -> int:
+    """Set torch's intra-op threads to ``threads`` (or ``default_threads(bytes_per_token)``); returns the count.
+    announce: say on stderr when other processes' load lowered the default."""
     import torch
 
-    n = threads if threads else default_threads(bytes_per_token)
+    n, why = (threads, None) if threads else _default(bytes_per_token)
+    if why and announce:
+        print(f"nonstop: {why} (--threads N or NONSTOP_THREADS=N to choose)", file=sys.stderr, flush=True)
     if torch.get_num_threads() != n:
         torch.set_num_threads(n)
     return n

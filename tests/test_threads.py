@@ -1,6 +1,12 @@
-"""The default CPU thread count (``nonstop/threads.py``): explicit choices first, then the model-size rule."""
+"""The default CPU thread count (``nonstop/threads.py``): explicit choices first, then the model-size rule, then
+the cores other processes leave free."""
 
 from __future__ import annotations
+
+import subprocess
+import sys
+import threading
+import time
 
 import pytest
 
@@ -13,6 +19,7 @@ def no_choice(monkeypatch):
     for var in ("NONSTOP_THREADS", "OMP_NUM_THREADS"):
         monkeypatch.delenv(var, raising=False)
     monkeypatch.setattr(threads, "physical_cores", lambda: 7)  # a count no rule produces by accident
+    monkeypatch.setattr(threads, "busy_elsewhere", lambda seconds=0: 0.0)
 
 
 def test_models_above_the_small_size_use_every_physical_core(no_choice):
@@ -37,3 +44,51 @@ def test_explicit_choices_win_in_order(no_choice, monkeypatch):
     monkeypatch.setenv("NONSTOP_THREADS", "not a number")
     monkeypatch.setattr(threads, "_chosen", None)
     assert threads.default_threads(29_000_000) == 3  # an unusable value falls through to the next
+
+
+def test_cores_busy_elsewhere_are_left_to_their_processes(no_choice, monkeypatch, capsys):
+    monkeypatch.setattr(threads.os, "sched_getaffinity", lambda pid: set(range(7)), raising=False)
+    monkeypatch.setattr(threads, "busy_elsewhere", lambda seconds=0: 2.8)  # 2.8 CPUs: 3 cores taken
+    assert threads.default_threads(29_000_000) == 4
+    assert threads.default_threads(500_000) == 1  # tiny models: one thread whatever the load
+    monkeypatch.setenv("NONSTOP_THREADS", "6")
+    assert threads.default_threads(29_000_000) == 6  # an explicit choice is kept under load
+    monkeypatch.delenv("NONSTOP_THREADS")
+    import torch
+
+    before = torch.get_num_threads()
+    try:
+        assert threads.configure_threads(None, 29_000_000, announce=True) == 4 == torch.get_num_threads()
+        err = capsys.readouterr().err
+        assert "other processes keep 2.8 CPUs busy: 4 thread(s) for 7 cores" in err and "--threads" in err
+        assert threads.configure_threads(None, 29_000_000) == 4 and capsys.readouterr().err == ""  # quiet
+    finally:
+        torch.set_num_threads(before)
+
+
+def test_cores_left_counts_a_core_taken_from_most_of_one_busy():
+    assert threads.cores_left(2, 0.0) == 2
+    assert threads.cores_left(2, 0.6) == 2  # under 1 - BUSY_SLACK of a core: still ours
+    assert threads.cores_left(2, 0.7 + 1e-9) == 1
+    assert threads.cores_left(2, 1.9) == 1 and threads.cores_left(2, 5.0) == 1  # never below one
+    assert threads.cores_left(4, 2.0, logical=8) == 3  # 2 of 8 hyper-threads busy: one core's worth
+    assert threads.cores_left(8, 3.2) == 5
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="/proc/stat is Linux's")
+def test_busy_elsewhere_sees_another_process_and_not_this_one():
+    spin = subprocess.Popen([sys.executable, "-c", "while True: pass"])
+    try:
+        time.sleep(0.3)  # let it start
+        assert threads.busy_elsewhere(0.5) >= 0.6  # one spinning process: about one CPU's worth
+    finally:
+        spin.kill()
+        spin.wait(timeout=10)
+    stop = threading.Event()
+    spinner = threading.Thread(target=lambda: [None for _ in iter(stop.is_set, True)])  # this process busy
+    spinner.start()
+    try:
+        assert threads.busy_elsewhere(0.5) < 0.6  # its own CPU time is not another process's
+    finally:
+        stop.set()
+        spinner.join(timeout=10)

@@ -151,7 +151,7 @@ class CPUExecutor(Executor):
         self.model = model
         self.weights = resolve_weights(weights, model.embed_tokens.weight.dtype)
         self.program = lower(model)
-        self.threads = configure_threads(threads, self.program.total_cost(rows=1).weight_bytes)
+        self.threads = configure_threads(threads, self.program.total_cost(rows=1).weight_bytes, announce=progress)
         self.progress = progress
         kernels_error = load_kernels(progress) or self._room_for_packing()
         stream = kernels_error is None and streams_weights(
