@@ -29,7 +29,7 @@ from pathlib import Path
 
 SMALL_MODEL_BYTES = 4 << 20
 LOAD_SAMPLE_S = 0.15  # how long busy_elsewhere watches the CPUs
-BUSY_SLACK = 0.3  # a core counts as taken from this share of it busy with others on
+BUSY_SLACK = 0.3  # other processes take a core once they keep 1 - BUSY_SLACK of one busy
 _chosen: int | None = None  # set_threads' explicit choice
 
 
