@@ -249,6 +249,8 @@ def _moe(f: _Fields, family: str) -> MoEConfig | None:
         fmt = str(quant.get("format", quant.get("quant_method", "")))
         if "mxfp4" in fmt:
             expert_format = "mxfp4"
+        elif _int4_groups(quant):
+            expert_format = "int4"  # compressed-tensors pack-quantized W4A16 (Kimi K2 Thinking, K2.5)
         elif quant.get("quant_method") == "fp8" or quant.get("fmt") == "e4m3":
             expert_format = "dense"  # fp8 block weights are dequantised at load
         else:
@@ -538,3 +540,16 @@ def to_hf_config(hf: dict, attn_types: tuple[str, ...]) -> dict:
             lac["kda_layers"] = [i + 1 for i in range(n) if attn_types[i] == "kda"]
             lac["full_attn_layers"] = [i + 1 for i in range(n) if attn_types[i] == "mla"]
     return raw
+
+
+def _int4_groups(quant: dict) -> bool:
+    """True for a compressed-tensors config whose quantised weights are 4-bit integers (``pack-quantized``:
+    Kimi K2 Thinking / K2.5 routed experts, symmetric int4 in groups of 32 with a bf16 scale each)."""
+    if quant.get("quant_method") != "compressed-tensors":
+        return False
+    groups = quant.get("config_groups")
+    groups = list(groups.values()) if isinstance(groups, dict) else []
+    weights = [g.get("weights") if isinstance(g, dict) else None for g in groups]
+    return bool(weights) and all(
+        isinstance(w, dict) and w.get("type") == "int" and w.get("num_bits") == 4 for w in weights
+    )

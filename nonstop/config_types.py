@@ -95,7 +95,7 @@ class MoEConfig:
     routed_scaling_factor: float
     latent_size: int | None = None  # K3 latent MoE width (routed_expert_hidden_size)
     latent_norm: bool = False
-    expert_format: str = "dense"  # "dense" | "mxfp4"
+    expert_format: str = "dense"  # "dense" | "mxfp4" | "int4" (int4: priced by nonstop plan, not run by the engine)
 
     @property
     def shared_intermediate_size(self) -> int:

@@ -21,7 +21,11 @@ DESCRIPTION = (
 def add_parser(sub) -> None:
     p = sub.add_parser("plan", help="predict memory fit and ms/token on a cluster", description=DESCRIPTION)
     p.add_argument(
-        "--model", "-m", default="kimi-k3", help="preset, bundled model or checkpoint directory (default kimi-k3)"
+        "--model",
+        "-m",
+        default="kimi-k3",
+        help="preset, bundled model, planner model (deepseek-v3, kimi-k2-thinking: shapes only) or checkpoint "
+        "directory (default kimi-k3)",
     )
     p.add_argument("--chip", help="chip name from the catalogue (see --list-chips), or 'cpu' for this machine")
     p.add_argument(
@@ -59,7 +63,10 @@ def add_parser(sub) -> None:
     p.add_argument(
         "--weights", help="dense weight format: bf16, fp8, fp32 (default: the checkpoint's; fp32 on the cpu chip)"
     )
-    p.add_argument("--experts", help="routed expert format: mxfp4, nvfp4, fp8, bf16 (default: the checkpoint's)")
+    p.add_argument(
+        "--experts",
+        help="routed expert format: mxfp4, nvfp4, int4 (W4A16, groups of 32), fp8, bf16 (default: the checkpoint's)",
+    )
     p.add_argument(
         "--attention-weights",
         dest="attention",
@@ -121,7 +128,7 @@ def _precision(args, cfg, chip):
 
     dense = args.weights or ("fp32" if chip.kind == "cpu" else None)
     experts = args.experts or (
-        "fp32" if chip.kind == "cpu" and not (cfg.moe and cfg.moe.expert_format == "mxfp4") else None
+        "fp32" if chip.kind == "cpu" and not (cfg.moe and cfg.moe.expert_format != "dense") else None
     )
     return Precision.released(cfg, dense, experts, args.cache, args.attention)
 
@@ -181,6 +188,7 @@ def _measured_json(rows: list[dict]) -> list[dict]:
 def run(args) -> int:
     from nonstop.plan.chips import get_chip
     from nonstop.plan.measured import all_measurements, measurements
+    from nonstop.plan.points import model_ref
     from nonstop.plan.predict import predict
     from nonstop.plan.report import (
         describe,
@@ -198,7 +206,7 @@ def run(args) -> int:
     if not args.chip:
         raise ValueError("give --chip NAME (nonstop plan --list-chips lists them; 'cpu' is this machine)")
     chip = get_chip(args.chip, args.chip_file)
-    cfg, model_dir = resolve_model(args.model)
+    cfg, model_dir = resolve_model(model_ref(args.model))
     workload = build_workload(cfg, args.model, _precision(args, cfg, chip))
     spec = _spec(args)
     executor = args.executor or chip.executor

@@ -14,7 +14,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from nonstop.config import MoEConfig
+from nonstop.config import ConfigError, MoEConfig
 from nonstop.model.linear import Linear
 from nonstop.model.mlp import GatedMLP, gated_mlp
 from nonstop.model.norms import RMSNorm
@@ -62,6 +62,11 @@ class RoutedExperts(nn.Module):
 
     def __init__(self, num_experts: int, in_dim: int, intermediate: int, fmt: str = "dense"):
         super().__init__()
+        if fmt not in ("dense", "mxfp4"):
+            raise ConfigError(
+                f"{fmt} routed experts are not run by this engine (dense or MXFP4 only); "
+                "nonstop plan prices them (e.g. Kimi K2 Thinking's int4 experts)"
+            )
         self.fmt = fmt
         self.shapes = {"w1": (intermediate, in_dim), "w3": (intermediate, in_dim), "w2": (in_dim, intermediate)}
         for name, (n, k) in self.shapes.items():

@@ -29,7 +29,14 @@ from dataclasses import dataclass
 
 from nonstop.dist.layout import Layout as DistLayout
 from nonstop.dist.layout import LayoutError
-from nonstop.plan.workload import COLLECTIVE_KINDS, PlanError, Precision, Workload, build_workload
+from nonstop.plan.workload import (
+    COLLECTIVE_KINDS,
+    PlanError,
+    Precision,
+    Workload,
+    build_workload,
+    shapes_from_json,
+)
 
 SHARDINGS = ("production", "engine")
 
@@ -119,10 +126,9 @@ def check_layout(workload: Workload, layout: Layout) -> None:
 
 @functools.lru_cache(maxsize=32)
 def _rank_workload(cfg_json: str, name: str, precision: Precision, tp: int, dp: int, ep: int) -> Workload:
-    from nonstop.config import ModelConfig
     from nonstop.dist.program import shapes_program
 
-    cfg = ModelConfig.from_hf_dict(json.loads(cfg_json))
+    cfg = shapes_from_json(cfg_json)
     layout = Layout(tp, dp, ep)
     program = shapes_program(cfg, layout.dist_layout(), rank=0)
     return build_workload(cfg, name, precision, program)

@@ -149,16 +149,14 @@ class Prediction:
 @functools.lru_cache(maxsize=8)
 def _eager_ops(cfg_json: str) -> int:
     """aten ops of one reference decode step (counted on a narrow twin: the count does not depend on widths)."""
-    import json
-
     import torch
 
-    from nonstop.config import ModelConfig
     from nonstop.model.build import random_model
+    from nonstop.plan.workload import shapes_from_json
     from nonstop.program.count import count_decode_ops
     from nonstop.program.twin import narrow_twin
 
-    cfg = ModelConfig.from_hf_dict(json.loads(cfg_json))
+    cfg = shapes_from_json(cfg_json)
     return count_decode_ops(random_model(narrow_twin(cfg), torch.float32)).total
 
 

@@ -145,7 +145,7 @@ def workload_for_measurement(precision_overrides: dict):
 
         cfg = resolve_model(m.model)[0] if m.model else ModelConfig.from_hf_dict(m.hf_config)
         fmt = {"float32": "fp32", "bfloat16": "bf16", "float16": "bf16"}.get(m.dtype, "bf16")
-        experts = None if cfg.moe and cfg.moe.expert_format == "mxfp4" else fmt
+        experts = None if cfg.moe and cfg.moe.expert_format != "dense" else fmt
         prec = Precision.released(cfg, **{"dense": fmt, "experts": experts, **precision_overrides})
         return build_workload(cfg, m.model or "(config in the result file)", prec)
 

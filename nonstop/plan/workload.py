@@ -17,6 +17,7 @@ and the layout, not on the op alone.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import json
 from dataclasses import dataclass, field
@@ -26,16 +27,25 @@ import torch
 from nonstop.config import ModelConfig
 
 # bytes per parameter of each serving format (block scales included: fp8 128x128 blocks of fp32 scales,
-# MXFP4 one E8M0 byte per 32 values, NVFP4 one fp8 byte per 16)
-FORMAT_BYTES = {"fp32": 4.0, "bf16": 2.0, "fp8": 1.0 + 4 / (128 * 128), "mxfp4": 0.5 + 1 / 32, "nvfp4": 0.5 + 1 / 16}
-FORMAT_DTYPE = {"fp32": "fp32", "bf16": "bf16", "fp8": "fp8", "mxfp4": "fp4", "nvfp4": "fp4"}
+# MXFP4 one E8M0 byte per 32 values, NVFP4 one fp8 byte per 16, int4 (compressed-tensors pack-quantized,
+# Kimi K2 Thinking / K2.5 experts) one bf16 scale per 32)
+FORMAT_BYTES = {
+    "fp32": 4.0,
+    "bf16": 2.0,
+    "fp8": 1.0 + 4 / (128 * 128),
+    "mxfp4": 0.5 + 1 / 32,
+    "nvfp4": 0.5 + 1 / 16,
+    "int4": 0.5 + 2 / 32,
+}
+# the tensor-core dtype each format computes in: int4 is W4A16 (dequantised to bf16 in the GEMM)
+FORMAT_DTYPE = {"fp32": "fp32", "bf16": "bf16", "fp8": "fp8", "mxfp4": "fp4", "nvfp4": "fp4", "int4": "bf16"}
 FORMAT_ALIASES = {
     "float32": "fp32",
     "bfloat16": "bf16",
     "float16": "bf16",
     "fp16": "bf16",
     "fp4": "mxfp4",
-    "int4": "mxfp4",
+    "w4a16": "int4",
 }
 COLLECTIVE_KINDS = ("tp_all_reduce", "vocab_gather")  # super-ops that are only communication
 # K3's latent projections: nonstop.dist replicates them on every tensor-parallel rank; vLLM / SGLang /
@@ -83,14 +93,17 @@ class Precision:
         attention: str | None = None,
     ) -> Precision:
         """The checkpoint's own formats unless overridden: ``quantization_config`` of the config (K3:
-        MXFP4 experts, bf16 rest; fp8 checkpoints such as Kimi K2 / DeepSeek-V3: fp8 everywhere)."""
+        MXFP4 experts, bf16 rest; Kimi K2 Thinking / K2.5: int4 experts, bf16 rest; fp8 checkpoints such as
+        Kimi K2 / DeepSeek-V3: fp8 everywhere, also when a preset omits the config: ``RELEASED_FP8``)."""
         hf = cfg.hf or {}
         quant = hf.get("quantization_config") or (hf.get("text_config") or {}).get("quantization_config")
-        base_dense, base_experts = "bf16", "mxfp4" if cfg.moe and cfg.moe.expert_format == "mxfp4" else "bf16"
+        quantised = cfg.moe.expert_format if cfg.moe and cfg.moe.expert_format in FORMAT_BYTES else None
+        base_dense, base_experts = "bf16", quantised or "bf16"
         if (
             isinstance(quant, dict)
             and (quant.get("quant_method") == "fp8" or quant.get("fmt") == "e4m3")
             or cfg.family in RELEASED_FP8
+            and quantised is None
         ):
             base_dense = base_experts = "fp8"
         return Precision(
@@ -247,8 +260,7 @@ def _program(cfg_json: str):
     from nonstop.model.build import meta_model
     from nonstop.program.lower import lower
 
-    cfg = ModelConfig.from_hf_dict(json.loads(cfg_json))
-    return lower(meta_model(cfg, torch.bfloat16))
+    return lower(meta_model(shapes_from_json(cfg_json), torch.bfloat16))
 
 
 def program_for(cfg: ModelConfig):
@@ -256,10 +268,24 @@ def program_for(cfg: ModelConfig):
     return _program(json.dumps(cfg.to_hf_dict(), sort_keys=True))
 
 
+def shapes_from_json(cfg_json: str) -> ModelConfig:
+    """The buildable config (``shapes_config``) of a config.json text (the planner's cache keys)."""
+    return shapes_config(ModelConfig.from_hf_dict(json.loads(cfg_json)))
+
+
+def shapes_config(cfg: ModelConfig) -> ModelConfig:
+    """``cfg`` with routed experts the engine can build: int4 experts (which it does not run) become their
+    dense twin, the same matrices and parameter count; ``Precision`` prices them as int4."""
+    if cfg.moe and cfg.moe.expert_format == "int4":
+        return cfg.replace(moe=dataclasses.replace(cfg.moe, expert_format="dense"))
+    return cfg
+
+
 def build_workload(cfg: ModelConfig, name: str, precision: Precision | None = None, program=None) -> Workload:
     """The workload of ``program`` (default: the single-device Program of ``cfg``)."""
     precision = precision or Precision.released(cfg)
     program = program if program is not None else program_for(cfg)
+    cfg = shapes_config(cfg)
     ops = []
     for op in program.ops:
         coeff = _coefficients(op, program, precision)

@@ -132,3 +132,40 @@ def test_more_context_reads_more_cache_and_stops_fitting(k3):
     assert long.time.state_ms > short.time.state_ms and long.resident["cache"] > short.resident["cache"]
     huge = predict(k3, h200, Layout(16), batch=256, context=131072)
     assert not huge.fits and "attention cache" in huge.why_not()
+
+
+def test_k2_thinking_is_priced_with_int4_experts_and_bf16_elsewhere():
+    """Kimi K2 Thinking / K2.5 (``plan/models/kimi-k2-thinking``): compressed-tensors int4 experts in
+    groups of 32 with a bf16 scale (4.5 bits a parameter), the rest bf16; counted here from the config's
+    own fields, not from the Program."""
+    from nonstop.plan.points import model_ref
+    from nonstop.weights.resolve import resolve_model
+
+    cfg = resolve_model(model_ref("kimi-k2-thinking"))[0]
+    assert cfg.moe.expert_format == "int4"
+    k2t = build_workload(cfg, "kimi-k2-thinking")
+    assert k2t.precision == Precision("bf16", "int4", "bf16")
+    h = cfg.hf
+    d, moe_layers = h["hidden_size"], h["num_hidden_layers"] - h["first_k_dense_replace"]
+    expert_params = moe_layers * h["n_routed_experts"] * 3 * d * h["moe_intermediate_size"]
+    bf16 = build_workload(cfg, "kimi-k2-thinking", Precision("bf16", "bf16"))
+    rest = bf16.total_weight_bytes() - 2 * expert_params
+    assert k2t.total_weight_bytes() == pytest.approx(expert_params * (0.5 + 2 / 32) + rest, rel=1e-3)
+    assert 590e9 < k2t.total_weight_bytes() < 600e9  # the published checkpoint: ~594 GB
+    moe = next(o for o in k2t.ops if o.expert)
+    assert moe.dtype == "bf16"  # W4A16: dequantised into bf16 tensor-core GEMMs
+
+
+def test_int4_experts_are_planned_but_the_engine_refuses_to_build_them():
+    from nonstop.config_types import ConfigError
+    from nonstop.model.moe import RoutedExperts
+
+    raw = dict(ModelConfig.preset("kimi-k2").hf)
+    group = {"weights": {"num_bits": 4, "type": "int", "group_size": 32, "strategy": "group"}}
+    raw["quantization_config"] = {"quant_method": "compressed-tensors", "config_groups": {"group_0": group}}
+    assert ModelConfig.from_hf_dict(raw).moe.expert_format == "int4"
+    group["weights"]["num_bits"] = 8
+    with pytest.raises(ConfigError, match="unsupported quantization_config"):
+        ModelConfig.from_hf_dict(raw)
+    with pytest.raises(ConfigError, match="nonstop plan"):
+        RoutedExperts(3, 8, 5, "int4")

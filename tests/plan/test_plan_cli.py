@@ -78,3 +78,21 @@ def test_bad_input_is_one_line(argv, message, capsys):
     assert e.value.code == 2
     err = capsys.readouterr().err
     assert message in err and len(err.strip().splitlines()) == 1
+
+
+def test_int4_experts_by_flag_or_by_checkpoint_config(capsys):
+    """``--experts int4`` on K2's shapes prices what the K2 Thinking config (bundled, found by its short
+    name) declares; ``int4`` is its own format, no longer an alias of MXFP4."""
+    base = ["--chip", "h200", "--chips", "8", "--tp", "8", "--batch", "4", "--json"]
+    runs = {}
+    for name, argv in {
+        "thinking": ["plan", "-m", "kimi-k2-thinking", *base],
+        "flag": ["plan", "-m", "kimi-k2", "--weights", "bf16", "--experts", "int4", *base],
+        "mxfp4": ["plan", "-m", "kimi-k2", "--weights", "bf16", "--experts", "mxfp4", *base],
+    }.items():
+        assert main(argv) == 0
+        runs[name] = json.loads(capsys.readouterr().out)
+    assert runs["thinking"]["precision"]["experts"] == "int4"
+    assert runs["thinking"]["bytes_per_chip"] == pytest.approx(runs["flag"]["bytes_per_chip"], rel=1e-3)
+    assert runs["thinking"]["ms_per_token"] == pytest.approx(runs["flag"]["ms_per_token"], rel=1e-3)
+    assert runs["flag"]["bytes_per_chip"] > runs["mxfp4"]["bytes_per_chip"] * 1.02  # 4.5 against 4.25 bits
