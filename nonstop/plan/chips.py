@@ -135,10 +135,34 @@ def load_catalogue(chip_file: str | Path | None = None) -> dict[str, dict]:
     return entries
 
 
-def get_chip(name: str, chip_file: str | Path | None = None) -> Chip:
-    """The chip called ``name`` (case-insensitive); ``cpu`` is measured on this machine."""
-    entries = load_catalogue(chip_file)
+# other names of catalogue chips (compared after ``_squash``): Google's product name for TPU v7
+CHIP_ALIASES = {"tpu7x": "tpu-v7", "tpuv7x": "tpu-v7", "ironwood": "tpu-v7"}
+# what vendors and clouds put around a chip's name without changing the chip
+_VENDOR_PREFIXES = ("nvidia", "amdinstinct", "amd", "instinct", "google")
+_FORM_SUFFIXES = ("sxm5", "sxm", "nvl72", "oam")
+
+
+def _squash(name: str) -> str:
+    squashed = "".join(ch for ch in name.lower() if ch.isalnum())
+    squashed = next((squashed[len(p) :] for p in _VENDOR_PREFIXES if squashed.startswith(p)), squashed)
+    return next((squashed[: -len(s)] for s in _FORM_SUFFIXES if squashed.endswith(s)), squashed) or name.lower()
+
+
+def resolve_chip_name(name: str, entries: dict) -> str:
+    """The catalogue key ``name`` means: exact, else ignoring case, punctuation and form factor
+    ("H200 SXM", "gb300-nvl72", "MI355X"), else an alias ("tpu7x"); unknown names come back lower-cased."""
     key = name.lower()
+    if key in entries:
+        return key
+    by_squash = {_squash(k): k for k in entries}
+    by_squash.update({_squash(a): k for a, k in CHIP_ALIASES.items() if k in entries})
+    return by_squash.get(_squash(name), key)
+
+
+def get_chip(name: str, chip_file: str | Path | None = None) -> Chip:
+    """The chip called ``name`` (``resolve_chip_name``); ``cpu`` is measured on this machine."""
+    entries = load_catalogue(chip_file)
+    key = resolve_chip_name(name, entries)
     if key not in entries:
         raise ChipError(f"unknown chip {name!r}; known chips: {', '.join(sorted(entries))} (add one with --chip-file)")
     if key == "cpu" and (chip_file is None or "cpu" not in _read_json(Path(chip_file))):

@@ -46,8 +46,20 @@ def load_heldout(path: Path = HELDOUT) -> list[dict]:
     return load_points(None, path)
 
 
+# released models the planner prices with the shapes and formats of another name
+MODEL_ALIASES = {
+    "kimi-k2-instruct": "kimi-k2",
+    "kimi-k2.5": "kimi-k2-thinking",  # K2's text model with int4 experts (its vision tower runs in prefill)
+    "kimi-k2.6": "kimi-k2-thinking",
+    "deepseek-r1": "deepseek-v3",
+}
+
+
 def model_ref(name: str) -> str:
-    """A model config bundled with the planner (``plan/models/<name>/config.json``), else the name itself."""
+    """A model config bundled with the planner (``plan/models/<name>/config.json``, or an alias of one in
+    ``MODEL_ALIASES``), else the name itself."""
+    if not Path(name).exists():
+        name = MODEL_ALIASES.get(name.lower(), name)
     bundled = MODELS / name
     return str(bundled) if (bundled / "config.json").exists() else name
 

@@ -69,3 +69,25 @@ def test_unknown_chip_lists_the_known_ones(tmp_path):
     (tmp_path / "c.json").write_text("{not json")
     with pytest.raises(ChipError, match="not valid JSON"):
         get_chip("h200", tmp_path / "c.json")
+
+
+@pytest.mark.parametrize(
+    "name, key",
+    [
+        ("H200", "h200"),
+        ("NVIDIA H100 SXM5", "h100"),
+        ("gb300-nvl72", "gb300"),
+        ("AMD Instinct MI355X", "mi355x"),
+        ("mi300x-oam", "mi300x"),
+        ("TPU v7", "tpu-v7"),
+        ("tpu7x", "tpu-v7"),
+        ("Ironwood", "tpu-v7"),
+    ],
+)
+def test_chip_names_as_vendors_and_clouds_write_them(name, key):
+    assert get_chip(name).key == key
+
+
+def test_an_unknown_chip_still_says_which_exist():
+    with pytest.raises(ChipError, match="known chips: .*h200"):
+        get_chip("h2000")

@@ -96,3 +96,14 @@ def test_int4_experts_by_flag_or_by_checkpoint_config(capsys):
     assert runs["thinking"]["bytes_per_chip"] == pytest.approx(runs["flag"]["bytes_per_chip"], rel=1e-3)
     assert runs["thinking"]["ms_per_token"] == pytest.approx(runs["flag"]["ms_per_token"], rel=1e-3)
     assert runs["flag"]["bytes_per_chip"] > runs["mxfp4"]["bytes_per_chip"] * 1.02  # 4.5 against 4.25 bits
+
+
+def test_released_model_names_map_to_the_shapes_they_share(capsys):
+    base = ["--chip", "B200", "--chips", "8", "--tp", "8", "--batch", "2", "--json"]
+    ms = {}
+    for name in ("kimi-k2.5", "kimi-k2-thinking", "Kimi-K2-Instruct", "kimi-k2", "deepseek-r1"):
+        assert main(["plan", "-m", name, *base]) == 0
+        ms[name] = json.loads(capsys.readouterr().out)["ms_per_token"]
+    assert ms["kimi-k2.5"] == ms["kimi-k2-thinking"] and ms["Kimi-K2-Instruct"] == ms["kimi-k2"]
+    assert ms["kimi-k2.5"] != ms["kimi-k2"]  # int4 experts and bf16 attention against fp8 everywhere
+    assert ms["deepseek-r1"] != ms["kimi-k2"]
