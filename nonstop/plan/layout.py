@@ -12,7 +12,14 @@ A plan layout is ``tp`` ranks per attention group, ``dp`` attention groups (worl
   tp ways by its intermediate dimension: vLLM's and SGLang's default without expert parallelism). The
   engine's ``dist.Layout`` has no such mode yet; the planner takes the rank Program of the same
   per-rank bytes (``Layout.make(tp, ep=tp)``) and replaces the token exchange by the all-reduce of the
-  routed sum (K3: before the latent RMSNorm, which is not linear; the MoE output all-reduce follows).
+  routed sum (K3: before the latent RMSNorm, which is not linear; the MoE output all-reduce follows);
+* ``ep`` = 1 with dp > 1 (``moe_world_tp``, production sharding): DP attention with the experts
+  tensor-parallel over all tp·dp ranks, as vLLM does for DP > 1 without ``--enable-expert-parallel`` and
+  SGLang with ``--enable-dp-attention`` without ``--ep``: every attention group's rows are all-gathered
+  over the dp groups before the experts, each rank streams 1/world of every touched expert for all of
+  them, and the routed outputs are all-reduced over the world (the rank Program of the same per-rank
+  bytes is ``Layout.make(tp, ep=world)``). ``sharding="engine"`` keeps ``nonstop.dist``'s meaning
+  (every attention group holds every expert).
 
 Every rank's weights, ops and collective sizes come from ``dist.program.shapes_program`` (shapes only).
 The step waits for the busiest rank: routed experts are counted as the expected maximum over the
@@ -56,9 +63,19 @@ class Layout:
         return self.tp * self.dp
 
     @property
+    def moe_world_tp(self) -> bool:
+        """DP attention with the routed experts split over all tp·dp ranks (production sharding, ep 1, dp > 1)."""
+        return self.sharding == "production" and self.ep == 1 and self.dp > 1
+
+    @property
     def expert_tp(self) -> bool:
         """Routed experts split tp ways inside each attention group (no token exchange)."""
-        return self.ep == 1 and self.tp > 1
+        return self.ep == 1 and self.tp > 1 and not self.moe_world_tp
+
+    @property
+    def expert_split(self) -> int:
+        """Ways each routed expert is split by its intermediate dimension (1: whole experts)."""
+        return self.world if self.moe_world_tp else self.tp if self.expert_tp else 1
 
     @property
     def tokens_replicated(self) -> bool:
@@ -70,7 +87,7 @@ class Layout:
 
     def dist_layout(self) -> DistLayout:
         """The engine's layout with the same per-rank bytes (see the module docstring)."""
-        return DistLayout.make(self.tp, self.tp if self.expert_tp else self.ep, self.world)
+        return DistLayout.make(self.tp, self.expert_split if self.expert_split > 1 else self.ep, self.world)
 
     def weight_bytes(self, op, held: bool = False) -> float:
         """The bytes of ``op``'s weights one rank streams (``held``: keeps) under this layout's sharding."""
@@ -81,6 +98,7 @@ class Layout:
 
     def describe(self) -> str:
         experts = f"EP{self.ep}" if self.ep > 1 else ("experts TP" if self.expert_tp else "")
+        experts = f"experts TP{self.world}" if self.moe_world_tp else experts
         return " ".join(x for x in (f"TP{self.tp}", f"DP{self.dp}" if self.dp > 1 else "", experts) if x)
 
 
@@ -125,11 +143,13 @@ def check_layout(workload: Workload, layout: Layout) -> None:
 
 
 @functools.lru_cache(maxsize=32)
-def _rank_workload(cfg_json: str, name: str, precision: Precision, tp: int, dp: int, ep: int) -> Workload:
+def _rank_workload(
+    cfg_json: str, name: str, precision: Precision, tp: int, dp: int, ep: int, sharding: str
+) -> Workload:
     from nonstop.dist.program import shapes_program
 
     cfg = shapes_from_json(cfg_json)
-    layout = Layout(tp, dp, ep)
+    layout = Layout(tp, dp, ep, sharding)
     program = shapes_program(cfg, layout.dist_layout(), rank=0)
     return build_workload(cfg, name, precision, program)
 
@@ -140,7 +160,7 @@ def rank_workload(workload: Workload, layout: Layout) -> Workload:
     if layout.world == 1:
         return workload
     cfg_json = json.dumps(workload.cfg.to_hf_dict(), sort_keys=True)
-    return _rank_workload(cfg_json, workload.name, workload.precision, layout.tp, layout.dp, layout.ep)
+    return _rank_workload(cfg_json, workload.name, workload.precision, layout.tp, layout.dp, layout.ep, layout.sharding)
 
 
 def with_sharding(layout: Layout, sharding: str) -> Layout:
@@ -170,6 +190,8 @@ def experts_touched(num_experts: int, top_k: int, routed_rows: float, local: int
 
 def _group_rows(layout: Layout, rows: int) -> float:
     """Rows routed into one expert group: rows per attention group x attention groups feeding it."""
+    if layout.moe_world_tp:
+        return rows * layout.dp
     return rows if layout.expert_tp or layout.ep == 1 else rows * layout.ep / layout.tp
 
 
@@ -184,9 +206,10 @@ def rank_ops(rank: Workload, layout: Layout, batch: int, context: int, rows_per_
         if op.expert is not None:
             ex = op.expert
             routed = _group_rows(layout, rows)
-            if layout.expert_tp:  # every rank streams 1/tp of each touched expert: balanced
+            if layout.expert_split > 1:  # every rank streams 1/split of each touched expert: balanced
                 touched = experts_touched(ex.num_experts, ex.top_k, routed, ex.num_experts, 1)
-                weight, pairs = touched * ex.bytes_each / layout.tp, routed * ex.top_k / layout.tp
+                split = layout.expert_split
+                weight, pairs = touched * ex.bytes_each / split, routed * ex.top_k / split
             else:
                 ranks = max(1, layout.ep)
                 touched = experts_touched(ex.num_experts, ex.top_k, routed, ex.local, ranks)
@@ -211,33 +234,49 @@ def collectives(rank: Workload, layout: Layout, batch: int, rows_per_seq: int) -
     if layout.world == 1:
         return []
     from nonstop.dist.program import engine_collectives, merged
-    from nonstop.program.cost import op_collectives
+    from nonstop.program.cost import Collective as DistCollective
+    from nonstop.program.cost import all_reduce_wire_bytes, op_collectives
 
     program, cfg = rank.program, rank.cfg
     rows = math.ceil(batch / layout.dp) * rows_per_seq
     found = []
     for op in program.ops:
+        if op.kind == "moe_ep" and layout.moe_world_tp:
+            found += _world_tp_exchange(program, layout, rows, bool(cfg.moe.latent_size))
+            continue
         if op.kind == "moe_ep" and (layout.expert_tp or layout.tokens_replicated):
             if cfg.moe.latent_size:  # the routed latent sum, complete before its RMSNorm
-                from nonstop.program.cost import Collective as DistCollective
-                from nonstop.program.cost import all_reduce_wire_bytes
-
-                spec = program.buffers["moe_out"]
-                nbytes = rows * spec.row_numel * spec.torch_dtype(program.dtype).itemsize
+                nbytes = rows * _row_bytes(program, "moe_out")
+                label = "routed latent sum (experts TP)" if layout.expert_tp else "routed latent sum (experts EP)"
                 found.append(
-                    DistCollective(
-                        "all_reduce",
-                        "tp",
-                        layout.tp,
-                        1,
-                        all_reduce_wire_bytes(nbytes, layout.tp),
-                        "routed latent sum (experts TP)" if layout.expert_tp else "routed latent sum (experts EP)",
-                    )
+                    DistCollective("all_reduce", "tp", layout.tp, 1, all_reduce_wire_bytes(nbytes, layout.tp), label)
                 )
             continue
         found += op_collectives(op, program, rows)
     found = merged(found) + engine_collectives(cfg, layout.dist_layout(), 0, rows)
     return [Collective(c.kind, c.ranks, c.wire_bytes, c.count, f"{c.purpose} ({c.group})") for c in found if c.count]
+
+
+def _row_bytes(program, buffer: str) -> int:
+    spec = program.buffers[buffer]
+    return spec.row_numel * spec.torch_dtype(program.dtype).itemsize
+
+
+def _world_tp_exchange(program, layout: Layout, rows: int, latent: bool) -> list:
+    """One MoE layer's traffic with DP attention and the experts tensor-parallel over the world: the expert
+    inputs of every attention group all-gathered over the dp groups, the routed outputs (K3: the routed
+    latent sum, before its RMSNorm) of all of them all-reduced over the world; the shared expert's partial
+    sums stay in the program's tp all-reduce."""
+    from nonstop.program.cost import Collective as DistCollective
+    from nonstop.program.cost import all_gather_wire_bytes, all_reduce_wire_bytes
+
+    gathered = all_gather_wire_bytes(rows * _row_bytes(program, "moe_in"), layout.dp)
+    summed = all_reduce_wire_bytes(rows * layout.dp * _row_bytes(program, "moe_out"), layout.world)
+    what = "routed latent sum" if latent else "routed expert outputs"
+    return [
+        DistCollective("all_gather", "dp", layout.dp, 1, gathered, "expert inputs of every attention group"),
+        DistCollective("all_reduce", "world", layout.world, 1, summed, f"{what} (experts TP over the world)"),
+    ]
 
 
 def resident_bytes(rank: Workload, layout: Layout, batch: int, context: int) -> dict:

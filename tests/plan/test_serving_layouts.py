@@ -7,7 +7,7 @@ import pytest
 
 from nonstop.config import ModelConfig
 from nonstop.plan.chips import get_chip
-from nonstop.plan.layout import Layout, collectives, rank_ops, rank_workload
+from nonstop.plan.layout import Layout, collectives, rank_ops, rank_workload, resident_bytes
 from nonstop.plan.predict import predict
 from nonstop.plan.timing import Constants
 from nonstop.plan.workload import ATTENTION_KINDS, FORMAT_BYTES, Precision, build_workload
@@ -69,3 +69,45 @@ def test_host_loop_is_paid_per_step_by_host_driven_engines_only(nano):
         expected = consts.step_overhead_us * 1e-3 if paid else 0.0
         assert with_loop.total_ms - without.total_ms == pytest.approx(expected)
         assert with_loop.host_ms == pytest.approx(expected)
+
+
+def test_dp_attention_with_experts_tp_over_the_world():
+    """vLLM's DP > 1 without expert parallelism / SGLang's --enable-dp-attention without --ep: attention
+    data-parallel, every expert split over all tp*dp ranks. A rank streams 1/world of each expert the
+    whole deployment's rows touch (the same routed bytes as TP over the world at the same total batch),
+    holds 1/world of the experts, and pays a dp all-gather of the expert inputs plus a world all-reduce."""
+    k2 = build_workload(ModelConfig.preset("kimi-k2"), "kimi-k2")
+    dp_attention, tp_world = Layout(2, 4, 1), Layout(8, 1, 1)
+    assert dp_attention.moe_world_tp and dp_attention.expert_split == 8 and not dp_attention.expert_tp
+
+    def routed_bytes(layout, batch):
+        ops = rank_ops(rank_workload(k2, layout), layout, batch, 1024, 1)
+        return sum(o.weight_bytes for o in ops if o.kind in ("moe_experts", "moe_ep"))
+
+    assert routed_bytes(dp_attention, 8) == pytest.approx(routed_bytes(tp_world, 8), rel=1e-6)
+    assert routed_bytes(dp_attention, 8) > routed_bytes(dp_attention, 4)  # rows of every group count
+    experts = sum(o.expert.bytes_each * o.expert.num_experts for o in k2.moe_ops)
+    held = resident_bytes(rank_workload(k2, dp_attention), dp_attention, 1, 0)["weights"]
+    assert experts / 8 < held < experts / 8 + 0.05 * experts  # 1/8 of the experts + attention / 2
+    colls = {c.kind: c for c in collectives(rank_workload(k2, dp_attention), dp_attention, 8, 1)}
+    width = k2.cfg.hidden_size * 2  # bf16 rows
+    moe_layers = len(k2.moe_ops)
+    assert colls["all_gather"].ranks == 4 and colls["all_gather"].count == moe_layers
+    assert colls["all_gather"].wire_bytes == pytest.approx(moe_layers * 3 * 2 * width)  # (dp-1) parts of 2 rows
+    rank = rank_workload(k2, dp_attention)
+    out_item = rank.program.buffers["moe_out"].torch_dtype(rank.program.dtype).itemsize  # the engine's sum dtype
+    (summed,) = [c for c in collectives(rank, dp_attention, 8, 1) if c.ranks == 8 and c.kind == "all_reduce"]
+    assert summed.count == moe_layers
+    assert summed.wire_bytes == pytest.approx(moe_layers * 2 * 7 / 8 * 8 * k2.cfg.hidden_size * out_item)
+
+
+def test_dp_attention_fits_where_replicated_experts_do_not():
+    """Kimi K2 in fp8 (~1 TB) on 8 B200s, attention TP2 x DP4: the production meaning (experts over all 8
+    ranks) fits, nonstop.dist's meaning (each attention group of 2 holds every expert) cannot."""
+    k2 = build_workload(ModelConfig.preset("kimi-k2"), "kimi-k2")
+    b200 = get_chip("b200")
+    fits = predict(k2, b200, Layout(2, 4, 1), batch=8, context=1024)
+    assert fits.fits and "experts TP8" in Layout(2, 4, 1).describe()
+    engine = Layout(2, 4, 1, "engine")
+    assert not engine.moe_world_tp
+    assert resident_bytes(rank_workload(k2, engine), engine, 8, 1024)["weights"] > b200.rank_hbm_bytes
