@@ -32,7 +32,12 @@ def add_parser(sub) -> None:
         "--chips", type=positive_int, help="number of chips (default: the fewest of 1, 2, 4, ... 512 that fit)"
     )
     p.add_argument("--tp", type=positive_int, help="ranks per attention group (tensor parallel)")
-    p.add_argument("--dp", type=positive_int, help="attention groups (data parallel); tp x dp = ranks")
+    p.add_argument("--dp", type=positive_int, help="attention groups (data parallel); tp x dp x pp = ranks")
+    p.add_argument(
+        "--pp",
+        type=positive_int,
+        help="pipeline stages, each tp x dp ranks holding 1/pp of the layers (default 1; the search tries 1, 2, 4, 8)",
+    )
     p.add_argument(
         "--ep",
         type=positive_int,
@@ -146,9 +151,14 @@ def _spec(args):
 def _layout(args, chips: int, devices: int):
     from nonstop.plan.layout import Layout
 
-    ranks = chips * devices
+    pp = args.pp or 1
+    where = f"the {chips * devices} ranks ({chips} chip(s) x {devices} device(s))"
+    if (chips * devices) % pp:
+        raise ValueError(f"--pp {pp} does not divide {where}")
+    ranks = chips * devices // pp
     tp, dp = args.tp, args.dp
-    where = f"the {ranks} ranks ({chips} chip(s) x {devices} device(s))"
+    if pp > 1:
+        where += f", {ranks} a pipeline stage"
     for flag, value in (("--tp", tp), ("--dp", dp), ("--ep", args.ep)):
         if value is not None and ranks % value:
             raise ValueError(f"{flag} {value} does not divide {where}")
@@ -160,7 +170,7 @@ def _layout(args, chips: int, devices: int):
         dp = ranks // tp
     if tp * dp != ranks:
         raise ValueError(f"--tp {tp} x --dp {dp} = {tp * dp} ranks, not {where}")
-    return Layout(tp, dp, args.ep or 1, args.sharding)
+    return Layout(tp, dp, args.ep or 1, args.sharding, pp)
 
 
 def _fewest_chips(workload, chip, request: dict, sharding: str, progress):
@@ -221,13 +231,13 @@ def run(args) -> int:
             print(measured_table(rows) if rows else f"no nonstop measurement on {chip.key} in bench/results")
         return 0
 
-    layout_given = any(v is not None for v in (args.tp, args.dp, args.ep))
+    layout_given = any(v is not None for v in (args.tp, args.dp, args.ep, args.pp))
     chips = args.chips or (1 if chip.kind == "cpu" else None)
     request = {"batch": args.batch, "context": args.context, "spec": spec, "executor": executor, "model_dir": model_dir}
     cands = None
     if layout_given:
         if chips is None:
-            raise ValueError("give --chips with --tp/--dp/--ep")
+            raise ValueError("give --chips with --tp/--dp/--ep/--pp")
         best = predict(workload, chip, _layout(args, chips, chip.devices_per_chip), **request)
     else:
         if chips is None:
@@ -251,6 +261,7 @@ def run(args) -> int:
                     "tp": c.layout.tp,
                     "dp": c.layout.dp,
                     "ep": c.layout.ep,
+                    "pp": c.layout.pp,
                     "fits": c.fits,
                     "bytes_per_chip": c.bytes_per_rank * chip.devices_per_chip,
                     "ms_per_token": c.prediction.ms_per_token if c.prediction else None,

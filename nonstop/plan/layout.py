@@ -51,16 +51,29 @@ SHARDINGS = ("production", "engine")
 @dataclass(frozen=True)
 class Layout:
     """``sharding``: "engine" = exactly ``nonstop.dist``'s parts; "production" = the same, but K3's latent
-    projections split tp ways as vLLM / SGLang / the TPU megakernel do (``workload.PRODUCTION_SPLIT``)."""
+    projections split tp ways as vLLM / SGLang / the TPU megakernel do (``workload.PRODUCTION_SPLIT``).
+    ``pp``: pipeline stages, each a copy of the tp x dp (x ep) layout holding 1/pp of the layers
+    (``predict`` prices a stage with ``stage`` and adds the sends between stages)."""
 
     tp: int = 1
     dp: int = 1
     ep: int = 1
     sharding: str = "production"
+    pp: int = 1
 
     @property
     def world(self) -> int:
+        """Every rank of the deployment (all pipeline stages)."""
+        return self.tp * self.dp * self.pp
+
+    @property
+    def stage_ranks(self) -> int:
         return self.tp * self.dp
+
+    @property
+    def stage(self) -> Layout:
+        """One pipeline stage's layout (the whole layout when pp is 1)."""
+        return Layout(self.tp, self.dp, self.ep, self.sharding)
 
     @property
     def moe_world_tp(self) -> bool:
@@ -75,7 +88,7 @@ class Layout:
     @property
     def expert_split(self) -> int:
         """Ways each routed expert is split by its intermediate dimension (1: whole experts)."""
-        return self.world if self.moe_world_tp else self.tp if self.expert_tp else 1
+        return self.stage_ranks if self.moe_world_tp else self.tp if self.expert_tp else 1
 
     @property
     def tokens_replicated(self) -> bool:
@@ -87,7 +100,7 @@ class Layout:
 
     def dist_layout(self) -> DistLayout:
         """The engine's layout with the same per-rank bytes (see the module docstring)."""
-        return DistLayout.make(self.tp, self.expert_split if self.expert_split > 1 else self.ep, self.world)
+        return DistLayout.make(self.tp, self.expert_split if self.expert_split > 1 else self.ep, self.stage_ranks)
 
     def weight_bytes(self, op, held: bool = False) -> float:
         """The bytes of ``op``'s weights one rank streams (``held``: keeps) under this layout's sharding."""
@@ -98,8 +111,9 @@ class Layout:
 
     def describe(self) -> str:
         experts = f"EP{self.ep}" if self.ep > 1 else ("experts TP" if self.expert_tp else "")
-        experts = f"experts TP{self.world}" if self.moe_world_tp else experts
-        return " ".join(x for x in (f"TP{self.tp}", f"DP{self.dp}" if self.dp > 1 else "", experts) if x)
+        experts = f"experts TP{self.stage_ranks}" if self.moe_world_tp else experts
+        parts = (f"TP{self.tp}", f"DP{self.dp}" if self.dp > 1 else "", experts, f"PP{self.pp}" if self.pp > 1 else "")
+        return " ".join(x for x in parts if x)
 
 
 @dataclass(frozen=True)
@@ -122,9 +136,13 @@ class Collective:
     wire_bytes: float  # sent by this rank per step, all calls
     count: int  # calls per step
     label: str
+    crosses: bool = False  # a point-to-point send between scale-up domains (``ranks`` alone cannot say)
 
 
 def check_layout(workload: Workload, layout: Layout) -> None:
+    if layout.pp > workload.cfg.num_hidden_layers:
+        raise PlanError(f"--pp {layout.pp} exceeds the {workload.cfg.num_hidden_layers} layers of {workload.name}")
+    layout = layout.stage
     for name, value in (("tp", layout.tp), ("dp", layout.dp), ("ep", layout.ep)):
         if value < 1:
             raise PlanError(f"--{name} must be >= 1, got {value}")
@@ -277,6 +295,26 @@ def _world_tp_exchange(program, layout: Layout, rows: int, latent: bool) -> list
         DistCollective("all_gather", "dp", layout.dp, 1, gathered, "expert inputs of every attention group"),
         DistCollective("all_reduce", "world", layout.world, 1, summed, f"{what} (experts TP over the world)"),
     ]
+
+
+def stage_sends(layout: Layout, chip_domain_ranks: int, rows: int, width_bytes: int) -> list[Collective]:
+    """The sends between ``layout.pp`` pipeline stages for one micro-batch of ``rows`` rows per attention
+    group (each a ``width_bytes`` activation row): pp - 1 point-to-point sends, those at a scale-up domain
+    boundary (stages placed in rank order) over the scale-out network."""
+    if layout.pp == 1:
+        return []
+    boundaries = layout.pp - 1
+    crossing = min(boundaries, math.ceil(layout.world / chip_domain_ranks) - 1)
+    part = rows * width_bytes
+    out = [
+        Collective("send", 2, part * n, n, label, crosses)
+        for n, crosses, label in (
+            (boundaries - crossing, False, "activations to the next pipeline stage"),
+            (crossing, True, "activations to the next pipeline stage (scale-out)"),
+        )
+        if n
+    ]
+    return out
 
 
 def resident_bytes(rank: Workload, layout: Layout, batch: int, context: int) -> dict:

@@ -67,7 +67,7 @@ def model_ref(name: str) -> str:
 def plan_argv(point: dict) -> list[str]:
     """The ``nonstop plan ... --json`` command line that predicts ``point``."""
     argv = ["plan", "-m", model_ref(point["model"]), "--chip", point["chip"], "--chips", str(point["chips"])]
-    for flag in ("tp", "dp", "ep"):
+    for flag in ("tp", "dp", "ep", "pp"):
         argv += [f"--{flag}", str(point.get(flag, 1))]
     argv += ["--batch", str(point["batch"]), "--context", str(point.get("context", 1024))]
     argv += ["--executor", point.get("executor", "kernels"), "--sharding", point.get("sharding", "production")]

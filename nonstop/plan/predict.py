@@ -15,7 +15,15 @@ from pathlib import Path
 
 from nonstop.plan.chips import Chip
 from nonstop.plan.draft import draft_shape
-from nonstop.plan.layout import Layout, collectives, rank_ops, rank_workload, resident_bytes
+from nonstop.plan.layout import (
+    Layout,
+    check_layout,
+    collectives,
+    rank_ops,
+    rank_workload,
+    resident_bytes,
+    stage_sends,
+)
 from nonstop.plan.timing import EXECUTORS, Constants, StepTime, step_time
 from nonstop.plan.workload import PlanError, Workload
 
@@ -99,6 +107,7 @@ class Prediction:
                 "tp": self.layout.tp,
                 "dp": self.layout.dp,
                 "ep": self.layout.ep,
+                "pp": self.layout.pp,
                 "ranks": self.layout.world,
                 "devices_per_chip": dpc,
             },
@@ -175,19 +184,26 @@ def predict(
         raise PlanError(f"unknown executor {executor!r}; choose one of: {', '.join(EXECUTORS)}")
     if batch < 1 or context < 0:
         raise PlanError(f"--batch must be >= 1 and --context >= 0, got {batch} and {context}")
-    rank = rank_workload(workload, layout)
+    check_layout(workload, layout)
+    stage = layout.stage
+    rank = rank_workload(workload, stage)
     consts = consts or Constants.load()
     rows_per_seq = spec.drafts + 1 if spec else 1
-    ops = rank_ops(rank, layout, batch, context, rows_per_seq)
-    colls = collectives(rank, layout, batch, rows_per_seq)
+    # pipeline: up to pp micro-batches in flight; one user's token passes every stage of its micro-batch in
+    # turn, so a token takes the whole model's time at the micro-batch's rows plus the sends between stages
+    micro = min(layout.pp, math.ceil(batch / layout.dp))
+    step_batch = math.ceil(batch / micro)
+    ops = rank_ops(rank, stage, step_batch, context, rows_per_seq)
+    colls = collectives(rank, stage, step_batch, rows_per_seq)
+    rows = math.ceil(step_batch / layout.dp) * rows_per_seq
+    colls += stage_sends(layout, chip.up_domain_ranks, rows, workload.cfg.hidden_size * 2)
     eager = None
     if executor == "eager":
         import json
 
         eager = _eager_ops(json.dumps(workload.cfg.to_hf_dict(), sort_keys=True))
     draft = draft_shape(workload.cfg, model_dir, spec.drafts) if spec else None
-    slots = math.ceil(batch / layout.dp) * spec.drafts if spec else 0
+    slots = math.ceil(step_batch / layout.dp) * spec.drafts if spec else 0
     t = step_time(ops, colls, chip, consts, executor, eager, draft, layout, slots)
-    return Prediction(
-        workload, chip, layout, batch, context, spec, executor, t, resident_bytes(rank, layout, batch, context)
-    )
+    resident = {k: v / layout.pp for k, v in resident_bytes(rank, stage, batch, context).items()}
+    return Prediction(workload, chip, layout, batch, context, spec, executor, t, resident)

@@ -1,7 +1,8 @@
 """Layout search: every tensor / data / expert-parallel split of N chips, the fitting ones predicted.
 
-Candidates: tp over the divisors of the ranks that split the attention heads, dp = ranks / tp, and for
-a MoE model ep = 1 (experts tensor-parallel in each attention group) or any divisor of the ranks >= 2.
+Candidates: pp in 1, 2, 4, 8 stages (dividing the ranks), tp over the divisors of a stage's ranks that split
+the attention heads, dp = stage ranks / tp, and for a MoE model ep = 1 (experts tensor-parallel) or any
+divisor of the stage's ranks >= 2.
 A cheap lower bound of a rank's bytes (every weight split as far as the layout allows) drops the
 layouts that cannot fit before their rank Program is built; the rest are predicted in full.
 """
@@ -19,6 +20,8 @@ from nonstop.plan.predict import USABLE_HBM, Prediction, Spec, predict
 from nonstop.plan.timing import Constants
 from nonstop.plan.workload import PlanError, Workload
 
+PIPELINE_STAGES = (1, 2, 4, 8)  # tried by the search (a stage layout per count that divides the ranks)
+
 
 @dataclass
 class Candidate:
@@ -33,15 +36,17 @@ class Candidate:
 
 def candidate_layouts(workload: Workload, ranks: int, sharding: str = "production") -> list[Layout]:
     out = []
-    for tp in (d for d in range(1, ranks + 1) if ranks % d == 0):
-        eps = [1] + ([e for e in range(2, ranks + 1) if ranks % e == 0] if workload.moe_ops else [])
-        for ep in eps:
-            layout = Layout(tp, ranks // tp, ep, sharding)
-            try:
-                check_layout(workload, layout)
-            except PlanError:
-                continue
-            out.append(layout)
+    for pp in (p for p in PIPELINE_STAGES if ranks % p == 0):
+        stage = ranks // pp
+        for tp in (d for d in range(1, stage + 1) if stage % d == 0):
+            eps = [1] + ([e for e in range(2, stage + 1) if stage % e == 0] if workload.moe_ops else [])
+            for ep in eps:
+                layout = Layout(tp, stage // tp, ep, sharding, pp)
+                try:
+                    check_layout(workload, layout)
+                except PlanError:
+                    continue
+                out.append(layout)
     return out
 
 
@@ -52,7 +57,7 @@ def lower_bound_bytes(workload: Workload, layout: Layout, batch: int, context: i
     held = experts / (layout.expert_split if layout.expert_split > 1 else layout.ep)
     seqs = math.ceil(batch / layout.dp)
     resident = seqs * (workload.state_bytes_per_seq() + context * workload.cache_bytes_per_token()) / layout.tp
-    return dense / layout.tp + held + resident
+    return (dense / layout.tp + held + resident) / layout.pp
 
 
 def search(

@@ -113,6 +113,12 @@ class StepTime:
 
 
 def collective_time(c: Collective, chip: Chip, consts: Constants) -> CollectiveTime:
+    if c.crosses:  # one hop between scale-up domains
+        latency_s = consts.hop_factor * chip.out_latency_us * 1e-6
+        bandwidth_s = c.wire_bytes / (chip.out_gbps * 1e9 / chip.devices_per_chip)
+        return CollectiveTime(
+            c.label, c.kind, c.ranks, c.count, c.wire_bytes, c.count * latency_s * 1e3, bandwidth_s * 1e3, True
+        )
     n = c.ranks
     domain = chip.up_domain_ranks
     inside = min(n, domain)

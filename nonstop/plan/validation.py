@@ -48,7 +48,13 @@ def _workload(model: str, precision: tuple = ()):
 
 def predict_point(point: dict, consts: Constants | None = None) -> Prediction:
     spec = Spec(**point["spec"]) if point.get("spec") else None
-    layout = Layout(point.get("tp", 1), point.get("dp", 1), point.get("ep", 1), point.get("sharding", "production"))
+    layout = Layout(
+        point.get("tp", 1),
+        point.get("dp", 1),
+        point.get("ep", 1),
+        point.get("sharding", "production"),
+        point.get("pp", 1),
+    )
     chip = get_chip(point["chip"])
     workload = _workload(point["model"], tuple(sorted((point.get("precision") or {}).items())))
     return predict(

@@ -70,6 +70,9 @@ def test_list_chips(capsys):
             "unknown weight format",
         ),
         (["-m", "kimi-k3"], "give --chip"),
+        (["-m", "kimi-k3", "--chip", "gb200", "--chips", "16", "--pp", "3"], "--pp 3 does not divide"),
+        (["-m", "kimi-k3", "--chip", "gb200", "--chips", "16", "--pp", "2", "--tp", "16"], "a pipeline stage"),
+        (["-m", "k3-nano", "--chip", "gb200", "--chips", "16", "--pp", "16"], "exceeds the"),
     ],
 )
 def test_bad_input_is_one_line(argv, message, capsys):
@@ -107,3 +110,11 @@ def test_released_model_names_map_to_the_shapes_they_share(capsys):
     assert ms["kimi-k2.5"] == ms["kimi-k2-thinking"] and ms["Kimi-K2-Instruct"] == ms["kimi-k2"]
     assert ms["kimi-k2.5"] != ms["kimi-k2"]  # int4 experts and bf16 attention against fp8 everywhere
     assert ms["deepseek-r1"] != ms["kimi-k2"]
+
+
+def test_pipeline_layout_in_json(capsys):
+    argv = ["plan", "-m", "kimi-k3", "--chip", "gb200", "--chips", "16", "--tp", "8", "--pp", "2", "--batch", "8"]
+    assert main([*argv, "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["layout"] == {"tp": 8, "dp": 1, "ep": 1, "pp": 2, "ranks": 16, "devices_per_chip": 1}
+    assert any(c["kind"] == "send" for c in out["collectives"]) and out["fits"]

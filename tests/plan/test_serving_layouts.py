@@ -111,3 +111,33 @@ def test_dp_attention_fits_where_replicated_experts_do_not():
     engine = Layout(2, 4, 1, "engine")
     assert not engine.moe_world_tp
     assert resident_bytes(rank_workload(k2, engine), engine, 8, 1024)["weights"] > b200.rank_hbm_bytes
+
+
+def test_pipeline_stages_hold_a_share_of_the_layers_and_add_their_sends():
+    """PP: each of pp stages is the tp x dp layout with 1/pp of the layers. One user's token passes every
+    stage in turn, so it takes the whole model's time at its micro-batch's rows (up to pp micro-batches in
+    flight) plus pp - 1 sends; a rank holds 1/pp of what the single-stage layout holds."""
+    k3 = build_workload(ModelConfig.preset("kimi-k3"), "kimi-k3")
+    gb200 = get_chip("gb200")
+    one, two = Layout(8, 1, 1), Layout(8, 1, 1, "production", 2)
+    assert two.world == 16 and two.stage == one and "PP2" in two.describe()
+    for batch, micro_batch in ((1, 1), (8, 4)):
+        staged = predict(k3, gb200, two, batch=batch, context=2048)
+        flat = predict(k3, gb200, one, batch=micro_batch, context=2048)
+        sends = [c for c in staged.time.collectives if c.kind == "send"]
+        assert len(sends) == 1 and sends[0].count == 1 and not sends[0].crosses_scale_out  # NVL72: one domain
+        assert sends[0].wire_bytes == micro_batch * k3.cfg.hidden_size * 2
+        gap = Constants.load().kernel_factor * gb200.launch_us * 1e-3  # the send is one more launch
+        assert staged.time.total_ms == pytest.approx(flat.time.total_ms + sends[0].ms + gap)
+        whole = predict(k3, gb200, one, batch=batch, context=2048)
+        assert staged.bytes_per_rank == pytest.approx(whole.bytes_per_rank / 2)
+        assert staged.tokens_per_s_total == pytest.approx(batch * 1e3 / staged.ms_per_token)
+
+
+def test_pipeline_sends_cross_nodes_on_8_gpu_servers():
+    k2 = build_workload(ModelConfig.preset("kimi-k2"), "kimi-k2")
+    h800 = get_chip("h800")
+    staged = predict(k2, h800, Layout(8, 1, 1, "production", 2), batch=1, context=1024)
+    (send,) = [c for c in staged.time.collectives if c.kind == "send"]
+    assert send.crosses_scale_out
+    assert send.latency_ms == pytest.approx(Constants.load().hop_factor * h800.out_latency_us * 1e-3)
