@@ -214,7 +214,8 @@ def _group_rows(layout: Layout, rows: int) -> float:
 
 
 def rank_ops(rank: Workload, layout: Layout, batch: int, context: int, rows_per_seq: int) -> list[RankOp]:
-    """Work of rank 0 (its attention group's sequences, its experts) for one step."""
+    """Work of rank 0 (its attention group's sequences, its experts) for one step of a one-stage layout
+    (``Layout.stage``; ``predict`` composes the pipeline stages)."""
     seqs = math.ceil(batch / layout.dp)
     rows = seqs * rows_per_seq
     out = []
@@ -289,11 +290,12 @@ def _world_tp_exchange(program, layout: Layout, rows: int, latent: bool) -> list
     from nonstop.program.cost import all_gather_wire_bytes, all_reduce_wire_bytes
 
     gathered = all_gather_wire_bytes(rows * _row_bytes(program, "moe_in"), layout.dp)
-    summed = all_reduce_wire_bytes(rows * layout.dp * _row_bytes(program, "moe_out"), layout.world)
+    ranks = layout.stage_ranks
+    summed = all_reduce_wire_bytes(rows * layout.dp * _row_bytes(program, "moe_out"), ranks)
     what = "routed latent sum" if latent else "routed expert outputs"
     return [
         DistCollective("all_gather", "dp", layout.dp, 1, gathered, "expert inputs of every attention group"),
-        DistCollective("all_reduce", "world", layout.world, 1, summed, f"{what} (experts TP over the world)"),
+        DistCollective("all_reduce", "world", ranks, 1, summed, f"{what} (experts TP over the world)"),
     ]
 
 
@@ -306,7 +308,7 @@ def stage_sends(layout: Layout, chip_domain_ranks: int, rows: int, width_bytes: 
     boundaries = layout.pp - 1
     crossing = min(boundaries, math.ceil(layout.world / chip_domain_ranks) - 1)
     part = rows * width_bytes
-    out = [
+    return [
         Collective("send", 2, part * n, n, label, crosses)
         for n, crosses, label in (
             (boundaries - crossing, False, "activations to the next pipeline stage"),
@@ -314,7 +316,6 @@ def stage_sends(layout: Layout, chip_domain_ranks: int, rows: int, width_bytes: 
         )
         if n
     ]
-    return out
 
 
 def resident_bytes(rank: Workload, layout: Layout, batch: int, context: int) -> dict:
