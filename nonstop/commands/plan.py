@@ -129,12 +129,10 @@ def _list_chips(chip_file) -> int:
 
 
 def _precision(args, cfg, chip):
-    from nonstop.plan.workload import Precision
+    from nonstop.plan.workload import Precision, quantised_experts
 
     dense = args.weights or ("fp32" if chip.kind == "cpu" else None)
-    experts = args.experts or (
-        "fp32" if chip.kind == "cpu" and not (cfg.moe and cfg.moe.expert_format != "dense") else None
-    )
+    experts = args.experts or ("fp32" if chip.kind == "cpu" and not quantised_experts(cfg) else None)
     return Precision.released(cfg, dense, experts, args.cache, args.attention)
 
 

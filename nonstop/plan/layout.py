@@ -91,6 +91,11 @@ class Layout:
         return self.stage_ranks if self.moe_world_tp else self.tp if self.expert_tp else 1
 
     @property
+    def expert_ranks(self) -> int:
+        """Ranks that share a copy of the routed experts (split by intermediate dimension, or spread whole)."""
+        return self.expert_split if self.expert_split > 1 else self.ep
+
+    @property
     def tokens_replicated(self) -> bool:
         """Whole experts spread over the one attention group that already holds every token (dp 1, ep = tp):
         vLLM / SGLang expert parallelism without DP attention run no all-to-all; each rank applies its own
@@ -100,7 +105,7 @@ class Layout:
 
     def dist_layout(self) -> DistLayout:
         """The engine's layout with the same per-rank bytes (see the module docstring)."""
-        return DistLayout.make(self.tp, self.expert_split if self.expert_split > 1 else self.ep, self.stage_ranks)
+        return DistLayout.make(self.tp, self.expert_ranks, self.stage_ranks)
 
     def weight_bytes(self, op, held: bool = False) -> float:
         """The bytes of ``op``'s weights one rank streams (``held``: keeps) under this layout's sharding."""

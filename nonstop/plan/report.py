@@ -7,7 +7,7 @@ import dataclasses
 from nonstop.plan.measured import Measurement
 from nonstop.plan.predict import USABLE_HBM, Prediction, Spec, predict
 from nonstop.plan.search import Candidate
-from nonstop.plan.workload import Precision, build_workload
+from nonstop.plan.workload import Precision, build_workload, quantised_experts
 
 GB = 1e9
 
@@ -145,7 +145,7 @@ def workload_for_measurement(precision_overrides: dict):
 
         cfg = resolve_model(m.model)[0] if m.model else ModelConfig.from_hf_dict(m.hf_config)
         fmt = {"float32": "fp32", "bfloat16": "bf16", "float16": "bf16"}.get(m.dtype, "bf16")
-        experts = None if cfg.moe and cfg.moe.expert_format != "dense" else fmt
+        experts = None if quantised_experts(cfg) else fmt
         prec = Precision.released(cfg, **{"dense": fmt, "experts": experts, **precision_overrides})
         return build_workload(cfg, m.model or "(config in the result file)", prec)
 

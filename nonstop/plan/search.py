@@ -54,7 +54,7 @@ def lower_bound_bytes(workload: Workload, layout: Layout, batch: int, context: i
     """A rank holds at least: dense weights / tp, its experts, its sequences' state / tp and cache / tp."""
     dense = sum(op.weight_bytes for op in workload.ops)
     experts = sum(op.expert.bytes_each * op.expert.num_experts for op in workload.moe_ops)
-    held = experts / (layout.expert_split if layout.expert_split > 1 else layout.ep)
+    held = experts / layout.expert_ranks
     seqs = math.ceil(batch / layout.dp)
     resident = seqs * (workload.state_bytes_per_seq() + context * workload.cache_bytes_per_token()) / layout.tp
     return (dense / layout.tp + held + resident) / layout.pp

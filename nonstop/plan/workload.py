@@ -97,7 +97,7 @@ class Precision:
         Kimi K2 / DeepSeek-V3: fp8 everywhere, also when a preset omits the config: ``RELEASED_FP8``)."""
         hf = cfg.hf or {}
         quant = hf.get("quantization_config") or (hf.get("text_config") or {}).get("quantization_config")
-        quantised = cfg.moe.expert_format if cfg.moe and cfg.moe.expert_format in FORMAT_BYTES else None
+        quantised = quantised_experts(cfg)
         base_dense, base_experts = "bf16", quantised or "bf16"
         if (
             isinstance(quant, dict)
@@ -116,6 +116,12 @@ class Precision:
     def of(self, kind: str) -> str:
         """The format of a non-expert op's matrices."""
         return self.attention if self.attention and kind in ATTENTION_KINDS else self.dense
+
+
+def quantised_experts(cfg: ModelConfig) -> str | None:
+    """The serving format the checkpoint quantises its routed experts to (mxfp4, int4), or None."""
+    fmt = cfg.moe.expert_format if cfg.moe else None
+    return fmt if fmt in FORMAT_BYTES else None
 
 
 # families whose released checkpoints are fp8 block-scaled even when the bundled preset omits the
