@@ -44,6 +44,8 @@ from nonstop.plan.workload import (
     build_workload,
     shapes_from_json,
 )
+from nonstop.program.cost import Collective as DistCollective
+from nonstop.program.cost import all_gather_wire_bytes, all_reduce_wire_bytes, op_collectives
 
 SHARDINGS = ("production", "engine")
 
@@ -258,8 +260,6 @@ def collectives(rank: Workload, layout: Layout, batch: int, rows_per_seq: int) -
     if layout.world == 1:
         return []
     from nonstop.dist.program import engine_collectives, merged
-    from nonstop.program.cost import Collective as DistCollective
-    from nonstop.program.cost import all_reduce_wire_bytes, op_collectives
 
     program, cfg = rank.program, rank.cfg
     rows = math.ceil(batch / layout.dp) * rows_per_seq
@@ -291,9 +291,6 @@ def _world_tp_exchange(program, layout: Layout, rows: int, latent: bool) -> list
     inputs of every attention group all-gathered over the dp groups, the routed outputs (K3: the routed
     latent sum, before its RMSNorm) of all of them all-reduced over the world; the shared expert's partial
     sums stay in the program's tp all-reduce."""
-    from nonstop.program.cost import Collective as DistCollective
-    from nonstop.program.cost import all_gather_wire_bytes, all_reduce_wire_bytes
-
     gathered = all_gather_wire_bytes(rows * _row_bytes(program, "moe_in"), layout.dp)
     ranks = layout.stage_ranks
     summed = all_reduce_wire_bytes(rows * layout.dp * _row_bytes(program, "moe_out"), ranks)

@@ -193,17 +193,17 @@ def predict(
     # turn, so a token takes the whole model's time at the micro-batch's rows plus the sends between stages
     micro = min(layout.pp, math.ceil(batch / layout.dp))
     step_batch = math.ceil(batch / micro)
+    group_seqs = math.ceil(step_batch / layout.dp)  # a micro-batch's sequences in one attention group
     ops = rank_ops(rank, stage, step_batch, context, rows_per_seq)
     colls = collectives(rank, stage, step_batch, rows_per_seq)
-    rows = math.ceil(step_batch / layout.dp) * rows_per_seq
-    colls += stage_sends(layout, chip.up_domain_ranks, rows, workload.cfg.hidden_size * 2)
+    colls += stage_sends(layout, chip.up_domain_ranks, group_seqs * rows_per_seq, workload.cfg.hidden_size * 2)
     eager = None
     if executor == "eager":
         import json
 
         eager = _eager_ops(json.dumps(workload.cfg.to_hf_dict(), sort_keys=True))
     draft = draft_shape(workload.cfg, model_dir, spec.drafts) if spec else None
-    slots = math.ceil(step_batch / layout.dp) * spec.drafts if spec else 0
+    slots = group_seqs * spec.drafts if spec else 0
     t = step_time(ops, colls, chip, consts, executor, eager, draft, layout, slots)
     resident = {k: v / layout.pp for k, v in resident_bytes(rank, stage, batch, context).items()}
     return Prediction(workload, chip, layout, batch, context, spec, executor, t, resident)
