@@ -24,8 +24,9 @@ def add_parser(sub) -> None:
         "--model",
         "-m",
         default="kimi-k3",
-        help="preset, bundled model, planner model (deepseek-v3, kimi-k2-thinking: shapes only) or checkpoint "
-        "directory (default kimi-k3)",
+        help="preset, bundled model, planner model (deepseek-v3, kimi-k2-thinking: shapes only), a released name "
+        "with or without its publisher (moonshotai/Kimi-K2.5, nvidia/Kimi-K3-NVFP4, deepseek-ai/DeepSeek-R1-0528: "
+        "its stored formats are the defaults) or checkpoint directory (default kimi-k3)",
     )
     p.add_argument("--chip", help="chip name from the catalogue (see --list-chips), or 'cpu' for this machine")
     p.add_argument(
@@ -129,11 +130,32 @@ def _list_chips(chip_file) -> int:
 
 
 def _precision(args, cfg, chip):
+    from nonstop.plan.releases import release_formats
     from nonstop.plan.workload import Precision, quantised_experts
 
-    dense = args.weights or ("fp32" if chip.kind == "cpu" else None)
-    experts = args.experts or ("fp32" if chip.kind == "cpu" and not quantised_experts(cfg) else None)
-    return Precision.released(cfg, dense, experts, args.cache, args.attention)
+    stored = release_formats(args.model)  # e.g. nvidia/Kimi-K3-NVFP4: experts nvfp4
+    cpu = chip.kind == "cpu"
+    dense = args.weights or stored.get("dense") or ("fp32" if cpu else None)
+    experts = args.experts or stored.get("experts") or ("fp32" if cpu and not quantised_experts(cfg) else None)
+    attention = args.attention or stored.get("attention")
+    return Precision.released(cfg, dense, experts, args.cache or stored.get("cache"), attention)
+
+
+def _resolve(model: str):
+    """(config, checkpoint dir) of ``model``: a checkpoint directory, preset, bundled model, or a released
+    name the planner knows (``nonstop/plan/releases.py``); an unknown name lists all of them."""
+    from pathlib import Path
+
+    from nonstop.config import ConfigError
+    from nonstop.plan.releases import model_ref, planner_names
+    from nonstop.weights.resolve import resolve_model
+
+    try:
+        return resolve_model(model_ref(model))
+    except ConfigError as exc:
+        if Path(model).exists():
+            raise
+        raise ConfigError(f"{exc}; planner models and releases (shapes only): {', '.join(planner_names())}") from None
 
 
 def _spec(args):
@@ -196,7 +218,6 @@ def _measured_json(rows: list[dict]) -> list[dict]:
 def run(args) -> int:
     from nonstop.plan.chips import get_chip
     from nonstop.plan.measured import all_measurements, measurements
-    from nonstop.plan.points import model_ref
     from nonstop.plan.predict import predict
     from nonstop.plan.report import (
         describe,
@@ -207,14 +228,13 @@ def run(args) -> int:
     )
     from nonstop.plan.search import search
     from nonstop.plan.workload import build_workload
-    from nonstop.weights.resolve import resolve_model
 
     if args.list_chips:
         return _list_chips(args.chip_file)
     if not args.chip:
         raise ValueError("give --chip NAME (nonstop plan --list-chips lists them; 'cpu' is this machine)")
     chip = get_chip(args.chip, args.chip_file)
-    cfg, model_dir = resolve_model(model_ref(args.model))
+    cfg, model_dir = _resolve(args.model)
     workload = build_workload(cfg, args.model, _precision(args, cfg, chip))
     spec = _spec(args)
     executor = args.executor or chip.executor

@@ -9,6 +9,7 @@ form. The ``cpu`` entry is filled from this machine's measurements (``measured.p
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -159,10 +160,33 @@ def resolve_chip_name(name: str, entries: dict) -> str:
     return by_squash.get(_squash(name), key)
 
 
+_CAPACITY = re.compile(r"^(.*?\w)[\s_-]+(\d+(?:\.\d+)?)\s*gb$", re.IGNORECASE)
+
+
+def _strip_capacity(name: str, entries: dict) -> str | None:
+    """The catalogue key of a name that ends in its HBM size ("h100-80gb", "B200 180GB"), None if it
+    does not; a size more than 10% off the entry's is another part of the same name (H100 NVL: 94 GB)."""
+    match = _CAPACITY.match(name.strip())
+    if not match or (key := resolve_chip_name(match[1], entries)) not in entries:
+        return None
+    have, asked = entries[key].get("hbm_gb"), float(match[2])
+    if not isinstance(have, (int, float)):  # the cpu entry: its memory is measured, not named
+        return None
+    if abs(asked - have) > 0.1 * have:
+        raise ChipError(
+            f"chip {name!r}: the catalogue's {key} has {have:g} GB of HBM, not {asked:g} GB - another part; "
+            "add it with --chip-file"
+        )
+    return key
+
+
 def get_chip(name: str, chip_file: str | Path | None = None) -> Chip:
-    """The chip called ``name`` (``resolve_chip_name``); ``cpu`` is measured on this machine."""
+    """The chip called ``name`` (``resolve_chip_name``, a trailing HBM size allowed); ``cpu`` is measured
+    on this machine."""
     entries = load_catalogue(chip_file)
     key = resolve_chip_name(name, entries)
+    if key not in entries:
+        key = _strip_capacity(name, entries) or key
     if key not in entries:
         raise ChipError(f"unknown chip {name!r}; known chips: {', '.join(sorted(entries))} (add one with --chip-file)")
     if key == "cpu" and (chip_file is None or "cpu" not in _read_json(Path(chip_file))):

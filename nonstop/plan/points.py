@@ -20,7 +20,6 @@ from pathlib import Path
 
 POINTS = Path(__file__).with_name("validation.json")
 HELDOUT = Path(__file__).with_name("heldout.json")
-MODELS = Path(__file__).with_name("models")
 METRICS = (
     "ms_per_token",
     "tokens_per_s_per_user",
@@ -46,27 +45,9 @@ def load_heldout(path: Path = HELDOUT) -> list[dict]:
     return load_points(None, path)
 
 
-# released models the planner prices with the shapes and formats of another name
-MODEL_ALIASES = {
-    "kimi-k2-instruct": "kimi-k2",
-    "kimi-k2.5": "kimi-k2-thinking",  # K2's text model with int4 experts (its vision tower runs in prefill)
-    "kimi-k2.6": "kimi-k2-thinking",
-    "deepseek-r1": "deepseek-v3",
-}
-
-
-def model_ref(name: str) -> str:
-    """A model config bundled with the planner (``plan/models/<name>/config.json``, or an alias of one in
-    ``MODEL_ALIASES``), else the name itself."""
-    if not Path(name).exists():
-        name = MODEL_ALIASES.get(name.lower(), name)
-    bundled = MODELS / name
-    return str(bundled) if (bundled / "config.json").exists() else name
-
-
 def plan_argv(point: dict) -> list[str]:
     """The ``nonstop plan ... --json`` command line that predicts ``point``."""
-    argv = ["plan", "-m", model_ref(point["model"]), "--chip", point["chip"], "--chips", str(point["chips"])]
+    argv = ["plan", "-m", point["model"], "--chip", point["chip"], "--chips", str(point["chips"])]
     for flag in ("tp", "dp", "ep", "pp"):
         argv += [f"--{flag}", str(point.get(flag, 1))]
     argv += ["--batch", str(point["batch"]), "--context", str(point.get("context", 1024))]

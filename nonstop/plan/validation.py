@@ -14,8 +14,9 @@ from dataclasses import dataclass
 
 from nonstop.plan.chips import get_chip
 from nonstop.plan.layout import Layout
-from nonstop.plan.points import load_heldout, load_points, metric_value, model_ref
+from nonstop.plan.points import load_heldout, load_points, metric_value
 from nonstop.plan.predict import Prediction, Spec, predict
+from nonstop.plan.releases import model_ref, release_formats
 from nonstop.plan.timing import Constants
 from nonstop.plan.workload import Precision, build_workload
 
@@ -43,7 +44,8 @@ def _workload(model: str, precision: tuple = ()):
     from nonstop.weights.resolve import resolve_model
 
     cfg, _ = resolve_model(model_ref(model))
-    return build_workload(cfg, model, Precision.released(cfg, **dict(precision)))
+    formats = {**release_formats(model), **dict(precision)}
+    return build_workload(cfg, model, Precision.released(cfg, **formats))
 
 
 def predict_point(point: dict, consts: Constants | None = None) -> Prediction:

@@ -82,6 +82,11 @@ def test_unknown_chip_lists_the_known_ones(tmp_path):
         ("TPU v7", "tpu-v7"),
         ("tpu7x", "tpu-v7"),
         ("Ironwood", "tpu-v7"),
+        ("h100-80gb", "h100"),
+        ("NVIDIA B200 180GB", "b200"),
+        ("B200-SXM-192GB", "b200"),  # the physical size vendors also print: within 10% of the entry's
+        ("H200_141GB", "h200"),
+        ("MI355X 288 GB", "mi355x"),
     ],
 )
 def test_chip_names_as_vendors_and_clouds_write_them(name, key):
@@ -91,3 +96,12 @@ def test_chip_names_as_vendors_and_clouds_write_them(name, key):
 def test_an_unknown_chip_still_says_which_exist():
     with pytest.raises(ChipError, match="known chips: .*h200"):
         get_chip("h2000")
+
+
+def test_a_capacity_that_names_another_part_is_refused():
+    """H100 NVL (94 GB, another memory system) and a 40 GB part are not the catalogue's 80 GB H100."""
+    for name in ("h100-94gb", "H100 40GB"):
+        with pytest.raises(ChipError, match="has 80 GB of HBM"):
+            get_chip(name)
+    with pytest.raises(ChipError, match="unknown chip"):
+        get_chip("cpu-16gb")  # the cpu's memory is measured, never named

@@ -138,7 +138,7 @@ def test_k2_thinking_is_priced_with_int4_experts_and_bf16_elsewhere():
     """Kimi K2 Thinking / K2.5 (``plan/models/kimi-k2-thinking``): compressed-tensors int4 experts in
     groups of 32 with a bf16 scale (4.5 bits a parameter), the rest bf16; counted here from the config's
     own fields, not from the Program."""
-    from nonstop.plan.points import model_ref
+    from nonstop.plan.releases import model_ref
     from nonstop.weights.resolve import resolve_model
 
     cfg = resolve_model(model_ref("kimi-k2-thinking"))[0]
