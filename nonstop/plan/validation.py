@@ -80,11 +80,12 @@ def evaluate(points: list[dict], consts: Constants | None = None) -> list[Row]:
 
 
 def table(rows: list[Row]) -> str:
-    lines = [f"{'point':<30} {'role':<11} {'metric':<28} {'published':>10} {'predicted':>10} {'error':>7}  bound"]
+    width = max([len("point"), *(len(r.point["id"]) for r in rows)])
+    lines = [f"{'point':<{width}} {'role':<11} {'metric':<28} {'published':>10} {'predicted':>10} {'error':>7}  bound"]
     for r in rows:
         miss = "  KNOWN MISS" if r.point.get("known_miss") else ""
         lines.append(
-            f"{r.point['id']:<30} {r.point['role']:<11} {r.point['metric']:<28} {r.published:>10.2f}"
+            f"{r.point['id']:<{width}} {r.point['role']:<11} {r.point['metric']:<28} {r.published:>10.2f}"
             f" {r.predicted:>10.2f} {r.error:>+7.1%}  {r.prediction.time.bound()}{miss}"
         )
     return "\n".join(lines)
