@@ -248,7 +248,7 @@ def rank_ops(rank: Workload, layout: Layout, batch: int, context: int, rows_per_
             )
             continue
         state = (
-            rows * op.act_bytes_per_row + seqs * op.state_bytes_per_seq + rows * context * op.cache_bytes_per_row_ctx
+            rows * op.act_bytes_per_row + seqs * op.state_bytes_per_seq + seqs * context * op.cache_bytes_per_seq_ctx
         )
         flops = rows * op.flops_per_row + rows * context * op.flops_per_row_ctx
         out.append(RankOp(op.name, op.kind, layout.weight_bytes(op), state, flops, op.dtype))
@@ -324,7 +324,7 @@ def resident_bytes(rank: Workload, layout: Layout, batch: int, context: int) -> 
     """Bytes rank 0 holds: its weights (every local expert), KDA state and attention cache of its sequences."""
     seqs = math.ceil(batch / layout.dp)
     state = seqs * sum(op.state_bytes_per_seq for op in rank.ops) / 2
-    cache = seqs * context * sum(op.cache_bytes_per_row_ctx for op in rank.ops)
+    cache = seqs * context * sum(op.cache_bytes_per_seq_ctx for op in rank.ops)
     weights = sum(
         layout.weight_bytes(op, held=True) + (op.expert.bytes_each * op.expert.local if op.expert else 0)
         for op in rank.ops

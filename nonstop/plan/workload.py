@@ -5,10 +5,12 @@ or for a parallel layout by ``dist/program.py`` (a rank's Program: its part of e
 collective super-ops). Each op's ``cost(rows, context, sequences)`` (``program/cost.py``) is linear in
 its arguments, so a few evaluations give per-op coefficients (one decode step, one rank):
 
-    bytes(op) = W_op + r·a_op + s·S_op + r·L·c_op          (weights, activations, state, cache)
+    bytes(op) = W_op + r·a_op + s·S_op + s·L·c_op          (weights, activations, state, cache)
     flops(op) = r·f_op + r·L·g_op
 
-r = rows (sequences × tokens per sequence), s = sequences, L = cached tokens per sequence. Weights are
+r = rows (sequences × tokens per sequence), s = sequences, L = cached tokens per sequence. A sequence's
+cached keys are read once a step however many of its rows (verified drafts) attend to them; every row
+computes over them. Weights are
 re-priced in the serving precision (``Precision``): dense matrices at ``dense`` bytes/param, routed
 experts at ``experts`` bytes/param (K3's MXFP4 as packed: 4.25 bits/param incl. its E8M0 scales).
 Routed experts are kept apart (``ExpertShape``): which of them a step touches depends on the batch
@@ -154,7 +156,7 @@ class OpShape:
     held_bytes: float  # weights the rank keeps (W_op, plus the whole table of a gathered embedding)
     act_bytes_per_row: float  # a_op
     state_bytes_per_seq: float  # S_op (KDA recurrent + conv state, read and written)
-    cache_bytes_per_row_ctx: float  # c_op (attention cache read per cached token)
+    cache_bytes_per_seq_ctx: float  # c_op (attention cache read per sequence and cached token)
     flops_per_row: float  # f_op
     flops_per_row_ctx: float  # g_op
     dtype: str  # tensor-core dtype of its weights ("bf16", "fp8", "fp4", "fp32")
@@ -190,7 +192,7 @@ class Workload:
 
     def cache_bytes_per_token(self) -> float:
         """Attention cache per cached token (MLA latent / GQA K and V), all layers."""
-        return sum(o.cache_bytes_per_row_ctx for o in self.ops)
+        return sum(o.cache_bytes_per_seq_ctx for o in self.ops)
 
 
 def _nbytes(t: torch.Tensor) -> int:
@@ -238,7 +240,7 @@ def _coefficients(op, program, precision: Precision) -> dict:
         return {
             "act_bytes_per_row": act,
             "state_bytes_per_seq": 0.0,
-            "cache_bytes_per_row_ctx": 0.0,
+            "cache_bytes_per_seq_ctx": 0.0,
             "flops_per_row": 0.0,
             "flops_per_row_ctx": 0.0,
         }
@@ -250,12 +252,13 @@ def _coefficients(op, program, precision: Precision) -> dict:
     base_b, base_f = traffic(1, 0, 0)
     two_b, two_f = traffic(2, 0, 0)
     seq_b, _ = traffic(1, 0, 1)
-    ctx_b, ctx_f = traffic(1, CONTEXT_PROBE, 0)
+    _, ctx_f = traffic(1, CONTEXT_PROBE, 0)  # FLOPs: every row attends over the context
+    ctx_b, _ = traffic(1, CONTEXT_PROBE, 1)  # bytes: each sequence's cached keys are read once
     cache_scale = FORMAT_BYTES[precision.cache] / 2 if op.kind in ("mla_attn", "gqa_attn") else 1.0
     return {
         "act_bytes_per_row": two_b - base_b,
         "state_bytes_per_seq": seq_b - base_b,
-        "cache_bytes_per_row_ctx": (ctx_b - base_b) / CONTEXT_PROBE * cache_scale,
+        "cache_bytes_per_seq_ctx": (ctx_b - seq_b) / CONTEXT_PROBE * cache_scale,
         "flops_per_row": two_f - base_f,
         "flops_per_row_ctx": (ctx_f - base_f) / CONTEXT_PROBE,
     }

@@ -10,8 +10,9 @@ at ``context`` tokens already cached per sequence.
 
   weight_bytes   every tensor the op streams, once per step, except the embedding (R rows of the table)
                  and routed experts (the min(E, R·top_k) distinct experts R rows can select).
-  bytes_read     weights + activation rows read + cache / state reads: attention reads context + 1 keys
-                 per row, KDA its recurrent state and conv window once per sequence.
+  bytes_read     weights + activation rows read + cache / state reads: attention reads each sequence's
+                 context + T keys once (its T rows share them: a tile holds (token, head) items of one
+                 sequence), KDA its recurrent state and conv window once per sequence.
   bytes_written  activation rows written + cache appends (one entry per token) + KDA state writes.
   flops          2 · matmul weight elements · R, plus attention (per key) and the KDA state update.
   tiles          GEMVs: one tile per TILE_N output rows of each weight pass; attention: one per
@@ -46,6 +47,13 @@ def cache_token_bytes(cfg: ModelConfig, kind: str, elt: int) -> int:
     if kind == "gqa":
         return 2 * cfg.gqa.num_kv_heads * cfg.gqa.head_dim * elt
     return 0
+
+
+def sequence_keys(rows: int, seqs: int, context: int) -> int:
+    """Cached keys attention reads in a step: each of ``seqs`` sequences' ``context`` keys plus its new
+    tokens' own (``rows`` in all), once per sequence = seqs·context + rows (rows·(context + 1) at one
+    token a sequence)."""
+    return seqs * context + rows
 
 
 def kda_state_bytes(cfg: ModelConfig) -> int:
@@ -117,12 +125,12 @@ def make_cost(op: SuperOp, program: Program):
         elif op.kind == "mla_attn":
             m = cfg.mla
             keys = context + 1
-            extra_read = rows * keys * cache_token_bytes(cfg, "mla", mdt)
+            extra_read = sequence_keys(rows, seqs, context) * cache_token_bytes(cfg, "mla", mdt)
             flops += 2 * rows * keys * m.num_heads * (m.cache_dim + m.kv_lora_rank)
         elif op.kind == "gqa_attn":
             g = cfg.gqa
             keys = context + 1
-            extra_read = rows * keys * cache_token_bytes(cfg, "gqa", mdt)
+            extra_read = sequence_keys(rows, seqs, context) * cache_token_bytes(cfg, "gqa", mdt)
             flops += 4 * rows * keys * g.num_heads * g.head_dim
         elif op.kind in ("mla_q_up", "gqa_qkv_rope"):
             extra_write = rows * cache_token_bytes(cfg, "mla" if op.kind == "mla_q_up" else "gqa", mdt)

@@ -14,6 +14,7 @@ from nonstop.plan.layout import (
     Layout,
     expected_max_binomial,
     experts_touched,
+    rank_ops,
     rank_workload,
     resident_bytes,
 )
@@ -110,6 +111,21 @@ def test_speculative_step_verifies_k_plus_one_rows(k3):
     assert spec.time.total_ms > plain.time.total_ms and spec.ms_per_token < plain.ms_per_token
     with pytest.raises(ValueError, match="spec-accept"):
         Spec(9.0, 7)
+
+
+def test_verified_drafts_share_their_sequences_cache_reads(k3):
+    """The K+1 rows a speculative step verifies per sequence read its cached keys once: a rank's cache
+    traffic grows with the context as without speculation (rows add their own activations only)."""
+    layout = Layout(8)
+    rank = rank_workload(k3, layout)
+
+    def traffic(rows_per_seq, context):
+        return sum(op.state_bytes for op in rank_ops(rank, layout, 4, context, rows_per_seq))
+
+    per_context_plain = traffic(1, 65536) - traffic(1, 1024)
+    per_context_spec = traffic(8, 65536) - traffic(8, 1024)
+    assert per_context_plain == pytest.approx(4 * 64512 * rank.cache_bytes_per_token(), rel=1e-9)
+    assert per_context_spec == pytest.approx(per_context_plain, rel=1e-9)
 
 
 def test_megakernel_launches_once_and_breakdown_adds_up(k3):

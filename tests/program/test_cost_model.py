@@ -112,6 +112,27 @@ def test_cache_and_state_bytes_equal_the_caches_buffers(cfg, dtype):
     assert (fp.cache_bytes_per_token, fp.state_bytes_per_sequence) == (per_token, per_sequence)
 
 
+@pytest.mark.parametrize("tokens", (1, 4))
+def test_attention_reads_each_sequences_cache_once_whatever_its_rows(cfg, tokens):
+    """B sequences of T rows each (T - 1 verified drafts) at context L: the attention ops together read
+    B·L cached tokens, counted from the cache's real buffers, however large T is."""
+    dtype = torch.bfloat16
+    cache = ModelCache(cfg, 3, capacity=32, dtype=dtype)
+    per_token = sum(
+        sum(t[0].numel() * t.element_size() for t in layer.tensors.values())
+        for layer in cache.layers
+        if hasattr(layer, "tensors")
+    )
+    program = lower(random_model(cfg, dtype))
+    seqs, context = 3, 37
+    rows = seqs * tokens
+    at_context = program.total_cost(rows, context, seqs).bytes_read
+    at_zero = program.total_cost(rows, 0, seqs).bytes_read
+    assert at_context - at_zero == seqs * context * per_token
+    one_row_each = program.total_cost(seqs, context, seqs).bytes_read - program.total_cost(seqs, 0, seqs).bytes_read
+    assert one_row_each == at_context - at_zero  # the verified rows share their sequence's keys
+
+
 def test_flops_equal_torchs_count_where_every_flop_is_a_matmul():
     """llama and deepseek_v3 decode steps are matmuls only (attention included); torch's counter sees
     them all. (KDA's state update, short conv and the AttnRes mixes are elementwise work that the
