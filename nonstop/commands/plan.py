@@ -204,12 +204,15 @@ def _fewest_chips(workload, chip, request: dict, sharding: str, progress):
 
 
 def _measured_json(rows: list[dict]) -> list[dict]:
+    from nonstop.plan.report import recorded_on
+
     return [
         {
             "run": r["measurement"].what,
             "source": r["measurement"].source,
             "measured_ms_per_token": r["measurement"].ms_per_token,
             "predicted_ms_per_token": r["predicted_ms_per_token"],
+            "recorded_on": recorded_on(r["measurement"]),
         }
         for r in rows
     ]

@@ -36,6 +36,7 @@ class Measurement:
     context: int = 64  # mean cached tokens during the measured decode
     copy_gbps: float | None = None  # the memory bandwidth the same run measured (CPU results)
     serial: int = 1  # steps run one after another per generated token of each user (batch-invariant server: clients)
+    cpu: str | None = None  # the CPU the run was recorded on (CPU results), as ``hostinfo.cpu_name`` gives it
 
 
 def load_results(results_dir: Path = RESULTS_DIR) -> list[tuple[str, dict]]:
@@ -53,13 +54,30 @@ def load_results(results_dir: Path = RESULTS_DIR) -> list[tuple[str, dict]]:
 # ----------------------------------------------------------------------------- the cpu chip
 
 
+def recorded_cpu(data: dict) -> str | None:
+    """The CPU a result was recorded on (``machine`` or ``environment``: ``cpu``), None if it says none."""
+    for key in ("machine", "environment"):
+        cpu = (data.get(key) or {}).get("cpu")
+        if cpu:
+            return str(cpu)
+    return None
+
+
+def this_cpu() -> str:
+    from nonstop.hostinfo import cpu_name
+
+    return cpu_name()
+
+
 def recorded_copy_gbps(results_dir: Path = RESULTS_DIR) -> tuple[float, str] | None:
-    """The newest copy bandwidth a CPU benchmark recorded (GB/s, read + written), with its file."""
+    """The newest copy bandwidth a CPU benchmark recorded on this machine's CPU (GB/s, read + written),
+    with its file; results from another CPU say nothing about this one."""
     best = None
+    here = this_cpu()
     for name, data in load_results(results_dir):
         floor = data.get("bandwidth_floor") or {}
         gbps = floor.get("copy_GBps")
-        if gbps and not (data.get("environment") or {}).get("gpu"):
+        if gbps and not (data.get("environment") or {}).get("gpu") and recorded_cpu(data) == here:
             stamp = str(data.get("time", ""))
             if best is None or stamp > best[2]:
                 best = (float(gbps), name, stamp)
@@ -82,20 +100,51 @@ def matmul_tflops() -> float:
 
 @functools.lru_cache(maxsize=1)
 def op_overhead_us() -> float:
-    """Cost of one tiny eager torch op on this machine (dispatch overhead), in microseconds: CPU time of
-    this process (``time.process_time``), so other processes sharing the cores do not inflate it."""
+    """What the eager executor pays per aten op on this machine, in microseconds: the CPU time of this
+    process (``time.process_time``, so other processes sharing the cores do not inflate it) of one
+    reference decode step of a narrow twin of the bundled model (its ops do almost no arithmetic), over
+    the aten ops that step dispatches. This is the module code, dispatch and allocation around each op,
+    which a tiny op timed alone leaves out (about 20% of it on this kind of machine)."""
     import torch
 
-    x = torch.ones(8)
-    for _ in range(500):
-        x = x + 1.0
+    from nonstop.config import ModelConfig
+    from nonstop.model.build import random_model
+    from nonstop.program.count import count_decode_ops
+    from nonstop.program.twin import narrow_twin
+    from nonstop.weights.resolve import DEFAULT_MODEL
+
+    cfg = narrow_twin(ModelConfig.preset(DEFAULT_MODEL))
+    model = random_model(cfg, torch.float32)
+    ops = count_decode_ops(model).total
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # ops this small run on one thread; idle pool threads would add CPU time
+    try:
+        best = _best_step_seconds(model, cfg, prompt=8, steps=12)
+    finally:
+        torch.set_num_threads(threads)
+    return best / ops * 1e6
+
+
+def _best_step_seconds(model, cfg, prompt: int, steps: int) -> float:
+    """The least CPU time of ``steps`` batch-1 decode steps of ``model`` after a ``prompt``-token prefill."""
+    import torch
+
+    from nonstop.cache.state import ModelCache
+
     best = float("inf")
-    for _ in range(5):
-        t0 = time.process_time()
-        for _ in range(2000):
-            x = x + 1.0
-        best = min(best, (time.process_time() - t0) / 2000)
-    return best * 1e6
+    with torch.inference_mode():
+        cache = ModelCache(cfg, 1, capacity=prompt + steps + 1, dtype=torch.float32)
+        ids = torch.arange(prompt)[None]
+        batch = cache.batch([0], prompt)
+        model(ids, cache, batch, last_only=True)
+        cache.advance(batch)
+        for _ in range(steps):
+            step = cache.batch([0], 1)
+            t0 = time.process_time()
+            model(ids[:, -1:], cache, step, last_only=True)
+            best = min(best, time.process_time() - t0)
+            cache.advance(step)
+    return best
 
 
 def physical_memory_gb() -> float:
@@ -111,7 +160,7 @@ def _cpu_figures() -> tuple[float, float, float, float, str]:
     if recorded is None:
         from nonstop.hostinfo import copy_bandwidth
 
-        gbps, note = copy_bandwidth()["copy_GBps"], "measured now (no CPU result in bench/results)"
+        gbps, note = copy_bandwidth()["copy_GBps"], "measured now (no result of this CPU in bench/results)"
     else:
         gbps, note = recorded[0], f"bench/results/{recorded[1]}"
     return gbps, physical_memory_gb(), matmul_tflops(), op_overhead_us(), note
@@ -131,11 +180,8 @@ def cpu_entry(base: dict) -> dict:
 
 
 def _cpu_rows(name: str, data: dict) -> list[Measurement]:
-    rows = [
-        dataclasses.replace(m, copy_gbps=(data.get("bandwidth_floor") or {}).get("copy_GBps"))
-        for m in _cpu_rows_of(name, data)
-    ]
-    return rows
+    gbps = (data.get("bandwidth_floor") or {}).get("copy_GBps")
+    return [dataclasses.replace(m, copy_gbps=gbps, cpu=recorded_cpu(data)) for m in _cpu_rows_of(name, data)]
 
 
 def _cpu_rows_of(name: str, data: dict) -> list[Measurement]:
@@ -244,6 +290,9 @@ def all_measurements(chip_key: str, results_dir: Path = RESULTS_DIR) -> list[Mea
             rows += _cpu_rows(name, data)
         elif gpu and chip_key.replace("-", "") in gpu.lower().replace(" ", "").replace("-", ""):
             rows += _gpu_rows(name, data)
+    if chip_key == "cpu":  # runs of this machine's CPU first: the cpu chip's figures are measured here
+        here = this_cpu()
+        rows.sort(key=lambda m: m.cpu != here)
     return rows
 
 

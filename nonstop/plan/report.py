@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from nonstop.plan.measured import Measurement
+from nonstop.plan.measured import Measurement, this_cpu
 from nonstop.plan.predict import USABLE_HBM, Prediction, Spec, predict
 from nonstop.plan.search import Candidate
 from nonstop.plan.workload import Precision, build_workload, quantised_experts
@@ -125,13 +125,31 @@ def _model_dir(m: Measurement):
         return None
 
 
+def recorded_on(m: Measurement) -> str:
+    """Where a measurement was taken, as the side-by-side shows it: "this CPU", another CPU's name, or
+    "-" (GPU results, named by their chip)."""
+    if m.cpu is None:
+        return "-"
+    return "this CPU" if m.cpu == this_cpu() else m.cpu
+
+
 def measured_table(rows: list[dict]) -> str:
-    lines = [f"{'measured run':<64} {'measured':>9} {'predicted':>9} {'pred/meas':>9}  source"]
+    """The side-by-side; a run recorded on another CPU is predicted with this machine's per-op cost and
+    its own recorded bandwidth, so its ratio says little (the note under the table says so)."""
+    head = f"{'measured run':<64} {'measured':>9} {'predicted':>9} {'pred/meas':>9}  {'recorded on':<22} source"
+    lines = [head]
+    other = False
     for r in rows:
         m = r["measurement"]
+        where = recorded_on(m)
+        other = other or where not in ("this CPU", "-")
         lines.append(
             f"{m.what[:64]:<64} {m.ms_per_token:>9.2f} {r['predicted_ms_per_token']:>9.2f}"
-            f" {r['predicted_ms_per_token'] / m.ms_per_token:>9.2f}  bench/results/{m.source}"
+            f" {r['predicted_ms_per_token'] / m.ms_per_token:>9.2f}  {where[:22]:<22} bench/results/{m.source}"
+        )
+    if other:
+        lines.append(
+            "(runs recorded on another CPU are predicted with this machine's per-op cost: compare those of this CPU)"
         )
     return "\n".join(lines)
 

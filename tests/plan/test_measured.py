@@ -1,0 +1,45 @@
+"""nonstop's own CPU measurements beside the planner (``nonstop/plan/measured.py``): the cpu chip's
+figures come from this machine, so results recorded on another CPU are labelled and never lend it their
+bandwidth."""
+
+import json
+
+import torch
+
+from nonstop.plan.measured import all_measurements, op_overhead_us, recorded_copy_gbps, this_cpu
+from nonstop.plan.report import recorded_on
+
+
+def _spec_result(cpu: str, gbps: float, time: str, tokens_per_s: float) -> dict:
+    return {
+        "benchmark": "spec_decode",
+        "model": "k3-nano",
+        "max_tokens": 64,
+        "time": time,
+        "machine": {"cpu": cpu, "threads": 1},
+        "bandwidth_floor": {"copy_GBps": gbps},
+        "results": {"heldout": {"prompt_tokens": [48], "modes": {"plain": {"decode_tokens_per_s": tokens_per_s}}}},
+    }
+
+
+def test_only_this_cpus_results_lend_it_their_bandwidth(tmp_path):
+    here = this_cpu()
+    results = {
+        "a_here.json": _spec_result(here, 11.0, "2026-01-01T00:00:00", 100.0),
+        "b_other.json": _spec_result(here + " (another)", 99.0, "2026-06-01T00:00:00", 50.0),  # newer
+    }
+    for name, data in results.items():
+        (tmp_path / name).write_text(json.dumps(data))
+    assert recorded_copy_gbps(tmp_path) == (11.0, "a_here.json")
+    rows = all_measurements("cpu", tmp_path)
+    assert [recorded_on(m) for m in rows] == ["this CPU", here + " (another)"]
+    (tmp_path / "a_here.json").unlink()
+    assert recorded_copy_gbps(tmp_path) is None  # measured now instead, never borrowed
+
+
+def test_the_eager_per_op_cost_is_measured_on_one_thread_and_restores_the_pool():
+    threads = torch.get_num_threads()
+    op_overhead_us.cache_clear()
+    cost = op_overhead_us()
+    assert torch.get_num_threads() == threads
+    assert 0.05 < cost < 1000  # microseconds per aten op of the reference executor
