@@ -40,6 +40,13 @@ def add_parser(sub) -> None:
         help="pipeline stages, each tp x dp ranks holding 1/pp of the layers (default 1; the search tries 1, 2, 4, 8)",
     )
     p.add_argument(
+        "--dcp",
+        type=positive_int,
+        help="decode context parallel: each attention group's cached tokens split over DCP of its TP ranks "
+        "(divides --tp; MLA/GQA cache reads and capacity / DCP, plus per attention layer an all-gather of "
+        "queries and a reduce-scatter of partial outputs; default 1, not searched)",
+    )
+    p.add_argument(
         "--ep",
         type=positive_int,
         help="expert parallel: experts spread over EP ranks; 1 (default with a layout) = experts "
@@ -190,7 +197,7 @@ def _layout(args, chips: int, devices: int):
         dp = ranks // tp
     if tp * dp != ranks:
         raise ValueError(f"--tp {tp} x --dp {dp} = {tp * dp} ranks, not {where}")
-    return Layout(tp, dp, args.ep or 1, args.sharding, pp)
+    return Layout(tp, dp, args.ep or 1, args.sharding, pp, args.dcp or 1)
 
 
 def _fewest_chips(workload, chip, request: dict, sharding: str, progress):
@@ -252,7 +259,7 @@ def run(args) -> int:
             print(measured_table(rows) if rows else f"no nonstop measurement on {chip.key} in bench/results")
         return 0
 
-    layout_given = any(v is not None for v in (args.tp, args.dp, args.ep, args.pp))
+    layout_given = any(v is not None for v in (args.tp, args.dp, args.ep, args.pp, args.dcp))
     chips = args.chips or (1 if chip.kind == "cpu" else None)
     request = {"batch": args.batch, "context": args.context, "spec": spec, "executor": executor, "model_dir": model_dir}
     cands = None
@@ -283,6 +290,7 @@ def run(args) -> int:
                     "dp": c.layout.dp,
                     "ep": c.layout.ep,
                     "pp": c.layout.pp,
+                    "dcp": c.layout.dcp,
                     "fits": c.fits,
                     "bytes_per_chip": c.bytes_per_rank * chip.devices_per_chip,
                     "ms_per_token": c.prediction.ms_per_token if c.prediction else None,

@@ -29,6 +29,7 @@ touched with p = 1 - (1 - k/E)^R and a rank holding n experts streams E[max of e
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import json
 import math
@@ -62,6 +63,7 @@ class Layout:
     ep: int = 1
     sharding: str = "production"
     pp: int = 1
+    dcp: int = 1  # decode context parallel: each attention group's cached tokens split over dcp of its tp ranks
 
     @property
     def world(self) -> int:
@@ -75,7 +77,7 @@ class Layout:
     @property
     def stage(self) -> Layout:
         """One pipeline stage's layout (the whole layout when pp is 1)."""
-        return Layout(self.tp, self.dp, self.ep, self.sharding)
+        return Layout(self.tp, self.dp, self.ep, self.sharding, 1, self.dcp)
 
     @property
     def moe_world_tp(self) -> bool:
@@ -119,7 +121,13 @@ class Layout:
     def describe(self) -> str:
         experts = f"EP{self.ep}" if self.ep > 1 else ("experts TP" if self.expert_tp else "")
         experts = f"experts TP{self.stage_ranks}" if self.moe_world_tp else experts
-        parts = (f"TP{self.tp}", f"DP{self.dp}" if self.dp > 1 else "", experts, f"PP{self.pp}" if self.pp > 1 else "")
+        parts = (
+            f"TP{self.tp}",
+            f"DCP{self.dcp}" if self.dcp > 1 else "",
+            f"DP{self.dp}" if self.dp > 1 else "",
+            experts,
+            f"PP{self.pp}" if self.pp > 1 else "",
+        )
         return " ".join(x for x in parts if x)
 
 
@@ -138,7 +146,7 @@ class RankOp:
 
 @dataclass(frozen=True)
 class Collective:
-    kind: str  # all_reduce | all_gather | gather | all_to_all | broadcast | send
+    kind: str  # all_reduce | all_gather | reduce_scatter | gather | all_to_all | broadcast | send
     ranks: int
     wire_bytes: float  # sent by this rank per step, all calls
     count: int  # calls per step
@@ -150,9 +158,14 @@ def check_layout(workload: Workload, layout: Layout) -> None:
     if layout.pp > workload.cfg.num_hidden_layers:
         raise PlanError(f"--pp {layout.pp} exceeds the {workload.cfg.num_hidden_layers} layers of {workload.name}")
     layout = layout.stage
-    for name, value in (("tp", layout.tp), ("dp", layout.dp), ("ep", layout.ep)):
+    for name, value in (("tp", layout.tp), ("dp", layout.dp), ("ep", layout.ep), ("dcp", layout.dcp)):
         if value < 1:
             raise PlanError(f"--{name} must be >= 1, got {value}")
+    if layout.dcp > 1:
+        if layout.tp % layout.dcp:
+            raise PlanError(f"--dcp {layout.dcp} must divide --tp {layout.tp} (it splits an attention group's cache)")
+        if not workload.cache_bytes_per_token():
+            raise PlanError(f"{workload.name} keeps no attention cache to split: --dcp must be 1")
     if layout.sharding not in SHARDINGS:
         raise PlanError(f"unknown sharding {layout.sharding!r}; choose one of: {', '.join(SHARDINGS)}")
     if layout.ep > 1 and not workload.moe_ops:
@@ -189,7 +202,7 @@ def rank_workload(workload: Workload, layout: Layout) -> Workload:
 
 
 def with_sharding(layout: Layout, sharding: str) -> Layout:
-    return Layout(layout.tp, layout.dp, layout.ep, sharding)
+    return dataclasses.replace(layout, sharding=sharding, pp=1)
 
 
 def expected_max_binomial(n: int, p: float, groups: int) -> float:
@@ -248,7 +261,9 @@ def rank_ops(rank: Workload, layout: Layout, batch: int, context: int, rows_per_
             )
             continue
         state = (
-            rows * op.act_bytes_per_row + seqs * op.state_bytes_per_seq + seqs * context * op.cache_bytes_per_seq_ctx
+            rows * op.act_bytes_per_row
+            + seqs * op.state_bytes_per_seq
+            + seqs * context * op.cache_bytes_per_seq_ctx / layout.dcp
         )
         flops = rows * op.flops_per_row + rows * context * op.flops_per_row_ctx
         out.append(RankOp(op.name, op.kind, layout.weight_bytes(op), state, flops, op.dtype))
@@ -277,8 +292,32 @@ def collectives(rank: Workload, layout: Layout, batch: int, rows_per_seq: int) -
                 )
             continue
         found += op_collectives(op, program, rows)
-    found = merged(found) + engine_collectives(cfg, layout.dist_layout(), 0, rows)
+    found = merged(found) + engine_collectives(cfg, layout.dist_layout(), 0, rows) + _dcp_exchange(rank, layout, rows)
     return [Collective(c.kind, c.ranks, c.wire_bytes, c.count, f"{c.purpose} ({c.group})") for c in found if c.count]
+
+
+def _dcp_exchange(rank: Workload, layout: Layout, rows: int) -> list:
+    """Decode context parallelism's traffic, per attention layer that keeps a cache: each of the dcp ranks
+    holds 1/dcp of every sequence's cached tokens, so the queries of the group's heads are all-gathered
+    over the dcp ranks, each rank attends over its tokens for all of them, and the partial outputs with
+    their log-sum-exp are reduce-scattered back to the ranks that own the heads (vLLM's and SGLang's DCP).
+    MLA attends in the latent space (queries of kv_lora + rope, outputs of kv_lora per head)."""
+    if layout.dcp == 1:
+        return []
+    cfg, n = rank.cfg, layout.dcp
+    layers = sum(1 for op in rank.ops if op.cache_bytes_per_seq_ctx)
+    elt = rank.program.dtype.itemsize
+    if cfg.mla is not None:
+        heads, q_width, out_width = cfg.mla.num_heads, cfg.mla.cache_dim, cfg.mla.kv_lora_rank
+    else:
+        heads, q_width, out_width = cfg.gqa.num_heads, cfg.gqa.head_dim, cfg.gqa.head_dim
+    local = heads / layout.tp
+    queries = all_gather_wire_bytes(rows * local * q_width * elt, n)
+    partials = (n - 1) / n * rows * local * n * (out_width * elt + 4)  # + one fp32 log-sum-exp per head
+    return [
+        DistCollective("all_gather", "dcp", n, layers, layers * queries, "queries of the group's heads (DCP)"),
+        DistCollective("reduce_scatter", "dcp", n, layers, layers * partials, "partial attention outputs (DCP)"),
+    ]
 
 
 def _row_bytes(program, buffer: str) -> int:
@@ -324,7 +363,7 @@ def resident_bytes(rank: Workload, layout: Layout, batch: int, context: int) -> 
     """Bytes rank 0 holds: its weights (every local expert), KDA state and attention cache of its sequences."""
     seqs = math.ceil(batch / layout.dp)
     state = seqs * sum(op.state_bytes_per_seq for op in rank.ops) / 2
-    cache = seqs * context * sum(op.cache_bytes_per_seq_ctx for op in rank.ops)
+    cache = seqs * context * sum(op.cache_bytes_per_seq_ctx for op in rank.ops) / layout.dcp
     weights = sum(
         layout.weight_bytes(op, held=True) + (op.expert.bytes_each * op.expert.local if op.expert else 0)
         for op in rank.ops

@@ -48,7 +48,7 @@ def load_heldout(path: Path = HELDOUT) -> list[dict]:
 def plan_argv(point: dict) -> list[str]:
     """The ``nonstop plan ... --json`` command line that predicts ``point``."""
     argv = ["plan", "-m", point["model"], "--chip", point["chip"], "--chips", str(point["chips"])]
-    for flag in ("tp", "dp", "ep", "pp"):
+    for flag in ("tp", "dp", "ep", "pp", "dcp"):
         argv += [f"--{flag}", str(point.get(flag, 1))]
     argv += ["--batch", str(point["batch"]), "--context", str(point.get("context", 1024))]
     argv += ["--executor", point.get("executor", "kernels"), "--sharding", point.get("sharding", "production")]

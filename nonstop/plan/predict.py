@@ -108,6 +108,7 @@ class Prediction:
                 "dp": self.layout.dp,
                 "ep": self.layout.ep,
                 "pp": self.layout.pp,
+                "dcp": self.layout.dcp,
                 "ranks": self.layout.world,
                 "devices_per_chip": dpc,
             },

@@ -76,7 +76,7 @@ def describe(p: Prediction) -> str:
         for c in sorted(t.collectives, key=lambda c: -c.ms):
             where = "scale-out" if c.crosses_scale_out else "scale-up"
             lines.append(
-                f"  {c.count:4d} x {c.kind:<10} {c.ranks:4d} ranks {where:<9} {_bytes(c.wire_bytes):>9} sent"
+                f"  {c.count:4d} x {c.kind:<14} {c.ranks:4d} ranks {where:<9} {_bytes(c.wire_bytes):>9} sent"
                 f"  latency {c.latency_ms:7.3f} ms  bandwidth {c.bandwidth_ms:7.3f} ms  {c.label}"
             )
     return "\n".join(lines)

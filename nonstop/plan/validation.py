@@ -56,6 +56,7 @@ def predict_point(point: dict, consts: Constants | None = None) -> Prediction:
         point.get("ep", 1),
         point.get("sharding", "production"),
         point.get("pp", 1),
+        point.get("dcp", 1),
     )
     chip = get_chip(point["chip"])
     workload = _workload(point["model"], tuple(sorted((point.get("precision") or {}).items())))

@@ -73,6 +73,7 @@ def test_list_chips(capsys):
         (["-m", "kimi-k3", "--chip", "gb200", "--chips", "16", "--pp", "3"], "--pp 3 does not divide"),
         (["-m", "kimi-k3", "--chip", "gb200", "--chips", "16", "--pp", "2", "--tp", "16"], "a pipeline stage"),
         (["-m", "k3-nano", "--chip", "gb200", "--chips", "16", "--pp", "16"], "exceeds the"),
+        (["-m", "kimi-k3", "--chip", "gb200", "--chips", "16", "--tp", "16", "--dcp", "3"], "--dcp 3 must divide"),
     ],
 )
 def test_bad_input_is_one_line(argv, message, capsys):
@@ -116,5 +117,5 @@ def test_pipeline_layout_in_json(capsys):
     argv = ["plan", "-m", "kimi-k3", "--chip", "gb200", "--chips", "16", "--tp", "8", "--pp", "2", "--batch", "8"]
     assert main([*argv, "--json"]) == 0
     out = json.loads(capsys.readouterr().out)
-    assert out["layout"] == {"tp": 8, "dp": 1, "ep": 1, "pp": 2, "ranks": 16, "devices_per_chip": 1}
+    assert out["layout"] == {"tp": 8, "dp": 1, "ep": 1, "pp": 2, "dcp": 1, "ranks": 16, "devices_per_chip": 1}
     assert any(c["kind"] == "send" for c in out["collectives"]) and out["fits"]

@@ -141,3 +141,41 @@ def test_pipeline_sends_cross_nodes_on_8_gpu_servers():
     (send,) = [c for c in staged.time.collectives if c.kind == "send"]
     assert send.crosses_scale_out
     assert send.latency_ms == pytest.approx(Constants.load().hop_factor * h800.out_latency_us * 1e-3)
+
+
+def test_decode_context_parallel_splits_the_cache_and_exchanges_per_attention_layer():
+    """--dcp n: each rank of an attention group holds and reads 1/n of every sequence's cached tokens; every
+    attention layer that keeps a cache adds an all-gather of queries and a reduce-scatter of partial outputs
+    over the n ranks, sized from the heads a rank owns (K3: MLA in the latent space)."""
+    cfg = ModelConfig.preset("kimi-k3")
+    k3 = build_workload(cfg, "kimi-k3")
+    plain, dcp = Layout(8), Layout(8, dcp=4)
+    rank = rank_workload(k3, plain)
+    batch, context = 5, 20000
+    cache_plain = resident_bytes(rank, plain, batch, context)["cache"]
+    assert resident_bytes(rank, dcp, batch, context)["cache"] == pytest.approx(cache_plain / 4)
+    assert cache_plain == pytest.approx(batch * context * cfg.num_mla_layers * cfg.mla.cache_dim * 2)
+
+    def traffic(layout, ctx):
+        return sum(o.state_bytes for o in rank_ops(rank, layout, batch, ctx, 1))
+
+    assert traffic(dcp, context) - traffic(dcp, 0) == pytest.approx((traffic(plain, context) - traffic(plain, 0)) / 4)
+    extra = [c for c in collectives(rank, dcp, batch, 1) if c.label.endswith("(dcp)")]
+    assert {c.kind for c in extra} == {"all_gather", "reduce_scatter"}
+    assert all(c.count == cfg.num_mla_layers and c.ranks == 4 for c in extra)
+    heads = cfg.mla.num_heads // 8
+    gather = next(c for c in extra if c.kind == "all_gather")
+    assert gather.wire_bytes == pytest.approx(cfg.num_mla_layers * 3 * batch * heads * cfg.mla.cache_dim * 2)
+    assert not {c.label for c in collectives(rank, plain, batch, 1)} & {c.label for c in extra}
+
+
+def test_decode_context_parallel_wins_at_long_context_and_must_divide_tp():
+    k2 = build_workload(ModelConfig.preset("kimi-k2"), "kimi-k2")
+    h200 = get_chip("h200")
+    plain = predict(k2, h200, Layout(16), batch=64, context=32768)
+    dcp = predict(k2, h200, Layout(16, dcp=8), batch=64, context=32768)
+    assert dcp.time.state_ms < plain.time.state_ms / 4 and dcp.time.collectives_ms > plain.time.collectives_ms
+    assert dcp.ms_per_token < plain.ms_per_token and dcp.fits and not plain.fits
+    assert dcp.to_json()["layout"]["dcp"] == 8
+    with pytest.raises(ValueError, match="--dcp 3 must divide --tp 8"):
+        predict(k2, h200, Layout(8, dcp=3), batch=1, context=1024)
