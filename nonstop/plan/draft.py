@@ -10,6 +10,7 @@ shaped like the published K3 drafters (5 layers, the target's width, head dim 64
 from __future__ import annotations
 
 import functools
+import json
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -49,11 +50,27 @@ def _drafter_params(
     return sum(p.numel() for p in params), len(params)
 
 
-def draft_shape(cfg: ModelConfig, model_dir: Path | None, drafts: int) -> DraftShape:
-    if model_dir is not None and (model_dir / "dspark" / "config.json").exists():
-        from nonstop.engine.speculative.dspark import DSparkConfig
+STAND_IN_LAYERS = 5  # the published K3 drafters' depth and taps (see the module docstring)
+STAND_IN_TAPS = 5
 
-        d = DSparkConfig.load(model_dir / "dspark" / "config.json")
+
+def _stand_in_taps(layers: int) -> tuple[int, ...]:
+    """The stand-in drafter's taps: STAND_IN_TAPS target layers spread over the stack."""
+    return tuple(sorted({max(1, round(layers * (i + 1) / STAND_IN_TAPS)) for i in range(STAND_IN_TAPS)}))
+
+
+def _bundled_drafter(model_dir: Path | None):
+    """The DSparkConfig of a bundled model's own drafter, or None."""
+    if model_dir is None or not (model_dir / "dspark" / "config.json").exists():
+        return None
+    from nonstop.engine.speculative.dspark import DSparkConfig
+
+    return DSparkConfig.load(model_dir / "dspark" / "config.json")
+
+
+def draft_shape(cfg: ModelConfig, model_dir: Path | None, drafts: int) -> DraftShape:
+    d = _bundled_drafter(model_dir)
+    if d is not None:
         args = (
             d.vocab_size,
             d.hidden_size,
@@ -66,7 +83,7 @@ def draft_shape(cfg: ModelConfig, model_dir: Path | None, drafts: int) -> DraftS
         )
     else:
         heads = max(1, (cfg.hidden_size * 6 // 7) // 64)  # K3: 96 heads of 64 for d = 7168
-        args = (cfg.vocab_size, cfg.hidden_size, 5, heads, 64, 2 * cfg.hidden_size, 5, 256)
+        args = (cfg.vocab_size, cfg.hidden_size, STAND_IN_LAYERS, heads, 64, 2 * cfg.hidden_size, STAND_IN_TAPS, 256)
     params, tensors = _drafter_params(*args, max(drafts, 1))
     vocab, hidden = args[0], args[1]
     markov_w2 = args[7] * vocab
@@ -74,3 +91,52 @@ def draft_shape(cfg: ModelConfig, model_dir: Path | None, drafts: int) -> DraftS
     weight_bytes = 2.0 * (params + head)  # bf16; W2 is part of params
     flops = 2.0 * (params - markov_w2 + head)
     return DraftShape(params, weight_bytes, flops, tensors)
+
+
+def eager_draft_ops(cfg: ModelConfig, model_dir: Path | None, drafts: int, accepted: int) -> int:
+    """The aten ops nonstop's eager DSpark drafter dispatches per step: ``observe`` of the ``accepted``
+    committed positions (their context keys and values) and ``propose`` of ``drafts`` tokens (one block
+    pass, the Markov head per slot), counted on a drafter of the same layers and taps beside a narrow
+    twin of the target (the count does not depend on widths)."""
+    d = _bundled_drafter(model_dir)
+    layers = d.num_layers if d is not None else STAND_IN_LAYERS
+    taps = d.taps if d is not None else _stand_in_taps(cfg.num_hidden_layers)
+    return _count_draft_ops(json.dumps(cfg.to_hf_dict(), sort_keys=True), layers, tuple(taps), drafts, accepted)
+
+
+@functools.lru_cache(maxsize=8)
+def _count_draft_ops(cfg_json: str, layers: int, taps: tuple[int, ...], drafts: int, accepted: int) -> int:
+    from types import SimpleNamespace
+
+    from nonstop.engine.speculative.dspark import DSparkConfig, DSparkModel
+    from nonstop.engine.speculative.dspark_drafter import DSparkDrafter
+    from nonstop.model.build import random_model
+    from nonstop.plan.workload import shapes_from_json
+    from nonstop.program.count import OpCounter
+    from nonstop.program.twin import narrow_twin
+
+    twin = narrow_twin(shapes_from_json(cfg_json))
+    dcfg = DSparkConfig(
+        vocab_size=twin.vocab_size,
+        hidden_size=twin.hidden_size,
+        taps=taps,
+        block_size=max(drafts, 1),
+        num_layers=layers,
+        num_heads=2,
+        head_dim=16,
+        intermediate_size=96,
+        markov_rank=8,
+    )
+    drafter = DSparkDrafter(DSparkModel(dcfg), random_model(twin, torch.float32))
+    req = SimpleNamespace(output_ids=[1], params=SimpleNamespace(greedy=True), draft_state=None)
+    drafter.start(req)
+
+    def hidden(n: int) -> dict:
+        return {t: torch.zeros(n, twin.hidden_size) for t in taps}
+
+    drafter.observe(req, hidden(8))  # a prompt's context
+    counter = OpCounter()
+    with counter:
+        drafter.observe(req, hidden(accepted))
+        drafter.propose(req, drafts)
+    return counter.total

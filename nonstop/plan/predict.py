@@ -8,13 +8,14 @@ tokens/s per user  = 1000 · A / T_step;    in total = batch · tokens/s per use
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import math
 from dataclasses import dataclass
 from pathlib import Path
 
 from nonstop.plan.chips import Chip
-from nonstop.plan.draft import draft_shape
+from nonstop.plan.draft import draft_shape, eager_draft_ops
 from nonstop.plan.layout import (
     Layout,
     check_layout,
@@ -157,8 +158,9 @@ class Prediction:
 
 
 @functools.lru_cache(maxsize=8)
-def _eager_ops(cfg_json: str) -> int:
-    """aten ops of one reference decode step (counted on a narrow twin: the count does not depend on widths)."""
+def _eager_ops(cfg_json: str, rows: int = 1) -> int:
+    """aten ops of one reference decode step of ``rows`` rows a sequence (the speculative verify step when
+    rows > 1), counted on a narrow twin: the count does not depend on widths."""
     import torch
 
     from nonstop.model.build import random_model
@@ -167,7 +169,7 @@ def _eager_ops(cfg_json: str) -> int:
     from nonstop.program.twin import narrow_twin
 
     cfg = shapes_from_json(cfg_json)
-    return count_decode_ops(random_model(narrow_twin(cfg), torch.float32)).total
+    return count_decode_ops(random_model(narrow_twin(cfg), torch.float32), rows=rows).total
 
 
 def predict(
@@ -202,8 +204,11 @@ def predict(
     if executor == "eager":
         import json
 
-        eager = _eager_ops(json.dumps(workload.cfg.to_hf_dict(), sort_keys=True))
+        eager = _eager_ops(json.dumps(workload.cfg.to_hf_dict(), sort_keys=True), rows_per_seq)
     draft = draft_shape(workload.cfg, model_dir, spec.drafts) if spec else None
+    if draft is not None and executor == "eager":  # the eager drafter: its own aten ops, not one per weight
+        accepted = math.ceil(spec.accept)
+        draft = dataclasses.replace(draft, kernels=eager_draft_ops(workload.cfg, model_dir, spec.drafts, accepted))
     slots = group_seqs * spec.drafts if spec else 0
     t = step_time(ops, colls, chip, consts, executor, eager, draft, layout, slots)
     resident = {k: v / layout.pp for k, v in resident_bytes(rank, stage, batch, context).items()}

@@ -11,6 +11,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from nonstop.cache.state import ModelCache
 from nonstop.config import ModelConfig
 from nonstop.model.build import meta_model, random_model
+from nonstop.model.rows import row_exact
 from nonstop.model.stack import CausalLM
 from nonstop.program.ir import Program
 from nonstop.program.lower import lower
@@ -36,19 +37,26 @@ class OpCounter(TorchDispatchMode):
 
 
 @torch.inference_mode()
-def count_decode_ops(model: CausalLM, context: int = 8) -> OpCounter:
-    """Prefill ``context`` tokens, then count the ops of one batch-1 decode step of the reference model."""
+def count_decode_ops(model: CausalLM, context: int = 8, rows: int = 1) -> OpCounter:
+    """Prefill ``context`` tokens, then count the ops of one batch-1 decode step of the reference model;
+    ``rows`` > 1: the step a speculative decoder verifies ``rows`` - 1 drafts with (every row computed as
+    a one-token step, ``row_exact``, each KDA layer keeping its state after every row)."""
     cfg = model.cfg
     device = model.embed_tokens.weight.device
-    cache = ModelCache(cfg, 1, capacity=context + 4, dtype=model.embed_tokens.weight.dtype, device=device)
+    cache = ModelCache(cfg, 1, capacity=context + rows + 4, dtype=model.embed_tokens.weight.dtype, device=device)
     ids = torch.arange(context, device=device).remainder(cfg.vocab_size)[None]
     batch = cache.batch([0], context)
     model(ids, cache, batch, last_only=True)
     cache.advance(batch)
-    step = cache.batch([0], 1)
     counter = OpCounter()
-    with counter:
-        model(ids[:, -1:], cache, step, last_only=True)
+    if rows == 1:
+        step = cache.batch([0], 1)
+        with counter:
+            model(ids[:, -1:], cache, step, last_only=True)
+        return counter
+    step = cache.batch([0], rows, keep_states=True)
+    with counter, row_exact():
+        model(ids[:, :rows], cache, step)
     return counter
 
 

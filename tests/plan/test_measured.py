@@ -43,3 +43,27 @@ def test_the_eager_per_op_cost_is_measured_on_one_thread_and_restores_the_pool()
     cost = op_overhead_us()
     assert torch.get_num_threads() == threads
     assert 0.05 < cost < 1000  # microseconds per aten op of the reference executor
+
+
+def test_an_eager_speculative_step_counts_its_verify_rows_and_its_drafter_ops():
+    """The eager executor pays per aten op: a verify step of K+1 rows (each computed as a one-token step)
+    dispatches more ops than a plain step, and the eager drafter more than one op per weight tensor;
+    both are counted on narrow twins, and the step's kernels are their sum."""
+    import json as _json
+
+    from nonstop.plan.chips import get_chip
+    from nonstop.plan.draft import draft_shape, eager_draft_ops
+    from nonstop.plan.layout import Layout
+    from nonstop.plan.predict import Spec, _eager_ops, predict
+    from nonstop.plan.workload import Precision, build_workload
+    from nonstop.weights.resolve import resolve_model
+
+    cfg, model_dir = resolve_model("k3-nano")
+    key = _json.dumps(cfg.to_hf_dict(), sort_keys=True)
+    plain_ops, verify_ops = _eager_ops(key, 1), _eager_ops(key, 3)
+    assert verify_ops > 1.5 * plain_ops
+    drafter_ops = eager_draft_ops(cfg, model_dir, 2, 3)
+    assert drafter_ops > 3 * draft_shape(cfg, model_dir, 2).kernels
+    workload = build_workload(cfg, "k3-nano", Precision("fp32", "fp32"))
+    spec = predict(workload, get_chip("cpu"), Layout(), 1, 64, Spec(2.5, 2), "eager", model_dir=model_dir)
+    assert spec.time.kernels == verify_ops + drafter_ops
