@@ -57,9 +57,13 @@ RELEASES = {
     "moonshotai/kimi-k2.5": _K2_INT4,
     "moonshotai/kimi-k2.6": _K2_INT4,
     "nvidia/kimi-k2.5-nvfp4": _K25_NVFP4,
+    "nvidia/kimi-k2.6-nvfp4": _K25_NVFP4,
     "nvidia/kimi-k2-thinking-nvfp4": _K25_NVFP4,
     "amd/kimi-k2.5-mxfp4": _K25_MXFP4,
     "amd/kimi-k2-thinking-mxfp4": _K25_MXFP4,
+    "amd/kimi-k2-thinking-mxfp4-attnfp8": Release(
+        "kimi-k2-thinking", {"experts": "mxfp4", "attention": "fp8"}, "as amd/Kimi-K2-Thinking-MXFP4, attention in fp8"
+    ),
     "deepseek-ai/deepseek-v3": _DSV3,
     "deepseek-ai/deepseek-v3-0324": _DSV3,
     "deepseek-ai/deepseek-v3-base": _DSV3,
