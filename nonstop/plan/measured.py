@@ -63,7 +63,9 @@ def recorded_cpu(data: dict) -> str | None:
     return None
 
 
+@functools.lru_cache(maxsize=1)
 def this_cpu() -> str:
+    """This machine's CPU, named as the benchmarks record it (read once)."""
     from nonstop.hostinfo import cpu_name
 
     return cpu_name()
@@ -119,25 +121,21 @@ def op_overhead_us() -> float:
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # ops this small run on one thread; idle pool threads would add CPU time
     try:
-        best = _best_step_seconds(model, cfg, prompt=8, steps=12)
+        best = _best_step_seconds(model, prompt=8, steps=12)
     finally:
         torch.set_num_threads(threads)
     return best / ops * 1e6
 
 
-def _best_step_seconds(model, cfg, prompt: int, steps: int) -> float:
+def _best_step_seconds(model, prompt: int, steps: int) -> float:
     """The least CPU time of ``steps`` batch-1 decode steps of ``model`` after a ``prompt``-token prefill."""
     import torch
 
-    from nonstop.cache.state import ModelCache
+    from nonstop.program.count import prefilled
 
     best = float("inf")
     with torch.inference_mode():
-        cache = ModelCache(cfg, 1, capacity=prompt + steps + 1, dtype=torch.float32)
-        ids = torch.arange(prompt)[None]
-        batch = cache.batch([0], prompt)
-        model(ids, cache, batch, last_only=True)
-        cache.advance(batch)
+        cache, ids = prefilled(model, prompt, steps + 1)
         for _ in range(steps):
             step = cache.batch([0], 1)
             t0 = time.process_time()

@@ -37,17 +37,27 @@ class OpCounter(TorchDispatchMode):
 
 
 @torch.inference_mode()
+def prefilled(model: CausalLM, context: int, room: int) -> tuple[ModelCache, torch.Tensor]:
+    """A one-slot cache of ``model`` holding a ``context``-token prompt, with ``room`` more positions, and
+    the prompt's ids [1, context]."""
+    cfg = model.cfg
+    device = model.embed_tokens.weight.device
+    cache = ModelCache(cfg, 1, capacity=context + room, dtype=model.embed_tokens.weight.dtype, device=device)
+    ids = torch.arange(context, device=device).remainder(cfg.vocab_size)[None]
+    batch = cache.batch([0], context)
+    model(ids, cache, batch, last_only=True)
+    cache.advance(batch)
+    return cache, ids
+
+
+@torch.inference_mode()
 def count_decode_ops(model: CausalLM, context: int = 8, rows: int = 1) -> OpCounter:
     """Prefill ``context`` tokens, then count the ops of one batch-1 decode step of the reference model;
     ``rows`` > 1: the step a speculative decoder verifies ``rows`` - 1 drafts with (every row computed as
     a one-token step, ``row_exact``, each KDA layer keeping its state after every row)."""
     cfg = model.cfg
     device = model.embed_tokens.weight.device
-    cache = ModelCache(cfg, 1, capacity=context + rows + 4, dtype=model.embed_tokens.weight.dtype, device=device)
-    ids = torch.arange(context, device=device).remainder(cfg.vocab_size)[None]
-    batch = cache.batch([0], context)
-    model(ids, cache, batch, last_only=True)
-    cache.advance(batch)
+    cache, ids = prefilled(model, context, rows + 4)
     counter = OpCounter()
     if rows == 1:
         step = cache.batch([0], 1)
