@@ -175,6 +175,10 @@ def _spec(args):
     return Spec(args.spec_accept, args.spec_draft or 7)
 
 
+# the largest deployment the planner models: each rank Program lists the expert slots of every rank
+MAX_RANKS = 1 << 20
+
+
 def _layout(args, chips: int, devices: int):
     from nonstop.plan.layout import Layout
 
@@ -261,6 +265,11 @@ def run(args) -> int:
 
     layout_given = any(v is not None for v in (args.tp, args.dp, args.ep, args.pp, args.dcp))
     chips = args.chips or (1 if chip.kind == "cpu" else None)
+    if chips and chips * chip.devices_per_chip > MAX_RANKS:
+        raise ValueError(
+            f"--chips {chips} is {chips * chip.devices_per_chip:,} ranks; the planner models up to {MAX_RANKS:,} "
+            "(a rank Program lists every rank's share of the experts)"
+        )
     request = {"batch": args.batch, "context": args.context, "spec": spec, "executor": executor, "model_dir": model_dir}
     cands = None
     if layout_given:

@@ -18,7 +18,7 @@ a free slot and does not hold that expert yet.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from functools import cached_property
+from functools import cached_property, lru_cache
 
 import torch
 
@@ -40,14 +40,9 @@ class ExpertPlacement:
     # ------------------------------------------------------------------ constructors
     @staticmethod
     def even(num_experts: int, ranks: int) -> ExpertPlacement:
-        """Contiguous blocks, sizes differing by at most one (the first E % ranks ranks hold one more)."""
-        base, extra = divmod(num_experts, ranks)
-        slots, start = [], 0
-        for r in range(ranks):
-            n = base + (1 if r < extra else 0)
-            slots.append(tuple(range(start, start + n)))
-            start += n
-        return ExpertPlacement(num_experts, tuple(slots))
+        """Contiguous blocks, sizes differing by at most one (the first E % ranks ranks hold one more).
+        One object per (E, ranks): every layer and parameter of a model asks for the same one."""
+        return _even_placement(num_experts, ranks)
 
     @staticmethod
     def rebalanced(load, ranks: int, redundant: int = 0) -> ExpertPlacement:
@@ -80,11 +75,11 @@ class ExpertPlacement:
     def ranks(self) -> int:
         return len(self.slots)
 
-    @property
+    @cached_property
     def physical(self) -> int:
         return sum(len(s) for s in self.slots)
 
-    @property
+    @cached_property
     def max_local(self) -> int:
         return max(len(s) for s in self.slots)
 
@@ -145,3 +140,14 @@ class ExpertPlacement:
         dest = torch.where(mine >= 0, torch.full_like(e, source), rank[e, pick])
         slot = torch.where(mine >= 0, mine, local[e, pick])
         return dest, slot
+
+
+@lru_cache(maxsize=64)
+def _even_placement(num_experts: int, ranks: int) -> ExpertPlacement:
+    base, extra = divmod(num_experts, ranks)
+    slots, start = [], 0
+    for r in range(ranks):
+        n = base + (1 if r < extra else 0)
+        slots.append(tuple(range(start, start + n)))
+        start += n
+    return ExpertPlacement(num_experts, tuple(slots))

@@ -74,6 +74,8 @@ def test_list_chips(capsys):
         (["-m", "kimi-k3", "--chip", "gb200", "--chips", "16", "--pp", "2", "--tp", "16"], "a pipeline stage"),
         (["-m", "k3-nano", "--chip", "gb200", "--chips", "16", "--pp", "16"], "exceeds the"),
         (["-m", "kimi-k3", "--chip", "gb200", "--chips", "16", "--tp", "16", "--dcp", "3"], "--dcp 3 must divide"),
+        (["-m", "kimi-k3", "--chip", "h200", "--chips", "99999999", "--tp", "1"], "the planner models up to"),
+        (["-m", "kimi-k3", "--chip", "tpu7x", "--chips", str(2**19 + 1)], "1,048,578 ranks"),
     ],
 )
 def test_bad_input_is_one_line(argv, message, capsys):
