@@ -173,6 +173,16 @@ def positive_int(text: str) -> int:
     return value
 
 
+def non_negative_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a non-negative integer, got {text!r}") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"expected a non-negative integer, got {value}")
+    return value
+
+
 def add_spec_args(p: argparse.ArgumentParser) -> None:
     """--speculative / --num-draft-tokens (see ``nonstop.engine.speculative``)."""
     p.add_argument(

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import sys
 
-from nonstop.commands.common import positive_int
+from nonstop.commands.common import non_negative_int, positive_int
 
 DESCRIPTION = (
     "Predict whether a model fits a cluster and how fast it decodes, before renting it. The model side comes "
@@ -32,15 +32,24 @@ def add_parser(sub) -> None:
     p.add_argument(
         "--chips", type=positive_int, help="number of chips (default: the fewest of 1, 2, 4, ... 512 that fit)"
     )
-    p.add_argument("--tp", type=positive_int, help="ranks per attention group (tensor parallel)")
-    p.add_argument("--dp", type=positive_int, help="attention groups (data parallel); tp x dp x pp = ranks")
+    p.add_argument(
+        "--tp", "--tensor-parallel-size", type=positive_int, help="ranks per attention group (tensor parallel)"
+    )
+    p.add_argument(
+        "--dp",
+        "--data-parallel-size",
+        type=positive_int,
+        help="attention groups (data parallel); tp x dp x pp = ranks",
+    )
     p.add_argument(
         "--pp",
+        "--pipeline-parallel-size",
         type=positive_int,
         help="pipeline stages, each tp x dp ranks holding 1/pp of the layers (default 1; the search tries 1, 2, 4, 8)",
     )
     p.add_argument(
         "--dcp",
+        "--decode-context-parallel-size",
         type=positive_int,
         help="decode context parallel: each attention group's cached tokens split over DCP of its TP ranks "
         "(divides --tp; MLA/GQA cache reads and capacity / DCP, plus per attention layer an all-gather of "
@@ -48,16 +57,30 @@ def add_parser(sub) -> None:
     )
     p.add_argument(
         "--ep",
+        "--expert-parallel-size",
         type=positive_int,
         help="expert parallel: experts spread over EP ranks; 1 (default with a layout) = experts "
         "tensor-parallel in each attention group",
     )
     p.add_argument(
-        "--batch", type=positive_int, default=1, help="concurrent sequences in the whole deployment (default 1)"
+        "--batch",
+        "--concurrency",
+        type=positive_int,
+        default=1,
+        help="concurrent sequences in the whole deployment (a serving benchmark's --max-concurrency; default 1)",
     )
     p.add_argument(
-        "--context", type=int, default=4096, help="mean cached tokens per sequence while decoding (default 4096)"
+        "--context",
+        type=non_negative_int,
+        help="mean cached tokens per sequence while decoding (default 4096, or from --input-len / --output-len)",
     )
+    p.add_argument(
+        "--input-len",
+        type=non_negative_int,
+        help="prompt tokens per request, as a serving benchmark states them: with --output-len the mean context "
+        "while decoding is input + output / 2 (instead of --context)",
+    )
+    p.add_argument("--output-len", type=positive_int, help="generated tokens per request (with --input-len)")
     p.add_argument(
         "--spec-accept", type=float, help="speculative decoding: mean accepted length per step incl. the bonus token"
     )
@@ -179,6 +202,19 @@ def _spec(args):
 MAX_RANKS = 1 << 20
 
 
+def _context(args) -> int:
+    """Mean cached tokens per sequence while decoding: --context, or a request's prompt plus half its output
+    (the mean over its decode steps)."""
+    lengths = args.input_len is not None or args.output_len is not None
+    if lengths and args.context is not None:
+        raise ValueError("give --context or --input-len/--output-len, not both")
+    if not lengths:
+        return 4096 if args.context is None else args.context
+    if args.input_len is None or args.output_len is None:
+        raise ValueError("--input-len and --output-len go together (context = input + output / 2)")
+    return args.input_len + args.output_len // 2
+
+
 def _layout(args, chips: int, devices: int):
     from nonstop.plan.layout import Layout
 
@@ -270,7 +306,13 @@ def run(args) -> int:
             f"--chips {chips} is {chips * chip.devices_per_chip:,} ranks; the planner models up to {MAX_RANKS:,} "
             "(a rank Program lists every rank's share of the experts)"
         )
-    request = {"batch": args.batch, "context": args.context, "spec": spec, "executor": executor, "model_dir": model_dir}
+    request = {
+        "batch": args.batch,
+        "context": _context(args),
+        "spec": spec,
+        "executor": executor,
+        "model_dir": model_dir,
+    }
     cands = None
     if layout_given:
         if chips is None:

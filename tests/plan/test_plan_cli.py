@@ -75,6 +75,24 @@ def test_list_chips(capsys):
         (["-m", "k3-nano", "--chip", "gb200", "--chips", "16", "--pp", "16"], "exceeds the"),
         (["-m", "kimi-k3", "--chip", "gb200", "--chips", "16", "--tp", "16", "--dcp", "3"], "--dcp 3 must divide"),
         (["-m", "kimi-k3", "--chip", "h200", "--chips", "99999999", "--tp", "1"], "the planner models up to"),
+        (["-m", "kimi-k3", "--chip", "b300", "--chips", "8", "--tp", "8", "--input-len", "5"], "go together"),
+        (
+            [
+                "-m",
+                "kimi-k3",
+                "--chip",
+                "b300",
+                "--chips",
+                "8",
+                "--input-len",
+                "5",
+                "--output-len",
+                "3",
+                "--context",
+                "4",
+            ],
+            "not both",
+        ),
         (["-m", "kimi-k3", "--chip", "tpu7x", "--chips", str(2**19 + 1)], "1,048,578 ranks"),
     ],
 )
@@ -121,3 +139,38 @@ def test_pipeline_layout_in_json(capsys):
     out = json.loads(capsys.readouterr().out)
     assert out["layout"] == {"tp": 8, "dp": 1, "ep": 1, "pp": 2, "dcp": 1, "ranks": 16, "devices_per_chip": 1}
     assert any(c["kind"] == "send" for c in out["collectives"]) and out["fits"]
+
+
+def test_a_negative_context_is_refused_by_the_parser(capsys):
+    with pytest.raises(SystemExit) as e:
+        main(["plan", "-m", "kimi-k3", "--chip", "b300", "--chips", "8", "--context", "-3"])
+    assert e.value.code == 2
+    assert "--context: expected a non-negative integer, got -3" in capsys.readouterr().err
+
+
+def test_serving_benchmark_spellings_plan_the_same_deployment(capsys):
+    """vLLM-style layout names, --concurrency and a benchmark's input / output lengths (mean context while
+    decoding = input + output / 2) give the same plan as the planner's own flags."""
+    runs = {}
+    for name, argv in {
+        "planner": ["--tp", "4", "--dp", "2", "--ep", "8", "--batch", "12", "--context", "3000"],
+        "serving": [
+            "--tensor-parallel-size",
+            "4",
+            "--data-parallel-size",
+            "2",
+            "--expert-parallel-size",
+            "8",
+            "--concurrency",
+            "12",
+            "--input-len",
+            "2501",
+            "--output-len",
+            "999",
+        ],
+    }.items():
+        assert main(["plan", "-m", "kimi-k3", "--chip", "b200", "--chips", "8", *argv, "--json"]) == 0
+        runs[name] = json.loads(capsys.readouterr().out)
+    assert runs["serving"]["context"] == 2501 + 999 // 2 == runs["planner"]["context"]
+    assert runs["serving"]["layout"] == runs["planner"]["layout"]
+    assert runs["serving"]["ms_per_token"] == runs["planner"]["ms_per_token"]
