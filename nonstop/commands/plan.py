@@ -76,9 +76,10 @@ def add_parser(sub) -> None:
     )
     p.add_argument(
         "--input-len",
-        type=non_negative_int,
+        type=positive_int,
         help="prompt tokens per request, as a serving benchmark states them: with --output-len the mean context "
-        "while decoding is input + output / 2 (instead of --context)",
+        "while decoding is input + output / 2 (instead of --context), and the plan adds the prefill of one prompt "
+        "(time to first token served alone) and what other requests' prefills add per token at this concurrency",
     )
     p.add_argument("--output-len", type=positive_int, help="generated tokens per request (with --input-len)")
     p.add_argument(
@@ -202,17 +203,18 @@ def _spec(args):
 MAX_RANKS = 1 << 20
 
 
-def _context(args) -> int:
-    """Mean cached tokens per sequence while decoding: --context, or a request's prompt plus half its output
-    (the mean over its decode steps)."""
+def _requests(args):
+    """The requests' lengths (``predict.Requests``) when --input-len / --output-len are given, else None."""
+    from nonstop.plan.predict import Requests
+
     lengths = args.input_len is not None or args.output_len is not None
     if lengths and args.context is not None:
         raise ValueError("give --context or --input-len/--output-len, not both")
     if not lengths:
-        return 4096 if args.context is None else args.context
+        return None
     if args.input_len is None or args.output_len is None:
         raise ValueError("--input-len and --output-len go together (context = input + output / 2)")
-    return args.input_len + args.output_len // 2
+    return Requests(args.input_len, args.output_len)
 
 
 def _layout(args, chips: int, devices: int):
@@ -306,18 +308,14 @@ def run(args) -> int:
             f"--chips {chips} is {chips * chip.devices_per_chip:,} ranks; the planner models up to {MAX_RANKS:,} "
             "(a rank Program lists every rank's share of the experts)"
         )
-    request = {
-        "batch": args.batch,
-        "context": _context(args),
-        "spec": spec,
-        "executor": executor,
-        "model_dir": model_dir,
-    }
+    requests = _requests(args)
+    context = requests.context if requests else (4096 if args.context is None else args.context)
+    request = {"batch": args.batch, "context": context, "spec": spec, "executor": executor, "model_dir": model_dir}
     cands = None
     if layout_given:
         if chips is None:
             raise ValueError("give --chips with --tp/--dp/--ep/--pp")
-        best = predict(workload, chip, _layout(args, chips, chip.devices_per_chip), **request)
+        best = predict(workload, chip, _layout(args, chips, chip.devices_per_chip), **request, requests=requests)
     else:
         if chips is None:
             chips, cands = _fewest_chips(workload, chip, request, args.sharding, progress)
@@ -326,7 +324,9 @@ def run(args) -> int:
         if not cands:
             raise ValueError(f"no layout of {chips} {chip.key} chip(s) splits {args.model}'s attention heads")
         first = cands[0]
-        best = first.prediction or predict(workload, chip, first.layout, **request)
+        best = first.prediction
+        if best is None or requests is not None:
+            best = predict(workload, chip, first.layout, **request, requests=requests)
 
     ours = measurements(cfg, args.model, chip.key)
     side = measured_side_by_side(ours, chip, args.model, workload_for_measurement(overrides)) if ours else []

@@ -9,8 +9,12 @@ from the checkpoint's, speculative decoding, and the published ``metric``:
     ms_per_token | tokens_per_s_per_user | tokens_per_s_total | tokens_per_s_per_chip     the planner's own
     tokens_per_s_total_with_ttft = batch · n / (ttft + (n - 1) · ms_per_token)             closed-loop serving
 
-The last is a serving benchmark's output throughput, which counts each request's time to first token
-(``ttft_ms``, published beside it) for its ``output_len`` = n generated tokens.
+    prefill_ms                                                                             time to first token
+
+``tokens_per_s_total_with_ttft`` is a serving benchmark's output throughput, which counts each request's time
+to first token (``ttft_ms``, published beside it) for its ``output_len`` = n generated tokens;
+``prefill_ms`` is a published time to first token at concurrency 1 (one request served alone), for a point
+that names its requests' ``input_len`` and ``output_len``.
 """
 
 from __future__ import annotations
@@ -26,6 +30,7 @@ METRICS = (
     "tokens_per_s_total",
     "tokens_per_s_per_chip",
     "tokens_per_s_total_with_ttft",
+    "prefill_ms",
 )
 # serving-format keys of a point's "precision" and the ``nonstop plan`` flag of each
 PRECISION_FLAGS = {
@@ -50,7 +55,11 @@ def plan_argv(point: dict) -> list[str]:
     argv = ["plan", "-m", point["model"], "--chip", point["chip"], "--chips", str(point["chips"])]
     for flag in ("tp", "dp", "ep", "pp", "dcp"):
         argv += [f"--{flag}", str(point.get(flag, 1))]
-    argv += ["--batch", str(point["batch"]), "--context", str(point.get("context", 1024))]
+    argv += ["--batch", str(point["batch"])]
+    if "input_len" in point:  # a serving benchmark's lengths: the context is input + output / 2
+        argv += ["--input-len", str(point["input_len"]), "--output-len", str(point["output_len"])]
+    else:
+        argv += ["--context", str(point.get("context", 1024))]
     argv += ["--executor", point.get("executor", "kernels"), "--sharding", point.get("sharding", "production")]
     for key, value in (point.get("precision") or {}).items():
         argv += [PRECISION_FLAGS[key], value]

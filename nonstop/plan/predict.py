@@ -4,12 +4,24 @@ rows per sequence  = K + 1 (K drafts verified with the current token; 1 without 
 tokens per step    = A (mean accepted length incl. the bonus token; 1 without speculation)
 ms per token       = T_step / A            (what one user waits per generated token)
 tokens/s per user  = 1000 · A / T_step;    in total = batch · tokens/s per user
+
+With the requests' lengths (``Requests``: I prompt and O generated tokens each) also the prefill of one
+prompt, the same time model over one sequence of I rows at mean context I / 2 (its causal attention):
+
+    P = T_step(rows = I, sequences = 1, context = I / 2)     time to first token of a request served alone
+
+and what other requests' prefills add to a user's time per token in an aggregated server (prefill and
+decode on the same chips) at concurrency c: about (c - 1) / D arrivals during one request's decode, each
+stalling the D attention groups' lockstep decode for P, over its O - 1 later tokens:
+
+    stall per token = (c - 1) / D · P / (O - 1)               reported apart, not in ms per token
 """
 
 from __future__ import annotations
 
 import dataclasses
 import functools
+import json
 import math
 from dataclasses import dataclass
 from pathlib import Path
@@ -45,6 +57,23 @@ class Spec:
             )
 
 
+@dataclass(frozen=True)
+class Requests:
+    """A serving workload's requests: ``input_len`` prompt tokens and ``output_len`` generated tokens each."""
+
+    input_len: int
+    output_len: int
+
+    def __post_init__(self):
+        if self.input_len < 1 or self.output_len < 1:
+            raise PlanError(f"--input-len and --output-len must be >= 1, got {self.input_len} and {self.output_len}")
+
+    @property
+    def context(self) -> int:
+        """Mean cached tokens over a request's decode steps."""
+        return self.input_len + self.output_len // 2
+
+
 @dataclass
 class Prediction:
     workload: Workload
@@ -56,6 +85,8 @@ class Prediction:
     executor: str
     time: StepTime
     resident: dict  # bytes per rank: weights, state, cache
+    requests: Requests | None = None
+    prefill: StepTime | None = None  # one request's prompt in one step (with ``requests``)
 
     @property
     def chips(self) -> float:
@@ -76,6 +107,20 @@ class Prediction:
     @property
     def tokens_per_s_total(self) -> float:
         return self.batch * self.tokens_per_s_per_user
+
+    @property
+    def prefill_ms(self) -> float | None:
+        """Time to first token of one request served alone: its prompt's prefill step."""
+        return self.prefill.total_ms if self.prefill else None
+
+    @property
+    def prefill_stall_ms_per_token(self) -> float | None:
+        """What other requests' prefills add per generated token in an aggregated server at this concurrency
+        (steady state: (batch - 1) / dp arrivals during one request's decode, each a prefill step)."""
+        if self.prefill is None:
+            return None
+        arrivals = (self.batch - 1) / self.layout.dp
+        return arrivals * self.prefill.total_ms / max(self.requests.output_len - 1, 1)
 
     @property
     def bytes_per_rank(self) -> float:
@@ -141,6 +186,9 @@ class Prediction:
                 "draft": t.draft_ms,
             },
             "kernels_per_step": t.kernels,
+            "requests": None if self.requests is None else dict(self.requests.__dict__),
+            "prefill_ms": self.prefill_ms,
+            "prefill_stall_ms_per_token": self.prefill_stall_ms_per_token,
             "collectives": [
                 {
                     "label": c.label,
@@ -155,6 +203,10 @@ class Prediction:
                 for c in t.collectives
             ],
         }
+
+
+def _cfg_json(workload: Workload) -> str:
+    return json.dumps(workload.cfg.to_hf_dict(), sort_keys=True)
 
 
 @functools.lru_cache(maxsize=8)
@@ -182,6 +234,7 @@ def predict(
     executor: str = "kernels",
     consts: Constants | None = None,
     model_dir: Path | None = None,
+    requests: Requests | None = None,
 ) -> Prediction:
     if executor not in EXECUTORS:
         raise PlanError(f"unknown executor {executor!r}; choose one of: {', '.join(EXECUTORS)}")
@@ -202,9 +255,7 @@ def predict(
     colls += stage_sends(layout, chip.up_domain_ranks, group_seqs * rows_per_seq, workload.cfg.hidden_size * 2)
     eager = None
     if executor == "eager":
-        import json
-
-        eager = _eager_ops(json.dumps(workload.cfg.to_hf_dict(), sort_keys=True), rows_per_seq)
+        eager = _eager_ops(_cfg_json(workload), rows_per_seq)
     draft = draft_shape(workload.cfg, model_dir, spec.drafts) if spec else None
     if draft is not None and executor == "eager":  # the eager drafter: its own aten ops, not one per weight
         accepted = math.ceil(spec.accept)
@@ -212,4 +263,11 @@ def predict(
     slots = group_seqs * spec.drafts if spec else 0
     t = step_time(ops, colls, chip, consts, executor, eager, draft, layout, slots)
     resident = {k: v / layout.pp for k, v in resident_bytes(rank, stage, batch, context).items()}
-    return Prediction(workload, chip, layout, batch, context, spec, executor, t, resident)
+    prefill = None
+    if requests is not None:  # one sequence of I rows at its mean causal context I / 2
+        n = requests.input_len
+        p_colls = collectives(rank, stage, 1, n)
+        p_colls += stage_sends(layout, chip.up_domain_ranks, n, workload.cfg.hidden_size * 2)
+        one_row = eager if rows_per_seq == 1 or eager is None else _eager_ops(_cfg_json(workload))
+        prefill = step_time(rank_ops(rank, stage, 1, n // 2, n), p_colls, chip, consts, executor, one_row)
+    return Prediction(workload, chip, layout, batch, context, spec, executor, t, resident, requests, prefill)

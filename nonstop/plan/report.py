@@ -23,6 +23,19 @@ def _bytes(x: float) -> str:
     return f"{x:.0f} B"
 
 
+def _prefill_lines(p: Prediction) -> list[str]:
+    if p.prefill is None:
+        return []
+    r = p.requests
+    lines = [f"  prefill, one prompt  {p.prefill_ms:8.1f} ms   ({r.input_len} tokens: first token when served alone)"]
+    if p.batch > 1:
+        lines.append(
+            f"  others' prefills     {p.prefill_stall_ms_per_token:8.3f} ms   per token in an aggregated server at "
+            f"concurrency {p.batch}, {r.output_len} tokens a request (not in ms per token)"
+        )
+    return lines
+
+
 def describe(p: Prediction) -> str:
     """The full report of one prediction."""
     t, chip, lay = p.time, p.chip, p.layout
@@ -44,6 +57,7 @@ def describe(p: Prediction) -> str:
         f"  tokens/s per user    {p.tokens_per_s_per_user:8.1f}",
         f"  tokens/s in total    {p.tokens_per_s_total:8.1f}   ({p.tokens_per_s_total / p.chips:.1f} per chip)",
         f"  bound                {t.bound()}",
+        *_prefill_lines(p),
         "",
         (
             f"memory per chip: {_gb(p.bytes_per_rank * chip.devices_per_chip)} of "

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from nonstop.plan.chips import get_chip
 from nonstop.plan.layout import Layout
 from nonstop.plan.points import load_heldout, load_points, metric_value
-from nonstop.plan.predict import Prediction, Spec, predict
+from nonstop.plan.predict import Prediction, Requests, Spec, predict
 from nonstop.plan.releases import model_ref, release_formats
 from nonstop.plan.timing import Constants
 from nonstop.plan.workload import Precision, build_workload
@@ -33,6 +33,12 @@ class Row:
     @property
     def error(self) -> float:
         return self.predicted / self.published - 1.0
+
+    @property
+    def bound(self) -> str:
+        """What limits the predicted step: the prefill's for a time-to-first-token point, else the decode's."""
+        step = self.prediction.prefill if self.point["metric"] == "prefill_ms" else self.prediction.time
+        return step.bound()
 
     @property
     def within_band(self) -> bool:
@@ -60,15 +66,17 @@ def predict_point(point: dict, consts: Constants | None = None) -> Prediction:
     )
     chip = get_chip(point["chip"])
     workload = _workload(point["model"], tuple(sorted((point.get("precision") or {}).items())))
+    requests = Requests(point["input_len"], point["output_len"]) if "input_len" in point else None
     return predict(
         workload,
         chip,
         layout,
         point["batch"],
-        point.get("context", 1024),
+        requests.context if requests else point.get("context", 1024),
         spec,
         point.get("executor", "kernels"),
         consts,
+        requests=requests,
     )
 
 
@@ -87,7 +95,7 @@ def table(rows: list[Row]) -> str:
         miss = "  KNOWN MISS" if r.point.get("known_miss") else ""
         lines.append(
             f"{r.point['id']:<{width}} {r.point['role']:<11} {r.point['metric']:<28} {r.published:>10.2f}"
-            f" {r.predicted:>10.2f} {r.error:>+7.1%}  {r.prediction.time.bound()}{miss}"
+            f" {r.predicted:>10.2f} {r.error:>+7.1%}  {r.bound}{miss}"
         )
     return "\n".join(lines)
 
