@@ -78,10 +78,12 @@ def add_parser(sub) -> None:
         "--input-len",
         type=positive_int,
         help="prompt tokens per request, as a serving benchmark states them: with --output-len the mean context "
-        "while decoding is input + output / 2 (instead of --context), and the plan adds the prefill of one prompt "
-        "(time to first token served alone) and what other requests' prefills add per token at this concurrency",
+        "while decoding is input + output / 2 (instead of --context), and the plan adds the prefill of one prompt, "
+        "the mean time to first token of --concurrency requests started together and what their prefills add per "
+        "token in an aggregated server",
     )
     p.add_argument("--output-len", type=positive_int, help="generated tokens per request (with --input-len)")
+
     p.add_argument(
         "--spec-accept", type=float, help="speculative decoding: mean accepted length per step incl. the bonus token"
     )

@@ -36,8 +36,8 @@ def x0(base: Constants | None = None) -> np.ndarray:
     return np.array([math.log(getattr(base, name)) for name in FITTED])
 
 
-def objective(points: list[dict], base: Constants | None, x: np.ndarray) -> float:
-    rows = evaluate(points, _constants(base or Constants.load(), x))
+def objective(points: list[dict], base: Constants | None, x: np.ndarray, with_stalls: bool = False) -> float:
+    rows = evaluate(points, _constants(base or Constants.load(), x), with_stalls)
     return float(np.mean([math.log(r.predicted / r.published) ** 2 for r in rows]))
 
 
@@ -71,14 +71,18 @@ def nelder_mead(f, x0: np.ndarray, step: float = 0.3, iters: int = 600, tol: flo
     return simplex[int(np.argmin(values))]
 
 
-def fit(points: list[dict] | None = None, base: Constants | None = None) -> tuple[Constants, float]:
+def fit(
+    points: list[dict] | None = None, base: Constants | None = None, with_stalls: bool = False
+) -> tuple[Constants, float]:
+    """``with_stalls``: fit the serving points' figures as decode step + other requests' prefills
+    (``points.metric_value``): a what-if, never stored (``ms_per_token`` is the decode figure)."""
     points = points or load_points("calibration")
     base = base or Constants.load()
-    best = nelder_mead(lambda x: objective(points, base, x), x0(base))
+    best = nelder_mead(lambda x: objective(points, base, x, with_stalls), x0(base))
     for _ in range(2):  # restart from the optimum: Nelder-Mead can stall on a degenerate simplex
-        best = nelder_mead(lambda x: objective(points, base, x), best, step=0.1)
+        best = nelder_mead(lambda x: objective(points, base, x, with_stalls), best, step=0.1)
     consts = _constants(base, best)
-    return consts, objective(points, base, best)
+    return consts, objective(points, base, best, with_stalls)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -9,12 +9,16 @@ from the checkpoint's, speculative decoding, and the published ``metric``:
     ms_per_token | tokens_per_s_per_user | tokens_per_s_total | tokens_per_s_per_chip     the planner's own
     tokens_per_s_total_with_ttft = batch · n / (ttft + (n - 1) · ms_per_token)             closed-loop serving
 
-    prefill_ms                                                                             time to first token
+    prefill_ms | ttft_ms                                                                   time to first token
 
 ``tokens_per_s_total_with_ttft`` is a serving benchmark's output throughput, which counts each request's time
 to first token (``ttft_ms``, published beside it) for its ``output_len`` = n generated tokens;
-``prefill_ms`` is a published time to first token at concurrency 1 (one request served alone), for a point
-that names its requests' ``input_len`` and ``output_len``.
+``prefill_ms`` is a published time to first token at concurrency 1 (one request served alone) and
+``ttft_ms`` a mean one at the point's concurrency, for a point that names its requests' ``input_len`` and
+``output_len``.
+``stalls``: the published figure comes from an aggregated server under a serving benchmark, so it carries
+other requests' prefills (``predict.Requests``); ``python -m nonstop.plan.stalls`` adds
+them, the default compares the decode figure alone.
 """
 
 from __future__ import annotations
@@ -31,6 +35,7 @@ METRICS = (
     "tokens_per_s_per_chip",
     "tokens_per_s_total_with_ttft",
     "prefill_ms",
+    "ttft_ms",
 )
 # serving-format keys of a point's "precision" and the ``nonstop plan`` flag of each
 PRECISION_FLAGS = {
@@ -68,11 +73,19 @@ def plan_argv(point: dict) -> list[str]:
     return argv + ["--json"]
 
 
-def metric_value(result: dict, point: dict) -> float:
-    """The point's metric from a prediction's JSON (``Prediction.to_json`` / ``nonstop plan --json``)."""
+def metric_value(result: dict, point: dict, with_stalls: bool = False) -> float:
+    """The point's metric from a prediction's JSON (``Prediction.to_json`` / ``nonstop plan --json``).
+    ``with_stalls``: for a point whose published figure carries other requests' prefills (``stalls``, an
+    aggregated server's serving benchmark), add the predicted ``prefill_stall_ms_per_token`` to each token."""
     metric = point["metric"]
     if metric not in METRICS:
         raise ValueError(f"point {point['id']}: unknown metric {metric!r}")
+    if with_stalls and point.get("stalls") and metric not in ("prefill_ms", "ttft_ms"):
+        ms = result["ms_per_token"] + result["prefill_stall_ms_per_token"]
+        per_user = 1e3 / ms
+        total = point["batch"] * per_user
+        stalled = {"ms_per_token": ms, "tokens_per_s_per_user": per_user, "tokens_per_s_total": total}
+        result = {**result, **stalled, "tokens_per_s_per_chip": total / result["chips"]}
     if metric == "tokens_per_s_total_with_ttft":
         n = point["output_len"]
         seconds = (point["ttft_ms"] + (n - 1) * result["ms_per_token"]) * 1e-3

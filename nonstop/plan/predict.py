@@ -10,11 +10,15 @@ prompt, the same time model over one sequence of I rows at mean context I / 2 (i
 
     P = T_step(rows = I, sequences = 1, context = I / 2)     time to first token of a request served alone
 
-and what other requests' prefills add to a user's time per token in an aggregated server (prefill and
-decode on the same chips) at concurrency c: about (c - 1) / D arrivals during one request's decode, each
-stalling the D attention groups' lockstep decode for P, over its O - 1 later tokens:
+and, in an aggregated server (prefill and decode on the same chips) under a serving benchmark at
+concurrency c whose requests share their lengths, what the requests' prefills cost each other. Such a
+benchmark runs in waves: c requests start together, finish together and are replaced together, and each
+of the D attention groups prefills its n = c / D newcomers one after another (the groups in parallel)
+while the ones already prefilled wait in the lockstep decode. The k-th of a wave gets its first token
+after k prefills and then waits for the n - k after it:
 
-    stall per token = (c - 1) / D · P / (O - 1)               reported apart, not in ms per token
+    mean time to first token = (n + 1) / 2 · P      (SGLang's B300 cells: 3.5 s at c16, 11.6 s at c64)
+    stall per token          = (n - 1) / 2 · P / (O - 1)     reported apart, not in ms per token
 """
 
 from __future__ import annotations
@@ -114,13 +118,21 @@ class Prediction:
         return self.prefill.total_ms if self.prefill else None
 
     @property
+    def wave(self) -> float:
+        """Requests one attention group prefills per wave of a fixed-length serving benchmark."""
+        return max(self.batch / self.layout.dp, 1.0)
+
+    @property
+    def ttft_ms(self) -> float | None:
+        """Mean time to first token over a wave of ``batch`` requests that start together."""
+        return None if self.prefill is None else (self.wave + 1) / 2 * self.prefill.total_ms
+
+    @property
     def prefill_stall_ms_per_token(self) -> float | None:
-        """What other requests' prefills add per generated token in an aggregated server at this concurrency
-        (steady state: (batch - 1) / dp arrivals during one request's decode, each a prefill step)."""
+        """What the wave's later prefills add per generated token, on average, in an aggregated server."""
         if self.prefill is None:
             return None
-        arrivals = (self.batch - 1) / self.layout.dp
-        return arrivals * self.prefill.total_ms / max(self.requests.output_len - 1, 1)
+        return (self.wave - 1) / 2 * self.prefill.total_ms / max(self.requests.output_len - 1, 1)
 
     @property
     def bytes_per_rank(self) -> float:
@@ -188,6 +200,7 @@ class Prediction:
             "kernels_per_step": t.kernels,
             "requests": None if self.requests is None else dict(self.requests.__dict__),
             "prefill_ms": self.prefill_ms,
+            "ttft_ms": self.ttft_ms,
             "prefill_stall_ms_per_token": self.prefill_stall_ms_per_token,
             "collectives": [
                 {

@@ -29,10 +29,11 @@ def _prefill_lines(p: Prediction) -> list[str]:
     r = p.requests
     lines = [f"  prefill, one prompt  {p.prefill_ms:8.1f} ms   ({r.input_len} tokens: first token when served alone)"]
     if p.batch > 1:
-        lines.append(
-            f"  others' prefills     {p.prefill_stall_ms_per_token:8.3f} ms   per token in an aggregated server at "
-            f"concurrency {p.batch}, {r.output_len} tokens a request (not in ms per token)"
-        )
+        lines += [
+            f"  time to first token  {p.ttft_ms:8.1f} ms   mean over {p.batch} requests started together",
+            f"  their prefills       {p.prefill_stall_ms_per_token:8.3f} ms   more per token in an aggregated server "
+            f"({r.output_len} tokens a request; not in ms per token)",
+        ]
     return lines
 
 

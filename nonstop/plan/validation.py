@@ -37,7 +37,7 @@ class Row:
     @property
     def bound(self) -> str:
         """What limits the predicted step: the prefill's for a time-to-first-token point, else the decode's."""
-        step = self.prediction.prefill if self.point["metric"] == "prefill_ms" else self.prediction.time
+        step = self.prediction.prefill if self.point["metric"] in ("prefill_ms", "ttft_ms") else self.prediction.time
         return step.bound()
 
     @property
@@ -66,7 +66,9 @@ def predict_point(point: dict, consts: Constants | None = None) -> Prediction:
     )
     chip = get_chip(point["chip"])
     workload = _workload(point["model"], tuple(sorted((point.get("precision") or {}).items())))
-    requests = Requests(point["input_len"], point["output_len"]) if "input_len" in point else None
+    requests = None
+    if "input_len" in point:
+        requests = Requests(point["input_len"], point["output_len"])
     return predict(
         workload,
         chip,
@@ -80,11 +82,11 @@ def predict_point(point: dict, consts: Constants | None = None) -> Prediction:
     )
 
 
-def evaluate(points: list[dict], consts: Constants | None = None) -> list[Row]:
+def evaluate(points: list[dict], consts: Constants | None = None, with_stalls: bool = False) -> list[Row]:
     rows = []
     for p in points:
         pred = predict_point(p, consts)
-        rows.append(Row(p, p["published"], metric_value(pred.to_json(), p), pred))
+        rows.append(Row(p, p["published"], metric_value(pred.to_json(), p, with_stalls), pred))
     return rows
 
 
@@ -119,6 +121,14 @@ def what_if(chips: int = 128, tps: tuple[int, ...] = (8, 16, 32)) -> list[tuple]
     return rows
 
 
+def print_tables(consts: Constants | None = None, with_stalls: bool = False) -> None:
+    """Both tables, each with its count within the band."""
+    for points in (load_points(), load_heldout()):
+        rows = evaluate(points, consts, with_stalls)
+        print(table(rows))
+        print(f"{sum(r.within_band for r in rows)} of {len(rows)} within {BAND:.0%}\n")
+
+
 def main(argv: list[str] | None = None) -> int:
     import argparse
 
@@ -133,9 +143,7 @@ def main(argv: list[str] | None = None) -> int:
         help="also K3 at batch 1 on 128 chips of each kind (the seed report's 5.85 ms/token)",
     )
     args = parser.parse_args(argv)
-    print(table(evaluate(load_points())))
-    print()
-    print(table(evaluate(load_heldout())))
+    print_tables()
     if args.what_if:
         print()
         print(f"{'chip':<8} {'executor':<11} {'layout':<18} {'ms/token':>8}  bound")

@@ -17,20 +17,30 @@ def _plan(capsys, *argv) -> dict:
     return json.loads(capsys.readouterr().out)
 
 
-def test_stall_is_the_arrivals_prefills_over_a_requests_later_tokens(capsys):
-    """(c - 1) / D arrivals during one request's decode, each one prefill, over its O - 1 later tokens."""
+def test_a_wave_of_requests_queues_behind_its_prefills(capsys):
+    """c requests started together: each attention group (D of them) prefills its n = c / D one after
+    another; the k-th gets its first token after k prefills and waits for the n - k after it."""
     for layout, dp in ((["--tp", "8"], 1), (["--tp", "2", "--dp", "4", "--ep", "8"], 4)):
         out = _plan(capsys, "-m", "kimi-k3", "--chip", "b300", "--chips", "8", *layout,
                     "--concurrency", "13", "--input-len", "3001", "--output-len", "517")  # fmt: skip
         assert out["requests"] == {"input_len": 3001, "output_len": 517}
         assert out["context"] == 3001 + 517 // 2
-        assert out["prefill_stall_ms_per_token"] == pytest.approx(12 / dp * out["prefill_ms"] / 516)
+        n, p = 13 / dp, out["prefill_ms"]
+        waits = [k * p for k in range(1, 14)] if dp == 1 else None  # dp 1: the 13 first tokens, in turn
+        if waits:
+            assert out["ttft_ms"] == pytest.approx(sum(waits) / 13)
+            assert out["prefill_stall_ms_per_token"] == pytest.approx(
+                sum((13 - k) * p for k in range(1, 14)) / 13 / 516
+            )
+        assert out["ttft_ms"] == pytest.approx((n + 1) / 2 * p)
+        assert out["prefill_stall_ms_per_token"] == pytest.approx((n - 1) / 2 * p / 516)
         assert out["ms_per_token"] == pytest.approx(out["step_ms"])  # the stall is reported apart
     alone = _plan(capsys, "-m", "kimi-k3", "--chip", "b300", "--chips", "8", "--tp", "8",
                   "--input-len", "3001", "--output-len", "517")  # fmt: skip
     assert alone["prefill_stall_ms_per_token"] == 0.0
+    assert alone["ttft_ms"] == pytest.approx(alone["prefill_ms"])
     plain = _plan(capsys, "-m", "kimi-k3", "--chip", "b300", "--chips", "8", "--tp", "8", "--context", "3259")
-    assert plain["requests"] is None and plain["prefill_ms"] is None and plain["prefill_stall_ms_per_token"] is None
+    assert plain["requests"] is None and plain["prefill_ms"] is None and plain["ttft_ms"] is None
 
 
 def test_prefill_is_a_compute_bound_step_that_grows_with_the_prompt(capsys):
@@ -53,6 +63,21 @@ def test_the_report_shows_the_prefill_and_the_stall(capsys):
     argv = ["plan", "-m", "kimi-k3", "--chip", "b300", "--chips", "8", "--tp", "8", "--batch", "16"]
     assert main([*argv, "--input-len", "8192", "--output-len", "1024"]) == 0
     out = capsys.readouterr().out
-    assert "prefill, one prompt" in out and "8192 tokens" in out and "concurrency 16" in out
+    assert "prefill, one prompt" in out and "8192 tokens" in out and "over 16 requests started together" in out
     assert main([*argv, "--context", "8704"]) == 0
     assert "prefill" not in capsys.readouterr().out
+
+
+def test_the_stalls_what_if_adds_the_wave_to_serving_points_only():
+    from nonstop.plan.points import load_points
+    from nonstop.plan.validation import evaluate
+
+    points = {p["id"]: p for p in load_points()}
+    serving, offline = points["sglang-b300-tp8-c16"], points["inferact-tpu7x-b2"]
+    assert serving.get("stalls") and not offline.get("stalls")
+    plain = evaluate([serving, offline])
+    stalled = evaluate([serving, offline], with_stalls=True)
+    stall = plain[0].prediction.prefill_stall_ms_per_token
+    assert stall == pytest.approx(7.5 * plain[0].prediction.prefill_ms / 1023)  # a wave of 16, 1,024 tokens
+    assert stalled[0].predicted == pytest.approx(plain[0].predicted + stall)
+    assert stalled[1].predicted == plain[1].predicted
