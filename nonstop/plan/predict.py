@@ -132,7 +132,9 @@ class Prediction:
         """What the wave's later prefills add per generated token, on average, in an aggregated server."""
         if self.prefill is None:
             return None
-        return (self.wave - 1) / 2 * self.prefill.total_ms / max(self.requests.output_len - 1, 1)
+        if self.requests.output_len == 1:  # the first token is the last: nothing waits after it
+            return 0.0
+        return (self.wave - 1) / 2 * self.prefill.total_ms / (self.requests.output_len - 1)
 
     @property
     def bytes_per_rank(self) -> float:

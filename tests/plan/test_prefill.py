@@ -38,6 +38,9 @@ def test_a_wave_of_requests_queues_behind_its_prefills(capsys):
     alone = _plan(capsys, "-m", "kimi-k3", "--chip", "b300", "--chips", "8", "--tp", "8",
                   "--input-len", "3001", "--output-len", "517")  # fmt: skip
     assert alone["prefill_stall_ms_per_token"] == 0.0
+    one_token = _plan(capsys, "-m", "kimi-k3", "--chip", "b300", "--chips", "8", "--tp", "8", "--batch", "4",
+                      "--input-len", "100", "--output-len", "1")  # fmt: skip
+    assert one_token["prefill_stall_ms_per_token"] == 0.0 and one_token["ttft_ms"] > one_token["prefill_ms"]
     assert alone["ttft_ms"] == pytest.approx(alone["prefill_ms"])
     plain = _plan(capsys, "-m", "kimi-k3", "--chip", "b300", "--chips", "8", "--tp", "8", "--context", "3259")
     assert plain["requests"] is None and plain["prefill_ms"] is None and plain["ttft_ms"] is None
