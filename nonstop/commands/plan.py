@@ -312,12 +312,19 @@ def run(args) -> int:
         )
     requests = _requests(args)
     context = requests.context if requests else (4096 if args.context is None else args.context)
-    request = {"batch": args.batch, "context": context, "spec": spec, "executor": executor, "model_dir": model_dir}
+    request = {
+        "batch": args.batch,
+        "context": context,
+        "spec": spec,
+        "executor": executor,
+        "model_dir": model_dir,
+        "requests": requests,
+    }
     cands = None
     if layout_given:
         if chips is None:
             raise ValueError("give --chips with --tp/--dp/--ep/--pp")
-        best = predict(workload, chip, _layout(args, chips, chip.devices_per_chip), **request, requests=requests)
+        best = predict(workload, chip, _layout(args, chips, chip.devices_per_chip), **request)
     else:
         if chips is None:
             chips, cands = _fewest_chips(workload, chip, request, args.sharding, progress)
@@ -326,9 +333,7 @@ def run(args) -> int:
         if not cands:
             raise ValueError(f"no layout of {chips} {chip.key} chip(s) splits {args.model}'s attention heads")
         first = cands[0]
-        best = first.prediction
-        if best is None or requests is not None:
-            best = predict(workload, chip, first.layout, **request, requests=requests)
+        best = first.prediction or predict(workload, chip, first.layout, **request)
 
     ours = measurements(cfg, args.model, chip.key)
     side = measured_side_by_side(ours, chip, args.model, workload_for_measurement(overrides)) if ours else []

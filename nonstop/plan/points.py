@@ -28,14 +28,14 @@ from pathlib import Path
 
 POINTS = Path(__file__).with_name("validation.json")
 HELDOUT = Path(__file__).with_name("heldout.json")
+TTFT_METRICS = ("prefill_ms", "ttft_ms")  # a prefill's figures (``Prediction.prefill``), not the decode step's
 METRICS = (
     "ms_per_token",
     "tokens_per_s_per_user",
     "tokens_per_s_total",
     "tokens_per_s_per_chip",
     "tokens_per_s_total_with_ttft",
-    "prefill_ms",
-    "ttft_ms",
+    *TTFT_METRICS,
 )
 # serving-format keys of a point's "precision" and the ``nonstop plan`` flag of each
 PRECISION_FLAGS = {
@@ -80,7 +80,7 @@ def metric_value(result: dict, point: dict, with_stalls: bool = False) -> float:
     metric = point["metric"]
     if metric not in METRICS:
         raise ValueError(f"point {point['id']}: unknown metric {metric!r}")
-    if with_stalls and point.get("stalls") and metric not in ("prefill_ms", "ttft_ms"):
+    if with_stalls and point.get("stalls") and metric not in TTFT_METRICS:
         ms = result["ms_per_token"] + result["prefill_stall_ms_per_token"]
         per_user = 1e3 / ms
         total = point["batch"] * per_user

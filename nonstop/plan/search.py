@@ -16,7 +16,7 @@ from pathlib import Path
 
 from nonstop.plan.chips import Chip
 from nonstop.plan.layout import Layout, check_layout
-from nonstop.plan.predict import USABLE_HBM, Prediction, Spec, predict
+from nonstop.plan.predict import USABLE_HBM, Prediction, Requests, Spec, predict
 from nonstop.plan.timing import Constants
 from nonstop.plan.workload import PlanError, Workload
 
@@ -72,6 +72,7 @@ def search(
     model_dir: Path | None = None,
     sharding: str = "production",
     progress: Callable[[str], None] | None = None,
+    requests: Requests | None = None,
 ) -> list[Candidate]:
     """Every candidate layout; those that fit first (fastest first), then the rest (smallest first)."""
     ranks = chips * chip.devices_per_chip
@@ -85,7 +86,7 @@ def search(
             continue
         if progress:
             progress(f"[{i + 1}/{len(layouts)}] {layout.describe()}: building its rank Program")
-        p = predict(workload, chip, layout, batch, context, spec, executor, consts, model_dir)
+        p = predict(workload, chip, layout, batch, context, spec, executor, consts, model_dir, requests)
         out.append(Candidate(layout, p.bytes_per_rank, p))
     out.sort(key=lambda c: (not c.fits, c.prediction.ms_per_token if c.fits else c.bytes_per_rank))
     return out

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 from nonstop.plan.chips import get_chip
 from nonstop.plan.layout import Layout
-from nonstop.plan.points import load_heldout, load_points, metric_value
+from nonstop.plan.points import TTFT_METRICS, load_heldout, load_points, metric_value
 from nonstop.plan.predict import Prediction, Requests, Spec, predict
 from nonstop.plan.releases import model_ref, release_formats
 from nonstop.plan.timing import Constants
@@ -37,7 +37,7 @@ class Row:
     @property
     def bound(self) -> str:
         """What limits the predicted step: the prefill's for a time-to-first-token point, else the decode's."""
-        step = self.prediction.prefill if self.point["metric"] in ("prefill_ms", "ttft_ms") else self.prediction.time
+        step = self.prediction.prefill if self.point["metric"] in TTFT_METRICS else self.prediction.time
         return step.bound()
 
     @property

@@ -26,12 +26,10 @@ def test_a_wave_of_requests_queues_behind_its_prefills(capsys):
         assert out["requests"] == {"input_len": 3001, "output_len": 517}
         assert out["context"] == 3001 + 517 // 2
         n, p = 13 / dp, out["prefill_ms"]
-        waits = [k * p for k in range(1, 14)] if dp == 1 else None  # dp 1: the 13 first tokens, in turn
-        if waits:
-            assert out["ttft_ms"] == pytest.approx(sum(waits) / 13)
-            assert out["prefill_stall_ms_per_token"] == pytest.approx(
-                sum((13 - k) * p for k in range(1, 14)) / 13 / 516
-            )
+        if dp == 1:  # the 13 first tokens in turn, each request then waiting for the prefills after its own
+            assert out["ttft_ms"] == pytest.approx(sum(k * p for k in range(1, 14)) / 13)
+            later = sum((13 - k) * p for k in range(1, 14)) / 13
+            assert out["prefill_stall_ms_per_token"] == pytest.approx(later / 516)
         assert out["ttft_ms"] == pytest.approx((n + 1) / 2 * p)
         assert out["prefill_stall_ms_per_token"] == pytest.approx((n - 1) / 2 * p / 516)
         assert out["ms_per_token"] == pytest.approx(out["step_ms"])  # the stall is reported apart
@@ -84,3 +82,14 @@ def test_the_stalls_what_if_adds_the_wave_to_serving_points_only():
     assert stall == pytest.approx(7.5 * plain[0].prediction.prefill_ms / 1023)  # a wave of 16, 1,024 tokens
     assert stalled[0].predicted == pytest.approx(plain[0].predicted + stall)
     assert stalled[1].predicted == plain[1].predicted
+
+
+def test_the_layout_search_carries_the_requests_to_its_best_layout(capsys):
+    searched = _plan(capsys, "-m", "kimi-k3", "--chip", "b300", "--chips", "8", "--batch", "4",
+                     "--input-len", "2000", "--output-len", "300")  # fmt: skip
+    lay = searched["layout"]
+    explicit = _plan(capsys, "-m", "kimi-k3", "--chip", "b300", "--chips", "8", "--tp", str(lay["tp"]),
+                     "--dp", str(lay["dp"]), "--ep", str(lay["ep"]), "--pp", str(lay["pp"]), "--batch", "4",
+                     "--input-len", "2000", "--output-len", "300")  # fmt: skip
+    assert searched["prefill_ms"] == pytest.approx(explicit["prefill_ms"])
+    assert searched["ttft_ms"] == pytest.approx(explicit["ttft_ms"])
