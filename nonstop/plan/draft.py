@@ -10,13 +10,13 @@ shaped like the published K3 drafters (5 layers, the target's width, head dim 64
 from __future__ import annotations
 
 import functools
-import json
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
 from nonstop.config import ModelConfig
+from nonstop.plan.workload import cfg_json
 
 
 @dataclass(frozen=True)
@@ -101,11 +101,11 @@ def eager_draft_ops(cfg: ModelConfig, model_dir: Path | None, drafts: int, accep
     d = _bundled_drafter(model_dir)
     layers = d.num_layers if d is not None else STAND_IN_LAYERS
     taps = d.taps if d is not None else _stand_in_taps(cfg.num_hidden_layers)
-    return _count_draft_ops(json.dumps(cfg.to_hf_dict(), sort_keys=True), layers, tuple(taps), drafts, accepted)
+    return _count_draft_ops(cfg_json(cfg), layers, tuple(taps), drafts, accepted)
 
 
 @functools.lru_cache(maxsize=8)
-def _count_draft_ops(cfg_json: str, layers: int, taps: tuple[int, ...], drafts: int, accepted: int) -> int:
+def _count_draft_ops(cfg_text: str, layers: int, taps: tuple[int, ...], drafts: int, accepted: int) -> int:
     from types import SimpleNamespace
 
     from nonstop.engine.speculative.dspark import DSparkConfig, DSparkModel
@@ -115,7 +115,7 @@ def _count_draft_ops(cfg_json: str, layers: int, taps: tuple[int, ...], drafts: 
     from nonstop.program.count import OpCounter
     from nonstop.program.twin import narrow_twin
 
-    twin = narrow_twin(shapes_from_json(cfg_json))
+    twin = narrow_twin(shapes_from_json(cfg_text))
     dcfg = DSparkConfig(
         vocab_size=twin.vocab_size,
         hidden_size=twin.hidden_size,

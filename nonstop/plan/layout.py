@@ -31,7 +31,6 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import json
 import math
 from dataclasses import dataclass
 
@@ -43,6 +42,7 @@ from nonstop.plan.workload import (
     Precision,
     Workload,
     build_workload,
+    cfg_json,
     shapes_from_json,
 )
 from nonstop.program.cost import Collective as DistCollective
@@ -182,11 +182,11 @@ def check_layout(workload: Workload, layout: Layout) -> None:
 
 @functools.lru_cache(maxsize=32)
 def _rank_workload(
-    cfg_json: str, name: str, precision: Precision, tp: int, dp: int, ep: int, sharding: str
+    cfg_text: str, name: str, precision: Precision, tp: int, dp: int, ep: int, sharding: str
 ) -> Workload:
     from nonstop.dist.program import shapes_program
 
-    cfg = shapes_from_json(cfg_json)
+    cfg = shapes_from_json(cfg_text)
     layout = Layout(tp, dp, ep, sharding)
     program = shapes_program(cfg, layout.dist_layout(), rank=0)
     return build_workload(cfg, name, precision, program)
@@ -197,8 +197,9 @@ def rank_workload(workload: Workload, layout: Layout) -> Workload:
     check_layout(workload, layout)
     if layout.world == 1:
         return workload
-    cfg_json = json.dumps(workload.cfg.to_hf_dict(), sort_keys=True)
-    return _rank_workload(cfg_json, workload.name, workload.precision, layout.tp, layout.dp, layout.ep, layout.sharding)
+    return _rank_workload(
+        cfg_json(workload.cfg), workload.name, workload.precision, layout.tp, layout.dp, layout.ep, layout.sharding
+    )
 
 
 def with_sharding(layout: Layout, sharding: str) -> Layout:

@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import json
 import math
 from dataclasses import dataclass
 from pathlib import Path
@@ -42,7 +41,7 @@ from nonstop.plan.layout import (
     stage_sends,
 )
 from nonstop.plan.timing import EXECUTORS, Constants, StepTime, step_time
-from nonstop.plan.workload import PlanError, Workload
+from nonstop.plan.workload import PlanError, Workload, cfg_json
 
 USABLE_HBM = 0.92  # of HBM left for weights, KV/KDA state and cache (runtime context, activations, comm buffers)
 
@@ -220,12 +219,8 @@ class Prediction:
         }
 
 
-def _cfg_json(workload: Workload) -> str:
-    return json.dumps(workload.cfg.to_hf_dict(), sort_keys=True)
-
-
 @functools.lru_cache(maxsize=8)
-def _eager_ops(cfg_json: str, rows: int = 1) -> int:
+def _eager_ops(cfg_text: str, rows: int = 1) -> int:
     """aten ops of one reference decode step of ``rows`` rows a sequence (the speculative verify step when
     rows > 1), counted on a narrow twin: the count does not depend on widths."""
     import torch
@@ -235,7 +230,7 @@ def _eager_ops(cfg_json: str, rows: int = 1) -> int:
     from nonstop.program.count import count_decode_ops
     from nonstop.program.twin import narrow_twin
 
-    cfg = shapes_from_json(cfg_json)
+    cfg = shapes_from_json(cfg_text)
     return count_decode_ops(random_model(narrow_twin(cfg), torch.float32), rows=rows).total
 
 
@@ -270,7 +265,7 @@ def predict(
     colls += stage_sends(layout, chip.up_domain_ranks, group_seqs * rows_per_seq, workload.cfg.hidden_size * 2)
     eager = None
     if executor == "eager":
-        eager = _eager_ops(_cfg_json(workload), rows_per_seq)
+        eager = _eager_ops(cfg_json(workload.cfg), rows_per_seq)
     draft = draft_shape(workload.cfg, model_dir, spec.drafts) if spec else None
     if draft is not None and executor == "eager":  # the eager drafter: its own aten ops, not one per weight
         accepted = math.ceil(spec.accept)
@@ -283,6 +278,6 @@ def predict(
         n = requests.input_len
         p_colls = collectives(rank, stage, 1, n)
         p_colls += stage_sends(layout, chip.up_domain_ranks, n, workload.cfg.hidden_size * 2)
-        one_row = eager if rows_per_seq == 1 or eager is None else _eager_ops(_cfg_json(workload))
+        one_row = eager if rows_per_seq == 1 or eager is None else _eager_ops(cfg_json(workload.cfg))
         prefill = step_time(rank_ops(rank, stage, 1, n // 2, n), p_colls, chip, consts, executor, one_row)
     return Prediction(workload, chip, layout, batch, context, spec, executor, t, resident, requests, prefill)

@@ -265,21 +265,26 @@ def _coefficients(op, program, precision: Precision) -> dict:
 
 
 @functools.lru_cache(maxsize=8)
-def _program(cfg_json: str):
+def _program(cfg_text: str):
     from nonstop.model.build import meta_model
     from nonstop.program.lower import lower
 
-    return lower(meta_model(shapes_from_json(cfg_json), torch.bfloat16))
+    return lower(meta_model(shapes_from_json(cfg_text), torch.bfloat16))
 
 
 def program_for(cfg: ModelConfig):
     """The bf16 decode Program of ``cfg``, lowered from a meta-device model (cached per config)."""
-    return _program(json.dumps(cfg.to_hf_dict(), sort_keys=True))
+    return _program(cfg_json(cfg))
 
 
-def shapes_from_json(cfg_json: str) -> ModelConfig:
+def cfg_json(cfg: ModelConfig) -> str:
+    """``cfg`` as canonical config.json text: the planner's cache key for a model (``shapes_from_json`` reads it)."""
+    return json.dumps(cfg.to_hf_dict(), sort_keys=True)
+
+
+def shapes_from_json(cfg_text: str) -> ModelConfig:
     """The buildable config (``shapes_config``) of a config.json text (the planner's cache keys)."""
-    return shapes_config(ModelConfig.from_hf_dict(json.loads(cfg_json)))
+    return shapes_config(ModelConfig.from_hf_dict(json.loads(cfg_text)))
 
 
 def shapes_config(cfg: ModelConfig) -> ModelConfig:
