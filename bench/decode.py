@@ -245,8 +245,9 @@ def time_rows(
     ``executors``: {row: executor or None} for the executor rows."""
     clock = Clock(device)
     cost = program.total_cost(rows=1, context=context)
-    ids = torch.tensor([[1]], device=device)
-    batch = cache.batch([0], 1)
+    with torch.inference_mode():  # the check filled the cache in inference mode: reserving its next page writes it
+        ids = torch.tensor([[1]], device=device)
+        batch = cache.batch([0], 1)
     results = []
     for row in args.rows:
         entry = {"row": row, "label": label, "context": context}
@@ -344,6 +345,7 @@ def run_shape(name: str, args, device, dtype, budget: Budget, copy_gbps: float) 
     n_layers = cfg.num_hidden_layers
     result = {
         "shape": name,
+        "preset": SHAPES[name][0],  # the model whose first ``layers`` layers a slice times (nonstop plan reads it)
         "layers_timed": n_layers,
         "full_layers": full_depth(name),
         "expert_format": cfg.moe.expert_format if cfg.moe else None,

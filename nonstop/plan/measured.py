@@ -37,6 +37,7 @@ class Measurement:
     copy_gbps: float | None = None  # the memory bandwidth the same run measured (CPU results)
     serial: int = 1  # steps run one after another per generated token of each user (batch-invariant server: clients)
     cpu: str | None = None  # the CPU the run was recorded on (CPU results), as ``hostinfo.cpu_name`` gives it
+    engine_loop: bool = True  # False: a bare step timed on the device (no scheduler or sampling loop around it)
 
 
 def load_results(results_dir: Path = RESULTS_DIR) -> list[tuple[str, dict]]:
@@ -251,16 +252,28 @@ def _cpu_rows_of(name: str, data: dict) -> list[Measurement]:
 
 
 def _gpu_rows(name: str, data: dict) -> list[Measurement]:
-    """Whole-model batch-1 rows of ``bench/decode.py`` (shapes timed at full depth on one GPU)."""
+    """Batch-1 rows of ``bench/decode.py``: each timed slice (the preset's first ``layers`` layers, the
+    whole model when that is all of them) as the model it is. A bare step timed on the device: no
+    serving loop around it, so the planner prices no engine host loop for it."""
+    from nonstop.config import ModelConfig
+
     rows = []
     for shape in data.get("shapes", []):
+        preset = shape.get("preset", shape.get("shape"))
         for sl in shape.get("slices", []):
-            if sl.get("layers") != shape.get("full_layers"):
-                continue
+            layers, full = sl.get("layers"), shape.get("full_layers")
+            whole = layers == full
+            hf = None
+            if not whole:
+                try:
+                    hf = ModelConfig.preset(preset).with_num_layers(layers).to_hf_dict()
+                except (KeyError, ValueError, TypeError):  # a shape of another version: not comparable
+                    continue
+            model = preset if whole else f"{preset} ({layers}/{full} layers)"
             for timing in sl.get("timings", []):
                 for row in timing.get("rows", []):
                     if "ms_per_token" in row and row.get("row") in ("superop", "megakernel"):
-                        what = f"{row['row']} executor, batch 1, bf16, context {timing['context']}"
+                        what = f"{model}, {row['row']}, batch 1, bf16, context {timing['context']}"
                         ms = row["ms_per_token"]
                         executor = "megakernel" if row["row"] == "megakernel" else "kernels"
                         rows.append(
@@ -271,9 +284,11 @@ def _gpu_rows(name: str, data: dict) -> list[Measurement]:
                                 "bfloat16",
                                 ms,
                                 1e3 / ms,
-                                model=shape["shape"],
+                                model=preset if whole else None,
+                                hf_config=hf,
                                 executor=executor,
                                 context=timing["context"],
+                                engine_loop=False,
                             )
                         )
     return rows
@@ -302,7 +317,8 @@ def same_model(m: Measurement, cfg, model_name: str) -> bool:
     from nonstop.config import ModelConfig
 
     try:
-        return ModelConfig.from_hf_dict(m.hf_config).replace(hf={}) == cfg.replace(hf={})
+        canonical = lambda hf: ModelConfig.from_hf_dict(hf).replace(hf={})  # noqa: E731 - both through config.json
+        return canonical(m.hf_config) == canonical(cfg.to_hf_dict())  # (a slice keeps sub-configs it no longer uses)
     except Exception:  # noqa: BLE001 - a result file of another format
         return False
 

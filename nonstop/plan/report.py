@@ -7,6 +7,7 @@ import dataclasses
 from nonstop.plan.measured import Measurement, this_cpu
 from nonstop.plan.predict import USABLE_HBM, Prediction, Spec, predict
 from nonstop.plan.search import Candidate
+from nonstop.plan.timing import Constants
 from nonstop.plan.workload import Precision, build_workload, quantised_experts
 
 GB = 1e9
@@ -116,15 +117,18 @@ def layout_table(cands: list[Candidate], top: int) -> str:
 
 def measured_side_by_side(rows: list[Measurement], chip, model_name: str, workload_for, consts=None) -> list[dict]:
     """Each measurement with the planner's prediction of the same run (its batch, dtype, executor,
-    speculation and, on a CPU, the copy bandwidth that run measured)."""
+    speculation and, on a CPU, the copy bandwidth that run measured); a bare step timed on the device
+    (``engine_loop`` False) is predicted without the serving engine's host loop per step."""
+    from nonstop.plan.layout import Layout
+
+    consts = consts or Constants.load()
     out = []
     for m in rows:
         run_chip = dataclasses.replace(chip, hbm_gbps=m.copy_gbps) if m.copy_gbps else chip
         workload = workload_for(m)
         spec = Spec(m.spec_accept, m.spec_draft) if m.spec_accept else None
-        from nonstop.plan.layout import Layout
-
-        p = predict(workload, run_chip, Layout(), m.batch, m.context, spec, m.executor, consts, _model_dir(m))
+        run_consts = consts if m.engine_loop else consts.replace(step_overhead_us=0.0)
+        p = predict(workload, run_chip, Layout(), m.batch, m.context, spec, m.executor, run_consts, _model_dir(m))
         out.append({"measurement": m, "predicted_ms_per_token": p.ms_per_token * m.serial, "prediction": p})
     return out
 
@@ -151,20 +155,26 @@ def recorded_on(m: Measurement) -> str:
 def measured_table(rows: list[dict]) -> str:
     """The side-by-side; a run recorded on another CPU is predicted with this machine's per-op cost and
     its own recorded bandwidth, so its ratio says little (the note under the table says so)."""
-    head = f"{'measured run':<64} {'measured':>9} {'predicted':>9} {'pred/meas':>9}  {'recorded on':<22} source"
+    head = f"{'measured run':<72} {'measured':>9} {'predicted':>9} {'pred/meas':>9}  {'recorded on':<22} source"
     lines = [head]
-    other = False
+    other = bare = False
     for r in rows:
         m = r["measurement"]
         where = recorded_on(m)
         other = other or where not in ("this CPU", "-")
+        bare = bare or not m.engine_loop
         lines.append(
-            f"{m.what[:64]:<64} {m.ms_per_token:>9.2f} {r['predicted_ms_per_token']:>9.2f}"
+            f"{m.what[:72]:<72} {m.ms_per_token:>9.2f} {r['predicted_ms_per_token']:>9.2f}"
             f" {r['predicted_ms_per_token'] / m.ms_per_token:>9.2f}  {where[:22]:<22} bench/results/{m.source}"
         )
     if other:
         lines.append(
             "(runs recorded on another CPU are predicted with this machine's per-op cost: compare those of this CPU)"
+        )
+    if bare:
+        lines.append(
+            "(a GPU run is one bare step timed on the device, predicted without an engine's host loop: pred/meas is "
+            "the share of the calibrated engines' speed that nonstop's kernels reach there)"
         )
     return "\n".join(lines)
 

@@ -87,7 +87,7 @@ class _Lowering:
         H, Hkv, D = g.num_heads, g.num_kv_heads, g.head_dim
         w_qkv = pack([attn.q_proj.weight, attn.k_proj.weight, attn.v_proj.weight])
         b_qkv = pack([attn.q_proj.bias, attn.k_proj.bias, attn.v_proj.bias]) if g.bias else None
-        rot = attn.rotary
+        rot = attn.rotary  # its inv_freq lives on the host (model/rope.py): the kernels need it beside the weights
         q = self.buffer("gqa_q", H * D)
         self.op(
             f"L{i}.gqa_qkv_rope",
@@ -95,7 +95,7 @@ class _Lowering:
             i,
             [src],
             [q],
-            {"w_qkv": w_qkv, "b_qkv": b_qkv, "inv_freq": rot.inv_freq, **norm_w},
+            {"w_qkv": w_qkv, "b_qkv": b_qkv, "inv_freq": rot.inv_freq.to(w_qkv.device), **norm_w},
             heads=H,
             kv_heads=Hkv,
             head_dim=D,
@@ -130,7 +130,7 @@ class _Lowering:
         w_uk, w_uv = split_kv_b(attn.kv_b_proj.weight, m)
         rope = {}
         if attn.rotary is not None:
-            rope = {"inv_freq": attn.rotary.inv_freq}
+            rope = {"inv_freq": attn.rotary.inv_freq.to(first.weight.device)}  # Rotary keeps it on the host
         q_lat, q_pe = self.buffer("mla_q_lat", N * L, dtype="float32"), self.buffer("mla_q_pe", N * R)
         q_weights = (
             {"q_norm": attn.q_a_layernorm.weight, "q_b": attn.q_b_proj.weight} if m.q_lora_rank is not None else {}

@@ -1,16 +1,12 @@
 """Check one super-op kind's Triton kernel against its plain-torch twin inside a real decode step.
 
 A tiny random model (odd shapes) prefills a few sequences of different lengths, then runs one step of
-B sequences × T tokens through the Program with the twins. Right before every op of the requested
-kind, the whole step state (activation buffers, caches, recurrent state) is cloned; the twin runs on
-one copy and the kernel on the other, whose outputs (non-accumulating writes and the cache rows the
-step appends, when the twin writes them) are first poisoned with NaN; the buffers an op accumulates into
-start from the same random values in both copies. All written buffers and all cache/state tensors must agree.
+B sequences × T tokens through the Program with the twins. Every op of the requested kind runs both
+ways on clones of the step state (``nonstop/runtime/twin_check.py``: the kernel's outputs poisoned
+first, accumulators randomised alike); all written buffers and all cache/state tensors must agree.
 """
 
 from __future__ import annotations
-
-import copy
 
 import torch
 
@@ -19,78 +15,7 @@ from nonstop.config import ModelConfig
 from nonstop.model.build import random_model
 from nonstop.program.lower import lower
 from nonstop.program.reference import REFERENCE, StepEnv
-
-
-def _clone_env(env: StepEnv) -> StepEnv:
-    return StepEnv({k: v.clone() for k, v in env.buf.items()}, copy.deepcopy(env.cache), env.batch)
-
-
-def _step_cache_rows(op, env: StepEnv) -> dict[str, torch.Tensor] | None:
-    """The pool rows this step's tokens occupy in the op's token cache: {tensor name: rows [B·T, ...]}."""
-    layer = op.attrs.get("cache_layer")
-    if layer is None or not hasattr(env.cache.layers[layer], "tensors"):
-        return None
-    cache = env.cache.layers[layer]
-    cache.fit_pool()
-    rows = cache.pages.rows(env.batch.slots, env.batch.positions)
-    return {k: t[rows] for k, t in cache.tensors.items()}
-
-
-def _writes_cache(op, before: StepEnv, after: StepEnv) -> bool:
-    """True if the twin changed the step's cache rows (an appending op, not a reader such as *_attn)."""
-    old, new = _step_cache_rows(op, before), _step_cache_rows(op, after)
-    return old is not None and any(not torch.equal(old[k].nan_to_num(), new[k].nan_to_num()) for k in old)
-
-
-def _poison(op, env: StepEnv, cache_rows: bool) -> None:
-    for name in op.writes:
-        if not op.attrs.get("accumulate", False) and env.buf[name].dtype.is_floating_point:
-            env.buf[name].fill_(float("nan"))
-    if cache_rows:
-        cache = env.cache.layers[op.attrs["cache_layer"]]
-        rows = cache.pages.rows(env.batch.slots, env.batch.positions)
-        for t in cache.tensors.values():
-            t[rows] = float("nan")
-
-
-def _randomize_accumulators(op, gen: torch.Generator, *envs: StepEnv) -> None:
-    """The same random values in every copy of the buffers an accumulating op adds into (``out += y``), so
-    a kernel that overwrites them instead of adding fails (the twins' step left them zero or small)."""
-    if not op.attrs.get("accumulate", False):
-        return
-    for name in op.writes:
-        buf = envs[0].buf[name]
-        if buf.dtype.is_floating_point:
-            noise = torch.randn(buf.shape, generator=gen).to(buf.device, buf.dtype)
-            for env in envs:
-                env.buf[name].copy_(noise)
-
-
-def _poison_history(op, env: StepEnv) -> None:
-    """NaN in the step's rows of the KDA history the op keeps, so its kernel must write every one."""
-    kind = {"kda_in_proj": "conv", "kda_core": "recurrent"}.get(op.kind)
-    if not env.batch.keep_states or kind is None:
-        return
-    hist = getattr(env.cache.layers[op.attrs["cache_layer"]], f"history_{kind}")
-    if hist is not None:
-        hist[env.batch.slots, : env.T] = float("nan")
-
-
-def _state_tensors(env: StepEnv) -> dict[str, torch.Tensor]:
-    out = {}
-    for i, layer in enumerate(env.cache.layers):
-        if hasattr(layer, "tensors"):
-            for k in layer.tensors:
-                out[f"L{i}.{k}"] = layer.read(env.batch, k)  # every row's tokens 0..end-1, through the page table
-        else:
-            out[f"L{i}.recurrent"] = layer.recurrent
-            out[f"L{i}.conv"] = layer.conv
-            if env.batch.keep_states:  # speculative verification: the state after every token of the step
-                for kind in ("recurrent", "conv"):
-                    hist = getattr(layer, f"history_{kind}")
-                    if hist is not None:
-                        out[f"L{i}.history_{kind}"] = hist[env.batch.slots, : env.T]
-    return out
+from nonstop.runtime.twin_check import run_both, state_tensors
 
 
 def check_kernel(
@@ -135,12 +60,7 @@ def check_kernel(
     checked = 0
     for op in program.ops:
         if op.kind == kind:
-            want, got = _clone_env(env), _clone_env(env)
-            _randomize_accumulators(op, gen, want, got)
-            REFERENCE[kind](op, want)
-            _poison(op, got, cache_rows=_writes_cache(op, got, want))
-            _poison_history(op, got)
-            kernel(op, got)
+            want, got = run_both(op, env, kernel, gen)
             for name in op.writes:
                 torch.testing.assert_close(
                     got.buf[name].float(),
@@ -148,8 +68,8 @@ def check_kernel(
                     **tol,
                     msg=lambda m, op=op, name=name: f"{op.name} -> {name}: {m}",
                 )
-            got_state = _state_tensors(got)
-            for name, t in _state_tensors(want).items():
+            got_state = state_tensors(got)
+            for name, t in state_tensors(want).items():
                 torch.testing.assert_close(
                     got_state[name].float(),
                     t.float(),

@@ -2,8 +2,10 @@
 figures come from this machine, so results recorded on another CPU are labelled and never lend it their
 bandwidth."""
 
+import dataclasses
 import json
 
+import pytest
 import torch
 
 from nonstop.plan.measured import all_measurements, op_overhead_us, recorded_copy_gbps, this_cpu
@@ -67,3 +69,55 @@ def test_an_eager_speculative_step_counts_its_verify_rows_and_its_drafter_ops():
     workload = build_workload(cfg, "k3-nano", Precision("fp32", "fp32"))
     spec = predict(workload, get_chip("cpu"), Layout(), 1, 64, Spec(2.5, 2), "eager", model_dir=model_dir)
     assert spec.time.kernels == verify_ops + drafter_ops
+
+
+def _decode_result(gpu: str) -> dict:
+    """A bench/decode.py report: llama-3.2-1b whole, a kimi-k3 slice timed at 3 layers and at 1."""
+
+    def slice_(layers, ms):
+        rows = [{"row": "superop", "ms_per_token": ms}, {"row": "eager", "ms_per_token": 10 * ms}]
+        return {"layers": layers, "timings": [{"context": 132, "rows": rows}]}
+
+    return {
+        "bench": "decode",
+        "environment": {"gpu": gpu},
+        "shapes": [
+            {"shape": "llama-3.2-1b", "preset": "llama-3.2-1b", "full_layers": 16, "slices": [slice_(16, 1.5)]},
+            {
+                "shape": "kimi-k3-slice",
+                "preset": "kimi-k3",
+                "full_layers": 93,
+                "slices": [slice_(3, 5.0), slice_(1, 1.5)],
+            },
+        ],
+    }
+
+
+def test_gpu_slices_are_predicted_as_the_models_they_time(tmp_path):
+    from nonstop.config import ModelConfig
+    from nonstop.plan.chips import get_chip
+    from nonstop.plan.measured import measurements
+    from nonstop.plan.report import measured_side_by_side, workload_for_measurement
+    from nonstop.plan.timing import Constants
+
+    (tmp_path / "decode_nvidia-h200.json").write_text(json.dumps(_decode_result("NVIDIA H200")))
+    assert all_measurements("h100", tmp_path) == []  # another chip's runs are not this one's
+    rows = all_measurements("h200", tmp_path)
+    assert [(m.ms_per_token, m.executor, m.engine_loop) for m in rows] == [
+        (1.5, "kernels", False),  # the executor rows only (not eager), each a bare step
+        (5.0, "kernels", False),
+        (1.5, "kernels", False),
+    ]
+    assert rows[0].model == "llama-3.2-1b" and rows[1].model is None
+    k3 = ModelConfig.preset("kimi-k3")
+    assert [m.ms_per_token for m in measurements(k3.with_num_layers(3), "kimi-k3", "h200", tmp_path)] == [5.0]
+    assert measurements(k3, "kimi-k3", "h200", tmp_path) == []  # a slice is not the whole model
+    consts = Constants.load()
+    chip = get_chip("h200")
+    bare = measured_side_by_side(rows, chip, "kimi-k3", workload_for_measurement({}), consts)
+    looped = [dataclasses.replace(m, engine_loop=True) for m in rows]
+    served = measured_side_by_side(looped, chip, "kimi-k3", workload_for_measurement({}), consts)
+    for b, s in zip(bare, served):  # no engine host loop priced for a bare step, the rest the same
+        assert s["predicted_ms_per_token"] - b["predicted_ms_per_token"] == pytest.approx(consts.step_overhead_us / 1e3)
+    one, three = bare[2]["predicted_ms_per_token"], bare[1]["predicted_ms_per_token"]
+    assert 1.0 < three / one < 3.0  # two more MoE layers on top of the dense one, embedding and head

@@ -8,6 +8,7 @@ import importlib.util
 import json
 from pathlib import Path
 
+from nonstop.cache.pages import PAGE_SIZE
 from nonstop.hostinfo import environment
 
 BENCH = Path(__file__).resolve().parents[2] / "bench" / "decode.py"
@@ -24,6 +25,8 @@ def test_dry_run_writes_a_complete_report(tmp_path, monkeypatch, capsys):
     monkeypatch.delenv("OUT", raising=False)
     out = tmp_path / "decode.json"
     bench = _bench()
+    check_steps = 2
+    context = PAGE_SIZE - check_steps  # the timed step is the first token of a new cache page: it reserves one
     bench.main(
         [
             "--dry-run",
@@ -36,9 +39,9 @@ def test_dry_run_writes_a_complete_report(tmp_path, monkeypatch, capsys):
             "--steps",
             "3",
             "--context",
-            "5",
+            str(context),
             "--check-steps",
-            "2",
+            str(check_steps),
             "--out",
             str(out),
         ]

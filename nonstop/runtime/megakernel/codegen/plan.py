@@ -129,6 +129,18 @@ def describe_args(launch) -> list[tuple[str, str, object]]:
     return out
 
 
+def _check_devices(launch, args, device) -> None:
+    """The tables hold raw addresses: a tensor on another device (a host tensor on a GPU) would be read
+    at an address the kernel cannot reach (an illegal address inside the persistent kernel). Refuse it.
+    Off a GPU nothing is dereferenced by hardware (the interpreter; ``gpucheck``'s meta weights)."""
+    want = torch.device(device).type
+    if want != "cuda":
+        return
+    off = [f"{n} on {v.device}" for n, kind, v in args if kind in ("ptr", "wptr") and v.device.type != want]
+    if off:
+        raise ValueError(f"megakernel: {launch.name} takes tensors off the {want} device: {', '.join(off)}")
+
+
 def build_plan(launches: list[list], device) -> Plan:
     instances = []  # per instance: described args
     keyed: dict[tuple, int] = {}
@@ -138,6 +150,7 @@ def build_plan(launches: list[list], device) -> Plan:
         runs = []
         for launch in op_launches:
             args = describe_args(launch)
+            _check_devices(launch, args, device)
             inst = len(instances)
             instances.append(args)
             for stage_name, body, phase, ntiles, num_tiles in stages_of(launch):

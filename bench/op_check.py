@@ -1,0 +1,199 @@
+"""Every super-op's Triton kernel against its plain-torch twin, op by op, at full width (a GPU check).
+
+For each shape (``bench/decode.py``'s shapes and random weights), a sequence is prefilled by the
+reference model and one decode step runs through the Program with the twins. Right before each op
+the step state (buffers, caches, recurrent state) is cloned twice: the twin runs on one copy, the
+kernel on the other, whose outputs are poisoned with NaN first (``nonstop/runtime/twin_check.py``,
+the steps of the kernel tests). Per op: max |kernel - twin| / max |twin| over every buffer it writes
+and every cache/state tensor, and NaN left in its outputs. The first op over the tolerance is where a divergence starts.
+
+    python bench/op_check.py --shapes kimi-k3-slice           # on a GPU
+    python bench/op_check.py --dry-run                        # narrow twins, Triton's interpreter
+
+Then one decode step after the same prefill through the twins and the superop kernels (no CUDA graph),
+each against the reference model; ``--megakernel-step`` adds one eager megakernel launch, last, and
+synchronises, so a fault is reported at its launch (run it under ``compute-sanitizer``).
+JSON per shape (``op_check_<gpu>_<shape>.json``, with the machine) to ``--out-dir``, else ``$OUT`` when set;
+a line per op on stdout. Recorded runs: ``bench/results/op_check_nvidia-h200_*.json``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+for p in (ROOT, ROOT / "bench"):
+    if str(p) not in sys.path:
+        sys.path.insert(0, str(p))
+
+
+def parse_args(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--shapes", default="llama-3.2-1b,kimi-k3-slice", help="comma-separated bench/decode.py shapes")
+    ap.add_argument("--k3-layers", type=int, default=None, help="layers of the kimi-k3 slice (default 4)")
+    ap.add_argument("--llama-layers", type=int, default=None, help="layers of llama-3.2-1b (default all)")
+    ap.add_argument("--context", type=int, default=131, help="tokens prefilled before the step (default 131)")
+    ap.add_argument("--tol", type=float, default=2e-2, help="relative error flagged (bf16 default 2e-2)")
+    ap.add_argument("--megakernel-step", action="store_true", help="also one eager megakernel step per shape (last)")
+    ap.add_argument("--no-ops", dest="ops", action="store_false", help="skip the op-by-op comparison")
+    ap.add_argument("--dry-run", action="store_true", help="narrow twins on the CPU under Triton's interpreter")
+    ap.add_argument("--seed", type=int, default=0, help="seed of weights and inputs (default 0)")
+    ap.add_argument("--out-dir", default=None, help="where the JSON goes (default $OUT, else nowhere)")
+    args = ap.parse_args(argv)
+    if args.dry_run:
+        os.environ.setdefault("TRITON_INTERPRET", "1")
+        args.context = min(args.context, 12)
+    return args
+
+
+def rel_err(got, want) -> float:
+    got, want = got.float(), want.float()
+    scale = want.abs().max().clamp_min(1e-30)
+    return float(((got - want).abs().max() / scale).nan_to_num(float("inf")))
+
+
+def prefilled(model, cfg, context: int, device, gen):
+    import torch
+
+    from nonstop.cache.state import ModelCache
+
+    cache = ModelCache(cfg, 1, capacity=context + 4, dtype=model.embed_tokens.weight.dtype, device=device)
+    batch = cache.batch([0], context)
+    model(torch.randint(0, cfg.vocab_size, (1, context), generator=gen).to(device), cache, batch, last_only=True)
+    cache.advance(batch)
+    return cache
+
+
+def check_ops(model, program, context: int, device, tol: float, seed: int) -> list[dict]:
+    import torch
+
+    from nonstop.kernels import KERNELS
+    from nonstop.program.reference import REFERENCE, StepEnv
+    from nonstop.runtime.twin_check import run_both, state_tensors
+
+    gen = torch.Generator().manual_seed(seed + 1)
+    cache = prefilled(model, model.cfg, context, device, gen)
+    batch = cache.batch([0], 1)
+    env = StepEnv(program.allocate(1, device), cache, batch)
+    env.buf["ids"].copy_(torch.randint(0, model.cfg.vocab_size, (1,), generator=gen))
+    rows = []
+    for op in program.ops:
+        row = {"op": op.name, "kind": op.kind}
+        try:
+            want, got = run_both(op, env, KERNELS[op.kind], gen)
+            if device.type == "cuda":
+                torch.cuda.synchronize()
+            errs = {name: rel_err(got.buf[name], want.buf[name]) for name in op.writes}
+            got_state = state_tensors(got)
+            for name, t in state_tensors(want).items():
+                e = rel_err(got_state[name], t)
+                if e > 0:
+                    errs[f"state {name}"] = e
+            worst = max(errs, key=errs.get) if errs else None
+            row.update(
+                worst=worst,
+                rel_err=errs.get(worst, 0.0),
+                errors=errs,
+                nan=int(sum(int(torch.isnan(got.buf[n].float()).sum()) for n in op.writes)),
+            )
+            row["ok"] = row["rel_err"] <= tol and row["nan"] == 0
+        except Exception as exc:  # noqa: BLE001 - report it; a CUDA fault ends the shape
+            row.update(error=f"{type(exc).__name__}: {exc}"[:1000], ok=False)
+            rows.append(row)
+            break
+        rows.append(row)
+        print(
+            f"  {op.name:<28} {op.kind:<18} {row['rel_err']:9.2e}  nan {row['nan']:<5} {row['worst']}"
+            + ("" if row["ok"] else "   <-- over tolerance"),
+            flush=True,
+        )
+        REFERENCE[op.kind](op, env)
+        del want, got
+    return rows
+
+
+def step_checks(model, program, context: int, device, seed: int, megakernel: bool) -> dict:
+    """One decode step after a prefill, each executor against the reference model (max rel error of the
+    logits): the twins, the superop kernels without a CUDA graph, and (``megakernel``) one eager
+    megakernel launch, last: a fault there ends the CUDA context."""
+    import copy
+
+    import torch
+
+    from nonstop.runtime.superop import SuperOpExecutor
+
+    gen = torch.Generator().manual_seed(seed + 2)
+    cache = prefilled(model, model.cfg, context, device, gen)
+    ids = torch.randint(0, model.cfg.vocab_size, (1, 1), generator=gen).to(device)
+    want = model(ids, copy.deepcopy(cache), cache.batch([0], 1), last_only=True).float()
+    builders = {
+        "twins": lambda: SuperOpExecutor(model, use_kernels=False, graphs=False, program=program),
+        "superop": lambda: SuperOpExecutor(model, use_kernels=True, graphs=False, program=program),
+    }
+    if megakernel:
+        from nonstop.runtime.megakernel import MegakernelExecutor
+
+        builders["megakernel"] = lambda: MegakernelExecutor(model, graphs=False, program=program)
+    out = {}
+    for name, build in builders.items():
+        try:
+            c = copy.deepcopy(cache)
+            got = build().forward(ids, c, c.batch([0], 1), last_only=True).float()
+            if device.type == "cuda":
+                torch.cuda.synchronize()
+            out[name] = {"rel_err": rel_err(got, want), "finite": bool(torch.isfinite(got).all())}
+        except Exception as exc:  # noqa: BLE001
+            out[name] = {"error": f"{type(exc).__name__}: {exc}"[:1000]}
+        print(f"  step vs the reference model, {name}: {out[name]}", flush=True)
+    return out
+
+
+def main(argv=None):
+    args = parse_args(argv)
+    import torch
+    from decode import build_model, shape_config
+
+    from nonstop.hostinfo import environment
+    from nonstop.program.lower import lower
+
+    device = torch.device("cpu" if args.dry_run else "cuda")
+    dtype = torch.float32 if args.dry_run else torch.bfloat16
+    out_dir = args.out_dir or os.environ.get("OUT")
+    layers = {"llama-3.2-1b": args.llama_layers, "kimi-k3-slice": args.k3_layers}
+    for name in [s for s in args.shapes.split(",") if s]:
+        cfg = shape_config(name, layers.get(name), args.dry_run)
+        print(f"{name}: {cfg.num_hidden_layers} layers, context {args.context}", flush=True)
+        report = {
+            "bench": "op_check",
+            "command": " ".join(["python3", "bench/op_check.py", *(sys.argv[1:] if argv is None else argv)]),
+            "environment": environment(device),
+            "shape": name,
+            "layers": cfg.num_hidden_layers,
+            "context": args.context,
+            "tol": args.tol,
+        }
+        with torch.inference_mode():
+            model = build_model(cfg, dtype, device, args.seed)
+            program = lower(model)
+            if args.ops:
+                report["ops"] = check_ops(model, program, args.context, device, args.tol, args.seed)
+                bad = [r for r in report["ops"] if not r["ok"]]
+                first = f"; first {bad[0]['op']}" if bad else ""
+                print(f"  {len(report['ops'])} ops, {len(bad)} over tolerance{first}", flush=True)
+            report["step"] = step_checks(model, program, args.context, device, args.seed, args.megakernel_step)
+        if out_dir:
+            Path(out_dir).mkdir(parents=True, exist_ok=True)
+            where = re.sub(r"[^a-z0-9]+", "-", (report["environment"].get("gpu") or "cpu").lower())
+            (Path(out_dir) / f"op_check_{where}_{name}.json").write_text(json.dumps(report, indent=1) + "\n")
+        del model, program
+        if device.type == "cuda":
+            torch.cuda.empty_cache()
+
+
+if __name__ == "__main__":
+    main()
