@@ -378,8 +378,11 @@ def run(args) -> int:
         print(f"nonstop's own measurements of {args.model} on {chip.key} (bench/results), predicted for the same runs:")
         print(measured_table(side))
     else:
-        print(
-            f"no nonstop measurement of {args.model} on {chip.key} in bench/results "
-            "(today only CPU results exist; try --chip cpu -m k3-nano, or --measured)"
+        others = len(all_measurements(chip.key))
+        hint = (
+            f"--measured lists the {others} run(s) on {chip.key}: other models, or slices of this one"
+            if others
+            else f"none on {chip.key} at all; try --chip cpu -m k3-nano"
         )
+        print(f"no nonstop measurement of {args.model} on {chip.key} in bench/results ({hint})")
     return 0

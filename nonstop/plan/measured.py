@@ -40,7 +40,9 @@ class Measurement:
     engine_loop: bool = True  # False: a bare step timed on the device (no scheduler or sampling loop around it)
 
 
-def load_results(results_dir: Path = RESULTS_DIR) -> list[tuple[str, dict]]:
+def load_results(results_dir: Path | None = None) -> list[tuple[str, dict]]:
+    """(file name, data) of every JSON result in ``results_dir`` (default ``RESULTS_DIR``, read at call time)."""
+    results_dir = results_dir or RESULTS_DIR
     out = []
     if not results_dir.is_dir():
         return out
@@ -72,7 +74,7 @@ def this_cpu() -> str:
     return cpu_name()
 
 
-def recorded_copy_gbps(results_dir: Path = RESULTS_DIR) -> tuple[float, str] | None:
+def recorded_copy_gbps(results_dir: Path | None = None) -> tuple[float, str] | None:
     """The newest copy bandwidth a CPU benchmark recorded on this machine's CPU (GB/s, read + written),
     with its file; results from another CPU say nothing about this one."""
     best = None
@@ -294,7 +296,7 @@ def _gpu_rows(name: str, data: dict) -> list[Measurement]:
     return rows
 
 
-def all_measurements(chip_key: str, results_dir: Path = RESULTS_DIR) -> list[Measurement]:
+def all_measurements(chip_key: str, results_dir: Path | None = None) -> list[Measurement]:
     """Every nonstop decode measurement in ``bench/results`` taken on this chip."""
     rows: list[Measurement] = []
     for name, data in load_results(results_dir):
@@ -323,6 +325,6 @@ def same_model(m: Measurement, cfg, model_name: str) -> bool:
         return False
 
 
-def measurements(cfg, model_name: str, chip_key: str, results_dir: Path = RESULTS_DIR) -> list[Measurement]:
+def measurements(cfg, model_name: str, chip_key: str, results_dir: Path | None = None) -> list[Measurement]:
     """nonstop's own decode measurements of this model on this chip (empty when there are none)."""
     return [m for m in all_measurements(chip_key, results_dir) if same_model(m, cfg, model_name)]

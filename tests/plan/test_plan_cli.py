@@ -47,9 +47,33 @@ def test_cpu_plan_sits_beside_nonstop_measurements(capsys):
     assert all(r["predicted_ms_per_token"] > 0 and r["measured_ms_per_token"] > 0 for r in rows)
 
 
-def test_no_measurement_on_a_gpu_is_said_plainly(capsys):
+def test_no_measurement_on_a_gpu_is_said_plainly(capsys, tmp_path, monkeypatch):
+    from nonstop.plan import measured
+
+    monkeypatch.setattr(measured, "RESULTS_DIR", tmp_path)  # no result at all
     assert main(["plan", "-m", "k3-nano", "--chip", "h100", "--chips", "1"]) == 0
-    assert "no nonstop measurement of k3-nano on h100" in capsys.readouterr().out
+    assert "no nonstop measurement of k3-nano on h100 in bench/results (none on h100 at all" in capsys.readouterr().out
+    superop_row = {"row": "superop", "ms_per_token": 2.0}
+    (tmp_path / "decode_nvidia-h100.json").write_text(  # a run of another model on that chip
+        json.dumps(
+            {
+                "environment": {"gpu": "NVIDIA H100 80GB HBM3"},
+                "shapes": [
+                    {
+                        "shape": "llama-3.2-1b",
+                        "preset": "llama-3.2-1b",
+                        "full_layers": 16,
+                        "slices": [{"layers": 16, "timings": [{"context": 9, "rows": [superop_row]}]}],
+                    }
+                ],
+            }
+        )
+    )
+    assert main(["plan", "-m", "k3-nano", "--chip", "h100", "--chips", "1"]) == 0
+    assert "(--measured lists the 1 run(s) on h100: other models" in capsys.readouterr().out
+    assert main(["plan", "--chip", "h100", "--measured", "--json"]) == 0
+    (row,) = json.loads(capsys.readouterr().out)
+    assert row["run"].startswith("llama-3.2-1b, superop") and row["measured_ms_per_token"] == 2.0
 
 
 def test_list_chips(capsys):
