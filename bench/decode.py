@@ -159,15 +159,29 @@ def counted_launches(step, device) -> dict:
 # ----------------------------------------------------------------------------- one shape
 
 
+def prefilled(model: CausalLM, context: int, device, *, capacity: int, gen=None) -> tuple[ModelCache, torch.Tensor]:
+    """A batch-1 cache (room for ``capacity`` tokens) holding a random ``context``-token prompt prefilled
+    by the reference model, and the prompt's last logits [1, vocab]."""
+    cfg = model.cfg
+    prompt = torch.randint(0, cfg.vocab_size, (1, context), generator=gen).to(device)
+    cache = ModelCache(cfg, 1, capacity=capacity, dtype=model.embed_tokens.weight.dtype, device=device)
+    batch = cache.batch([0], context)
+    logits = model(prompt, cache, batch, last_only=True)
+    cache.advance(batch)
+    return cache, logits
+
+
+def rel_err(got: torch.Tensor, want: torch.Tensor) -> float:
+    """max|got - want| / max|want| in fp32, the error every check here reports; NaN in ``got`` counts as inf."""
+    got, want = got.float(), want.float()
+    return float(((got - want).abs().max() / want.abs().max().clamp_min(1e-30)).nan_to_num(float("inf")))
+
+
 def correctness(model, executor, cfg, dtype, device, context: int, steps: int, seed: int) -> tuple[dict, ModelCache]:
     """Greedy decode after a random prompt: superop vs the eager reference on copies of one cache.
     Returns the check and the superop's cache (context + steps tokens) for the timing."""
     gen = torch.Generator().manual_seed(seed)
-    prompt = torch.randint(0, cfg.vocab_size, (1, context), generator=gen).to(device)
-    ref_cache = ModelCache(cfg, 1, capacity=context + steps + 2, dtype=dtype, device=device)
-    batch = ref_cache.batch([0], context)
-    logits = model(prompt, ref_cache, batch, last_only=True)
-    ref_cache.advance(batch)
+    ref_cache, logits = prefilled(model, context, device, capacity=context + steps + 2, gen=gen)
     sup_cache = copy.deepcopy(ref_cache)
     token = logits.argmax(-1, keepdim=True)
     errors, agree, finite = [], 0, True
@@ -178,7 +192,7 @@ def correctness(model, executor, cfg, dtype, device, context: int, steps: int, s
         ref_cache.advance(rb)
         sup_cache.advance(sb)
         finite &= bool(torch.isfinite(got).all())
-        errors.append(float((got - want).abs().max() / want.abs().max().clamp_min(1e-30)))
+        errors.append(rel_err(got, want))
         agree += int(got.argmax(-1).item() == want.argmax(-1).item())
         token = want.argmax(-1, keepdim=True)
     del ref_cache
@@ -379,19 +393,13 @@ def run_shape(name: str, args, device, dtype, budget: Budget, copy_gbps: float) 
                 except Exception as exc:  # noqa: BLE001
                     entry[key] = {"error": f"{type(exc).__name__}: {exc}"[:2000]}
             if cache is None:
-                cache = ModelCache(m.cfg, 1, capacity=args.context + 2, dtype=dtype, device=device)
-                batch = cache.batch([0], args.context)
-                m(torch.randint(0, m.cfg.vocab_size, (1, args.context), device=device), cache, batch, last_only=True)
-                cache.advance(batch)
+                cache, _ = prefilled(m, args.context, device, capacity=args.context + 2)
         contexts = [int(cache.lengths[0])] + ([args.long_context] if args.long_context else [])
         entry["timings"] = []
         for context in contexts:
             if context != contexts[0]:  # prefill the long context with the reference
                 with torch.inference_mode():
-                    cache = ModelCache(m.cfg, 1, capacity=context + 2, dtype=dtype, device=device)
-                    batch = cache.batch([0], context)
-                    m(torch.randint(0, m.cfg.vocab_size, (1, context), device=device), cache, batch, last_only=True)
-                    cache.advance(batch)
+                    cache, _ = prefilled(m, context, device, capacity=context + 2)
             cost = program.total_cost(rows=1, context=context)
             timing = {
                 "context": context,

@@ -51,33 +51,16 @@ def parse_args(argv=None):
     return args
 
 
-def rel_err(got, want) -> float:
-    got, want = got.float(), want.float()
-    scale = want.abs().max().clamp_min(1e-30)
-    return float(((got - want).abs().max() / scale).nan_to_num(float("inf")))
-
-
-def prefilled(model, cfg, context: int, device, gen):
-    import torch
-
-    from nonstop.cache.state import ModelCache
-
-    cache = ModelCache(cfg, 1, capacity=context + 4, dtype=model.embed_tokens.weight.dtype, device=device)
-    batch = cache.batch([0], context)
-    model(torch.randint(0, cfg.vocab_size, (1, context), generator=gen).to(device), cache, batch, last_only=True)
-    cache.advance(batch)
-    return cache
-
-
 def check_ops(model, program, context: int, device, tol: float, seed: int) -> list[dict]:
     import torch
+    from decode import prefilled, rel_err
 
     from nonstop.kernels import KERNELS
     from nonstop.program.reference import REFERENCE, StepEnv
     from nonstop.runtime.twin_check import run_both, state_tensors
 
     gen = torch.Generator().manual_seed(seed + 1)
-    cache = prefilled(model, model.cfg, context, device, gen)
+    cache, _ = prefilled(model, context, device, capacity=context + 4, gen=gen)
     batch = cache.batch([0], 1)
     env = StepEnv(program.allocate(1, device), cache, batch)
     env.buf["ids"].copy_(torch.randint(0, model.cfg.vocab_size, (1,), generator=gen))
@@ -124,11 +107,12 @@ def step_checks(model, program, context: int, device, seed: int, megakernel: boo
     import copy
 
     import torch
+    from decode import prefilled, rel_err
 
     from nonstop.runtime.superop import SuperOpExecutor
 
     gen = torch.Generator().manual_seed(seed + 2)
-    cache = prefilled(model, model.cfg, context, device, gen)
+    cache, _ = prefilled(model, context, device, capacity=context + 4, gen=gen)
     ids = torch.randint(0, model.cfg.vocab_size, (1, 1), generator=gen).to(device)
     want = model(ids, copy.deepcopy(cache), cache.batch([0], 1), last_only=True).float()
     builders = {
