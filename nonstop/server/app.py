@@ -7,13 +7,16 @@ requests cancelled so their slots free at once. A request that fails inside the 
 body (or an ``error`` event mid-stream); the server keeps serving.
 
 Request bodies are read with a size limit, then parsed, validated, tokenized and rendered in a worker
-thread, so a large prompt never stalls the event loop (``/health`` and running streams stay live).
+thread, so a large prompt never stalls the event loop (``/health`` and running streams stay live); while
+serving, the heap alive at startup is frozen out of the garbage collector, whose full collections
+would otherwise stop the loop for a time that grows with it (``freeze_startup_heap``).
 With an API key every ``/v1`` route wants ``Authorization: Bearer <key>``. ``/openapi.json`` carries
 the request schemas of both POST endpoints.
 """
 
 from __future__ import annotations
 
+import gc
 import hmac
 import logging
 import time
@@ -134,6 +137,16 @@ def _api_key_check(ctx: ServingContext):
     return require_api_key
 
 
+def freeze_startup_heap() -> None:
+    """Move every object alive now (the model, the imported modules: millions in a large process) out of
+    the collector's reach until ``gc.unfreeze()``. A full collection stops every thread, the event loop
+    included, for time proportional to the objects it walks: 0.67 s for a 6.4M-object heap on this
+    project's CPU machine, 2 ms once frozen (``/health`` answered in 0.69 s against 0.045 s). Requests'
+    own objects are still collected; the startup heap lives as long as the server anyway."""
+    gc.collect()
+    gc.freeze()
+
+
 def create_app(ctx: ServingContext, manage_engine: bool = True) -> FastAPI:
     """The app; with ``manage_engine`` it starts the engine loop on startup and stops it on shutdown."""
 
@@ -141,7 +154,9 @@ def create_app(ctx: ServingContext, manage_engine: bool = True) -> FastAPI:
     async def lifespan(app: FastAPI):
         if manage_engine and not ctx.engine.running:
             ctx.engine.start()
+        freeze_startup_heap()
         yield
+        gc.unfreeze()
         if manage_engine:
             ctx.engine.stop()
 
