@@ -72,7 +72,8 @@ def add_parser(sub) -> None:
     p.add_argument(
         "--context",
         type=non_negative_int,
-        help="mean cached tokens per sequence while decoding (default 4096, or from --input-len / --output-len)",
+        help="mean cached tokens per sequence while decoding (default 4096 or the model's limit if shorter, "
+        "or from --input-len / --output-len)",
     )
     p.add_argument(
         "--input-len",
@@ -201,6 +202,8 @@ def _spec(args):
     return Spec(args.spec_accept, args.spec_draft or 7)
 
 
+DEFAULT_CONTEXT = 4096  # cached tokens per sequence unless given (capped at the model's positions)
+
 # the largest deployment the planner models: each rank Program lists the expert slots of every rank
 MAX_RANKS = 1 << 20
 
@@ -217,6 +220,17 @@ def _requests(args):
     if args.input_len is None or args.output_len is None:
         raise ValueError("--input-len and --output-len go together (context = input + output / 2)")
     return Requests(args.input_len, args.output_len)
+
+
+def _check_positions(cfg, name: str, longest: int) -> None:
+    """Refuse a sequence longer than the model's position limit (``max_position_embeddings``): its rotary
+    tables and trained context end there, so a plan for it would describe a model that cannot run."""
+    limit = cfg.max_position_embeddings
+    if longest > limit:
+        raise ValueError(
+            f"a sequence of {longest:,} tokens exceeds {name}'s {limit:,} positions (max_position_embeddings); "
+            "give a shorter --context or --input-len + --output-len"
+        )
 
 
 def _layout(args, chips: int, devices: int):
@@ -311,7 +325,9 @@ def run(args) -> int:
             "(a rank Program lists every rank's share of the experts)"
         )
     requests = _requests(args)
-    context = requests.context if requests else (4096 if args.context is None else args.context)
+    default = min(DEFAULT_CONTEXT, cfg.max_position_embeddings)
+    context = requests.context if requests else (default if args.context is None else args.context)
+    _check_positions(cfg, args.model, requests.input_len + requests.output_len if requests else context)
     request = {
         "batch": args.batch,
         "context": context,

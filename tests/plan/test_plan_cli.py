@@ -118,6 +118,14 @@ def test_list_chips(capsys):
             "not both",
         ),
         (["-m", "kimi-k3", "--chip", "tpu7x", "--chips", str(2**19 + 1)], "1,048,578 ranks"),
+        (
+            ["-m", "kimi-k3", "--chip", "b300", "--chips", "8", "--context", str(2**20 + 1)],
+            "1,048,577 tokens exceeds kimi-k3's 1,048,576 positions",
+        ),
+        (
+            ["-m", "llama-3.2-1b", "--chip", "h200", "--chips", "1", "--input-len", "130000", "--output-len", "1073"],
+            "131,073 tokens exceeds llama-3.2-1b's 131,072 positions",
+        ),
     ],
 )
 def test_bad_input_is_one_line(argv, message, capsys):
@@ -155,6 +163,17 @@ def test_released_model_names_map_to_the_shapes_they_share(capsys):
     assert ms["kimi-k2.5"] == ms["kimi-k2-thinking"] and ms["Kimi-K2-Instruct"] == ms["kimi-k2"]
     assert ms["kimi-k2.5"] != ms["kimi-k2"]  # int4 experts and bf16 attention against fp8 everywhere
     assert ms["deepseek-r1"] != ms["kimi-k2"]
+
+
+def test_the_context_defaults_within_the_models_positions_and_reaches_the_limit(capsys):
+    """k3-nano has 2,048 positions: the 4,096-token default context shrinks to them, and a sequence of
+    exactly the limit is planned."""
+    runs = []
+    for extra in ([], ["--input-len", "2000", "--output-len", "48"]):
+        assert main(["plan", "-m", "k3-nano", "--chip", "h200", "--chips", "1", "--tp", "1", *extra, "--json"]) == 0
+        runs.append(json.loads(capsys.readouterr().out))
+    assert runs[0]["context"] == 2048 and runs[0]["fits"]
+    assert runs[1]["context"] == 2000 + 48 // 2
 
 
 def test_pipeline_layout_in_json(capsys):
