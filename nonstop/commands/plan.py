@@ -202,8 +202,6 @@ def _spec(args):
     return Spec(args.spec_accept, args.spec_draft or 7)
 
 
-DEFAULT_CONTEXT = 4096  # cached tokens per sequence unless given (capped at the model's positions)
-
 # the largest deployment the planner models: each rank Program lists the expert slots of every rank
 MAX_RANKS = 1 << 20
 
@@ -220,17 +218,6 @@ def _requests(args):
     if args.input_len is None or args.output_len is None:
         raise ValueError("--input-len and --output-len go together (context = input + output / 2)")
     return Requests(args.input_len, args.output_len)
-
-
-def _check_positions(cfg, name: str, longest: int) -> None:
-    """Refuse a sequence longer than the model's position limit (``max_position_embeddings``): its rotary
-    tables and trained context end there, so a plan for it would describe a model that cannot run."""
-    limit = cfg.max_position_embeddings
-    if longest > limit:
-        raise ValueError(
-            f"a sequence of {longest:,} tokens exceeds {name}'s {limit:,} positions (max_position_embeddings); "
-            "give a shorter --context or --input-len + --output-len"
-        )
 
 
 def _layout(args, chips: int, devices: int):
@@ -286,7 +273,7 @@ def _measured_json(rows: list[dict]) -> list[dict]:
 def run(args) -> int:
     from nonstop.plan.chips import get_chip
     from nonstop.plan.measured import all_measurements, measurements
-    from nonstop.plan.predict import predict
+    from nonstop.plan.predict import check_positions, default_context, predict
     from nonstop.plan.report import (
         describe,
         layout_table,
@@ -325,9 +312,8 @@ def run(args) -> int:
             "(a rank Program lists every rank's share of the experts)"
         )
     requests = _requests(args)
-    default = min(DEFAULT_CONTEXT, cfg.max_position_embeddings)
-    context = requests.context if requests else (default if args.context is None else args.context)
-    _check_positions(cfg, args.model, requests.input_len + requests.output_len if requests else context)
+    context = requests.context if requests else (default_context(cfg) if args.context is None else args.context)
+    check_positions(workload, requests.input_len + requests.output_len if requests else context)  # before a search
     request = {
         "batch": args.batch,
         "context": context,

@@ -46,6 +46,25 @@ from nonstop.plan.workload import PlanError, Workload, cfg_json
 USABLE_HBM = 0.92  # of HBM left for weights, KV/KDA state and cache (runtime context, activations, comm buffers)
 
 
+DEFAULT_CONTEXT = 4096  # cached tokens per sequence unless given (capped at the model's positions)
+
+
+def default_context(cfg) -> int:
+    """The context a plan assumes when none is given: 4096 cached tokens, or the model's positions if fewer."""
+    return min(DEFAULT_CONTEXT, cfg.max_position_embeddings)
+
+
+def check_positions(workload: Workload, longest: int) -> None:
+    """Refuse a sequence of ``longest`` tokens beyond the model's position limit (``max_position_embeddings``):
+    its rotary tables and trained context end there, so a plan for it would describe a model that cannot run."""
+    limit = workload.cfg.max_position_embeddings
+    if longest > limit:
+        raise PlanError(
+            f"a sequence of {longest:,} tokens exceeds {workload.name}'s {limit:,} positions "
+            "(max_position_embeddings); give a shorter --context or --input-len + --output-len"
+        )
+
+
 @dataclass(frozen=True)
 class Spec:
     accept: float  # mean accepted length per step, incl. the bonus token (1 <= A <= K + 1)
@@ -239,15 +258,20 @@ def predict(
     chip: Chip,
     layout: Layout,
     batch: int = 1,
-    context: int = 4096,
+    context: int | None = None,
     spec: Spec | None = None,
     executor: str = "kernels",
     consts: Constants | None = None,
     model_dir: Path | None = None,
     requests: Requests | None = None,
 ) -> Prediction:
+    """The step time and resident bytes of ``batch`` sequences at ``context`` cached tokens each (default:
+    ``default_context``); with ``requests``, the context is theirs and their prefill is predicted too."""
     if executor not in EXECUTORS:
         raise PlanError(f"unknown executor {executor!r}; choose one of: {', '.join(EXECUTORS)}")
+    if context is None:
+        context = requests.context if requests else default_context(workload.cfg)
+    check_positions(workload, requests.input_len + requests.output_len if requests else context)
     if batch < 1 or context < 0:
         raise PlanError(f"--batch must be >= 1 and --context >= 0, got {batch} and {context}")
     check_layout(workload, layout)

@@ -51,13 +51,17 @@ def candidate_layouts(workload: Workload, ranks: int, sharding: str = "productio
 
 
 def lower_bound_bytes(workload: Workload, layout: Layout, batch: int, context: int) -> float:
-    """A rank holds at least: dense weights / tp, its experts, its sequences' state / tp and cache / tp."""
+    """A rank holds at least: dense weights / tp, its experts, its sequences' KDA state / tp and their
+    attention cache / s, where s = dcp for an MLA latent cache (every rank of an attention group keeps all of
+    it unless decode context parallelism splits the tokens) and s = tp for a head-split GQA cache."""
     dense = sum(op.weight_bytes for op in workload.ops)
     experts = sum(op.expert.bytes_each * op.expert.num_experts for op in workload.moe_ops)
     held = experts / layout.expert_ranks
     seqs = math.ceil(batch / layout.dp)
-    resident = seqs * (workload.state_bytes_per_seq() + context * workload.cache_bytes_per_token()) / layout.tp
-    return (dense / layout.tp + held + resident) / layout.pp
+    cache_split = layout.dcp if workload.cfg.mla is not None else layout.tp
+    state = seqs * workload.state_bytes_per_seq() / layout.tp
+    cache = seqs * context * workload.cache_bytes_per_token() / cache_split
+    return (dense / layout.tp + held + state + cache) / layout.pp
 
 
 def search(

@@ -1,0 +1,55 @@
+"""The layout search's quick bound and the planner API's refusal of impossible sequences."""
+
+from __future__ import annotations
+
+import pytest
+
+from nonstop.config import ModelConfig
+from nonstop.plan.chips import get_chip
+from nonstop.plan.layout import Layout
+from nonstop.plan.predict import Requests, predict
+from nonstop.plan.search import candidate_layouts, lower_bound_bytes
+from nonstop.plan.workload import PlanError, build_workload
+
+
+@pytest.mark.parametrize(
+    ("name", "ranks", "batch", "context", "mla_cache_heavy"),
+    [
+        ("kimi-linear-48b-a3b", 4, 13, 60001, True),  # MLA + KDA + MoE, the cache up to a quarter of a rank
+        ("llama-3.2-1b", 4, 11, 30001, False),  # GQA: the cache splits over TP by its KV heads
+        ("k3-nano", 4, 7, 2047, False),  # K3's blocks at toy width
+    ],
+)
+def test_the_quick_bound_never_exceeds_a_layouts_bytes_and_counts_the_replicated_mla_cache(
+    name, ranks, batch, context, mla_cache_heavy
+):
+    """The search drops a layout on its bound without predicting it, so the bound must never exceed what the
+    full prediction holds (or a fitting layout would be lost). An MLA latent cache is kept whole by every
+    rank of an attention group: where that cache is a large share of a rank's bytes the bound must follow it,
+    not divide it by TP (which once printed 'needs >= 540 GB' beside 2,962 GB)."""
+    workload = build_workload(ModelConfig.preset(name), name)
+    chip = get_chip("h200")
+    checked_cache_heavy = 0
+    for layout in candidate_layouts(workload, ranks):
+        bound = lower_bound_bytes(workload, layout, batch, context)
+        p = predict(workload, chip, layout, batch, context)
+        assert bound <= p.bytes_per_rank * (1 + 1e-9), layout.describe()
+        if mla_cache_heavy and p.resident["cache"] > 0.2 * p.bytes_per_rank:
+            assert bound >= 0.95 * p.bytes_per_rank, layout.describe()
+            checked_cache_heavy += 1
+    assert checked_cache_heavy >= 2 or not mla_cache_heavy
+
+
+def test_predict_refuses_a_sequence_beyond_the_models_positions():
+    """The position check lives in ``predict`` (a Python caller is refused as the command is); the default
+    context is capped at the model's positions, and exactly the limit is planned."""
+    nano = build_workload(ModelConfig.preset("k3-nano"), "k3-nano")
+    limit = nano.cfg.max_position_embeddings
+    chip = get_chip("h200")
+    assert predict(nano, chip, Layout(1)).context == min(4096, limit)
+    assert predict(nano, chip, Layout(1), context=limit).fits
+    assert predict(nano, chip, Layout(1), requests=Requests(limit - 17, 17)).context == limit - 17 + 8
+    with pytest.raises(PlanError, match=f"{limit + 1:,} tokens exceeds k3-nano's {limit:,} positions"):
+        predict(nano, chip, Layout(1), context=limit + 1)
+    with pytest.raises(PlanError, match="positions"):
+        predict(nano, chip, Layout(1), requests=Requests(limit, 1))
