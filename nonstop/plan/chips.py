@@ -137,10 +137,17 @@ def load_catalogue(chip_file: str | Path | None = None) -> dict[str, dict]:
 
 
 # other names of catalogue chips (compared after ``_squash``): Google's product name for TPU v7
-CHIP_ALIASES = {"tpu7x": "tpu-v7", "tpuv7x": "tpu-v7", "ironwood": "tpu-v7"}
+CHIP_ALIASES = {
+    "tpu7x": "tpu-v7",
+    "tpuv7x": "tpu-v7",
+    "ironwood": "tpu-v7",
+    "910c": "ascend-910c",
+    "atlasa3": "ascend-910c",  # Huawei's Atlas A3 servers and SuperPoDs carry the 910C
+    "cloudmatrix384": "ascend-910c",
+}
 # what vendors and clouds put around a chip's name without changing the chip
-_VENDOR_PREFIXES = ("nvidia", "amdinstinct", "amd", "instinct", "google")
-_FORM_SUFFIXES = ("sxm5", "sxm", "nvl72", "oam")
+_VENDOR_PREFIXES = ("nvidia", "amdinstinct", "amd", "instinct", "google", "huawei")
+_FORM_SUFFIXES = ("sxm5", "sxm4", "sxm", "nvl72", "oam")
 
 
 def _squash(name: str) -> str:

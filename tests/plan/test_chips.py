@@ -38,6 +38,19 @@ def test_dtype_fallback_and_devices_per_chip():
     assert tpu.devices_per_chip == 2 and tpu.rank_hbm_bytes == pytest.approx(tpu.hbm_gb * 1e9 / 2)
 
 
+def test_chips_without_fp8_or_fp4_run_them_at_the_bf16_rate_and_every_figure_is_sourced():
+    """A100 (Ampere) and Ascend 910C have no FP8 / FP4 tensor path: those weights run at the BF16 rate. The
+    910C's two dies are its ranks, each with half the package's HBM and bandwidth."""
+    entries = load_catalogue()
+    for key in ("a100", "ascend-910c"):
+        chip = chip_from_entry(key, entries[key])
+        assert chip.rank_flops("fp4") == chip.rank_flops("fp8") == chip.rank_flops("bf16") > 0
+        assert all(chip.sources.get(path) for path in ("tflops.fp8", "tflops.fp4", "scale_up.gbps", "hbm_gbps"))
+    ascend = get_chip("ascend-910c")
+    assert ascend.devices_per_chip == 2 and ascend.rank_hbm_bytes == pytest.approx(64e9)
+    assert ascend.up_domain_ranks == 2 * 384
+
+
 def test_chip_file_adds_and_overrides(tmp_path):
     entry = json.loads(json.dumps(load_catalogue()["h200"]))
     entry.update(name="my accelerator", hbm_gb=500)
@@ -87,6 +100,10 @@ def test_unknown_chip_lists_the_known_ones(tmp_path):
         ("B200-SXM-192GB", "b200"),  # the physical size vendors also print: within 10% of the entry's
         ("H200_141GB", "h200"),
         ("MI355X 288 GB", "mi355x"),
+        ("NVIDIA A100 SXM4 80GB", "a100"),
+        ("Huawei Ascend 910C", "ascend-910c"),
+        ("910C", "ascend-910c"),
+        ("Atlas A3", "ascend-910c"),
     ],
 )
 def test_chip_names_as_vendors_and_clouds_write_them(name, key):
@@ -100,7 +117,7 @@ def test_an_unknown_chip_still_says_which_exist():
 
 def test_a_capacity_that_names_another_part_is_refused():
     """H100 NVL (94 GB, another memory system) and a 40 GB part are not the catalogue's 80 GB H100."""
-    for name in ("h100-94gb", "H100 40GB"):
+    for name in ("h100-94gb", "H100 40GB", "A100 40GB"):
         with pytest.raises(ChipError, match="has 80 GB of HBM"):
             get_chip(name)
     with pytest.raises(ChipError, match="unknown chip"):
