@@ -249,12 +249,20 @@ def test_bounded_offline_check(triton_path):
     registers."""
     from nonstop.runtime import gpucheck
 
-    rows = []
-    for name, model, layers, kinds, megakernel, n_rows in BOUNDED:
-        result = gpucheck.run_check(
-            [(name, model, layers)], n_rows, kinds=kinds, megakernel=megakernel, triton_path=triton_path, timeout=1500
-        )
-        rows += result["rows"]
+    # the three checks run side by side (each compiles in its own interpreter; the machine's cores share them)
+    procs = [
+        gpucheck.start_check([(name, model, layers)], n_rows, kinds=kinds, megakernel=mk, triton_path=triton_path)
+        for name, model, layers, kinds, mk, n_rows in BOUNDED
+    ]
+    try:
+        results = [gpucheck.finish_check(proc, timeout=1500) for proc in procs]
+    finally:
+        for proc in procs:  # a failed check stops the others, never leaves them behind
+            if proc.poll() is None:
+                proc.kill()
+                proc.communicate()
+    rows = [row for result in results for row in result["rows"]]
+    result = results[-1]
     print(gpucheck.table([gpucheck.Row(**r) for r in rows], result["triton"]))
     assert [v for r in rows for v in r["violations"]] == []
     checked = {(r["shape"], r["kernel"].split(":")[0].split(" (")[0]) for r in rows}
