@@ -52,6 +52,7 @@ RELEASES = {
     "nvidia/kimi-k3-nvfp4": _K3_NVFP4,
     "moonshotai/kimi-k2-instruct": _K2,
     "moonshotai/kimi-k2-instruct-0905": _K2,
+    "moonshotai/kimi-k2-0905": _K2,  # the API name of Kimi-K2-Instruct-0905 (OpenRouter, Moonshot's platform)
     "moonshotai/kimi-k2-base": _K2,
     "moonshotai/kimi-k2-thinking": _K2_INT4,
     "moonshotai/kimi-k2.5": _K2_INT4,
@@ -69,6 +70,12 @@ RELEASES = {
     "deepseek-ai/deepseek-v3-base": _DSV3,
     "deepseek-ai/deepseek-r1": _DSV3,
     "deepseek-ai/deepseek-r1-0528": _DSV3,
+    "deepseek-ai/deepseek-r1-zero": _DSV3,
+    # V3.1 continues training from the V3 base (671B, 37B active) and ships fp8 with UE8M0 block scales:
+    # the same shapes and bytes (V3.2's sparse attention indexer is another model and is not mapped here)
+    "deepseek-ai/deepseek-v3.1": _DSV3,
+    "deepseek-ai/deepseek-v3.1-base": _DSV3,
+    "deepseek-ai/deepseek-v3.1-terminus": _DSV3,
     "nvidia/deepseek-r1-0528-fp4-v2": _DSR1_NVFP4,
     "nvidia/deepseek-r1-0528-nvfp4-v2": _DSR1_NVFP4,
     "moonshotai/kimi-linear-48b-a3b-instruct": Release("kimi-linear-48b-a3b"),

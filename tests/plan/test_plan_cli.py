@@ -157,10 +157,12 @@ def test_int4_experts_by_flag_or_by_checkpoint_config(capsys):
 def test_released_model_names_map_to_the_shapes_they_share(capsys):
     base = ["--chip", "B200", "--chips", "8", "--tp", "8", "--batch", "2", "--json"]
     ms = {}
-    for name in ("kimi-k2.5", "kimi-k2-thinking", "Kimi-K2-Instruct", "kimi-k2", "deepseek-r1"):
+    names = ("kimi-k2.5", "kimi-k2-thinking", "Kimi-K2-Instruct", "kimi-k2", "kimi-k2-0905", "deepseek-r1")
+    for name in (*names, "deepseek-ai/DeepSeek-V3.1"):
         assert main(["plan", "-m", name, *base]) == 0
         ms[name] = json.loads(capsys.readouterr().out)["ms_per_token"]
-    assert ms["kimi-k2.5"] == ms["kimi-k2-thinking"] and ms["Kimi-K2-Instruct"] == ms["kimi-k2"]
+    assert ms["kimi-k2.5"] == ms["kimi-k2-thinking"] and ms["Kimi-K2-Instruct"] == ms["kimi-k2"] == ms["kimi-k2-0905"]
+    assert ms["deepseek-ai/DeepSeek-V3.1"] == ms["deepseek-r1"]  # V3.1 extends V3's base: same shapes, fp8
     assert ms["kimi-k2.5"] != ms["kimi-k2"]  # int4 experts and bf16 attention against fp8 everywhere
     assert ms["deepseek-r1"] != ms["kimi-k2"]
 
