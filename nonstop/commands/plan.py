@@ -112,7 +112,11 @@ def add_parser(sub) -> None:
         dest="attention",
         help="attention block format when the checkpoint keeps it apart from --weights (e.g. bf16 in NVFP4 exports)",
     )
-    p.add_argument("--kv-cache", dest="cache", help="attention cache format: bf16 (default) or fp8")
+    p.add_argument(
+        "--kv-cache",
+        dest="cache",
+        help="attention cache format: bf16 (default), fp8, or a 4-bit nvfp4 / mxfp4 cache (its bytes a token)",
+    )
     p.add_argument(
         "--sharding",
         choices=["production", "engine"],
