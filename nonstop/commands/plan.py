@@ -33,23 +33,30 @@ def add_parser(sub) -> None:
         "--chips", type=positive_int, help="number of chips (default: the fewest of 1, 2, 4, ... 512 that fit)"
     )
     p.add_argument(
-        "--tp", "--tensor-parallel-size", type=positive_int, help="ranks per attention group (tensor parallel)"
+        "--tp",
+        "--tensor-parallel-size",
+        "--tp-size",
+        type=positive_int,
+        help="ranks per attention group (tensor parallel)",
     )
     p.add_argument(
         "--dp",
         "--data-parallel-size",
+        "--dp-size",
         type=positive_int,
         help="attention groups (data parallel); tp x dp x pp = ranks",
     )
     p.add_argument(
         "--pp",
         "--pipeline-parallel-size",
+        "--pp-size",
         type=positive_int,
         help="pipeline stages, each tp x dp ranks holding 1/pp of the layers (default 1; the search tries 1, 2, 4, 8)",
     )
     p.add_argument(
         "--dcp",
         "--decode-context-parallel-size",
+        "--dcp-size",
         type=positive_int,
         help="decode context parallel: each attention group's cached tokens split over DCP of its TP ranks "
         "(divides --tp; MLA/GQA cache reads and capacity / DCP, plus per attention layer an all-gather of "
@@ -58,9 +65,21 @@ def add_parser(sub) -> None:
     p.add_argument(
         "--ep",
         "--expert-parallel-size",
+        "--ep-size",
         type=positive_int,
         help="expert parallel: experts spread over EP ranks; 1 (default with a layout) = experts "
         "tensor-parallel in each attention group",
+    )
+    p.add_argument(
+        "--enable-expert-parallel",
+        action="store_true",
+        help="vLLM's spelling: experts spread over every rank of a stage (EP = tp x dp)",
+    )
+    p.add_argument(
+        "--enable-dp-attention",
+        action="store_true",
+        help="SGLang's spelling: --tp counts every rank of a stage and attention runs data-parallel over --dp "
+        "groups of tp / dp ranks (SGLang --tp 8 --dp 8 --enable-dp-attention = 8 ranks, attention TP1 DP8)",
     )
     p.add_argument(
         "--batch",
@@ -238,6 +257,10 @@ def _layout(args, chips: int, devices: int):
     for flag, value in (("--tp", tp), ("--dp", dp), ("--ep", args.ep)):
         if value is not None and ranks % value:
             raise ValueError(f"{flag} {value} does not divide {where}")
+    if args.enable_dp_attention:  # SGLang: --tp is the stage's ranks, split into --dp attention groups
+        if dp is None or (tp is not None and tp % dp):
+            raise ValueError("--enable-dp-attention needs --dp dividing --tp (SGLang: tp ranks, dp attention groups)")
+        tp = (tp or ranks) // dp
     if tp is None and dp is None:
         tp, dp = ranks, 1
     elif tp is None:
@@ -246,7 +269,12 @@ def _layout(args, chips: int, devices: int):
         dp = ranks // tp
     if tp * dp != ranks:
         raise ValueError(f"--tp {tp} x --dp {dp} = {tp * dp} ranks, not {where}")
-    return Layout(tp, dp, args.ep or 1, args.sharding, pp, args.dcp or 1)
+    ep = args.ep or 1
+    if args.enable_expert_parallel:  # vLLM: the experts spread over all tp x dp ranks of the stage
+        if args.ep not in (None, ranks):
+            raise ValueError(f"--enable-expert-parallel spreads the experts over all {ranks} ranks; --ep {args.ep}")
+        ep = ranks
+    return Layout(tp, dp, ep, args.sharding, pp, args.dcp or 1)
 
 
 def _fewest_chips(workload, chip, request: dict, sharding: str, progress):
@@ -309,6 +337,7 @@ def run(args) -> int:
         return 0
 
     layout_given = any(v is not None for v in (args.tp, args.dp, args.ep, args.pp, args.dcp))
+    layout_given = layout_given or args.enable_expert_parallel or args.enable_dp_attention
     chips = args.chips or (1 if chip.kind == "cpu" else None)
     if chips and chips * chip.devices_per_chip > MAX_RANKS:
         raise ValueError(

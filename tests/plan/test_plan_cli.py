@@ -219,3 +219,34 @@ def test_serving_benchmark_spellings_plan_the_same_deployment(capsys):
     assert runs["serving"]["context"] == 2501 + 999 // 2 == runs["planner"]["context"]
     assert runs["serving"]["layout"] == runs["planner"]["layout"]
     assert runs["serving"]["ms_per_token"] == runs["planner"]["ms_per_token"]
+
+
+def test_vllm_and_sglang_layout_spellings_mean_their_engines_layouts(capsys):
+    """vLLM's --enable-expert-parallel spreads the experts over tp x dp ranks; SGLang's --enable-dp-attention
+    reads --tp as the stage's ranks split into --dp attention groups (its --tp 8 --dp 8 is 8 ranks)."""
+
+    def layout(*flags):
+        assert main(["plan", "-m", "kimi-k2", "--chip", "h200", "--chips", "8", "--batch", "8", *flags, "--json"]) == 0
+        out = json.loads(capsys.readouterr().out)
+        return out["layout"]["tp"], out["layout"]["dp"], out["layout"]["ep"], out["ms_per_token"]
+
+    assert layout("--tp", "8", "--enable-expert-parallel") == layout("--tp", "8", "--ep", "8")
+    assert layout("--tp", "4", "--dp", "2", "--enable-expert-parallel")[:3] == (4, 2, 8)
+    sglang = layout("--tp-size", "8", "--dp-size", "8", "--enable-dp-attention", "--ep-size", "8")
+    assert sglang == layout("--tp", "1", "--dp", "8", "--ep", "8") and sglang[:3] == (1, 8, 8)
+    assert layout("--tp", "8", "--dp", "2", "--enable-dp-attention")[:3] == (4, 2, 1)  # experts TP over the 8
+
+
+@pytest.mark.parametrize(
+    "flags, message",
+    [
+        (["--enable-dp-attention"], "--enable-dp-attention needs --dp"),
+        (["--tp", "8", "--dp", "8", "--ep", "4", "--enable-expert-parallel"], "over all 64 ranks; --ep 4"),
+    ],
+)
+def test_layout_spellings_that_contradict_are_one_line(flags, message, capsys):
+    with pytest.raises(SystemExit) as e:
+        main(["plan", "-m", "kimi-k2", "--chip", "h200", "--chips", "64", *flags])
+    assert e.value.code == 2
+    err = capsys.readouterr().err
+    assert message in err and len(err.strip().splitlines()) == 1
