@@ -1,0 +1,44 @@
+"""``bench/routing_sensitivity.py`` (op noise through random routers, routing free and forced) on the CPU."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+from pathlib import Path
+
+BENCH = Path(__file__).resolve().parents[2] / "bench" / "routing_sensitivity.py"
+
+
+def _bench():
+    spec = importlib.util.spec_from_file_location("bench_routing_sensitivity", BENCH)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_forcing_the_clean_routing_removes_only_the_flips(tmp_path):
+    """Without noise nothing moves; with noise, a run whose top-k sets all match the clean run's is the forced
+    run exactly (the same noise, the same experts), and one with flips is not; the report says which."""
+    out = tmp_path / "r.json"
+    _bench().main(["--dry-run", "--model", "kimi-k3", "--eps", "0,0.003,0.03", "--seeds", "3", "--out", str(out)])
+    report = json.loads(out.read_text())
+    rows = report["rows"]
+    assert report["experts"] > report["top_k"] and report["router_calls_x_tokens"] > 0 and len(rows) == 9
+    for row in rows:
+        if row["eps"] == 0:
+            assert row["changed_topk_sets"] == 0 and row["rel_err_free_routing"] == row["rel_err_routing_forced"] == 0
+        elif row["changed_topk_sets"] == 0:
+            assert row["rel_err_free_routing"] == row["rel_err_routing_forced"] > 0
+        else:
+            assert row["rel_err_free_routing"] != row["rel_err_routing_forced"]
+    assert any(r["changed_topk_sets"] for r in rows if r["eps"] == 0.03)  # large noise flips some choice
+
+
+def test_the_model_is_restored_after_a_run(tmp_path):
+    import torch.nn.functional as F
+
+    from nonstop.model import moe
+
+    linear, select = F.linear, moe.select_experts
+    _bench().main(["--dry-run", "--eps", "0.01", "--seeds", "1", "--out", str(tmp_path / "r.json")])
+    assert F.linear is linear and moe.select_experts is select
