@@ -26,15 +26,11 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import sys
 import time
 from contextlib import contextmanager
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-for p in (ROOT, ROOT / "bench"):
-    if str(p) not in sys.path:
-        sys.path.insert(0, str(p))
+ROOT = Path(__file__).resolve().parent.parent  # run as a script, bench/ (for ``decode``) is on sys.path
 
 
 def parse_args(argv=None):

@@ -4,18 +4,16 @@ script's last output where it is not (Kimi K3's eager ops, counted on a narrow t
 
 from __future__ import annotations
 
-import importlib.util
 import json
 from pathlib import Path
+
+from tests.bench_script import load_bench
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
 def _script():
-    spec = importlib.util.spec_from_file_location("readme_numbers", ROOT / "bench" / "readme_numbers.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_bench("readme_numbers.py")
 
 
 def test_readme_quotes_the_numbers_as_computed_now():

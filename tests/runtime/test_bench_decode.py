@@ -4,21 +4,15 @@ checks passed and the launches counted."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
-from pathlib import Path
 
 from nonstop.cache.pages import PAGE_SIZE
 from nonstop.hostinfo import environment
-
-BENCH = Path(__file__).resolve().parents[2] / "bench" / "decode.py"
+from tests.bench_script import load_bench
 
 
 def _bench():
-    spec = importlib.util.spec_from_file_location("bench_decode", BENCH)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_bench("decode.py")
 
 
 def test_dry_run_writes_a_complete_report(tmp_path, monkeypatch, capsys):

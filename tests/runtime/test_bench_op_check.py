@@ -3,21 +3,17 @@ model) runs end to end on a CPU and names the op whose kernel is wrong."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
-from pathlib import Path
 
 import pytest
 
-BENCH = Path(__file__).resolve().parents[2] / "bench" / "op_check.py"
+from tests.bench_script import load_bench
+
 ARGS = ["--dry-run", "--shapes", "llama-3.2-1b", "--llama-layers", "2", "--megakernel-step"]
 
 
 def _bench():
-    spec = importlib.util.spec_from_file_location("bench_op_check", BENCH)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_bench("op_check.py")
 
 
 def test_every_op_matches_its_twin(tmp_path):

@@ -2,18 +2,13 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
-from pathlib import Path
 
-BENCH = Path(__file__).resolve().parents[2] / "bench" / "routing_sensitivity.py"
+from tests.bench_script import load_bench
 
 
 def _bench():
-    spec = importlib.util.spec_from_file_location("bench_routing_sensitivity", BENCH)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_bench("routing_sensitivity.py")
 
 
 def test_forcing_the_clean_routing_removes_only_the_flips(tmp_path):

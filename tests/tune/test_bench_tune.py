@@ -3,20 +3,15 @@ the verified candidates as untimed - no speed is invented."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
-from pathlib import Path
 
 from nonstop.hostinfo import environment
-
-BENCH = Path(__file__).resolve().parents[2] / "bench" / "tune.py"
+from tests.bench_script import load_bench
 
 
 def test_dry_run_reports_verified_and_untimed(tmp_path, monkeypatch, capsys):
     monkeypatch.delenv("OUT", raising=False)
-    spec = importlib.util.spec_from_file_location("bench_tune", BENCH)
-    bench = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(bench)
+    bench = load_bench("tune.py")
     out = tmp_path / "tune.json"
     report = bench.main(
         ["--dry-run", "--models", "kimi-linear-48b-a3b", "--kinds", "linear_residual", "--out", str(out)]
