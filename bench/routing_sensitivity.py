@@ -14,7 +14,8 @@ each routed expert narrowed to ``--expert-intermediate`` so it fits in CPU memor
   noisy, routing forced   the same noise, every router's top-k set replaced by the clean run's (weights from
                           the noisy scores of those experts): what the error would be without flips
 
-and reports the tokens x MoE layers whose top-k set changed and each run's logit error against the clean one
+and, with ``--bf16``, the model cast to bf16 (its own rounding the noise, as the GPU check's bf16 steps) free and
+forced; it reports the tokens x MoE layers whose top-k set changed and each run's logit error against the clean one
 (max |a - b| / max |b|, bench/decode.py's ``rel_err``). JSON to ``--out`` (default
 ``bench/results/routing_sensitivity_cpu_<model>.json``).
 
@@ -42,6 +43,7 @@ def parse_args(argv=None):
     ap.add_argument("--tokens", type=int, default=24, help="tokens in the forward (default 24)")
     ap.add_argument("--eps", default="0.003,0.01", help="relative op errors, comma-separated (default 3e-3, 1e-2)")
     ap.add_argument("--seeds", type=int, default=2, help="noise seeds per level (default 2)")
+    ap.add_argument("--bf16", action="store_true", help="also the model in bf16 against fp32 (no injected noise)")
     ap.add_argument("--dry-run", action="store_true", help="the model's narrow twin, 2 layers (a test)")
     ap.add_argument(
         "--out", default=None, help="JSON path (default bench/results/routing_sensitivity_cpu_<model>.json)"
@@ -118,9 +120,31 @@ def changed_sets(routes: list, clean: list) -> int:
     return sum(int((a.sort(-1).values != b.sort(-1).values).any(-1).sum()) for a, b in zip(routes, clean))
 
 
-def measure(model, ids, eps_levels, seeds: int) -> tuple[list[dict], int]:
-    import torch
+def _row(p: Perturbation, run, clean, clean_routes, label: dict) -> dict:
+    """One noise source: ``run(force)`` the forward under ``p`` (routing free when ``force`` is None)."""
     from decode import rel_err
+
+    free = run(None)
+    flips = changed_sets(p.record, clean_routes)
+    forced = run(clean_routes)
+    row = {
+        **label,
+        "changed_topk_sets": flips,
+        "rel_err_free_routing": rel_err(free, clean),
+        "rel_err_routing_forced": rel_err(forced, clean),
+    }
+    what = ", ".join(f"{k} {v:g}" if isinstance(v, float) else f"{k} {v}" for k, v in label.items())
+    print(
+        f"{what}: top-k sets changed {flips}/{sum(r.shape[0] for r in clean_routes)}; logit error "
+        f"{row['rel_err_free_routing']:.4f} free, {row['rel_err_routing_forced']:.4f} with the clean routing",
+        flush=True,
+    )
+    return row
+
+
+def measure(model, ids, eps_levels, seeds: int, half=None) -> tuple[list[dict], int]:
+    """Rows per (eps, seed), and with ``half`` (the same model in bf16) one with its rounding as the noise."""
+    import torch
 
     p = Perturbation()
     with torch.no_grad():
@@ -130,26 +154,19 @@ def measure(model, ids, eps_levels, seeds: int) -> tuple[list[dict], int]:
         rows = []
         for eps in eps_levels:
             for seed in range(1, seeds + 1):
-                with p.active(eps, seed, record=True):
-                    free = model(ids)[0]
-                flips = changed_sets(p.record, clean_routes)
-                with p.active(eps, seed, force=clean_routes):
-                    forced = model(ids)[0]
-                rows.append(
-                    {
-                        "eps": eps,
-                        "seed": seed,
-                        "changed_topk_sets": flips,
-                        "rel_err_free_routing": rel_err(free, clean),
-                        "rel_err_routing_forced": rel_err(forced, clean),
-                    }
-                )
-                print(
-                    f"eps {eps:g} seed {seed}: top-k sets changed {flips}/{sum(r.shape[0] for r in clean_routes)}; "
-                    f"logit error {rows[-1]['rel_err_free_routing']:.4f} free, "
-                    f"{rows[-1]['rel_err_routing_forced']:.4f} with the clean routing",
-                    flush=True,
-                )
+
+                def noisy(force, eps=eps, seed=seed):
+                    with p.active(eps, seed, record=force is None, force=force):
+                        return model(ids)[0]
+
+                rows.append(_row(p, noisy, clean, clean_routes, {"eps": eps, "seed": seed}))
+        if half is not None:
+
+            def rounded(force):
+                with p.active(0.0, 0, record=force is None, force=force):
+                    return half(ids)[0]
+
+            rows.append(_row(p, rounded, clean, clean_routes, {"noise": "bf16 weights and activations"}))
     return rows, sum(r.shape[0] for r in clean_routes)
 
 
@@ -169,7 +186,9 @@ def main(argv=None) -> dict:
         f"hidden {cfg.hidden_size}, built in {time.time() - start:.1f} s",
         flush=True,
     )
-    rows, slots = measure(model, ids, args.eps, args.seeds)
+    # the same random weights rounded to bf16; routers, A_log and dt_bias stay fp32 as a loaded checkpoint's do
+    half = random_model(cfg, torch.bfloat16) if args.bf16 else None
+    rows, slots = measure(model, ids, args.eps, args.seeds, half)
     out = args.out or ROOT / "bench" / "results" / f"routing_sensitivity_cpu_{args.model}.json"
     fields = {
         "model": args.model,

@@ -15,10 +15,12 @@ def test_forcing_the_clean_routing_removes_only_the_flips(tmp_path):
     """Without noise nothing moves; with noise, a run whose top-k sets all match the clean run's is the forced
     run exactly (the same noise, the same experts), and one with flips is not; the report says which."""
     out = tmp_path / "r.json"
-    _bench().main(["--dry-run", "--model", "kimi-k3", "--eps", "0,0.003,0.03", "--seeds", "3", "--out", str(out)])
+    args = ["--dry-run", "--model", "kimi-k3", "--eps", "0,0.003,0.03", "--seeds", "3", "--bf16", "--out", str(out)]
+    _bench().main(args)
     report = json.loads(out.read_text())
-    rows = report["rows"]
+    *rows, bf16 = report["rows"]
     assert report["experts"] > report["top_k"] and report["router_calls_x_tokens"] > 0 and len(rows) == 9
+    assert bf16["noise"].startswith("bf16") and 0 < bf16["rel_err_routing_forced"] < 0.05  # rounding, not noise
     for row in rows:
         if row["eps"] == 0:
             assert row["changed_topk_sets"] == 0 and row["rel_err_free_routing"] == row["rel_err_routing_forced"] == 0
