@@ -49,7 +49,10 @@ def parse_args(argv=None):
         "--out", default=None, help="JSON path (default bench/results/routing_sensitivity_cpu_<model>.json)"
     )
     args = ap.parse_args(argv)
-    args.eps = [float(e) for e in args.eps.split(",")]
+    try:
+        args.eps = [float(e) for e in args.eps.split(",")]
+    except ValueError:
+        ap.error(f"--eps takes comma-separated numbers, got {args.eps!r}")
     if any(e < 0 for e in args.eps) or min(args.layers, args.tokens, args.seeds, args.vocab) < 1:
         ap.error("--eps must be >= 0 and --layers, --tokens, --seeds, --vocab >= 1")
     return args
@@ -59,7 +62,10 @@ def bench_config(args):
     from nonstop.program.twin import narrow_twin
     from nonstop.runtime.gpucheck import config_of
 
-    cfg = config_of(args.model, 2 if args.dry_run else args.layers)
+    try:
+        cfg = config_of(args.model, 2 if args.dry_run else args.layers)
+    except ValueError as exc:
+        raise SystemExit(f"routing_sensitivity.py: {exc}") from None
     if cfg.moe is None:
         raise SystemExit(f"{args.model} has no routed experts")
     if args.dry_run:

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 from tests.bench_script import load_bench
 
 
@@ -39,3 +41,19 @@ def test_the_model_is_restored_after_a_run(tmp_path):
     linear, select = F.linear, moe.select_experts
     _bench().main(["--dry-run", "--eps", "0.01", "--seeds", "1", "--out", str(tmp_path / "r.json")])
     assert F.linear is linear and moe.select_experts is select
+
+
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["--eps", "abc"], "--eps takes comma-separated numbers"),
+        (["--model", "nope"], "neither a directory holding config.json nor a preset"),
+        (["--model", "llama-3.2-1b"], "has no routed experts"),
+    ],
+)
+def test_bad_arguments_are_one_line(argv, message, tmp_path, capsys):
+    with pytest.raises(SystemExit) as e:
+        _bench().main([*argv, "--out", str(tmp_path / "r.json")])
+    said = str(e.value.code) if isinstance(e.value.code, str) else capsys.readouterr().err
+    assert message in said.strip().splitlines()[-1]  # one line says it (argparse prints its usage above)
+    assert not (tmp_path / "r.json").exists()
