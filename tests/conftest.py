@@ -56,3 +56,25 @@ def hf_checkpoints(tmp_path_factory):
         model.save_pretrained(root / name)
         out[name] = (root / name, model)
     return out
+
+
+# Tables a test reports (the planner's validation tables): carried on the test's report, so that under
+# pytest-xdist (the README's `-n auto`) they reach the controller, and printed in the run's summary.
+_REPORTED_TABLES: list[tuple[str, str]] = []
+
+
+@pytest.fixture
+def report_table(record_property):
+    """``report_table(text)``: print ``text`` in the summary at the end of the run, titled by the test's id."""
+    return lambda text: record_property("report_table", text)
+
+
+def pytest_runtest_logreport(report):
+    if report.when == "call":
+        _REPORTED_TABLES.extend((report.nodeid, v) for k, v in report.user_properties if k == "report_table")
+
+
+def pytest_terminal_summary(terminalreporter):
+    for nodeid, text in _REPORTED_TABLES:
+        terminalreporter.write_sep("-", nodeid)
+        terminalreporter.write_line(text)

@@ -76,19 +76,33 @@ def test_cores_left_counts_a_core_taken_from_most_of_one_busy():
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="/proc/stat is Linux's")
-def test_busy_elsewhere_sees_another_process_and_not_this_one():
+def test_busy_elsewhere_sees_another_process():
     spin = subprocess.Popen([sys.executable, "-c", "while True: pass"])
     try:
         time.sleep(0.3)  # let it start
-        assert threads.busy_elsewhere(0.5) >= 0.6  # one spinning process: about one CPU's worth
+        assert threads.busy_elsewhere(0.5) >= 0.6  # one spinning process: about one CPU's worth, more if others run
     finally:
         spin.kill()
         spin.wait(timeout=10)
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="/proc/stat is Linux's")
+def test_busy_elsewhere_does_not_count_this_process():
+    """A thread spinning in this process adds nothing: measured against the load of the window just before,
+    since other processes (the suite's other workers under ``-n auto``) come and go; best of three tries.
+    Counting its own time would add about one CPU whenever a core is free for the spinner."""
     stop = threading.Event()
-    spinner = threading.Thread(target=lambda: [None for _ in iter(stop.is_set, True)])  # this process busy
-    spinner.start()
-    try:
-        assert threads.busy_elsewhere(0.5) < 0.6  # its own CPU time is not another process's
-    finally:
-        stop.set()
-        spinner.join(timeout=10)
+    excess = []
+    for _ in range(3):
+        before = threads.busy_elsewhere(0.3)
+        stop.clear()
+        spinner = threading.Thread(target=lambda: [None for _ in iter(stop.is_set, True)])
+        spinner.start()
+        try:
+            excess.append(threads.busy_elsewhere(0.3) - before)
+        finally:
+            stop.set()
+            spinner.join(timeout=10)
+        if excess[-1] < 0.5:
+            break
+    assert min(excess) < 0.5, f"this process's own CPU time counted as another's: {excess}"
