@@ -155,7 +155,8 @@ def workspace(name: str, numel: int, dtype: torch.dtype, device, zero: bool = Fa
     key = (name, str(torch.device(device)), dtype)
     t = _WORKSPACES.get(key)
     if t is None or t.numel() < numel:
-        t = (torch.zeros if zero else torch.empty)(max(numel, 16), dtype=dtype, device=device)
+        with torch.inference_mode(False):  # a normal tensor: callers in and out of inference mode share it
+            t = (torch.zeros if zero else torch.empty)(max(numel, 16), dtype=dtype, device=device)
         _WORKSPACES[key] = t
     return t
 

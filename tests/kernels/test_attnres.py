@@ -35,3 +35,14 @@ def test_attnres_mix_norm(dtype, B, T, block_c, monkeypatch):
     checked = check_kernel("attnres_mix_norm", TINY_CONFIGS["kimi_k3"], _stale_scratch_then_kernel, dtype, B=B, T=T)
     assert checked == 15
     assert not launch.phase_counters("attnres", "cpu").any(), "the counters must be back at zero after the launch"
+
+
+def test_scratch_first_made_in_inference_mode_stays_writable_outside_it(monkeypatch):
+    """Workspaces are process-wide: one first made under ``torch.inference_mode`` (a generate call, or an earlier
+    test in the same worker) is a normal tensor, so a caller outside inference mode may write it in place (the
+    NaN poisoning above)."""
+    monkeypatch.setattr(launch, "_WORKSPACES", {})
+    with torch.inference_mode():
+        scratch = launch.workspace("attnres.dots", 1 << 12, torch.float32, "cpu")
+    assert not scratch.is_inference()
+    assert check_kernel("attnres_mix_norm", TINY_CONFIGS["kimi_k3"], _stale_scratch_then_kernel, F32, B=2, T=1) == 15
