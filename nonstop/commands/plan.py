@@ -177,11 +177,12 @@ def _list_chips(chip_file) -> int:
         c = chip_from_entry(key, entry)
         tf = [f"{c.tflops.get(d) or '-':>6}" for d in ("bf16", "fp8", "fp4")]
         print(
-            f"{key:<8} {c.name:<44} {c.hbm_gb:>7g} {c.hbm_gbps / 1000:>5.2f} {' '.join(tf)} {c.up_domain:>5}"
+            f"{key:<8} {c.name:<44} {c.hbm_bytes / 1e9:>7.1f} {c.hbm_gbps / 1000:>5.2f} {' '.join(tf)} {c.up_domain:>5}"
             f" {c.up_gbps:>5g} {c.out_gbps:>8g}"
         )
     print(
-        "(dense TFLOP/s; up = scale-up domain in chips; GB/s per chip per direction; sources: nonstop/plan/chips.json)"
+        "(HBM GB = 1e9 B the driver reports, which can exceed the figure a part is sold as; dense TFLOP/s;"
+        " up = scale-up domain in chips; GB/s per chip per direction; sources: nonstop/plan/chips.json)"
     )
     return 0
 

@@ -26,6 +26,9 @@ REQUIRED = (
     "scale_out.latency_us",
     "launch_us",
 )
+OPTIONAL = ("hbm_visible_gb",)  # checked like the required figures where an entry gives them
+# a driver's capacity over the sold one: GiB read as GB is x1.074; a few % may be reserved (B300: 288.4 of 288)
+VISIBLE_OVER_SOLD = (0.9, 1.12)
 
 
 class ChipError(ValueError):
@@ -36,7 +39,7 @@ class ChipError(ValueError):
 class Chip:
     key: str
     name: str
-    hbm_gb: float  # capacity per chip, 1e9 B
+    hbm_gb: float  # capacity per chip as sold (the "141GB" of a name), 1e9 B
     hbm_gbps: float  # peak HBM bandwidth per chip, 1e9 B/s
     tflops: dict  # dense peak per dtype ("bf16", "fp8", "fp4", optional "fp32"); None = not native
     devices_per_chip: int  # ranks per chip (TPU7x: 2 TensorCores)
@@ -49,11 +52,19 @@ class Chip:
     kind: str = "accelerator"
     executor: str = "kernels"  # the executor a plan on this chip defaults to
     sources: dict = field(default_factory=dict, compare=False)
+    hbm_visible_gb: float | None = None  # what the driver reports (nvidia-smi / rocm-smi memory.total), 1e9 B
+
+    @property
+    def hbm_bytes(self) -> float:
+        """Capacity per chip the planner fits into: the driver's figure where the catalogue has one. Vendors
+        sell HBM in binary units (an H200's "141 GB" reads 143771 MiB = 150.8e9 B in nvidia-smi), so the name's
+        figure read as 1e9 B would understate it by up to 7%."""
+        return (self.hbm_visible_gb or self.hbm_gb) * 1e9
 
     # ---- per rank (a rank is one device; TPU7x has two per chip)
     @property
     def rank_hbm_bytes(self) -> float:
-        return self.hbm_gb * 1e9 / self.devices_per_chip
+        return self.hbm_bytes / self.devices_per_chip
 
     @property
     def rank_hbm_bps(self) -> float:
@@ -87,12 +98,18 @@ def chip_from_entry(key: str, entry: dict) -> Chip:
     if not isinstance(entry, dict):
         raise ChipError(f"chip {key!r}: an entry must be a JSON object")
     sources = entry.get("sources") or {}
-    for path in REQUIRED:
+    for path in REQUIRED + tuple(p for p in OPTIONAL if _get(entry, p) is not None):
         value = _get(entry, path)
         if not isinstance(value, (int, float)) or isinstance(value, bool) or value <= 0:
             raise ChipError(f"chip {key!r}: {path} must be a positive number, got {value!r}")
         if path not in sources:
             raise ChipError(f"chip {key!r}: figure {path} has no source (add sources[{path!r}])")
+    visible, sold = entry.get("hbm_visible_gb"), entry["hbm_gb"]
+    if visible is not None and not VISIBLE_OVER_SOLD[0] <= visible / sold <= VISIBLE_OVER_SOLD[1]:
+        raise ChipError(
+            f"chip {key!r}: hbm_visible_gb {visible:g} is far from hbm_gb {sold:g} (a driver reports the sold size, "
+            "read in GiB or GB); is it another part's figure? Give both for this part, or drop hbm_visible_gb"
+        )
     for dtype, value in (entry.get("tflops") or {}).items():
         if value is not None and f"tflops.{dtype}" not in sources:
             raise ChipError(f"chip {key!r}: figure tflops.{dtype} has no source")
@@ -113,6 +130,7 @@ def chip_from_entry(key: str, entry: dict) -> Chip:
         kind=str(entry.get("kind", "accelerator")),
         executor=str(entry.get("executor", "kernels")),
         sources=dict(sources),
+        hbm_visible_gb=visible,
     )
 
 

@@ -17,6 +17,11 @@ def _gb(x: float) -> str:
     return f"{x / GB:,.1f} GB"
 
 
+def _sold_as(chip) -> str:
+    """Where the driver's capacity differs from the figure the part is sold as, say both."""
+    return f" the driver reports; sold as {chip.hbm_gb:g} GB" if chip.hbm_visible_gb else ""
+
+
 def _bytes(x: float) -> str:
     for unit, scale in (("GB", 1e9), ("MB", 1e6), ("KB", 1e3)):
         if x >= scale:
@@ -64,7 +69,8 @@ def describe(p: Prediction) -> str:
         (
             f"memory per chip: {_gb(p.bytes_per_rank * chip.devices_per_chip)} of "
             f"{_gb(p.capacity_per_rank * chip.devices_per_chip)}"
-            f" usable ({USABLE_HBM:.0%} of {chip.hbm_gb:g} GB) -> {'fits' if p.fits else 'DOES NOT FIT'}"
+            f" usable ({USABLE_HBM:.0%} of {_gb(chip.hbm_bytes)}{_sold_as(chip)})"
+            f" -> {'fits' if p.fits else 'DOES NOT FIT'}"
         ),
     ]
     r = p.resident

@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 
 from nonstop.plan.chips import ChipError, chip_from_entry, chip_names, get_chip, load_catalogue
 
+RESULTS = Path(__file__).resolve().parents[2] / "bench" / "results"
 NAMED = ("h100", "h200", "b200", "b300", "gb200", "gb300", "mi300x", "mi325x", "mi355x", "tpu-v7")
 
 
@@ -35,7 +37,8 @@ def test_dtype_fallback_and_devices_per_chip():
     h200, tpu, b300 = get_chip("h200"), get_chip("TPU-V7"), get_chip("b300")
     assert h200.rank_flops("fp4") == h200.rank_flops("fp8")  # Hopper: no FP4, runs at the FP8 rate
     assert b300.rank_flops("fp4") > b300.rank_flops("fp8")
-    assert tpu.devices_per_chip == 2 and tpu.rank_hbm_bytes == pytest.approx(tpu.hbm_gb * 1e9 / 2)
+    assert tpu.devices_per_chip == 2
+    assert tpu.rank_hbm_bytes == pytest.approx(192 * 2**30 / 2, rel=1e-3)  # 192 GiB a chip, half a TensorCore
 
 
 def test_chips_without_fp8_or_fp4_run_them_at_the_bf16_rate_and_every_figure_is_sourced():
@@ -51,9 +54,44 @@ def test_chips_without_fp8_or_fp4_run_them_at_the_bf16_rate_and_every_figure_is_
     assert ascend.up_domain_ranks == 2 * 384
 
 
+def test_capacity_is_what_the_driver_reports_not_the_sold_figure_read_as_1e9_bytes():
+    """Vendors sell HBM in binary units: an H200 "141 GB" is 143771 MiB to nvidia-smi, and nonstop's own H200
+    session read 139.8 GiB through torch (bench/results). The planner fits into the driver's figure; read as
+    1e9 B the sold figure would leave an H200 6% short (141e9 against the ~150e9 its measurement saw)."""
+    measured = {
+        json.loads(path.read_text())["environment"]["gpu_memory_GiB"]
+        for path in RESULTS.glob("decode_nvidia-h200-*.json")
+    }
+    assert measured, "no H200 measurement in bench/results"
+    h200 = get_chip("h200")
+    for gib in measured:  # torch's total_memory is the driver's total less a little it keeps back
+        assert 0.99 < gib * 2**30 / h200.rank_hbm_bytes <= 1.0
+    assert h200.hbm_gb == 141 and h200.rank_hbm_bytes > 1.06 * 141e9
+    entries = load_catalogue()
+    for key in NAMED:
+        chip = chip_from_entry(key, entries[key])
+        assert chip.sources.get("hbm_visible_gb"), f"{key}: no driver capacity"
+        assert chip.hbm_gb * 1e9 <= chip.hbm_bytes <= chip.hbm_gb * 2**30 * 1.001, key  # sold as GB ... GiB
+
+
+def test_a_driver_capacity_far_from_the_sold_one_is_refused():
+    """A --chip-file entry copied from another part that changes hbm_gb but keeps that part's driver figure
+    would silently fit into the wrong capacity; it is refused, naming both figures."""
+    entry = json.loads(json.dumps(load_catalogue()["h200"]))
+    entry["hbm_gb"] = 500
+    with pytest.raises(ChipError, match="hbm_visible_gb 150.8 is far from hbm_gb 500"):
+        chip_from_entry("x1", entry)
+    del entry["hbm_visible_gb"]
+    assert chip_from_entry("x1", entry).rank_hbm_bytes == 500e9  # without one, the sold figure as 1e9 B
+    entry.update(hbm_visible_gb=520, sources={k: v for k, v in entry["sources"].items() if k != "hbm_visible_gb"})
+    with pytest.raises(ChipError, match="hbm_visible_gb has no source"):
+        chip_from_entry("x1", entry)
+
+
 def test_chip_file_adds_and_overrides(tmp_path):
     entry = json.loads(json.dumps(load_catalogue()["h200"]))
     entry.update(name="my accelerator", hbm_gb=500)
+    del entry["hbm_visible_gb"]
     path = tmp_path / "chips.json"
     path.write_text(json.dumps({"X1": entry, "h100": {**entry, "hbm_gb": 96}}))
     assert get_chip("x1", path).hbm_gb == 500

@@ -7,13 +7,16 @@ import json
 import pytest
 
 from nonstop.cli import main
+from nonstop.plan.chips import get_chip
+from nonstop.plan.predict import USABLE_HBM
 
 
 def test_k3_does_not_fit_8_h200_and_says_why(capsys):
     assert main(["plan", "-m", "kimi-k3", "--chip", "h200", "--chips", "8"]) == 0
     out = capsys.readouterr().out
     assert "none fits" in out and "does not fit" in out
-    assert "GB per rank" in out and "129.7 GB" in out  # what it needs against what an H200 offers
+    offers = get_chip("h200").rank_hbm_bytes * USABLE_HBM / 1e9
+    assert "GB per rank" in out and f"offers {offers:.1f} GB" in out  # what it needs against what an H200 offers
 
 
 def test_k3_fits_16_h200_and_the_search_ranks_layouts(capsys):
