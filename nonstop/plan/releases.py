@@ -76,6 +76,11 @@ RELEASES = {
     "deepseek-ai/deepseek-v3.1": _DSV3,
     "deepseek-ai/deepseek-v3.1-base": _DSV3,
     "deepseek-ai/deepseek-v3.1-terminus": _DSV3,
+    # the first exports (R1, February 2025, renamed DeepSeek-R1-NVFP4; R1-0528) quantise the MLPs only: the
+    # R1 v2 card says v2 "additionally quantizes the wo module in attention layers" over nvidia/DeepSeek-R1-FP4
+    "nvidia/deepseek-r1-fp4": _DSR1_NVFP4,
+    "nvidia/deepseek-r1-nvfp4": _DSR1_NVFP4,
+    "nvidia/deepseek-r1-0528-fp4": _DSR1_NVFP4,
     "nvidia/deepseek-r1-0528-fp4-v2": _DSR1_NVFP4,
     "nvidia/deepseek-r1-0528-nvfp4-v2": _DSR1_NVFP4,
     "moonshotai/kimi-linear-48b-a3b-instruct": Release("kimi-linear-48b-a3b"),
