@@ -206,6 +206,7 @@ class Prediction:
             "bytes_per_chip": self.bytes_per_rank * dpc,
             "bytes_per_chip_detail": {k: v * dpc for k, v in self.resident.items()},
             "capacity_per_chip": self.capacity_per_rank * dpc,
+            "hbm_per_chip": self.chip.hbm_bytes,  # as the driver reports it; capacity is USABLE_HBM of it
             "bound": t.bound(),
             "breakdown_ms": {
                 "weights": t.weights_ms,

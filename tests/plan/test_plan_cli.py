@@ -24,7 +24,8 @@ def test_k3_fits_16_h200_and_the_search_ranks_layouts(capsys):
     out = json.loads(capsys.readouterr().out)
     for key in ("ms_per_token", "tokens_per_s_per_user", "tokens_per_s_total", "fits", "bytes_per_chip", "bound"):
         assert key in out
-    assert out["fits"] and out["bytes_per_chip"] <= out["capacity_per_chip"]
+    assert out["fits"] and out["bytes_per_chip"] <= out["capacity_per_chip"] < out["hbm_per_chip"]
+    assert out["hbm_per_chip"] > 141e9  # an H200 sold as 141 GB holds 143771 MiB
     fitting = [c for c in out["layouts"] if c["fits"]]
     assert len(fitting) >= 2 and fitting[0]["ms_per_token"] == pytest.approx(out["ms_per_token"])
     assert [c["ms_per_token"] for c in fitting] == sorted(c["ms_per_token"] for c in fitting)
