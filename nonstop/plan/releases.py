@@ -57,6 +57,9 @@ RELEASES = {
     "moonshotai/kimi-k2-thinking": _K2_INT4,
     "moonshotai/kimi-k2.5": _K2_INT4,
     "moonshotai/kimi-k2.6": _K2_INT4,
+    # 1T parameters, 32B active; "like K2.6, int4 for the MoE weights and BF16 for everything else", 605 GB
+    # (unsloth.ai/docs, Kimi K2.7 Code)
+    "moonshotai/kimi-k2.7-code": _K2_INT4,
     "nvidia/kimi-k2.5-nvfp4": _K25_NVFP4,
     "nvidia/kimi-k2.6-nvfp4": _K25_NVFP4,
     "nvidia/kimi-k2-thinking-nvfp4": _K25_NVFP4,
