@@ -166,19 +166,22 @@ def add_parser(sub) -> None:
 def _list_chips(chip_file) -> int:
     from nonstop.plan.chips import chip_from_entry, load_catalogue
 
+    entries = load_catalogue(chip_file)
+    w = max(8, *(len(key) for key in entries))  # a key as long as "ascend-910c" keeps the columns straight
+    n = max(44, *(len(str(e.get("name", ""))) for k, e in entries.items() if k != "cpu"))
     print(
-        f"{'chip':<8} {'name':<44} {'HBM GB':>7} {'TB/s':>5} {'bf16':>6} {'fp8':>6} {'fp4':>6} {'up':>5}"
+        f"{'chip':<{w}} {'name':<{n}} {'HBM GB':>7} {'TB/s':>5} {'bf16':>6} {'fp8':>6} {'fp4':>6} {'up':>5}"
         f" {'GB/s':>5} {'out GB/s':>8}"
     )
-    for key, entry in sorted(load_catalogue(chip_file).items()):
+    for key, entry in sorted(entries.items()):
         if key == "cpu":
-            print(f"{'cpu':<8} this machine: figures measured (bench/results copy bandwidth, a matmul, an eager op)")
+            print(f"{'cpu':<{w}} this machine: figures measured (bench/results copy bandwidth, a matmul, an eager op)")
             continue
         c = chip_from_entry(key, entry)
         tf = [f"{c.tflops.get(d) or '-':>6}" for d in ("bf16", "fp8", "fp4")]
         print(
-            f"{key:<8} {c.name:<44} {c.hbm_bytes / 1e9:>7.1f} {c.hbm_gbps / 1000:>5.2f} {' '.join(tf)} {c.up_domain:>5}"
-            f" {c.up_gbps:>5g} {c.out_gbps:>8g}"
+            f"{key:<{w}} {c.name:<{n}} {c.hbm_bytes / 1e9:>7.1f} {c.hbm_gbps / 1000:>5.2f} {' '.join(tf)}"
+            f" {c.up_domain:>5} {c.up_gbps:>5g} {c.out_gbps:>8g}"
         )
     print(
         "(HBM GB = 1e9 B the driver reports, which can exceed the figure a part is sold as; dense TFLOP/s;"
