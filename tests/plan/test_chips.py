@@ -38,7 +38,7 @@ def test_dtype_fallback_and_devices_per_chip():
     assert h200.rank_flops("fp4") == h200.rank_flops("fp8")  # Hopper: no FP4, runs at the FP8 rate
     assert b300.rank_flops("fp4") > b300.rank_flops("fp8")
     assert tpu.devices_per_chip == 2
-    assert tpu.rank_hbm_bytes == pytest.approx(192 * 2**30 / 2, rel=1e-3)  # 192 GiB a chip, half a TensorCore
+    assert tpu.rank_hbm_bytes == pytest.approx(192 * 2**30 / 2, rel=1e-3)  # 192 GiB a chip, half to each TensorCore
 
 
 def test_chips_without_fp8_or_fp4_run_them_at_the_bf16_rate_and_every_figure_is_sourced():
