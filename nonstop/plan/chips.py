@@ -165,7 +165,7 @@ CHIP_ALIASES = {
 }
 # what vendors and clouds put around a chip's name without changing the chip
 _VENDOR_PREFIXES = ("nvidia", "amdinstinct", "amd", "instinct", "google", "huawei")
-_FORM_SUFFIXES = ("sxm5", "sxm4", "sxm", "nvl72", "oam")
+_FORM_SUFFIXES = ("sxm6ac", "sxm6", "sxm5", "sxm4", "sxm", "nvl72", "oam")  # "NVIDIA B300 SXM6 AC" as drivers name it
 
 
 def _squash(name: str) -> str:
@@ -186,12 +186,13 @@ def resolve_chip_name(name: str, entries: dict) -> str:
 
 
 _CAPACITY = re.compile(r"^(.*?\w)[\s_-]+(\d+(?:\.\d+)?)\s*gb$", re.IGNORECASE)
+_MEMORY_KIND = re.compile(r"[\s_-]+hbm\d?e?$", re.IGNORECASE)  # "NVIDIA H100 80GB HBM3", as the driver names it
 
 
 def _strip_capacity(name: str, entries: dict) -> str | None:
     """The catalogue key of a name that ends in its HBM size ("h100-80gb", "B200 180GB"), None if it
     does not; a size more than 10% off the entry's is another part of the same name (H100 NVL: 94 GB)."""
-    match = _CAPACITY.match(name.strip())
+    match = _CAPACITY.match(_MEMORY_KIND.sub("", name.strip()))
     if not match or (key := resolve_chip_name(match[1], entries)) not in entries:
         return None
     have, asked = entries[key].get("hbm_gb"), float(match[2])

@@ -142,6 +142,10 @@ def test_unknown_chip_lists_the_known_ones(tmp_path):
         ("Huawei Ascend 910C", "ascend-910c"),
         ("910C", "ascend-910c"),
         ("Atlas A3", "ascend-910c"),
+        ("NVIDIA H100 80GB HBM3", "h100"),  # as nvidia-smi and torch.cuda.get_device_name() print them
+        ("NVIDIA B300 SXM6 AC", "b300"),
+        ("NVIDIA A100-SXM4-80GB", "a100"),
+        ("NVIDIA GB200", "gb200"),
     ],
 )
 def test_chip_names_as_vendors_and_clouds_write_them(name, key):
