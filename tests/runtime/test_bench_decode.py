@@ -6,9 +6,13 @@ from __future__ import annotations
 
 import json
 
+import pytest
+import torch
+
 from nonstop.cache.pages import PAGE_SIZE
 from nonstop.hostinfo import environment
 from tests.bench_script import load_bench
+from tests.runtime.helpers import tiny_model
 
 
 def _bench():
@@ -63,6 +67,51 @@ def test_dry_run_writes_a_complete_report(tmp_path, monkeypatch, capsys):
     assert [v for r in check["rows"] for v in r["violations"]] == []  # every kernel of both shapes passes
     out = capsys.readouterr().out
     assert "ms/token" in out and "violation(s) of the offline check" in out and "CTA/SM" in out
+
+
+class _Executor:
+    """The reference itself as an executor, its logits shifted by ``shift`` x their max on one entry."""
+
+    def __init__(self, model, shift: float = 0.0):
+        self.model, self.shift = model, shift
+
+    def forward(self, ids, cache, batch, last_only=True):
+        out = self.model(ids, cache, batch, last_only=last_only).float()
+        out[..., 0] += self.shift * out.abs().max()
+        return out
+
+
+@pytest.mark.parametrize("name", ["kimi_k3_mxfp4", "llama"])
+def test_the_bf16_check_measures_its_floor_against_an_fp32_copy(name):
+    """With an fp32 copy of the reference, the check reports how far bf16 PyTorch is from fp32 (the floor) and how
+    far the executor is. An executor as close as the reference passes on the floor; one that moves a logit by
+    several floors and beyond the 5e-2 tolerance fails. Without the copy the check is the plain one."""
+    bench = _bench()
+    model = tiny_model(name, dtype=torch.bfloat16)
+    truth = bench.fp32_truth(model)
+    assert truth.embed_tokens.weight.dtype == torch.float32
+    assert torch.equal(truth.embed_tokens.weight, model.embed_tokens.weight.float())  # the same values, upcast
+    packed = [k for k, v in model.state_dict().items() if not v.is_floating_point()]
+    assert (name == "kimi_k3_mxfp4") == bool(packed)  # MXFP4 experts and their scales: shared, not copied
+    for key in packed:
+        assert truth.state_dict()[key].data_ptr() == model.state_dict()[key].data_ptr()
+
+    def check(executor, with_truth=True):
+        with torch.inference_mode():
+            result, _ = bench.correctness(
+                model, executor, model.cfg, torch.bfloat16, "cpu", 7, 3, 11, truth if with_truth else None
+            )
+        return result
+
+    same = check(_Executor(model))
+    assert same["max_rel_err"] == 0 and same["fp32_floor_rel_err"] > 0  # bf16 is not fp32
+    assert same["max_rel_err_vs_fp32"] == same["fp32_floor_rel_err"] and same["within_floor"] and same["ok"]
+    shift = max(0.2, 4 * same["fp32_floor_rel_err"])
+    moved = check(_Executor(model, shift))
+    assert moved["max_rel_err"] > moved["tolerance"] and moved["max_rel_err_vs_fp32"] > 2 * moved["fp32_floor_rel_err"]
+    assert not moved["within_floor"] and not moved["ok"]
+    plain = check(_Executor(model), with_truth=False)
+    assert "fp32_floor_rel_err" not in plain and plain["ok"]
 
 
 def test_help_lists_every_option(capsys):
