@@ -57,8 +57,8 @@ RELEASES = {
     "moonshotai/kimi-k2-thinking": _K2_INT4,
     "moonshotai/kimi-k2.5": _K2_INT4,
     "moonshotai/kimi-k2.6": _K2_INT4,
-    # 1T parameters, 32B active; "like K2.6, int4 for the MoE weights and BF16 for everything else", 605 GB
-    # (unsloth.ai/docs, Kimi K2.7 Code)
+    # 1T parameters, 32B active, int4 MoE weights and BF16 everything else as K2.6, 605 GB at full precision
+    # (unsloth.ai/docs, its Kimi K2.7 Code page)
     "moonshotai/kimi-k2.7-code": _K2_INT4,
     "nvidia/kimi-k2.5-nvfp4": _K25_NVFP4,
     "nvidia/kimi-k2.6-nvfp4": _K25_NVFP4,
