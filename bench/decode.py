@@ -64,6 +64,7 @@ import torch  # noqa: E402
 from nonstop.cache.state import ModelCache  # noqa: E402
 from nonstop.config import ModelConfig  # noqa: E402
 from nonstop.hostinfo import Clock, copy_bandwidth, decode_floor, environment  # noqa: E402
+from nonstop.model.build import assemble_model  # noqa: E402
 from nonstop.model.stack import CausalLM  # noqa: E402
 
 # name -> (preset, layers timed on an 80 GB GPU, depth of the full model); see the module docstring
@@ -91,11 +92,7 @@ def build_model(cfg: ModelConfig, dtype, device, seed: int) -> CausalLM:
     from nonstop.weights.synth import random_state_dict
 
     on_gpu = torch.device(device).type == "cuda"
-    state = random_state_dict(cfg, dtype, device, seed, draw_on_device=on_gpu)
-    with torch.device("meta"):
-        model = CausalLM(cfg)
-    model.load_state_dict(state, strict=True, assign=True)
-    return model.eval().requires_grad_(False)
+    return assemble_model(cfg, random_state_dict(cfg, dtype, device, seed, draw_on_device=on_gpu))
 
 
 def prefix_model(model: CausalLM, n: int) -> CausalLM:
@@ -188,11 +185,9 @@ def fp32_truth(model: CausalLM) -> CausalLM:
     experts and their scales) shared, not copied: what a bf16 step's error is measured against when the fp32
     floor is on. It costs twice the reference's floating-point bytes: 21 GB beside the 58 GB of Kimi K3's 4-layer
     slice (10 GB of it bf16, the rest packed experts), 63 GB beside kimi-linear's 9-layer 31 GB."""
-    state = {k: v.float() if v.is_floating_point() else v for k, v in model.state_dict().items()}
-    with torch.device("meta"):
-        truth = CausalLM(model.cfg)
-    truth.load_state_dict(state, strict=True, assign=True)
-    return truth.eval().requires_grad_(False)
+    return assemble_model(
+        model.cfg, {k: v.float() if v.is_floating_point() else v for k, v in model.state_dict().items()}
+    )
 
 
 def correctness(
