@@ -166,12 +166,23 @@ class Prediction:
     def fits(self) -> bool:
         return self.bytes_per_rank <= self.capacity_per_rank
 
+    def resident_parts(self, sep: str) -> str:
+        """What a rank holds by kind, in GB: weights, KDA state (a model with KDA layers only), attention
+        cache (a model with attention layers only)."""
+        r, ops = self.resident, self.workload.ops
+        parts = [("weights", r["weights"])]
+        if r["state"] or any(o.state_bytes_per_seq for o in ops):
+            parts.append(("KDA state", r["state"]))
+        if r["cache"] or any(o.cache_bytes_per_seq_ctx for o in ops):
+            parts.append(("attention cache", r["cache"]))
+        return sep.join(f"{name} {b / 1e9:.1f}" for name, b in parts)
+
     def why_not(self) -> str:
-        r, gb = self.resident, 1e9
+        gb = 1e9
         return (
-            f"needs {self.bytes_per_rank / gb:.1f} GB per rank (weights {r['weights'] / gb:.1f} + KDA state "
-            f"{r['state'] / gb:.1f} + attention cache {r['cache'] / gb:.1f}) but a rank of {self.chip.key} offers "
-            f"{self.capacity_per_rank / gb:.1f} GB ({USABLE_HBM:.0%} of {self.chip.rank_hbm_bytes / gb:.1f} GB HBM)"
+            f"needs {self.bytes_per_rank / gb:.1f} GB per rank ({self.resident_parts(' + ')}) but a rank of "
+            f"{self.chip.key} offers {self.capacity_per_rank / gb:.1f} GB ({USABLE_HBM:.0%} of "
+            f"{self.chip.rank_hbm_bytes / gb:.1f} GB HBM)"
         )
 
     def to_json(self) -> dict:

@@ -73,10 +73,7 @@ def describe(p: Prediction) -> str:
             f" -> {'fits' if p.fits else 'DOES NOT FIT'}"
         ),
     ]
-    r = p.resident
-    lines.append(
-        f"  weights {_gb(r['weights'])}, KDA state {_gb(r['state'])}, attention cache {_gb(r['cache'])} per rank"
-    )
+    lines.append(f"  {p.resident_parts(' GB, ')} GB per rank")
     if not p.fits:
         lines.append(f"  {p.why_not()}")
     parts = [

@@ -17,6 +17,14 @@ def test_k3_does_not_fit_8_h200_and_says_why(capsys):
     assert "none fits" in out and "does not fit" in out
     offers = get_chip("h200").rank_hbm_bytes * USABLE_HBM / 1e9
     assert "GB per rank" in out and f"offers {offers:.1f} GB" in out  # what it needs against what an H200 offers
+    assert "KDA state" in out and "attention cache" in out  # K3 holds both
+
+
+def test_why_not_names_only_what_the_model_holds(capsys):
+    """K2 (MLA only) has no KDA state to name; its attention cache is named."""
+    assert main(["plan", "-m", "kimi-k2", "--chip", "h100", "--chips", "8"]) == 0
+    out = capsys.readouterr().out
+    assert "does not fit" in out and "attention cache" in out and "KDA" not in out.split("step time")[0]
 
 
 def test_k3_fits_16_h200_and_the_search_ranks_layouts(capsys):
