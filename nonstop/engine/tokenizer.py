@@ -80,7 +80,26 @@ class Tokenizer:
         raise NotImplementedError
 
     def token_text(self, token_id: int) -> str:
+        """One token as text for a logprobs listing: a special token (which ``decode`` leaves out) by its
+        name, e.g. ``<|im_end|>``; a token whose bytes are not UTF-8 on their own (part of a character) as
+        ``bytes:\\xe2\\x80``, as OpenAI lists them, so distinct tokens never share one text."""
+        name = self.special_name(token_id)
+        if name:
+            return name
+        raw = self.token_bytes(token_id)
+        if raw is not None:
+            try:
+                return raw.decode("utf-8")
+            except UnicodeDecodeError:
+                return "bytes:" + "".join(f"\\x{b:02x}" for b in raw)
         return self.decode([token_id])
+
+    def special_name(self, token_id: int) -> str | None:
+        return None
+
+    def token_bytes(self, token_id: int) -> bytes | None:
+        """The token's own bytes, where the tokenizer is byte-level and says them (else None)."""
+        return None
 
     @staticmethod
     def load(
@@ -145,6 +164,9 @@ class HFTokenizer(Tokenizer):
 
     def token_id(self, text: str) -> int | None:
         return self.tok.token_to_id(text)
+
+    def special_name(self, token_id: int) -> str | None:
+        return self.tok.id_to_token(token_id) if token_id in self.special_ids else None
 
 
 # Kimi's pre-tokeniser (tokenization_kimi.py of the Kimi K2 / Kimi Linear checkpoints): Han runs,
@@ -231,6 +253,7 @@ class TiktokenTokenizer(Tokenizer):
             raise TokenizerError(f"{path}: cannot build the tokenizer ({exc})") from None
         self.base = base
         self.special_ids = set(specials.values())
+        self.special_names = {i: text for text, i in specials.items()}
 
     def _named_specials(self, model_dir: Path) -> dict[int, str]:
         """{id: text} of ``added_tokens_decoder`` in tokenizer_config.json."""
@@ -262,6 +285,12 @@ class TiktokenTokenizer(Tokenizer):
         except KeyError:
             return None
 
+    def special_name(self, token_id: int) -> str | None:
+        return self.special_names.get(token_id)
+
+    def token_bytes(self, token_id: int) -> bytes | None:
+        return self.enc.decode_single_token_bytes(token_id) if 0 <= token_id < self.base else None
+
 
 class ByteTokenizer(Tokenizer):
     """Token id = UTF-8 byte value; ids of 256 and above decode to ``<|id|>``."""
@@ -276,6 +305,9 @@ class ByteTokenizer(Tokenizer):
                 "pass token ids instead"
             )
         return ids
+
+    def token_bytes(self, token_id: int) -> bytes | None:
+        return bytes([token_id]) if token_id < 256 else None
 
     def decode(self, ids: list[int]) -> str:
         out, pending = [], bytearray()

@@ -2,8 +2,9 @@
 server-sent events), /v1/models, /v1/models/{id}, /health and /metrics, over one ``EngineLoop``.
 
 Streams end with ``data: [DONE]``; with ``stream_options.include_usage`` a last chunk carries the
-usage. A client that disconnects (mid-stream, or while waiting for a whole response) has its
-requests cancelled so their slots free at once. A request that fails inside the engine gets an error
+usage (and with ``continuous_usage_stats`` every chunk the usage so far). A client that disconnects
+(mid-stream, or while waiting for a whole response) has its requests cancelled so their slots free at
+once. A request that fails inside the engine gets an error
 body (or an ``error`` event mid-stream); the server keeps serving.
 
 Request bodies are read with a size limit, then parsed, validated, tokenized and rendered in a worker
@@ -37,7 +38,15 @@ from nonstop.server.metrics import TEXT_CONTENT_TYPE, ServerMetrics
 from nonstop.server.protocol import ChatCompletionBody, CompletionBody
 from nonstop.server.responses import Choice, ResponseBuilder, sse, usage
 from nonstop.server.submission import Submission
-from nonstop.server.translate import Limits, chat_requests, check_model, completion_requests, new_id, parse_body
+from nonstop.server.translate import (
+    Limits,
+    chat_requests,
+    check_model,
+    completion_requests,
+    echo_only,
+    new_id,
+    parse_body,
+)
 
 log = logging.getLogger("nonstop.server")
 
@@ -167,7 +176,7 @@ def create_app(ctx: ServingContext, manage_engine: bool = True) -> FastAPI:
     auth = [Depends(_api_key_check(ctx))]
     limits = ctx.limits
 
-    @app.get("/health")
+    @app.api_route("/health", methods=["GET", "HEAD"])
     async def health():
         if not ctx.engine.running:
             raise APIError(
@@ -212,7 +221,8 @@ def create_app(ctx: ServingContext, manage_engine: bool = True) -> FastAPI:
 
         body, requests, echoes = await run_in_threadpool(prepare)
         builder = ResponseBuilder("completion", body.model, ctx.llm.tokenizer, body.logprobs, call_id)
-        return await _respond(ctx, request, requests, builder, body, echoes if body.echo else None)
+        keep = not echo_only(body)
+        return await _respond(ctx, request, requests, builder, body, echoes if body.echo else None, keep)
 
     @app.post("/v1/chat/completions", dependencies=auth)
     async def chat_completions(request: Request):
@@ -257,24 +267,35 @@ def _openapi_with_request_schemas(app: FastAPI) -> dict:
     return schema
 
 
-def _include_usage(body) -> bool:
-    return bool(body.stream_options and body.stream_options.include_usage)
+def _usage_mode(body) -> str | None:
+    """``stream_options``: None (no usage chunk), ``last`` (include_usage: a last chunk carries it) or
+    ``every`` (and continuous_usage_stats: every chunk carries the usage so far, as vLLM does)."""
+    opts = body.stream_options
+    if not (opts and opts.include_usage):
+        return None
+    return "every" if opts.continuous_usage_stats else "last"
 
 
-def _choices(count: int, n: int) -> list[Choice]:
+def _choices(count: int, n: int, keep_output: bool = True) -> list[Choice]:
     """One Choice per request; the prompt's tokens count once per prompt (choice i·n of its n)."""
-    return [Choice(i, counts_prompt=i % n == 0) for i in range(count)]
+    return [Choice(i, counts_prompt=i % n == 0, keep_output=keep_output) for i in range(count)]
 
 
 async def _respond(
-    ctx: ServingContext, http: Request, requests, builder: ResponseBuilder, body, echoes: list[str] | None
+    ctx: ServingContext,
+    http: Request,
+    requests,
+    builder: ResponseBuilder,
+    body,
+    echoes: list[str] | None,
+    keep_output: bool = True,
 ) -> Response:
     submission = Submission(ctx.engine, ctx.metrics, requests)
     submission.start()
-    choices = _choices(len(requests), body.n)
+    choices = _choices(len(requests), body.n, keep_output)
     if body.stream:
         # the background task also cancels when the client leaves before the stream's first chunk
-        stream = _stream(submission, builder, choices, _include_usage(body), echoes)
+        stream = _stream(submission, builder, choices, _usage_mode(body), echoes)
         return StreamingResponse(
             stream,
             media_type="text/event-stream",
@@ -298,16 +319,19 @@ async def _stream(
     submission: Submission,
     builder: ResponseBuilder,
     choices: list[Choice],
-    include_usage: bool,
+    usage_mode: str | None,
     echoes: list[str] | None,
 ):
     """SSE chunks for one call; cancels its unfinished requests however the stream ends. An unexpected
-    error mid-stream ends it with an ``error`` event (the status line is already sent)."""
+    error mid-stream ends it with an ``error`` event (the status line is already sent). An echoed prompt
+    goes first; with logprobs it waits for the prompt's logprobs, which come with the first token."""
+    echo_with_logprobs = bool(echoes) and builder.top_logprobs is not None
+    echo_pending = set(range(len(choices))) if echo_with_logprobs else set()
     try:
         for c in choices:
             if builder.kind == "chat":
                 yield sse(builder.role_chunk(c.index))
-            elif echoes:
+            elif echoes and not echo_with_logprobs:
                 yield sse(
                     builder.chunk(
                         [{"index": c.index, "text": echoes[c.index], "logprobs": None, "finish_reason": None}]
@@ -315,7 +339,7 @@ async def _stream(
                 )
         async for index, event in submission.events():
             offset = (len(echoes[index]) if echoes else 0) + choices[index].length
-            choices[index].add(event)
+            event = choices[index].add(event)
             if event.finish_reason in ("error", "abort"):
                 yield sse(
                     APIError(
@@ -324,11 +348,15 @@ async def _stream(
                 )
                 submission.cancel()
                 break
-            chunk = builder.delta_chunk(index, event, offset)
+            echo = echoes[index] if index in echo_pending else None
+            echo_pending.discard(index)
+            chunk = builder.delta_chunk(index, event, offset, echo, choices[index])
             if chunk is not None:
+                if usage_mode == "every":
+                    chunk["usage"] = usage(choices)
                 yield sse(chunk)
         else:
-            if include_usage:
+            if usage_mode:
                 yield sse(builder.chunk([], usage(choices)))
         yield sse("[DONE]")
     except Exception as exc:

@@ -19,13 +19,20 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 SEED_MIN, SEED_MAX = -(2**63), 2**64 - 1
 
 
 class _Body(BaseModel):
     model_config = ConfigDict(strict=True, extra="forbid")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _null_is_left_out(cls, data):
+        """A field sent as null takes its default, as if left out (clients that serialise every field
+        send ``"stream": null``, ``"n": null``); a required field sent as null is missing."""
+        return {k: v for k, v in data.items() if v is not None} if isinstance(data, dict) else data
 
 
 class StreamOptions(_Body):
@@ -93,6 +100,19 @@ class CompletionBody(SamplingFields):
 
     prompt: str | list[str] | list[PromptIds] | PromptIds
     echo: bool = False
+
+    @field_validator("prompt", mode="before")
+    @classmethod
+    def _prompt_shape(cls, value):
+        def ids(x):
+            return isinstance(x, list) and all(isinstance(i, int) and not isinstance(i, bool) for i in x)
+
+        if isinstance(value, str) or ids(value):
+            return value
+        if isinstance(value, list) and (all(isinstance(p, str) for p in value) or all(ids(p) for p in value)):
+            return value
+        raise ValueError("give a string, a list of strings, a list of token ids or a list of token-id lists")
+
     logprobs: int | None = Field(None, ge=0, le=20)
     best_of: int | None = None
     suffix: str | None = None
@@ -122,6 +142,16 @@ class ChatMessage(_Body):
     tool_call_id: str | None = None
     refusal: str | None = None
     annotations: list[dict] | None = None
+
+    @field_validator("content", mode="before")
+    @classmethod
+    def _text_parts_only(cls, value):
+        if isinstance(value, list):
+            for part in value:
+                kind = part.get("type") if isinstance(part, dict) else None
+                if isinstance(kind, str) and kind != "text":
+                    raise ValueError(f"content parts of type {kind!r} are not supported: this model reads text only")
+        return value
 
     def text(self) -> str:
         if self.content is None:

@@ -7,6 +7,7 @@ token ids (completion tokens include a generated end-of-sequence token, as OpenA
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import time
 from dataclasses import dataclass, field
@@ -29,11 +30,15 @@ def finish_reason(reason: str | None) -> str | None:
 @dataclass
 class Choice:
     """What one request has produced so far. ``counts_prompt``: its prompt's tokens count in ``usage``
-    (false for the 2nd..n-th completion of one prompt)."""
+    (false for the 2nd..n-th completion of one prompt); ``keep_output`` false: what it generates is left
+    out (an echo-only completion, ``max_tokens`` 0)."""
 
     index: int
     counts_prompt: bool = True
+    keep_output: bool = True
     prompt_tokens: int = 0
+    prompt_ids: list[int] = field(default_factory=list)
+    prompt_logprobs: list[dict[int, float] | None] | None = None
     pieces: list[str] = field(default_factory=list)
     length: int = 0  # characters of text
     token_ids: list[int] = field(default_factory=list)
@@ -45,8 +50,13 @@ class Choice:
     def text(self) -> str:
         return "".join(self.pieces)
 
-    def add(self, event: StreamEvent) -> None:
-        self.prompt_tokens = len(event.request.prompt_ids)
+    def add(self, event: StreamEvent) -> StreamEvent:
+        """Record ``event``; returns it as the client sees it (without output when not kept)."""
+        self.prompt_ids = event.request.prompt_ids
+        self.prompt_tokens = len(self.prompt_ids)
+        self.prompt_logprobs = event.request.prompt_logprobs
+        if not self.keep_output:
+            event = dataclasses.replace(event, text="", token_ids=[], logprobs=None)
         if event.text:
             self.pieces.append(event.text)
             self.length += len(event.text)
@@ -55,6 +65,12 @@ class Choice:
         if event.finished:
             self.finish_reason = event.finish_reason
             self.error = event.error
+        return event
+
+    def prompt_rows(self) -> tuple[list[int], list[dict[int, float] | None]]:
+        """The prompt's tokens and their logprob rows (None for the first, which has no context)."""
+        rows = self.prompt_logprobs or []
+        return self.prompt_ids, list(rows) + [None] * (len(self.prompt_ids) - len(rows))
 
 
 def usage(choices: list[Choice]) -> dict:
@@ -75,39 +91,59 @@ class ResponseBuilder:
         self.created = int(time.time())
 
     # ------------------------------------------------------------------ logprobs
-    def _top(self, row: dict[int, float]) -> list[tuple[str, float]]:
+    def _top(self, row: dict[int, float], actual: int | None = None) -> list[tuple[int, float]]:
+        """The row's best ``top_logprobs`` (token id, logprob); with ``actual``, that token too when it is
+        not among them (completions, as vLLM: up to logprobs + 1 entries)."""
         best = sorted(row.items(), key=lambda kv: -kv[1])[: self.top_logprobs]
-        return [(self.tokenizer.token_text(t), lp) for t, lp in best]
+        if actual is not None and all(t != actual for t, _ in best):
+            best.append((actual, row[actual]))
+        return best
 
-    def logprobs(self, token_ids: list[int], rows: list[dict[int, float]], offset: int = 0) -> dict | None:
-        """The ``logprobs`` field for these tokens (completions: parallel lists; chat: ``content``)."""
+    def _bytes(self, token_id: int) -> list[int]:
+        raw = self.tokenizer.token_bytes(token_id)
+        return list(raw if raw is not None else self.tokenizer.token_text(token_id).encode())
+
+    def logprobs(self, token_ids: list[int], rows: list[dict[int, float] | None], offset: int = 0) -> dict | None:
+        """The ``logprobs`` field for these tokens (completions: parallel lists; chat: ``content``). A row
+        of None (an echoed prompt's first token) has no logprob. Tokens show as ``Tokenizer.token_text``
+        (a special one by its name, part of a character as ``bytes:\\x..``); ``text_offset`` counts what
+        each adds to the text."""
         if self.top_logprobs is None:
             return None
-        texts = [self.tokenizer.token_text(t) for t in token_ids]
+        text = self.tokenizer.token_text
         if self.kind == "chat":
             return {
                 "content": [
                     {
-                        "token": s,
+                        "token": text(t),
                         "logprob": row[t],
-                        "bytes": list(s.encode()),
+                        "bytes": self._bytes(t),
                         "top_logprobs": [
-                            {"token": a, "logprob": lp, "bytes": list(a.encode())} for a, lp in self._top(row)
+                            {"token": text(a), "logprob": lp, "bytes": self._bytes(a)} for a, lp in self._top(row)
                         ],
                     }
-                    for s, t, row in zip(texts, token_ids, rows)
+                    for t, row in zip(token_ids, rows)
                 ]
             }
         offsets, pos = [], offset
-        for s in texts:
+        for t in token_ids:
             offsets.append(pos)
-            pos += len(s)
+            pos += len(self.tokenizer.decode([t]))  # what the token adds to the text ("" for a special token)
         return {
-            "tokens": texts,
-            "token_logprobs": [row[t] for t, row in zip(token_ids, rows)],
-            "top_logprobs": [dict(self._top(row)) for row in rows],
+            "tokens": [text(t) for t in token_ids],
+            "token_logprobs": [None if row is None else row[t] for t, row in zip(token_ids, rows)],
+            "top_logprobs": [
+                None if row is None else {text(a): lp for a, lp in self._top(row, t)} for t, row in zip(token_ids, rows)
+            ],
             "text_offset": offsets,
         }
+
+    def completion_logprobs(self, c: Choice, generated: list[int], rows: list, offset: int, echo: bool) -> dict | None:
+        """A completion choice's ``logprobs``: with ``echo`` the prompt's tokens lead, from offset 0."""
+        if echo and self.top_logprobs is not None:
+            ids, prompt_rows = c.prompt_rows()
+            return self.logprobs(ids + generated, prompt_rows + rows, 0)
+        return self.logprobs(generated, rows, offset)
 
     # ------------------------------------------------------------------ whole responses
     def body(self, choices: list[Choice], echo_texts: list[str] | None = None) -> dict:
@@ -130,7 +166,7 @@ class ResponseBuilder:
                     {
                         "index": c.index,
                         "text": echo + c.text,
-                        "logprobs": self.logprobs(c.token_ids, c.logprobs, len(echo)),
+                        "logprobs": self.completion_logprobs(c, c.token_ids, c.logprobs, len(echo), bool(echo_texts)),
                         "finish_reason": finish_reason(c.finish_reason),
                     }
                 )
@@ -158,13 +194,26 @@ class ResponseBuilder:
             [{"index": index, "delta": {"role": "assistant", "content": ""}, "logprobs": None, "finish_reason": None}]
         )
 
-    def delta_chunk(self, index: int, event: StreamEvent, text_offset: int = 0, prefix: str = "") -> dict | None:
-        """The chunk for one event (None when it carries nothing to send)."""
-        text = prefix + event.text
+    def delta_chunk(
+        self,
+        index: int,
+        event: StreamEvent,
+        text_offset: int = 0,
+        echo: str | None = None,
+        choice: Choice | None = None,
+    ) -> dict | None:
+        """The chunk for one event (None when it carries nothing to send). ``echo``: a completion's prompt
+        text, sent ahead of the event's text with the prompt's logprobs (``choice``'s) when asked."""
+        text = (echo or "") + event.text
         reason = finish_reason(event.finish_reason)
         if not text and not event.token_ids and reason is None:
             return None
-        logprobs = self.logprobs(event.token_ids, event.logprobs or [], text_offset) if event.token_ids else None
+        if echo is not None and self.top_logprobs is not None:
+            logprobs = self.completion_logprobs(choice, event.token_ids, event.logprobs or [], 0, True)
+        elif event.token_ids:
+            logprobs = self.logprobs(event.token_ids, event.logprobs or [], text_offset)
+        else:
+            logprobs = None
         if self.kind == "chat":
             delta = {"content": text} if text or reason is None else {}
             return self.chunk([{"index": index, "delta": delta, "logprobs": logprobs, "finish_reason": reason}])

@@ -32,6 +32,14 @@ class Submission:
     def start(self) -> None:
         """Submit every request; on overload cancel those already queued and raise 429 (503 if stopped)."""
         loop = asyncio.get_running_loop()
+        if len(self.requests) > self.engine.max_waiting:  # a 429 would never clear: say so
+            raise APIError(
+                400,
+                f"this call asks for {len(self.requests)} completions (prompts x n) but the server queues at most "
+                f"{self.engine.max_waiting} (--max-waiting): send fewer at once",
+                param="n",
+                code="too_many_completions",
+            )
         try:
             for index, req in enumerate(self.requests):
                 self.engine.submit(req, self._sink(loop, index))

@@ -3,10 +3,10 @@
 Checks: the body is strict JSON (no NaN / Infinity) under the size limit, nested at most
 ``MAX_DEPTH`` levels and free of lone UTF-16 surrogates (which no tokenizer can encode); its fields have
 the right types and ranges (``protocol``); the model is one we serve; the prompt is not empty and fits
-the context; max_tokens is >= 1 and fits what is left of the context. When max_tokens is absent: the
-server's default (``--default-max-tokens``, else the checkpoint's ``max_new_tokens``), else 16 for
-completions and the rest of the context for chat, as OpenAI does. Sampling fields left out take the
-checkpoint's generation_config.json defaults.
+the context; max_tokens is >= 1 (0 with ``echo``: score the prompt) and fits what is left of the
+context. When max_tokens is absent: the server's default (``--default-max-tokens``, else the
+checkpoint's ``max_new_tokens``), else 16 for completions and the rest of the context for chat, as
+OpenAI does. Sampling fields left out take the checkpoint's generation_config.json defaults.
 
 These functions tokenize and render templates, so the app runs them off the event loop.
 """
@@ -95,17 +95,31 @@ def parse_body(raw: bytes, model: type[BaseModel], limits: Limits) -> BaseModel:
         body = model.model_validate(obj)
     except ValidationError as exc:
         first = exc.errors()[0]
-        where = ".".join(str(p) for p in first["loc"]) or "body"
+        where = field_path(first["loc"]) or "body"
         if first["type"] == "extra_forbidden":
             raise bad_request(
                 f"{where}: unknown parameter (not an OpenAI field this server knows)",
                 param=where,
                 code="unknown_parameter",
             ) from None
-        raise bad_request(f"{where}: {first['msg']}", param=where, code="invalid_value") from None
+        message = first["msg"].removeprefix("Value error, ")
+        raise bad_request(f"{where}: {message}", param=where, code="invalid_value") from None
     for param, why in body.unsupported():
         raise bad_request(why, param=param, code="unsupported_parameter")
     return body
+
+
+_TYPE_TAGS = frozenset({"str", "int", "float", "bool", "dict", "list", "none"})
+
+
+def field_path(loc) -> str:
+    """A validation error's location as the client's field path (``messages.0.content``), without the
+    union member pydantic tried (``stop.str``, ``prompt.list[int]``, ``content.list[TextPart]``)."""
+
+    def is_tag(p) -> bool:
+        return isinstance(p, str) and (p in _TYPE_TAGS or "[" in p or p[:1].isupper() or "-" in p)
+
+    return ".".join(str(p) for p in loc if not is_tag(p))
 
 
 def check_model(name: str, served: list[str]) -> None:
@@ -118,14 +132,17 @@ def check_model(name: str, served: list[str]) -> None:
         )
 
 
-def resolve_max_tokens(requested: int | None, prompt_len: int, limits: Limits, default: int | None, param: str) -> int:
-    """max_tokens to generate, or a 400 that says why not."""
+def resolve_max_tokens(
+    requested: int | None, prompt_len: int, limits: Limits, default: int | None, param: str, prompt_param: str
+) -> int:
+    """max_tokens to generate, or a 400 that says why not. ``param`` names the request's max-tokens field,
+    ``prompt_param`` its prompt field (``prompt`` or ``messages``)."""
     room = limits.max_len - prompt_len
     if room < 1:
         raise bad_request(
             f"this model's maximum context length is {limits.max_len} tokens, and the prompt has {prompt_len}: "
             "shorten it",
-            param="prompt" if param == "max_tokens" else "messages",
+            param=prompt_param,
             code="context_length_exceeded",
         )
     if requested is None:
@@ -143,14 +160,25 @@ def resolve_max_tokens(requested: int | None, prompt_len: int, limits: Limits, d
     return requested
 
 
-def sampling_params(body: SamplingFields, llm: LLM, max_tokens: int, logprobs: int | None) -> SamplingParams:
+def sampling_params(
+    body: SamplingFields, llm: LLM, max_tokens: int, logprobs: int | None, prompt_logprobs: int | None = None
+) -> SamplingParams:
     """The request's sampling fields over the checkpoint's defaults."""
+    vocab = llm.tokenizer.vocab_size
+    outside = [i for i in body.stop_token_ids or [] if i >= vocab]
+    if outside:
+        raise bad_request(
+            f"stop_token_ids: {outside[0]} is outside the model's vocabulary of {vocab} tokens",
+            param="stop_token_ids",
+            code="invalid_value",
+        )
     fields = {
         **llm.generation.defaults,
         **body.sampling_overrides(),
         "max_tokens": max_tokens,
         "n": body.n,
         "logprobs": logprobs,
+        "prompt_logprobs": prompt_logprobs,
     }
     try:
         return SamplingParams(**fields)
@@ -190,11 +218,24 @@ def _requests(
         raise bad_request(str(exc), param=param) from None
 
 
+def echo_only(body: CompletionBody) -> bool:
+    """``echo`` with ``max_tokens`` 0: the prompt comes back (with its logprobs, to score it, as
+    lm-evaluation-harness does) and nothing is generated."""
+    return body.echo and body.max_tokens == 0
+
+
 def completion_requests(
     body: CompletionBody, llm: LLM, limits: Limits, call_id: str
 ) -> tuple[list[Request], list[str]]:
     """``n`` engine requests per prompt (prompt-major, as OpenAI numbers choices), and each choice's
-    prompt text (for ``echo``)."""
+    prompt text (for ``echo``). With ``echo`` and ``logprobs`` the prompt's logprobs are computed too;
+    an ``echo_only`` call runs each prompt for one token, which the response leaves out."""
+    if body.max_tokens == 0 and not body.echo:
+        raise bad_request(
+            "max_tokens must be at least 1, got 0 (0 only with echo, to score the prompt)",
+            param="max_tokens",
+            code="invalid_value",
+        )
     prompts = _prompt_list(body.prompt)
     if not prompts:
         raise bad_request(
@@ -212,8 +253,11 @@ def completion_requests(
             raise bad_request(
                 "prompt is empty: give at least one character or token", param="prompt", code="empty_prompt"
             )
-        n = resolve_max_tokens(body.max_tokens, len(ids), limits, COMPLETION_DEFAULT_MAX_TOKENS, "max_tokens")
-        made = _requests(llm, text, ids, sampling_params(body, llm, n, body.logprobs), f"{call_id}-{i}", "prompt")
+        wanted = 1 if echo_only(body) else body.max_tokens
+        n = resolve_max_tokens(wanted, len(ids), limits, COMPLETION_DEFAULT_MAX_TOKENS, "max_tokens", "prompt")
+        prompt_logprobs = body.logprobs if body.echo else None
+        params = sampling_params(body, llm, n, body.logprobs, prompt_logprobs)
+        made = _requests(llm, text, ids, params, f"{call_id}-{i}", "prompt")
         requests += made
         echo = text if text is not None else llm.tokenizer.decode(ids) if body.echo else ""
         echoes += [echo] * len(made)
@@ -235,6 +279,6 @@ def chat_requests(body: ChatCompletionBody, llm: LLM, limits: Limits, call_id: s
         raise bad_request("the conversation renders to an empty prompt", param="messages", code="empty_prompt")
     requested = body.max_completion_tokens if body.max_completion_tokens is not None else body.max_tokens
     param = "max_completion_tokens" if body.max_completion_tokens is not None else "max_tokens"
-    n = resolve_max_tokens(requested, len(ids), limits, None, param)
+    n = resolve_max_tokens(requested, len(ids), limits, None, param, "messages")
     top = (body.top_logprobs or 0) if body.logprobs else None
     return _requests(llm, None, ids, sampling_params(body, llm, n, top), f"{call_id}-0", "messages")

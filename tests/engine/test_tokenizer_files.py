@@ -17,7 +17,7 @@ from nonstop.config import ModelConfig
 from nonstop.engine.chat_template import ChatTemplateError
 from nonstop.engine.llm import LLM
 from nonstop.engine.sampling import SamplingParams
-from nonstop.engine.tokenizer import KIMI_PATTERN, TiktokenTokenizer, Tokenizer, TokenizerError
+from nonstop.engine.tokenizer import KIMI_PATTERN, ByteTokenizer, TiktokenTokenizer, Tokenizer, TokenizerError
 from nonstop.weights.synth import write_checkpoint
 from tests.tiny_configs import LLAMA
 
@@ -132,6 +132,7 @@ def test_special_tokens_from_tokenizer_config(kimi_dir):
     ids = tok.encode("[BOS]hi<|im_end|>")
     assert ids[0] == base and ids[-1] == base + 2
     assert tok.decode(ids) == "hi"  # special tokens are left out of text
+    assert [tok.token_text(i) for i in ids] == ["[BOS]", "h", "i", "<|im_end|>"]  # one token: by its name
     assert tok.token_id(f"<|reserved_token_{base + 100}|>") == base + 100  # unnamed ids get reserved names
     assert tok.bos_token == "[BOS]" and tok.eos_token == "[EOS]"
 
@@ -230,3 +231,16 @@ def test_generation_config_defaults(kimi_dir, tmp_path):
     out = llm.generate(prompt_token_ids=[[5, 6]])[0]  # no SamplingParams: the checkpoint's
     assert 1 <= len(out.token_ids) <= 7
     assert LLM(d, dtype="float32", generation_config=False).default_sampling().max_tokens == SamplingParams().max_tokens
+
+
+def test_token_text_keeps_distinct_tokens_distinct(kimi_dir):
+    """A logprobs listing names each token: part of a UTF-8 character as its bytes (OpenAI's
+    ``bytes:\\x..``), never the replacement character that every such token would share."""
+    byte = ByteTokenizer(300)
+    assert byte.token_text(ord("A")) == "A" and byte.token_bytes(ord("A")) == b"A"
+    lead, cont = "é".encode()
+    assert byte.token_text(lead) == "bytes:\\xc3" and byte.token_text(cont) == "bytes:\\xa9"
+    assert byte.token_text(299) == "<|299|>"
+    tok = Tokenizer.load(kimi_dir, 10_000)
+    ids = [i for i in range(len(_ranks())) if tok.token_bytes(i) in (b"\xe2", b"\x80")]
+    assert len(ids) == 2 and len({tok.token_text(i) for i in ids}) == 2 and "\ufffd" not in tok.token_text(ids[0])
