@@ -36,6 +36,14 @@ def add_parser(sub) -> None:
     )
     p.add_argument("--port", type=int, default=8000, help="TCP port (default 8000)")
     p.add_argument(
+        "--no-warmup",
+        dest="warmup",
+        action="store_false",
+        help="listen at once, without first running every step shape once (by default the server compiles "
+        "them before it listens: the cpu executor's first use of a shape compiles it, which a first "
+        "request would otherwise wait for)",
+    )
+    p.add_argument(
         "--served-model-name",
         action="append",
         default=None,
@@ -105,6 +113,7 @@ def run(args) -> int:
         import uvicorn  # noqa: F401
     except ModuleNotFoundError as exc:
         raise ValueError(f"nonstop serve needs {exc.name}: pip install 'nonstop[serve]'") from None
+    from nonstop.engine.warmup import warm_up
     from nonstop.server import build_context, serve
 
     if not 0 < args.port < 65536:
@@ -131,6 +140,10 @@ def run(args) -> int:
         api_key=args.api_key,
         default_max_tokens=args.default_max_tokens,
     )
+    if args.warmup:
+        print("nonstop: warming up (each step shape once) before listening ...", file=sys.stderr, flush=True)
+        seconds = warm_up(ctx.engine.core, llm.make_request)
+        print(f"nonstop: warmed up in {seconds:.1f} s", file=sys.stderr, flush=True)
     print(
         f"nonstop: serving {', '.join(ctx.served_names)} ({llm.backend}, context {ctx.limits.max_len}, "
         f"{args.max_batch} slots) on http://{args.host}:{args.port}{' (API key required)' if args.api_key else ''}",

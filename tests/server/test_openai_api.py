@@ -11,6 +11,8 @@ def test_models_and_health(server):
     client = server.client()
     assert [m.id for m in client.models.list().data] == [MODEL_NAME]
     assert httpx.get(server.url + "/health").json()["status"] == "ok"
+    log = server.log.read_text()
+    assert "warmed up in" in log and log.index("warmed up in") < log.index("nonstop: serving")  # before it listens
 
 
 def test_streaming_chat_matches_the_whole_response(server):
