@@ -194,6 +194,8 @@ def _precision(args, cfg, chip):
     from nonstop.plan.releases import release_formats
     from nonstop.plan.workload import Precision, quantised_experts
 
+    if args.experts and cfg.moe is None:
+        raise ValueError(f"{args.model} has no routed experts: --experts does not apply (use --weights)")
     stored = release_formats(args.model)  # e.g. nvidia/Kimi-K3-NVFP4: experts nvfp4
     cpu = chip.kind == "cpu"
     dense = args.weights or stored.get("dense") or ("fp32" if cpu else None)

@@ -9,6 +9,7 @@ form. The ``cpu`` entry is filled from this machine's measurements (``measured.p
 from __future__ import annotations
 
 import json
+import math
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -26,6 +27,7 @@ REQUIRED = (
     "scale_out.latency_us",
     "launch_us",
 )
+COUNTS = ("scale_up.domain",)  # figures that count chips
 OPTIONAL = ("hbm_visible_gb",)  # checked like the required figures where an entry gives them
 # a driver's capacity over the sold one: GiB read as GB is x1.074; a few % may be reserved (B300: 288.4 of 288)
 VISIBLE_OVER_SOLD = (0.9, 1.12)
@@ -100,8 +102,18 @@ def chip_from_entry(key: str, entry: dict) -> Chip:
     sources = entry.get("sources") or {}
     for path in REQUIRED + tuple(p for p in OPTIONAL if _get(entry, p) is not None):
         value = _get(entry, path)
-        if not isinstance(value, (int, float)) or isinstance(value, bool) or value <= 0:
-            raise ChipError(f"chip {key!r}: {path} must be a positive number, got {value!r}")
+        if not isinstance(value, (int, float)) or isinstance(value, bool) or not 0 < value < math.inf:
+            raise ChipError(f"chip {key!r}: {path} must be a positive finite number, got {value!r}")
+        if path in COUNTS and value != int(value):
+            raise ChipError(f"chip {key!r}: {path} must be a whole number, got {value!r}")
+    dpc = entry.get("devices_per_chip", 1)
+    if not isinstance(dpc, int) or isinstance(dpc, bool) or dpc < 1:
+        raise ChipError(f"chip {key!r}: devices_per_chip must be a whole number >= 1, got {dpc!r}")
+    for dtype, value in (entry.get("tflops") or {}).items():
+        if value is not None and (
+            not isinstance(value, (int, float)) or isinstance(value, bool) or not 0 < value < math.inf
+        ):
+            raise ChipError(f"chip {key!r}: tflops.{dtype} must be a positive finite number or null, got {value!r}")
         if path not in sources:
             raise ChipError(f"chip {key!r}: figure {path} has no source (add sources[{path!r}])")
     visible, sold = entry.get("hbm_visible_gb"), entry["hbm_gb"]

@@ -166,6 +166,14 @@ def check_layout(workload: Workload, layout: Layout) -> None:
             raise PlanError(f"--dcp {layout.dcp} must divide --tp {layout.tp} (it splits an attention group's cache)")
         if not workload.cache_bytes_per_token():
             raise PlanError(f"{workload.name} keeps no attention cache to split: --dcp must be 1")
+        gqa = workload.cfg.gqa
+        copies = max(1, layout.tp // gqa.num_kv_heads) if gqa is not None else layout.tp
+        if layout.dcp > copies:
+            raise PlanError(
+                f"--dcp {layout.dcp}: decode context parallelism splits the tokens of the copies of each KV head an "
+                f"attention group keeps, and {workload.name}'s {gqa.num_kv_heads} KV heads over --tp {layout.tp} are "
+                f"kept {copies}x: --dcp at most {copies} (an MLA latent, whole on every rank, takes --dcp up to --tp)"
+            )
     if layout.sharding not in SHARDINGS:
         raise PlanError(f"unknown sharding {layout.sharding!r}; choose one of: {', '.join(SHARDINGS)}")
     if layout.ep > 1 and not workload.moe_ops:
@@ -275,7 +283,7 @@ def collectives(rank: Workload, layout: Layout, batch: int, rows_per_seq: int) -
     """Every collective rank 0 takes part in during one step (``dist`` program's own sizes)."""
     if layout.world == 1:
         return []
-    from nonstop.dist.program import engine_collectives, merged
+    from nonstop.dist.program import merged
 
     program, cfg = rank.program, rank.cfg
     rows = math.ceil(batch / layout.dp) * rows_per_seq
@@ -293,8 +301,24 @@ def collectives(rank: Workload, layout: Layout, batch: int, rows_per_seq: int) -
                 )
             continue
         found += op_collectives(op, program, rows)
-    found = merged(found) + engine_collectives(cfg, layout.dist_layout(), 0, rows) + _dcp_exchange(rank, layout, rows)
+    found = merged(found) + _step_inputs(cfg, layout, rows) + _dcp_exchange(rank, layout, rows)
     return [Collective(c.kind, c.ranks, c.wire_bytes, c.count, f"{c.purpose} ({c.group})") for c in found if c.count]
+
+
+def _step_inputs(cfg, layout: Layout, rows: int) -> list:
+    """How a step's inputs reach the ranks. ``engine``: as ``nonstop.dist`` runs, rank 0 broadcasts every
+    group's rows to the world and the other groups' leaders return logits. ``production``: each attention
+    group schedules and samples its own sequences (vLLM / SGLang DP ranks), so only its own ``rows`` go to
+    its tp ranks, one pipelined broadcast (each rank forwards the message once)."""
+    from nonstop.dist.program import engine_collectives
+    from nonstop.program.cost import STEP_MESSAGE_BYTES_PER_ROW, STEP_MESSAGE_HEADER_BYTES
+
+    if layout.sharding == "engine":
+        return engine_collectives(cfg, layout.dist_layout(), 0, rows)
+    if layout.tp == 1:
+        return []
+    message = STEP_MESSAGE_BYTES_PER_ROW * rows + STEP_MESSAGE_HEADER_BYTES
+    return [DistCollective("broadcast", "tp", layout.tp, 1, message, "step inputs")]
 
 
 def _dcp_exchange(rank: Workload, layout: Layout, rows: int) -> list:

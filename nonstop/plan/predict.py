@@ -41,7 +41,7 @@ from nonstop.plan.layout import (
     stage_sends,
 )
 from nonstop.plan.timing import EXECUTORS, Constants, StepTime, step_time
-from nonstop.plan.workload import PlanError, Workload, cfg_json
+from nonstop.plan.workload import FORMAT_BYTES, PlanError, Workload, cfg_json
 
 USABLE_HBM = 0.92  # of HBM left for weights, KV/KDA state and cache (runtime context, activations, comm buffers)
 
@@ -106,7 +106,7 @@ class Prediction:
     spec: Spec | None
     executor: str
     time: StepTime
-    resident: dict  # bytes per rank: weights, state, cache
+    resident: dict  # bytes per rank: weights, state, cache (+ draft); with pipeline stages, the fullest one
     requests: Requests | None = None
     prefill: StepTime | None = None  # one request's prompt in one step (with ``requests``)
 
@@ -168,13 +168,15 @@ class Prediction:
 
     def resident_parts(self, sep: str) -> str:
         """What a rank holds by kind, in GB: weights, KDA state (a model with KDA layers only), attention
-        cache (a model with attention layers only)."""
+        cache (a model with attention layers only), the speculative drafter's weights (with --spec-accept)."""
         r, ops = self.resident, self.workload.ops
         parts = [("weights", r["weights"])]
         if r["state"] or any(o.state_bytes_per_seq for o in ops):
             parts.append(("KDA state", r["state"]))
         if r["cache"] or any(o.cache_bytes_per_seq_ctx for o in ops):
             parts.append(("attention cache", r["cache"]))
+        if "draft" in r:
+            parts.append(("draft model", r["draft"]))
         return sep.join(f"{name} {b / 1e9:.1f}" for name, b in parts)
 
     def why_not(self) -> str:
@@ -191,7 +193,7 @@ class Prediction:
         return {
             "model": self.workload.name,
             "chip": self.chip.key,
-            "chips": self.chips,
+            "chips": int(self.chips) if float(self.chips).is_integer() else self.chips,
             "layout": {
                 "tp": self.layout.tp,
                 "dp": self.layout.dp,
@@ -308,7 +310,11 @@ def predict(
         draft = dataclasses.replace(draft, kernels=eager_draft_ops(workload.cfg, model_dir, spec.drafts, accepted))
     slots = group_seqs * spec.drafts if spec else 0
     t = step_time(ops, colls, chip, consts, executor, eager, draft, layout, slots)
-    resident = {k: v / layout.pp for k, v in resident_bytes(rank, stage, batch, context).items()}
+    layers = workload.cfg.num_hidden_layers
+    busiest = math.ceil(layers / layout.pp) / layers  # pipeline stages differ by a layer at most: the fuller one
+    resident = {k: v * busiest for k, v in resident_bytes(rank, stage, batch, context).items()}
+    if draft is not None:  # the drafter's own weights, split like the target's (it shares embedding and head)
+        resident["draft"] = draft.params * FORMAT_BYTES["bf16"] / layout.tp
     prefill = None
     if requests is not None:  # one sequence of I rows at its mean causal context I / 2
         n = requests.input_len

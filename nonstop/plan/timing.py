@@ -4,7 +4,7 @@
            + expert_slice_us · (distinct expert slices streamed)                           expert fetch latency
            + sum_coll count · [alpha(n) + wire_bytes / link_bw]                            collectives
            + kernel_factor · launch_us · kernels                                           launch gaps
-           + step_overhead_us                         (executor "kernels" only)            host loop per step
+           + step_overhead_us                  (kernels; eager on an accelerator)          host loop per step
            + T_draft                                                                       speculative draft
 
     alpha(n) = hop_factor · (latency_up · log2 n_up + latency_out · log2 n_out)
@@ -175,5 +175,6 @@ def step_time(
         if executor != "megakernel":
             t.kernels += draft.kernels
     t.launch_ms = consts.kernel_factor * chip.launch_us * t.kernels * 1e-3
-    t.host_ms = consts.step_overhead_us * 1e-3 if executor == "kernels" else 0.0
+    host_driven = executor == "kernels" or (executor == "eager" and chip.kind != "cpu")
+    t.host_ms = consts.step_overhead_us * 1e-3 if host_driven else 0.0
     return t

@@ -102,9 +102,15 @@ def test_chip_file_adds_and_overrides(tmp_path):
 @pytest.mark.parametrize(
     "entry, message",
     [
-        ({"hbm_gb": -1}, "hbm_gb must be a positive number"),
+        ({"hbm_gb": -1}, "hbm_gb must be a positive finite number"),
         ({"sources": {}}, "has no source"),
-        ({"scale_up": {"domain": 8, "gbps": 450}}, "scale_up.latency_us must be a positive number"),
+        ({"scale_up": {"domain": 8, "gbps": 450}}, "scale_up.latency_us must be a positive finite number"),
+        ({"hbm_gbps": float("nan")}, "hbm_gbps must be a positive finite number"),  # JSON's NaN
+        ({"hbm_gbps": float("inf")}, "hbm_gbps must be a positive finite number"),
+        ({"tflops": {"bf16": float("nan")}}, "tflops.bf16 must be a positive finite number"),
+        ({"devices_per_chip": 0}, "devices_per_chip must be a whole number >= 1"),
+        ({"devices_per_chip": 1.5}, "devices_per_chip must be a whole number >= 1"),
+        ({"scale_up": {"domain": 7.5, "gbps": 450, "latency_us": 1.0}}, "scale_up.domain must be a whole number"),
     ],
 )
 def test_bad_chip_entries_name_the_figure(entry, message):

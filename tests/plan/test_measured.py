@@ -121,3 +121,32 @@ def test_gpu_slices_are_predicted_as_the_models_they_time(tmp_path):
         assert s["predicted_ms_per_token"] - b["predicted_ms_per_token"] == pytest.approx(consts.step_overhead_us / 1e3)
     one, three = bare[2]["predicted_ms_per_token"], bare[1]["predicted_ms_per_token"]
     assert 1.0 < three / one < 3.0  # two more MoE layers on top of the dense one, embedding and head
+
+
+@pytest.mark.parametrize(
+    "model, layout",
+    [
+        ("llama-3.2-1b", ["--chip", "h100", "--chips", "1"]),
+        ("k3-nano", ["--chip", "h100", "--chips", "1"]),
+        ("kimi-k3", ["--chip", "b300", "--chips", "8", "--tp", "8"]),
+    ],
+)
+def test_eager_on_an_accelerator_is_never_faster_than_captured_graphs(model, layout, capsys):
+    """Eager runs the same host loop as a captured graph and launches more kernels (one per aten op)."""
+    from nonstop.cli import main
+
+    ms = {}
+    for executor in ("kernels", "eager"):
+        assert main(["plan", "-m", model, *layout, "--executor", executor, "--json"]) == 0
+        ms[executor] = json.loads(capsys.readouterr().out)["ms_per_token"]
+    assert ms["eager"] > ms["kernels"]
+
+
+def test_the_cpu_matmul_peak_is_timed_in_thread_time_and_restores_the_pool():
+    """Other processes on the cores must not make the peak look low: one thread's own CPU time."""
+    from nonstop.plan.measured import matmul_tflops
+
+    threads = torch.get_num_threads()
+    matmul_tflops.cache_clear()
+    peak = matmul_tflops()
+    assert torch.get_num_threads() == threads and 0.001 < peak < 1000

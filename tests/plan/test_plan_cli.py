@@ -47,6 +47,17 @@ def test_explicit_layout_json_with_speculation(capsys):
     assert out["spec"] == {"accept": 3.0, "drafts": 7, "verify_rows": 8}
     assert out["ms_per_token"] == pytest.approx(out["step_ms"] / 3)
     assert {c["kind"] for c in out["collectives"]} >= {"all_reduce"}
+    # the drafter's weights take memory too: K3's stand-in DSpark drafter, bf16, split over the 8 ranks
+    from nonstop.config import ModelConfig
+    from nonstop.plan.draft import draft_shape
+
+    drafter = draft_shape(ModelConfig.preset("kimi-k3"), None, 7)
+    assert out["bytes_per_chip_detail"]["draft"] == pytest.approx(drafter.params * 2 / 8)
+    assert drafter.params > 1e9  # billions of parameters: not a rounding error in a fit
+    assert main(argv[:-3] + ["--json"]) == 0  # the same layout without speculation
+    plain = json.loads(capsys.readouterr().out)
+    assert "draft" not in plain["bytes_per_chip_detail"]
+    assert out["bytes_per_chip"] == pytest.approx(plain["bytes_per_chip"] + out["bytes_per_chip_detail"]["draft"])
 
 
 def test_cpu_plan_sits_beside_nonstop_measurements(capsys):
@@ -110,6 +121,11 @@ def test_list_chips(capsys):
         (["-m", "kimi-k3", "--chip", "gb200", "--chips", "16", "--pp", "2", "--tp", "16"], "a pipeline stage"),
         (["-m", "k3-nano", "--chip", "gb200", "--chips", "16", "--pp", "16"], "exceeds the"),
         (["-m", "kimi-k3", "--chip", "gb200", "--chips", "16", "--tp", "16", "--dcp", "3"], "--dcp 3 must divide"),
+        (
+            ["-m", "llama-3.2-1b", "--chip", "h100", "--chips", "16", "--tp", "16", "--dcp", "4"],
+            "kept 2x: --dcp at most 2",
+        ),
+        (["-m", "llama-3.2-1b", "--chip", "h100", "--chips", "1", "--experts", "fp8"], "has no routed experts"),
         (["-m", "kimi-k3", "--chip", "h200", "--chips", "99999999", "--tp", "1"], "the planner models up to"),
         (["-m", "kimi-k3", "--chip", "b300", "--chips", "8", "--tp", "8", "--input-len", "5"], "go together"),
         (

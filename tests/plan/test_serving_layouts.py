@@ -11,6 +11,7 @@ from nonstop.plan.layout import Layout, collectives, rank_ops, rank_workload, re
 from nonstop.plan.predict import predict
 from nonstop.plan.timing import Constants
 from nonstop.plan.workload import ATTENTION_KINDS, FORMAT_BYTES, Precision, build_workload
+from nonstop.program.cost import STEP_MESSAGE_BYTES_PER_ROW, STEP_MESSAGE_HEADER_BYTES
 
 
 @pytest.fixture(scope="module")
@@ -116,7 +117,8 @@ def test_dp_attention_fits_where_replicated_experts_do_not():
 def test_pipeline_stages_hold_a_share_of_the_layers_and_add_their_sends():
     """PP: each of pp stages is the tp x dp layout with 1/pp of the layers. One user's token passes every
     stage in turn, so it takes the whole model's time at its micro-batch's rows (up to pp micro-batches in
-    flight) plus pp - 1 sends; a rank holds 1/pp of what the single-stage layout holds."""
+    flight) plus pp - 1 sends; a rank of the fullest stage holds its share of what the single-stage layout
+    holds."""
     k3 = build_workload(ModelConfig.preset("kimi-k3"), "kimi-k3")
     gb200 = get_chip("gb200")
     one, two = Layout(8, 1, 1), Layout(8, 1, 1, "production", 2)
@@ -130,7 +132,8 @@ def test_pipeline_stages_hold_a_share_of_the_layers_and_add_their_sends():
         gap = Constants.load().kernel_factor * gb200.launch_us * 1e-3  # the send is one more launch
         assert staged.time.total_ms == pytest.approx(flat.time.total_ms + sends[0].ms + gap)
         whole = predict(k3, gb200, one, batch=batch, context=2048)
-        assert staged.bytes_per_rank == pytest.approx(whole.bytes_per_rank / 2)
+        layers = k3.cfg.num_hidden_layers  # 93: stages of 47 and 46 layers; the fuller one must fit
+        assert staged.bytes_per_rank == pytest.approx(whole.bytes_per_rank * (layers + 1) / 2 / layers)
         assert staged.tokens_per_s_total == pytest.approx(batch * 1e3 / staged.ms_per_token)
 
 
@@ -179,3 +182,38 @@ def test_decode_context_parallel_wins_at_long_context_and_must_divide_tp():
     assert dcp.to_json()["layout"]["dcp"] == 8
     with pytest.raises(ValueError, match="--dcp 3 must divide --tp 8"):
         predict(k2, h200, Layout(8, dcp=3), batch=1, context=1024)
+
+
+def test_decode_context_parallel_of_a_gqa_cache_splits_only_its_repeated_heads():
+    """At TP t a GQA model with h KV heads keeps each head t/h times in an attention group (once when
+    t <= h): DCP splits those copies' tokens, so a rank's cache never drops below cache / h."""
+    cfg = ModelConfig.preset("llama-3.2-1b")
+    llama = build_workload(cfg, "llama-3.2-1b")
+    kv = cfg.gqa.num_kv_heads
+    batch, context = 4, 8192
+    whole = batch * context * cfg.num_hidden_layers * 2 * kv * cfg.gqa.head_dim * 2  # K and V, bf16
+    tp = 2 * kv
+    rank = rank_workload(llama, Layout(tp))
+    per_rank = {d: resident_bytes(rank, Layout(tp, dcp=d), batch, context)["cache"] for d in (1, 2)}
+    assert per_rank[1] == pytest.approx(whole / kv) and per_rank[2] == pytest.approx(whole / kv / 2)
+    with pytest.raises(ValueError, match="kept 2x: --dcp at most 2"):
+        predict(llama, get_chip("h100"), Layout(tp, dcp=4), batch=batch, context=context)
+
+
+def test_step_inputs_stay_inside_an_attention_group_in_production():
+    """vLLM / SGLang DP ranks schedule their own sequences: a step's inputs go to the group's tp ranks once,
+    whatever the world; nonstop.dist's one controller broadcasts every group's rows to the world."""
+    k2 = build_workload(ModelConfig.preset("kimi-k2"), "kimi-k2")
+    batch = 64 * 16
+
+    def inputs(layout):
+        rank = rank_workload(k2, layout)
+        return [c for c in collectives(rank, layout, batch, 1) if c.label.startswith(("step inputs", "logits to"))]
+
+    for dp in (4, 16):
+        (bcast,) = inputs(Layout(8, dp, 8 * dp))
+        assert bcast.kind == "broadcast" and bcast.ranks == 8
+        assert bcast.wire_bytes == STEP_MESSAGE_BYTES_PER_ROW * (batch // dp) + STEP_MESSAGE_HEADER_BYTES  # once
+    assert inputs(Layout(1, 16, 16)) == []  # one rank a group: nothing to hand on
+    engine = inputs(Layout(8, 4, 32, "engine"))
+    assert any(c.kind == "broadcast" and c.ranks == 32 for c in engine)
