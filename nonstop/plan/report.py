@@ -43,6 +43,18 @@ def _prefill_lines(p: Prediction) -> list[str]:
     return lines
 
 
+def _uneven_groups(p: Prediction) -> list[str]:
+    """A note when the batch does not split evenly over the attention groups: every group steps together,
+    so the step is the fullest group's (the others run padded rows, as vLLM's DP ranks do)."""
+    groups = p.layout.dp
+    if groups == 1 or p.batch % groups == 0:
+        return []
+    full = -(-p.batch // groups)
+    return [
+        f"  ({p.batch} sequences over {groups} attention groups: the fullest holds {full}, and every step waits for it)"
+    ]
+
+
 def describe(p: Prediction) -> str:
     """The full report of one prediction."""
     t, chip, lay = p.time, p.chip, p.layout
@@ -55,9 +67,10 @@ def describe(p: Prediction) -> str:
         ),
         (
             f"batch {p.batch} sequence(s), context {p.context} tokens{spec}; weights {prec.dense},"
-            f" experts {prec.experts},"
+            f" experts {prec.experts if p.workload.moe_ops else '-'},"
             f" attention cache {prec.cache}"
         ),
+        *_uneven_groups(p),
         "",
         f"  ms per step          {t.total_ms:8.3f}",
         f"  ms per token         {p.ms_per_token:8.3f}   (per user)",

@@ -278,3 +278,11 @@ def test_layout_spellings_that_contradict_are_one_line(flags, message, capsys):
     assert e.value.code == 2
     err = capsys.readouterr().err
     assert message in err and len(err.strip().splitlines()) == 1
+
+
+def test_a_batch_split_unevenly_over_attention_groups_is_said(capsys):
+    base = ["plan", "-m", "kimi-k2", "--chip", "h200", "--chips", "8", "--tp", "2", "--dp", "4"]
+    assert main([*base, "--batch", "9"]) == 0
+    assert "9 sequences over 4 attention groups: the fullest holds 3" in capsys.readouterr().out
+    assert main([*base, "--batch", "8"]) == 0
+    assert "attention groups: the fullest" not in capsys.readouterr().out
