@@ -4,8 +4,8 @@ server-sent events), /v1/models, /v1/models/{id}, /health and /metrics, over one
 Streams end with ``data: [DONE]``; with ``stream_options.include_usage`` a last chunk carries the
 usage (and with ``continuous_usage_stats`` every chunk the usage so far). A client that disconnects
 (mid-stream, or while waiting for a whole response) has its requests cancelled so their slots free at
-once. A request that fails inside the engine gets an error
-body (or an ``error`` event mid-stream); the server keeps serving.
+once. A request that fails inside the engine gets an error body (or an ``error`` event mid-stream); the
+server keeps serving.
 
 Request bodies are read with a size limit, then parsed, validated, tokenized and rendered in a worker
 thread, so a large prompt never stalls the event loop (``/health`` and running streams stay live); while

@@ -100,6 +100,9 @@ class CompletionBody(SamplingFields):
 
     prompt: str | list[str] | list[PromptIds] | PromptIds
     echo: bool = False
+    logprobs: int | None = Field(None, ge=0, le=20)
+    best_of: int | None = None
+    suffix: str | None = None
 
     @field_validator("prompt", mode="before")
     @classmethod
@@ -112,10 +115,6 @@ class CompletionBody(SamplingFields):
         if isinstance(value, list) and (all(isinstance(p, str) for p in value) or all(ids(p) for p in value)):
             return value
         raise ValueError("give a string, a list of strings, a list of token ids or a list of token-id lists")
-
-    logprobs: int | None = Field(None, ge=0, le=20)
-    best_of: int | None = None
-    suffix: str | None = None
 
     def unsupported(self) -> list[tuple[str, str]]:
         out = super().unsupported()
