@@ -106,16 +106,11 @@ def chip_from_entry(key: str, entry: dict) -> Chip:
             raise ChipError(f"chip {key!r}: {path} must be a positive finite number, got {value!r}")
         if path in COUNTS and value != int(value):
             raise ChipError(f"chip {key!r}: {path} must be a whole number, got {value!r}")
+        if path not in sources:
+            raise ChipError(f"chip {key!r}: figure {path} has no source (add sources[{path!r}])")
     dpc = entry.get("devices_per_chip", 1)
     if not isinstance(dpc, int) or isinstance(dpc, bool) or dpc < 1:
         raise ChipError(f"chip {key!r}: devices_per_chip must be a whole number >= 1, got {dpc!r}")
-    for dtype, value in (entry.get("tflops") or {}).items():
-        if value is not None and (
-            not isinstance(value, (int, float)) or isinstance(value, bool) or not 0 < value < math.inf
-        ):
-            raise ChipError(f"chip {key!r}: tflops.{dtype} must be a positive finite number or null, got {value!r}")
-        if path not in sources:
-            raise ChipError(f"chip {key!r}: figure {path} has no source (add sources[{path!r}])")
     visible, sold = entry.get("hbm_visible_gb"), entry["hbm_gb"]
     if visible is not None and not VISIBLE_OVER_SOLD[0] <= visible / sold <= VISIBLE_OVER_SOLD[1]:
         raise ChipError(
@@ -123,7 +118,11 @@ def chip_from_entry(key: str, entry: dict) -> Chip:
             "read in GiB or GB); is it another part's figure? Give both for this part, or drop hbm_visible_gb"
         )
     for dtype, value in (entry.get("tflops") or {}).items():
-        if value is not None and f"tflops.{dtype}" not in sources:
+        if value is None:
+            continue
+        if not isinstance(value, (int, float)) or isinstance(value, bool) or not 0 < value < math.inf:
+            raise ChipError(f"chip {key!r}: tflops.{dtype} must be a positive finite number or null, got {value!r}")
+        if f"tflops.{dtype}" not in sources:
             raise ChipError(f"chip {key!r}: figure tflops.{dtype} has no source")
     up, out = entry["scale_up"], entry["scale_out"]
     return Chip(

@@ -104,6 +104,8 @@ def test_chip_file_adds_and_overrides(tmp_path):
     [
         ({"hbm_gb": -1}, "hbm_gb must be a positive finite number"),
         ({"sources": {}}, "has no source"),
+        ({"sources": {"launch_us": "x"}}, "figure hbm_gb has no source"),  # every figure, not only the last
+        ({"tflops": {"bf16": 989, "fp8": "fast"}}, "tflops.fp8 must be a positive finite number or null"),
         ({"scale_up": {"domain": 8, "gbps": 450}}, "scale_up.latency_us must be a positive finite number"),
         ({"hbm_gbps": float("nan")}, "hbm_gbps must be a positive finite number"),  # JSON's NaN
         ({"hbm_gbps": float("inf")}, "hbm_gbps must be a positive finite number"),
