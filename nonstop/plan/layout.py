@@ -45,8 +45,14 @@ from nonstop.plan.workload import (
     cfg_json,
     shapes_from_json,
 )
+from nonstop.program.cost import (
+    STEP_MESSAGE_BYTES_PER_ROW,
+    STEP_MESSAGE_HEADER_BYTES,
+    all_gather_wire_bytes,
+    all_reduce_wire_bytes,
+    op_collectives,
+)
 from nonstop.program.cost import Collective as DistCollective
-from nonstop.program.cost import all_gather_wire_bytes, all_reduce_wire_bytes, op_collectives
 
 SHARDINGS = ("production", "engine")
 
@@ -311,7 +317,6 @@ def _step_inputs(cfg, layout: Layout, rows: int) -> list:
     group schedules and samples its own sequences (vLLM / SGLang DP ranks), so only its own ``rows`` go to
     its tp ranks, one pipelined broadcast (each rank forwards the message once)."""
     from nonstop.dist.program import engine_collectives
-    from nonstop.program.cost import STEP_MESSAGE_BYTES_PER_ROW, STEP_MESSAGE_HEADER_BYTES
 
     if layout.sharding == "engine":
         return engine_collectives(cfg, layout.dist_layout(), 0, rows)
