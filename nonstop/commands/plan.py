@@ -134,7 +134,8 @@ def add_parser(sub) -> None:
     p.add_argument(
         "--kv-cache",
         dest="cache",
-        help="attention cache format: bf16 (default), fp8, or a 4-bit nvfp4 / mxfp4 cache (its bytes a token)",
+        help="attention cache format: bf16 (default), fp8, fp32, or a 4-bit int4 / nvfp4 / mxfp4 cache with its "
+        "block scales (its bytes a token)",
     )
     p.add_argument(
         "--sharding",
@@ -392,6 +393,7 @@ def run(args) -> int:
                     "dcp": c.layout.dcp,
                     "fits": c.fits,
                     "bytes_per_chip": c.bytes_per_rank * chip.devices_per_chip,
+                    "bytes_is_lower_bound": c.prediction is None,  # dropped on the search's quick bound
                     "ms_per_token": c.prediction.ms_per_token if c.prediction else None,
                 }
                 for c in cands

@@ -79,7 +79,10 @@ class Chip:
         for d in DTYPE_ORDER[start:]:
             if self.tflops.get(d):
                 return self.tflops[d] * 1e12 / self.devices_per_chip
-        raise ChipError(f"chip {self.key!r} lists no tensor peak for {dtype} or any wider dtype")
+        raise ChipError(
+            f"chip {self.key!r} lists no tensor peak for {dtype} or any wider dtype: plan narrower weights "
+            f"(--weights bf16 or fp8), or give the chip a tflops.{dtype} figure in a --chip-file"
+        )
 
     @property
     def up_domain_ranks(self) -> int:

@@ -4,7 +4,10 @@ One DSpark step proposes K tokens in one parallel pass over K block slots: it st
 weights once, the target's LM head once (logits of the K slots), and the Markov head's W2 [r, V].
 The drafter of a bundled model is the one in its ``dspark/`` directory; for other models a drafter
 shaped like the published K3 drafters (5 layers, the target's width, head dim 64, MLP 2·d, Markov rank
-256, 5 taps: Inferact / RadixArk / RedHatAI Kimi-K3 DSpark) stands in.
+256, 5 taps; in its cache 16 key / value heads per 96 query heads and a 2,048-position context window:
+Inferact / RadixArk / RedHatAI Kimi-K3 DSpark) stands in.
+Besides its weights, a drafter holds and reads its own cache: each layer's keys and values of the last
+``window`` context positions of every sequence.
 """
 
 from __future__ import annotations
@@ -16,7 +19,7 @@ from pathlib import Path
 import torch
 
 from nonstop.config import ModelConfig
-from nonstop.plan.workload import cfg_json
+from nonstop.plan.workload import FORMAT_BYTES, cfg_json
 
 
 @dataclass(frozen=True)
@@ -25,6 +28,13 @@ class DraftShape:
     weight_bytes: float  # its weights (bf16) + the target LM head + Markov W2, streamed once per step
     flops_per_slot: float
     kernels: int  # one kernel per weight pass (a drafter runs as ordinary kernels)
+    context_bytes_per_token: float = 0.0  # its own cache: every layer's keys and values of a context position (bf16)
+    window: int = 0  # context positions the drafter attends (and caches) per sequence
+
+    def context_bytes(self, context: int) -> float:
+        """A sequence's drafter cache at ``context`` tokens: min(context, window) · layers · 2 · H_kv · hd · 2 B
+        (a tensor-parallel drafter splits it by heads). Read once a step, like its weights."""
+        return min(context, self.window) * self.context_bytes_per_token
 
 
 @functools.lru_cache(maxsize=8)
@@ -52,6 +62,8 @@ def _drafter_params(
 
 STAND_IN_LAYERS = 5  # the published K3 drafters' depth and taps (see the module docstring)
 STAND_IN_TAPS = 5
+STAND_IN_WINDOW = 2048  # RedHatAI/Kimi-K3-speculator.dspark's draft sliding window
+STAND_IN_KV_GROUP = 6  # and its grouped keys: 96 query heads share 16 key / value heads (its cache)
 
 
 def _stand_in_taps(layers: int) -> tuple[int, ...]:
@@ -81,16 +93,20 @@ def draft_shape(cfg: ModelConfig, model_dir: Path | None, drafts: int) -> DraftS
             len(d.taps),
             d.markov_rank,
         )
+        window, kv_heads = d.context_window, d.num_heads  # nonstop's DSpark layers keep a key / value per head
     else:
         heads = max(1, (cfg.hidden_size * 6 // 7) // 64)  # K3: 96 heads of 64 for d = 7168
         args = (cfg.vocab_size, cfg.hidden_size, STAND_IN_LAYERS, heads, 64, 2 * cfg.hidden_size, STAND_IN_TAPS, 256)
+        window, kv_heads = STAND_IN_WINDOW, max(1, heads // STAND_IN_KV_GROUP)
     params, tensors = _drafter_params(*args, max(drafts, 1))
     vocab, hidden = args[0], args[1]
     markov_w2 = args[7] * vocab
     head = vocab * hidden
     weight_bytes = 2.0 * (params + head)  # bf16; W2 is part of params
     flops = 2.0 * (params - markov_w2 + head)
-    return DraftShape(params, weight_bytes, flops, tensors)
+    layers, head_dim = args[2], args[4]
+    context_kv = layers * 2 * kv_heads * head_dim * FORMAT_BYTES["bf16"]
+    return DraftShape(params, weight_bytes, flops, tensors, context_kv, window)
 
 
 def eager_draft_ops(cfg: ModelConfig, model_dir: Path | None, drafts: int, accepted: int) -> int:

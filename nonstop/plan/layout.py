@@ -85,6 +85,11 @@ class Layout:
         """One pipeline stage's layout (the whole layout when pp is 1)."""
         return Layout(self.tp, self.dp, self.ep, self.sharding, 1, self.dcp)
 
+    def fullest_stage_share(self, layers: int) -> float:
+        """The share of the model the fullest pipeline stage holds: ceil(layers / pp) / layers (stages differ
+        by a layer at most; 1 without pipelining)."""
+        return math.ceil(layers / self.pp) / layers
+
     @property
     def moe_world_tp(self) -> bool:
         """DP attention with the routed experts split over all tp·dp ranks (production sharding, ep 1, dp > 1)."""

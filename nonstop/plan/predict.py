@@ -168,7 +168,7 @@ class Prediction:
 
     def resident_parts(self, sep: str) -> str:
         """What a rank holds by kind, in GB: weights, KDA state (a model with KDA layers only), attention
-        cache (a model with attention layers only), the speculative drafter's weights (with --spec-accept)."""
+        cache (a model with attention layers only), the speculative drafter's weights and cache (with --spec-accept)."""
         r, ops = self.resident, self.workload.ops
         parts = [("weights", r["weights"])]
         if r["state"] or any(o.state_bytes_per_seq for o in ops):
@@ -309,12 +309,13 @@ def predict(
         accepted = math.ceil(spec.accept)
         draft = dataclasses.replace(draft, kernels=eager_draft_ops(workload.cfg, model_dir, spec.drafts, accepted))
     slots = group_seqs * spec.drafts if spec else 0
-    t = step_time(ops, colls, chip, consts, executor, eager, draft, layout, slots)
-    layers = workload.cfg.num_hidden_layers
-    busiest = math.ceil(layers / layout.pp) / layers  # pipeline stages differ by a layer at most: the fuller one
+    draft_cache = group_seqs * draft.context_bytes(context) / layout.tp if draft is not None else 0.0
+    t = step_time(ops, colls, chip, consts, executor, eager, draft, layout, slots, draft_cache)
+    busiest = layout.fullest_stage_share(workload.cfg.num_hidden_layers)
     resident = {k: v * busiest for k, v in resident_bytes(rank, stage, batch, context).items()}
-    if draft is not None:  # the drafter's own weights, split like the target's (it shares embedding and head)
-        resident["draft"] = draft.params * FORMAT_BYTES["bf16"] / layout.tp
+    if draft is not None:  # the drafter's weights and its cache of every sequence, split like the target's heads
+        seqs = math.ceil(batch / layout.dp)
+        resident["draft"] = (draft.params * FORMAT_BYTES["bf16"] + seqs * draft.context_bytes(context)) / layout.tp
     prefill = None
     if requests is not None:  # one sequence of I rows at its mean causal context I / 2
         n = requests.input_len

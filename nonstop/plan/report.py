@@ -122,11 +122,12 @@ def layout_table(cands: list[Candidate], top: int) -> str:
         dpc = p.chip.devices_per_chip if p else 1
         fits = "yes" if c.fits else "no"
         row = f"{c.layout.describe():<22} {c.layout.world:>5} {c.bytes_per_rank * dpc / GB:>8.1f} {fits:>5}"
-        if p is not None:
+        if c.fits:
             row += f" {p.ms_per_token:>9.3f} {p.tokens_per_s_per_user:>10.1f} {p.tokens_per_s_total:>11.1f}"
             row += f"  {p.time.bound()}"
-        else:
-            row += f" {'-':>9} {'-':>10} {'-':>11}  (needs >= {c.bytes_per_rank / GB:.0f} GB per rank)"
+        else:  # exact bytes when predicted in full, else the search's lower bound
+            at_least = ">= " if p is None else ""
+            row += f" {'-':>9} {'-':>10} {'-':>11}  (needs {at_least}{c.bytes_per_rank / GB:.1f} GB per rank)"
         lines.append(row)
     return "\n".join(lines)
 

@@ -52,8 +52,9 @@ def candidate_layouts(workload: Workload, ranks: int, sharding: str = "productio
 
 def lower_bound_bytes(workload: Workload, layout: Layout, batch: int, context: int) -> float:
     """A rank holds at least: dense weights / tp, its experts, its sequences' KDA state / tp and their
-    attention cache / s, where s = dcp for an MLA latent cache (every rank of an attention group keeps all of
-    it unless decode context parallelism splits the tokens) and s = tp for a head-split GQA cache."""
+    attention cache / s, all times the fullest pipeline stage's share of the layers; s = dcp for an MLA
+    latent cache (every rank of an attention group keeps all of it unless decode context parallelism splits
+    the tokens) and s = tp for a head-split GQA cache."""
     dense = sum(op.weight_bytes for op in workload.ops)
     experts = sum(op.expert.bytes_each * op.expert.num_experts for op in workload.moe_ops)
     held = experts / layout.expert_ranks
@@ -61,7 +62,7 @@ def lower_bound_bytes(workload: Workload, layout: Layout, batch: int, context: i
     cache_split = layout.dcp if workload.cfg.mla is not None else layout.tp
     state = seqs * workload.state_bytes_per_seq() / layout.tp
     cache = seqs * context * workload.cache_bytes_per_token() / cache_split
-    return (dense / layout.tp + held + state + cache) / layout.pp
+    return (dense / layout.tp + held + state + cache) * layout.fullest_stage_share(workload.cfg.num_hidden_layers)
 
 
 def search(
@@ -78,7 +79,8 @@ def search(
     progress: Callable[[str], None] | None = None,
     requests: Requests | None = None,
 ) -> list[Candidate]:
-    """Every candidate layout; those that fit first (fastest first), then the rest (smallest first)."""
+    """Every candidate layout; those that fit first (fastest first), then the rest (smallest first: when none
+    fits, the first is the layout with the least exact bytes a rank, predicted in full)."""
     ranks = chips * chip.devices_per_chip
     capacity = chip.rank_hbm_bytes * USABLE_HBM
     out = []
@@ -92,5 +94,19 @@ def search(
             progress(f"[{i + 1}/{len(layouts)}] {layout.describe()}: building its rank Program")
         p = predict(workload, chip, layout, batch, context, spec, executor, consts, model_dir, requests)
         out.append(Candidate(layout, p.bytes_per_rank, p))
+    if not any(c.fits for c in out):
+        # none fits: the smallest layout is the one whose exact bytes are least, so predict in full every
+        # layout whose lower bound is under the least exact bytes found so far (smallest bound first)
+        least = min((c.bytes_per_rank for c in out if c.prediction), default=math.inf)
+        for c in sorted(out, key=lambda c: c.bytes_per_rank):
+            if c.prediction is not None or c.bytes_per_rank >= least:
+                continue
+            if progress:
+                progress(f"{c.layout.describe()}: building its rank Program (the smallest layout's exact bytes)")
+            c.prediction = predict(
+                workload, chip, c.layout, batch, context, spec, executor, consts, model_dir, requests
+            )
+            c.bytes_per_rank = c.prediction.bytes_per_rank
+            least = min(least, c.bytes_per_rank)
     out.sort(key=lambda c: (not c.fits, c.prediction.ms_per_token if c.fits else c.bytes_per_rank))
     return out

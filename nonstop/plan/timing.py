@@ -146,8 +146,10 @@ def step_time(
     draft=None,
     layout: Layout | None = None,
     draft_slots: int = 0,
+    draft_cache_bytes: float = 0.0,
 ) -> StepTime:
-    """``draft``: a ``DraftShape`` run once per step over ``draft_slots`` slots (tensor-parallel like the target)."""
+    """``draft``: a ``DraftShape`` run once per step over ``draft_slots`` slots (tensor-parallel like the target),
+    reading ``draft_cache_bytes`` of its own cache on this rank."""
     bw = consts.eta_hbm * chip.rank_hbm_bps
     t = StepTime()
     for op in ops:
@@ -169,7 +171,7 @@ def step_time(
         t.kernels = len(ops) + n_coll
     if draft is not None and draft_slots:
         tp = layout.tp if layout else 1
-        mem = draft.weight_bytes / tp / bw
+        mem = (draft.weight_bytes / tp + draft_cache_bytes) / bw
         comp = draft.flops_per_slot * draft_slots / tp / (consts.eta_flops * chip.rank_flops("bf16"))
         t.draft_ms = max(mem, comp) * 1e3
         if executor != "megakernel":

@@ -172,3 +172,25 @@ def test_a_capacity_that_names_another_part_is_refused():
             get_chip(name)
     with pytest.raises(ChipError, match="unknown chip"):
         get_chip("cpu-16gb")  # the cpu's memory is measured, never named
+
+
+def test_fp32_weights_on_a_gpu_say_how_to_plan_them(tmp_path, capsys):
+    """The catalogue's GPUs list tensor peaks up to bf16 only: fp32 weights are refused with the way out
+    (narrower weights, or the chip's fp32 figure in a --chip-file, which is then used)."""
+    from nonstop.cli import main
+
+    argv = ["plan", "-m", "llama-3.2-1b", "--chip", "h100", "--chips", "1", "--weights", "fp32", "--json"]
+    with pytest.raises(SystemExit) as e:
+        main(argv)
+    assert e.value.code == 2
+    err = capsys.readouterr().err
+    assert "no tensor peak for fp32" in err and "--weights bf16" in err and "tflops.fp32" in err
+    assert "Traceback" not in err
+    entry = json.loads(json.dumps(load_catalogue()["h100"]))
+    entry["tflops"]["fp32"] = 67
+    entry["sources"]["tflops.fp32"] = "test figure"
+    path = tmp_path / "chips.json"
+    path.write_text(json.dumps({"h100": entry}))
+    assert main([*argv, "--chip-file", str(path)]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["fits"] and out["ms_per_token"] > 0

@@ -47,12 +47,16 @@ def test_explicit_layout_json_with_speculation(capsys):
     assert out["spec"] == {"accept": 3.0, "drafts": 7, "verify_rows": 8}
     assert out["ms_per_token"] == pytest.approx(out["step_ms"] / 3)
     assert {c["kind"] for c in out["collectives"]} >= {"all_reduce"}
-    # the drafter's weights take memory too: K3's stand-in DSpark drafter, bf16, split over the 8 ranks
+    # the drafter takes memory too: K3's stand-in DSpark drafter's bf16 weights and its own cache of the one
+    # sequence (the published drafter's 5 layers x keys and values of 16 heads of 64 over its 2,048-position
+    # window: the default 4,096-token context is cut to the window), both split over the 8 ranks
     from nonstop.config import ModelConfig
     from nonstop.plan.draft import draft_shape
 
     drafter = draft_shape(ModelConfig.preset("kimi-k3"), None, 7)
-    assert out["bytes_per_chip_detail"]["draft"] == pytest.approx(drafter.params * 2 / 8)
+    cache = 5 * 2 * 16 * 64 * 2 * 2048
+    assert out["context"] == 4096
+    assert out["bytes_per_chip_detail"]["draft"] == pytest.approx((drafter.params * 2 + cache) / 8)
     assert drafter.params > 1e9  # billions of parameters: not a rounding error in a fit
     assert main(argv[:-3] + ["--json"]) == 0  # the same layout without speculation
     plain = json.loads(capsys.readouterr().out)
@@ -286,3 +290,26 @@ def test_a_batch_split_unevenly_over_attention_groups_is_said(capsys):
     assert "9 sequences over 4 attention groups: the fullest holds 3" in capsys.readouterr().out
     assert main([*base, "--batch", "8"]) == 0
     assert "attention groups: the fullest" not in capsys.readouterr().out
+
+
+def test_the_drafters_cache_grows_with_the_context_up_to_its_window_and_is_read_each_step():
+    """A DSpark drafter attends (and caches) only its last 2,048 context positions: its memory grows with the
+    context and then stops, per sequence; its step reads that cache besides its weights."""
+    from nonstop.config import ModelConfig
+    from nonstop.plan.layout import Layout
+    from nonstop.plan.predict import Spec, predict
+    from nonstop.plan.workload import build_workload
+
+    k3 = build_workload(ModelConfig.preset("kimi-k3"), "kimi-k3")
+    chip, layout, spec = get_chip("b300"), Layout(8), Spec(3.0, 7)
+
+    def draft(batch, context):
+        p = predict(k3, chip, layout, batch, context, spec)
+        return p.resident["draft"], p.time.draft_ms
+
+    (m_1k, t_1k), (m_2k, t_2k), (m_9k, t_9k) = draft(5, 1024), draft(5, 2048), draft(5, 9000)
+    per_token = 5 * 5 * 2 * 16 * 64 * 2 / 8  # 5 sequences, split over 8 ranks
+    assert m_2k - m_1k == pytest.approx(1024 * per_token)
+    assert m_9k == pytest.approx(m_2k)
+    assert t_1k < t_2k == pytest.approx(t_9k)
+    assert draft(10, 2048)[0] - m_2k == pytest.approx(2048 * per_token)

@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
 from nonstop.config import ModelConfig
 from nonstop.plan.chips import get_chip
 from nonstop.plan.layout import Layout
 from nonstop.plan.predict import Requests, predict
-from nonstop.plan.search import candidate_layouts, lower_bound_bytes
+from nonstop.plan.search import candidate_layouts, lower_bound_bytes, search
 from nonstop.plan.workload import PlanError, build_workload
 
 
@@ -53,3 +55,18 @@ def test_predict_refuses_a_sequence_beyond_the_models_positions():
         predict(nano, chip, Layout(1), context=limit + 1)
     with pytest.raises(PlanError, match="positions"):
         predict(nano, chip, Layout(1), requests=Requests(limit, 1))
+
+
+def test_when_no_layout_fits_the_first_is_the_one_with_the_least_exact_bytes():
+    """The report calls the first candidate "the smallest layout" when none fits: it must hold the fewest
+    bytes a rank of all candidates by the full prediction, not merely have the least quick bound (a
+    pipelined layout's fuller stage and unsplit vectors make the two orders differ)."""
+    workload = build_workload(ModelConfig.preset("kimi-linear-48b-a3b"), "kimi-linear-48b-a3b")
+    tiny = dataclasses.replace(get_chip("h200"), hbm_gb=4.0, hbm_visible_gb=4.0)  # nothing fits in 4 GB
+    cands = search(workload, tiny, 8, batch=3, context=4001)
+    assert cands and not any(c.fits for c in cands)
+    exact = {c.layout: predict(workload, tiny, c.layout, 3, 4001).bytes_per_rank for c in cands}
+    assert exact[cands[0].layout] == min(exact.values())
+    assert cands[0].prediction is not None and cands[0].bytes_per_rank == exact[cands[0].layout]
+    for c in cands:  # a layout shown with its exact bytes matches the prediction; the rest show a lower bound
+        assert c.bytes_per_rank <= exact[c.layout] * (1 + 1e-9), c.layout.describe()
