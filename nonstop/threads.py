@@ -1,7 +1,8 @@
 """How many CPU threads torch computes with: one module for ``--threads`` and the default.
 
 An explicit choice always wins: ``set_threads(n)`` (every command's ``--threads``), else
-``NONSTOP_THREADS``, else ``OMP_NUM_THREADS``. Otherwise (``default_threads``) a model that reads at
+``NONSTOP_THREADS``, else ``OMP_NUM_THREADS`` (at most ``THREADS_PER_CPU_LIMIT`` per logical CPU: far more
+threads than CPUs is a typo, and torch crashes at 10,000). Otherwise (``default_threads``) a model that reads at
 least ``SMALL_MODEL_BYTES`` of weights per token gets one thread per physical core this process may run
 on (hyper-threads share a core's load/store units: a second thread per core adds synchronisation, not
 bandwidth). A tinier one (the test suite's configs: 0.2-0.5 MB) gets one thread: its products are
@@ -31,6 +32,25 @@ SMALL_MODEL_BYTES = 4 << 20
 LOAD_SAMPLE_S = 0.15  # how long busy_elsewhere watches the CPUs
 BUSY_SLACK = 0.3  # other processes take a core once they keep 1 - BUSY_SLACK of one busy
 _chosen: int | None = None  # set_threads' explicit choice
+THREADS_PER_CPU_LIMIT = 8  # more threads than this per logical CPU is a typo, not a setting (10,000 crash torch)
+
+
+def thread_limit() -> int:
+    """The most threads nonstop accepts: THREADS_PER_CPU_LIMIT per logical CPU this process may run on."""
+    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    return THREADS_PER_CPU_LIMIT * cpus
+
+
+def check_thread_count(n: int, what: str = "--threads") -> int:
+    """``n`` if it is a usable thread count, else a ValueError naming ``what``."""
+    if n < 1:
+        raise ValueError(f"{what} must be >= 1, got {n}")
+    if n > thread_limit():
+        raise ValueError(
+            f"{what} {n} is more than {THREADS_PER_CPU_LIMIT} threads for each of this machine's "
+            f"{thread_limit() // THREADS_PER_CPU_LIMIT} CPUs"
+        )
+    return n
 
 
 def set_threads(n: int | None) -> int:
@@ -40,9 +60,7 @@ def set_threads(n: int | None) -> int:
     import torch
 
     if n is not None:
-        if n < 1:
-            raise ValueError(f"threads must be >= 1, got {n}")
-        torch.set_num_threads(n)
+        torch.set_num_threads(check_thread_count(n, "threads"))
         _chosen = n
     return torch.get_num_threads()
 
@@ -108,10 +126,14 @@ def _default(bytes_per_token: int | None) -> tuple[int, str | None]:
     """(default_threads' count, why it is below the physical cores because of other processes, or None)."""
     if _chosen is not None:
         return _chosen, None
-    for var in ("NONSTOP_THREADS", "OMP_NUM_THREADS"):
-        value = os.environ.get(var, "")
-        if value.isdigit() and int(value) > 0:
-            return int(value), None
+    own = os.environ.get("NONSTOP_THREADS", "").strip()
+    if own:  # nonstop's own setting: a bad value is an error, not silently ignored
+        if not own.isdigit():
+            raise ValueError(f"NONSTOP_THREADS must be a positive integer, got {own!r}")
+        return check_thread_count(int(own), "NONSTOP_THREADS"), None
+    value = os.environ.get("OMP_NUM_THREADS", "")  # OpenMP's (it may be a nested list like "4,2": not ours)
+    if value.isdigit() and 0 < int(value) <= thread_limit():
+        return int(value), None
     if bytes_per_token is not None and bytes_per_token < SMALL_MODEL_BYTES:
         return 1, None
     cores = physical_cores()

@@ -41,9 +41,33 @@ def test_explicit_choices_win_in_order(no_choice, monkeypatch):
     assert threads.default_threads(29_000_000) == 5
     monkeypatch.setattr(threads, "_chosen", 2)
     assert threads.default_threads(29_000_000) == 2
-    monkeypatch.setenv("NONSTOP_THREADS", "not a number")
     monkeypatch.setattr(threads, "_chosen", None)
-    assert threads.default_threads(29_000_000) == 3  # an unusable value falls through to the next
+    monkeypatch.setenv("OMP_NUM_THREADS", "4,2")  # OpenMP's nested form is not ours to judge: skipped
+    monkeypatch.delenv("NONSTOP_THREADS")
+    assert threads.default_threads(500_000) == 1
+
+
+@pytest.mark.parametrize("value", ["not a number", "0", "-3", "99999999"])
+def test_an_unusable_nonstop_threads_is_an_error_not_ignored(no_choice, monkeypatch, value):
+    monkeypatch.setenv("NONSTOP_THREADS", value)
+    with pytest.raises(ValueError, match="NONSTOP_THREADS"):
+        threads.default_threads(29_000_000)
+
+
+def test_a_thread_count_far_beyond_the_cpus_is_refused(monkeypatch, capsys):
+    """torch segfaults at --threads 10000: every command's --threads (and set_threads) stops at
+    THREADS_PER_CPU_LIMIT per logical CPU, with the machine's count in the message."""
+    from nonstop.cli import main
+
+    monkeypatch.setattr(threads.os, "sched_getaffinity", lambda pid: {0, 1, 2}, raising=False)
+    assert threads.thread_limit() == 3 * threads.THREADS_PER_CPU_LIMIT
+    with pytest.raises(ValueError, match="more than 8 threads for each of this machine's 3 CPUs"):
+        threads.set_threads(25)
+    for command in (["program", "--summary"], ["train", "--out", "x"]):
+        with pytest.raises(SystemExit) as e:
+            main([*command, "--threads", "10000"])
+        assert e.value.code == 2
+        assert "--threads: 10000 is more than 8 threads for each of this machine's 3 CPUs" in capsys.readouterr().err
 
 
 def test_cores_busy_elsewhere_are_left_to_their_processes(no_choice, monkeypatch, capsys):

@@ -3,11 +3,17 @@
 from __future__ import annotations
 
 import argparse
+import math
 
 from nonstop.program.ir import MAX_STEP_ROWS
 
+# weight dtypes a command that counts or writes bytes takes (``weights.resolve.DTYPES``'s names and aliases)
+DTYPE_CHOICES = ("float32", "bfloat16", "float16", "fp32", "bf16", "fp16")
 
-def add_model_args(p: argparse.ArgumentParser, backend: bool = True) -> None:
+
+def add_model_args(p: argparse.ArgumentParser, backend: bool = True, text: bool = False) -> None:
+    """The model flags; ``text``: the command reads text (chat, perplexity), so ``--tokenizer ids`` is not
+    offered."""
     p.add_argument(
         "--model",
         "-m",
@@ -32,9 +38,14 @@ def add_model_args(p: argparse.ArgumentParser, backend: bool = True) -> None:
     p.add_argument(
         "--tokenizer",
         default="auto",
-        choices=["auto", "ids", "bytes"],
-        help="auto: the checkpoint's tokenizer.json or tiktoken.model (without one, prompts must be "
-        "token ids); ids: no tokenizer, token ids in and out; bytes: UTF-8 bytes as token ids",
+        choices=["auto", "bytes"] if text else ["auto", "ids", "bytes"],
+        help="auto: the checkpoint's tokenizer.json or tiktoken.model"
+        + (
+            "; bytes: UTF-8 bytes as token ids"
+            if text
+            else " (without one, prompts must be token ids); ids: no tokenizer, token ids in and out; bytes: UTF-8 "
+            "bytes as token ids"
+        ),
     )
     p.add_argument(
         "--no-preflight",
@@ -45,9 +56,19 @@ def add_model_args(p: argparse.ArgumentParser, backend: bool = True) -> None:
     add_threads_arg(p)
 
 
+def thread_count(text: str) -> int:
+    """--threads: a positive integer, at most ``threads.THREADS_PER_CPU_LIMIT`` per CPU."""
+    from nonstop.threads import check_thread_count
+
+    try:
+        return check_thread_count(positive_int(text))
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc).removeprefix("--threads ")) from None
+
+
 def add_threads_arg(p: argparse.ArgumentParser) -> None:
     p.add_argument(
-        "--threads", type=positive_int, default=None, help="CPU threads torch computes with (default: torch's choice)"
+        "--threads", type=thread_count, default=None, help="CPU threads torch computes with (default: torch's choice)"
     )
 
 
@@ -179,6 +200,35 @@ def positive_int(text: str) -> int:
 
 def non_negative_int(text: str) -> int:
     return _int_at_least(text, 0, "non-negative")
+
+
+def _finite_float(text: str, positive: bool) -> float:
+    """A finite number, > 0 or >= 0 (``float()`` alone lets ``nan`` and ``inf`` through, and ``nan <= 0``
+    is False, so a plain range check misses them)."""
+    kind = "positive" if positive else "non-negative"
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a {kind} number, got {text!r}") from None
+    if not (math.isfinite(value) and (value > 0 if positive else value >= 0)):
+        raise argparse.ArgumentTypeError(f"expected a {kind} finite number, got {text}")
+    return value
+
+
+def seed_int(text: str) -> int:
+    """A random seed torch accepts: an integer in [-2^63, 2^64)."""
+    value = _int_at_least(text, -(2**63), "seed")
+    if value >= 2**64:
+        raise argparse.ArgumentTypeError(f"a seed must lie in [-2^63, 2^64), got {value}")
+    return value
+
+
+def positive_float(text: str) -> float:
+    return _finite_float(text, True)
+
+
+def non_negative_float(text: str) -> float:
+    return _finite_float(text, False)
 
 
 def add_spec_args(p: argparse.ArgumentParser) -> None:

@@ -20,6 +20,8 @@ USER_ERRORS = (
     FileNotFoundError,
     PermissionError,
     IsADirectoryError,
+    NotADirectoryError,
+    FileExistsError,
 )
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from nonstop.commands.common import DTYPE_CHOICES
 from nonstop.config import ModelConfig
 
 
@@ -19,7 +20,7 @@ def add_parser(sub) -> None:
     p.add_argument(
         "--dtype",
         default="bfloat16",
-        choices=["float32", "bfloat16", "float16"],
+        choices=DTYPE_CHOICES,
         help="weight dtype to count bytes in (default bfloat16)",
     )
     p.add_argument("--list", action="store_true", help="list bundled models and presets")
@@ -27,19 +28,17 @@ def add_parser(sub) -> None:
 
 
 def run(args) -> int:
-    import torch
-
     from nonstop.commands.common import human
     from nonstop.config import preset_names
     from nonstop.program.footprint import model_footprint
-    from nonstop.weights.resolve import bundled_models, resolve_model
+    from nonstop.weights.resolve import DTYPES, bundled_models, resolve_model
 
     if args.list:
         print("bundled:", ", ".join(bundled_models()) or "(none)")
         print("presets:", ", ".join(preset_names()))
         return 0
     cfg, model_dir = resolve_model(args.model)
-    fp = model_footprint(cfg, getattr(torch, args.dtype))
+    fp = model_footprint(cfg, DTYPES[args.dtype])
     moe = cfg.moe
     print(f"model        {args.model} ({cfg.family}{', random weights' if model_dir is None else ''})")
     print(

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from nonstop.commands.common import positive_int
+from nonstop.commands.common import positive_float, positive_int
 
 
 def add_layout_args(p: argparse.ArgumentParser, run: bool = True) -> None:
@@ -50,7 +50,7 @@ def add_layout_args(p: argparse.ArgumentParser, run: bool = True) -> None:
         )
         g.add_argument(
             "--dist-timeout",
-            type=float,
+            type=positive_float,
             default=120.0,
             help="seconds a collective may wait for another rank before every rank stops with an error (default 120)",
         )

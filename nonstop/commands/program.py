@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from nonstop.commands.common import add_threads_arg, positive_int
+from nonstop.commands.common import DTYPE_CHOICES, add_threads_arg, non_negative_int, positive_int
 from nonstop.commands.layout_args import add_layout_args, layout_from_args, wants_layout
 from nonstop.commands.program_table import print_ops
 
@@ -27,12 +27,15 @@ def add_parser(sub) -> None:
     p.add_argument("--num-layers", type=positive_int, help="keep only the first N layers")
     p.add_argument("--rows", type=positive_int, default=1, help="rows per step (batch × tokens), default 1")
     p.add_argument(
-        "--context", type=int, default=1024, help="cached tokens per sequence for attention traffic (default 1024)"
+        "--context",
+        type=non_negative_int,
+        default=1024,
+        help="cached tokens per sequence for attention traffic (default 1024)",
     )
     p.add_argument(
         "--dtype",
         default="bfloat16",
-        choices=["float32", "bfloat16", "float16"],
+        choices=DTYPE_CHOICES,
         help="weight dtype for byte counts (default bfloat16)",
     )
     p.add_argument("--summary", action="store_true", help="one row per op kind instead of one per op")

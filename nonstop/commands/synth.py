@@ -5,7 +5,7 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from nonstop.commands.common import add_threads_arg, positive_int
+from nonstop.commands.common import DTYPE_CHOICES, add_threads_arg, positive_float, positive_int, seed_int
 
 
 def add_parser(sub) -> None:
@@ -21,18 +21,23 @@ def add_parser(sub) -> None:
     src = p.add_mutually_exclusive_group(required=True)
     src.add_argument("--config", help="an HF config.json (or a directory holding one)")
     src.add_argument("--preset", help="a preset name (see `nonstop info --list`)")
-    p.add_argument("--out", required=True, help="output directory")
-    p.add_argument("--seed", type=int, default=0, help="random seed (default 0)")
+    p.add_argument(
+        "--out",
+        required=True,
+        help="output directory (made if missing); the weights, config.json and tokenizer of a checkpoint already "
+        "there are replaced once the new ones are all written, other files are left alone",
+    )
+    p.add_argument("--seed", type=seed_int, default=0, help="random seed (default 0)")
     p.add_argument(
         "--dtype",
         default="bfloat16",
-        choices=["float32", "bfloat16", "float16"],
+        choices=DTYPE_CHOICES,
         help="float weight dtype on disk (default bfloat16)",
     )
     p.add_argument("--num-layers", type=positive_int, help="keep only the first N layers (a slice of a large model)")
     p.add_argument(
         "--shard-size",
-        type=float,
+        type=positive_float,
         default=4.0,
         help="max shard size in GB; more shards get model.safetensors.index.json (default 4)",
     )
@@ -54,13 +59,13 @@ def run(args) -> int:
     from nonstop.threads import set_threads
     from nonstop.weights.resolve import ASSETS, DTYPES
     from nonstop.weights.synth import write_checkpoint
+    from nonstop.weights.write import check_output_dir
 
     set_threads(args.threads)
     cfg = ModelConfig.from_file(args.config) if args.config else ModelConfig.preset(args.preset)
     if args.num_layers:
         cfg = cfg.with_num_layers(args.num_layers)
-    if args.shard_size <= 0:
-        raise ValueError("--shard-size must be positive")
+    check_output_dir(args.out)
     tokenizer_dir = ASSETS / args.preset if args.preset and (ASSETS / args.preset / "tokenizer.json").exists() else None
     size = model_footprint(cfg, DTYPES[args.dtype]).weight_bytes
     name = args.preset or args.config

@@ -6,7 +6,7 @@ import sys
 import time
 from pathlib import Path
 
-from nonstop.commands.common import positive_int
+from nonstop.commands.common import non_negative_float, positive_float, positive_int, seed_int, thread_count
 
 
 def add_parser(sub) -> None:
@@ -34,33 +34,51 @@ def add_parser(sub) -> None:
     src = p.add_mutually_exclusive_group()
     src.add_argument("--preset", default="k3-nano", help="model preset to train (default k3-nano)")
     src.add_argument("--config", help="an HF config.json (or a directory holding one) instead of a preset")
-    p.add_argument("--out", required=True, help="output directory for the checkpoint and logs")
+    p.add_argument(
+        "--out",
+        required=True,
+        help="output directory for the checkpoint and logs (made if missing; a checkpoint already there is replaced "
+        "once the new one is written)",
+    )
     p.add_argument(
         "--minutes",
-        type=float,
+        type=positive_float,
         default=40.0,
         help="wall-clock budget of the training loop in minutes (default 40; final evaluation and saving take ~1-2 "
         "more)",
     )
-    p.add_argument("--threads", type=positive_int, default=2, help="CPU threads (default 2)")
+    p.add_argument("--threads", type=thread_count, default=2, help="CPU threads (default 2)")
     p.add_argument("--batch-size", type=positive_int, default=8, help="sequences per step (default 8)")
     p.add_argument("--seq-len", type=positive_int, default=256, help="tokens per sequence (default 256)")
-    p.add_argument("--lr", type=float, default=2e-3, help="peak learning rate (default 2e-3)")
-    p.add_argument("--min-lr", type=float, default=2e-4, help="learning rate at the end of the budget (default 2e-4)")
+    p.add_argument("--lr", type=positive_float, default=2e-3, help="peak learning rate (default 2e-3)")
+    p.add_argument(
+        "--min-lr", type=non_negative_float, default=2e-4, help="learning rate at the end of the budget (default 2e-4)"
+    )
     p.add_argument("--warmup-steps", type=positive_int, default=30, help="linear warmup steps (default 30)")
-    p.add_argument("--weight-decay", type=float, default=0.1, help="AdamW weight decay on matrices (default 0.1)")
+    p.add_argument(
+        "--weight-decay", type=non_negative_float, default=0.1, help="AdamW weight decay on matrices (default 0.1)"
+    )
     p.add_argument(
         "--bias-update-rate",
-        type=float,
+        type=non_negative_float,
         default=1e-2,
         help="step of the aux-loss-free expert-bias update, b_e += rate * sign(mean load - load_e) (default 1e-2)",
     )
     p.add_argument(
         "--max-steps", type=positive_int, default=None, help="stop after this many steps even if time is left"
     )
-    p.add_argument("--eval-every", type=float, default=300.0, help="seconds between held-out evaluations (default 300)")
-    p.add_argument("--log-every", type=float, default=30.0, help="seconds between progress lines (default 30)")
-    p.add_argument("--seed", type=int, default=0, help="seed of the initial weights and the data order (default 0)")
+    p.add_argument(
+        "--eval-every",
+        type=non_negative_float,
+        default=300.0,
+        help="seconds between held-out evaluations (default 300)",
+    )
+    p.add_argument(
+        "--log-every", type=non_negative_float, default=30.0, help="seconds between progress lines (default 30)"
+    )
+    p.add_argument(
+        "--seed", type=seed_int, default=0, help="seed of the initial weights and the data order (default 0)"
+    )
     p.add_argument(
         "--cache-dir", default="build/tokens", help="where the tokenized corpus is cached (default build/tokens)"
     )
@@ -72,9 +90,11 @@ def run(args) -> int:
     from nonstop.config import ModelConfig
     from nonstop.train.run import run_training
     from nonstop.train.trainer import TrainConfig
+    from nonstop.weights.write import check_output_dir
 
-    if args.minutes <= 0:
-        raise ValueError("--minutes must be positive")
+    check_output_dir(args.out)  # before the tokenizing and training, not after
+    if args.min_lr > args.lr:
+        raise ValueError(f"--min-lr {args.min_lr:g} is above the peak --lr {args.lr:g}")
     cfg = ModelConfig.from_file(args.config) if args.config else ModelConfig.preset(args.preset)
     tc = TrainConfig(
         minutes=args.minutes,

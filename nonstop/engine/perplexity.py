@@ -10,6 +10,7 @@ Full windows run ``batch_size`` at a time; the shorter last window runs alone.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -48,10 +49,17 @@ def window_nll(model, windows: torch.Tensor) -> float:
 
 
 def score_token_ids(
-    model, ids, context: int = 512, batch_size: int = 4, max_tokens: int | None = None, device=None
+    model,
+    ids,
+    context: int = 512,
+    batch_size: int = 4,
+    max_tokens: int | None = None,
+    device=None,
+    progress: Callable[[int, int], None] | None = None,
 ) -> PerplexityResult:
     """Perplexity of ``ids`` (a list or 1-D tensor of ≥ 2 ids) under ``model`` (a ``CausalLM``:
-    input_ids [B, T] -> logits [B, T, V]); at most ``max_tokens`` ids are scored."""
+    input_ids [B, T] -> logits [B, T, V]); at most ``max_tokens`` ids are scored. ``progress(scored, total)``
+    is called after each forward."""
     if context < 1:
         raise ValueError(f"context must be positive, got {context}")
     ids = torch.as_tensor(ids, dtype=torch.long).flatten()
@@ -61,10 +69,15 @@ def score_token_ids(
         raise ValueError(f"need at least 2 tokens to score, got {ids.numel()}")
     if device is not None:
         ids = ids.to(device)
-    full, last = _windows(ids.cpu(), context)
+    n = ids.numel() - 1
+    full, last = _windows(ids.cpu(), min(context, n))
     total = 0.0
     for start in range(0, len(full), batch_size):
         total += window_nll(model, full[start : start + batch_size].to(ids.device))
+        if progress is not None:
+            progress(min(start + batch_size, len(full)) * min(context, n), n)
     if last is not None:
         total += window_nll(model, last.to(ids.device))
-    return PerplexityResult(tokens=ids.numel() - 1, total_nll=total)
+        if progress is not None:
+            progress(n, n)
+    return PerplexityResult(tokens=n, total_nll=total)

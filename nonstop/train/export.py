@@ -17,6 +17,7 @@ import torch
 
 from nonstop.config import ModelConfig
 from nonstop.weights.layout import checkpoint_layout
+from nonstop.weights.write import staged_checkpoint
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json")
 DTYPE_NAMES = {torch.float32: "float32", torch.bfloat16: "bfloat16", torch.float16: "float16"}
@@ -54,19 +55,22 @@ def save_checkpoint(
     dtype: torch.dtype = torch.bfloat16,
     max_new_tokens: int = 64,
 ) -> Path:
-    """Write ``model`` (a ``CausalLM``) to ``out_dir``; returns the directory."""
+    """Write ``model`` (a ``CausalLM``) to ``out_dir``, staged (``weights.write``: it replaces the weights
+    of a checkpoint already there, sharded or not, only once every file is written); returns the directory."""
     from safetensors.torch import save_file
 
     cfg: ModelConfig = model.cfg
     out_dir = Path(out_dir)
-    out_dir.mkdir(parents=True, exist_ok=True)
     hf = cfg.to_hf_dict()
     hf["torch_dtype"] = DTYPE_NAMES[dtype]
-    (out_dir / "config.json").write_text(json.dumps(hf, indent=2) + "\n")
-    (out_dir / "generation_config.json").write_text(json.dumps(generation_config(cfg, max_new_tokens), indent=2) + "\n")
-    save_file(hf_tensors(cfg, model.state_dict(), dtype), str(out_dir / "model.safetensors"), metadata={"format": "pt"})
-    if tokenizer_dir is not None:
-        for name in TOKENIZER_FILES:
-            if (Path(tokenizer_dir) / name).exists():
-                shutil.copy(Path(tokenizer_dir) / name, out_dir / name)
+    with staged_checkpoint(out_dir) as stage:
+        (stage / "config.json").write_text(json.dumps(hf, indent=2) + "\n")
+        gen = generation_config(cfg, max_new_tokens)
+        (stage / "generation_config.json").write_text(json.dumps(gen, indent=2) + "\n")
+        tensors = hf_tensors(cfg, model.state_dict(), dtype)
+        save_file(tensors, str(stage / "model.safetensors"), metadata={"format": "pt"})
+        if tokenizer_dir is not None:
+            for name in TOKENIZER_FILES:
+                if (Path(tokenizer_dir) / name).exists():
+                    shutil.copy(Path(tokenizer_dir) / name, stage / name)
     return out_dir

@@ -25,6 +25,7 @@ from nonstop.config import ModelConfig
 from nonstop.engine.perplexity import score_token_ids
 from nonstop.hostinfo import cpu_name
 from nonstop.program.footprint import model_footprint
+from nonstop.program.preflight import PreflightError, available_memory, size_text
 from nonstop.train.export import save_checkpoint
 from nonstop.train.plot import plot_loss_curve
 from nonstop.train.tokens import DEFAULT_CACHE_DIR, cached_token_ids
@@ -59,9 +60,16 @@ def run_training(
 
     wall0 = time.monotonic()
     corpus_dir, tokenizer_dir, out_dir = Path(corpus_dir), Path(tokenizer_dir), Path(out_dir)
+    if tc.seq_len > cfg.max_position_embeddings:
+        raise ValueError(
+            f"--seq-len {tc.seq_len} exceeds the model's {cfg.max_position_embeddings} positions "
+            "(max_position_embeddings)"
+        )
     train_ids = cached_token_ids(corpus_dir / "train.txt", tokenizer_dir, cache_dir, log)
     heldout_ids = cached_token_ids(corpus_dir / "heldout.txt", tokenizer_dir, cache_dir, log)
-    top = int(max(train_ids.max(), heldout_ids.max()))
+    if len(heldout_ids) < 2:
+        raise ValueError(f"{corpus_dir / 'heldout.txt'} holds {len(heldout_ids)} token(s): nothing to evaluate on")
+    top = int(max(train_ids.max(initial=0), heldout_ids.max()))
     if top >= cfg.vocab_size:
         raise ValueError(f"tokenizer id {top} does not fit the model's vocabulary of {cfg.vocab_size}")
     fp = model_footprint(cfg, torch.bfloat16)
@@ -73,12 +81,18 @@ def run_training(
         f"data: {len(train_ids):,} training tokens, {len(heldout_ids):,} held-out tokens; batch {tc.batch_size} x "
         f"{tc.seq_len}; {tc.threads} threads; budget {tc.minutes:g} min"
     )
+    _check_training_memory(cfg, fp.total_params)
     model = init_model(cfg, tc.seed)
     result = train(model, train_ids, heldout_ids, tc, log)
     log(
         f"trained: {result.steps} steps, {result.tokens:,} tokens ({result.epochs:.2f} epochs) in "
         f"{result.wall_s / 60:.1f} min, {result.tokens / max(result.wall_s, 1e-9):,.0f} tokens/s"
     )
+    if result.steps == 0:
+        raise ValueError(
+            f"no training step finished within --minutes {tc.minutes:g} (a step of {tc.batch_size} x {tc.seq_len} "
+            "tokens takes longer): give more minutes; nothing was written"
+        )
     save_checkpoint(model, out_dir, tokenizer_dir)
     del model
     saved = load_model(cfg, out_dir, torch.float32)
@@ -118,7 +132,7 @@ def run_training(
             "train_wall_s": round(result.wall_s, 1),
             "tokens_per_s": round(result.tokens / max(result.wall_s, 1e-9), 1),
             "final_train_loss_mean_last_50": round(
-                sum(h["loss"] for h in result.history[-50:]) / max(len(result.history[-50:]), 1), 4
+                sum(h["loss"] for h in result.history[-50:]) / len(result.history[-50:]), 4
             ),
             "heldout_tokens_scored": final.tokens,
             "heldout_context": FINAL_CONTEXT,
@@ -136,7 +150,7 @@ def run_training(
         out_dir / "loss_curve.png",
         title=f"{cfg.family}, {fp.total_params / 1e6:.2f}M parameters: {result.tokens / 1e6:.2f}M tokens in "
         f"{result.wall_s / 60:.0f} min on {tc.threads} threads",
-        eval_tokens=tc.eval_tokens,
+        eval_tokens=min(tc.eval_tokens, len(heldout_ids) - 1),  # the periodic evaluations score at most the split
         final=(result.tokens, final.mean_nll, f"final held-out (all {final.tokens:,} tokens, context {FINAL_CONTEXT})"),
     )
     log(f"loss curve: {png}" if png else "loss curve: skipped (matplotlib not installed)")
@@ -148,6 +162,22 @@ def run_training(
     (out_dir / "training_log.json").write_text(json.dumps(record, indent=1) + "\n")
     log(f"wrote {out_dir} (total wall time {record['result']['total_wall_s'] / 60:.1f} min)")
     return record
+
+
+TRAIN_BYTES_PER_PARAM = 16  # fp32 weight, its gradient and AdamW's two moments (activations come on top)
+
+
+def _check_training_memory(cfg: ModelConfig, params: int) -> None:
+    """PreflightError before any weight is built when this machine cannot hold even the optimiser's
+    per-parameter state (a lower bound of what training needs)."""
+    needs = TRAIN_BYTES_PER_PARAM * params
+    free = available_memory(torch.device("cpu"))
+    if needs > free:
+        raise PreflightError(
+            f"training {cfg.family} ({params / 1e6:,.1f}M parameters) needs at least {size_text(needs)} "
+            f"(fp32 weights, gradients and AdamW moments, {TRAIN_BYTES_PER_PARAM} B a parameter, before "
+            f"activations); this machine has {size_text(free)} free"
+        )
 
 
 def _autogroup() -> str | None:

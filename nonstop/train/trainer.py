@@ -31,6 +31,10 @@ from nonstop.train.batches import WindowSampler
 from nonstop.train.schedule import learning_rate
 
 
+class TrainingDiverged(ValueError):
+    """The loss stopped being finite: a setting to change (the learning rate), not a bug."""
+
+
 @dataclass
 class TrainConfig:
     minutes: float = 40.0  # wall-clock budget of the optimisation loop (final eval and save come after)
@@ -96,12 +100,13 @@ def next_token_loss(model: CausalLM, inputs: torch.Tensor, targets: torch.Tensor
     return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1))
 
 
-def heldout_nll(model: CausalLM, heldout: np.ndarray, tokens: int | None, context: int) -> float:
-    """Mean held-out NLL (nats/token) of the first ``tokens`` ids (all if None)."""
+def heldout_nll(model: CausalLM, heldout: np.ndarray, tokens: int | None, context: int) -> tuple[float, int]:
+    """(mean held-out NLL in nats/token, tokens scored) over the first ``tokens`` ids (all if None)."""
     was_training = model.training
     model.eval()
     try:
-        return score_token_ids(model, heldout, context=context, batch_size=8, max_tokens=tokens).mean_nll
+        score = score_token_ids(model, heldout, context=context, batch_size=8, max_tokens=tokens)
+        return score.mean_nll, score.tokens
     finally:
         model.train(was_training)
 
@@ -149,7 +154,10 @@ def train(
             inputs, targets = sampler.next_batch()
             loss = next_token_loss(model, inputs, targets)
             if not torch.isfinite(loss):
-                raise FloatingPointError(f"loss became {loss.item()} at step {result.steps}")
+                raise TrainingDiverged(
+                    f"training diverged: the loss became {loss.item()} at step {result.steps + 1} (learning rate "
+                    f"{lr:.3g}); lower --lr (now {tc.lr:g}) or lengthen --warmup-steps (now {tc.warmup_steps})"
+                )
             loss.backward()
             grad_norm = float(torch.nn.utils.clip_grad_norm_(model.parameters(), tc.grad_clip))
             opt.step()
@@ -179,7 +187,7 @@ def train(
                 )
                 last_log, window_tokens, window_t0 = now, 0, now
             if heldout_ids is not None and now - last_eval >= tc.eval_every_s:
-                nll = heldout_nll(model, heldout_ids, tc.eval_tokens, tc.seq_len)
+                nll, scored = heldout_nll(model, heldout_ids, tc.eval_tokens, tc.seq_len)
                 result.evals.append(
                     {
                         "step": result.steps,
@@ -192,7 +200,7 @@ def train(
                 )
                 spread = max(balancer.recent_spreads().values(), default=1.0)
                 log(
-                    f"eval  step {result.steps} | held-out ({tc.eval_tokens} tokens) nll {nll:.3f} ppl "
+                    f"eval  step {result.steps} | held-out ({scored} tokens) nll {nll:.3f} ppl "
                     f"{math.exp(nll):.1f} | expert load max/mean {spread:.2f}"
                 )
                 last_eval = time.monotonic()

@@ -18,6 +18,7 @@ import torch
 
 from nonstop.config import ModelConfig
 from nonstop.weights.layout import TensorSpec, checkpoint_layout
+from nonstop.weights.write import staged_checkpoint
 
 INIT_STD = 0.02
 TORCH_DTYPE_NAMES = {torch.float32: "float32", torch.bfloat16: "bfloat16", torch.float16: "float16"}
@@ -127,12 +128,27 @@ def write_checkpoint(
     progress: Callable[[int, int], None] | None = None,
 ) -> Path:
     """Write config.json, generation_config.json, a tokenizer (when one can be made) and random
-    weights (``model.safetensors``, or shards + ``model.safetensors.index.json``) to ``out_dir``."""
-    from safetensors.torch import save_file
+    weights (``model.safetensors``, or shards + ``model.safetensors.index.json``) to ``out_dir``, staged
+    (``weights.write``): they replace a checkpoint already there only once all are written."""
 
     out_dir = Path(out_dir)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    _write_side_files(cfg, out_dir, dtype, tokenizer_dir)
+    with staged_checkpoint(out_dir) as stage:
+        _write_side_files(cfg, stage, dtype, tokenizer_dir)
+        _write_random_weights(cfg, stage, seed, dtype, max_shard_bytes, progress)
+    return out_dir
+
+
+def _write_random_weights(
+    cfg: ModelConfig,
+    out_dir: Path,
+    seed: int,
+    dtype: torch.dtype,
+    max_shard_bytes: int,
+    progress: Callable[[int, int], None] | None,
+) -> None:
+    """``model.safetensors``, or shards of at most ``max_shard_bytes`` + ``model.safetensors.index.json``."""
+    from safetensors.torch import save_file
+
     total = sum(len(s.names) for s in checkpoint_layout(cfg))
     shards: list[dict[str, torch.Tensor]] = [{}]
     size = 0
@@ -140,7 +156,7 @@ def write_checkpoint(
     weight_map: dict[str, str] = {}
     total_bytes = 0
 
-    def flush(final: bool) -> None:
+    def flush() -> None:
         nonlocal size
         if not shards[-1]:
             return
@@ -153,24 +169,20 @@ def write_checkpoint(
     for i, (_, name, t) in enumerate(iter_random_tensors(cfg, dtype, seed)):
         nbytes = t.numel() * t.element_size()
         if size and size + nbytes > max_shard_bytes:
-            flush(False)
+            flush()
         shards[-1][name] = t.contiguous()
         size += nbytes
         total_bytes += nbytes
         if progress is not None:
             progress(i + 1, total)
-    flush(True)
-    for old in list(out_dir.glob("model*.safetensors")) + [out_dir / "model.safetensors.index.json"]:
-        if old.exists() and not old.name.endswith(".tmp.safetensors"):
-            old.unlink()
+    flush()
     if len(temp_names) == 1:
         (out_dir / temp_names[0][0]).rename(out_dir / "model.safetensors")
-    else:
-        n = len(temp_names)
-        for k, (tmp, names) in enumerate(temp_names):
-            final = f"model-{k + 1:05d}-of-{n:05d}.safetensors"
-            (out_dir / tmp).rename(out_dir / final)
-            weight_map.update({nm: final for nm in names})
-        index = {"metadata": {"total_size": total_bytes}, "weight_map": weight_map}
-        (out_dir / "model.safetensors.index.json").write_text(json.dumps(index, indent=2) + "\n")
-    return out_dir
+        return
+    n = len(temp_names)
+    for k, (tmp, names) in enumerate(temp_names):
+        final = f"model-{k + 1:05d}-of-{n:05d}.safetensors"
+        (out_dir / tmp).rename(out_dir / final)
+        weight_map.update({nm: final for nm in names})
+    index = {"metadata": {"total_size": total_bytes}, "weight_map": weight_map}
+    (out_dir / "model.safetensors.index.json").write_text(json.dumps(index, indent=2) + "\n")

@@ -1,0 +1,82 @@
+"""Writing a checkpoint directory safely: checked before the work, staged, then put in place at once.
+
+``check_output_dir(path)`` refuses, before any work is done, an output path a checkpoint cannot be
+written to (empty, an existing file, under a file, not writable). ``staged_checkpoint(out_dir)`` yields
+a fresh staging directory inside ``out_dir``; when the block ends normally the weights a checkpoint
+already there had (``model.safetensors``, shards, ``model.safetensors.index.json``) are removed and every
+staged file takes its place, readable as the user's umask allows (safetensors writes 0600). When the
+block fails, the staging directory is removed and ``out_dir`` is as it was: never a new config.json
+beside old weights, never an index naming shards that are gone.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+
+STAGING_PREFIX = ".nonstop-partial-"
+WEIGHT_FILES = ("model*.safetensors", "model.safetensors.index.json")  # what a new checkpoint's weights replace
+
+
+class CheckpointWriteError(ValueError):
+    """Writing a checkpoint failed for a reason outside nonstop (disk full, file too large, permissions)."""
+
+
+def check_output_dir(path: str | Path, flag: str = "--out") -> Path:
+    """``path`` as a directory a checkpoint can be written to (it may not exist yet); a ValueError naming
+    ``flag`` otherwise."""
+    if not str(path).strip():
+        raise ValueError(f"{flag} is empty: give the directory to write the checkpoint to")
+    out = Path(path)
+    if out.exists() and not out.is_dir():
+        raise ValueError(f"{flag} {out} is an existing file, not a directory")
+    parent = out
+    while not parent.exists():  # the nearest existing ancestor must be a writable directory
+        parent = parent.parent
+    if not parent.is_dir():
+        raise ValueError(f"{flag} {out} lies under {parent}, which is a file")
+    if not os.access(parent, os.W_OK | os.X_OK):
+        raise ValueError(f"{flag} {out}: cannot write in {parent} (permission denied)")
+    return out
+
+
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
+@contextlib.contextmanager
+def staged_checkpoint(out_dir: str | Path) -> Iterator[Path]:
+    """Yield a staging directory to write a whole checkpoint into; on success its files replace
+    ``out_dir``'s checkpoint (see the module docstring), on failure ``out_dir`` is left as it was."""
+    out_dir = Path(out_dir)
+    created = not out_dir.exists()
+    out_dir.mkdir(parents=True, exist_ok=True)
+    stage = Path(tempfile.mkdtemp(prefix=STAGING_PREFIX, dir=out_dir))
+    from safetensors import SafetensorError
+
+    try:
+        yield stage
+    except BaseException as exc:
+        shutil.rmtree(stage, ignore_errors=True)
+        if created:
+            with contextlib.suppress(OSError):
+                out_dir.rmdir()  # only if empty: the directory this call made, nothing else in it
+        if isinstance(exc, (OSError, SafetensorError)):  # a full disk, a file size limit, a read-only mount
+            raise CheckpointWriteError(
+                f"could not write the checkpoint to {out_dir}: {exc}; it was left as it was"
+            ) from exc
+        raise
+    for pattern in WEIGHT_FILES:
+        for old in out_dir.glob(pattern):
+            old.unlink()
+    mode = 0o666 & ~_umask()
+    for f in sorted(stage.iterdir()):
+        f.chmod(mode)
+        f.replace(out_dir / f.name)
+    stage.rmdir()
