@@ -62,8 +62,12 @@ embed_kernel = launcher(embed_tile)
 def embed(op, env):
     ids, table, out = env.buf[op.reads[0]], op.weights["embed"], env.buf[op.writes[0]]
     D = table.shape[1]
+    BLOCK_D = min(2048, pow2(D))
+    # warps whose threads each read 16 bytes of a BLOCK_D block (one ld.global.v4), at most 4: a narrow row
+    # (256 bf16 = 512 bytes) over 4 warps would give each thread 4 bytes
+    warps = max(1, min(4, BLOCK_D * table.element_size() // (16 * 32)))
     embed_kernel[(ids.shape[0],)](
-        ids, table, table.stride(0), out, out.stride(0), D, BLOCK_D=min(2048, pow2(D)), **pdl_launch_args(env)
+        ids, table, table.stride(0), out, out.stride(0), D, BLOCK_D=BLOCK_D, num_warps=warps, **pdl_launch_args(env)
     )
 
 

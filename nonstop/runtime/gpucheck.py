@@ -263,7 +263,8 @@ def finish_check(proc, timeout: float = 3600) -> dict:
 
 def config_of(model, layers: int | None):
     """The config of ``model`` (a preset name, a directory holding config.json, or an HF config dict), cut
-    to its first ``layers`` layers when given."""
+    to its first ``layers`` layers when given (``ModelConfig.with_num_layers``: more layers than the model has
+    is a ``ConfigError``, as in ``nonstop program`` and ``nonstop synth``)."""
     from nonstop.config import ModelConfig, preset_names
 
     if isinstance(model, dict):
@@ -274,7 +275,7 @@ def config_of(model, layers: int | None):
         cfg = ModelConfig.preset(model) if model in preset_names() else None
     if cfg is None:
         raise ValueError(f"model {model!r} is neither a directory holding config.json nor a preset")
-    return cfg.with_num_layers(min(layers, cfg.num_hidden_layers)) if layers else cfg
+    return cfg.with_num_layers(layers) if layers else cfg
 
 
 def _main(request: str) -> None:

@@ -60,6 +60,39 @@ def test_embed(config, dtype, B, T):
 
 
 @pytest.mark.parametrize(
+    "D,dtype,warps",
+    [
+        (256, torch.bfloat16, 1),
+        (256, F32, 2),
+        (512, torch.bfloat16, 2),
+        (40, torch.bfloat16, 1),
+        (2048, torch.bfloat16, 4),
+        (7168, F16, 4),
+    ],
+)
+def test_embed_launch_gives_each_thread_16_bytes(monkeypatch, D, dtype, warps):
+    """The embed launcher's warps fit its row block: every thread reads 16 bytes of a BLOCK_D block (k3-nano's
+    256-wide bf16 rows: 1 warp, not 4 warps of 4-byte loads), at most 4 warps for wide rows."""
+    from types import SimpleNamespace
+
+    launches = []
+
+    class Recorder:
+        def __getitem__(self, grid):
+            return lambda *args, **kwargs: launches.append((grid, kwargs))
+
+    monkeypatch.setattr(dense, "embed_kernel", Recorder())
+    table = torch.empty(8, D, dtype=dtype, device="meta")
+    op = SimpleNamespace(reads=["ids"], writes=["x"], weights={"embed": table})
+    env = SimpleNamespace(buf={"ids": torch.zeros(3, dtype=torch.int64), "x": torch.empty(3, D, dtype=dtype)})
+    dense.embed(op, env)
+    [(grid, kwargs)] = launches
+    launched = kwargs.get("num_warps", 4)  # Triton's default
+    assert grid == (3,) and launched == warps, kwargs
+    assert kwargs["BLOCK_D"] * table.element_size() >= 16 * 32 * launched or launched == 1
+
+
+@pytest.mark.parametrize(
     "config,kind",
     [(c, k) for c in ("deepseek_v3", "kimi_linear") for k in ("mlp", "linear_residual", "lm_head")]
     + [("kimi_linear_layer_types", "mlp")],

@@ -300,3 +300,40 @@ def test_command_exit_status_and_errors(tmp_path, capsys):
     report = json.loads(capsys.readouterr().out)
     assert status == 1 and report["violations"] and all("under 16 bytes" in v for v in report["violations"])
     assert {r["kernel"] for r in report["results"][0]["rows"]} >= {"mlp:mlp_kernel", "lm_head:gemv_kernel"}
+
+
+@pytest.mark.parametrize("triton_path", TRITONS)
+def test_embed_of_a_narrow_row_streams_16_byte_loads(triton_path):
+    """k3-nano's embedding rows are 256 bf16 (512 bytes): the embed launcher launches as many warps as give each
+    thread a 16-byte load (one), and the check finds no load under 16 bytes (it once read 4-byte loads at 4 warps)."""
+    from nonstop.runtime import gpucheck
+
+    result = gpucheck.run_check(
+        [("k3-nano", "k3-nano", 1)], kinds=["embed"], megakernel=False, triton_path=triton_path, timeout=900
+    )
+    [row] = result["rows"]
+    assert row["kernel"] == "embed:embed_kernel" and row["violations"] == [], row
+    assert row["load_widths"] == "16" and row["warps"] == 1, row
+
+
+def test_num_layers_beyond_the_model_is_an_error(capsys, monkeypatch):
+    """--num-layers above the model's layer count is refused before any compile (status 2, one line), with the
+    wording of ``nonstop program`` / ``synth`` (``ModelConfig.with_num_layers``), not silently cut to the model."""
+    from nonstop.cli import main
+    from nonstop.config import ConfigError
+    from nonstop.runtime import gpucheck
+
+    with pytest.raises(ConfigError, match="cannot slice 8 layers to 100"):
+        gpucheck.config_of("k3-nano", 100)
+    assert gpucheck.config_of("k3-nano", 8).num_hidden_layers == 8
+    assert gpucheck.config_of("k3-nano", 3).num_hidden_layers == 3
+
+    def no_compile(*args, **kwargs):
+        raise AssertionError("the check started compiling")
+
+    monkeypatch.setattr(gpucheck, "run_check", no_compile)
+    with pytest.raises(SystemExit) as exc:
+        main(["gpucheck", "-m", "k3-nano", "--num-layers", "100"])
+    assert exc.value.code == 2
+    err = capsys.readouterr().err.strip()
+    assert err == "nonstop: error: num_hidden_layers: cannot slice 8 layers to 100", err
