@@ -25,25 +25,25 @@ def add_parser(sub) -> None:
 
 
 def run(args) -> int:
-    from nonstop.engine.chat_template import NO_TEMPLATE, ChatTemplateError, chat_prompt
-
     sampling_from_args(args)  # a bad flag fails before the model loads
-    llm = llm_from_args(args, progress=True, max_batch=1)
-    if not llm.tokenizer.chat_template:
-        raise ChatTemplateError(NO_TEMPLATE)
-    params = sampling_from_args(args, llm.generation.defaults)
     start = [{"role": "system", "content": args.system}] if args.system else []
-    messages = list(start)
+    setup = {}
+
+    def before_load(llm) -> None:  # what no weights decide is refused before they load
+        setup["params"] = _check_setup(args, llm, start)
+
+    llm = llm_from_args(args, progress=True, max_batch=1, before_load=before_load)
+    params = setup["params"]
     interactive = sys.stdin.isatty()
     if interactive:
         print(f"nonstop chat with {llm.name} ({COMMANDS_HELP})", file=sys.stderr)
-    while True:
-        if interactive:
-            print("> ", end="", file=sys.stderr, flush=True)
-        line = sys.stdin.readline()
-        if not line:
-            break
-        text = line.rstrip("\r\n")
+    messages = list(start)
+    replies = failed = 0
+    for text, problem in _read_lines(sys.stdin, prompt=interactive):
+        if problem is not None:
+            print(f"nonstop: {problem}: not sent", file=sys.stderr)
+            failed += 1
+            continue
         if text.strip() in ("/exit", "/quit"):
             break
         if text.strip() == "/reset":
@@ -54,15 +54,105 @@ def run(args) -> int:
             continue
         messages.append({"role": "user", "content": text})
         try:
-            ids = chat_prompt(llm.tokenizer, messages)
-            out = llm.stream(None, params, prompt_ids=ids, on_text=lambda piece: print(piece, end="", flush=True))
+            out = _reply(llm, messages, params, first_turn=len(messages) == len(start) + 1)
         except ValueError as exc:  # too long for the context, a template that refuses the turn, ...
             messages.pop()
-            print(f"nonstop: {exc} (/reset starts over)", file=sys.stderr)
+            print(f"nonstop: {exc}", file=sys.stderr)
+            failed += 1
             continue
-        print(flush=True)
+        replies += 1
         messages.append({"role": "assistant", "content": out.text})
         m = out.metrics
         speed = f", {m['decode_tokens_per_s']:.1f} tokens/s" if m["decode_tokens_per_s"] else ""
         print(f"[{m['generated_tokens']} tokens{speed}, {out.finish_reason}]", file=sys.stderr)
+    if failed and not replies:
+        print(f"nonstop: error: none of the {failed} message(s) got a reply", file=sys.stderr)
+        return 2
     return 0
+
+
+def _check_setup(args, llm, start: list[dict]):
+    """The SamplingParams of every turn, after refusing what would fail every turn: a tokenizer that takes no
+    text, no chat template or one that does not render a first message, max_tokens that leave no room in the
+    context for the shortest turn."""
+    from nonstop.engine.chat_template import NO_TEMPLATE, ChatTemplateError, chat_prompt
+
+    tok = llm.tokenizer
+    if not tok.accepts_text:
+        if args.tokenizer == "ids":
+            raise ValueError("chat reads and writes text, and --tokenizer ids takes token ids only: leave it out")
+        raise ValueError(
+            f"chat reads and writes text, and {llm.model_dir} has no tokenizer (tokenizer.json or "
+            "tiktoken.model): add one, or use --tokenizer bytes (UTF-8 bytes as token ids)"
+        )
+    if not tok.chat_template:
+        raise ChatTemplateError(NO_TEMPLATE)
+    try:  # compiles the template and renders the shortest conversation
+        shortest = len(chat_prompt(tok, start + [{"role": "user", "content": "Hi"}]))
+    except ChatTemplateError as exc:
+        where = f"--chat-template {args.chat_template}" if args.chat_template else "the checkpoint's chat template"
+        raise ChatTemplateError(f"{where}: {exc}") from None
+    params = sampling_from_args(args, llm.sampling_defaults())
+    context = llm.cfg.max_position_embeddings
+    if shortest + params.max_tokens > context:
+        if args.max_tokens is not None:
+            source = "--max-tokens"
+        elif "max_tokens" in llm.sampling_defaults():
+            source = "the checkpoint's generation_config.json max_new_tokens"
+        else:
+            source = "the default"
+        raise ValueError(
+            f"max_tokens {params.max_tokens} ({source}) leaves no room in the model's context of {context} tokens "
+            f"for a turn (the shortest takes {shortest} prompt tokens): give --max-tokens "
+            f"{max(context - shortest, 1)} or fewer"
+        )
+    return params
+
+
+def _reply(llm, messages: list[dict], params, first_turn: bool):
+    """The streamed reply to ``messages``; a ValueError when the conversation does not fit the context (with
+    the /reset hint where starting over helps: not for a first message too long by itself)."""
+    from nonstop.engine.chat_template import chat_prompt
+
+    ids = chat_prompt(llm.tokenizer, messages)
+    try:
+        llm.check_length(len(ids), params.max_tokens)
+    except ValueError as exc:
+        if first_turn:
+            raise ValueError(f"this message is too long: {exc}") from None
+        raise ValueError(f"the conversation is too long: {exc} (/reset starts over)") from None
+    out = llm.stream(None, params, prompt_ids=ids, on_text=lambda piece: print(piece, end="", flush=True))
+    print(flush=True)
+    return out
+
+
+def _read_lines(stream, prompt: bool):
+    """(text, None) for each line of ``stream`` (without its line end), or (None, why) for a line that is not
+    valid in the stream's encoding: the bytes are read and decoded line by line, so a bad line is only
+    that line's problem. ``prompt``: write "> " on stderr before each read (a terminal)."""
+    raw = getattr(stream, "buffer", None)
+    encoding = getattr(stream, "encoding", None) or "utf-8"
+    number = 0
+    while True:
+        if prompt:
+            print("> ", end="", file=sys.stderr, flush=True)
+        line = raw.readline() if raw is not None else stream.readline()
+        if not line:
+            return
+        number += 1
+        if isinstance(line, str):  # a text stream: back to the bytes its decoder read (surrogateescape)
+            try:
+                line = line.encode(encoding, "surrogateescape")
+            except UnicodeEncodeError as exc:
+                yield (
+                    None,
+                    f"input line {number} holds a lone surrogate U+{ord(line[exc.start]):04X}: not valid Unicode",
+                )
+                continue
+        try:
+            text = line.decode(encoding)
+        except UnicodeDecodeError as exc:
+            byte, at = line[exc.start], exc.start + 1
+            yield None, f"input line {number} is not valid {encoding} (byte 0x{byte:02x} at position {at})"
+            continue
+        yield text.rstrip("\r\n"), None

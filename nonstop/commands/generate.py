@@ -39,13 +39,26 @@ def run(args) -> int:
     if args.prompt and args.prompt_ids:
         raise ValueError("give a text prompt or --prompt-ids, not both")
     t0 = time.perf_counter()
-    sampling_from_args(args)  # a bad flag fails before the model loads
+    speculative = spec_from_args(args)
+    flags = sampling_from_args(args)  # a bad flag fails before the model loads
+    if speculative and flags.penalized:  # the engine's refusal (LLM.make_request), before loading
+        raise ValueError(
+            f"--speculative {args.speculative}: repetition, presence and frequency penalties are not supported "
+            "with speculative decoding (leave those flags out)"
+        )
     # under --tp / --ep llm_class starts or joins the ranks (nonstop.dist); only rank 0 goes on
-    llm = llm_from_args(args, cls=llm_class(args), progress=True, max_batch=1, speculative=spec_from_args(args))
+    llm = llm_from_args(args, cls=llm_class(args), progress=True, max_batch=1, speculative=speculative)
     load_s = time.perf_counter() - t0
-    params = sampling_from_args(args, llm.generation.defaults)
+    # the checkpoint's defaults; under speculative decoding without its repetition penalty (said on stderr)
+    # unless --repetition-penalty replaces it anyway
+    given = args.repetition_penalty is not None
+    params = sampling_from_args(args, llm.generation.defaults if given else llm.sampling_defaults())
     prompt = None if args.prompt_ids else " ".join(args.prompt) or "The"
-    ids = args.prompt_ids or llm.tokenizer.encode(prompt)
+    # every check a request meets before it runs, before anything is printed: a prompt id outside the
+    # vocabulary, an empty prompt, prompt + max_tokens beyond the context
+    request = llm.make_request(prompt, args.prompt_ids, params)
+    llm.check_length(len(request.prompt_ids), params.max_tokens)
+    ids = request.prompt_ids
     print(llm.tokenizer.decode(ids) if args.prompt_ids else prompt, end="", flush=True)
 
     def show(text: str) -> None:
@@ -57,25 +70,40 @@ def run(args) -> int:
     print(flush=True)
     if args.ids or not llm.tokenizer.accepts_text:
         print("token ids:", " ".join(map(str, out.token_ids)))
-    m = out.metrics
-    speed = f"{m['decode_tokens_per_s']:.1f} tokens/s" if m["decode_tokens_per_s"] else "n/a tokens/s"
-    if compiling > 0.05 and m["decode_tokens_per_s"]:  # a first run: say what compiling cost, and the speed after it
-        steps, decoding = m["generated_tokens"] - 1, m["decode_time_s"] - compiling
-        after = f"{steps / decoding:.1f} tokens/s without it" if decoding > 0 else "n/a without it"
-        speed += f" (incl. {compiling:.1f} s compiling the step, cached for later runs; {after})"
-    spec = ""
-    if m.get("verify_steps"):
-        spec = (
-            f", {args.speculative} drafts: {m['accepted_tokens']}/{m['drafted_tokens']} accepted, "
-            f"{m['mean_accepted_length']:.2f} tokens/step"
-        )
     print(
         f"[{llm.name} | {llm.backend} | {str(llm.dtype).replace('torch.', '')} | load {load_s:.1f}s] "
-        f"{m['generated_tokens']} tokens, prompt {m['prompt_tokens']} tokens, first token "
-        f"{m['time_to_first_token_s'] * 1000:.0f} ms, decode {speed}{spec} ({out.finish_reason})",
+        f"{_timing(out.metrics, compiling, args.speculative)} ({out.finish_reason})",
         file=sys.stderr,
     )
     return 0
+
+
+def _timing(m: dict, compiling: float, speculative: str | None) -> str:
+    """The metrics line: tokens, time to first token and decode speed. ``compiling``: seconds the executor
+    compiled during the request (a first run of the ``cpu`` backend); the part before the first token is
+    said with the time to first token, the part within the decode interval (``decode_compiling_s``) with
+    the decode speed, which is also given without it."""
+    in_decode = min(float(m.get("decode_compiling_s", 0.0)), compiling)
+    before_first = compiling - in_decode
+    cached = "cached for later runs"
+    first = f"{m['time_to_first_token_s'] * 1000:.0f} ms"
+    if before_first > 0.05:
+        first += f" (incl. {before_first:.1f} s compiling the step, {cached})"
+        cached = "also cached"
+    speed = f"{m['decode_tokens_per_s']:.1f} tokens/s" if m["decode_tokens_per_s"] else "n/a tokens/s"
+    if in_decode > 0.05 and m["decode_tokens_per_s"]:
+        steps, decoding = m["generated_tokens"] - 1, m["decode_time_s"] - in_decode
+        after = f"{steps / decoding:.1f} tokens/s without it" if decoding > 0 else "n/a without it"
+        speed += f" (incl. {in_decode:.1f} s compiling, {cached}; {after})"
+    spec = ""
+    if m.get("verify_steps"):
+        spec = (
+            f", {speculative} drafts: {m['accepted_tokens']}/{m['drafted_tokens']} accepted, "
+            f"{m['mean_accepted_length']:.2f} tokens/step"
+        )
+    return (
+        f"{m['generated_tokens']} tokens, prompt {m['prompt_tokens']} tokens, first token {first}, decode {speed}{spec}"
+    )
 
 
 def _compiling_s(llm) -> float:

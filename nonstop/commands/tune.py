@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from pathlib import Path
 
-from nonstop.commands.common import add_threads_arg
+from nonstop.commands.common import add_threads_arg, positive_float, positive_int
 
 DESCRIPTION = """\
 Tune one super-op kind of a model's decode Program. Each round a proposer writes candidate kernel files
@@ -33,6 +34,15 @@ def _rows(text: str) -> list[int]:
     if not rows or rows[0] < 1 or rows[-1] > 16:
         raise argparse.ArgumentTypeError(f"rows must be in 1..16, got {text!r}")
     return rows
+
+
+def _store_arg(text: str) -> Path:
+    """A file path (``Path("")`` would silently be the current directory)."""
+    if not text.strip():
+        raise argparse.ArgumentTypeError("the tuning store path is empty; give a JSON file path")
+    if text.endswith(("/", os.sep)):
+        raise argparse.ArgumentTypeError(f"{text!r} names a directory; give a JSON file path")
+    return Path(text)
 
 
 def _common(p: argparse.ArgumentParser, model_default: str | None) -> None:
@@ -63,16 +73,19 @@ def _common(p: argparse.ArgumentParser, model_default: str | None) -> None:
     p.add_argument("--device", default=None, help="cuda[:N] or cpu (default: cuda when a GPU is visible)")
     p.add_argument(
         "--context",
-        type=int,
+        type=positive_int,
         default=1024,
         help="tokens cached per sequence in timed steps (attention traffic), default 1024",
     )
     p.add_argument(
-        "--timeout", type=float, default=300.0, help="seconds one candidate's verification may take (default 300)"
+        "--timeout",
+        type=positive_float,
+        default=300.0,
+        help="seconds one candidate's verification may take (default 300)",
     )
     p.add_argument(
         "--store",
-        type=Path,
+        type=_store_arg,
         default=None,
         help="tuning store JSON (default $NONSTOP_TUNING_STORE or ~/.cache/nonstop/tuning.json)",
     )
@@ -164,6 +177,7 @@ def _default_model(kind: str) -> str:
 def _target(args):
     """The op, model shapes and device to tune or verify at (``--threads`` applied first)."""
     from nonstop.kernels import KERNELS
+    from nonstop.program.ir import MAX_STEP_ROWS
     from nonstop.threads import set_threads
     from nonstop.tune.target import make_target
     from nonstop.weights.resolve import parse_dtype, resolve_model
@@ -178,10 +192,17 @@ def _target(args):
     if args.tokens < 1 or args.tokens > 16:
         raise ValueError(f"--tokens must be in 1..16, got {args.tokens}")
     device = _device(args)
-    rows = args.rows or ([1, 2, 4, 8] if device.type == "cuda" else [1, 3])
-    rows = [r for r in rows if r * args.tokens <= 16]
-    if not rows:
-        raise ValueError("rows x tokens must be at most 16 (a decode step's row limit)")
+    if args.rows:  # given: every B is tuned or none (the store is keyed by B x T; a step runs at most 16 rows)
+        over = [r for r in args.rows if r * args.tokens > MAX_STEP_ROWS]
+        if over:
+            fit = MAX_STEP_ROWS // args.tokens
+            raise ValueError(
+                f"--rows {','.join(map(str, over))} x --tokens {args.tokens} exceed{'s' if len(over) == 1 else ''} "
+                f"a decode step's {MAX_STEP_ROWS} rows; with --tokens {args.tokens} give --rows up to {fit}"
+            )
+        rows = args.rows
+    else:  # the defaults that fit
+        rows = [r for r in ([1, 2, 4, 8] if device.type == "cuda" else [1, 3]) if r * args.tokens <= MAX_STEP_ROWS]
     model = args.model or _default_model(args.op)
     cfg, _ = resolve_model(model)
     return make_target(
@@ -203,6 +224,7 @@ def run(args) -> int:
         return list_store(_store_path(args))
     if args.rounds < 1 or args.candidates < 1:
         raise ValueError("--rounds and --candidates must be at least 1")
+    from nonstop.tune import store
     from nonstop.tune.llm import LLMProposer
     from nonstop.tune.loop import tune
     from nonstop.tune.search import SearchProposer
@@ -215,6 +237,8 @@ def run(args) -> int:
     else:
         proposer = SearchProposer(args.op)
     path = None if args.no_store else _store_path(args)
+    if path is not None:
+        store.check_writable(path)  # before any work: a bad path or an unreadable store fails now, untouched
     print(
         f"tuning {target.describe()}: {len(target.shapes)} shape(s), {args.rounds} round(s) of "
         f"{args.candidates} candidate(s) from {proposer.name}"

@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import sys
+import time
 from pathlib import Path
 
 from nonstop.engine.chat_template import chat_prompt
@@ -12,7 +13,7 @@ from nonstop.engine.core import EngineCore
 from nonstop.engine.generation_config import GenerationConfig, load_generation_config
 from nonstop.engine.requests import Request, RequestOutput
 from nonstop.engine.sampling import SamplingParams
-from nonstop.engine.speculative.config import SpeculativeConfig, make_drafter
+from nonstop.engine.speculative.config import SpeculativeConfig, drafter_dir, make_drafter
 from nonstop.engine.speculative.step import SpeculativeDecoder
 from nonstop.engine.tokenizer import Tokenizer
 from nonstop.program.preflight import check_memory
@@ -37,8 +38,11 @@ class LLM:
     tokenizer: ``auto`` (the checkpoint's tokenizer.json or tiktoken.model; without one, text prompts
     are refused and token ids are used as they are), ``ids`` or ``bytes`` (``engine/tokenizer``).
     chat_template: a jinja file replacing the checkpoint's. generation_config: use the checkpoint's
-    generation_config.json as the default sampling (``default_sampling``). preflight: refuse a model
-    larger than the free memory before allocating it (``program/preflight``).
+    generation_config.json as the default sampling (``default_sampling``; under speculative decoding without
+    its repetition penalty, which speculative decoding does not support). preflight: refuse a model larger than the
+    free memory before allocating it (``program/preflight``). before_load: ``before_load(llm)`` is called
+    once the config, tokenizer (with its chat template) and generation defaults are known and before any
+    weight is read or built, for a caller's checks that need no weights (``nonstop chat``: its template).
     """
 
     def __init__(
@@ -57,11 +61,17 @@ class LLM:
         chat_template: str | Path | None = None,
         generation_config: bool = True,
         preflight: bool = True,
+        before_load=None,
     ):
         from nonstop.model.build import load_model, random_model
 
         self.device = check_device(device)
         self._resolve(model, dtype, device, tokenizer, chat_template, generation_config)
+        self.speculative_config = SpeculativeConfig.parse(speculative)  # a bad option fails before the weights load
+        if self.speculative_config is not None and self.speculative_config.method == "dspark":
+            drafter_dir(self.speculative_config, self.model_dir)
+        if before_load is not None:
+            before_load(self)
         if preflight:
             check_memory(self.name, self.cfg, self.dtype, self.device, max_batch)
         if self.model_dir is None:
@@ -73,16 +83,15 @@ class LLM:
             report = _progress_printer(f"loading {self.model_dir}") if progress else None
             self.model = load_model(self.cfg, self.model_dir, self.dtype, self.device, report)
         if not self.tokenizer.accepts_text:
-            print(
-                f"nonstop: {self.model_dir} has no tokenizer: prompts must be token ids and outputs are token ids only",
-                file=sys.stderr,
-            )
+            why = f"{self.model_dir} has no tokenizer"
+            if tokenizer == "ids":
+                why = "tokenizer 'ids' chosen (--tokenizer ids)"
+            print(f"nonstop: {why}: prompts must be token ids and outputs are token ids only", file=sys.stderr)
         self.backend = resolve_backend(backend, self.device)
         self.executor = make_executor(self.backend, self.model)
         self.max_batch = max_batch
         self.prefill_chunk = prefill_chunk
         self.batch_invariant = batch_invariant
-        self.speculative_config = SpeculativeConfig.parse(speculative)
         self.drafter = (
             make_drafter(self.speculative_config, self.model, self.model_dir) if self.speculative_config else None
         )
@@ -98,9 +107,36 @@ class LLM:
         self.generation = load_generation_config(self.model_dir) if generation_config else GenerationConfig()
         self.eos_ids = frozenset(self.cfg.eos_token_ids) | self.generation.eos_token_ids
 
+    def sampling_defaults(self) -> dict:
+        """The checkpoint's generation_config.json defaults ({SamplingParams field: value}) this LLM applies:
+        all of them, except under speculative decoding its repetition penalty, which speculative decoding
+        does not support (said once on stderr) - a request that asks for a penalty itself is refused."""
+        defaults = dict(self.generation.defaults)
+        if getattr(self, "speculative_config", None) and defaults.get("repetition_penalty", 1.0) != 1.0:
+            dropped = defaults.pop("repetition_penalty")
+            if not getattr(self, "_noted_dropped_penalty", False):
+                self._noted_dropped_penalty = True
+                print(
+                    f"nonstop: not applying the checkpoint's repetition_penalty {dropped:g} (generation_config.json): "
+                    "speculative decoding does not support penalties",
+                    file=sys.stderr,
+                )
+        return defaults
+
     def default_sampling(self, **overrides) -> SamplingParams:
-        """SamplingParams from the checkpoint's generation_config.json, ``overrides`` (not None) on top."""
-        return self.generation.sampling(**overrides)
+        """SamplingParams from ``sampling_defaults()`` (the checkpoint's generation_config.json),
+        ``overrides`` (not None) on top."""
+        return SamplingParams(**{**self.sampling_defaults(), **{k: v for k, v in overrides.items() if v is not None}})
+
+    def check_length(self, prompt_tokens: int, max_tokens: int) -> None:
+        """Refuse a prompt of ``prompt_tokens`` that with ``max_tokens`` to generate exceeds the model's context
+        (what the engine checks when it admits the request; here before anything runs)."""
+        limit = self.cfg.max_position_embeddings
+        if prompt_tokens + max_tokens > limit:
+            raise ValueError(
+                f"prompt ({prompt_tokens} tokens) + max_tokens ({max_tokens}) exceeds the model's context of "
+                f"{limit} tokens"
+            )
 
     # ------------------------------------------------------------------ requests
     def make_request(
@@ -119,7 +155,15 @@ class LLM:
         if not prompt_ids:
             raise ValueError("empty prompt: give at least one token")
         if self.speculative_config and params.penalized:
-            raise ValueError("repetition, presence and frequency penalties are not supported with speculative decoding")
+            asked = ", ".join(
+                f"{name} {getattr(params, name):g}"
+                for name, off in (("repetition_penalty", 1.0), ("presence_penalty", 0.0), ("frequency_penalty", 0.0))
+                if getattr(params, name) != off
+            )
+            raise ValueError(
+                f"{asked}: repetition, presence and frequency penalties are not supported with speculative "
+                "decoding (leave them off: repetition_penalty 1, presence and frequency 0)"
+            )
         return Request(request_id or str(next(self._ids)), prompt, prompt_ids, params, self.eos_ids)
 
     def make_requests(
@@ -189,13 +233,21 @@ class LLM:
         core = self.new_core(min(self.max_batch, len(requests)))
         for req in requests:
             core.check_length(req)
+        stats = getattr(self.executor, "stats", None)
+        compiles = isinstance(stats, dict) and "compiling_s" in stats  # the cpu backend's torch.compile
+        if compiles:
+            for req in requests:
+                req.extra_metrics["decode_compiling_s"] = 0.0
         pending = list(requests)
         while pending or core.active:
             while pending and core.has_free_slot:
                 core.admit(pending.pop(0))
+            compiled_before, started = (stats["compiling_s"], time.perf_counter()) if compiles else (0.0, 0.0)
             for req, text in core.step():
                 if on_text is not None and text:
                     on_text(req, text)
+            if compiles and stats["compiling_s"] > compiled_before:
+                _charge_decode_compiling(requests, stats["compiling_s"] - compiled_before, started)
 
     def stream(
         self,
@@ -208,6 +260,16 @@ class LLM:
         req = self.make_request(prompt, prompt_ids, sampling or self.default_sampling())
         self._run([req], (lambda _, text: on_text(text)) if on_text is not None else None)
         return req.output()
+
+
+def _charge_decode_compiling(requests: list[Request], seconds: float, step_started: float) -> None:
+    """Add ``seconds`` of compiling, done by the step that began at ``step_started``, to the metric
+    ``decode_compiling_s`` of each request whose decode interval (first token .. end) holds that step: a
+    step that produced a request's first token compiled before it (its time to first token holds that)."""
+    for req in requests:
+        if req.first_token_at is not None and req.first_token_at < step_started:
+            if req.finished_at is None or req.finished_at >= step_started:
+                req.extra_metrics["decode_compiling_s"] += seconds
 
 
 def _gathered(requests: list[Request]) -> RequestOutput:

@@ -15,6 +15,11 @@ from nonstop.model.sampling import filter_logits, penalize
 __all__ = ["InvalidSamplingParam", "SamplingParams", "filter_logits", "sample", "sampling_probs", "top_logprobs"]
 
 SEED_RANGE = (-(2**63), 2**64 - 1)  # what torch.Generator.manual_seed accepts
+# presence / frequency penalties: vLLM's and OpenAI's range (the server's too). repetition_penalty: > 0 as in vLLM,
+# and a number float32 logits can be divided and multiplied by (below float32's smallest normal it rounds to 0
+# there, above its largest to inf); ``penalize`` keeps the penalised logits finite for any value in range.
+ADDITIVE_PENALTY_RANGE = (-2.0, 2.0)
+REPETITION_PENALTY_RANGE = (float(torch.finfo(torch.float32).tiny), float(torch.finfo(torch.float32).max))
 
 
 class InvalidSamplingParam(ValueError):
@@ -39,9 +44,10 @@ class SamplingParams:
 
     ``temperature == 0`` is greedy (any finite temperature > 0 samples). ``top_k`` <= 0, ``top_p == 1``
     and ``min_p == 0`` disable those filters (``model/sampling.filter_logits``). Penalties, applied to
-    the logits before anything else (greedy included), as in vLLM: ``repetition_penalty`` (> 0, 1 = off)
-    on tokens of the prompt and the output, ``presence_penalty`` / ``frequency_penalty`` on tokens of
-    the output (``model/sampling.penalize``). ``n``: completions per prompt (sample i uses seed + i).
+    the logits before anything else (greedy included), as in vLLM: ``repetition_penalty`` (> 0, 1 = off;
+    at least 1.2e-38 and at most 3.4e38, the positive normal float32 numbers) on tokens of the prompt and
+    the output, ``presence_penalty`` / ``frequency_penalty`` (in [-2, 2], as vLLM and OpenAI accept) on
+    tokens of the output (``model/sampling.penalize``). ``n``: completions per prompt (sample i uses seed + i).
     ``logprobs`` / ``prompt_logprobs``: how many top alternatives to return per position (the sampled /
     actual token is always included); log-probabilities are those of the model's own distribution,
     before penalties, temperature and filters."""
@@ -74,9 +80,12 @@ class SamplingParams:
         check(_is_int(self.top_k), "top_k", "an integer")
         check(_is_number(self.min_p) and 0 <= self.min_p <= 1, "min_p", "in [0, 1]")
         rep = self.repetition_penalty
-        check(_is_number(rep) and rep > 0, "repetition_penalty", "a finite number > 0")
-        check(_is_number(self.presence_penalty), "presence_penalty", "a finite number")
-        check(_is_number(self.frequency_penalty), "frequency_penalty", "a finite number")
+        lo, hi = REPETITION_PENALTY_RANGE
+        check(_is_number(rep) and lo <= rep <= hi, "repetition_penalty", f"a number in [{lo:.2g}, {hi:.2g}] (1 = off)")
+        lo, hi = ADDITIVE_PENALTY_RANGE
+        for name in ("presence_penalty", "frequency_penalty"):
+            v = getattr(self, name)
+            check(_is_number(v) and lo <= v <= hi, name, f"a number in [{lo:g}, {hi:g}]")
         check(_is_int(self.n) and self.n >= 1, "n", "an integer >= 1")
         seed_ok = self.seed is None or (_is_int(self.seed) and SEED_RANGE[0] <= self.seed <= SEED_RANGE[1])
         check(seed_ok, "seed", "an integer in [-2^63, 2^64 - 1]")

@@ -120,7 +120,7 @@ class Tokenizer:
         elif mode == "auto" and (model_dir / "tiktoken.model").exists():
             tok = TiktokenTokenizer(model_dir, vocab_size, config)
         else:
-            tok = IdTokenizer(vocab_size, config, model_dir)
+            tok = IdTokenizer(vocab_size, config, model_dir, chosen=mode == "ids")
         tok.chat_template = find_chat_template(model_dir, config, chat_template)
         return tok
 
@@ -328,11 +328,19 @@ class IdTokenizer(Tokenizer):
     name = "none"
     accepts_text = False
 
-    def __init__(self, vocab_size: int, config: dict | None = None, model_dir: Path | None = None):
+    def __init__(
+        self, vocab_size: int, config: dict | None = None, model_dir: Path | None = None, chosen: bool = False
+    ):
         super().__init__(vocab_size, config)
         self.model_dir = model_dir
+        self.chosen = chosen  # the caller asked for ids (``mode="ids"``), whatever tokenizer the checkpoint has
 
     def _encode(self, text: str, add_special_tokens: bool) -> list[int]:
+        if self.chosen:
+            raise TokenizerError(
+                "tokenizer 'ids' chosen (--tokenizer ids): text cannot be encoded; give token ids (--prompt-ids, "
+                "prompt_token_ids) or leave the tokenizer at auto"
+            )
         where = (
             f"{self.model_dir} has no tokenizer ({' or '.join(TOKENIZER_FILES)})" if self.model_dir else "no tokenizer"
         )

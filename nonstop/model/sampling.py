@@ -64,11 +64,18 @@ def penalize(
 
     seen_ids, output_ids: int64 [S], [O] distinct token ids; output_counts [O] (occurrences).
     r = 1, a = f = 0 leave the logits unchanged.
+
+    A penalised logit that overflows the dtype upwards (a tiny r divides, a negative a or f adds) is held
+    at the dtype's largest finite value: +inf would reach the sampler as an infinite probability
+    (NaN after softmax). Overflow downwards, to -inf, is left: that token is never picked, the limit.
     """
     out = logits.clone()
+    top = torch.finfo(out.dtype).max
     if repetition != 1.0 and seen_ids.numel():
         vals = out[seen_ids]
-        out[seen_ids] = torch.where(vals > 0, vals / repetition, vals * repetition)
+        vals = torch.where(vals > 0, vals / repetition, vals * repetition)
+        out[seen_ids] = vals.clamp(max=top)
     if (presence or frequency) and output_ids.numel():
-        out[output_ids] -= (presence + frequency * output_counts.to(out.dtype)).to(out.dtype)
+        vals = out[output_ids] - (presence + frequency * output_counts.to(out.dtype)).to(out.dtype)
+        out[output_ids] = vals.clamp(max=top)
     return out

@@ -10,7 +10,9 @@ DEVICE is ``device_name`` (the CUDA device name, or "cpu" for the Triton interpr
 ``shape_key(op, B, T)``: the step shape and the op's weight shapes and dtype. A kernel file is a
 candidate that passed ``nonstop tune verify`` at that shape on that device; its SHA-256 is checked
 again before it is imported, and a file that is missing, altered or fails to import is skipped with
-a warning (the built-in kernel runs).
+a warning (the built-in kernel runs). A store file that cannot be used (unreadable, not JSON, not a
+tuning store) is reported in one line and read as empty by ``load_store``; ``read_store`` (the writer's
+and ``tune --list``'s reader) raises ``StoreError`` instead, so the file is never replaced.
 
 ``use_tuned(table, program, device, stats)`` returns the executor's kernel table with every kind that
 has stored winners for this device wrapped: a call looks up (op shape, B, T) and runs the stored
@@ -23,6 +25,7 @@ from __future__ import annotations
 import hashlib
 import importlib.util
 import json
+import logging
 import os
 import warnings
 from pathlib import Path
@@ -30,6 +33,14 @@ from pathlib import Path
 import torch
 
 STORE_ENV = "NONSTOP_TUNING_STORE"
+STORE_VERSION = 1
+log = logging.getLogger("nonstop.tuning")
+_warned: set[str] = set()  # store problems already reported by ``load_store`` (once per process each)
+
+
+class StoreError(ValueError):
+    """The tuning store file exists but cannot be used: unreadable, not JSON, or not a tuning store. A
+    ``ValueError``, so the commands report it as a one-line user error (``commands/errors.py``)."""
 
 
 def store_path() -> Path | None:
@@ -66,20 +77,69 @@ def shape_key(op, B: int, T: int, act_dtype=None) -> str:
     return f"B{B}xT{T} {what} {str(dtype).removeprefix('torch.')}"
 
 
-def load_store(path: Path | None) -> dict:
-    """The store's JSON ({"version", "entries"}), empty when there is none or it cannot be read."""
-    if path is None or not path.exists():
-        return {"version": 1, "entries": {}}
-    try:
-        data = json.loads(path.read_text())
-    except (OSError, json.JSONDecodeError) as exc:
-        warnings.warn(
-            f"tuning store {path} unreadable ({exc}); using the built-in kernels", RuntimeWarning, stacklevel=2
-        )
-        return {"version": 1, "entries": {}}
+def _empty() -> dict:
+    return {"version": STORE_VERSION, "entries": {}}
+
+
+def _layout_problem(data) -> str | None:
+    """Why ``data`` is not a tuning store's JSON (see the module docstring), None when it is one."""
     if not isinstance(data, dict) or not isinstance(data.get("entries"), dict):
-        return {"version": 1, "entries": {}}
+        return 'it is not a tuning store (expected {"version": 1, "entries": {...}})'
+    if data.get("version", STORE_VERSION) != STORE_VERSION:
+        return f"it has version {data['version']!r}; this nonstop reads version {STORE_VERSION}"
+    for device, kinds in data["entries"].items():
+        if not isinstance(kinds, dict):
+            return f"entries[{device!r}] is not an object"
+        for kind, shapes in kinds.items():
+            if not isinstance(shapes, dict):
+                return f"entries[{device!r}][{kind!r}] is not an object"
+            for key, entry in shapes.items():
+                if not isinstance(entry, dict):
+                    return f"entries[{device!r}][{kind!r}][{key!r}] is not an object"
+    return None
+
+
+def read_store(path: Path | None) -> dict:
+    """The store's JSON ({"version", "entries"}), empty when there is none; ``StoreError`` naming the
+    file and the reason when it exists but cannot be used (the writer must never replace such a file)."""
+    if path is None:
+        return _empty()
+    try:
+        if not path.exists():
+            return _empty()
+        if path.is_dir():
+            raise StoreError(f"tuning store {path} is a directory, not a JSON file")
+        if not path.is_file():
+            raise StoreError(f"tuning store {path} is not a regular file")
+        raw = path.read_bytes()
+    except OSError as exc:
+        raise StoreError(f"tuning store {path} cannot be read ({exc.strerror or exc})") from None
+    try:
+        data = json.loads(raw)
+    except UnicodeDecodeError:
+        raise StoreError(f"tuning store {path} is not valid JSON (not UTF-8 text)") from None
+    except ValueError as exc:  # json.JSONDecodeError
+        raise StoreError(f"tuning store {path} is not valid JSON ({exc})") from None
+    except RecursionError:
+        raise StoreError(f"tuning store {path} is not valid JSON (nested too deeply)") from None
+    problem = _layout_problem(data)
+    if problem:
+        raise StoreError(f"tuning store {path} cannot be used: {problem}")
     return data
+
+
+def load_store(path: Path | None) -> dict:
+    """``read_store`` for running: a store that cannot be used is reported in one line (once per process
+    and problem, on the ``nonstop.tuning`` logger: plain stderr when logging is not configured) and read
+    as empty, so the built-in kernels run."""
+    try:
+        return read_store(path)
+    except StoreError as exc:
+        message = f"{exc}; using the built-in kernels"
+        if message not in _warned:
+            _warned.add(message)
+            log.warning(message)
+        return _empty()
 
 
 def load_kernel(root: Path, entry: dict):

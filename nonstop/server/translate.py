@@ -173,7 +173,7 @@ def sampling_params(
             code="invalid_value",
         )
     fields = {
-        **llm.generation.defaults,
+        **llm.sampling_defaults(),  # under speculative decoding without the checkpoint's repetition penalty
         **body.sampling_overrides(),
         "max_tokens": max_tokens,
         "n": body.n,

@@ -9,6 +9,7 @@ Python level (``child.py``).
 from __future__ import annotations
 
 import ctypes
+import math
 import os
 import resource
 import signal
@@ -84,7 +85,10 @@ def child_env(jobdir: Path, device: torch.device) -> dict[str, str]:
 
 
 def run_child(jobdir: Path, device: torch.device, timeout_s: float, memory_bytes: int | None = 16 << 30) -> ChildRun:
-    """Run ``child.py jobdir``; returns its result (None when it died, timed out or wrote none)."""
+    """Run ``child.py jobdir``; returns its result (None when it died, timed out or wrote none).
+    ``timeout_s`` must be a positive finite number of seconds (``ValueError`` before anything starts)."""
+    if not (isinstance(timeout_s, (int, float)) and math.isfinite(timeout_s) and timeout_s > 0):
+        raise ValueError(f"the verification timeout must be a positive finite number of seconds, got {timeout_s!r}")
     flag = jobdir / "netns"
     address_space = memory_bytes if device.type != "cuda" else None  # CUDA reserves far more address space than it uses
     proc = subprocess.Popen(
@@ -95,7 +99,7 @@ def run_child(jobdir: Path, device: torch.device, timeout_s: float, memory_bytes
         stdout=subprocess.DEVNULL,
         stderr=subprocess.PIPE,
         start_new_session=True,
-        preexec_fn=_limits(int(timeout_s) + 5, address_space, flag),
+        preexec_fn=_limits(math.ceil(timeout_s) + 5, address_space, flag),
     )
     timed_out = False
     try:

@@ -5,6 +5,9 @@ An entry is keyed by (device name, op kind, shape key) and holds the winner's fi
 candidate id, model, the verification record (seed, cases, checks), the times (GPU) or ``timed:
 false`` (CPU), versions and date. ``better(new, old)``: a timed entry beats an untimed one and a slower
 one; an untimed entry only fills an empty place (on a CPU nothing is faster than anything).
+
+A store file that exists but cannot be read as a tuning store is never replaced: ``record``, ``rows`` and
+``check_writable`` raise ``StoreError`` (a ``ValueError``) naming the file and the reason.
 """
 
 from __future__ import annotations
@@ -19,7 +22,7 @@ from pathlib import Path
 
 import torch
 
-from nonstop.runtime.tuned import load_store
+from nonstop.runtime.tuned import read_store
 
 
 def versions() -> dict:
@@ -43,30 +46,74 @@ def better(new: dict, old: dict | None) -> bool:
     return False
 
 
+def _write_atomically(path: Path, text: str) -> None:
+    """Write ``text`` to ``path`` through a temporary file beside it and ``os.replace`` (a reader never
+    sees half a file); the temporary file is removed whatever goes wrong."""
+    fd, tmp = tempfile.mkstemp(prefix=".tuning-", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w") as f:
+            f.write(text)
+        os.replace(tmp, path)
+    finally:
+        if os.path.lexists(tmp):
+            os.unlink(tmp)
+
+
 def write_kernel(root: Path, kind: str, source: str) -> tuple[str, str]:
-    """(file path relative to the store's directory, SHA-256) of ``source``, written once."""
+    """(file path relative to the store's directory, SHA-256) of ``source``, written once (again when the
+    file there does not hold ``source``, e.g. a write cut short)."""
     sha = hashlib.sha256(source.encode()).hexdigest()
     rel = f"kernels/{kind}-{sha[:12]}.py"
     path = root / rel
-    if not path.exists():
+    try:
+        intact = hashlib.sha256(path.read_bytes()).hexdigest() == sha
+    except OSError:
+        intact = False
+    if not intact:
         path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(source)
+        _write_atomically(path, source)
     return rel, sha
 
 
 def save(path: Path, data: dict) -> None:
-    """Write the JSON atomically (a reader never sees half a file)."""
+    """Write the JSON atomically (a reader never sees half a file; no temporary file is left behind)."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=".tuning-", dir=path.parent)
-    with os.fdopen(fd, "w") as f:
-        json.dump(data, f, indent=1, sort_keys=True)
-    os.replace(tmp, path)
+    _write_atomically(path, json.dumps(data, indent=1, sort_keys=True))
+
+
+def check_writable(path: Path) -> None:
+    """Raise ``ValueError`` (one line naming ``path`` and why) unless ``record`` can write the store at
+    ``path``: a file path, not a directory; an existing file must be a readable tuning store (it is
+    never replaced otherwise); its directory is created as ``save`` would and must take new files.
+    Called before tuning, so a bad path fails before any work is done."""
+    if path == Path("."):  # what Path("") becomes
+        raise ValueError("the tuning store path is empty; give a JSON file path")
+    try:
+        is_dir = path.is_dir()
+    except OSError as exc:
+        raise ValueError(f"tuning store {path} cannot be checked ({exc.strerror or exc})") from None
+    if is_dir:
+        raise ValueError(f"tuning store {path} is a directory; give a JSON file path, e.g. {path / 'tuning.json'}")
+    read_store(path)  # StoreError when it exists but is unreadable or not a tuning store
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        where = exc.filename or path.parent
+        why = "a file of that name exists" if isinstance(exc, FileExistsError) else exc.strerror or exc
+        raise ValueError(f"tuning store {path}: cannot create its directory {where} ({why})") from None
+    try:
+        fd, probe = tempfile.mkstemp(prefix=".tuning-", dir=path.parent)
+    except OSError as exc:
+        raise ValueError(f"tuning store {path}: cannot write in {path.parent} ({exc.strerror or exc})") from None
+    os.close(fd)
+    os.unlink(probe)
 
 
 def record(path: Path, device: str, kind: str, key: str, source: str, entry: dict) -> bool:
     """Store ``source`` as the winner at (device, kind, key) if it is ``better`` than what is there;
-    returns whether it was stored. ``entry`` holds the provenance (see the module docstring)."""
-    data = load_store(path)
+    returns whether it was stored. ``entry`` holds the provenance (see the module docstring). A store
+    file that cannot be read raises ``StoreError`` and is left as it is."""
+    data = read_store(path)
     slot = data["entries"].setdefault(device, {}).setdefault(kind, {})
     rel, sha = write_kernel(path.parent, kind, source)
     new = {
@@ -84,9 +131,9 @@ def record(path: Path, device: str, kind: str, key: str, source: str, entry: dic
 
 
 def rows(path: Path) -> list[dict]:
-    """One dict per entry, for ``nonstop tune --list``."""
+    """One dict per entry, for ``nonstop tune --list`` (``StoreError`` when the file cannot be read)."""
     out = []
-    for device, kinds in sorted(load_store(path)["entries"].items()):
+    for device, kinds in sorted(read_store(path)["entries"].items()):
         for kind, shapes in sorted(kinds.items()):
             for key, e in sorted(shapes.items()):
                 out.append({"device": device, "kind": kind, "shape": key, **e})

@@ -51,6 +51,30 @@ class SpeculativeConfig:
         return cls(**value)
 
 
+def drafter_dir(config: SpeculativeConfig, model_dir: Path | None) -> Path:
+    """The DSpark drafter directory of ``config``: its ``drafter``, else ``dspark/`` inside the model
+    directory (the only place the command line looks: it has no flag for another). Known before the
+    target's weights load, so a missing drafter is refused first."""
+    if config.drafter:
+        path = Path(config.drafter)
+        if not (path / "config.json").exists():
+            raise ValueError(f"dspark drafting needs a trained drafter: no config.json in the drafter directory {path}")
+        return path
+    if model_dir is None:
+        raise ValueError(
+            "dspark drafting needs a trained drafter, and a preset (random weights) has no model directory to hold "
+            "one: use --speculative ngram, or from Python speculative={'method': 'dspark', 'drafter': DIR}"
+        )
+    path = Path(model_dir) / "dspark"
+    if not (path / "config.json").exists():
+        raise ValueError(
+            f"dspark drafting needs a trained drafter: none at {path} (no config.json). The command line looks only "
+            "there: put the drafter's files in that directory or use --speculative ngram; from Python give "
+            "speculative={'method': 'dspark', 'drafter': DIR}"
+        )
+    return path
+
+
 def make_drafter(config: SpeculativeConfig, model, model_dir: Path | None):
     """The drafter object for ``config`` and the loaded target ``model`` (a ``CausalLM``)."""
     if config.method == "ngram":
@@ -59,10 +83,4 @@ def make_drafter(config: SpeculativeConfig, model, model_dir: Path | None):
         return NgramDrafter(config.ngram_max, config.ngram_min)
     from nonstop.engine.speculative.dspark_drafter import DSparkDrafter
 
-    path = Path(config.drafter) if config.drafter else (model_dir / "dspark" if model_dir is not None else None)
-    if path is None or not (path / "config.json").exists():
-        raise ValueError(
-            f"dspark drafting needs a trained drafter: none at {path or '(random-weight model has no directory)'}; "
-            "give speculative={'method': 'dspark', 'drafter': DIR}"
-        )
-    return DSparkDrafter.load(path, model)
+    return DSparkDrafter.load(drafter_dir(config, model_dir), model)
