@@ -23,6 +23,7 @@ from pathlib import Path
 import torch
 
 from nonstop.runtime.tuned import read_store
+from nonstop.weights.write import file_mode
 
 
 def versions() -> dict:
@@ -53,6 +54,7 @@ def _write_atomically(path: Path, text: str) -> None:
     try:
         with os.fdopen(fd, "w") as f:
             f.write(text)
+        os.chmod(tmp, file_mode())  # mkstemp makes it 0600: a shared cache stays readable as the umask allows
         os.replace(tmp, path)
     finally:
         if os.path.lexists(tmp):

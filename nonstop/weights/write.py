@@ -44,10 +44,12 @@ def check_output_dir(path: str | Path, flag: str = "--out") -> Path:
     return out
 
 
-def _umask() -> int:
+def file_mode() -> int:
+    """The mode a new file gets under the user's umask (0o666 & ~umask): what a checkpoint's or store's files
+    are set to, since safetensors and ``tempfile.mkstemp`` create theirs 0600."""
     mask = os.umask(0)
     os.umask(mask)
-    return mask
+    return 0o666 & ~mask
 
 
 @contextlib.contextmanager
@@ -75,7 +77,7 @@ def staged_checkpoint(out_dir: str | Path) -> Iterator[Path]:
     for pattern in WEIGHT_FILES:
         for old in out_dir.glob(pattern):
             old.unlink()
-    mode = 0o666 & ~_umask()
+    mode = file_mode()
     for f in sorted(stage.iterdir()):
         f.chmod(mode)
         f.replace(out_dir / f.name)

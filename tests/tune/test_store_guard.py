@@ -260,3 +260,20 @@ def test_default_rows_that_do_not_fit_the_tokens_are_left_out():
     args = build_parser().parse_args(["tune", "-m", "k3-nano", "--op", "linear_residual", "--tokens", "8"])
     args.device = "cpu"
     assert {(s.B, s.T) for s in _target(args).shapes} == {(1, 8)}
+
+
+def test_store_and_kernel_files_follow_the_umask(tmp_path):
+    """mkstemp creates 0600 files: the store and its kernel files are as readable as the user's umask allows
+    (a cache shared by a team)."""
+    import stat
+
+    from nonstop.tune import store
+
+    old = os.umask(0o022)
+    try:
+        rel, _ = store.write_kernel(tmp_path, "mlp", "def k():\n    pass\n")
+        store.save(tmp_path / "tuned.json", {"version": 1, "entries": {}})
+    finally:
+        os.umask(old)
+    for f in (tmp_path / rel, tmp_path / "tuned.json"):
+        assert stat.S_IMODE(f.stat().st_mode) == 0o644, f
