@@ -6,10 +6,11 @@ import argparse
 import sys
 
 from nonstop import __version__
-from nonstop.commands import COMMANDS
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from nonstop.commands import COMMANDS
+
     parser = argparse.ArgumentParser(
         prog="nonstop",
         description="nonstop: decode hybrid KDA/MLA/MoE models (Kimi K3 family) fast at low concurrency. "
@@ -23,8 +24,12 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = build_parser()
-    args = parser.parse_args(argv)
+    try:  # the commands' imports (torch among them) take a second or two: Ctrl-C there is not a bug
+        parser = build_parser()
+        args = parser.parse_args(argv)
+    except KeyboardInterrupt:
+        print("nonstop: interrupted", file=sys.stderr)
+        return 130
     if args.command is None:
         parser.print_help()
         return 2

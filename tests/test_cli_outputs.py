@@ -146,3 +146,29 @@ def test_byte_counting_commands_take_every_dtype_name_the_loader_does(capsys):
 )
 def test_values_that_can_only_fail_later_are_refused_by_the_parser(argv, message, capsys):
     assert message in _refused(argv, capsys)
+
+
+def test_ctrl_c_while_the_commands_import_is_an_interruption_not_a_traceback():
+    """The first second or two of any command imports torch; Ctrl-C there printed a 55-line traceback (the
+    imports ran when nonstop.cli was imported, before main's error handling). A second in, a command is
+    importing or running: either way Ctrl-C is "interrupted", exit 130."""
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "nonstop.cli", "program", "--summary"],
+        stderr=subprocess.PIPE,
+        stdout=subprocess.DEVNULL,
+        text=True,
+    )
+    try:
+        time.sleep(1.0)
+        proc.send_signal(signal.SIGINT)
+        err = proc.stderr.read()
+        rc = proc.wait(timeout=60)
+    finally:
+        proc.kill()
+    assert "Traceback" not in err, err
+    assert rc == 130 and "nonstop: interrupted" in err

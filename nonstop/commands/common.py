@@ -245,7 +245,7 @@ def add_spec_args(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--num-draft-tokens",
         type=int,
-        default=4,
+        default=None,
         help=f"tokens drafted per step with --speculative (default 4; 0..{MAX_STEP_ROWS - 1})",
     )
 
@@ -253,8 +253,11 @@ def add_spec_args(p: argparse.ArgumentParser) -> None:
 def spec_from_args(args) -> dict | None:
     """The ``LLM(speculative=...)`` dict for the parsed flags (None without --speculative)."""
     if args.speculative is None:
+        if args.num_draft_tokens is not None:
+            raise ValueError("--num-draft-tokens applies to speculative decoding: give --speculative ngram or dspark")
         return None
-    return {"method": args.speculative, "num_tokens": args.num_draft_tokens}
+    drafts = 4 if args.num_draft_tokens is None else args.num_draft_tokens
+    return {"method": args.speculative, "num_tokens": drafts}
 
 
 def human(n: float, unit: str = "") -> str:

@@ -115,11 +115,17 @@ def run(args) -> int:
         raise ValueError(f"nonstop serve needs {exc.name}: pip install 'nonstop[serve]'") from None
     from nonstop.engine.warmup import warm_up
     from nonstop.server import build_context, serve
+    from nonstop.server.launch import bind_socket
+    from nonstop.weights.resolve import resolve_model
 
     if not 0 < args.port < 65536:
         raise ValueError(f"--port must be in 1..65535, got {args.port}")
     if args.api_key is not None and not args.api_key.strip():
         raise ValueError("--api-key must not be empty")
+    if any(not name.strip() for name in args.served_model_name or []):
+        raise ValueError("--served-model-name must not be empty")
+    _check_lengths(args, resolve_model(args.model)[0].max_position_embeddings)
+    sock = bind_socket(args.host, args.port)  # an address in use fails now, not after the model loads
     # under --tp / --ep llm_class starts or joins the ranks (nonstop.dist); only rank 0 goes on
     llm = llm_from_args(
         args,
@@ -149,5 +155,20 @@ def run(args) -> int:
         f"{args.max_batch} slots) on http://{args.host}:{args.port}{' (API key required)' if args.api_key else ''}",
         file=sys.stderr,
     )
-    serve(ctx, args.host, args.port, args.log_level)
+    serve(ctx, args.host, args.port, args.log_level, sock=sock)
     return 0
+
+
+def _check_lengths(args, context: int) -> None:
+    """--max-model-len within the model's ``context`` positions, --default-max-tokens within what a request may
+    hold (a request would take the default and then be refused, every one)."""
+    if args.max_model_len is not None and args.max_model_len > context:
+        raise ValueError(
+            f"--max-model-len {args.max_model_len} exceeds the model's {context} positions (max_position_embeddings)"
+        )
+    allowed = args.max_model_len or context
+    if args.default_max_tokens is not None and args.default_max_tokens >= allowed:
+        raise ValueError(
+            f"--default-max-tokens {args.default_max_tokens} leaves no room for a prompt in a context of {allowed} "
+            "tokens"
+        )

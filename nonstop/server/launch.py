@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import socket
 
 from nonstop.engine.llm import LLM
 from nonstop.engine.loop import EngineLoop
@@ -33,9 +34,44 @@ def build_context(
     return ServingContext(llm=llm, engine=engine, served_names=served_names, limits=limits, api_key=api_key)
 
 
-def serve(ctx: ServingContext, host: str = "127.0.0.1", port: int = 8000, log_level: str = "info") -> None:
-    """Run the server until interrupted (the engine thread starts and stops with the app)."""
+def bind_socket(host: str, port: int) -> socket.socket:
+    """A TCP socket bound to ``host``:``port`` (not yet listening), made before the model loads so that an
+    address in use, or a host this machine does not have, is one clear ValueError at once rather than
+    uvicorn's failure after the load. ``serve`` listens on it."""
+    if not host.strip():
+        raise ValueError("--host is empty: give an address to listen on (0.0.0.0 for every interface)")
+    try:
+        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+    except socket.gaierror as exc:
+        raise ValueError(f"cannot listen on {host}:{port}: {exc.strerror}") from None
+    family, kind, proto, _, address = infos[0]
+    sock = socket.socket(family, kind, proto)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as uvicorn: a restart reuses the port at once
+    try:
+        sock.bind(address)
+    except OSError as exc:
+        sock.close()
+        raise ValueError(f"cannot listen on {host}:{port}: {exc.strerror or exc}") from None
+    return sock
+
+
+def serve(
+    ctx: ServingContext,
+    host: str = "127.0.0.1",
+    port: int = 8000,
+    log_level: str = "info",
+    sock: socket.socket | None = None,
+) -> None:
+    """Run the server until interrupted (the engine thread starts and stops with the app), on ``sock``
+    (``bind_socket``'s) when given, else binding ``host``:``port`` itself."""
     import uvicorn
 
     logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    uvicorn.run(create_app(ctx), host=host, port=port, log_level=log_level, timeout_graceful_shutdown=5)
+    config = uvicorn.Config(create_app(ctx), host=host, port=port, log_level=log_level, timeout_graceful_shutdown=5)
+    server = uvicorn.Server(config)
+    try:
+        server.run(sockets=[sock] if sock is not None else None)
+    except KeyboardInterrupt:  # uvicorn re-raises the Ctrl-C it shut down on (as uvicorn.run, a clean stop)
+        pass
+    if not server.started:
+        raise ValueError(f"the server could not start on {host}:{port} (see the log above)")
