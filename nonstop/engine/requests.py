@@ -74,8 +74,13 @@ class Request:
         if self.params.logprobs is not None:
             self.logprobs = []
         if not self.params.greedy:
+            # a seed of the request's own: an unseeded request draws one from the OS (``Generator.seed``),
+            # never from or into torch's global generator, which is the caller's
             self.generator = torch.Generator()
-            self.generator.manual_seed(self.params.seed if self.params.seed is not None else torch.seed())
+            if self.params.seed is not None:
+                self.generator.manual_seed(self.params.seed)
+            else:
+                self.generator.seed()
 
     @property
     def text(self) -> str:

@@ -6,7 +6,7 @@ The math of the filtered distribution and of the penalties lives in ``nonstop/mo
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import FrozenInstanceError, dataclass, field
 
 import torch
 
@@ -20,6 +20,9 @@ SEED_RANGE = (-(2**63), 2**64 - 1)  # what torch.Generator.manual_seed accepts
 # there, above its largest to inf); ``penalize`` keeps the penalised logits finite for any value in range.
 ADDITIVE_PENALTY_RANGE = (-2.0, 2.0)
 REPETITION_PENALTY_RANGE = (float(torch.finfo(torch.float32).tiny), float(torch.finfo(torch.float32).max))
+# n: completions per prompt, each its own engine request (the server's API takes the same bound); beyond it a
+# typo (n=10**9) would queue requests for ever.
+MAX_N = 128
 
 
 class InvalidSamplingParam(ValueError):
@@ -38,16 +41,20 @@ def _is_number(v) -> bool:
     return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
 
 
-@dataclass
+@dataclass(frozen=True)
 class SamplingParams:
-    """How to generate.
+    """How to generate. Immutable: validated once, here; make a changed copy with
+    ``dataclasses.replace(params, stop=[...])`` (which validates again).
 
     ``temperature == 0`` is greedy (any finite temperature > 0 samples). ``top_k`` <= 0, ``top_p == 1``
     and ``min_p == 0`` disable those filters (``model/sampling.filter_logits``). Penalties, applied to
     the logits before anything else (greedy included), as in vLLM: ``repetition_penalty`` (> 0, 1 = off;
     at least 1.2e-38 and at most 3.4e38, the positive normal float32 numbers) on tokens of the prompt and
     the output, ``presence_penalty`` / ``frequency_penalty`` (in [-2, 2], as vLLM and OpenAI accept) on
-    tokens of the output (``model/sampling.penalize``). ``n``: completions per prompt (sample i uses seed + i).
+    tokens of the output (``model/sampling.penalize``). ``n``: completions per prompt, at most ``MAX_N``
+    (sample i uses seed + i). ``stop``: None, a non-empty string or a list / tuple of them (kept as a
+    tuple); ``stop_token_ids``: None or a list / tuple of token ids >= 0 (kept as a tuple; a bare int is
+    refused, as vLLM takes a list); ``ignore_eos``: a bool.
     ``logprobs`` / ``prompt_logprobs``: how many top alternatives to return per position (the sampled /
     actual token is always included); log-probabilities are those of the model's own distribution,
     before penalties, temperature and filters."""
@@ -62,12 +69,12 @@ class SamplingParams:
     frequency_penalty: float = 0.0
     n: int = 1
     seed: int | None = None
-    stop: list[str] | str | None = None
-    stop_token_ids: list[int] | None = None
+    stop: tuple[str, ...] | list[str] | str | None = None
+    stop_token_ids: tuple[int, ...] | list[int] | None = None
     logprobs: int | None = None
     prompt_logprobs: int | None = None
     ignore_eos: bool = False
-    stop_strings: list[str] = field(init=False, repr=False)
+    stop_strings: tuple[str, ...] = field(init=False, repr=False, compare=False)  # ``stop`` as a tuple
 
     def __post_init__(self):
         def check(cond, param, want):
@@ -86,18 +93,25 @@ class SamplingParams:
         for name in ("presence_penalty", "frequency_penalty"):
             v = getattr(self, name)
             check(_is_number(v) and lo <= v <= hi, name, f"a number in [{lo:g}, {hi:g}]")
-        check(_is_int(self.n) and self.n >= 1, "n", "an integer >= 1")
+        check(_is_int(self.n) and 1 <= self.n <= MAX_N, "n", f"an integer in [1, {MAX_N}]")
         seed_ok = self.seed is None or (_is_int(self.seed) and SEED_RANGE[0] <= self.seed <= SEED_RANGE[1])
         check(seed_ok, "seed", "an integer in [-2^63, 2^64 - 1]")
         for name in ("logprobs", "prompt_logprobs"):
             v = getattr(self, name)
             check(v is None or (_is_int(v) and v >= 0), name, "an integer >= 0")
-        stops = [self.stop] if isinstance(self.stop, str) else list(self.stop or [])
-        check(all(isinstance(s, str) and s for s in stops), "stop", "a non-empty string or a list of them")
-        self.stop_strings = stops
-        ids = list(self.stop_token_ids or [])
-        check(all(_is_int(i) and i >= 0 for i in ids), "stop_token_ids", "a list of non-negative integers")
-        self.stop_token_ids = ids
+        stop = self.stop
+        stops = (stop,) if isinstance(stop, str) else tuple(stop) if isinstance(stop, (list, tuple)) else None
+        ok = stop is None or (stops is not None and all(isinstance(s, str) and s for s in stops))
+        check(ok, "stop", "None, a non-empty string or a list of them")
+        ids = self.stop_token_ids
+        ok = ids is None or (isinstance(ids, (list, tuple)) and all(_is_int(i) and i >= 0 for i in ids))
+        check(ok, "stop_token_ids", "None or a list of non-negative integers")
+        check(isinstance(self.ignore_eos, bool), "ignore_eos", "True or False")
+        # the derived and normalised fields: tuples, so that nothing inside a SamplingParams changes later
+        if isinstance(stop, list):
+            object.__setattr__(self, "stop", stops)
+        object.__setattr__(self, "stop_strings", stops or ())
+        object.__setattr__(self, "stop_token_ids", tuple(ids or ()))
 
     @property
     def greedy(self) -> bool:
@@ -112,6 +126,18 @@ class SamplingParams:
         if self.seed is None:
             return None
         return (self.seed + index - SEED_RANGE[0]) % 2**64 + SEED_RANGE[0]
+
+
+def _refuse_assignment(self, name, value=None):
+    raise FrozenInstanceError(
+        f"SamplingParams is immutable (it is validated once, when made): cannot change {name!r}; "
+        f"make a new one with dataclasses.replace(params, {name}=...)"
+    )
+
+
+# the frozen dataclass's own refusal, with a message that says what to do instead
+SamplingParams.__setattr__ = _refuse_assignment
+SamplingParams.__delattr__ = _refuse_assignment
 
 
 def apply_penalties(logits: torch.Tensor, params: SamplingParams, history) -> torch.Tensor:

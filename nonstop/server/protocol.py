@@ -21,7 +21,10 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-SEED_MIN, SEED_MAX = -(2**63), 2**64 - 1
+from nonstop.engine.sampling import ADDITIVE_PENALTY_RANGE, MAX_N, SEED_RANGE
+
+SEED_MIN, SEED_MAX = SEED_RANGE  # the engine's ranges, one source: a request is refused as SamplingParams would
+PENALTY_MIN, PENALTY_MAX = ADDITIVE_PENALTY_RANGE
 
 
 class _Body(BaseModel):
@@ -63,9 +66,9 @@ class SamplingFields(_Body):
     top_k: int | None = Field(None, ge=-1)
     min_p: float | None = Field(None, ge=0.0, le=1.0)
     repetition_penalty: float | None = Field(None, gt=0.0, le=100.0)
-    presence_penalty: float | None = Field(None, ge=-2.0, le=2.0)
-    frequency_penalty: float | None = Field(None, ge=-2.0, le=2.0)
-    n: int = Field(1, ge=1, le=128)
+    presence_penalty: float | None = Field(None, ge=PENALTY_MIN, le=PENALTY_MAX)
+    frequency_penalty: float | None = Field(None, ge=PENALTY_MIN, le=PENALTY_MAX)
+    n: int = Field(1, ge=1, le=MAX_N)
     seed: int | None = Field(None, ge=SEED_MIN, le=SEED_MAX)
     stop: str | list[str] | None = None
     stop_token_ids: list[int] | None = Field(None, max_length=64)
