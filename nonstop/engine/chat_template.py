@@ -78,6 +78,86 @@ def render_chat(messages: list[dict], template: str | None, special_tokens: dict
         raise ChatTemplateError(f"chat template failed: {type(exc).__name__}: {exc}") from None
 
 
+ROLES = ("system", "developer", "user", "assistant", "tool")
+_OPTIONAL_TEXT = ("name", "tool_call_id", "refusal")  # str or None
+_OPTIONAL_DICTS = ("tool_calls", "annotations")  # list of dicts or None
+
+
+def check_messages(messages) -> list[dict]:
+    """``messages`` checked as the server's ``ChatMessage`` checks them (``server/protocol``) and made
+    ready for the template: a non-empty list of dicts with a ``role`` (system, developer, user, assistant or
+    tool) and a ``content`` that is a string or a list of text parts (``{"type": "text", "text": str}``,
+    joined into one string); ``name`` / ``tool_call_id`` strings and ``tool_calls`` (a list of dicts) are
+    passed on, ``refusal`` and ``annotations`` accepted and dropped, any other key refused. Unlike the server,
+    which reads a missing content as "", content may be left out (or None) only by an assistant message
+    with ``tool_calls``: a message with no text is a mistake, not a prompt. A TypeError or ValueError names
+    the message (its index) and the field."""
+    if isinstance(messages, (str, bytes, dict)) or not isinstance(messages, (list, tuple)):
+        raise TypeError(
+            f"messages must be a list of {{'role': ..., 'content': ...}} dicts, got {type(messages).__name__}"
+        )
+    if not messages:
+        raise ValueError("messages is empty: give at least one message")
+    out = []
+    for i, message in enumerate(messages):
+        where = f"messages[{i}]"
+        if not isinstance(message, dict):
+            raise TypeError(f"{where} must be a dict with 'role' and 'content', got {type(message).__name__}")
+        unknown = sorted(str(k) for k in message if k not in ("role", "content", *_OPTIONAL_TEXT, *_OPTIONAL_DICTS))
+        if unknown:
+            raise ValueError(
+                f"{where} has unknown field(s) {', '.join(unknown)}; known: role, content, name, tool_calls, "
+                "tool_call_id, refusal, annotations"
+            )
+        role = message.get("role")
+        if role is None:
+            raise ValueError(f"{where} has no 'role' (one of {', '.join(ROLES)})")
+        if not isinstance(role, str) or role not in ROLES:
+            raise ValueError(f"{where}['role'] must be one of {', '.join(ROLES)}, got {role!r}")
+        for name in _OPTIONAL_TEXT:
+            if message.get(name) is not None and not isinstance(message[name], str):
+                raise TypeError(f"{where}[{name!r}] must be a string, got {type(message[name]).__name__}")
+        for name in _OPTIONAL_DICTS:
+            value = message.get(name)
+            if value is not None and not (isinstance(value, list) and all(isinstance(v, dict) for v in value)):
+                raise TypeError(f"{where}[{name!r}] must be a list of dicts, got {value!r}")
+        content = message.get("content")
+        if content is None:
+            if not (role == "assistant" and message.get("tool_calls")):
+                raise ValueError(
+                    f"{where} ({role}) has no content: give 'content' as a string or a list of text parts "
+                    "(only an assistant message with tool_calls may leave it out)"
+                )
+            text = ""
+        elif isinstance(content, str):
+            text = content
+        elif isinstance(content, list):
+            parts = []
+            for j, part in enumerate(content):
+                kind = part.get("type") if isinstance(part, dict) else None
+                if isinstance(kind, str) and kind != "text":
+                    raise ValueError(
+                        f"{where}['content'][{j}] is a part of type {kind!r}: only text parts are supported "
+                        "(this model reads text only)"
+                    )
+                if not (isinstance(part, dict) and set(part) == {"type", "text"} and isinstance(part["text"], str)):
+                    raise TypeError(
+                        f"{where}['content'][{j}] must be a text part {{'type': 'text', 'text': str}}, got {part!r}"
+                    )
+                parts.append(part["text"])
+            text = "".join(parts)
+        else:
+            raise TypeError(
+                f"{where}['content'] must be a string or a list of text parts, got {type(content).__name__}"
+            )
+        checked = {"role": role, "content": text}
+        for name in ("name", "tool_calls", "tool_call_id"):
+            if message.get(name) is not None:
+                checked[name] = message[name]
+        out.append(checked)
+    return out
+
+
 def chat_prompt(tokenizer, messages: list[dict]) -> list[int]:
     """Token ids of ``messages`` rendered by ``tokenizer``'s chat template (the template writes BOS)."""
     text = render_chat(

@@ -8,9 +8,10 @@ import sys
 import time
 from pathlib import Path
 
-from nonstop.engine.chat_template import chat_prompt
+from nonstop.engine.chat_template import chat_prompt, check_messages
 from nonstop.engine.core import EngineCore
 from nonstop.engine.generation_config import GenerationConfig, load_generation_config
+from nonstop.engine.inputs import check_max_batch, check_prefill_chunk, id_list, prompt_id_lists, prompt_list
 from nonstop.engine.requests import Request, RequestOutput
 from nonstop.engine.sampling import SamplingParams
 from nonstop.engine.speculative.config import SpeculativeConfig, drafter_dir, make_drafter
@@ -28,8 +29,8 @@ class LLM:
     preset name (random weights). dtype: ``auto`` (fp32 on CPU, bf16 on CUDA) or a torch dtype / name.
     backend: ``auto`` (``cpu`` on a CPU, else ``reference``) | ``reference`` | ``superop`` | ``megakernel`` |
     ``cpu`` | ``cpu-bf16`` | ``cpu-int8`` (``nonstop.runtime.cpu``: 16- / 8-bit weights).
-    max_batch: sequences decoded together.
-    prefill_chunk: prompt tokens per prefill forward (None: whole prompts). batch_invariant: each
+    max_batch: sequences decoded together (an integer >= 1).
+    prefill_chunk: prompt tokens per prefill forward (an integer >= 1; None: whole prompts). batch_invariant: each
     sequence in a forward of its own, so its tokens do not depend on the others (see ``EngineCore``).
     speculative: ``{"method": "ngram" | "dspark", "num_tokens": k, ...}`` (``SpeculativeConfig``): draft k
     tokens per step and verify them in one forward; outputs stay exactly those of plain decoding
@@ -65,6 +66,8 @@ class LLM:
     ):
         from nonstop.model.build import load_model, random_model
 
+        max_batch = check_max_batch(max_batch)
+        prefill_chunk = check_prefill_chunk(prefill_chunk)
         self.device = check_device(device)
         self._resolve(model, dtype, device, tokenizer, chat_template, generation_config)
         self.speculative_config = SpeculativeConfig.parse(speculative)  # a bad option fails before the weights load
@@ -128,6 +131,17 @@ class LLM:
         ``overrides`` (not None) on top."""
         return SamplingParams(**{**self.sampling_defaults(), **{k: v for k, v in overrides.items() if v is not None}})
 
+    def _sampling(self, sampling) -> SamplingParams:
+        """``sampling`` (one SamplingParams), or None: ``default_sampling()``."""
+        if sampling is None:
+            return self.default_sampling()
+        if not isinstance(sampling, SamplingParams):
+            raise TypeError(
+                f"sampling must be a SamplingParams (or a list of them, one per prompt, or None for the defaults), "
+                f"got {type(sampling).__name__}"
+            )
+        return sampling
+
     def check_length(self, prompt_tokens: int, max_tokens: int) -> None:
         """Refuse a prompt of ``prompt_tokens`` that with ``max_tokens`` to generate exceeds the model's context
         (what the engine checks when it admits the request; here before anything runs)."""
@@ -148,7 +162,7 @@ class LLM:
                 raise TypeError(f"prompts must be strings, got {type(prompt).__name__}")
             prompt_ids = self.tokenizer.encode(prompt)
         else:
-            prompt_ids = [int(t) for t in prompt_ids]
+            prompt_ids = id_list(prompt_ids, "prompt_ids")
             bad = [t for t in prompt_ids if not 0 <= t < self.cfg.vocab_size]
             if bad:
                 raise ValueError(f"token id {bad[0]} is outside the vocabulary (0..{self.cfg.vocab_size - 1})")
@@ -182,6 +196,7 @@ class LLM:
 
     def new_core(self, num_slots: int, isolate_errors: bool = False, max_len: int | None = None) -> EngineCore:
         """An ``EngineCore`` with ``num_slots`` slots and this LLM's prefill chunk and batch invariance."""
+        num_slots = check_max_batch(num_slots, "num_slots")  # no slot: nothing is ever admitted
         config = self.speculative_config
         decoder = SpeculativeDecoder(config, self.drafter) if config else None
         return EngineCore(
@@ -192,7 +207,7 @@ class LLM:
             self.dtype,
             self.device,
             max_len=max_len,
-            prefill_chunk=self.prefill_chunk,
+            prefill_chunk=check_prefill_chunk(self.prefill_chunk),
             batch_invariant=self.batch_invariant,
             isolate_errors=isolate_errors,
             speculative_decoder=decoder,
@@ -202,19 +217,29 @@ class LLM:
         self, prompts=None, sampling: SamplingParams | list[SamplingParams] | None = None, prompt_token_ids=None
     ) -> list[RequestOutput]:
         """Generate for each prompt (strings) or each token-id list; one RequestOutput per prompt, in order
-        (with ``n`` > 1 its ``samples`` hold the n completions). ``sampling`` None: ``default_sampling()``."""
+        (with ``n`` > 1 its ``samples`` hold the n completions). ``prompt_token_ids``: one prompt (a list of ids,
+        a 1-D integer numpy array or torch tensor) or several (a list of those, a 2-D array or tensor); an id
+        is an int, a numpy integer or a 0-d integer tensor (floats, bools and strings are refused, never
+        converted). ``sampling``: one SamplingParams for every prompt, a list or tuple of them (one per
+        prompt), or None: ``default_sampling()``."""
         if (prompts is None) == (prompt_token_ids is None):
             raise ValueError("give exactly one of prompts or prompt_token_ids")
         if prompts is not None:
-            items = [(p, None) for p in ([prompts] if isinstance(prompts, str) else list(prompts))]
+            items = [(p, None) for p in prompt_list(prompts)]
         else:
-            ids = list(prompt_token_ids)
-            if ids and isinstance(ids[0], int):
-                ids = [ids]
-            items = [(None, list(x)) for x in ids]
+            items = [(None, ids) for ids in prompt_id_lists(prompt_token_ids)]
+        if isinstance(sampling, (list, tuple)):
+            for i, sp in enumerate(sampling):
+                if not isinstance(sp, SamplingParams):
+                    raise TypeError(
+                        f"sampling[{i}] must be a SamplingParams, got {type(sp).__name__} "
+                        "(give one SamplingParams, a list of them, one per prompt, or None for the defaults)"
+                    )
+            params = list(sampling)
+        else:
+            params = [self._sampling(sampling)] * len(items)
         if not items:
             return []
-        params = sampling if isinstance(sampling, list) else [sampling or self.default_sampling()] * len(items)
         if len(params) != len(items):
             raise ValueError(f"got {len(params)} SamplingParams for {len(items)} prompts")
         groups = [self.make_requests(p, ids, sp) for (p, ids), sp in zip(items, params)]
@@ -222,8 +247,9 @@ class LLM:
         return [_gathered(g) for g in groups]
 
     def chat(self, messages: list[dict], sampling: SamplingParams | None = None) -> RequestOutput:
-        """The assistant's reply to ``messages`` ([{role, content}]), prompted with the chat template."""
-        ids = chat_prompt(self.tokenizer, messages)
+        """The assistant's reply to ``messages`` ([{role, content}]), prompted with the chat template.
+        Messages are checked as the server checks them (``chat_template.check_messages``)."""
+        ids = chat_prompt(self.tokenizer, check_messages(messages))
         return self.generate(prompt_token_ids=[ids], sampling=sampling)[0]
 
     def _run(self, requests: list[Request], on_text=None) -> None:
@@ -257,7 +283,7 @@ class LLM:
         on_text=None,
     ) -> RequestOutput:
         """Generate one completion, calling ``on_text(new text)`` as each piece becomes visible."""
-        req = self.make_request(prompt, prompt_ids, sampling or self.default_sampling())
+        req = self.make_request(prompt, prompt_ids, self._sampling(sampling))
         self._run([req], (lambda _, text: on_text(text)) if on_text is not None else None)
         return req.output()
 

@@ -7,6 +7,7 @@ Commands, benchmarks and ``LLM`` all resolve models here.
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import torch
@@ -26,14 +27,20 @@ DTYPES = {
 
 
 def parse_dtype(dtype, device: str) -> torch.dtype:
-    """``auto`` (or None): bf16 on CUDA, fp32 elsewhere; else a torch dtype or one of ``DTYPES``."""
-    if dtype is None or dtype == "auto":
+    """``auto`` (or None): bf16 on CUDA, fp32 elsewhere; else one of ``DTYPES`` by name or as a torch dtype.
+    Any other dtype is refused: the engine's layers, kernels and caches are built for these three only
+    (float64 too: no executor, kernel or cache format is made for it)."""
+    if dtype is None or (isinstance(dtype, str) and dtype == "auto"):
         return torch.bfloat16 if str(device).startswith("cuda") else torch.float32
-    if isinstance(dtype, torch.dtype):
+    if isinstance(dtype, torch.dtype) and dtype in DTYPES.values():
         return dtype
-    if dtype not in DTYPES:
-        raise ValueError(f"unknown dtype {dtype!r}; choose one of: {', '.join(DTYPES)}")
-    return DTYPES[dtype]
+    if isinstance(dtype, str) and dtype in DTYPES:
+        return DTYPES[dtype]
+    what = repr(dtype) if isinstance(dtype, (str, torch.dtype)) else f"{dtype!r} (a {type(dtype).__name__})"
+    raise ValueError(
+        f"unsupported dtype {what}; choose one of: {', '.join(DTYPES)}, auto "
+        "(or torch.float32 / torch.bfloat16 / torch.float16)"
+    )
 
 
 def bundled_models() -> list[str]:
@@ -42,6 +49,16 @@ def bundled_models() -> list[str]:
 
 def resolve_model(model: str | Path) -> tuple[ModelConfig, Path | None]:
     """(config, checkpoint dir) for a directory, a bundled model name, or a preset (dir None: random weights)."""
+    if not isinstance(model, (str, os.PathLike)):
+        raise TypeError(
+            "model must be a checkpoint directory, a bundled model name or a preset name (a str or path), "
+            f"got {type(model).__name__} {model!r}"
+        )
+    if isinstance(model, str) and not model.strip():
+        raise ConfigError(
+            f"model is empty ({model!r}): give a checkpoint directory, a bundled model name or a preset name "
+            "(for the current directory, give '.')"
+        )
     path = Path(model)
     if path.is_dir():
         return ModelConfig.from_file(path), path

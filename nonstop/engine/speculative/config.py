@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, fields
 from pathlib import Path
 
@@ -24,13 +25,27 @@ class SpeculativeConfig:
     drafter: str | None = None
 
     def __post_init__(self):
-        if self.method not in METHODS:
+        if not isinstance(self.method, str) or self.method not in METHODS:
             raise ValueError(f"speculative method must be one of {', '.join(METHODS)}, got {self.method!r}")
         n = self.num_tokens
-        if not isinstance(n, int) or isinstance(n, bool) or not 0 <= n < MAX_STEP_ROWS:
+        if not _is_int(n) or not 0 <= n < MAX_STEP_ROWS:
             raise ValueError(
                 f"speculative num_tokens must be an integer in 0..{MAX_STEP_ROWS - 1} "
                 f"(verify rows <= {MAX_STEP_ROWS}), got {n!r}"
+            )
+        for name in ("ngram_max", "ngram_min"):
+            value = getattr(self, name)
+            if not _is_int(value) or value < 1:
+                raise ValueError(f"speculative {name} must be an integer >= 1, got {value!r}")
+        if self.ngram_min > self.ngram_max:
+            raise ValueError(
+                f"speculative n-gram sizes need ngram_min <= ngram_max, got ngram_min={self.ngram_min}, "
+                f"ngram_max={self.ngram_max}"
+            )
+        if self.drafter is not None and not isinstance(self.drafter, (str, os.PathLike)):
+            raise ValueError(
+                f"speculative drafter must be a directory (a str or path) or None, got {type(self.drafter).__name__} "
+                f"{self.drafter!r}"
             )
 
     @classmethod
@@ -49,6 +64,11 @@ class SpeculativeConfig:
         if "method" not in value:
             raise ValueError("speculative needs a 'method' (ngram or dspark)")
         return cls(**value)
+
+
+def _is_int(value) -> bool:
+    """A Python int that is not a bool (options come from Python or JSON, never numpy)."""
+    return isinstance(value, int) and not isinstance(value, bool)
 
 
 def drafter_dir(config: SpeculativeConfig, model_dir: Path | None) -> Path:

@@ -30,6 +30,9 @@ class NgramDrafter:
     taps: tuple[int, ...] = ()
 
     def __init__(self, max_n: int = 4, min_n: int = 2):
+        for name, value in (("max_n", max_n), ("min_n", min_n)):
+            if not isinstance(value, int) or isinstance(value, bool):
+                raise TypeError(f"n-gram size {name} must be an integer, got {type(value).__name__} {value!r}")
         if not 1 <= min_n <= max_n:
             raise ValueError(f"n-gram sizes need 1 <= min_n <= max_n, got min_n={min_n}, max_n={max_n}")
         self.max_n, self.min_n = max_n, min_n
