@@ -172,3 +172,12 @@ def test_ctrl_c_while_the_commands_import_is_an_interruption_not_a_traceback():
         proc.kill()
     assert "Traceback" not in err, err
     assert rc == 130 and "nonstop: interrupted" in err
+
+
+def test_flags_a_command_would_ignore_are_not_offered_and_device_names_match(capsys):
+    """generate renders no chat template, so it takes no --chat-template (it had loaded the file and ignored
+    it); program's --device takes cuda:N as generate does (only the kind sets its defaults)."""
+    err = _refused(["generate", "--chat-template", "t.jinja", "hi"], capsys)
+    assert "unrecognized arguments: --chat-template" in err
+    assert main(["program", "--summary", "--tp", "2", "--device", "cuda:1"]) == 0
+    assert "tp 2" in capsys.readouterr().out

@@ -72,8 +72,9 @@ def add_threads_arg(p: argparse.ArgumentParser) -> None:
     )
 
 
-def add_sampling_args(p: argparse.ArgumentParser) -> None:
-    """Sampling flags; those not given take the checkpoint's generation_config.json defaults."""
+def add_sampling_args(p: argparse.ArgumentParser, chat: bool = True) -> None:
+    """Sampling flags; those not given take the checkpoint's generation_config.json defaults. ``chat``: the
+    command renders a chat template (so it takes --chat-template)."""
     checkpoint = "default: the checkpoint's generation_config.json, else"
     p.add_argument("--max-tokens", "-n", type=positive_int, default=None, help=f"tokens to generate ({checkpoint} 64)")
     p.add_argument("--temperature", "-t", type=float, default=None, help=f"0 = greedy; > 0 samples ({checkpoint} 0)")
@@ -97,23 +98,27 @@ def add_sampling_args(p: argparse.ArgumentParser) -> None:
         "--presence-penalty",
         type=float,
         default=None,
-        help="subtract from the logits of tokens already generated (default 0)",
+        help="subtract from the logits of tokens already generated, in [-2, 2] (default 0)",
     )
     p.add_argument(
         "--frequency-penalty",
         type=float,
         default=None,
-        help="subtract this x the count of each token already generated (default 0)",
+        help="subtract this x the count of each token already generated, in [-2, 2] (default 0)",
     )
     p.add_argument("--seed", type=int, default=None, help="sampling seed")
     p.add_argument("--stop", action="append", default=None, help="stop string (repeatable)")
     p.add_argument("--ignore-eos", action="store_true", help="keep generating past the end-of-sequence token")
-    add_checkpoint_file_args(p)
+    add_checkpoint_file_args(p, chat)
 
 
-def add_checkpoint_file_args(p: argparse.ArgumentParser) -> None:
-    """--chat-template / --ignore-generation-config: replace or ignore files beside the weights."""
-    p.add_argument("--chat-template", default=None, help="jinja chat template file to use instead of the checkpoint's")
+def add_checkpoint_file_args(p: argparse.ArgumentParser, chat: bool = True) -> None:
+    """--chat-template (``chat``: for commands that render one) / --ignore-generation-config: replace or ignore
+    files beside the weights."""
+    if chat:
+        p.add_argument(
+            "--chat-template", default=None, help="jinja chat template file to use instead of the checkpoint's"
+        )
     p.add_argument(
         "--ignore-generation-config",
         dest="generation_config",

@@ -28,7 +28,7 @@ def add_parser(sub) -> None:
     p.add_argument("prompt", nargs="*", help="prompt text (several words are joined with spaces); default: 'The'")
     p.add_argument("--prompt-ids", type=parse_token_ids, help="prompt as token ids, e.g. '1,15,27' (instead of text)")
     add_model_args(p)
-    add_sampling_args(p)
+    add_sampling_args(p, chat=False)  # a plain completion: no chat template
     p.add_argument("--ids", action="store_true", help="also print the generated token ids")
     add_spec_args(p)
     add_layout_args(p)

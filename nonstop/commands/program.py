@@ -43,6 +43,7 @@ def add_parser(sub) -> None:
     p.add_argument("--rank", type=int, default=0, help="with a layout: the rank whose ops are listed (default 0)")
     p.add_argument(
         "--device",
+        type=lambda text: text.split(":")[0],  # cuda:1 as generate takes it: the kind is what sets the defaults
         choices=("cuda", "cpu"),
         default="cuda",
         help="with a layout: the device the ranks would run on, which sets the engine's defaults shown - MoE "

@@ -8,7 +8,7 @@ models, checkpoints on disk, the caches' real buffers, the megakernel's tiling).
 A step has ``rows`` = R tokens of ``sequences`` = B sequences (R = B·T; default B = R: one token each)
 at ``context`` tokens already cached per sequence.
 
-  weight_bytes   every tensor the op streams, once per step, except the embedding (R rows of the table)
+  weight_bytes   every tensor the op streams, once per step, except the embedding (min(R, V) rows of its table)
                  and routed experts (the min(E, R·top_k) distinct experts R rows can select).
   bytes_read     weights + activation rows read + cache / state reads: attention reads each sequence's
                  context + T keys once (its T rows share them: a tile holds (token, head) items of one
@@ -117,7 +117,8 @@ def make_cost(op: SuperOp, program: Program):
         flops = 2 * matmul * rows
         extra_read = extra_write = 0
         if op.kind == "embed":
-            weight = rows * cfg.hidden_size * op.weights["embed"].element_size()
+            table = op.weights["embed"]  # rows of it gathered: at most the whole table, however many rows
+            weight = min(rows, table.shape[0]) * table.shape[1] * table.element_size()
             flops = 0
         elif op.kind == "moe_experts":
             weight, elements = _expert_bytes(op, rows)

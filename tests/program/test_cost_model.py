@@ -32,9 +32,9 @@ def cfg(request):
 
 def streamed_bytes(model, rows: int) -> int:
     """Weight bytes a step of ``rows`` rows reads, counted from the model's own tensors: the embedding
-    gives one row per token (and, tied, is the whole LM head), routed experts count for the distinct
-    min(E, rows·top_k) experts, an attention-residual query is folded from its norm and projection into
-    one d-vector, and every rotary layer reads its frequencies."""
+    gives one row per token, at most its whole table (and, tied, is the whole LM head), routed experts
+    count for the distinct min(E, rows·top_k) experts, an attention-residual query is folded from its norm
+    and projection into one d-vector, and every rotary layer reads its frequencies."""
     cfg = model.cfg
     total, seen = 0, set()
     for name, t in model.state_dict(keep_vars=True).items():
@@ -43,7 +43,7 @@ def streamed_bytes(model, rows: int) -> int:
         seen.add(id(t))
         nbytes = t.numel() * t.element_size()
         if name == "embed_tokens.weight":
-            total += rows * t.shape[1] * t.element_size() + (nbytes if cfg.tie_word_embeddings else 0)
+            total += min(rows, t.shape[0]) * t.shape[1] * t.element_size() + (nbytes if cfg.tie_word_embeddings else 0)
         elif ".experts." in name:
             experts = cfg.moe.num_experts
             total += nbytes // experts * min(experts, rows * cfg.moe.top_k)
@@ -57,7 +57,7 @@ def streamed_bytes(model, rows: int) -> int:
 def test_streamed_weight_bytes_equal_the_models_tensors(cfg, dtype):
     model = random_model(cfg, dtype)
     program = lower(model)
-    for rows in (1, 2, 5):
+    for rows in (1, 2, 5, cfg.vocab_size + 3):  # more rows than the table has: the table, once
         assert program.total_cost(rows=rows, context=7).weight_bytes == streamed_bytes(model, rows), rows
     assert footprint(model, program).bytes_per_token == streamed_bytes(model, 1)
 
