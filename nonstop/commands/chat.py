@@ -6,7 +6,7 @@ import sys
 
 from nonstop.commands.common import add_model_args, add_sampling_args, llm_from_args, sampling_from_args
 
-COMMANDS_HELP = "/reset clears the conversation, /exit (or end of input) quits"
+COMMANDS_HELP = "/reset clears the conversation, /exit or /quit (or end of input) quits"
 
 
 def add_parser(sub) -> None:
@@ -26,7 +26,7 @@ def add_parser(sub) -> None:
 
 def run(args) -> int:
     sampling_from_args(args)  # a bad flag fails before the model loads
-    start = [{"role": "system", "content": args.system}] if args.system else []
+    start = [{"role": "system", "content": args.system}] if args.system is not None else []  # "" is a message too
     setup = {}
 
     def before_load(llm) -> None:  # what no weights decide is refused before they load
