@@ -63,7 +63,7 @@ import torch  # noqa: E402
 
 from nonstop.cache.state import ModelCache  # noqa: E402
 from nonstop.config import ModelConfig  # noqa: E402
-from nonstop.hostinfo import Clock, copy_bandwidth, decode_floor, environment  # noqa: E402
+from nonstop.hostinfo import Clock, copy_bandwidth, cuda_missing, decode_floor, environment  # noqa: E402
 from nonstop.model.build import assemble_model  # noqa: E402
 from nonstop.model.stack import CausalLM  # noqa: E402
 
@@ -292,6 +292,20 @@ class Budget:
         return self.seconds - self.elapsed
 
 
+def _failures(report: dict) -> int:
+    """Shapes that failed, checks that failed or erred and timed rows that erred: a run with any is not clean
+    (skipped rows and an fp32 floor without room are not failures)."""
+    n = 0
+    for shape in report["shapes"]:
+        n += "error" in shape
+        for sl in shape.get("slices", []):
+            for key in ("check", "check_megakernel"):
+                check = sl.get(key)
+                n += isinstance(check, dict) and ("error" in check or check.get("ok") is False)
+            n += sum("error" in r for t in sl.get("timings", []) for r in t["rows"])
+    return n
+
+
 def time_rows(
     model, executors: dict, program, cache, context: int, args, device, budget: Budget, label: str
 ) -> list[dict]:
@@ -455,7 +469,7 @@ def run_shape(name: str, args, device, dtype, budget: Budget, copy_gbps: float) 
                 "bytes_read_per_token": cost.bytes_read,
                 "floor": decode_floor(cost.bytes_read, copy_gbps),
                 "rows": time_rows(
-                    m, executors, program, cache, context, args, device, budget, f"{name}[{layers}L ctx {{context}}]"
+                    m, executors, program, cache, context, args, device, budget, f"{name}[{layers}L ctx {context}]"
                 ),
             }
             for row in timing["rows"]:
@@ -782,8 +796,9 @@ def parse_args(argv=None):
             if getattr(args, key) == defaults[key]:
                 setattr(args, key, value)
         args.threads = args.threads or 1
-    if args.device.startswith("cuda") and not torch.cuda.is_available():
-        ap.error("no CUDA device here: use --dry-run (or --device cpu --tiny)")
+    missing = cuda_missing(args.device, cpu_hint="--dry-run (or --device cpu --tiny)")
+    if missing:
+        ap.error(missing)
     if args.kernels is None:
         args.kernels = args.device.startswith("cuda")
     if args.budget_s is None:
@@ -793,6 +808,8 @@ def parse_args(argv=None):
         args.rows = "superop,megakernel,eager"
     if cpu and "megakernel" in args.rows and not os.environ.get("TRITON_INTERPRET"):
         os.environ["TRITON_INTERPRET"] = "1"  # the megakernel has no twin mode: Triton's interpreter on a CPU
+        if argv is None and "triton" in sys.modules:  # Triton reads it when imported (the imports above did):
+            os.execv(sys.executable, [sys.executable, *sys.argv])  # start again with it set
     args.rows = [r for r in args.rows.split(",") if r]
     args.shapes = [s for s in args.shapes.split(",") if s]
     for bad in [r for r in args.rows if r not in ROWS] + [s for s in args.shapes if s not in SHAPES]:
@@ -847,7 +864,8 @@ def main(argv=None) -> dict:
     if started:
         print(f"[{budget.elapsed:5.0f}s] waiting for the offline GPU check", flush=True)
         report["gpucheck"] = finish_gpucheck(started, timeout=max(60.0, min(budget.left(), 3600.0)))
-    report["status"] = "complete"
+    failed = _failures(report)
+    report["status"] = f"complete, {failed} failure(s): see the shapes' checks and rows" if failed else "complete"
     report["elapsed_s"] = round(budget.elapsed, 1)
     paths = write(report, args)
     print()

@@ -181,7 +181,7 @@ def single_process(model: str, batches: list[int], warmup: int, steps: int, devi
     """{batch: the faster of the runs with each thread count} and {batch: {threads: tokens/s}}."""
     from nonstop.engine.llm import LLM
 
-    llm = LLM(model, device=device)
+    llm = LLM(model, device=device, backend="reference")  # the ranks' executor: an eager forward, as the peer
     best, every = {}, {}
     default = torch.get_num_threads()
     for B in batches:
@@ -214,9 +214,13 @@ def main() -> None:
     from nonstop.dist import Layout
     from nonstop.dist.launch import rank_threads, spawn
     from nonstop.dist.program import engine_exchange, rank_step
-    from nonstop.hostinfo import command_line, copy_bandwidth, decode_floor, environment
+    from nonstop.hostinfo import command_line, copy_bandwidth, cuda_missing, decode_floor, environment
     from nonstop.program.footprint import model_footprint
     from nonstop.weights.resolve import resolve_model
+
+    missing = cuda_missing(args.device, max(int(w) for w in args.worlds.split(",")))
+    if missing:
+        ap.error(missing)
 
     load_before = os.getloadavg()
     batches = [int(b) for b in args.batches.split(",")]

@@ -78,7 +78,11 @@ def main() -> None:
     args = ap.parse_args()
 
     from nonstop.dist.launch import spawn
-    from nonstop.hostinfo import command_line, copy_bandwidth, environment
+    from nonstop.hostinfo import command_line, copy_bandwidth, cuda_missing, environment
+
+    missing = cuda_missing(args.device, max(int(w) for w in args.worlds.split(",")))
+    if missing:
+        ap.error(missing)
 
     load_before = os.getloadavg()
     rows = []

@@ -48,6 +48,12 @@ def parse_args(argv=None):
     if args.dry_run:
         os.environ.setdefault("TRITON_INTERPRET", "1")
         args.context = min(args.context, 12)
+    else:
+        from nonstop.hostinfo import cuda_missing
+
+        missing = cuda_missing("cuda", cpu_hint="--dry-run")
+        if missing:
+            ap.error(missing)
     return args
 
 

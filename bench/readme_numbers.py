@@ -8,12 +8,14 @@
               Llama shape, copy bandwidth, nonstop over llama.cpp per precision, k3-nano's share of its floor
 
     python bench/readme_numbers.py      # prints the README fragments, writes bench/results/readme_numbers.json
+    python bench/readme_numbers.py --out /tmp/n.json    # the same, written elsewhere
 
 ``tests/test_readme_numbers.py`` recomputes the fast ones and checks that the README quotes them all.
 """
 
 from __future__ import annotations
 
+import argparse
 import json
 import sys
 from pathlib import Path
@@ -124,12 +126,18 @@ def compute() -> dict:
     }
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(
+        description="Compute the README's derived numbers (op counts, bandwidth floors of the CPU runs in "
+        "bench/results, the CPU peer table) from their sources, print the README fragments and write them as JSON."
+    )
+    ap.add_argument("--out", type=Path, default=OUT, help=f"JSON path (default {OUT.relative_to(ROOT)})")
+    args = ap.parse_args(argv)
     numbers = compute()
-    OUT.write_text(json.dumps(numbers, indent=2) + "\n")
+    args.out.write_text(json.dumps(numbers, indent=2) + "\n")
     for line in fragments(numbers):
         print(line)
-    print(f"wrote {OUT.relative_to(ROOT)}", file=sys.stderr)
+    print(f"wrote {args.out}", file=sys.stderr)
 
 
 if __name__ == "__main__":

@@ -79,6 +79,18 @@ def _gpu(device: torch.device) -> dict:
     return info
 
 
+def cuda_missing(device: str, ranks: int = 1, cpu_hint: str = "--device cpu") -> str | None:
+    """Why a benchmark cannot run on ``device`` with ``ranks`` GPUs here (None when it can): the one-line
+    reason a script passes to ``ArgumentParser.error``, naming ``cpu_hint`` as the way to run on this CPU."""
+    if not str(device).startswith("cuda"):
+        return None
+    if not torch.cuda.is_available():
+        return f"no CUDA device here (this torch {torch.__version__} sees none): use {cpu_hint}"
+    if torch.cuda.device_count() < ranks:
+        return f"{ranks} ranks need {ranks} GPUs, this machine has {torch.cuda.device_count()}"
+    return None
+
+
 def environment(device="cpu") -> dict:
     """Machine and versions for a results JSON (see the module docstring); ``gpu`` is None off CUDA."""
     info = {

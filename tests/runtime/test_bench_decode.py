@@ -53,6 +53,8 @@ def test_dry_run_writes_a_complete_report(tmp_path, monkeypatch, capsys):
             assert sl["check"]["ok"], sl["check"]
             assert sl["check_megakernel"]["ok"], sl["check_megakernel"]
             rows = {r["row"]: r for t in sl["timings"] for r in t["rows"]}
+            for t in sl["timings"]:  # a row's label names its context (it once read a literal "{context}")
+                assert all(r["label"].endswith(f"ctx {t['context']}]") for r in t["rows"]), t["rows"]
             assert set(rows) == {"superop", "megakernel", "eager"}
             for r in rows.values():
                 assert r["ms_per_token"] > 0 and r["launches_per_step"] > 0 and r["mbu"] > 0 and r["finite_logits"], r
