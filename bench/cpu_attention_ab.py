@@ -34,7 +34,7 @@ def main() -> None:
     ap.add_argument("--tokens", type=int, default=64, help="new tokens per timed generation")
     ap.add_argument("--pairs", type=int, default=8)
     ap.add_argument("--threads", type=int, default=None, help="torch threads (default: the executor's choice)")
-    ap.add_argument("--out", default="bench/results/cpu_attention_ab.json")
+    ap.add_argument("--out", default=str(Path(__file__).resolve().parent / "results" / "cpu_attention_ab.json"))
     args = ap.parse_args()
     sys.path.insert(0, str(ROOT))
     sys.path.insert(0, str(ROOT / "bench"))

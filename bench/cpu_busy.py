@@ -62,7 +62,7 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--runs", type=int, default=3, help="timed generations per worker")
     ap.add_argument("--tokens", type=int, default=64)
-    ap.add_argument("--out", default="bench/results/cpu_busy.json")
+    ap.add_argument("--out", default=str(Path(__file__).resolve().parent / "results" / "cpu_busy.json"))
     args = ap.parse_args()
     if args.competitors < 1 or args.rounds < 1 or args.runs < 1 or args.tokens < 2:
         ap.error("--competitors, --rounds and --runs must be >= 1, --tokens >= 2")

@@ -62,6 +62,9 @@ KIMI_LINEAR_512 = {
 }
 
 
+MIN_TOKENS = 16  # decode steps a timed run needs before its difference with the one-token run means anything
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--tokens", type=int, default=128, help="new tokens per timed generation")
@@ -69,8 +72,11 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
-    ap.add_argument("--out", default="bench/results/cpu_decode.json")
+    ap.add_argument("--out", default=str(Path(__file__).resolve().parent / "results" / "cpu_decode.json"))
     args = ap.parse_args()
+    if args.tokens < MIN_TOKENS or args.repeats < 1:
+        # decode speed is the difference of two runs: a few steps drown in the noise (3 tokens gave -478 tok/s)
+        ap.error(f"--tokens must be >= {MIN_TOKENS} and --repeats >= 1")
     torch.set_num_threads(args.threads)
     dtype = getattr(torch, args.dtype)
 

@@ -32,7 +32,7 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=None, help="torch threads (default: the executor's choice)")
     ap.add_argument("--rounds", type=int, default=40)
     ap.add_argument("--calls", type=int, default=20, help="calls per timed block")
-    ap.add_argument("--out", default="bench/results/cpu_direct_call.json")
+    ap.add_argument("--out", default=str(Path(__file__).resolve().parent / "results" / "cpu_direct_call.json"))
     args = ap.parse_args()
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 

@@ -66,7 +66,7 @@ def main() -> None:
     )
     ap.add_argument("--reps", type=int, default=5)
     ap.add_argument("--shapes", type=weight_shapes, default=DEFAULT_SHAPES, help="comma-separated NxK weight shapes")
-    ap.add_argument("--out", default="bench/results/cpu_gemv.json")
+    ap.add_argument("--out", default=str(Path(__file__).resolve().parent / "results" / "cpu_gemv.json"))
     args = ap.parse_args()
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
     torch.set_num_threads(args.threads)

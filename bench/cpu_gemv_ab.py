@@ -61,7 +61,7 @@ def main() -> None:
     ap.add_argument("--reps", type=int, default=9)
     ap.add_argument("--shapes", type=weight_shapes, default=DEFAULT_SHAPES, help="comma-separated NxK weight shapes")
     ap.add_argument("--working-set", type=float, default=None, help="MB of weights cycled (default: 96 or 2x LLC)")
-    ap.add_argument("--out", default="bench/results/cpu_gemv_ab.json")
+    ap.add_argument("--out", default=str(Path(__file__).resolve().parent / "results" / "cpu_gemv_ab.json"))
     args = ap.parse_args()
     sys.path.insert(0, str(ROOT))
     torch.set_num_threads(args.threads)

@@ -438,8 +438,8 @@ def main() -> None:
     )
     ap.add_argument("--skip", default="", help="comma-separated systems to leave out (transformers, llama.cpp, vllm)")
     ap.add_argument("--no-compile-timing", action="store_true", help="skip the first-run / cached compile timing")
-    ap.add_argument("--out", default="bench/results/cpu_peers.json")
-    ap.add_argument("--chart", default="bench/results/cpu_peers.png")
+    ap.add_argument("--out", default=str(Path(__file__).resolve().parent / "results" / "cpu_peers.json"))
+    ap.add_argument("--chart", default=str(Path(__file__).resolve().parent / "results" / "cpu_peers.png"))
     args = ap.parse_args()
     if args.worker:
         worker_main(json.loads(args.worker))

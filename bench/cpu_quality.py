@@ -34,7 +34,7 @@ def main() -> None:
     ap.add_argument("--prompt-len", type=int, default=24)
     ap.add_argument("--max-tokens", type=int, default=32)
     ap.add_argument("--context", type=int, default=512)
-    ap.add_argument("--out", default="bench/results/cpu_quality.json")
+    ap.add_argument("--out", default=str(Path(__file__).resolve().parent / "results" / "cpu_quality.json"))
     args = ap.parse_args()
 
     from nonstop import LLM, SamplingParams

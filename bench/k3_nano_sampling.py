@@ -73,7 +73,7 @@ def main() -> None:
     ap.add_argument("--max-tokens", type=int, default=96)
     ap.add_argument("--seeds", type=int, default=2)
     ap.add_argument("--threads", type=int, default=2)
-    ap.add_argument("--out", default="bench/results/k3_nano_sampling.json")
+    ap.add_argument("--out", default=str(Path(__file__).resolve().parent / "results" / "k3_nano_sampling.json"))
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     llm = LLM(args.model, dtype="float32", max_batch=args.prompts, generation_config=False)
