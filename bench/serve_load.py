@@ -4,7 +4,9 @@ Each client sends streaming requests back to back (different prompts) until the 
 still running at the deadline are cancelled (their tokens up to the deadline count for throughput,
 their latencies do not). Reported: output tokens/s over the window, completed requests/s, TTFT
 (send -> first token) and TPOT ((last - first token) / (tokens - 1), per request) percentiles,
-and errors by kind. Token counts come from the stream's usage chunk (``include_usage``).
+and errors by kind. Token counts come from the stream's usage chunk (``include_usage``). With ``--serve``
+the bandwidth floor of one stream (active fp32 weight bytes per token at the copy bandwidth measured in the
+same run) is reported beside the TPOT; there is no peer server here to measure against.
 
     python bench/serve_load.py --serve "--model k3-nano --max-batch 16" --clients 8 --duration 60
     python bench/serve_load.py --url http://127.0.0.1:8000 --clients 16 --duration 30
@@ -28,7 +30,7 @@ from pathlib import Path
 
 import httpx
 
-from nonstop.hostinfo import command_line, environment
+from nonstop.hostinfo import command_line, copy_bandwidth, decode_floor, environment
 
 ROOT = Path(__file__).resolve().parents[1]
 PROMPT_SOURCE = ROOT / "nonstop" / "assets" / "heldout_sample.txt"
@@ -190,7 +192,7 @@ def model_info(serve_args: str | None) -> dict | None:
     from nonstop.weights.resolve import resolve_model
 
     cfg, model_dir = resolve_model(name)
-    fp = model_footprint(cfg, torch.float32)
+    fp = model_footprint(cfg, torch.float32)  # what `nonstop serve` runs on a CPU (--dtype auto)
     return {
         "name": name,
         "dir": str(model_dir) if model_dir else None,
@@ -198,6 +200,9 @@ def model_info(serve_args: str | None) -> dict | None:
         "active_params": fp.active_params,
         "total_params": fp.total_params,
         "hf_config": cfg.to_hf_dict(),
+        # the floor a stream's TPOT is held against: every active fp32 weight byte read once per token at the
+        # copy bandwidth measured now, after the load (the server's machine: --serve starts it here)
+        "floor": decode_floor(fp.bytes_per_token, copy_bandwidth()["copy_GBps"]),
     }
 
 
@@ -302,6 +307,14 @@ def main() -> None:
         f"errors {r['errors'] or 'none'}"
     )
     print(f"TTFT p50/p90/p99: {ms(r['ttft_s'])}   TPOT p50/p90/p99: {ms(r['tpot_s'])}")
+    floor = (report["checkpoint"] or {}).get("floor")
+    if floor:
+        print(
+            f"bandwidth floor of one stream: {floor['floor_ms_per_token']:.3f} ms a token "
+            f"({floor['bytes_per_token'] / 1e6:.1f} MB of fp32 weights at {floor['copy_GBps']:.1f} GB/s copy bandwidth)"
+        )
+    else:
+        print("bandwidth floor: unknown for a server given by --url (start it with --serve to measure one)")
     print(f"wrote {out}")
 
 
