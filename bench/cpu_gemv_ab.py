@@ -15,7 +15,9 @@ builds must compute the same product), next to the copy bandwidth measured in th
 from __future__ import annotations
 
 import argparse
+import atexit
 import os
+import shutil
 import statistics
 import subprocess
 import sys
@@ -36,6 +38,7 @@ def build_base(rev: str) -> None:
     from torch.utils.cpp_extension import load
 
     tmp = Path(tempfile.mkdtemp(prefix="nonstop_gemv_base_"))
+    atexit.register(shutil.rmtree, tmp, True)  # the loaded library stays mapped; its build files go at exit
     for path in SOURCES:
         shown = subprocess.run(["git", "-C", str(ROOT), "show", f"{rev}:{path}"], capture_output=True, text=True)
         if shown.returncode != 0:

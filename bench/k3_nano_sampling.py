@@ -66,7 +66,7 @@ def score(outs) -> dict:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", default="k3-nano")
     ap.add_argument("--prompts", type=int, default=16)
     ap.add_argument("--prompt-tokens", type=int, default=24)
