@@ -33,6 +33,15 @@ from nonstop.runtime.interface import Executor
 log = logging.getLogger("nonstop.engine")
 
 
+def check_fits(prompt_tokens: int, max_tokens: int, context: int) -> None:
+    """A ValueError when a prompt of ``prompt_tokens`` with ``max_tokens`` to generate exceeds ``context``."""
+    if prompt_tokens + max_tokens > context:
+        raise ValueError(
+            f"prompt ({prompt_tokens} tokens) + max_tokens ({max_tokens}) exceeds the model's context of {context} "
+            "tokens"
+        )
+
+
 class EngineCore:
     """Owns a ``ModelCache`` of ``num_slots`` slots and the requests in them.
 
@@ -85,12 +94,7 @@ class EngineCore:
         return self.prefilling + self.running
 
     def check_length(self, req: Request) -> None:
-        total = len(req.prompt_ids) + req.params.max_tokens
-        if total > self.max_len:
-            raise ValueError(
-                f"prompt ({len(req.prompt_ids)} tokens) + max_tokens ({req.params.max_tokens}) exceeds the model's "
-                f"context of {self.max_len} tokens"
-            )
+        check_fits(len(req.prompt_ids), req.params.max_tokens, self.max_len)
 
     # ------------------------------------------------------------------ API
     @torch.inference_mode()

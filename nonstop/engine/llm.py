@@ -9,7 +9,7 @@ import time
 from pathlib import Path
 
 from nonstop.engine.chat_template import chat_prompt, check_messages
-from nonstop.engine.core import EngineCore
+from nonstop.engine.core import EngineCore, check_fits
 from nonstop.engine.generation_config import GenerationConfig, load_generation_config
 from nonstop.engine.inputs import check_max_batch, check_prefill_chunk, id_list, prompt_id_lists, prompt_list
 from nonstop.engine.requests import Request, RequestOutput
@@ -145,12 +145,7 @@ class LLM:
     def check_length(self, prompt_tokens: int, max_tokens: int) -> None:
         """Refuse a prompt of ``prompt_tokens`` that with ``max_tokens`` to generate exceeds the model's context
         (what the engine checks when it admits the request; here before anything runs)."""
-        limit = self.cfg.max_position_embeddings
-        if prompt_tokens + max_tokens > limit:
-            raise ValueError(
-                f"prompt ({prompt_tokens} tokens) + max_tokens ({max_tokens}) exceeds the model's context of "
-                f"{limit} tokens"
-            )
+        check_fits(prompt_tokens, max_tokens, self.cfg.max_position_embeddings)
 
     # ------------------------------------------------------------------ requests
     def make_request(
