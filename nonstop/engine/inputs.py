@@ -13,26 +13,24 @@ import operator
 import torch
 
 
+def _positive_index(value, name: str, also: str = "") -> int:
+    """``value`` as an int >= 1 (a TypeError for a non-integer or a bool, a ValueError below 1); ``also``
+    names what else the argument takes, for the message."""
+    if isinstance(value, bool) or not _is_index(value):
+        raise TypeError(f"{name} must be an integer >= 1{also}, got {type(value).__name__} {value!r}")
+    if operator.index(value) < 1:
+        raise ValueError(f"{name} must be an integer >= 1{also}, got {value!r}")
+    return operator.index(value)
+
+
 def check_max_batch(value, name: str = "max_batch") -> int:
     """``value`` as an int >= 1 (sequences decoded together: 0 would admit none and never finish)."""
-    if isinstance(value, bool) or not _is_index(value):
-        raise TypeError(f"{name} must be an integer >= 1, got {type(value).__name__} {value!r}")
-    if operator.index(value) < 1:
-        raise ValueError(f"{name} must be an integer >= 1, got {value!r}")
-    return operator.index(value)
+    return _positive_index(value, name)
 
 
 def check_prefill_chunk(value) -> int | None:
     """``value`` as an int >= 1, or None (whole prompts in one forward)."""
-    if value is None:
-        return None
-    if isinstance(value, bool) or not _is_index(value):
-        raise TypeError(
-            f"prefill_chunk must be an integer >= 1 or None (whole prompts), got {type(value).__name__} {value!r}"
-        )
-    if operator.index(value) < 1:
-        raise ValueError(f"prefill_chunk must be an integer >= 1 or None (whole prompts), got {value!r}")
-    return operator.index(value)
+    return None if value is None else _positive_index(value, "prefill_chunk", " or None (whole prompts)")
 
 
 def _is_index(value) -> bool:
