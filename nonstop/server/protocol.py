@@ -21,6 +21,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from nonstop.engine.chat_template import ROLES
 from nonstop.engine.sampling import ADDITIVE_PENALTY_RANGE, MAX_N, SEED_RANGE
 
 SEED_MIN, SEED_MAX = SEED_RANGE  # the engine's ranges, one source: a request is refused as SamplingParams would
@@ -137,7 +138,7 @@ class ChatMessage(_Body):
     """One message; ``tool_calls`` / ``tool_call_id`` reach the chat template, ``refusal`` and
     ``annotations`` (sent back by clients that echo a response message) are ignored."""
 
-    role: Literal["system", "developer", "user", "assistant", "tool"]
+    role: Literal[ROLES]  # the engine's list (``chat_template.ROLES``; LLM.chat checks the same)
     content: str | list[TextPart] | None = None
     name: str | None = None
     tool_calls: list[dict] | None = None
