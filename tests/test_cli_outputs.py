@@ -181,3 +181,27 @@ def test_flags_a_command_would_ignore_are_not_offered_and_device_names_match(cap
     assert "unrecognized arguments: --chat-template" in err
     assert main(["program", "--summary", "--tp", "2", "--device", "cuda:1"]) == 0
     assert "tp 2" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize(
+    ("flags", "named"),
+    [
+        (["--rank", "1"], "--rank describes"),
+        (["--device", "cpu"], "--device describes"),
+        (["--chunks", "2", "--exchange", "static"], "--chunks, --exchange describe"),
+    ],
+)
+def test_program_refuses_rank_flags_without_a_layout(flags, named, capsys):
+    """--rank / --device / --chunks / --exchange only shape one rank of a --tp / --ep layout; without one the
+    single-device Program was printed and the flags were silently ignored."""
+    assert named in _refused(["program", "--summary", *flags], capsys)
+    assert main(["program", "--summary", "--tp", "2", *flags]) == 0
+    assert "tp 2" in capsys.readouterr().out
+
+
+def test_program_headline_counts_one_layer_in_the_singular(capsys):
+    assert main(["program", "--summary", "--num-layers", "1"]) == 0
+    assert "(kimi_k3, 1 layer, bfloat16)" in capsys.readouterr().out
+    assert main(["program", "--summary", "--num-layers", "2", "--tp", "2"]) == 0
+    out = capsys.readouterr().out
+    assert "(kimi_k3, 2 layers, bfloat16)" in out and "(1 token per step)" in out

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from nonstop.commands.common import DTYPE_CHOICES, add_threads_arg, non_negative_int, positive_int
 from nonstop.commands.layout_args import add_layout_args, layout_from_args, wants_layout
-from nonstop.commands.program_table import print_ops
+from nonstop.commands.program_table import layer_count, print_ops
 
 
 def add_parser(sub) -> None:
@@ -40,12 +40,14 @@ def add_parser(sub) -> None:
     )
     p.add_argument("--summary", action="store_true", help="one row per op kind instead of one per op")
     add_layout_args(p, run=False)
-    p.add_argument("--rank", type=int, default=0, help="with a layout: the rank whose ops are listed (default 0)")
+    p.add_argument(
+        "--rank", type=non_negative_int, default=None, help="with a layout: the rank whose ops are listed (default 0)"
+    )
     p.add_argument(
         "--device",
         type=lambda text: text.split(":")[0],  # cuda:1 as generate takes it: the kind is what sets the defaults
         choices=("cuda", "cpu"),
-        default="cuda",
+        default=None,
         help="with a layout: the device the ranks would run on, which sets the engine's defaults shown - MoE "
         "chunks (2 on CUDA, 1 on CPU) and the exchange mode --exchange auto picks (default cuda)",
     )
@@ -59,6 +61,7 @@ def run(args) -> int:
     from nonstop.weights.resolve import DTYPES, resolve_model
 
     set_threads(args.threads)
+    check_layout_flags(args)
     cfg, _ = resolve_model(args.model)
     if args.num_layers:
         cfg = cfg.with_num_layers(args.num_layers)
@@ -66,13 +69,33 @@ def run(args) -> int:
     if wants_layout(args):
         from nonstop.commands.program_table import print_rank_program
 
+        args.rank = args.rank or 0
+        args.device = args.device or "cuda"
         return print_rank_program(args, cfg, layout_from_args(args), dtype)
     program, eager, counted_on = decode_program(cfg, dtype)
     print(
-        f"decode program of {args.model} ({cfg.family}, {cfg.num_hidden_layers} layers, {args.dtype}), {args.rows} "
+        f"decode program of {args.model} ({cfg.family}, {layer_count(cfg)}, {args.dtype}), {args.rows} "
         f"row(s), context {args.context}"
     )
     print_ops(program, args.rows, args.context, args.summary)
     print(f"(bytes in B, FLOPs per step; eager ops counted on {counted_on})")
     print(f"eager ops per step: {eager}, super-ops per step: {len(program.ops)}")
     return 0
+
+
+def check_layout_flags(args) -> None:
+    """--rank, --device, --chunks and --exchange describe one rank of a layout: without --tp / --ep / --world
+    they would be ignored, so they are refused."""
+    given = [
+        flag
+        for flag, value in (
+            ("--rank", args.rank),
+            ("--device", args.device),
+            ("--chunks", args.chunks),
+            ("--exchange", None if args.exchange == "auto" else args.exchange),
+        )
+        if value is not None
+    ]
+    if given and not wants_layout(args):
+        verb = "describes" if len(given) == 1 else "describe"
+        raise ValueError(f"{', '.join(given)} {verb} one rank of a layout: give --tp, --ep or --world with them")

@@ -10,6 +10,12 @@ def _fmt(n: float) -> str:
     return human(n)
 
 
+def layer_count(cfg) -> str:
+    """'1 layer' / 'N layers'."""
+    n = cfg.num_hidden_layers
+    return f"{n} layer" + ("" if n == 1 else "s")
+
+
 def print_ops(program, rows: int, context: int, summary: bool) -> None:
     """The table of ops (or op kinds) with weights, bytes read / written, FLOPs, tiles, and the total."""
     table = []
@@ -51,13 +57,11 @@ def print_rank_program(args, cfg, layout, dtype) -> int:
     chunks = args.chunks or (2 if args.device == "cuda" else 1)  # the engine's default
     mode, reason = engine_exchange(cfg, layout, args.rows, chunks, dtype, args.device, args.exchange)
     step = rank_step(cfg, layout, args.rows, args.context, dtype, args.rank, chunks, mode)
+    print(f"decode program of {args.model} ({cfg.family}, {layer_count(cfg)}, {args.dtype}) under {layout.describe()}")
+    tokens = f"{step.tokens} token" + ("s" if step.tokens > 1 else "")
     print(
-        f"decode program of {args.model} ({cfg.family}, {cfg.num_hidden_layers} layers, {args.dtype}) under "
-        f"{layout.describe()}"
-    )
-    print(
-        f"rank {args.rank}, {args.rows} row(s) per attention group ({step.tokens} tokens per step), context "
-        f"{args.context}; shapes only (no weights built)"
+        f"rank {args.rank}, {args.rows} row(s) per attention group ({tokens} per step), context {args.context}; "
+        "shapes only (no weights built)"
     )
     if cfg.moe is not None:
         placement = layout.placement_for(

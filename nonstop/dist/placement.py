@@ -97,7 +97,8 @@ class ExpertPlacement:
     def describe(self) -> str:
         counts = [len(s) for s in self.slots]
         extra = self.physical - self.num_experts
-        return f"{self.num_experts} experts on {self.ranks} ranks ({min(counts)}-{max(counts)} per rank" + (
+        ranks = f"{self.ranks} rank" + ("s" if self.ranks > 1 else "")
+        return f"{self.num_experts} experts on {ranks} ({min(counts)}-{max(counts)} per rank" + (
             f", {extra} redundant)" if extra else ")"
         )
 

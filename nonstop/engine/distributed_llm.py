@@ -19,9 +19,10 @@ import torch
 
 from nonstop.dist.comm import Comm
 from nonstop.engine.distributed import ClusterExecutor, build_worker
+from nonstop.engine.inputs import check_max_batch, check_prefill_chunk
 from nonstop.engine.layout_preflight import check_rank_memory
 from nonstop.engine.llm import LLM
-from nonstop.engine.speculative.config import SpeculativeConfig, make_drafter
+from nonstop.engine.speculative.config import SpeculativeConfig, drafter_dir, make_drafter
 from nonstop.weights.resolve import check_device
 
 
@@ -83,9 +84,14 @@ class DistributedLLM(LLM):
             raise ValueError(
                 f"DistributedLLM runs on rank 0; rank {comm.rank} follows (nonstop.engine.distributed.follow)"
             )
+        max_batch = check_max_batch(max_batch)
+        prefill_chunk = check_prefill_chunk(prefill_chunk)
         check_device(device)
         self.device = comm.device
         self._resolve(model, dtype, device, tokenizer, chat_template, generation_config)
+        self.speculative_config = SpeculativeConfig.parse(speculative)  # a bad option fails before the weights load
+        if self.speculative_config is not None and self.speculative_config.method == "dspark":
+            drafter_dir(self.speculative_config, self.model_dir)
         if preflight:
             check_rank_memory(self.name, self.cfg, comm.layout, comm.rank, self.dtype, comm.device, max_batch)
         if self.model_dir is None:
@@ -100,7 +106,6 @@ class DistributedLLM(LLM):
         self.max_batch = max_batch
         self.prefill_chunk = prefill_chunk
         self.batch_invariant = batch_invariant
-        self.speculative_config = SpeculativeConfig.parse(speculative)
         self.model = None
         if self.speculative_config is not None and self.speculative_config.method == "dspark":
             self.model = TargetHead(self.cfg, self.model_dir, self.dtype, self.device, seed)

@@ -7,12 +7,16 @@ false`` (CPU), versions and date. ``better(new, old)``: a timed entry beats an u
 one; an untimed entry only fills an empty place (on a CPU nothing is faster than anything).
 
 A store file that exists but cannot be read as a tuning store is never replaced: ``record``, ``rows`` and
-``check_writable`` raise ``StoreError`` (a ``ValueError``) naming the file and the reason.
+``check_writable`` raise ``StoreError`` (a ``ValueError``) naming the file and the reason. ``record``
+reads, updates and writes the store under an exclusive lock on ``.<name>.lock`` beside it, so two tuning
+runs sharing a store each keep their winners (without it the later write dropped the earlier one's).
 """
 
 from __future__ import annotations
 
+import contextlib
 import datetime
+import fcntl
 import hashlib
 import json
 import os
@@ -111,10 +115,28 @@ def check_writable(path: Path) -> None:
     os.unlink(probe)
 
 
+@contextlib.contextmanager
+def _locked(path: Path):
+    """Hold an exclusive advisory lock (``flock``) on the lock file beside the store ``path``."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path.with_name(f".{path.name}.lock"), "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)
+
+
 def record(path: Path, device: str, kind: str, key: str, source: str, entry: dict) -> bool:
     """Store ``source`` as the winner at (device, kind, key) if it is ``better`` than what is there;
     returns whether it was stored. ``entry`` holds the provenance (see the module docstring). A store
-    file that cannot be read raises ``StoreError`` and is left as it is."""
+    file that cannot be read raises ``StoreError`` and is left as it is. The read, the comparison and the
+    write happen under the store's lock (another run's record waits)."""
+    with _locked(path):
+        return _record_locked(path, device, kind, key, source, entry)
+
+
+def _record_locked(path: Path, device: str, kind: str, key: str, source: str, entry: dict) -> bool:
     data = read_store(path)
     slot = data["entries"].setdefault(device, {}).setdefault(kind, {})
     rel, sha = write_kernel(path.parent, kind, source)

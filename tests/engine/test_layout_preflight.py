@@ -136,3 +136,29 @@ def test_distributed_llm_checks_rank_0s_gpu_unless_told_not_to(monkeypatch):
         distributed_llm.DistributedLLM("k3-nano", dtype="float32", comm=comm)
     with pytest.raises(Loading):
         distributed_llm.DistributedLLM("k3-nano", dtype="float32", comm=comm, preflight=False)
+
+
+@pytest.mark.parametrize(
+    ("options", "message"),
+    [
+        ({"max_batch": 0}, "max_batch"),
+        ({"prefill_chunk": 0}, "prefill_chunk"),
+        ({"speculative": {"method": "no-such-method"}}, "method"),
+    ],
+)
+def test_distributed_llm_checks_its_options_before_it_loads(monkeypatch, options, message):
+    """As LLM does: max_batch=0 was accepted, rank 0's part loaded, and the first request never finished."""
+    import nonstop.engine.distributed_llm as distributed_llm
+
+    class Loading(Exception):
+        pass
+
+    def build_worker(*args, **kwargs):
+        raise Loading
+
+    monkeypatch.setattr(distributed_llm, "build_worker", build_worker)
+    comm = types.SimpleNamespace(rank=0, layout=Layout.make(2, 1, 2), device=torch.device("cpu"))
+    with pytest.raises(ValueError, match=message):
+        distributed_llm.DistributedLLM("k3-nano", dtype="float32", comm=comm, preflight=False, **options)
+    with pytest.raises(Loading):
+        distributed_llm.DistributedLLM("k3-nano", dtype="float32", comm=comm, preflight=False)

@@ -277,3 +277,30 @@ def test_store_and_kernel_files_follow_the_umask(tmp_path):
         os.umask(old)
     for f in (tmp_path / rel, tmp_path / "tuned.json"):
         assert stat.S_IMODE(f.stat().st_mode) == 0o644, f
+
+
+def test_two_runs_recording_into_one_store_keep_both_winners(tmp_path, monkeypatch):
+    """Each record reads the store, adds its entry and writes the whole file: two tuning runs interleaving
+    those steps lost the first one's entry. The read is slowed here so the writers overlap every time."""
+    import threading
+    import time
+
+    path = tmp_path / "tuning.json"
+    slow_read = store.read_store
+
+    def read_store(p):
+        data = slow_read(p)
+        time.sleep(0.05)
+        return data
+
+    monkeypatch.setattr(store, "read_store", read_store)
+    keys = [f"B1xT1 w={n}x8 float32" for n in range(6)]
+    threads = [
+        threading.Thread(target=store.record, args=(path, "cpu", "mlp", key, f"# kernel {key}\n", ENTRY))
+        for key in keys
+    ]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=60)
+    assert sorted(json.loads(path.read_text())["entries"]["cpu"]["mlp"]) == keys
