@@ -1,8 +1,8 @@
 """Request state and outputs: token bookkeeping, incremental detokenisation, stop conditions.
 
 Each generated token costs the same whatever the output length: the text grows through an
-``IncrementalDecoder`` (a few tokens decoded per step), stop strings are searched only where a new
-match can be (the new text and the stop length before it), and penalties read per-token counts.
+``IncrementalDecoder`` (a few tokens decoded per step), stop strings are matched per new character
+(``stop_strings.StopStrings``, whatever their length), and penalties read per-token counts.
 """
 
 from __future__ import annotations
@@ -15,6 +15,7 @@ import torch
 
 from nonstop.engine.detokenize import IncrementalDecoder
 from nonstop.engine.sampling import SamplingParams
+from nonstop.engine.stop_strings import StopStrings
 from nonstop.engine.tokenizer import Tokenizer
 
 
@@ -64,13 +65,14 @@ class Request:
     draft_state: object = field(default=None, repr=False)  # the speculative drafter's per-request state
     _pieces: list[str] = field(default_factory=list, repr=False)  # the text, in the pieces it was decoded in
     _length: int = field(default=0, repr=False)  # characters in _pieces
-    _tail: str = field(default="", repr=False)  # the last (longest stop string - 1) characters of the text
+    _stops: StopStrings | None = field(default=None, repr=False)  # the stop strings' match state
     _unsent: str = field(default="", repr=False)  # text not yet returned by ``append`` (a possible stop start)
     _decoder: IncrementalDecoder | None = field(default=None, repr=False)
     _counts: collections.Counter = field(default_factory=collections.Counter, repr=False)
     _seen_prompt: torch.Tensor | None = field(default=None, repr=False)
 
     def __post_init__(self):
+        self._stops = StopStrings(self.params.stop_strings)  # built where the request is made, not on the engine
         if self.params.logprobs is not None:
             self.logprobs = []
         if not self.params.greedy:
@@ -132,7 +134,7 @@ class Request:
             self._finish("stop", now)
         elif len(self.output_ids) >= p.max_tokens:
             self._finish("length", now)
-        hold = 0 if self.finished else _stop_prefix_len(self._tail, p.stop_strings)
+        hold = 0 if self.finished else self._stops.held
         split = max(0, len(self._unsent) - hold)
         out, self._unsent = self._unsent[:split], self._unsent[split:]
         return out
@@ -142,16 +144,10 @@ class Request:
         An earlier match would have ended the request, so a new one ends inside ``new``."""
         if not new:
             return None
-        stops = self.params.stop_strings
-        window = self._tail + new
-        base = self._length - len(self._tail)
-        found = [at for at in (window.find(s) for s in stops) if at >= 0]
         self._pieces.append(new)
         self._length += len(new)
         self._unsent += new
-        keep = max((len(s) for s in stops), default=1) - 1
-        self._tail = window[max(0, len(window) - keep) :] if keep else ""
-        return base + min(found) if found else None
+        return self._stops.feed(new)
 
     def _cut_text(self, end: int) -> None:
         """Truncate the text to its first ``end`` characters (the match starts after what was sent)."""
@@ -196,14 +192,3 @@ class Request:
             metrics=metrics,
             error=self.error,
         )
-
-
-def _stop_prefix_len(text: str, stops: list[str]) -> int:
-    """Length of the longest end of ``text`` that is a proper prefix of a stop string (0 if none)."""
-    best = 0
-    for s in stops:
-        for k in range(min(len(s) - 1, len(text)), best, -1):
-            if text.endswith(s[:k]):
-                best = k
-                break
-    return best

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import base64
 import binascii
+import functools
 import re
 from pathlib import Path
 
@@ -152,7 +153,30 @@ class HFTokenizer(Tokenizer):
             self.tok = _Tok.from_file(str(model_dir / "tokenizer.json"))
         except Exception as exc:  # tokenizers raises its own Exception type
             raise TokenizerError(f"{model_dir / 'tokenizer.json'}: cannot load tokenizer ({exc})") from None
-        self.special_ids = {i for i, t in self.tok.get_added_tokens_decoder().items() if t.special}
+        added = self.tok.get_added_tokens_decoder()
+        self.special_ids = {i for i, t in added.items() if t.special}
+        self._added_ids = set(added)
+        self._byte_level, self._byte_fallback = _decoder_kinds(self.tok)
+
+    def token_bytes(self, token_id: int) -> bytes | None:
+        """The bytes of a byte-level BPE token (its name spelt in GPT-2's byte alphabet, ``byte_level_
+        alphabet``) or of a byte-fallback token ``<0xHH>``; None for an added token or any other decoder
+        (``token_text`` then decodes it alone)."""
+        if token_id in self._added_ids:
+            return None
+        name = self.tok.id_to_token(token_id)
+        if name is None:
+            return None
+        if self._byte_fallback and len(name) == 6 and name.startswith("<0x") and name.endswith(">"):
+            try:
+                return bytes([int(name[3:5], 16)])
+            except ValueError:
+                return None
+        if self._byte_level:
+            to_byte = _byte_level_inverse()
+            if all(c in to_byte for c in name):
+                return bytes(to_byte[c] for c in name)
+        return None
 
     def _encode(self, text: str, add_special_tokens: bool) -> list[int]:
         # encode_batch releases the GIL while it works (encode holds it: a long prompt would stall every
@@ -167,6 +191,30 @@ class HFTokenizer(Tokenizer):
 
     def special_name(self, token_id: int) -> str | None:
         return self.tok.id_to_token(token_id) if token_id in self.special_ids else None
+
+
+def _decoder_kinds(tok) -> tuple[bool, bool]:
+    """(byte-level, byte-fallback): whether the tokenizer's decoder, or one step of a Sequence of them, is
+    ``ByteLevel`` / ``ByteFallback``."""
+    import json
+
+    if tok.decoder is None:
+        return False, False
+    decoder = json.loads(tok.decoder.__getstate__())  # the decoder's own JSON, as tokenizer.json spells it
+    steps = decoder.get("decoders", [decoder])
+    kinds = {step.get("type") for step in steps if isinstance(step, dict)}
+    return "ByteLevel" in kinds, "ByteFallback" in kinds
+
+
+@functools.cache
+def _byte_level_inverse() -> dict[str, int]:
+    """{character: byte} of GPT-2's byte-level alphabet: the printable bytes ``!``-``~``, ``¡``-``¬`` and
+    ``®``-``ÿ`` stand for themselves; the other 68 bytes, in increasing order, for U+0100, U+0101, ..."""
+    printable = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1), *range(ord("®"), ord("ÿ") + 1)]
+    others = [b for b in range(256) if b not in printable]
+    table = {chr(b): b for b in printable}
+    table.update({chr(256 + n): b for n, b in enumerate(others)})
+    return table
 
 
 # Kimi's pre-tokeniser (tokenization_kimi.py of the Kimi K2 / Kimi Linear checkpoints): Han runs,

@@ -9,7 +9,7 @@ import random
 import pytest
 
 from nonstop.engine.detokenize import IncrementalDecoder
-from nonstop.engine.requests import Request, _stop_prefix_len
+from nonstop.engine.requests import Request
 from nonstop.engine.sampling import SamplingParams
 from nonstop.engine.tokenizer import ByteTokenizer, Tokenizer
 from nonstop.weights.resolve import ASSETS
@@ -51,12 +51,17 @@ def _reference_stream(ids: list[int], tok, stops: list[str], eos: int | None = N
         done = bool(hits) or ends or n == len(ids)
         if hits:
             text = text[: min(hits)]
-        end = len(text) if done else len(text) - _stop_prefix_len(text, stops)
+        end = len(text) if done else len(text) - _held(text, stops)
         pieces.append(text[sent:end])
         sent = max(sent, end)
         if done:
             break
     return pieces, text
+
+
+def _held(text: str, stops: list[str]) -> int:
+    """The longest end of ``text`` that is a proper prefix of a stop string (brute force)."""
+    return max((k for s in stops for k in range(1, len(s)) if text.endswith(s[:k])), default=0)
 
 
 def _stream(ids: list[int], tok, stops: list[str], eos: int | None = None):

@@ -244,3 +244,40 @@ def test_token_text_keeps_distinct_tokens_distinct(kimi_dir):
     tok = Tokenizer.load(kimi_dir, 10_000)
     ids = [i for i in range(len(_ranks())) if tok.token_bytes(i) in (b"\xe2", b"\x80")]
     assert len(ids) == 2 and len({tok.token_text(i) for i in ids}) == 2 and "\ufffd" not in tok.token_text(ids[0])
+
+
+def test_a_byte_level_tokenizer_json_names_each_tokens_own_bytes():
+    """The bundled k3-nano's tokenizer.json (byte-level BPE): every token's bytes joined are the text's
+    UTF-8, so tokens that are part of a character are listed by their bytes, not all as U+FFFD; a token
+    that is whole text is listed as that text."""
+    from nonstop.engine.tokenizer import HFTokenizer
+    from nonstop.weights.resolve import resolve_model
+
+    _, model_dir = resolve_model("k3-nano")
+    tok = Tokenizer.load(model_dir, 10**6)
+    assert isinstance(tok, HFTokenizer)
+    text = "日本語🙂 naïve café, ok"
+    ids = tok.encode(text, add_special_tokens=False)
+    assert b"".join(tok.token_bytes(i) for i in ids) == text.encode()
+    parts = [tok.token_text(i) for i in ids]
+    assert "\ufffd" not in "".join(parts) and any(p.startswith("bytes:\\x") for p in parts)
+    word = tok.encode(" the", add_special_tokens=False)
+    assert len(word) == 1 and tok.token_text(word[0]) == " the"
+
+
+def test_a_byte_fallback_tokenizer_json_names_its_byte_tokens(tmp_path):
+    """A SentencePiece-style tokenizer.json (Metaspace, ``<0xHH>`` byte-fallback tokens): a character
+    outside the vocabulary becomes byte tokens, listed by their bytes; other tokens as their text."""
+    from tokenizers import Tokenizer as HF
+    from tokenizers import decoders, models, pre_tokenizers
+
+    vocab = {f"<0x{b:02X}>": b for b in range(256)} | {"▁": 256, "a": 257, "b": 258, "▁a": 259, "<unk>": 260}
+    hf = HF(models.BPE(vocab=vocab, merges=[("▁", "a")], unk_token="<unk>", byte_fallback=True))
+    hf.pre_tokenizer = pre_tokenizers.Metaspace()
+    hf.decoder = decoders.Sequence([decoders.Replace("▁", " "), decoders.ByteFallback(), decoders.Fuse()])
+    hf.save(str(tmp_path / "tokenizer.json"))
+    tok = Tokenizer.load(tmp_path, len(vocab))
+    ids = tok.encode("aé", add_special_tokens=False)
+    assert [tok.token_bytes(i) for i in ids][-2:] == list(map(bytes, (["é".encode()[0]], ["é".encode()[1]])))
+    assert [tok.token_text(i) for i in ids][-2:] == ["bytes:\\xc3", "bytes:\\xa9"]
+    assert tok.token_text(vocab["▁a"]) == tok.decode([vocab["▁a"]]) and tok.token_bytes(vocab["b"]) is None
