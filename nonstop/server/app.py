@@ -2,13 +2,15 @@
 server-sent events), /v1/models, /v1/models/{id}, /health and /metrics, over one ``EngineLoop``.
 
 Streams end with ``data: [DONE]``; with ``stream_options.include_usage`` a last chunk carries the
-usage (and with ``continuous_usage_stats`` every chunk the usage so far). A client that disconnects
-(mid-stream, or while waiting for a whole response) has its requests cancelled so their slots free at
-once. A request that fails inside the engine gets an error body (or an ``error`` event mid-stream); the
-server keeps serving.
+usage and the others ``"usage": null``, as OpenAI's (with ``continuous_usage_stats`` the usage so far).
+A client that disconnects (mid-stream, or while waiting for a whole response) has its requests cancelled
+so their slots free at once; one that leaves while sending its body is counted as 499, as they are. A
+request that fails inside the engine gets an error body (or an ``error`` event mid-stream); the server
+keeps serving.
 
 Request bodies are read with a size limit, then parsed, validated, tokenized and rendered in a worker
-thread, so a large prompt never stalls the event loop (``/health`` and running streams stay live); while
+thread, and a whole response is built and rendered in one, so neither a large prompt nor a large response
+(echo, n, top logprobs) stalls the event loop (``/health`` and running streams stay live); while
 serving, the heap alive at startup is frozen out of the garbage collector, whose full collections
 would otherwise stop the loop for a time that grows with it (``freeze_startup_heap``).
 With an API key every ``/v1`` route wants ``Authorization: Bearer <key>``. ``/openapi.json`` carries
@@ -29,6 +31,7 @@ from fastapi.openapi.utils import get_openapi
 from fastapi.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
 from starlette.background import BackgroundTask
 from starlette.concurrency import run_in_threadpool
+from starlette.requests import ClientDisconnect
 
 import nonstop
 from nonstop.engine.llm import LLM
@@ -36,7 +39,7 @@ from nonstop.engine.loop import EngineLoop
 from nonstop.server.errors import APIError, install_error_handlers, internal_error
 from nonstop.server.metrics import TEXT_CONTENT_TYPE, ServerMetrics
 from nonstop.server.protocol import ChatCompletionBody, CompletionBody
-from nonstop.server.responses import Choice, ResponseBuilder, sse, usage
+from nonstop.server.responses import Choice, ResponseBuilder, TextOffsets, sse, usage
 from nonstop.server.submission import Submission
 from nonstop.server.translate import (
     Limits,
@@ -110,7 +113,8 @@ class ErrorBoundary:
 
 async def read_body(request: Request, limit: int) -> bytes:
     """The request body, refused with 413 (and ``Connection: close``, as the rest is left unread) as soon
-    as it exceeds ``limit`` bytes."""
+    as it exceeds ``limit`` bytes. A client that leaves before sending all of it gets the 499 of every
+    client that leaves (counted, not logged as an error)."""
     too_large = APIError(
         413,
         f"request body exceeds the limit of {limit} bytes",
@@ -121,11 +125,14 @@ async def read_body(request: Request, limit: int) -> bytes:
     if length.isdigit() and int(length) > limit:
         raise too_large
     chunks, size = [], 0
-    async for chunk in request.stream():
-        size += len(chunk)
-        if size > limit:
-            raise too_large
-        chunks.append(chunk)
+    try:
+        async for chunk in request.stream():
+            size += len(chunk)
+            if size > limit:
+                raise too_large
+            chunks.append(chunk)
+    except ClientDisconnect:
+        raise APIError(499, "the client disconnected while sending the body", code="client_disconnected") from None
     return b"".join(chunks)
 
 
@@ -312,7 +319,8 @@ async def _respond(
     failed = next((c.error or "request aborted" for c in choices if c.finish_reason in ("error", "abort")), None)
     if failed:
         raise APIError(500, f"generation failed: {failed}", code="generation_failed")
-    return JSONResponse(builder.body(choices, echoes))
+    # a large body (n x echoed prompt x top logprobs: megabytes) is built and rendered off the event loop
+    return await run_in_threadpool(lambda: JSONResponse(builder.body(choices, echoes)))
 
 
 async def _stream(
@@ -324,21 +332,28 @@ async def _stream(
 ):
     """SSE chunks for one call; cancels its unfinished requests however the stream ends. An unexpected
     error mid-stream ends it with an ``error`` event (the status line is already sent). An echoed prompt
-    goes first; with logprobs it waits for the prompt's logprobs, which come with the first token."""
+    goes first; with logprobs it waits for the prompt's logprobs, which come with the first token.
+    With a usage mode every chunk has a ``usage`` key: null (as OpenAI sends) or, with ``every``, the
+    usage so far once the engine has reported."""
     echo_with_logprobs = bool(echoes) and builder.top_logprobs is not None
     echo_pending = set(range(len(choices))) if echo_with_logprobs else set()
+    # where each choice's next token starts in its whole text, counted as the whole response counts it
+    # (every token's text, held back behind a possible stop string or not)
+    offsets = [TextOffsets(builder.tokenizer, len(echoes[c.index]) if echoes else 0) for c in choices]
+
+    def send(chunk: dict, counted: bool = True) -> str:
+        if usage_mode:
+            chunk["usage"] = usage(choices) if usage_mode == "every" and counted else None
+        return sse(chunk)
+
     try:
         for c in choices:
             if builder.kind == "chat":
-                yield sse(builder.role_chunk(c.index))
+                yield send(builder.role_chunk(c.index), counted=False)
             elif echoes and not echo_with_logprobs:
-                yield sse(
-                    builder.chunk(
-                        [{"index": c.index, "text": echoes[c.index], "logprobs": None, "finish_reason": None}]
-                    )
-                )
+                fields = {"index": c.index, "text": echoes[c.index], "logprobs": None, "finish_reason": None}
+                yield send(builder.chunk([fields]), counted=False)
         async for index, event in submission.events():
-            offset = (len(echoes[index]) if echoes else 0) + choices[index].length
             event = choices[index].add(event)
             if event.finish_reason in ("error", "abort"):
                 yield sse(
@@ -350,11 +365,9 @@ async def _stream(
                 break
             echo = echoes[index] if index in echo_pending else None
             echo_pending.discard(index)
-            chunk = builder.delta_chunk(index, event, offset, echo, choices[index])
+            chunk = builder.delta_chunk(index, event, offsets[index], echo, choices[index])
             if chunk is not None:
-                if usage_mode == "every":
-                    chunk["usage"] = usage(choices)
-                yield sse(chunk)
+                yield send(chunk)
         else:
             if usage_mode:
                 yield sse(builder.chunk([], usage(choices)))

@@ -8,7 +8,8 @@
 * refused (400 ``unsupported_parameter``) when set to anything but their neutral value, because we
   cannot honour them: ``logit_bias``, ``suffix``, ``best_of`` != n, ``tools``, ``functions``,
   ``response_format`` other than text, ``audio``, ``modalities`` other than text, ``prediction``,
-  ``reasoning_effort``, ``web_search_options``, ``verbosity``;
+  ``reasoning_effort``, ``web_search_options``, ``verbosity``, and ``stream_options`` without ``stream``
+  (as OpenAI and vLLM refuse it);
 * any other field: refused (400 ``unknown_parameter``), so a misspelt name never goes unnoticed.
 
 Types are strict (``"5"`` is not an int); ranges follow the OpenAI reference. Sampling fields left
@@ -91,6 +92,8 @@ class SamplingFields(_Body):
     def unsupported(self) -> list[tuple[str, str]]:
         """(field, why) for set fields this server cannot honour."""
         out = [("logit_bias", "logit_bias is not supported")] if self.logit_bias else []
+        if self.stream_options is not None and not self.stream:
+            out.append(("stream_options", "stream_options needs stream=true"))
         if isinstance(self.stop, list) and len(self.stop) > 16:
             out.append(("stop", "at most 16 stop strings"))
         return out

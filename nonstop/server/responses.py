@@ -12,6 +12,7 @@ import json
 import time
 from dataclasses import dataclass, field
 
+from nonstop.engine.detokenize import IncrementalDecoder
 from nonstop.engine.loop import StreamEvent
 from nonstop.engine.tokenizer import Tokenizer
 
@@ -25,6 +26,24 @@ def sse(payload: dict | str) -> str:
 def finish_reason(reason: str | None) -> str | None:
     """OpenAI's vocabulary: stop | length (abort and error end the response another way)."""
     return reason if reason in (None, "stop", "length") else "stop"
+
+
+class TextOffsets:
+    """A completion's ``text_offset``: where each token's text starts in the returned text. The tokens are
+    decoded as the text was (``IncrementalDecoder``): a token inside a UTF-8 character adds nothing until
+    the character completes, a special token adds nothing. ``start``: where the first token's text
+    starts (after an echoed prompt's text). A stream keeps one per choice across its chunks."""
+
+    def __init__(self, tokenizer: Tokenizer, start: int = 0):
+        self.decoder = IncrementalDecoder(tokenizer)
+        self.position = start
+
+    def take(self, token_ids: list[int]) -> list[int]:
+        out = []
+        for t in token_ids:
+            out.append(self.position)
+            self.position += len(self.decoder.push(t))
+        return out
 
 
 @dataclass
@@ -103,11 +122,13 @@ class ResponseBuilder:
         raw = self.tokenizer.token_bytes(token_id)
         return list(raw if raw is not None else self.tokenizer.token_text(token_id).encode())
 
-    def logprobs(self, token_ids: list[int], rows: list[dict[int, float] | None], offset: int = 0) -> dict | None:
+    def logprobs(
+        self, token_ids: list[int], rows: list[dict[int, float] | None], offsets: TextOffsets | None = None
+    ) -> dict | None:
         """The ``logprobs`` field for these tokens (completions: parallel lists; chat: ``content``). A row
         of None (an echoed prompt's first token) has no logprob. Tokens show as ``Tokenizer.token_text``
-        (a special one by its name, part of a character as ``bytes:\\x..``); ``text_offset`` counts what
-        each adds to the text."""
+        (a special one by its name, part of a character as ``bytes:\\x..``); ``text_offset`` comes from
+        ``offsets`` (a fresh one from 0 when None)."""
         if self.top_logprobs is None:
             return None
         text = self.tokenizer.token_text
@@ -125,25 +146,27 @@ class ResponseBuilder:
                     for t, row in zip(token_ids, rows)
                 ]
             }
-        offsets, pos = [], offset
-        for t in token_ids:
-            offsets.append(pos)
-            pos += len(self.tokenizer.decode([t]))  # what the token adds to the text ("" for a special token)
+        offsets = offsets or TextOffsets(self.tokenizer)
         return {
             "tokens": [text(t) for t in token_ids],
             "token_logprobs": [None if row is None else row[t] for t, row in zip(token_ids, rows)],
             "top_logprobs": [
                 None if row is None else {text(a): lp for a, lp in self._top(row, t)} for t, row in zip(token_ids, rows)
             ],
-            "text_offset": offsets,
+            "text_offset": offsets.take(token_ids),
         }
 
-    def completion_logprobs(self, c: Choice, generated: list[int], rows: list, offset: int, echo: bool) -> dict | None:
-        """A completion choice's ``logprobs``: with ``echo`` the prompt's tokens lead, from offset 0."""
-        if echo and self.top_logprobs is not None:
-            ids, prompt_rows = c.prompt_rows()
-            return self.logprobs(ids + generated, prompt_rows + rows, 0)
-        return self.logprobs(generated, rows, offset)
+    def completion_logprobs(
+        self, c: Choice, generated: list[int], rows: list, offsets: TextOffsets, echo: bool
+    ) -> dict | None:
+        """A completion choice's ``logprobs``: with ``echo`` the prompt's tokens lead, their text decoded on
+        its own from offset 0 (as the echoed text is); the generated tokens' offsets come from ``offsets``."""
+        generated_part = self.logprobs(generated, rows, offsets)
+        if not (echo and generated_part is not None):
+            return generated_part
+        ids, prompt_rows = c.prompt_rows()
+        prompt_part = self.logprobs(ids, prompt_rows, TextOffsets(self.tokenizer))
+        return {key: prompt_part[key] + generated_part[key] for key in prompt_part}
 
     # ------------------------------------------------------------------ whole responses
     def body(self, choices: list[Choice], echo_texts: list[str] | None = None) -> dict:
@@ -166,7 +189,9 @@ class ResponseBuilder:
                     {
                         "index": c.index,
                         "text": echo + c.text,
-                        "logprobs": self.completion_logprobs(c, c.token_ids, c.logprobs, len(echo), bool(echo_texts)),
+                        "logprobs": self.completion_logprobs(
+                            c, c.token_ids, c.logprobs, TextOffsets(self.tokenizer, len(echo)), bool(echo_texts)
+                        ),
                         "finish_reason": finish_reason(c.finish_reason),
                     }
                 )
@@ -198,20 +223,21 @@ class ResponseBuilder:
         self,
         index: int,
         event: StreamEvent,
-        text_offset: int = 0,
+        offsets: TextOffsets | None = None,
         echo: str | None = None,
         choice: Choice | None = None,
     ) -> dict | None:
-        """The chunk for one event (None when it carries nothing to send). ``echo``: a completion's prompt
-        text, sent ahead of the event's text with the prompt's logprobs (``choice``'s) when asked."""
+        """The chunk for one event (None when it carries nothing to send). ``offsets``: the choice's
+        ``TextOffsets``, kept across its chunks. ``echo``: a completion's prompt text, sent ahead of the
+        event's text with the prompt's logprobs (``choice``'s) when asked."""
         text = (echo or "") + event.text
         reason = finish_reason(event.finish_reason)
         if not text and not event.token_ids and reason is None:
             return None
         if echo is not None and self.top_logprobs is not None:
-            logprobs = self.completion_logprobs(choice, event.token_ids, event.logprobs or [], 0, True)
+            logprobs = self.completion_logprobs(choice, event.token_ids, event.logprobs or [], offsets, True)
         elif event.token_ids:
-            logprobs = self.logprobs(event.token_ids, event.logprobs or [], text_offset)
+            logprobs = self.logprobs(event.token_ids, event.logprobs or [], offsets)
         else:
             logprobs = None
         if self.kind == "chat":
