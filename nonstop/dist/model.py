@@ -32,8 +32,13 @@ def _assign(model: nn.Module, path: str, tensor: torch.Tensor) -> None:
 
 def build_rank_model(cfg: ModelConfig, layout: Layout, rank: int, state: dict[str, torch.Tensor]) -> CausalLM:
     """The rank's model holding ``state`` ({internal param: the rank's part}, as ``load_rank_state``)."""
+    return model_holding(local_config(cfg, layout, rank), rank, state)
+
+
+def model_holding(local: ModelConfig, rank: int, state: dict[str, torch.Tensor]) -> CausalLM:
+    """A ``CausalLM`` of the rank's config ``local`` (``shard.local_config``) holding ``state``."""
     with torch.device("meta"):
-        model = CausalLM(local_config(cfg, layout, rank))
+        model = CausalLM(local)
     for path, tensor in state.items():
         _assign(model, path, tensor)
     real = any(not t.is_meta for t in state.values())

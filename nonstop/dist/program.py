@@ -175,10 +175,27 @@ def shapes_program(
 
 
 def _shapes_program(cfg, layout, rank, dtype, chunks, exchange) -> Program:
-    from nonstop.dist.model import build_rank_model, meta_rank_state
+    from nonstop.dist.model import KIND_DTYPE
+    from nonstop.dist.shard import local_config, rank_shards
 
-    model = build_rank_model(cfg, layout, rank, meta_rank_state(cfg, layout, rank, dtype))
-    return distribute(lower(model), cfg, layout, rank, chunks, exchange=exchange)
+    shapes = tuple(
+        (s.spec.param, tuple(s.shape), KIND_DTYPE.get(s.spec.kind, dtype)) for s in rank_shards(cfg, layout, rank)
+    )
+    program = _lowered_rank_model(local_config(cfg, layout, rank), rank, shapes)
+    ops = [dataclasses.replace(op, weights=dict(op.weights), attrs=dict(op.attrs)) for op in program.ops]
+    own = Program(program.cfg, ops, dict(program.buffers), program.dtype, program.max_rows)
+    return distribute(own, cfg, layout, rank, chunks, exchange=exchange)
+
+
+@lru_cache(maxsize=64)  # meta tensors only: a few MB each
+def _lowered_rank_model(local: ModelConfig, rank: int, shapes: tuple) -> Program:
+    """The Program of a rank model of config ``local`` holding meta tensors of ``shapes`` ((param, shape,
+    dtype) each). Layouts whose rank holds the same parts (e.g. the same tp and expert split at another dp or
+    pipeline depth) share it; ``distribute`` gets a copy of its ops, as it edits them."""
+    from nonstop.dist.model import model_holding
+
+    state = {param: torch.empty(shape, dtype=dtype, device="meta") for param, shape, dtype in shapes}
+    return lower(model_holding(local, rank, state))
 
 
 _cached_shapes_program = lru_cache(maxsize=16)(_shapes_program)

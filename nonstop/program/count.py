@@ -16,6 +16,7 @@ from nonstop.model.stack import CausalLM
 from nonstop.program.ir import Program
 from nonstop.program.lower import lower
 from nonstop.program.twin import narrow_twin
+from nonstop.threads import one_thread
 
 INSTANTIATE_LIMIT = 2e9  # bytes of fp32 weights up to which a report builds the real-shaped model on the CPU
 
@@ -55,20 +56,21 @@ def count_decode_ops(model: CausalLM, context: int = 8, rows: int = 1) -> OpCoun
     """Prefill ``context`` tokens, then count the ops of one batch-1 decode step of the reference model;
     ``rows`` > 1: the step a speculative decoder verifies ``rows`` - 1 drafts with (every row computed as
     a one-token step, ``row_exact``, each KDA layer keeping its state after every row)."""
-    cfg = model.cfg
-    device = model.embed_tokens.weight.device
-    cache, ids = prefilled(model, context, rows + 4)
-    counter = OpCounter()
-    if rows == 1:
-        step = cache.batch([0], 1)
-        with counter:
-            model(ids[:, -1:], cache, step, last_only=True)
+    with one_thread():  # tiny ops (a narrow twin's): a second thread only slows them down
+        cfg = model.cfg
+        device = model.embed_tokens.weight.device
+        cache, ids = prefilled(model, context, rows + 4)
+        counter = OpCounter()
+        if rows == 1:
+            step = cache.batch([0], 1)
+            with counter:
+                model(ids[:, -1:], cache, step, last_only=True)
+            return counter
+        step = cache.batch([0], rows, keep_states=True)
+        drafts = torch.arange(rows, device=device).remainder(cfg.vocab_size)[None]
+        with counter, row_exact():
+            model(drafts, cache, step)
         return counter
-    step = cache.batch([0], rows, keep_states=True)
-    drafts = torch.arange(rows, device=device).remainder(cfg.vocab_size)[None]
-    with counter, row_exact():
-        model(drafts, cache, step)
-    return counter
 
 
 def decode_program(cfg: ModelConfig, dtype: torch.dtype) -> tuple[Program, int, str]:
