@@ -12,25 +12,43 @@ DESCRIPTION = (
     "from nonstop's own decode Program (every super-op's bytes and FLOPs, shapes only) and, for a parallel "
     "layout, from nonstop.dist's per-rank Program and collective sizes; the chip side from a catalogue of "
     "public specs with sources (--list-chips; add one with --chip-file). A few efficiency constants, shared "
-    "by every prediction, are fitted on published Kimi K3 decode results (docs/plan.md). Without --tp/--ep/--dp "
-    "every layout is tried and the best that fit are shown. Layout sizes count ranks (devices): a TPU7x chip "
-    "is two ranks."
+    "by every prediction, are fitted on published Kimi K3 decode results (docs/plan.md). Without any layout flag "
+    "(--tp, --dp, --ep, --pp, --dcp or their vLLM / SGLang spellings) every layout is tried and the best that fit "
+    "are shown; with one, that one layout is planned (--tp / --dp left out: tp = a stage's ranks, dp 1). Layout "
+    "sizes count ranks (devices): a TPU7x chip is two ranks."
 )
+DEFAULT_MODEL = "kimi-k3"
+DEFAULT_BATCH = 1
+DEFAULT_TOP = 5
+MAX_DRAFTS = 64  # the most --spec-draft: far beyond what drafters run a step (K3's DSpark drafters: 7)
+FEWEST_CHIPS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512)  # tried in turn without --chips
 
 
 def add_parser(sub) -> None:
+    from nonstop.plan.workload import FORMAT_BYTES
+
     p = sub.add_parser("plan", help="predict memory fit and ms/token on a cluster", description=DESCRIPTION)
     p.add_argument(
         "--model",
         "-m",
-        default="kimi-k3",
+        default=DEFAULT_MODEL,
         help="preset, bundled model, planner model (deepseek-v3, kimi-k2-thinking: shapes only), a released name "
         "with or without its publisher (moonshotai/Kimi-K2.5, nvidia/Kimi-K3-NVFP4, deepseek-ai/DeepSeek-R1-0528: "
-        "its stored formats are the defaults) or checkpoint directory (default kimi-k3)",
+        f"its stored formats are the defaults) or checkpoint directory (default {DEFAULT_MODEL})",
     )
-    p.add_argument("--chip", help="chip name from the catalogue (see --list-chips), or 'cpu' for this machine")
     p.add_argument(
-        "--chips", type=positive_int, help="number of chips (default: the fewest of 1, 2, 4, ... 512 that fit)"
+        "--chip",
+        help="chip from the catalogue (see --list-chips) by its key or as vendors and drivers write it (case, "
+        "punctuation, vendor prefix and SXM / NVL72 / OAM ignored: 'NVIDIA H100 80GB HBM3', 'gb300-nvl72'; aliases "
+        "tpu7x / ironwood for tpu-v7, 910c / atlas-a3 for ascend-910c), optionally ending in its memory size "
+        "('h100-80gb', 'B200 180GB'; one more than 10%% off the catalogue's is another part, refused); or 'cpu' for "
+        "this machine",
+    )
+    p.add_argument(
+        "--chips",
+        type=positive_int,
+        help=f"number of chips (default: the fewest of {', '.join(map(str, FEWEST_CHIPS))} that fit; the cpu chip: 1, "
+        "the only count it plans)",
     )
     p.add_argument(
         "--tp",
@@ -51,7 +69,8 @@ def add_parser(sub) -> None:
         "--pipeline-parallel-size",
         "--pp-size",
         type=positive_int,
-        help="pipeline stages, each tp x dp ranks holding 1/pp of the layers (default 1; the search tries 1, 2, 4, 8)",
+        help="pipeline stages, each tp x dp ranks holding 1/pp of the layers (default 1; the search tries 1, 2, 4, 8; "
+        "alone it plans tp = a stage's ranks)",
     )
     p.add_argument(
         "--dcp",
@@ -60,7 +79,7 @@ def add_parser(sub) -> None:
         type=positive_int,
         help="decode context parallel: each attention group's cached tokens split over DCP of its TP ranks "
         "(divides --tp; MLA/GQA cache reads and capacity / DCP, plus per attention layer an all-gather of "
-        "queries and a reduce-scatter of partial outputs; default 1, not searched)",
+        "queries and a reduce-scatter of partial outputs; default 1, not searched: alone it plans tp = all ranks)",
     )
     p.add_argument(
         "--ep",
@@ -85,8 +104,9 @@ def add_parser(sub) -> None:
         "--batch",
         "--concurrency",
         type=positive_int,
-        default=1,
-        help="concurrent sequences in the whole deployment (a serving benchmark's --max-concurrency; default 1)",
+        default=DEFAULT_BATCH,
+        help=f"concurrent sequences in the whole deployment (a serving benchmark's --max-concurrency; default "
+        f"{DEFAULT_BATCH})",
     )
     p.add_argument(
         "--context",
@@ -105,12 +125,16 @@ def add_parser(sub) -> None:
     p.add_argument("--output-len", type=positive_int, help="generated tokens per request (with --input-len)")
 
     p.add_argument(
-        "--spec-accept", type=float, help="speculative decoding: mean accepted length per step incl. the bonus token"
+        "--spec-accept",
+        type=float,
+        help="speculative decoding: mean accepted length per step incl. the bonus token, in [1, K+1] for K "
+        "--spec-draft tokens; no default: without it the plan decodes without speculation",
     )
     p.add_argument(
         "--spec-draft",
         type=positive_int,
-        help="speculative decoding: tokens drafted per step (default 7 with --spec-accept); K+1 rows are verified",
+        help=f"speculative decoding: tokens K drafted per step, 1 to {MAX_DRAFTS} (default 7 with --spec-accept); "
+        "K+1 rows are verified",
     )
     p.add_argument(
         "--executor",
@@ -119,23 +143,27 @@ def add_parser(sub) -> None:
         "megakernel: one persistent kernel per step; eager: one launch per aten op. Default: the chip's - kernels "
         "on GPUs, megakernel on TPU7x (XLA runs a step as one program), eager on the cpu chip",
     )
+    formats = ", ".join(FORMAT_BYTES)
+    fp32 = "fp32 needs the chip's tflops.fp32 figure (--list-chips shows it: the NVIDIA GPUs and cpu have one)"
     p.add_argument(
-        "--weights", help="dense weight format: bf16, fp8, fp32 (default: the checkpoint's; fp32 on the cpu chip)"
+        "--weights",
+        help=f"dense weight format: {formats} (default: the checkpoint's; fp32 on the cpu chip); {fp32}",
     )
     p.add_argument(
         "--experts",
-        help="routed expert format: mxfp4, nvfp4, int4 (W4A16, groups of 32), fp8, bf16 (default: the checkpoint's)",
+        help=f"routed expert format: {formats}; int4 = W4A16, groups of 32 (default: the checkpoint's); {fp32}",
     )
     p.add_argument(
         "--attention-weights",
         dest="attention",
-        help="attention block format when the checkpoint keeps it apart from --weights (e.g. bf16 in NVFP4 exports)",
+        help=f"attention block format when the checkpoint keeps it apart from --weights (e.g. bf16 in NVFP4 "
+        f"exports): {formats}",
     )
     p.add_argument(
         "--kv-cache",
         dest="cache",
-        help="attention cache format: bf16 (default), fp8, fp32, or a 4-bit int4 / nvfp4 / mxfp4 cache with its "
-        "block scales (its bytes a token)",
+        help=f"attention cache format: {formats} (default bf16); a 4-bit cache counts its block scales in its bytes "
+        "a token",
     )
     p.add_argument(
         "--sharding",
@@ -146,13 +174,19 @@ def add_parser(sub) -> None:
         "parts and token exchange",
     )
     p.add_argument(
-        "--chip-file", help="JSON file of extra or overriding chip entries (same form as nonstop/plan/chips.json)"
+        "--chip-file",
+        help="JSON file of extra or overriding chip entries (same form as nonstop/plan/chips.json): every figure "
+        "positive and finite, each with its entry in 'sources' (key = the figure's path, e.g. 'tflops.bf16'); an "
+        "entry overrides a catalogue chip under the catalogue's key only (another spelling of it is refused)",
     )
-    p.add_argument("--top", type=positive_int, default=5, help="layouts shown by the search (default 5)")
+    p.add_argument(
+        "--top", type=positive_int, default=DEFAULT_TOP, help=f"layouts shown by the search (default {DEFAULT_TOP})"
+    )
     p.add_argument(
         "--measured",
         action="store_true",
-        help="predict every nonstop measurement in bench/results on this chip, side by side",
+        help="predict every nonstop measurement in bench/results on this chip, side by side, each as it ran (its "
+        "model, batch, context, executor; layout, speculation and request flags are refused)",
     )
     p.add_argument("--list-chips", action="store_true", help="list the catalogue with its figures and exit")
     p.add_argument(
@@ -165,30 +199,56 @@ def add_parser(sub) -> None:
 
 
 def _list_chips(chip_file) -> int:
-    from nonstop.plan.chips import chip_from_entry, load_catalogue
+    """Print the catalogue (and ``chip_file``'s entries), every entry validated before anything is printed."""
+    from nonstop.plan.chips import catalogue_chips
 
-    entries = load_catalogue(chip_file)
-    w = max(8, *(len(key) for key in entries))  # a key as long as "ascend-910c" keeps the columns straight
-    n = max(44, *(len(str(e.get("name", ""))) for k, e in entries.items() if k != "cpu"))
+    chips = catalogue_chips(chip_file)
+    w = max(8, *(len(key) for key in chips))  # a key as long as "ascend-910c" keeps the columns straight
+    n = max(44, *(len(c.name) for c in chips.values() if c))
     print(
-        f"{'chip':<{w}} {'name':<{n}} {'HBM GB':>7} {'TB/s':>5} {'bf16':>6} {'fp8':>6} {'fp4':>6} {'up':>5}"
-        f" {'GB/s':>5} {'out GB/s':>8}"
+        f"{'chip':<{w}} {'name':<{n}} {'HBM GB':>7} {'TB/s':>5} {'bf16':>6} {'fp8':>6} {'fp4':>6} {'fp32':>6}"
+        f" {'up':>5} {'GB/s':>5} {'out GB/s':>8}"
     )
-    for key, entry in sorted(entries.items()):
-        if key == "cpu":
+    for key, c in chips.items():
+        if c is None:
             print(f"{'cpu':<{w}} this machine: figures measured (bench/results copy bandwidth, a matmul, an eager op)")
             continue
-        c = chip_from_entry(key, entry)
-        tf = [f"{c.tflops.get(d) or '-':>6}" for d in ("bf16", "fp8", "fp4")]
+        tf = [f"{c.tflops.get(d) or '-':>6}" for d in ("bf16", "fp8", "fp4", "fp32")]
         print(
             f"{key:<{w}} {c.name:<{n}} {c.hbm_bytes / 1e9:>7.1f} {c.hbm_gbps / 1000:>5.2f} {' '.join(tf)}"
             f" {c.up_domain:>5} {c.up_gbps:>5g} {c.out_gbps:>8g}"
         )
     print(
-        "(HBM GB = 1e9 B the driver reports, which can exceed the figure a part is sold as; dense TFLOP/s;"
+        "(HBM GB = 1e9 B the driver reports, which can exceed the figure a part is sold as; dense TFLOP/s, fp32"
+        " the plain FP32 rate, not TF32;"
         " up = scale-up domain in chips; GB/s per chip per direction; sources: nonstop/plan/chips.json)"
     )
     return 0
+
+
+# the format flags: (flag, args attribute, what it sets)
+FORMAT_FLAGS = (
+    ("--weights", "weights", "dense weight"),
+    ("--experts", "experts", "routed expert"),
+    ("--attention-weights", "attention", "attention weight"),
+    ("--kv-cache", "cache", "attention cache"),
+)
+
+
+def _check_formats(args) -> None:
+    """Each format flag's value is a known format; a bad one is named with its flag."""
+    from nonstop.plan.workload import FORMAT_BYTES, PlanError, serving_format
+
+    for flag, attr, what in FORMAT_FLAGS:
+        value = getattr(args, attr)
+        if value is None:
+            continue
+        try:
+            serving_format(value)
+        except PlanError:
+            raise ValueError(
+                f"{flag} {value!r}: unknown {what} format; choose one of: {', '.join(FORMAT_BYTES)}"
+            ) from None
 
 
 def _precision(args, cfg, chip):
@@ -205,6 +265,13 @@ def _precision(args, cfg, chip):
     return Precision.released(cfg, dense, experts, args.cache or stored.get("cache"), attention)
 
 
+# released models the planner knows of and refuses, by the start of their name (without the publisher)
+NOT_MODELLED = {
+    "deepseek-v3.2": "DeepSeek-V3.2's sparse attention (its lightning indexer picks the cached tokens each query "
+    "reads) is not modelled, and V3's dense attention would misprice it (docs/plan.md)",
+}
+
+
 def _resolve(model: str):
     """(config, checkpoint dir) of ``model``: a checkpoint directory, preset, bundled model, or a released
     name the planner knows (``nonstop/plan/releases.py``); an unknown name lists all of them."""
@@ -219,6 +286,10 @@ def _resolve(model: str):
     except ConfigError as exc:
         if Path(model).exists():
             raise
+        name = model.strip().lower().rsplit("/", 1)[-1]
+        for prefix, why in NOT_MODELLED.items():
+            if name.startswith(prefix):
+                raise ConfigError(f"{model} is not planned: {why}") from None
         raise ConfigError(f"{exc}; planner models and releases (shapes only): {', '.join(planner_names())}") from None
 
 
@@ -229,6 +300,8 @@ def _spec(args):
         if args.spec_draft is not None:
             raise ValueError("--spec-draft needs --spec-accept (the mean accepted length per step)")
         return None
+    if args.spec_draft is not None and args.spec_draft > MAX_DRAFTS:
+        raise ValueError(f"--spec-draft {args.spec_draft}: the planner models up to {MAX_DRAFTS} drafted tokens a step")
     return Spec(args.spec_accept, args.spec_draft or 7)
 
 
@@ -285,13 +358,60 @@ def _layout(args, chips: int, devices: int):
 
 
 def _fewest_chips(workload, chip, request: dict, sharding: str, progress):
+    """(chips, candidates, counts tried) for the fewest of ``FEWEST_CHIPS`` (up to the chip's ``max_chips``) on
+    which a layout fits; when none does, the largest count's candidates."""
     from nonstop.plan.search import search
 
-    for n in (1, 2, 4, 8, 16, 32, 64, 128, 256, 512):
+    tried = []
+    for n in FEWEST_CHIPS:
+        if chip.max_chips is not None and n > chip.max_chips:
+            break
+        tried.append(n)
         cands = search(workload, chip, n, **request, sharding=sharding, progress=progress)
         if cands and cands[0].fits:
-            return n, cands
-    return n, cands
+            break
+    return tried[-1], cands, tried
+
+
+# flags --measured does not use (each run is predicted as it ran), with the value each has when not given
+MEASURED_IGNORES = (
+    ("-m", "model", DEFAULT_MODEL),
+    ("--chips", "chips", None),
+    ("--tp", "tp", None),
+    ("--dp", "dp", None),
+    ("--ep", "ep", None),
+    ("--pp", "pp", None),
+    ("--dcp", "dcp", None),
+    ("--enable-expert-parallel", "enable_expert_parallel", False),
+    ("--enable-dp-attention", "enable_dp_attention", False),
+    ("--sharding", "sharding", "production"),
+    ("--batch", "batch", DEFAULT_BATCH),
+    ("--context", "context", None),
+    ("--input-len", "input_len", None),
+    ("--output-len", "output_len", None),
+    ("--spec-accept", "spec_accept", None),
+    ("--spec-draft", "spec_draft", None),
+    ("--executor", "executor", None),
+    ("--attention-weights", "attention", None),
+    ("--top", "top", DEFAULT_TOP),
+)
+
+
+def _refuse_measured_ignores(args) -> None:
+    """--measured predicts every run on the chip as it ran: refuse, in one line, the flags it would ignore."""
+    given = [flag for flag, attr, unset in MEASURED_IGNORES if getattr(args, attr) != unset]
+    if given:
+        raise ValueError(
+            f"--measured predicts each run in bench/results as it ran (its model, batch, context, executor, one "
+            f"device) and ignores {', '.join(given)}: drop them, or plan without --measured"
+        )
+
+
+def _counts(counts: list[int]) -> str:
+    """Chip counts as a header names them: "1", "1 or 2", "1, 2, 4, ... 512"."""
+    if len(counts) <= 2:
+        return " or ".join(map(str, counts))
+    return ", ".join(map(str, counts[:3])) + (f", ... {counts[-1]}" if len(counts) > 3 else "")
 
 
 def _measured_json(rows: list[dict]) -> list[dict]:
@@ -328,14 +448,10 @@ def run(args) -> int:
     if not args.chip:
         raise ValueError("give --chip NAME (nonstop plan --list-chips lists them; 'cpu' is this machine)")
     chip = get_chip(args.chip, args.chip_file)
-    cfg, model_dir = _resolve(args.model)
-    workload = build_workload(cfg, args.model, _precision(args, cfg, chip))
-    spec = _spec(args)
-    executor = args.executor or chip.executor
-    progress = None if args.json else (lambda msg: print(msg, file=sys.stderr, flush=True))
+    _check_formats(args)
     overrides = {k: v for k, v in (("dense", args.weights), ("experts", args.experts), ("cache", args.cache)) if v}
-
     if args.measured:
+        _refuse_measured_ignores(args)
         rows = measured_side_by_side(all_measurements(chip.key), chip, args.model, workload_for_measurement(overrides))
         if args.json:
             print(json.dumps(_measured_json(rows), indent=2))
@@ -343,9 +459,19 @@ def run(args) -> int:
             print(measured_table(rows) if rows else f"no nonstop measurement on {chip.key} in bench/results")
         return 0
 
+    cfg, model_dir = _resolve(args.model)
+    workload = build_workload(cfg, args.model, _precision(args, cfg, chip))
+    moe = bool(workload.moe_ops)
+    spec = _spec(args)
+    executor = args.executor or chip.executor
+    progress = None if args.json else (lambda msg: print(msg, file=sys.stderr, flush=True))
+
     layout_given = any(v is not None for v in (args.tp, args.dp, args.ep, args.pp, args.dcp))
     layout_given = layout_given or args.enable_expert_parallel or args.enable_dp_attention
     chips = args.chips or (1 if chip.kind == "cpu" else None)
+    if chips and chip.max_chips is not None and chips > chip.max_chips:
+        why = chip.sources.get("max_chips", "the catalogue's max_chips")
+        raise ValueError(f"--chips {chips}: {chip.key} plans at most {chip.max_chips} chip(s) - {why}")
     if chips and chips * chip.devices_per_chip > MAX_RANKS:
         raise ValueError(
             f"--chips {chips} is {chips * chip.devices_per_chip:,} ranks; the planner models up to {MAX_RANKS:,} "
@@ -362,14 +488,14 @@ def run(args) -> int:
         "model_dir": model_dir,
         "requests": requests,
     }
-    cands = None
+    cands, tried = None, None
     if layout_given:
         if chips is None:
-            raise ValueError("give --chips with --tp/--dp/--ep/--pp")
+            raise ValueError("give --chips with a layout (--tp/--dp/--ep/--pp/--dcp)")
         best = predict(workload, chip, _layout(args, chips, chip.devices_per_chip), **request)
     else:
         if chips is None:
-            chips, cands = _fewest_chips(workload, chip, request, args.sharding, progress)
+            chips, cands, tried = _fewest_chips(workload, chip, request, args.sharding, progress)
         else:
             cands = search(workload, chip, chips, **request, sharding=args.sharding, progress=progress)
         if not cands:
@@ -383,6 +509,8 @@ def run(args) -> int:
         out = best.to_json()
         if not best.fits:
             out["why_not"] = best.why_not()
+        if tried is not None:
+            out["chips_tried"] = tried  # without --chips: the counts searched, fewest first
         if cands is not None:
             out["layouts"] = [
                 {
@@ -403,14 +531,18 @@ def run(args) -> int:
         return 0
     if cands is not None:
         fitting = [c for c in cands if c.fits]
+        if tried and not fitting:
+            print(f"{args.model} fits no layout of {_counts(tried)} x {chip.key} (each tried); the largest:")
+        elif tried and len(tried) > 1:
+            print(f"{args.model} fits no layout of {_counts(tried[:-1])} x {chip.key}; the fewest that fit:")
         print(
             f"{args.model} on {chips} x {chip.key}: {len(fitting)} of {len(cands)} layouts fit"
             + ("" if fitting else " - none fits")
         )
-        print(layout_table(cands, args.top))
+        print(layout_table(cands, args.top, chip, moe))
         print()
         if not fitting:
-            print(f"does not fit: even the smallest layout ({first.layout.describe()}) {best.why_not()}")
+            print(f"does not fit: even the smallest layout ({first.layout.describe(moe)}) {best.why_not()}")
             print()
             print("what it would do if it fit (the smallest layout):")
         else:

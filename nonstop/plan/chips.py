@@ -9,7 +9,6 @@ form. The ``cpu`` entry is filled from this machine's measurements (``measured.p
 from __future__ import annotations
 
 import json
-import math
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -27,8 +26,13 @@ REQUIRED = (
     "scale_out.latency_us",
     "launch_us",
 )
-COUNTS = ("scale_up.domain",)  # figures that count chips
-OPTIONAL = ("hbm_visible_gb",)  # checked like the required figures where an entry gives them
+COUNTS = ("scale_up.domain", "max_chips")  # figures that count chips
+# checked like the required figures where an entry gives them; max_chips: the most chips of this kind a plan
+# may use (the cpu entry: 1, no multi-chip CPU layouts are modelled)
+OPTIONAL = ("hbm_visible_gb", "max_chips")
+# the largest figure an entry may give: far beyond any part, and small enough that no product of figures the
+# planner forms (GB x 1e9, TFLOP/s x 1e12, x ranks) overflows to infinity
+MAX_FIGURE = 1e15
 # a driver's capacity over the sold one: GiB read as GB is x1.074; a few % may be reserved (B300: 288.4 of 288)
 VISIBLE_OVER_SOLD = (0.9, 1.12)
 
@@ -55,6 +59,12 @@ class Chip:
     executor: str = "kernels"  # the executor a plan on this chip defaults to
     sources: dict = field(default_factory=dict, compare=False)
     hbm_visible_gb: float | None = None  # what the driver reports (nvidia-smi / rocm-smi memory.total), 1e9 B
+    max_chips: int | None = None  # the most chips of this kind a plan may use (None: no limit of the chip's own)
+
+    @property
+    def memory(self) -> str:
+        """What the chip's memory is called in a report: a CPU has RAM, an accelerator HBM."""
+        return "RAM" if self.kind == "cpu" else "HBM"
 
     @property
     def hbm_bytes(self) -> float:
@@ -98,15 +108,23 @@ def _get(entry: dict, path: str):
     return value
 
 
+def _figure(value) -> bool:
+    """A usable figure: a positive, finite number no larger than ``MAX_FIGURE``."""
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and 0 < value <= MAX_FIGURE
+
+
 def chip_from_entry(key: str, entry: dict) -> Chip:
-    """Validate one catalogue entry: every required figure present and positive, each with a source."""
+    """Validate one catalogue entry: every required figure present, positive and finite (at most
+    ``MAX_FIGURE``), each with a source."""
     if not isinstance(entry, dict):
         raise ChipError(f"chip {key!r}: an entry must be a JSON object")
     sources = entry.get("sources") or {}
     for path in REQUIRED + tuple(p for p in OPTIONAL if _get(entry, p) is not None):
         value = _get(entry, path)
-        if not isinstance(value, (int, float)) or isinstance(value, bool) or not 0 < value < math.inf:
-            raise ChipError(f"chip {key!r}: {path} must be a positive finite number, got {value!r}")
+        if not _figure(value):
+            raise ChipError(
+                f"chip {key!r}: {path} must be a positive finite number (at most {MAX_FIGURE:.0e}), got {value!r}"
+            )
         if path in COUNTS and value != int(value):
             raise ChipError(f"chip {key!r}: {path} must be a whole number, got {value!r}")
         if path not in sources:
@@ -123,8 +141,11 @@ def chip_from_entry(key: str, entry: dict) -> Chip:
     for dtype, value in (entry.get("tflops") or {}).items():
         if value is None:
             continue
-        if not isinstance(value, (int, float)) or isinstance(value, bool) or not 0 < value < math.inf:
-            raise ChipError(f"chip {key!r}: tflops.{dtype} must be a positive finite number or null, got {value!r}")
+        if not _figure(value):
+            raise ChipError(
+                f"chip {key!r}: tflops.{dtype} must be a positive finite number or null (at most {MAX_FIGURE:.0e}), "
+                f"got {value!r}"
+            )
         if f"tflops.{dtype}" not in sources:
             raise ChipError(f"chip {key!r}: figure tflops.{dtype} has no source")
     up, out = entry["scale_up"], entry["scale_out"]
@@ -145,6 +166,7 @@ def chip_from_entry(key: str, entry: dict) -> Chip:
         executor=str(entry.get("executor", "kernels")),
         sources=dict(sources),
         hbm_visible_gb=visible,
+        max_chips=None if entry.get("max_chips") is None else int(entry["max_chips"]),
     )
 
 
@@ -153,7 +175,9 @@ def _read_json(path: Path) -> dict:
         data = json.loads(Path(path).read_text())
     except FileNotFoundError:
         raise ChipError(f"chip file not found: {path}") from None
-    except json.JSONDecodeError as exc:
+    except OSError as exc:  # a directory, no permission ...
+        raise ChipError(f"chip file {path}: {exc.strerror or exc}") from None
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
         raise ChipError(f"chip file {path}: not valid JSON ({exc})") from None
     if not isinstance(data, dict):
         raise ChipError(f"chip file {path}: the top level must be an object of chip entries")
@@ -161,11 +185,29 @@ def _read_json(path: Path) -> dict:
 
 
 def load_catalogue(chip_file: str | Path | None = None) -> dict[str, dict]:
-    """Raw entries of the bundled catalogue, plus (overriding) those of ``chip_file``."""
+    """Raw entries of the bundled catalogue, plus (overriding) those of ``chip_file``. A file entry overrides a
+    catalogue entry only under the catalogue's key: one whose name ``--chip`` would read as a catalogue chip
+    ("H200 SXM", "h100-80gb") is refused, since the two would be one chip under two names."""
     entries = _read_json(CATALOGUE)
     if chip_file is not None:
-        entries.update(_read_json(Path(chip_file)))
+        extra = _read_json(Path(chip_file))
+        for key in extra:
+            same = _catalogue_key(key, entries)
+            if same not in (None, key):
+                raise ChipError(
+                    f"chip file {chip_file}: entry {key!r} names the catalogue's {same!r} (as --chip reads it); "
+                    f"key it {same!r} to override that entry, or give another part a name of its own"
+                )
+        entries.update(extra)
     return entries
+
+
+def catalogue_chips(chip_file: str | Path | None = None) -> dict[str, Chip | None]:
+    """Every entry of the catalogue (and ``chip_file``) validated, by key; None for the ``cpu`` entry whose
+    figures are measured on this machine when it is planned (a ``cpu`` entry of the file is validated)."""
+    entries = load_catalogue(chip_file)
+    measured = chip_file is None or "cpu" not in _read_json(Path(chip_file))
+    return {key: None if key == "cpu" and measured else chip_from_entry(key, e) for key, e in sorted(entries.items())}
 
 
 # other names of catalogue chips (compared after ``_squash``): Google's product name for TPU v7
@@ -201,6 +243,18 @@ def resolve_chip_name(name: str, entries: dict) -> str:
 
 _CAPACITY = re.compile(r"^(.*?\w)[\s_-]+(\d+(?:\.\d+)?)\s*gb$", re.IGNORECASE)
 _MEMORY_KIND = re.compile(r"[\s_-]+hbm\d?e?$", re.IGNORECASE)  # "NVIDIA H100 80GB HBM3", as the driver names it
+
+
+def _catalogue_key(name: str, entries: dict) -> str | None:
+    """The key of ``entries`` that ``name`` means as ``--chip`` reads it, else None (a trailing size that names
+    another part is another part)."""
+    key = resolve_chip_name(name, entries)
+    if key in entries:
+        return key
+    try:
+        return _strip_capacity(name, entries)
+    except ChipError:
+        return None
 
 
 def _strip_capacity(name: str, entries: dict) -> str | None:

@@ -129,9 +129,12 @@ class Layout:
             return nbytes - op.engine_replicated_bytes * (1 - 1 / self.tp)
         return nbytes
 
-    def describe(self) -> str:
+    def describe(self, routed_experts: bool = True) -> str:
+        """The layout as the report names it ("TP4 DP2 EP8 PP2"); ``routed_experts`` False (a dense model)
+        leaves out how experts are placed, as there are none."""
         experts = f"EP{self.ep}" if self.ep > 1 else ("experts TP" if self.expert_tp else "")
         experts = f"experts TP{self.stage_ranks}" if self.moe_world_tp else experts
+        experts = experts if routed_experts else ""
         parts = (
             f"TP{self.tp}",
             f"DCP{self.dcp}" if self.dcp > 1 else "",

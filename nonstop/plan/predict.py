@@ -180,11 +180,13 @@ class Prediction:
         return sep.join(f"{name} {b / 1e9:.1f}" for name, b in parts)
 
     def why_not(self) -> str:
+        """Why it does not fit: what a rank needs against what it offers, in the chip's own memory (a CPU's
+        RAM, an accelerator's HBM)."""
         gb = 1e9
         return (
             f"needs {self.bytes_per_rank / gb:.1f} GB per rank ({self.resident_parts(' + ')}) but a rank of "
             f"{self.chip.key} offers {self.capacity_per_rank / gb:.1f} GB ({USABLE_HBM:.0%} of "
-            f"{self.chip.rank_hbm_bytes / gb:.1f} GB HBM)"
+            f"{self.chip.rank_hbm_bytes / gb:.1f} GB {self.chip.memory})"
         )
 
     def to_json(self) -> dict:

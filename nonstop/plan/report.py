@@ -62,7 +62,7 @@ def describe(p: Prediction) -> str:
     prec = p.workload.precision
     lines = [
         (
-            f"{p.workload.name} on {p.chips:g} x {chip.key} ({chip.name}), {lay.describe()}"
+            f"{p.workload.name} on {p.chips:g} x {chip.key} ({chip.name}), {lay.describe(bool(p.workload.moe_ops))}"
             f" ({lay.world} ranks, {lay.sharding} sharding), {p.executor} executor"
         ),
         (
@@ -82,7 +82,7 @@ def describe(p: Prediction) -> str:
         (
             f"memory per chip: {_gb(p.bytes_per_rank * chip.devices_per_chip)} of "
             f"{_gb(p.capacity_per_rank * chip.devices_per_chip)}"
-            f" usable ({USABLE_HBM:.0%} of {_gb(chip.hbm_bytes)}{_sold_as(chip)})"
+            f" usable ({USABLE_HBM:.0%} of {_gb(chip.hbm_bytes)} {chip.memory}{_sold_as(chip)})"
             f" -> {'fits' if p.fits else 'DOES NOT FIT'}"
         ),
     ]
@@ -114,14 +114,18 @@ def describe(p: Prediction) -> str:
     return "\n".join(lines)
 
 
-def layout_table(cands: list[Candidate], top: int) -> str:
-    header = f"{'layout':<22} {'ranks':>5} {'GB/chip':>8} {'fits':>5} {'ms/token':>9} {'tok/s/user':>10}"
+def layout_table(cands: list[Candidate], top: int, chip, routed_experts: bool = True) -> str:
+    """The first ``top`` candidates of a search on ``chip``, one row each: GB/chip is a rank's bytes times the
+    chip's devices (exact, or the search's lower bound for a layout it dropped); ``routed_experts`` False (a
+    dense model) names no expert placement. The layout column is as wide as its longest name."""
+    names = [c.layout.describe(routed_experts) for c in cands[:top]]
+    w = max([22, *map(len, names)])
+    header = f"{'layout':<{w}} {'ranks':>5} {'GB/chip':>8} {'fits':>5} {'ms/token':>9} {'tok/s/user':>10}"
     lines = [header + f" {'tok/s total':>11}  bound"]
-    for c in cands[:top]:
+    for c, name in zip(cands[:top], names):
         p = c.prediction
-        dpc = p.chip.devices_per_chip if p else 1
         fits = "yes" if c.fits else "no"
-        row = f"{c.layout.describe():<22} {c.layout.world:>5} {c.bytes_per_rank * dpc / GB:>8.1f} {fits:>5}"
+        row = f"{name:<{w}} {c.layout.world:>5} {c.bytes_per_rank * chip.devices_per_chip / GB:>8.1f} {fits:>5}"
         if c.fits:
             row += f" {p.ms_per_token:>9.3f} {p.tokens_per_s_per_user:>10.1f} {p.tokens_per_s_total:>11.1f}"
             row += f"  {p.time.bound()}"

@@ -91,7 +91,7 @@ def search(
             out.append(Candidate(layout, bound))
             continue
         if progress:
-            progress(f"[{i + 1}/{len(layouts)}] {layout.describe()}: building its rank Program")
+            progress(f"[{i + 1}/{len(layouts)}] {layout.describe(bool(workload.moe_ops))}: building its rank Program")
         p = predict(workload, chip, layout, batch, context, spec, executor, consts, model_dir, requests)
         out.append(Candidate(layout, p.bytes_per_rank, p))
     if not any(c.fits for c in out):
@@ -102,7 +102,8 @@ def search(
             if c.prediction is not None or c.bytes_per_rank >= least:
                 continue
             if progress:
-                progress(f"{c.layout.describe()}: building its rank Program (the smallest layout's exact bytes)")
+                name = c.layout.describe(bool(workload.moe_ops))
+                progress(f"{name}: building its rank Program (the smallest layout's exact bytes)")
             c.prediction = predict(
                 workload, chip, c.layout, batch, context, spec, executor, consts, model_dir, requests
             )

@@ -109,6 +109,8 @@ def test_chip_file_adds_and_overrides(tmp_path):
         ({"scale_up": {"domain": 8, "gbps": 450}}, "scale_up.latency_us must be a positive finite number"),
         ({"hbm_gbps": float("nan")}, "hbm_gbps must be a positive finite number"),  # JSON's NaN
         ({"hbm_gbps": float("inf")}, "hbm_gbps must be a positive finite number"),
+        ({"hbm_gb": 1e308}, "hbm_gb must be a positive finite number"),  # finite, but x 1e9 B is infinite
+        ({"tflops": {"bf16": 1e300}}, "tflops.bf16 must be a positive finite number"),
         ({"tflops": {"bf16": float("nan")}}, "tflops.bf16 must be a positive finite number"),
         ({"devices_per_chip": 0}, "devices_per_chip must be a whole number >= 1"),
         ({"devices_per_chip": 1.5}, "devices_per_chip must be a whole number >= 1"),
@@ -120,6 +122,19 @@ def test_bad_chip_entries_name_the_figure(entry, message):
     base.update(entry)
     with pytest.raises(ChipError, match=message):
         chip_from_entry("bad", base)
+
+
+def test_a_chip_file_entry_spelling_a_catalogue_chip_otherwise_is_refused(tmp_path):
+    """One chip under two names would plan whichever name was typed: a file entry overrides a catalogue chip
+    under the catalogue's key only. A size that names another part (H100 NVL, 94 GB) is another chip."""
+    entry = load_catalogue()["h200"]
+    path = tmp_path / "chips.json"
+    for key in ("H200 SXM", "nvidia-h200", "h200-141gb"):
+        path.write_text(json.dumps({key: entry}))
+        with pytest.raises(ChipError, match="names the catalogue's 'h200'.*key it 'h200'"):
+            get_chip("h200", path)
+    path.write_text(json.dumps({"h100-94gb": {**load_catalogue()["h100"], "hbm_gb": 94, "hbm_visible_gb": 100}}))
+    assert get_chip("h100-94gb", path).hbm_gb == 94 and get_chip("h100", path).hbm_gb == 80
 
 
 def test_unknown_chip_lists_the_known_ones(tmp_path):
@@ -175,22 +190,22 @@ def test_a_capacity_that_names_another_part_is_refused():
 
 
 def test_fp32_weights_on_a_gpu_say_how_to_plan_them(tmp_path, capsys):
-    """The catalogue's GPUs list tensor peaks up to bf16 only: fp32 weights are refused with the way out
-    (narrower weights, or the chip's fp32 figure in a --chip-file, which is then used)."""
+    """A chip without a sourced fp32 figure (the AMD entries) refuses fp32 weights with the way out (narrower
+    weights, or the chip's fp32 figure in a --chip-file, which is then used)."""
     from nonstop.cli import main
 
-    argv = ["plan", "-m", "llama-3.2-1b", "--chip", "h100", "--chips", "1", "--weights", "fp32", "--json"]
+    argv = ["plan", "-m", "llama-3.2-1b", "--chip", "mi300x", "--chips", "1", "--weights", "fp32", "--json"]
     with pytest.raises(SystemExit) as e:
         main(argv)
     assert e.value.code == 2
     err = capsys.readouterr().err
     assert "no tensor peak for fp32" in err and "--weights bf16" in err and "tflops.fp32" in err
     assert "Traceback" not in err
-    entry = json.loads(json.dumps(load_catalogue()["h100"]))
-    entry["tflops"]["fp32"] = 67
+    entry = json.loads(json.dumps(load_catalogue()["mi300x"]))
+    entry["tflops"]["fp32"] = 163
     entry["sources"]["tflops.fp32"] = "test figure"
     path = tmp_path / "chips.json"
-    path.write_text(json.dumps({"h100": entry}))
+    path.write_text(json.dumps({"mi300x": entry}))
     assert main([*argv, "--chip-file", str(path)]) == 0
     out = json.loads(capsys.readouterr().out)
     assert out["fits"] and out["ms_per_token"] > 0

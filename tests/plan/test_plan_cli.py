@@ -118,7 +118,7 @@ def test_list_chips(capsys):
         (["-m", "kimi-k3", "--chip", "h200", "--chips", "8", "--tp", "8", "--spec-accept", "9"], "spec-accept"),
         (
             ["-m", "kimi-k3", "--chip", "h200", "--chips", "8", "--tp", "8", "--experts", "int3"],
-            "unknown weight format",
+            "--experts 'int3': unknown routed expert format",
         ),
         (["-m", "kimi-k3"], "give --chip"),
         (["-m", "kimi-k3", "--chip", "gb200", "--chips", "16", "--pp", "3"], "--pp 3 does not divide"),
