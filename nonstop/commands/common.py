@@ -68,7 +68,12 @@ def thread_count(text: str) -> int:
 
 def add_threads_arg(p: argparse.ArgumentParser) -> None:
     p.add_argument(
-        "--threads", type=thread_count, default=None, help="CPU threads torch computes with (default: torch's choice)"
+        "--threads",
+        type=thread_count,
+        default=None,
+        help="CPU threads torch computes with (default: NONSTOP_THREADS or OMP_NUM_THREADS, else on the cpu "
+        "backend one per physical core less those other processes keep busy - one for a model under 4 MB a token; "
+        "torch's choice on the other backends)",
     )
 
 

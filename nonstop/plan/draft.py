@@ -1,4 +1,4 @@
-"""The speculative-decoding draft: the engine's own DSpark drafter (``engine/spec/dspark.py``), sized.
+"""The speculative-decoding draft: the engine's own DSpark drafter (``engine/speculative/dspark.py``), sized.
 
 One DSpark step proposes K tokens in one parallel pass over K block slots: it streams the drafter's
 weights once, the target's LM head once (logits of the K slots), and the Markov head's W2 [r, V].

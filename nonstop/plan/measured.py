@@ -2,7 +2,7 @@
 
 A measurement sits beside a prediction only when it was taken on the same chip (``cpu``: results
 whose machine has no GPU; a GPU chip: results whose ``environment.gpu`` names it) and for the same
-model. ``measurements(model_cfg, chip)`` returns them as plain rows: what was run (batch, dtype,
+model. ``measurements(cfg, model_name, chip_key)`` returns them as plain rows: what was run (batch, dtype,
 threads, executor), ms per token and tokens/s, and the file it came from.
 """
 

@@ -18,7 +18,8 @@ what each replay launches), or without graphs on the first eager steps of a shap
 agree (so one-time work such as a workspace's first zeroing is left out). The counts are in
 ``stats``: ``launches_per_step`` (the latest shape), ``launches`` (per shape, with a breakdown by op
 kind), ``host_syncs_per_step`` (must be 0 for a capturable step), ``pdl_launches_per_step``.
-Every kernel launch uses programmatic dependent launch when ``env.pdl`` (``cuda_graph.py``, ``kernels/pdl.py``).
+Every kernel launch uses programmatic dependent launch when ``env.pdl`` (``cuda_graph.pdl_support``;
+``kernels/launch.py``: ``pdl_launch_args``, ``pdl_wait``).
 """
 
 from __future__ import annotations

@@ -1,7 +1,8 @@
 """Moving a super-op's whole step state (op + buffers + caches + batch) between processes, with guard bands.
 
 A *state* is the object graph a launcher sees: ``(op, buf, cache, batch)``. ``pack`` turns it into
-plain data: the graph pickled with every tensor replaced by an index (``TensorRef``), the tensors'
+plain data: the graph pickled with every tensor replaced by a persistent id
+(``("tensor", index)``, ``_Pickler.persistent_id``), the tensors'
 views (storage index, element offset, shape, stride, dtype) and the raw bytes of every distinct
 storage. Aliasing survives (two views of one packed weight stay two views of one storage).
 

@@ -2,7 +2,7 @@
 
 Sweeping the tasks in queue order, each buffer keeps, for every element, the *frontier* of the
 accesses so far: the last write W, the accumulates A since it and the reads Rd since it. A new
-access must happen after (see ``regions.py``):
+access must happen after (see ``tasks.py``):
   READ -> W and A;   WRITE -> W, A and Rd;   ACCUMULATE -> W and Rd.
 Then the frontier moves: a read joins Rd, an accumulate joins A, a write replaces all three. Because
 happens-before is transitive and every access is checked against the frontier it replaces, checking
