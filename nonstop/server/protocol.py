@@ -154,6 +154,8 @@ class ChatMessage(_Body):
     def _text_parts_only(cls, value):
         if isinstance(value, list):
             for part in value:
+                if isinstance(part, dict) and "type" not in part:
+                    raise ValueError('each content part needs a "type" ("text", with its "text")')
                 kind = part.get("type") if isinstance(part, dict) else None
                 if isinstance(kind, str) and kind != "text":
                     raise ValueError(f"content parts of type {kind!r} are not supported: this model reads text only")
