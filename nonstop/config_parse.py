@@ -90,6 +90,8 @@ class _Fields:
             if isinstance(value, bool) or not isinstance(value, (int, float)):
                 raise ConfigError(f"field {self._name(key)!r} must be a number, got {value!r}")
             value = float(value)
+            if not math.isfinite(value):  # Python's json reads NaN, Infinity and -Infinity
+                raise ConfigError(f"field {self._name(key)!r} must be a finite number, got {value!r}")
         elif kind is bool:
             if not isinstance(value, bool):
                 raise ConfigError(f"field {self._name(key)!r} must be true or false, got {value!r}")
@@ -123,16 +125,15 @@ def _require(cond: bool, message: str) -> None:
 
 
 def _parse_rope(f: _Fields, dim: int, interleaved: bool, default_theta: float) -> RopeConfig:
-    params = f.raw.get("rope_parameters")
-    scaling = f.raw.get("rope_scaling")
     merged: dict = {}
-    if isinstance(scaling, dict):
-        merged.update(scaling)
-    if isinstance(params, dict):
-        merged.update(params)
+    for key in ("rope_scaling", "rope_parameters"):  # rope_parameters (transformers >= 4.56) wins
+        value = f.raw.get(key)
+        if value is not None and not isinstance(value, dict):
+            raise ConfigError(f"field {key!r} must be an object (or null), got {value!r}")
+        merged.update(value or {})
     theta = merged.get("rope_theta", f.raw.get("rope_theta", default_theta))
-    if isinstance(theta, bool) or not isinstance(theta, (int, float)) or not theta > 0:
-        raise ConfigError(f"field 'rope_theta' must be a positive number, got {theta!r}")
+    if isinstance(theta, bool) or not isinstance(theta, (int, float)) or not 0 < theta < math.inf:
+        raise ConfigError(f"field 'rope_theta' must be a positive finite number, got {theta!r}")
     kind = merged.get("rope_type", merged.get("type", "default")) or "default"
     if not isinstance(kind, str) or kind not in ("default", "linear", "llama3", "yarn"):
         raise ConfigError(f"unsupported rope type {kind!r} in field 'rope_scaling'/'rope_parameters'")
@@ -170,6 +171,16 @@ def yarn_mscale(factor: float, mscale: float = 1.0) -> float:
 
 
 # ----------------------------------------------------------------------------- pieces
+
+
+def _check_token_ids(fields: dict) -> None:
+    """The bos and eos ids must be inside the vocabulary (an eos id past it is never sampled: generation
+    would only stop at max_tokens)."""
+    vocab = fields["vocab_size"]
+    for key, ids in (("bos_token_id", [fields["bos_token_id"]]), ("eos_token_id", fields["eos_token_ids"])):
+        bad = [i for i in ids if i is not None and i >= vocab]
+        if bad:
+            raise ConfigError(f"field {key!r} is {bad[0]}, outside the vocabulary (vocab_size {vocab})")
 
 
 def _eos_ids(f: _Fields) -> tuple[int, ...]:
@@ -506,15 +517,18 @@ def hf_config_fields(raw: dict) -> dict:
     if family is None:
         raise ConfigError(f"unsupported model_type {model_type!r}; supported: {', '.join(sorted(_MODEL_TYPE_FAMILY))}")
     if family == "llama":
-        return _parse_llama(raw)
-    if family == "deepseek_v3":
-        return _parse_deepseek(raw)
-    if family == "kimi_k3":
+        fields = _parse_llama(raw)
+    elif family == "deepseek_v3":
+        fields = _parse_deepseek(raw)
+    elif family == "kimi_k3":
         text = raw.get("text_config")
         if not isinstance(text, dict):
             raise ConfigError("missing required field 'text_config' (kimi_k3 keeps the language model config there)")
-        return _parse_kimi(raw, text, "kimi_k3")
-    return _parse_kimi(raw, raw, "kimi_linear")
+        fields = _parse_kimi(raw, text, "kimi_k3")
+    else:
+        fields = _parse_kimi(raw, raw, "kimi_linear")
+    _check_token_ids(fields)
+    return fields
 
 
 # ----------------------------------------------------------------------------- writing

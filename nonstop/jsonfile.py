@@ -12,7 +12,7 @@ def read_json_object(path: Path, error: type[Exception]) -> dict:
     try:
         data = json.loads(Path(path).read_text(encoding="utf-8"))
     except (OSError, UnicodeDecodeError) as exc:
-        raise error(f"{path}: cannot read ({exc})") from None
+        raise error(f"{path}: cannot read ({getattr(exc, 'strerror', None) or exc})") from None
     except (json.JSONDecodeError, RecursionError) as exc:
         raise error(f"{path}: not valid JSON ({exc})") from None
     if not isinstance(data, dict):

@@ -104,3 +104,38 @@ def test_slicing_rewrites_the_layer_lists():
     hf = cfg.to_hf_dict()["text_config"]
     assert hf["num_hidden_layers"] == 5 and hf["linear_attn_config"]["full_attn_layers"] == [4]
     assert ModelConfig.from_hf_dict(json.loads(json.dumps(cfg.to_hf_dict()))).attn_types == cfg.attn_types
+
+
+@pytest.mark.parametrize(
+    "mutate, message",
+    [
+        (lambda c: c.update(rms_norm_eps=float("inf")), "'rms_norm_eps' must be a finite number, got inf"),
+        (lambda c: c.update(rms_norm_eps=float("nan")), "'rms_norm_eps' must be a finite number, got nan"),
+        (lambda c: c.update(rope_theta=float("inf")), "'rope_theta' must be a positive finite number, got inf"),
+        (lambda c: c["rope_scaling"].update(factor=float("inf")), "'rope_parameters.factor' must be a finite number"),
+        (lambda c: c.update(rope_scaling="yarn"), r"'rope_scaling' must be an object \(or null\), got 'yarn'"),
+        (lambda c: c.update(rope_scaling=[1, 2]), r"'rope_scaling' must be an object \(or null\), got \[1, 2\]"),
+        (lambda c: c.update(rope_parameters="default"), r"'rope_parameters' must be an object \(or null\)"),
+        (lambda c: c.update(eos_token_id=131), r"'eos_token_id' is 131, outside the vocabulary \(vocab_size 131\)"),
+        (lambda c: c.update(eos_token_id=[2, 99999]), "'eos_token_id' is 99999, outside the vocabulary"),
+        (lambda c: c.update(bos_token_id=500), "'bos_token_id' is 500, outside the vocabulary"),
+    ],
+)
+def test_non_finite_numbers_odd_rope_scaling_and_ids_outside_the_vocabulary(mutate, message):
+    """json reads NaN / Infinity; an eos id past the vocabulary is never sampled (generation never stops)."""
+    raw = copy.deepcopy(LLAMA)
+    mutate(raw)
+    with pytest.raises(ConfigError, match=message):
+        ModelConfig.from_hf_dict(raw)
+
+
+def test_rope_scaling_null_and_k3_ids_checked_after_the_outer_config():
+    assert ModelConfig.from_hf_dict(dict(LLAMA, rope_scaling=None)).rope.kind == "default"
+    k3 = copy.deepcopy(KIMI_K3)
+    k3["text_config"]["linear_attn_config"]["gate_lower_bound"] = float("-inf")
+    with pytest.raises(ConfigError, match="'linear_attn_config.gate_lower_bound' must be a finite number"):
+        ModelConfig.from_hf_dict(k3)
+    k3 = copy.deepcopy(KIMI_K3)
+    k3["eos_token_id"] = k3["text_config"]["vocab_size"]
+    with pytest.raises(ConfigError, match="'eos_token_id' is .*, outside the vocabulary"):
+        ModelConfig.from_hf_dict(k3)

@@ -1,4 +1,5 @@
-"""``nonstop info``: parameters, bytes per decode token, cache per token, layer types."""
+"""``nonstop info``: parameters, bytes per decode token, cache per token, layer types; for a checkpoint
+directory, its safetensors headers checked as loading checks them (no weight is read)."""
 
 from __future__ import annotations
 
@@ -13,7 +14,8 @@ def add_parser(sub) -> None:
         description=(
             "Describe a model without loading its weights: total and active parameters, weight bytes read per decoded "
             "token (batch 1), attention-cache bytes per token, recurrent state per sequence, and a table of layer "
-            "types."
+            "types. For a checkpoint directory, the safetensors headers are checked against the config first (every "
+            "tensor present, of its shape and dtype, each file whole), so a broken download fails here."
         ),
     )
     p.add_argument("--model", "-m", default="k3-nano", help="checkpoint directory, bundled model or preset")
@@ -38,9 +40,12 @@ def run(args) -> int:
         print("presets:", ", ".join(preset_names()))
         return 0
     cfg, model_dir = resolve_model(args.model)
+    checked = check_headers(cfg, model_dir) if model_dir is not None else None
     fp = model_footprint(cfg, DTYPES[args.dtype])
     moe = cfg.moe
     print(f"model        {args.model} ({cfg.family}{', random weights' if model_dir is None else ''})")
+    if checked:
+        print(f"checkpoint   {checked}")
     print(
         f"shape        hidden {cfg.hidden_size}, {cfg.num_hidden_layers} layers, vocab {cfg.vocab_size}"
         + (
@@ -68,6 +73,20 @@ def run(args) -> int:
     for attn, ffn, count, spans in layer_table(cfg):
         print(f"{attn:<10} {ffn:<6} {count:>5}  {spans}")
     return 0
+
+
+def check_headers(cfg: ModelConfig, model_dir) -> str:
+    """Check the checkpoint in ``model_dir`` against ``cfg`` from its safetensors headers alone, as loading
+    would (CheckpointError: a missing, unexpected, misshapen or truncated tensor, a corrupt file or index);
+    say what was checked."""
+    from nonstop.weights.loader import check_tensor, resolve_checkpoint
+
+    located, resolved, fp8_block = resolve_checkpoint(cfg, model_dir)
+    for spec, names in resolved:
+        for name in names:
+            check_tensor(name, spec, located, fp8_block)
+    files = {f.path for f in located.values()}
+    return f"{len(located)} tensors in {len(files)} safetensors file{'s' * (len(files) != 1)}, headers checked"
 
 
 def layer_table(cfg: ModelConfig) -> list[tuple[str, str, int, str]]:

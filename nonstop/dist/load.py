@@ -15,7 +15,7 @@ import torch
 from nonstop.config import ModelConfig
 from nonstop.dist.layout import Layout
 from nonstop.dist.shard import ParamShard, rank_shards
-from nonstop.weights.loader import FP8, _fp8_scale_name, check_finite, check_tensor, resolve_checkpoint
+from nonstop.weights.loader import FP8, _fp8_scale_name, check_cast, check_tensor, resolve_checkpoint
 from nonstop.weights.slices import SliceReader
 
 TARGET = {"fp32": torch.float32, "u8": torch.uint8}
@@ -100,7 +100,7 @@ def load_rank_state(
             else:
                 t = _pad(part(names[0], shard.dim, shard.start, shard.stop, spec.shape), shard)
             state[spec.param] = t.reshape(shard.shape).to(device=device, dtype=target)
-            check_finite(names[0], state[spec.param], located[names[0]].path.name)
+            check_cast(names[0], t, state[spec.param], located[names[0]].path.name)
             if progress is not None:
                 progress(i + 1, len(shards))
     finally:

@@ -107,7 +107,7 @@ class LLM:
         self.cfg, self.model_dir = resolve_model(model)
         self.name = str(model)
         self.tokenizer = Tokenizer.load(self.model_dir, self.cfg.vocab_size, tokenizer, chat_template)
-        self.generation = load_generation_config(self.model_dir) if generation_config else GenerationConfig()
+        self.generation = load_generation_config(self.model_dir, self.cfg) if generation_config else GenerationConfig()
         self.eos_ids = frozenset(self.cfg.eos_token_ids) | self.generation.eos_token_ids
 
     def sampling_defaults(self) -> dict:

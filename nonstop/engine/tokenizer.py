@@ -137,6 +137,10 @@ def find_chat_template(model_dir: Path | None, config: dict, override: str | Pat
     if model_dir is not None and (model_dir / "chat_template.jinja").exists():
         return find_chat_template(None, {}, model_dir / "chat_template.jinja")
     t = config.get("chat_template")
+    if t is not None and not isinstance(t, (str, list)):
+        raise TokenizerError(
+            f"tokenizer_config.json: chat_template must be a string (or a list of named templates), got {t!r}"
+        )
     if isinstance(t, list):
         t = next((x.get("template") for x in t if isinstance(x, dict) and x.get("name") == "default"), None)
     return t if isinstance(t, str) and t else None

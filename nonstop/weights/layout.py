@@ -217,13 +217,15 @@ def _checkpoint_layout(cfg: ModelConfig) -> tuple[TensorSpec, ...]:
 
 def ignored_tensor(cfg: ModelConfig, name: str) -> bool:
     """Tensors a checkpoint may hold that plain decoding does not use: rotary caches, multi-token
-    prediction layers past ``num_hidden_layers``, and K3's vision tower / projector."""
+    prediction layers past ``num_hidden_layers``, K3's vision tower / projector, and a tied model's copy
+    of its embedding as LM head (only a copy: the loader's ``check_tied_head`` refuses one of another shape,
+    from the headers, or other values, when it loads the weights)."""
     if name.endswith("rotary_emb.inv_freq") or name.startswith(
         ("vision_tower.", "mm_projector.", "multi_modal_projector.")
     ):
         return True
     if cfg.tie_word_embeddings and name == cfg.lm_head_name:
-        return True  # some tied checkpoints still carry a copy of the embedding
+        return True  # some tied checkpoints still carry a copy of the embedding (checked by the loader)
     m = re.match(rf"^{re.escape(cfg.weight_prefix)}layers\.(\d+)\.", name)
     return bool(m) and int(m.group(1)) >= cfg.num_hidden_layers and _declared_extra_layers(cfg) > 0
 

@@ -3,8 +3,10 @@ a ``CausalLM`` by the HF tensor names of ``checkpoint_layout``.
 
 Every failure is a ``CheckpointError`` naming the tensor and the file: a missing tensor, an
 unexpected one, a wrong shape or dtype, a truncated or corrupt file, a shard the index names but
-that is not there, an index that is not ``{"weight_map": {tensor: shard file}}``, an fp8 tensor
-without a matching scale, float data holding NaN or infinity.
+that is not there, an index that is not ``{"weight_map": {tensor: shard file}}``, a tensor held by two
+files (with or without an index: a broken or mixed download), PyTorch ``.bin`` weights without safetensors,
+an fp8 tensor without a matching scale, float data holding NaN or infinity (or finite values beyond the
+range of the dtype asked for), a tied checkpoint whose extra LM head is not the embedding.
 """
 
 from __future__ import annotations
@@ -17,14 +19,18 @@ from nonstop.config import ModelConfig
 from nonstop.jsonfile import read_json_object
 from nonstop.weights.errors import CheckpointError
 from nonstop.weights.layout import TensorSpec, checkpoint_layout, ignored_tensor
-from nonstop.weights.safetensors_file import SafetensorsFile
+from nonstop.weights.safetensors_file import SafetensorsFile, unreadable
 
 INDEX = "model.safetensors.index.json"
 FP8 = (torch.float8_e4m3fn, torch.float8_e5m2)
+PYTORCH_WEIGHTS = ("pytorch_model*.bin", "*.pth", "*.pt")  # formats nonstop does not read (pickles)
 
 
 def read_index(index_path: Path) -> dict[str, str]:
     """The ``weight_map`` of a sharded checkpoint's index: {tensor name: shard file in the same directory}."""
+    why = unreadable(index_path)
+    if why:
+        raise CheckpointError(f"{index_path}: cannot read ({why})")
     raw = read_json_object(index_path, CheckpointError)
     weight_map = raw.get("weight_map")
     if not isinstance(weight_map, dict):
@@ -42,42 +48,60 @@ def read_index(index_path: Path) -> dict[str, str]:
 
 
 def checkpoint_files(model_dir: str | Path) -> dict[str, SafetensorsFile]:
-    """name -> open file for every tensor of the checkpoint in ``model_dir``."""
+    """name -> open file for every tensor of the checkpoint in ``model_dir``. A tensor in two files is an
+    error, with an index too: a shard holding a tensor the index places in another is a broken or mixed download."""
     model_dir = Path(model_dir)
     index_path = model_dir / INDEX
-    if index_path.exists():
-        weight_map = read_index(index_path)
-        if not weight_map:
-            raise CheckpointError(f"{index_path}: the index lists no tensors")
-        shard_names = sorted(set(weight_map.values()))
-        shards = {}
-        for s in shard_names:
-            if not (model_dir / s).exists():
-                first = next(n for n, f in weight_map.items() if f == s)
-                raise CheckpointError(f"{index_path}: shard {s!r} (holding e.g. {first!r}) is missing from {model_dir}")
-            shards[s] = SafetensorsFile(model_dir / s)
-        located = {}
-        for name, s in weight_map.items():
-            if name not in shards[s].entries:
-                raise CheckpointError(
-                    f"{index_path}: tensor {name!r} is listed in shard {s!r} but that file does not contain it"
-                )
-            located[name] = shards[s]
-        for f in shards.values():
-            for name in f.entries:
-                located.setdefault(name, f)
-        return located
-    files = sorted(model_dir.glob("*.safetensors"))
-    if not files:
+    try:
+        indexed = index_path.exists() or index_path.is_symlink()
+        files = None if indexed else sorted(model_dir.glob("*.safetensors"))
+        pickles = [] if indexed or files else sorted(p.name for g in PYTORCH_WEIGHTS for p in model_dir.glob(g))
+    except OSError as exc:
+        raise CheckpointError(f"{model_dir}: cannot read ({exc.strerror})") from None
+    if pickles:
+        raise CheckpointError(
+            f"{model_dir} holds PyTorch weights ({pickles[0]}), which nonstop does not read: convert the checkpoint "
+            "to safetensors (e.g. transformers' save_pretrained(DIR, safe_serialization=True))"
+        )
+    if not indexed and not files:
         raise CheckpointError(f"no safetensors checkpoint in {model_dir} (expected model.safetensors or {INDEX})")
-    located = {}
-    for path in files:
-        f = SafetensorsFile(path)
+    if indexed:
+        shards, weight_map = _indexed_shards(model_dir, index_path)
+        located = {name: shards[shard] for name, shard in weight_map.items()}
+        opened = list(shards.values())
+    else:
+        weight_map, located = {}, {}
+        opened = [SafetensorsFile(path) for path in files]
+    for f in opened:
         for name in f.entries:
-            if name in located:
-                raise CheckpointError(f"tensor {name!r} appears in both {located[name].path.name} and {path.name}")
-            located[name] = f
+            first = located.setdefault(name, f)
+            if first is not f:
+                placed = f" (the index places it in {first.path.name})" if name in weight_map else ""
+                raise CheckpointError(
+                    f"tensor {name!r} appears in both {first.path.name} and {f.path.name}{placed}: a broken or mixed "
+                    "download"
+                )
     return located
+
+
+def _indexed_shards(model_dir: Path, index_path: Path) -> tuple[dict[str, SafetensorsFile], dict[str, str]]:
+    """({shard file name: open file}, weight_map) of a sharded checkpoint, each listed tensor checked to be in
+    the shard its index names."""
+    weight_map = read_index(index_path)
+    if not weight_map:
+        raise CheckpointError(f"{index_path}: the index lists no tensors")
+    shards = {}
+    for s in sorted(set(weight_map.values())):
+        if not (model_dir / s).exists() and not (model_dir / s).is_symlink():  # a broken link: SafetensorsFile says so
+            first = next(n for n, f in weight_map.items() if f == s)
+            raise CheckpointError(f"{index_path}: shard {s!r} (holding e.g. {first!r}) is missing from {model_dir}")
+        shards[s] = SafetensorsFile(model_dir / s)
+    for name, s in weight_map.items():
+        if name not in shards[s].entries:
+            raise CheckpointError(
+                f"{index_path}: tensor {name!r} is listed in shard {s!r} but that file does not contain it"
+            )
+    return shards, weight_map
 
 
 def _check_fp8_scale(name: str, w_shape, scale_name: str, located: dict, block) -> None:
@@ -98,6 +122,50 @@ def check_finite(name: str, t: torch.Tensor, where: str) -> None:
     if t.is_floating_point() and not bool(torch.isfinite(t).all()):
         bad = int((~torch.isfinite(t)).sum())
         raise CheckpointError(f"tensor {name!r} in {where} holds {bad} NaN or infinite value(s): corrupt data")
+
+
+def check_cast(name: str, source: torch.Tensor, cast: torch.Tensor, where: str) -> None:
+    """CheckpointError when ``cast`` (tensor ``name`` of file ``where``, ``source`` cast to the model's dtype)
+    holds NaN or inf: corrupt data when ``source`` already did, else finite values beyond the dtype's range
+    (fp32 weights > 65504 in float16). Only a failed cast looks at ``source`` again."""
+    if not cast.is_floating_point() or bool(torch.isfinite(cast).all()):
+        return
+    check_finite(name, source, where)
+    dtype = str(cast.dtype).removeprefix("torch.")
+    raise CheckpointError(
+        f"tensor {name!r} in {where} holds values beyond {dtype}'s range (largest {torch.finfo(cast.dtype).max:g}): "
+        "load the model in bfloat16 or float32"
+    )
+
+
+def _same_values(a: torch.Tensor, b: torch.Tensor, rows: int = 4096) -> bool:
+    """Equal shapes and values, compared ``rows`` rows at a time (a vocabulary-sized matrix in fp32 at once
+    would double its memory)."""
+    return a.shape == b.shape and all(
+        torch.equal(a[i : i + rows].float(), b[i : i + rows].float()) for i in range(0, max(a.shape[0], 1), rows)
+    )
+
+
+def check_tied_head(cfg: ModelConfig, located: dict, resolved: list, values: bool) -> None:
+    """A tied checkpoint (``tie_word_embeddings``) may carry its LM head too, which is then not read: only a
+    copy of the embedding is accepted. CheckpointError when its shape differs (from the headers) or, with
+    ``values``, its values do (a checkpoint whose own LM head the config would silently drop)."""
+    head = cfg.lm_head_name
+    if not cfg.tie_word_embeddings or head not in located:
+        return
+    embed = next(names[0] for spec, names in resolved if spec.param == "embed_tokens.weight")
+    hf, ef = located[head], located[embed]
+    fix = "set tie_word_embeddings to false in config.json to use it, or remove the tensor"
+    if hf.meta(head)[1] != ef.meta(embed)[1]:
+        raise CheckpointError(
+            f"tensor {head!r} in {hf.path.name} has shape {list(hf.meta(head)[1])}, but config.json ties the LM head "
+            f"to {embed!r} {list(ef.meta(embed)[1])}: {fix}"
+        )
+    if values and not _same_values(hf.tensor(head), ef.tensor(embed)):
+        raise CheckpointError(
+            f"tensor {head!r} in {hf.path.name} differs from {embed!r}, but config.json ties the LM head to the "
+            f"embedding (tie_word_embeddings: true), so it would be ignored: {fix}"
+        )
 
 
 def _resolve(spec: TensorSpec, located: dict) -> tuple[str, ...]:
@@ -178,6 +246,7 @@ def resolve_checkpoint(
             f"unexpected tensor {unexpected[0]!r} in {located[unexpected[0]].path.name}{more}: not part of a "
             f"{cfg.family} model with this config"
         )
+    check_tied_head(cfg, located, resolved, values=False)
     quant = (cfg.hf.get("text_config", cfg.hf) if cfg.family == "kimi_k3" else cfg.hf).get("quantization_config") or {}
     return located, resolved, tuple(quant.get("weight_block_size") or (128, 128))  # validated by the config parser
 
@@ -197,7 +266,8 @@ def load_state_dict(
         parts = [_read(n, spec, located, consumed, fp8_block) for n in names]
         t = torch.stack(parts) if len(names) > 1 or len(spec.names) > 1 else parts[0].reshape(spec.shape)
         state[spec.param] = t.to(device=device, dtype=spec.torch_dtype(dtype), copy=True)
-        check_finite(names[0], state[spec.param], located[names[0]].path.name)
+        check_cast(names[0], t, state[spec.param], located[names[0]].path.name)
         if progress is not None:
             progress(i + 1, len(resolved))
+    check_tied_head(cfg, located, resolved, values=True)
     return state

@@ -8,14 +8,17 @@ Commands, benchmarks and ``LLM`` all resolve models here.
 from __future__ import annotations
 
 import os
+import re
 from pathlib import Path
 
 import torch
 
 from nonstop.config import ConfigError, ModelConfig, preset_names
+from nonstop.weights.safetensors_file import unreadable
 
 ASSETS = Path(__file__).resolve().parent.parent / "assets"
 DEFAULT_MODEL = "k3-nano"
+HUB_NAME = re.compile(r"[A-Za-z0-9][\w.-]*/[A-Za-z0-9][\w.-]*")  # owner/name, as the Hub spells repositories
 DTYPES = {
     "float32": torch.float32,
     "fp32": torch.float32,
@@ -48,7 +51,9 @@ def bundled_models() -> list[str]:
 
 
 def resolve_model(model: str | Path) -> tuple[ModelConfig, Path | None]:
-    """(config, checkpoint dir) for a directory, a bundled model name, or a preset (dir None: random weights)."""
+    """(config, checkpoint dir) for a directory, a bundled model name, or a preset (dir None: random weights).
+    ConfigError for anything else, saying why: an unreadable config.json or directory, a broken link or
+    symlink loop, a file, or an unknown name (an ``owner/name`` is told that nothing is downloaded)."""
     if not isinstance(model, (str, os.PathLike)):
         raise TypeError(
             "model must be a checkpoint directory, a bundled model name or a preset name (a str or path), "
@@ -60,16 +65,31 @@ def resolve_model(model: str | Path) -> tuple[ModelConfig, Path | None]:
             "(for the current directory, give '.')"
         )
     path = Path(model)
-    if path.is_dir():
-        return ModelConfig.from_file(path), path
+    try:
+        if path.is_dir():
+            why = unreadable(path / "config.json")
+            if why:
+                raise ConfigError(f"{path / 'config.json'}: cannot read ({why})")
+            return ModelConfig.from_file(path), path
+        exists, link = path.exists(), path.is_symlink()
+    except OSError as exc:  # a directory on the way that this user may not search
+        raise ConfigError(f"{path}: cannot read ({exc.strerror})") from None
     if (ASSETS / str(model) / "config.json").exists():
         return ModelConfig.from_file(ASSETS / str(model)), ASSETS / str(model)
     if str(model) in preset_names():
         return ModelConfig.preset(str(model)), None
-    if path.exists():
+    if link and not exists:
+        raise ConfigError(f"{path}: cannot read ({unreadable(path) or 'a broken symbolic link'})")
+    if exists:
         raise ConfigError(f"{path} is not a directory: give the checkpoint directory (holding config.json)")
+    hub = (
+        " (downloads from the Hugging Face Hub are not supported: download it, e.g. `hf download "
+        f"{model} --local-dir DIR`, and give that directory)"
+        if HUB_NAME.fullmatch(str(model))
+        else ""
+    )
     raise ConfigError(
-        f"model {str(model)!r} is neither a checkpoint directory nor a known name; bundled: "
+        f"model {str(model)!r} is neither a checkpoint directory nor a known name{hub}; bundled: "
         f"{', '.join(bundled_models()) or 'none'}; presets (random weights): {', '.join(preset_names())}"
     )
 

@@ -3,13 +3,16 @@
 Format: 8-byte little-endian header length N, N bytes of JSON {name: {dtype, shape, data_offsets}},
 then the data; offsets are relative to the end of the header. Every tensor is checked to lie inside
 the file and to have exactly numel × itemsize bytes, so a truncated or corrupt file is reported with
-the tensor it breaks.
+the tensor it breaks. As the safetensors library checks, the tensors' byte ranges must tile the data
+section exactly (no gap, no overlap, nothing after the last one): a wrong header length or two tensors
+sharing bytes would otherwise load as shifted or aliased weights. All of it is read from the header alone.
 """
 
 from __future__ import annotations
 
 import json
 import mmap
+import stat
 import struct
 from pathlib import Path
 
@@ -40,9 +43,47 @@ def _int(value) -> int:
     return value
 
 
+def _check_layout(path: Path, spans: list[tuple[int, int, str]], data_size: int) -> None:
+    """CheckpointError unless the (begin, end, name) byte ranges, sorted, cover 0..``data_size`` of the data
+    section exactly once (the safetensors library's "invalid offset" / "file not fully covered" checks)."""
+    pos, prev = 0, None
+    for begin, end, name in sorted(spans):
+        if begin != pos:
+            how = (
+                f"overlaps {prev!r}, which ends at byte {pos}" if begin < pos else f"leaves bytes {pos}..{begin} unused"
+            )
+            raise CheckpointError(
+                f"{path}: corrupt safetensors file: tensor {name!r} starts at byte {begin} of the data and {how}"
+            )
+        pos, prev = end, name
+    if pos != data_size:
+        raise CheckpointError(
+            f"{path}: corrupt safetensors file: the tensors end at byte {pos} of the data but it holds {data_size} "
+            "bytes (a wrong header length, or data after the last tensor)"
+        )
+
+
+def unreadable(path: Path) -> str | None:
+    """Why ``path`` cannot be read as a regular file, from its ``stat`` alone (None: it is one, or it is absent
+    and not a link): a broken link, a symlink loop, no permission, a directory, a pipe (which would block a
+    read forever) or a device."""
+    try:
+        mode = Path(path).stat().st_mode
+    except FileNotFoundError:
+        return "a broken symbolic link" if Path(path).is_symlink() else None
+    except OSError as exc:
+        return exc.strerror or str(exc)
+    if stat.S_ISDIR(mode):
+        return "a directory, not a file"
+    return None if stat.S_ISREG(mode) else "not a regular file: a pipe, socket or device"
+
+
 class SafetensorsFile:
     def __init__(self, path: str | Path):
         self.path = Path(path)
+        why = unreadable(self.path)
+        if why:
+            raise CheckpointError(f"{self.path}: cannot read ({why})")
         try:
             size = self.path.stat().st_size
             with open(self.path, "rb") as fh:
@@ -73,6 +114,7 @@ class SafetensorsFile:
         self.data_start = 8 + n
         data_size = size - self.data_start
         self.entries: dict[str, tuple[torch.dtype, tuple[int, ...], int, int]] = {}
+        spans = []
         for name, e in header.items():
             if isinstance(e, dict) and isinstance(e.get("dtype"), str) and e["dtype"] not in DTYPES:
                 raise CheckpointError(
@@ -105,6 +147,8 @@ class SafetensorsFile:
                     f"{e['dtype']}"
                 )
             self.entries[name] = (dtype, shape, begin, end)
+            spans.append((begin, end, name))
+        _check_layout(self.path, spans, data_size)
         self._mmap = None
 
     def names(self) -> list[str]:

@@ -82,3 +82,18 @@ def test_random_rank_parts_are_the_cut_of_the_whole_random_model(raw, tp, ep):
             assert state[s.spec.param].dtype == want.dtype and torch.equal(state[s.spec.param], want), s.spec.param
     experts = random_rank_state(cfg, lay, 1, torch.float32, seed=4, only=is_expert)
     assert experts and all(is_expert(p) for p in experts)
+
+
+def test_a_rank_says_fp16_overflow_not_corrupt_data(tmp_path):
+    """As the single-device loader: a finite fp32 weight beyond float16's range is named as such."""
+    from nonstop.weights.errors import CheckpointError
+
+    cfg = ModelConfig.from_hf_dict(DEEPSEEK)
+    ckpt = write_checkpoint(cfg, tmp_path / "ckpt", seed=5, dtype=torch.float32)
+    path = ckpt / "model.safetensors"
+    tensors = load_file(str(path))
+    name = next(n for n in tensors if n.endswith("embed_tokens.weight"))
+    tensors[name][0, 0] = 1e6
+    save_file(tensors, str(path))
+    with pytest.raises(CheckpointError, match="beyond float16's range"):
+        load_rank_state(cfg, Layout.make(1, 2), 0, ckpt, torch.float16)

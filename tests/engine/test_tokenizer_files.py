@@ -281,3 +281,10 @@ def test_a_byte_fallback_tokenizer_json_names_its_byte_tokens(tmp_path):
     assert [tok.token_bytes(i) for i in ids][-2:] == list(map(bytes, (["é".encode()[0]], ["é".encode()[1]])))
     assert [tok.token_text(i) for i in ids][-2:] == ["bytes:\\xc3", "bytes:\\xa9"]
     assert tok.token_text(vocab["▁a"]) == tok.decode([vocab["▁a"]]) and tok.token_bytes(vocab["b"]) is None
+
+
+def test_a_chat_template_of_the_wrong_type_is_named(tmp_path):
+    """``chat_template: 5`` was read as no template ("this model has no chat template")."""
+    (tmp_path / "tokenizer_config.json").write_text(json.dumps({"chat_template": 5}))
+    with pytest.raises(TokenizerError, match="chat_template must be a string"):
+        Tokenizer.load(tmp_path, 300)

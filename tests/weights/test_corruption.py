@@ -155,6 +155,14 @@ def c_shard_lacks_listed_tensor(d):
     return [name, other]
 
 
+def c_tensor_in_two_shards(d):
+    wm = json.loads((d / INDEX).read_text())["weight_map"]
+    name = sorted(wm)[0]
+    other = next(s for s in sorted(set(wm.values())) if s != wm[name])
+    _rewrite(d / other, lambda t: t.update({name: load_file(str(d / wm[name]))[name]}))
+    return [name, "appears in both", other, wm[name]]
+
+
 def c_shard_is_a_directory(d):
     shard = _shard(d)
     shard.unlink()
@@ -230,6 +238,25 @@ def c_offsets_do_not_fit_shape(d):
     h[name]["shape"] = [h[name]["shape"][0] + 1] + h[name]["shape"][1:]
     _set_header(p, h)
     return ["model.safetensors", name]
+
+
+def c_header_length_short(d):
+    """The header's padding dropped by a length 4 short: every tensor would be read 4 bytes early."""
+    p = d / "model.safetensors"
+    data = p.read_bytes()
+    (n,) = struct.unpack("<Q", data[:8])
+    raw = json.dumps(_header(p)).encode() + b"    "
+    p.write_bytes(struct.pack("<Q", len(raw) - 4) + raw + data[8 + n :])
+    return ["model.safetensors", "corrupt safetensors file", "the tensors end at byte"]
+
+
+def c_tensors_share_bytes(d):
+    p = d / "model.safetensors"
+    h = _header(p)
+    a, b = sorted((e["data_offsets"], k) for k, e in h.items() if k != "__metadata__")[-2:]
+    h[b[1]]["data_offsets"] = [a[0][0], a[0][0] + b[0][1] - b[0][0]]  # the last tensor aliases the one before
+    _set_header(p, h)
+    return ["model.safetensors", "corrupt safetensors file", b[1]]
 
 
 def c_no_weights(d):
@@ -320,6 +347,16 @@ def c_generation_config_bad_eos(d):
     return ["generation_config.json", "eos_token_id"]
 
 
+def c_generation_config_eos_outside_vocab(d):
+    _edit_json(d / "generation_config.json", lambda g: g.update(eos_token_id=10**6))
+    return ["generation_config.json", "eos_token_id", "outside the model's vocabulary"]
+
+
+def c_generation_config_max_new_tokens_past_context(d):
+    _edit_json(d / "generation_config.json", lambda g: g.update(max_new_tokens=10**9))
+    return ["generation_config.json", "max_new_tokens", "context"]
+
+
 def c_tokenizer_config_not_json(d):
     (d / "tokenizer_config.json").write_text("nope")
     return ["tokenizer_config.json", "not valid JSON"]
@@ -357,6 +394,8 @@ SINGLE = [
     c_header_negative_shape,
     c_unknown_dtype,
     c_offsets_do_not_fit_shape,
+    c_header_length_short,
+    c_tensors_share_bytes,
     c_no_weights,
     c_tensor_twice,
     c_missing_tensor,
@@ -370,6 +409,8 @@ SINGLE = [
     c_generation_config_not_json,
     c_generation_config_bad_field,
     c_generation_config_bad_eos,
+    c_generation_config_eos_outside_vocab,
+    c_generation_config_max_new_tokens_past_context,
     c_tokenizer_config_not_json,
     c_tokenizer_json_corrupt,
     c_tiktoken_model_corrupt,
@@ -383,6 +424,7 @@ SHARDED = [
     c_index_empty,
     c_shard_missing,
     c_shard_lacks_listed_tensor,
+    c_tensor_in_two_shards,
     c_shard_is_a_directory,
 ]
 CASES = [(c, False) for c in SINGLE] + [(c, True) for c in SHARDED]

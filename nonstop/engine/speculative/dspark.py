@@ -20,14 +20,22 @@ x_{p+i} being the anchor for i = 0 and the previous draft after.
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, dataclass
+from dataclasses import MISSING, asdict, dataclass
 from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
+from nonstop.config_parse import _Fields
+from nonstop.config_types import ConfigError
+from nonstop.jsonfile import read_json_object
 from nonstop.model.norms import RMSNorm
+from nonstop.weights.errors import CheckpointError
+from nonstop.weights.loader import check_cast
+from nonstop.weights.safetensors_file import SafetensorsFile, unreadable
+
+DSPARK_MODEL_TYPE = "nonstop_dspark"
 
 
 @dataclass
@@ -63,9 +71,44 @@ class DSparkConfig:
 
     @classmethod
     def load(cls, path: Path) -> DSparkConfig:
-        """From config.json (other keys, such as the training report, are ignored)."""
-        d = json.loads(Path(path).read_text())
-        return cls(**{k: v for k, v in d.items() if k in cls.__dataclass_fields__})
+        """From config.json (other keys, such as the training report, are ignored). ConfigError naming the
+        file and the field: unreadable or not JSON, a missing field, a wrong type or range, another model_type."""
+        path = Path(path)
+        why = unreadable(path)
+        if why:
+            raise ConfigError(f"{path}: cannot read ({why})")
+        raw = read_json_object(path, ConfigError)
+        try:
+            return cls(**_config_fields(raw))
+        except ValueError as exc:  # ConfigError, or __post_init__'s
+            raise ConfigError(f"{path}: {exc}") from None
+
+
+def _config_fields(raw: dict) -> dict:
+    """DSparkConfig's keyword arguments from a config.json dict, typed: ints positive, floats positive and
+    finite, taps a non-empty list of layer indices."""
+    kind = raw.get("model_type", DSPARK_MODEL_TYPE)
+    if kind != DSPARK_MODEL_TYPE:
+        raise ConfigError(f"field 'model_type' is {kind!r}: not a nonstop DSpark drafter ({DSPARK_MODEL_TYPE!r})")
+    f, out = _Fields(raw), {}
+    for name, spec in DSparkConfig.__dataclass_fields__.items():
+        default = () if spec.default is MISSING else (spec.default,)
+        if name == "taps":
+            taps = f.get("taps")
+            if not isinstance(taps, list) or not taps or not all(_layer_index(t) for t in taps):
+                raise ConfigError(
+                    f"field 'taps' must be a non-empty list of layer indices (integers >= 0), got {taps!r}"
+                )
+            out[name] = tuple(taps)
+        elif spec.type in ("float", float):
+            out[name] = f.at_least(name, 0.0, *default, strict=True)
+        else:
+            out[name] = f.positive(name, *default)
+    return out
+
+
+def _layer_index(value) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
 
 
 def rotate(x: torch.Tensor, positions: torch.Tensor, theta: float) -> torch.Tensor:
@@ -207,10 +250,30 @@ def save_drafter(
 
 
 def load_drafter(path: Path, dtype: torch.dtype = torch.float32, device="cpu") -> DSparkModel:
-    from safetensors.torch import load_file
-
+    """The drafter ``save_drafter`` wrote under ``path``, read as the target's weights are: config.json as
+    ``DSparkConfig.load`` checks it, model.safetensors through the checked reader (a truncated or corrupt
+    file), every tensor present, expected, of its shape and a float dtype, finite before and after the cast
+    to ``dtype``. Errors (ConfigError, CheckpointError) name the file and the field or tensor."""
     path = Path(path)
     model = DSparkModel(DSparkConfig.load(path / "config.json"))
-    state = {k: v.to(dtype) for k, v in load_file(str(path / "model.safetensors"), device=str(device)).items()}
+    f = SafetensorsFile(path / "model.safetensors")
+    want = model.state_dict()
+    for names, what in (
+        ([n for n in want if n not in f.entries], "missing"),
+        ([n for n in f.entries if n not in want], "unexpected"),
+    ):
+        if names:
+            more = f" (and {len(names) - 1} more)" if len(names) > 1 else ""
+            raise CheckpointError(f"{f.path}: {what} tensor {names[0]!r}{more} (the drafter its config.json describes)")
+    state = {}
+    for name, param in want.items():
+        stored, shape = f.meta(name)
+        if shape != tuple(param.shape) or not stored.is_floating_point:
+            raise CheckpointError(
+                f"{f.path}: tensor {name!r} is {list(shape)} {stored}, expected {list(param.shape)} floating point"
+            )
+        source = f.tensor(name)
+        state[name] = source.to(device=device, dtype=dtype, copy=True)
+        check_cast(name, source, state[name], str(f.path))
     model.load_state_dict(state, strict=True)
     return model.to(device=device, dtype=dtype).eval().requires_grad_(False)
