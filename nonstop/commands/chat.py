@@ -62,13 +62,25 @@ def run(args) -> int:
             continue
         replies += 1
         messages.append({"role": "assistant", "content": out.text})
-        m = out.metrics
-        speed = f", {m['decode_tokens_per_s']:.1f} tokens/s" if m["decode_tokens_per_s"] else ""
-        print(f"[{m['generated_tokens']} tokens{speed}, {out.finish_reason}]", file=sys.stderr)
+        print(f"[{_turn_summary(out.metrics)}, {out.finish_reason}]", file=sys.stderr)
     if failed and not replies:
         print(f"nonstop: error: none of the {failed} message(s) got a reply", file=sys.stderr)
         return 2
     return 0
+
+
+def _turn_summary(m: dict) -> str:
+    """ "64 tokens, 450.2 tokens/s": a turn's tokens and decode speed; a turn whose decode compiled the step
+    (the cpu backend, the first turn of a shape) also says its speed without the compile, as generate does."""
+    out = f"{m['generated_tokens']} tokens"
+    if not m["decode_tokens_per_s"]:
+        return out
+    out += f", {m['decode_tokens_per_s']:.1f} tokens/s"
+    compiling = float(m.get("decode_compiling_s", 0.0))
+    decoding = m["decode_time_s"] - compiling
+    if compiling > 0.05 and decoding > 0:
+        out += f" ({(m['generated_tokens'] - 1) / decoding:.1f} without {compiling:.1f} s compiling the step)"
+    return out
 
 
 def _check_setup(args, llm, start: list[dict]):

@@ -337,3 +337,14 @@ def test_the_server_under_speculative_decoding_leaves_out_the_checkpoints_penalt
     asked = CompletionBody.model_validate({"model": "k3-nano", "prompt": "x", "repetition_penalty": 1.3})
     with pytest.raises(ValueError, match="repetition_penalty 1.3"):
         llm.make_request("x", None, sampling_params(asked, llm, 8, None))
+
+
+def test_a_chat_turn_that_compiled_gives_its_speed_without_the_compile(monkeypatch, capsys):
+    """chat's turn line folded the step's compile into tokens/s (1.9 tokens/s for a 30 s compile)."""
+    import io
+
+    _simulate_compiling(monkeypatch, {0: 0.0, 2: 0.4})
+    monkeypatch.setattr("sys.stdin", io.TextIOWrapper(io.BytesIO(b"hi\n")))
+    assert main(["chat", "--backend", "reference", "--max-tokens", "6", "--temperature", "0"]) == 0
+    turn = [line for line in capsys.readouterr().err.splitlines() if line.startswith("[")][-1]
+    assert "tokens/s (" in turn and "without 0.4 s compiling the step)" in turn, turn
