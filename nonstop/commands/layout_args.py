@@ -112,8 +112,10 @@ def llm_class(args, slots: int = 1):
 def check_before_start(args, layout, slots: int = 1) -> None:
     """Refuse a layout the model or the backend cannot run before starting any rank (one clear error).
     The GPUs needed on this host: LOCAL_WORLD_SIZE in a rank (torchrun sets it), else the whole world.
-    Unless --no-preflight, CPU ranks' memory on this host (``host_ranks``) is checked too: their parts of
-    the model and the caches of ``slots`` sequences (``engine/layout_preflight.py``)."""
+    Where this host's ranks are checked (``host_ranks``), the checkpoint's files are too (their headers
+    against the config: a truncated or broken file, a missing tensor), and unless --no-preflight, CPU
+    ranks' memory: their parts of the model and the caches of ``slots`` sequences
+    (``engine/layout_preflight.py``)."""
     import os
 
     import torch
@@ -122,7 +124,7 @@ def check_before_start(args, layout, slots: int = 1) -> None:
     from nonstop.runtime.distributed import check_backend
     from nonstop.weights.resolve import check_device, resolve_model
 
-    cfg, _ = resolve_model(args.model)
+    cfg, model_dir = resolve_model(args.model)
     check_layout(cfg, layout)
     check_backend(args.backend, torch.device(check_device(args.device).type), layout.world)
     local = int(os.environ.get("LOCAL_WORLD_SIZE", layout.world))
@@ -132,6 +134,10 @@ def check_before_start(args, layout, slots: int = 1) -> None:
             f"the layout needs {layout.world} ranks{where}, one GPU each, but {torch.cuda.device_count()} are visible"
         )
     ranks = host_ranks(layout)
+    if ranks is not None and model_dir is not None:  # the files' headers: a broken checkpoint is one error, here
+        from nonstop.weights.loader import resolve_checkpoint
+
+        resolve_checkpoint(cfg, model_dir)
     if args.preflight and ranks is not None and check_device(args.device).type == "cpu":
         from nonstop.engine.layout_preflight import check_host_memory
         from nonstop.weights.resolve import parse_dtype
@@ -155,31 +161,70 @@ def host_ranks(layout) -> range | None:
 
 
 def _rank_main(args) -> None:
+    """A started rank: the command, its errors printed as the CLI prints them but once per launch (a rank
+    meeting an error another rank has printed prints nothing). Rank 0 stopped by a signal (Ctrl-C,
+    ``Terminated``) says so and leaves at once: it may be mid-step, where telling the other ranks to stop
+    would wait out the collective timeout; they know a stop is coming (``stopping``) and end quietly.
+    Otherwise the ``atexit`` hooks run (rank 0 tells the others to stop; each rank leaves the group) and
+    the rank ends there (``os._exit``): the C++ teardown after them, gloo's threads still running, aborted
+    rank 0 now and then ("terminate called without an active exception", 2 server stops in 10)."""
+    import atexit
+    import contextlib
+    import os
     import sys
 
-    from nonstop.commands.errors import user_errors
+    from nonstop.commands.errors import USER_ERRORS, user_errors
+    from nonstop.dist.launch import Terminated, first_report
 
-    with user_errors():
-        sys.exit(int(args.run(args) or 0))
+    hooks = True
+    try:
+        with user_errors():
+            try:
+                code = int(args.run(args) or 0)
+            except (KeyboardInterrupt, Terminated) as exc:
+                interrupted = isinstance(exc, KeyboardInterrupt)
+                print(f"nonstop: {'interrupted' if interrupted else 'terminated'}", file=sys.stderr)
+                code, hooks = 130 if interrupted else 143, False
+            except Exception as exc:
+                if isinstance(exc, BrokenPipeError) or first_report(f"{type(exc).__name__}: {exc}"):
+                    raise
+                code = 2 if isinstance(exc, USER_ERRORS) else 1
+    except SystemExit as exc:
+        if exc.code is not None and not isinstance(exc.code, int):
+            print(exc.code, file=sys.stderr)
+        code = exc.code if isinstance(exc.code, int) else int(exc.code is not None)
+    if hooks:
+        atexit._run_exitfuncs()
+    with contextlib.suppress(OSError, ValueError):
+        sys.stdout.flush()
+        sys.stderr.flush()
+    os._exit(code)
 
 
 def start_ranks(args, layout) -> int:
-    """Run the command on ``layout.world`` local processes (``nonstop.dist.spawn``); rank 0's exit status."""
+    """Run the command on ``layout.world`` local processes (``nonstop.dist.spawn``); rank 0's exit status
+    (1 when rank 0 ended without one of its own: killed, or stopped after another rank failed). The first
+    rank to fail is named when it cannot have said why itself (a signal killed it)."""
     import sys
 
-    from nonstop.dist.launch import RankExited, spawn
+    from nonstop.dist.launch import RankExited, Terminated, spawn
 
     threads = getattr(args, "threads", None)
     print(f"nonstop: starting {layout.world} local ranks ({layout.describe()})", file=sys.stderr)
     try:
-        spawn(_rank_main, layout.world, (args,), threads=threads)
+        spawn(_rank_main, layout.world, (args,), threads=threads, relay=True)
     except RankExited as exc:
-        if exc.rank > 0:
-            print(f"nonstop: error: {exc}; the other ranks were stopped", file=sys.stderr)
-        return exc.code if exc.code and exc.code > 0 else 1
+        if exc.code is None or exc.code < 0 or "\n" in str(exc):  # a rank that printed nothing, or a traceback
+            first = " (the first rank to end)" if exc.code is not None and "\n" not in str(exc) else ""
+            print(f"nonstop: error: {exc}{first}; the other ranks were stopped", file=sys.stderr)
+        rank0 = exc.codes[0] if exc.codes else None
+        return rank0 if rank0 is not None and rank0 > 0 else 1
     except KeyboardInterrupt:
         print("nonstop: interrupted; all ranks stopped", file=sys.stderr)
         return 130
+    except Terminated:
+        print("nonstop: terminated; all ranks stopped", file=sys.stderr)
+        return 143
     return 0
 
 
@@ -190,11 +235,14 @@ def follow_rank(args, comm, slots: int = 1) -> int:
     import sys
 
     from nonstop.dist.comm import RankFailure, shutdown
+    from nonstop.dist.launch import mark_stopping, stopping
     from nonstop.engine.distributed import build_worker, follow
     from nonstop.engine.layout_preflight import check_rank_memory
     from nonstop.weights.resolve import parse_dtype, resolve_model
 
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # rank 0 (or the launcher) decides when to stop
+    # rank 0 (or the launcher) decides when to stop; a SIGINT only says a stop is coming (rank 0 may leave
+    # mid-step: then the collective in flight fails, and that is no error)
+    signal.signal(signal.SIGINT, mark_stopping)
     try:
         cfg, model_dir = resolve_model(args.model)
         dtype = parse_dtype(args.dtype, args.device)
@@ -214,6 +262,8 @@ def follow_rank(args, comm, slots: int = 1) -> int:
         follow(worker)
         return 0
     except RankFailure as exc:
+        if stopping():
+            return 0
         print(f"nonstop: error: {exc}", file=sys.stderr)
         return 3
     finally:

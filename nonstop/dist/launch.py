@@ -2,28 +2,68 @@
 
 Each child gets the environment torchrun would give it (RANK, LOCAL_RANK, WORLD_SIZE, MASTER_ADDR,
 MASTER_PORT on a free port), its share of the CPU threads, and runs ``fn(*args)``. ``spawn`` returns
-when every rank has ended; when one ends with an error the others are stopped (SIGTERM, then SIGKILL
-after ``grace`` seconds) and ``RankExited`` names it. Ctrl-C (or SIGTERM to the launcher) stops every
-rank. A launcher that dies without stopping them (SIGKILL, a crash) takes its ranks with it: each rank
-calls ``die_with_parent`` first thing (``parent_watch.py``), so no rank outlives it.
+when every rank has ended with status 0. When one ends otherwise, the others get ``grace`` seconds to
+end by themselves (a rank that has died closes its connections: the others notice at once and say so),
+then the launcher stops them (SIGTERM and SIGCONT, ``grace`` seconds more, SIGKILL: a stopped rank
+ends too) and ``RankExited`` names the first rank that failed.
+
+Stopping (``relay=True``, the CLI's launcher): SIGINT or SIGTERM to the launcher goes to rank 0 alone,
+which stops as a single process would (a server drains its requests) and tells the other ranks to stop;
+the others are only told that a stop is coming (SIGINT: ``stopping()``), so that a rank 0 leaving
+mid-step is no error to them. Rank 0 gets ``stop_wait`` seconds to stop, and after rank 0 has ended well
+the others get as long; a second signal to the launcher stops every rank at once. Ctrl-C in a terminal reaches every rank as
+well as the launcher: rank 0 takes a stop signal repeated within ``REPEAT_S`` for the same one. In rank 0
+SIGTERM raises ``Terminated``. Without ``relay`` a stop signal stops every rank at once.
+
+A launcher that dies without stopping them (SIGKILL, a crash) takes its ranks with it: each rank calls
+``die_with_parent`` first thing (``parent_watch.py``), so no rank outlives it.
 """
 
 from __future__ import annotations
 
+import contextlib
+import multiprocessing.connection
 import os
 import signal
 import socket
+import sys
+import tempfile
+import threading
 import time
 
 import torch.multiprocessing as mp
 
 from nonstop.dist.parent_watch import die_with_parent
 
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
+REPEAT_S = 1.0  # a stop signal rank 0 gets again within this many seconds is the same stop (terminal + launcher)
+REPORTS_ENV = "NONSTOP_RANK_REPORTS"  # the file where the ranks of one launch note the errors they printed
+_stopping = threading.Event()
+_last_stop = [float("-inf")]
+
 
 class RankExited(RuntimeError):
-    def __init__(self, rank: int, code: int | None, message: str = ""):
-        self.rank, self.code = rank, code
-        super().__init__(message or f"rank {rank} exited with code {code}")
+    """A rank ended with a status other than 0 (``code``: its exit status, negative for a signal, None
+    when it did not end); ``codes``: every rank's exit status."""
+
+    def __init__(self, rank: int, code: int | None, message: str = "", codes: list | None = None):
+        self.rank, self.code, self.codes = rank, code, list(codes or [])
+        super().__init__(message or f"rank {rank} {exit_description(code)}")
+
+
+class Terminated(BaseException):
+    """SIGTERM in rank 0 of a launch, raised as Ctrl-C raises KeyboardInterrupt (the rank says "terminated"
+    and exits 143); in the launcher, every rank had to be stopped after a SIGTERM."""
+
+
+def exit_description(code: int | None) -> str:
+    """'exited with code 3', 'was killed by SIGKILL', 'did not end'."""
+    if code is None:
+        return "did not end"
+    if code < 0:
+        with contextlib.suppress(ValueError):
+            return f"was killed by {signal.Signals(-code).name}"
+    return f"exited with code {code}"
 
 
 def free_port() -> int:
@@ -37,8 +77,54 @@ def rank_threads(world: int) -> int:
     return max(1, (os.cpu_count() or 1) // world)
 
 
-def _entry(index: int, fn, world: int, port: int, threads: int, env: dict, args: tuple, launcher: int) -> None:
+def stopping() -> bool:
+    """In a rank other than 0: whether a stop is coming (a SIGINT came), so a failing collective is rank 0
+    leaving, not an error."""
+    return _stopping.is_set()
+
+
+def mark_stopping(signum, frame) -> None:
+    """The SIGINT handler of a rank other than 0: note that a stop is coming (``stopping``)."""
+    _stopping.set()
+
+
+def _rank0_stop(signum, frame) -> None:
+    now = time.monotonic()
+    if now - _last_stop[0] < REPEAT_S:
+        return  # the same Ctrl-C, from the terminal and relayed by the launcher
+    _last_stop[0] = now
+    if signum == signal.SIGINT:
+        raise KeyboardInterrupt
+    raise Terminated
+
+
+def first_report(line: str) -> bool:
+    """In a rank of a launch: True if no rank of this launch has printed ``line`` yet (it is noted as
+    printed); False for a copy, which the caller leaves out. True outside a launch."""
+    path = os.environ.get(REPORTS_ENV)
+    if not path:
+        return True
+    import fcntl
+
+    try:
+        with open(path, "a+") as fh:
+            fcntl.flock(fh, fcntl.LOCK_EX)
+            fh.seek(0)
+            if line + "\n" in fh.read():
+                return False
+            fh.write(line + "\n")
+            return True
+    except OSError:
+        return True
+
+
+def _entry(index: int, fn, world: int, port: int, threads: int, env: dict, args: tuple, launcher: int, relay: bool):
     die_with_parent(launcher)
+    if relay and index == 0:  # rank 0 stops as a single process would (SIGTERM too)
+        for sig in STOP_SIGNALS:
+            signal.signal(sig, _rank0_stop)
+    elif relay:  # the others wait for rank 0's word
+        signal.signal(signal.SIGINT, mark_stopping)
     os.environ.update(
         {
             "RANK": str(index),
@@ -62,57 +148,112 @@ def spawn(
     args: tuple = (),
     threads: int | None = None,
     env: dict | None = None,
-    grace: float = 5.0,
+    grace: float = 2.0,
     timeout: float | None = None,
+    relay: bool = False,
+    stop_wait: float = 30.0,
 ) -> None:
     """Run ``fn(*args)`` in ``world`` processes forming one process group of this host (see the module
-    docstring). ``timeout``: stop every rank and raise RankExited(-1) after that many seconds."""
-    port = free_port()
-    previous = signal.signal(signal.SIGTERM, _interrupt) if _main_thread() else None
-    ctx = mp.start_processes(
-        _entry,
-        args=(fn, world, port, threads or rank_threads(world), dict(env or {}), args, os.getpid()),
-        nprocs=world,
-        join=False,
-        start_method="spawn",
-    )
-    deadline = None if timeout is None else time.monotonic() + timeout
-    try:
-        while True:
-            try:
-                if ctx.join(timeout=0.2, grace_period=grace):
-                    return
-            except mp.ProcessExitedException as exc:
-                raise RankExited(exc.error_index, exc.exit_code) from None
-            except mp.ProcessRaisedException as exc:
-                raise RankExited(exc.error_index, 1, f"rank {exc.error_index} failed:\n{exc}") from None
-            if deadline is not None and time.monotonic() > deadline:
-                raise RankExited(-1, None, f"the ranks did not finish within {timeout:g} s")
-    except BaseException:
-        _stop(ctx.processes, grace)
-        raise
-    finally:
-        if previous is not None:
-            signal.signal(signal.SIGTERM, previous)
+    docstring). ``timeout``: stop every rank and raise RankExited(-1) after that many seconds. A stop
+    signal is raised from here (KeyboardInterrupt for SIGINT, ``Terminated`` for SIGTERM) when it had to
+    stop every rank; relayed to a rank 0 that stopped by itself, it is that rank's exit status instead."""
+    with tempfile.NamedTemporaryFile(prefix="nonstop-reports-") as reports:
+        env = {REPORTS_ENV: reports.name, **(env or {})}
+        ctx = mp.start_processes(
+            _entry,
+            args=(fn, world, free_port(), threads or rank_threads(world), env, args, os.getpid(), relay),
+            nprocs=world,
+            join=False,
+            start_method="spawn",
+        )
+        launch = _Launch(ctx, grace, stop_wait, relay)
+        main = threading.current_thread() is threading.main_thread()
+        previous = {sig: signal.signal(sig, launch.on_signal) for sig in STOP_SIGNALS} if main else {}
+        try:
+            launch.watch(timeout)
+        finally:
+            _stop(ctx.processes, grace)
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)
 
 
-def _main_thread() -> bool:
-    import threading
+class _Launch:
+    """The launcher's side of ``spawn``: waits for the ranks, relays stop signals, names the first failure."""
 
-    return threading.current_thread() is threading.main_thread()
+    def __init__(self, ctx, grace: float, stop_wait: float, relay: bool):
+        self.ctx, self.procs, self.grace, self.stop_wait, self.relay = ctx, ctx.processes, grace, stop_wait, relay
+        self.codes: list[int | None] = [None] * len(self.procs)  # exit statuses, as the ranks end by themselves
+        self.failed: int | None = None  # the first rank seen ending with a status other than 0
+        self.signal: int | None = None  # the first stop signal
+        self.forced = False  # stop every rank now
+        self.due: list[float] = []  # when to stop the ranks: a failure + grace; a signal or rank 0's end + stop_wait
 
+    def on_signal(self, signum, frame) -> None:
+        if self.signal is not None or not self.relay:  # a second signal, or no relaying: stop every rank now
+            self.signal, self.forced = self.signal or signum, True
+            return
+        self.signal = signum
+        self.due.append(time.monotonic() + self.stop_wait)
+        for i, p in enumerate(self.procs):
+            if self.codes[i] is None:
+                with contextlib.suppress(OSError):
+                    os.kill(p.pid, signum if i == 0 else signal.SIGINT)
 
-def _interrupt(signum, frame):
-    raise KeyboardInterrupt  # SIGTERM to the launcher: stop the ranks as Ctrl-C does
+    def watch(self, timeout: float | None) -> None:
+        """Wait until every rank has ended, or a stop is due; raise what ``spawn`` says."""
+        deadline = float("inf") if timeout is None else time.monotonic() + timeout
+        while None in self.codes and not self.forced and time.monotonic() < min([deadline, *self.due]):
+            live = {p.sentinel: i for i, p in enumerate(self.procs) if self.codes[i] is None}
+            ended = [live[s] for s in multiprocessing.connection.wait(list(live), 0.2)]
+            for i in ended:
+                self.procs[i].join()
+            # among ranks seen ending together, one a signal killed is the likely cause
+            for i in sorted(ended, key=lambda i: self.procs[i].exitcode >= 0):
+                self.codes[i] = self.procs[i].exitcode
+                if self.failed is None and self.codes[i] != 0:
+                    self.failed = i
+                if self.codes[i] != 0:  # the others get grace seconds to end by themselves
+                    self.due.append(time.monotonic() + self.grace)
+                elif i == 0 and self.relay:  # rank 0 has told them to stop
+                    self.due.append(time.monotonic() + self.stop_wait)
+        _stop(self.procs, 0.0 if self.forced else self.grace)
+        codes = [c if c is not None else p.exitcode for c, p in zip(self.codes, self.procs)]
+        if self.failed is not None and not self.forced:
+            raise RankExited(self.failed, codes[self.failed], self._message(self.failed), codes)
+        if self.signal is not None and (self.forced or self.codes[0] is None):
+            if not self.forced:
+                name = signal.Signals(self.signal).name
+                print(f"nonstop: rank 0 did not stop within {self.stop_wait:g} s of {name}", file=sys.stderr)
+            raise KeyboardInterrupt if self.signal == signal.SIGINT else Terminated
+        if None in self.codes and self.relay and self.codes[0] == 0:
+            late = self.codes.index(None)
+            raise RankExited(late, None, f"rank {late} did not end within {self.stop_wait:g} s of rank 0", codes)
+        if None in self.codes:
+            raise RankExited(-1, None, f"the ranks did not finish within {timeout:g} s", codes)
+
+    def _message(self, index: int) -> str:
+        """'rank 1 exited with code 3', or the traceback of an exception ``fn`` raised there."""
+        error_file = self.ctx.error_files[index]
+        if os.access(error_file, os.R_OK):
+            import pickle
+
+            with open(error_file, "rb") as fh:
+                return f"rank {index} failed:\n{pickle.load(fh)}"
+        return f"rank {index} {exit_description(self.codes[index])}"
 
 
 def _stop(processes, grace: float) -> None:
-    for p in processes:
-        if p.is_alive():
-            p.terminate()
+    """SIGTERM (and SIGCONT, so a stopped process ends too) every live process, then SIGKILL those still
+    alive ``grace`` seconds later (at once with grace 0)."""
+    live = [p for p in processes if p.exitcode is None]
+    for p in live:
+        with contextlib.suppress(OSError):
+            os.kill(p.pid, signal.SIGTERM if grace > 0 else signal.SIGKILL)
+            os.kill(p.pid, signal.SIGCONT)
     end = time.monotonic() + grace
-    for p in processes:
+    for p in live:
         p.join(max(0.0, end - time.monotonic()))
-        if p.is_alive():
-            os.kill(p.pid, signal.SIGKILL)
-            p.join(1.0)
+        if p.exitcode is None:
+            with contextlib.suppress(OSError):
+                os.kill(p.pid, signal.SIGKILL)
+            p.join(5.0)

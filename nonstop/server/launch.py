@@ -3,7 +3,11 @@
 from __future__ import annotations
 
 import logging
+import os
+import signal
 import socket
+import threading
+import time
 
 from nonstop.engine.llm import LLM
 from nonstop.engine.loop import EngineLoop
@@ -55,6 +59,39 @@ def bind_socket(host: str, port: int) -> socket.socket:
     return sock
 
 
+GRACE_S = 5.0  # after a stop signal, requests still running this much later end with an error
+
+
+def _server(config, engine, repeat_s: float):
+    """A uvicorn server whose stop signal, ``GRACE_S`` later, also ends the requests still running
+    (``EngineLoop.stop``: each ends with a clean error, "the server is shutting down"), so that their
+    handlers answer and uvicorn never cancels them (a traceback and a bare 500 each). A stop signal
+    repeated within ``repeat_s`` is the same one: under a launcher a terminal's Ctrl-C reaches rank 0 both
+    directly and relayed, and uvicorn takes a second SIGINT for "force quit"."""
+    import uvicorn
+
+    class Server(uvicorn.Server):
+        timer: threading.Timer | None = None
+        last = float("-inf")
+
+        def handle_exit(self, sig, frame) -> None:
+            now = time.monotonic()
+            if now - self.last < repeat_s:
+                return
+            self.last = now
+            super().handle_exit(sig, frame)
+            if self.timer is None:
+                self.timer = threading.Timer(GRACE_S, engine.stop)
+                self.timer.daemon = True
+                self.timer.start()
+
+    return Server(config)
+
+
+def _terminated(signum, frame) -> None:
+    raise SystemExit(128 + signum)
+
+
 def serve(
     ctx: ServingContext,
     host: str = "127.0.0.1",
@@ -63,15 +100,26 @@ def serve(
     sock: socket.socket | None = None,
 ) -> None:
     """Run the server until interrupted (the engine thread starts and stops with the app), on ``sock``
-    (``bind_socket``'s) when given, else binding ``host``:``port`` itself."""
+    (``bind_socket``'s) when given, else binding ``host``:``port`` itself. SIGINT or SIGTERM: requests in
+    flight get ``GRACE_S`` to finish, then end with an error; Ctrl-C returns, SIGTERM exits 143 (``atexit``
+    hooks run: under a layout rank 0 tells the other ranks to stop)."""
     import uvicorn
 
     logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    config = uvicorn.Config(create_app(ctx), host=host, port=port, log_level=log_level, timeout_graceful_shutdown=5)
-    server = uvicorn.Server(config)
+    config = uvicorn.Config(
+        create_app(ctx), host=host, port=port, log_level=log_level, timeout_graceful_shutdown=GRACE_S + 5
+    )
+    server = _server(config, ctx.engine, 1.0 if "RANK" in os.environ else 0.0)
+    main = threading.current_thread() is threading.main_thread()
+    previous = signal.signal(signal.SIGTERM, _terminated) if main else None  # uvicorn re-raises it at the end
     try:
         server.run(sockets=[sock] if sock is not None else None)
     except KeyboardInterrupt:  # uvicorn re-raises the Ctrl-C it shut down on (as uvicorn.run, a clean stop)
         pass
+    finally:
+        if server.timer is not None:
+            server.timer.cancel()
+        if previous is not None:
+            signal.signal(signal.SIGTERM, previous)
     if not server.started:
         raise ValueError(f"the server could not start on {host}:{port} (see the log above)")

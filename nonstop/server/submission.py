@@ -3,7 +3,7 @@
 The engine thread calls each request's sink; the sink records metrics for a finished request and
 hands the event to the event loop with ``call_soon_threadsafe``. ``events`` yields (choice index,
 event) until every request has finished; whoever stops listening early calls ``cancel`` so the
-engine frees the slots.
+engine frees the slots (``events`` does too when its iteration ends early: cancelled, closed, failed).
 """
 
 from __future__ import annotations
@@ -72,27 +72,32 @@ class Submission:
         self, is_disconnected: Callable[[], Awaitable[bool]] | None = None
     ) -> AsyncIterator[tuple[int, StreamEvent]]:
         """(choice index, event) until all requests end. With ``is_disconnected`` the client is polled
-        while waiting, and a gone client cancels the requests and ends the iteration."""
+        while waiting, and a gone client cancels the requests and ends the iteration. However else the
+        iteration ends early - its task cancelled (uvicorn past its shutdown grace, a stream's client
+        gone), closed, an error - the unfinished requests are cancelled: their slots are freed."""
         loop = asyncio.get_running_loop()
         next_check = loop.time() + DISCONNECT_POLL_S
-        while self.unfinished:
-            if is_disconnected is None:
-                index, event = await self.queue.get()
-            else:
-                try:
-                    index, event = await asyncio.wait_for(self.queue.get(), max(0.0, next_check - loop.time()))
-                except TimeoutError:
-                    index = event = None
-                if loop.time() >= next_check:
-                    next_check = loop.time() + DISCONNECT_POLL_S
-                    if await is_disconnected():
-                        self.cancel()
-                        return
-                if event is None:
-                    continue
-            if event.finished:
-                self.unfinished.discard(event.request.request_id)
-            yield index, event
+        try:
+            while self.unfinished:
+                if is_disconnected is None:
+                    index, event = await self.queue.get()
+                else:
+                    try:
+                        index, event = await asyncio.wait_for(self.queue.get(), max(0.0, next_check - loop.time()))
+                    except TimeoutError:
+                        index = event = None
+                    if loop.time() >= next_check:
+                        next_check = loop.time() + DISCONNECT_POLL_S
+                        if await is_disconnected():
+                            return
+                    if event is None:
+                        continue
+                if event.finished:
+                    self.unfinished.discard(event.request.request_id)
+                yield index, event
+        finally:
+            if self.unfinished:
+                self.cancel()
 
     def cancel(self) -> None:
         """Ask the engine to end every request of this call that has not finished."""

@@ -66,7 +66,10 @@ def test_ctrl_c_stops_every_rank():
         t0 = time.monotonic()
         _, err = proc.communicate(timeout=60)
         assert time.monotonic() - t0 < 30
-        assert proc.returncode != 0 and "interrupted" in err
+        assert proc.returncode == 130, err
+        # one line (rank 0's; the launcher's own "interrupted; all ranks stopped" was a second one), and
+        # the followers, told a stop was coming, do not report rank 0 leaving mid-step as an error
+        assert err.count("nonstop: interrupted") == 1 and "nonstop: error" not in err, err
         assert not gone_within(ranks, 5)
 
 

@@ -1,0 +1,196 @@
+"""How a local launch (``start_ranks`` / ``nonstop.dist.spawn``) ends and what it says: a stop signal goes to
+rank 0, which stops as a single process would, and one line says so; a rank killed, hung or failing is
+named once, the launcher stopping the others itself (no torch warnings) and promptly; an error every rank
+meets is printed once; a broken checkpoint is refused before any rank starts; a server under a layout
+stopped with SIGTERM answers its request in flight and exits 143.
+
+Most tests run ``start_ranks`` on ranks that only sum a number over a gloo group (``launch_workers.py``,
+no model: seconds each); every process is started by ``procs.launched`` (its tree is killed whatever
+happens), every collective and every wait has a timeout, and each test checks that no rank is left."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import threading
+import time
+import urllib.error
+import urllib.request
+
+import pytest
+
+from tests.dist.procs import ROOT, gone_within, launched
+
+LAUNCH = """
+import argparse, sys
+from nonstop.commands.layout_args import start_ranks
+from nonstop.dist.layout import Layout
+from tests.dist.launch_workers import summing
+out, mode, world, timeout = sys.argv[1], sys.argv[2], int(sys.argv[3]), float(sys.argv[4])
+args = argparse.Namespace(run=summing, dir=out, mode=mode, timeout=timeout, threads=1)
+sys.exit(start_ranks(args, Layout.make(2 if world == 4 else 1, 2, world)))
+"""
+TORCH_WARNINGS = ("Terminating process", "forcefully exiting")
+
+
+def _launch(tmp_path, mode: str = "sum", world: int = 2, timeout: float = 10.0):
+    return launched(["-c", LAUNCH, str(tmp_path), mode, str(world), str(timeout)])
+
+
+def _rank_pids(proc, tmp_path, world: int, deadline: float = 120) -> list[int]:
+    """The pids of ranks 0..world-1, once every rank has joined the group."""
+    end = time.monotonic() + deadline
+    files = [tmp_path / f"{r}.pid" for r in range(world)]
+    while not all(f.exists() for f in files):
+        assert proc.poll() is None, f"the launcher ended early: {proc.communicate()[1][-2000:]}"
+        assert time.monotonic() < end, "the ranks did not start"
+        time.sleep(0.1)
+    proc.ranks()  # remembered: killed on the way out whatever happens
+    return [int(f.read_text()) for f in files]
+
+
+def _said(err: str) -> list[str]:
+    """nonstop's lines on stderr, but the launcher's 'starting' line."""
+    return [line for line in err.splitlines() if line.startswith("nonstop:") and "local ranks (" not in line]
+
+
+@pytest.mark.parametrize(
+    "target, sig, code, word",
+    [
+        ("group", signal.SIGINT, 130, "interrupted"),  # Ctrl-C in a terminal: every process gets it
+        ("launcher", signal.SIGINT, 130, "interrupted"),
+        ("launcher", signal.SIGTERM, 143, "terminated"),
+    ],
+)
+def test_a_stop_signal_stops_every_rank_with_one_line(tmp_path, target, sig, code, word):
+    with _launch(tmp_path) as proc:
+        pids = _rank_pids(proc, tmp_path, 2)
+        (os.killpg if target == "group" else os.kill)(proc.pid, sig)
+        _, err = proc.communicate(timeout=60)
+        assert not gone_within(pids, 5)
+    assert proc.returncode == code, err
+    assert _said(err) == [f"nonstop: {word}"], err  # rank 0's line; no "another rank has died"
+
+
+def test_rank_0_killed_is_named_and_the_others_stopped_quietly(tmp_path):
+    with _launch(tmp_path) as proc:
+        pids = _rank_pids(proc, tmp_path, 2)
+        os.kill(pids[1], signal.SIGSTOP)  # a stopped rank 1 cannot say anything either
+        os.kill(pids[0], signal.SIGKILL)
+        _, err = proc.communicate(timeout=60)
+        assert not gone_within(pids, 5)
+    assert proc.returncode == 1, err
+    assert _said(err) == [
+        "nonstop: error: rank 0 was killed by SIGKILL (the first rank to end); the other ranks were stopped"
+    ], err
+    assert not any(w in err for w in TORCH_WARNINGS), err
+
+
+def test_a_hung_rank_is_stopped_promptly_without_torch_warnings(tmp_path):
+    timeout = 3.0
+    with _launch(tmp_path, timeout=timeout) as proc:
+        pids = _rank_pids(proc, tmp_path, 2)
+        os.kill(pids[1], signal.SIGSTOP)
+        t0 = time.monotonic()
+        _, err = proc.communicate(timeout=60)
+        seconds = time.monotonic() - t0
+        assert not gone_within(pids, 5)
+    assert proc.returncode == 3, err
+    lines = _said(err)
+    assert len(lines) == 1 and lines[0].startswith("nonstop: error: rank 0: the sum failed"), err
+    assert not any(w in err for w in TORCH_WARNINGS), err
+    assert seconds < timeout + 7, f"the launcher ended {seconds:.1f} s after the hang"  # was timeout + 10
+
+
+def test_the_first_rank_to_die_is_named_last_and_rank_0s_status_kept(tmp_path):
+    with _launch(tmp_path, world=4) as proc:
+        pids = _rank_pids(proc, tmp_path, 4)
+        os.kill(pids[2], signal.SIGKILL)
+        _, err = proc.communicate(timeout=60)
+        assert not gone_within(pids, 5)
+    assert proc.returncode == 3, err  # rank 0's own status (it noticed and said so)
+    lines = _said(err)
+    assert lines[-1] == (
+        "nonstop: error: rank 2 was killed by SIGKILL (the first rank to end); the other ranks were stopped"
+    ), err
+    assert not any("rank 2" in line for line in lines[:-1]), err
+
+
+def test_an_error_every_rank_meets_is_printed_once(tmp_path):
+    with _launch(tmp_path, mode="error") as proc:
+        _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 2, err
+    assert _said(err) == ["nonstop: error: the same error in every rank"], err
+
+
+def test_a_broken_checkpoint_is_refused_once_before_any_rank_starts(tmp_path):
+    broken = tmp_path / "broken"
+    shutil.copytree(ROOT / "nonstop" / "assets" / "k3-nano", broken)
+    with open(broken / "model.safetensors", "r+b") as fh:
+        fh.truncate(17_000_000)
+    argv = ["-m", "nonstop", "generate", "-m", str(broken), "--ep", "2", "-n", "4", "hi"]
+    with launched(argv) as proc:
+        _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 2, err
+    assert "starting 2 local ranks" not in err
+    assert _said(err) == [line for line in err.splitlines() if line.strip()], err
+    assert len(_said(err)) == 1 and "truncated file" in err, err
+
+
+def _get(url: str, timeout: float = 5) -> bytes:
+    return urllib.request.urlopen(url, timeout=timeout).read()
+
+
+def _active(url: str) -> float:
+    """The server's sequences holding a slot (/metrics)."""
+    lines = _get(url + "/metrics").decode().splitlines()
+    return sum(float(line.split()[-1]) for line in lines if line.startswith("nonstop_active_sequences "))
+
+
+def test_sigterm_to_a_serving_launcher_answers_the_request_in_flight_and_exits_143():
+    """Rank 0 drains as a single process does (the request finishes or ends with a clean error after the
+    grace period), tells the other rank to stop, and exits 143; no rank error, no 'interrupted'."""
+    from nonstop.dist.launch import free_port
+
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    argv = ["-m", "nonstop", "serve", "--ep", "2", "--port", str(port), "--dist-timeout", "20", "--no-warmup"]
+    with launched(argv) as proc:
+        end = time.monotonic() + 180
+        while True:
+            try:
+                _get(url + "/health", 2)
+                break
+            except OSError:
+                assert time.monotonic() < end and proc.poll() is None, "the server did not come up"
+                time.sleep(0.5)
+        ranks = proc.ranks()
+        reply = {}
+
+        def ask() -> None:
+            body = {"model": "k3-nano", "prompt": "The", "max_tokens": 1500, "ignore_eos": True, "temperature": 0}
+            headers = {"content-type": "application/json"}
+            req = urllib.request.Request(url + "/v1/completions", json.dumps(body).encode(), headers)
+            try:
+                reply["body"] = urllib.request.urlopen(req, timeout=120).read()
+            except urllib.error.HTTPError as exc:
+                reply["status"], reply["body"] = exc.code, exc.read()
+            except OSError as exc:
+                reply["error"] = repr(exc)
+
+        client = threading.Thread(target=ask, daemon=True)
+        client.start()
+        while not _active(url):
+            assert time.monotonic() < end, "the request never started"
+            time.sleep(0.1)
+        os.kill(proc.pid, signal.SIGTERM)
+        _, err = proc.communicate(timeout=90)
+        client.join(30)
+        assert not gone_within(ranks, 5)
+    assert proc.returncode == 143, err
+    assert "error" not in reply, reply  # was: an empty reply (the followers were killed under rank 0)
+    answer = json.loads(reply["body"])
+    assert answer.get("choices") or "shutting down" in answer["error"]["message"], answer
+    assert not [line for line in _said(err) if "error" in line or "interrupted" in line], err

@@ -1,0 +1,108 @@
+"""Stopping ``nonstop serve`` with a request in flight: the request gets the grace period, then ends with a
+clean error (no task cancelled under it: no traceback, no bare 500), and a cancelled listener frees its
+requests' slots. The server process is started by ``procs.launched`` (killed whatever happens)."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import signal
+import threading
+import time
+import urllib.error
+import urllib.request
+from types import SimpleNamespace
+
+from nonstop.server.submission import Submission
+from tests.dist.procs import launched
+
+
+class _Engine:
+    max_waiting = 8
+
+    def __init__(self):
+        self.cancelled: list[str] = []
+
+    def submit(self, req, sink) -> None:
+        pass
+
+    def cancel(self, request_id: str) -> None:
+        self.cancelled.append(request_id)
+
+
+def test_a_cancelled_listener_cancels_its_unfinished_requests():
+    """uvicorn cancels a handler's task past its shutdown grace, anyio a stream's when its client leaves:
+    the requests must not keep their slots (the handler's own cleanup may never run)."""
+    engine = _Engine()
+    requests = [SimpleNamespace(request_id="a"), SimpleNamespace(request_id="b")]
+
+    async def main() -> None:
+        submission = Submission(engine, None, requests)
+        submission.start()
+
+        async def listen() -> None:
+            async for _ in submission.events():
+                pass
+
+        task = asyncio.create_task(listen())
+        await asyncio.sleep(0.05)
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await asyncio.wait_for(task, 5)
+
+    asyncio.run(main())
+    assert sorted(engine.cancelled) == ["a", "b"]
+
+
+def _get(url: str) -> bytes:
+    return urllib.request.urlopen(url, timeout=5).read()
+
+
+def _active(url: str) -> float:
+    """The server's sequences holding a slot (/metrics)."""
+    lines = _get(url + "/metrics").decode().splitlines()
+    return sum(float(line.split()[-1]) for line in lines if line.startswith("nonstop_active_sequences "))
+
+
+def test_ctrl_c_with_a_long_request_in_flight_answers_it_with_a_clean_error():
+    from nonstop.dist.launch import free_port
+
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    argv = ["-m", "nonstop", "serve", "--backend", "reference", "--port", str(port), "--no-warmup"]
+    with launched(argv) as proc:
+        end = time.monotonic() + 120
+        while True:
+            try:
+                _get(url + "/health")
+                break
+            except OSError:
+                assert time.monotonic() < end and proc.poll() is None, "the server did not come up"
+                time.sleep(0.3)
+        reply = {}
+
+        def ask() -> None:
+            body = {"model": "k3-nano", "prompt": "The", "max_tokens": 2000, "ignore_eos": True, "temperature": 0}
+            headers = {"content-type": "application/json"}
+            req = urllib.request.Request(url + "/v1/completions", json.dumps(body).encode(), headers)
+            try:
+                reply["status"], reply["body"] = 200, urllib.request.urlopen(req, timeout=120).read()
+            except urllib.error.HTTPError as exc:
+                reply["status"], reply["body"] = exc.code, exc.read()
+            except OSError as exc:
+                reply["error"] = repr(exc)
+
+        client = threading.Thread(target=ask, daemon=True)
+        client.start()
+        while not _active(url):
+            assert time.monotonic() < end, "the request never started"
+            time.sleep(0.1)
+        proc.send_signal(signal.SIGINT)
+        _, err = proc.communicate(timeout=60)
+        client.join(30)
+    assert proc.returncode == 0, err  # as uvicorn.run: Ctrl-C is a clean stop
+    assert "Traceback" not in err and "CancelledError" not in err, err
+    if reply.get("status") != 200:  # it did not finish within the grace period
+        assert reply.get("status") == 500, reply
+        assert "shutting down" in json.loads(reply["body"])["error"]["message"], reply
