@@ -14,14 +14,12 @@ import json
 import os
 import shutil
 import signal
-import threading
 import time
-import urllib.error
-import urllib.request
 
 import pytest
 
 from tests.dist.procs import ROOT, gone_within, launched
+from tests.server.in_flight import long_request, wait_until_up
 
 LAUNCH = """
 import argparse, sys
@@ -139,16 +137,6 @@ def test_a_broken_checkpoint_is_refused_once_before_any_rank_starts(tmp_path):
     assert len(_said(err)) == 1 and "truncated file" in err, err
 
 
-def _get(url: str, timeout: float = 5) -> bytes:
-    return urllib.request.urlopen(url, timeout=timeout).read()
-
-
-def _active(url: str) -> float:
-    """The server's sequences holding a slot (/metrics)."""
-    lines = _get(url + "/metrics").decode().splitlines()
-    return sum(float(line.split()[-1]) for line in lines if line.startswith("nonstop_active_sequences "))
-
-
 def test_sigterm_to_a_serving_launcher_answers_the_request_in_flight_and_exits_143():
     """Rank 0 drains as a single process does (the request finishes or ends with a clean error after the
     grace period), tells the other rank to stop, and exits 143; no rank error, no 'interrupted'."""
@@ -159,32 +147,9 @@ def test_sigterm_to_a_serving_launcher_answers_the_request_in_flight_and_exits_1
     argv = ["-m", "nonstop", "serve", "--ep", "2", "--port", str(port), "--dist-timeout", "20", "--no-warmup"]
     with launched(argv) as proc:
         end = time.monotonic() + 180
-        while True:
-            try:
-                _get(url + "/health", 2)
-                break
-            except OSError:
-                assert time.monotonic() < end and proc.poll() is None, "the server did not come up"
-                time.sleep(0.5)
+        wait_until_up(url, proc, end)
         ranks = proc.ranks()
-        reply = {}
-
-        def ask() -> None:
-            body = {"model": "k3-nano", "prompt": "The", "max_tokens": 1500, "ignore_eos": True, "temperature": 0}
-            headers = {"content-type": "application/json"}
-            req = urllib.request.Request(url + "/v1/completions", json.dumps(body).encode(), headers)
-            try:
-                reply["body"] = urllib.request.urlopen(req, timeout=120).read()
-            except urllib.error.HTTPError as exc:
-                reply["status"], reply["body"] = exc.code, exc.read()
-            except OSError as exc:
-                reply["error"] = repr(exc)
-
-        client = threading.Thread(target=ask, daemon=True)
-        client.start()
-        while not _active(url):
-            assert time.monotonic() < end, "the request never started"
-            time.sleep(0.1)
+        client, reply = long_request(url, 1500, end)
         os.kill(proc.pid, signal.SIGTERM)
         _, err = proc.communicate(timeout=90)
         client.join(30)

@@ -8,14 +8,12 @@ import asyncio
 import contextlib
 import json
 import signal
-import threading
 import time
-import urllib.error
-import urllib.request
 from types import SimpleNamespace
 
 from nonstop.server.submission import Submission
 from tests.dist.procs import launched
+from tests.server.in_flight import long_request, wait_until_up
 
 
 class _Engine:
@@ -55,16 +53,6 @@ def test_a_cancelled_listener_cancels_its_unfinished_requests():
     assert sorted(engine.cancelled) == ["a", "b"]
 
 
-def _get(url: str) -> bytes:
-    return urllib.request.urlopen(url, timeout=5).read()
-
-
-def _active(url: str) -> float:
-    """The server's sequences holding a slot (/metrics)."""
-    lines = _get(url + "/metrics").decode().splitlines()
-    return sum(float(line.split()[-1]) for line in lines if line.startswith("nonstop_active_sequences "))
-
-
 def test_ctrl_c_with_a_long_request_in_flight_answers_it_with_a_clean_error():
     from nonstop.dist.launch import free_port
 
@@ -73,31 +61,8 @@ def test_ctrl_c_with_a_long_request_in_flight_answers_it_with_a_clean_error():
     argv = ["-m", "nonstop", "serve", "--backend", "reference", "--port", str(port), "--no-warmup"]
     with launched(argv) as proc:
         end = time.monotonic() + 120
-        while True:
-            try:
-                _get(url + "/health")
-                break
-            except OSError:
-                assert time.monotonic() < end and proc.poll() is None, "the server did not come up"
-                time.sleep(0.3)
-        reply = {}
-
-        def ask() -> None:
-            body = {"model": "k3-nano", "prompt": "The", "max_tokens": 2000, "ignore_eos": True, "temperature": 0}
-            headers = {"content-type": "application/json"}
-            req = urllib.request.Request(url + "/v1/completions", json.dumps(body).encode(), headers)
-            try:
-                reply["status"], reply["body"] = 200, urllib.request.urlopen(req, timeout=120).read()
-            except urllib.error.HTTPError as exc:
-                reply["status"], reply["body"] = exc.code, exc.read()
-            except OSError as exc:
-                reply["error"] = repr(exc)
-
-        client = threading.Thread(target=ask, daemon=True)
-        client.start()
-        while not _active(url):
-            assert time.monotonic() < end, "the request never started"
-            time.sleep(0.1)
+        wait_until_up(url, proc, end)
+        client, reply = long_request(url, 2000, end)
         proc.send_signal(signal.SIGINT)
         _, err = proc.communicate(timeout=60)
         client.join(30)
