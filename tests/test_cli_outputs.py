@@ -151,7 +151,7 @@ def test_values_that_can_only_fail_later_are_refused_by_the_parser(argv, message
 def test_ctrl_c_while_the_commands_import_is_an_interruption_not_a_traceback():
     """The first second or two of any command imports torch; Ctrl-C there printed a 55-line traceback (the
     imports ran when nonstop.cli was imported, before main's error handling). A second in, a command is
-    importing or running: either way Ctrl-C is "interrupted", exit 130."""
+    importing or running: either way Ctrl-C is "interrupted", exit 130. Sent once torch's library is mapped."""
     import signal
     import subprocess
     import sys
@@ -164,7 +164,13 @@ def test_ctrl_c_while_the_commands_import_is_an_interruption_not_a_traceback():
         text=True,
     )
     try:
-        time.sleep(1.0)
+        # Wait for torch's library to be mapped: the command is then in Python with its handlers in place
+        # (a fixed sleep on a busy host could land before the interpreter installed its SIGINT handler,
+        # where the kernel's default action kills the process: exit -2, no message, as any program).
+        deadline = time.monotonic() + 60
+        while "libtorch" not in open(f"/proc/{proc.pid}/maps").read():
+            assert proc.poll() is None and time.monotonic() < deadline, "the command never imported torch"
+            time.sleep(0.01)
         proc.send_signal(signal.SIGINT)
         err = proc.stderr.read()
         rc = proc.wait(timeout=60)
