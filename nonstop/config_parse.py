@@ -173,14 +173,27 @@ def yarn_mscale(factor: float, mscale: float = 1.0) -> float:
 # ----------------------------------------------------------------------------- pieces
 
 
-def _check_token_ids(fields: dict) -> None:
-    """The bos and eos ids must be inside the vocabulary (an eos id past it is never sampled: generation
-    would only stop at max_tokens)."""
-    vocab = fields["vocab_size"]
-    for key, ids in (("bos_token_id", [fields["bos_token_id"]]), ("eos_token_id", fields["eos_token_ids"])):
-        bad = [i for i in ids if i is not None and i >= vocab]
+def is_token_id(value) -> bool:
+    """An integer >= 0 (JSON ``true`` is an int to Python and is not one)."""
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+
+
+def outside_vocabulary(ids_by_field: dict[str, list], vocab_size: int) -> str | None:
+    """Why the first id (of ``{field: [id or None, ...]}``) at or past ``vocab_size`` is wrong; None when all
+    fit. An eos id past the vocabulary is never sampled: generation would only stop at max_tokens."""
+    for key, ids in ids_by_field.items():
+        bad = [i for i in ids if i is not None and i >= vocab_size]
         if bad:
-            raise ConfigError(f"field {key!r} is {bad[0]}, outside the vocabulary (vocab_size {vocab})")
+            return f"field {key!r} is {bad[0]}, outside the vocabulary (vocab_size {vocab_size})"
+    return None
+
+
+def _check_token_ids(fields: dict) -> None:
+    """The bos and eos ids must be inside the vocabulary."""
+    ids = {"bos_token_id": [fields["bos_token_id"]], "eos_token_id": fields["eos_token_ids"]}
+    why = outside_vocabulary(ids, fields["vocab_size"])
+    if why:
+        raise ConfigError(why)
 
 
 def _eos_ids(f: _Fields) -> tuple[int, ...]:
@@ -188,7 +201,7 @@ def _eos_ids(f: _Fields) -> tuple[int, ...]:
     if eos is None:
         return ()
     ids = [eos] if isinstance(eos, int) else eos
-    if isinstance(ids, list) and all(isinstance(e, int) and not isinstance(e, bool) and e >= 0 for e in ids):
+    if isinstance(ids, list) and all(is_token_id(e) for e in ids):
         return tuple(ids)
     raise ConfigError(f"field 'eos_token_id' must be a token id (>= 0) or a list of them, got {eos!r}")
 

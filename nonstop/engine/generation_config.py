@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from nonstop.config import ModelConfig
+from nonstop.config_parse import is_token_id, outside_vocabulary
 from nonstop.engine.sampling import InvalidSamplingParam, SamplingParams
 from nonstop.jsonfile import read_json_object
 from nonstop.weights.errors import CheckpointError
@@ -58,10 +59,10 @@ def load_generation_config(model_dir: Path | None, cfg: ModelConfig | None = Non
         cfg = ModelConfig.from_file(path.parent)
     eos = raw.get("eos_token_id")
     eos_list = eos if isinstance(eos, list) else [] if eos is None else [eos]
-    if not all(_token_id(i) for i in eos_list):
+    if not all(is_token_id(i) for i in eos_list):
         raise CheckpointError(f"{path}: eos_token_id must be a token id or a list of them, got {eos!r}")
     bos = raw.get("bos_token_id")
-    if bos is not None and not _token_id(bos):
+    if bos is not None and not is_token_id(bos):
         raise CheckpointError(f"{path}: field 'bos_token_id' must be a token id (an integer >= 0), got {bos!r}")
     if raw.get("do_sample") is not None and not isinstance(raw["do_sample"], bool):
         raise CheckpointError(f"{path}: field 'do_sample' must be true or false, got {raw['do_sample']!r}")
@@ -78,19 +79,12 @@ def load_generation_config(model_dir: Path | None, cfg: ModelConfig | None = Non
     return GenerationConfig(frozenset(eos_list), defaults, path)
 
 
-def _token_id(value) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
-
-
 def _check_against_model(path: Path, cfg: ModelConfig, eos: list, bos: int | None, max_tokens: int | None) -> None:
     """CheckpointError for a bos / eos id outside ``cfg``'s vocabulary, or a max_new_tokens that fills its
     context (no prompt of one token would fit beside it)."""
-    for key, ids in (("eos_token_id", eos), ("bos_token_id", [bos])):
-        bad = [i for i in ids if i is not None and i >= cfg.vocab_size]
-        if bad:
-            raise CheckpointError(
-                f"{path}: field {key!r} is {bad[0]}, outside the model's vocabulary (vocab_size {cfg.vocab_size})"
-            )
+    why = outside_vocabulary({"eos_token_id": eos, "bos_token_id": [bos]}, cfg.vocab_size)
+    if why:
+        raise CheckpointError(f"{path}: {why}")  # vocab_size: the model's config.json
     context = cfg.max_position_embeddings
     if max_tokens is not None and max_tokens >= context:
         raise CheckpointError(

@@ -253,7 +253,7 @@ def _generation(d, **fields) -> None:
 @pytest.mark.parametrize(
     "fields, message",
     [
-        ({"eos_token_id": 99999}, r"'eos_token_id' is 99999, outside the model's vocabulary \(vocab_size 131\)"),
+        ({"eos_token_id": 99999}, r"'eos_token_id' is 99999, outside the vocabulary \(vocab_size 131\)"),
         ({"eos_token_id": [2, 131]}, "'eos_token_id' is 131, outside"),
         ({"bos_token_id": 131}, "'bos_token_id' is 131, outside"),
         ({"bos_token_id": "1"}, "'bos_token_id' must be a token id"),

@@ -349,7 +349,7 @@ def c_generation_config_bad_eos(d):
 
 def c_generation_config_eos_outside_vocab(d):
     _edit_json(d / "generation_config.json", lambda g: g.update(eos_token_id=10**6))
-    return ["generation_config.json", "eos_token_id", "outside the model's vocabulary"]
+    return ["generation_config.json", "eos_token_id", "outside the vocabulary"]
 
 
 def c_generation_config_max_new_tokens_past_context(d):
