@@ -54,7 +54,7 @@ MAX_LAYERS = 4096  # bounds on counts that size Python structures (a typo of 10*
 MAX_EXPERTS = 1 << 16
 
 
-class _Fields:
+class ConfigFields:
     """Typed access to one config dict; errors name the field (with its path for nested dicts)."""
 
     def __init__(self, raw: dict, where: str = "", aliases: dict | None = None):
@@ -124,7 +124,7 @@ def _require(cond: bool, message: str) -> None:
 # ----------------------------------------------------------------------------- rope
 
 
-def _parse_rope(f: _Fields, dim: int, interleaved: bool, default_theta: float) -> RopeConfig:
+def _parse_rope(f: ConfigFields, dim: int, interleaved: bool, default_theta: float) -> RopeConfig:
     merged: dict = {}
     for key in ("rope_scaling", "rope_parameters"):  # rope_parameters (transformers >= 4.56) wins
         value = f.raw.get(key)
@@ -137,7 +137,7 @@ def _parse_rope(f: _Fields, dim: int, interleaved: bool, default_theta: float) -
     kind = merged.get("rope_type", merged.get("type", "default")) or "default"
     if not isinstance(kind, str) or kind not in ("default", "linear", "llama3", "yarn"):
         raise ConfigError(f"unsupported rope type {kind!r} in field 'rope_scaling'/'rope_parameters'")
-    rf = _Fields(merged, "rope_parameters.")
+    rf = ConfigFields(merged, "rope_parameters.")
     factor = rf.at_least("factor", 0.0, 1.0, strict=True)
     original = rf.at_least("original_max_position_embeddings", 1, None, int)
     if kind in ("llama3", "yarn") and original is None:
@@ -196,7 +196,7 @@ def _check_token_ids(fields: dict) -> None:
         raise ConfigError(why)
 
 
-def _eos_ids(f: _Fields) -> tuple[int, ...]:
+def _eos_ids(f: ConfigFields) -> tuple[int, ...]:
     eos = f.raw.get("eos_token_id")
     if eos is None:
         return ()
@@ -206,7 +206,7 @@ def _eos_ids(f: _Fields) -> tuple[int, ...]:
     raise ConfigError(f"field 'eos_token_id' must be a token id (>= 0) or a list of them, got {eos!r}")
 
 
-def _mla(f: _Fields, family: str, rope: RopeConfig | None) -> MLAConfig:
+def _mla(f: ConfigFields, family: str, rope: RopeConfig | None) -> MLAConfig:
     heads = f.positive("num_attention_heads")  # num_key_value_heads is meaningless for MLA: one shared latent
     nope = f.positive("qk_nope_head_dim")
     rope_dim = f.get("qk_rope_head_dim", 0, int)
@@ -230,7 +230,7 @@ def _mla(f: _Fields, family: str, rope: RopeConfig | None) -> MLAConfig:
     )
 
 
-def _moe(f: _Fields, family: str) -> MoEConfig | None:
+def _moe(f: ConfigFields, family: str) -> MoEConfig | None:
     if not f.has("num_experts"):
         return None
     num_experts = f.positive("num_experts", limit=MAX_EXPERTS)
@@ -295,7 +295,7 @@ def _moe(f: _Fields, family: str) -> MoEConfig | None:
     )
 
 
-def _mlp_types(f: _Fields, n: int, moe: MoEConfig | None) -> tuple[str, ...]:
+def _mlp_types(f: ConfigFields, n: int, moe: MoEConfig | None) -> tuple[str, ...]:
     if moe is None:
         return ("dense",) * n
     raw_types = f.raw.get("mlp_layer_types")
@@ -318,7 +318,7 @@ def _mlp_types(f: _Fields, n: int, moe: MoEConfig | None) -> tuple[str, ...]:
     return listed
 
 
-def _kimi_attn_types(f: _Fields, n: int) -> tuple[str, ...]:
+def _kimi_attn_types(f: ConfigFields, n: int) -> tuple[str, ...]:
     lac = f.raw.get("linear_attn_config") or {}
     if not isinstance(lac, dict):
         raise ConfigError(f"field 'linear_attn_config' must be an object, got {lac!r}")
@@ -366,11 +366,11 @@ def _kimi_attn_types(f: _Fields, n: int) -> tuple[str, ...]:
     return result
 
 
-def _kda(f: _Fields) -> KDAConfig:
+def _kda(f: ConfigFields) -> KDAConfig:
     lac = f.raw.get("linear_attn_config") or {}
     if not isinstance(lac, dict):
         raise ConfigError(f"field 'linear_attn_config' must be an object, got {lac!r}")
-    lf = _Fields(lac, "linear_attn_config.")
+    lf = ConfigFields(lac, "linear_attn_config.")
 
     def pick(inner: str, flat: str, default=_MISSING):
         a = lac.get(inner)
@@ -401,7 +401,7 @@ def _kda(f: _Fields) -> KDAConfig:
 # ----------------------------------------------------------------------------- families
 
 
-def _common(f: _Fields, family: str, n: int, attn_types, mlp_types, **extra) -> dict:
+def _common(f: ConfigFields, family: str, n: int, attn_types, mlp_types, **extra) -> dict:
     return dict(
         family=family,
         vocab_size=f.positive("vocab_size"),
@@ -422,7 +422,7 @@ def _common(f: _Fields, family: str, n: int, attn_types, mlp_types, **extra) -> 
     )
 
 
-def _act(f: _Fields) -> dict:
+def _act(f: ConfigFields) -> dict:
     act = f.get("hidden_act", "silu", str)
     _require(act in ("silu", "situ"), f"field 'hidden_act' must be silu or situ, got {act!r}")
     return dict(
@@ -433,7 +433,7 @@ def _act(f: _Fields) -> dict:
 
 
 def _parse_llama(raw: dict) -> dict:
-    f = _Fields(raw)
+    f = ConfigFields(raw)
     n = f.positive("num_hidden_layers", limit=MAX_LAYERS)
     heads = f.positive("num_attention_heads")
     kv_heads = f.get("num_key_value_heads", heads, int)
@@ -464,7 +464,7 @@ def _parse_llama(raw: dict) -> dict:
 
 
 def _parse_deepseek(raw: dict) -> dict:
-    f = _Fields(raw, aliases=_DEEPSEEK_ALIASES)
+    f = ConfigFields(raw, aliases=_DEEPSEEK_ALIASES)
     n = f.positive("num_hidden_layers", limit=MAX_LAYERS)
     rope_dim = f.get("qk_rope_head_dim", 0, int)
     _require(rope_dim > 0 and rope_dim % 2 == 0, f"field 'qk_rope_head_dim' must be positive and even, got {rope_dim}")
@@ -481,7 +481,7 @@ def _parse_deepseek(raw: dict) -> dict:
 
 
 def _parse_kimi(raw: dict, text: dict, family: str) -> dict:
-    f = _Fields(text, "text_config." if family == "kimi_k3" else "", aliases=_KIMI_ALIASES)
+    f = ConfigFields(text, "text_config." if family == "kimi_k3" else "", aliases=_KIMI_ALIASES)
     n = f.positive("num_hidden_layers", limit=MAX_LAYERS)
     attn_types = _kimi_attn_types(f, n)
     moe = _moe(f, family)
@@ -493,7 +493,7 @@ def _parse_kimi(raw: dict, text: dict, family: str) -> dict:
     _require(block is None or block > 0, "field 'attn_res_block_size' must be positive")
     common = _common(f, family, n, attn_types, _mlp_types(f, n, moe))
     if family == "kimi_k3":
-        outer = _Fields(raw)
+        outer = ConfigFields(raw)
         for key in ("bos_token_id", "pad_token_id"):
             if outer.has(key):
                 common[key] = outer.at_least(key, 0, kind=int)

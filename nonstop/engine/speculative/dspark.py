@@ -27,7 +27,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from nonstop.config_parse import _Fields
+from nonstop.config_parse import ConfigFields
 from nonstop.config_types import ConfigError
 from nonstop.jsonfile import read_json_object
 from nonstop.model.norms import RMSNorm
@@ -90,7 +90,7 @@ def _config_fields(raw: dict) -> dict:
     kind = raw.get("model_type", DSPARK_MODEL_TYPE)
     if kind != DSPARK_MODEL_TYPE:
         raise ConfigError(f"field 'model_type' is {kind!r}: not a nonstop DSpark drafter ({DSPARK_MODEL_TYPE!r})")
-    f, out = _Fields(raw), {}
+    f, out = ConfigFields(raw), {}
     for name, spec in DSparkConfig.__dataclass_fields__.items():
         default = () if spec.default is MISSING else (spec.default,)
         if name == "taps":
