@@ -18,7 +18,6 @@ from nonstop.dist.shard import ParamShard, rank_shards
 from nonstop.weights.loader import FP8, _fp8_scale_name, check_cast, check_tensor, resolve_checkpoint
 from nonstop.weights.slices import SliceReader
 
-TARGET = {"fp32": torch.float32, "u8": torch.uint8}
 
 
 def take_shard(full: torch.Tensor, shard: ParamShard) -> torch.Tensor:
@@ -89,7 +88,7 @@ def load_rank_state(
         for i, ((spec, names), shard) in enumerate(zip(resolved, shards)):
             if only is not None and not only(spec.param):
                 continue
-            target = TARGET.get(spec.kind, dtype)
+            target = spec.torch_dtype(dtype)
 
             def part(name, dim, start, stop, shape, spec=spec):
                 return _read_part(reader, located, spec, name, dim, start, stop, shape, fp8_block)

@@ -16,9 +16,6 @@ from nonstop.dist.layout import Layout
 from nonstop.dist.shard import local_config, rank_shards
 from nonstop.model.stack import CausalLM
 
-KIND_DTYPE = {"fp32": torch.float32, "u8": torch.uint8}
-
-
 def _assign(model: nn.Module, path: str, tensor: torch.Tensor) -> None:
     owner, _, leaf = path.rpartition(".")
     module = model.get_submodule(owner) if owner else model
@@ -51,15 +48,17 @@ def model_holding(local: ModelConfig, rank: int, state: dict[str, torch.Tensor])
 def meta_rank_state(cfg: ModelConfig, layout: Layout, rank: int, dtype: torch.dtype) -> dict[str, torch.Tensor]:
     """Shape-only (meta) tensors of the rank's parts, for costs without weights."""
     return {
-        s.spec.param: torch.empty(s.shape, dtype=KIND_DTYPE.get(s.spec.kind, dtype), device="meta")
+        s.spec.param: torch.empty(s.shape, dtype=s.spec.torch_dtype(dtype), device="meta")
         for s in rank_shards(cfg, layout, rank)
     }
 
 
-def rank_weight_bytes(cfg: ModelConfig, layout: Layout, dtype_bytes: int = 2) -> list[int]:
-    """Bytes of the weights each rank holds (float weights at ``dtype_bytes``; fp32 and uint8 as stored)."""
+def rank_weight_bytes(cfg: ModelConfig, layout: Layout, dtype: torch.dtype = torch.bfloat16) -> list[int]:
+    """Bytes of the weights each rank holds (float weights in ``dtype``; fp32 and uint8 as stored)."""
     from nonstop.weights.layout import checkpoint_layout
 
-    size = {"float": dtype_bytes, "fp32": 4, "u8": 1}
     specs = checkpoint_layout(cfg)
-    return [sum(s.numel * size[s.spec.kind] for s in rank_shards(cfg, layout, r, specs)) for r in range(layout.world)]
+    return [
+        sum(s.numel * s.spec.torch_dtype(dtype).itemsize for s in rank_shards(cfg, layout, r, specs))
+        for r in range(layout.world)
+    ]

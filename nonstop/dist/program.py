@@ -175,11 +175,10 @@ def shapes_program(
 
 
 def _shapes_program(cfg, layout, rank, dtype, chunks, exchange) -> Program:
-    from nonstop.dist.model import KIND_DTYPE
     from nonstop.dist.shard import local_config, rank_shards
 
     shapes = tuple(
-        (s.spec.param, tuple(s.shape), KIND_DTYPE.get(s.spec.kind, dtype)) for s in rank_shards(cfg, layout, rank)
+        (s.spec.param, tuple(s.shape), s.spec.torch_dtype(dtype)) for s in rank_shards(cfg, layout, rank)
     )
     program = _lowered_rank_model(local_config(cfg, layout, rank), rank, shapes)
     ops = [dataclasses.replace(op, weights=dict(op.weights), attrs=dict(op.attrs)) for op in program.ops]
@@ -347,5 +346,5 @@ def rank_step(
     ops = [(op.name, op.kind, op.cost(rows, context)) for op in program.ops]
     collectives = [c for op in program.ops for c in op_collectives(op, program, rows)]
     collectives = merged(collectives) + engine_collectives(cfg, layout, rank, rows)
-    weights = rank_weight_bytes(cfg, layout, dtype.itemsize)
+    weights = rank_weight_bytes(cfg, layout, dtype)
     return RankStep(cfg, layout, rank, rows, context, program, ops, weights, collectives, exchange)

@@ -32,7 +32,7 @@ def hf_tensors(
         if spec.param not in state:
             raise KeyError(f"state dict has no parameter {spec.param!r}")
         t = state[spec.param].detach().cpu()
-        target = {"float": dtype, "fp32": torch.float32, "u8": torch.uint8}[spec.kind]
+        target = spec.torch_dtype(dtype)
         parts = t.unbind(0) if len(spec.names) > 1 else [t]
         for name, part in zip(spec.names, parts):
             out[name] = part.reshape(spec.hf_shape).to(target).contiguous()

@@ -38,9 +38,9 @@ def test_each_rank_peaks_at_about_its_share_of_the_model(tmp_path, monkeypatch):
     cfg = ModelConfig.from_hf_dict(raw)
     big = write_checkpoint(cfg, tmp_path / "big", seed=1, dtype=torch.float32)
     warm = write_checkpoint(ModelConfig.from_file(NANO), tmp_path / "warm", seed=1, dtype=torch.float32)
-    whole = rank_weight_bytes(cfg, Layout(), 4)[0]
+    whole = rank_weight_bytes(cfg, Layout(), torch.float32)[0]
     one_tensor = max(math.prod(s.hf_shape) for s in checkpoint_layout(cfg)) * 4  # read or drawn whole, then cut
-    shares = rank_weight_bytes(cfg, Layout.make(TP, EP), 4)
+    shares = rank_weight_bytes(cfg, Layout.make(TP, EP), torch.float32)
     assert whole > 60e6 and max(shares) < 0.55 * whole  # the layout splits most of the bytes
     monkeypatch.setenv("MALLOC_MMAP_THRESHOLD_", str(128 << 10))
     peaks = {}

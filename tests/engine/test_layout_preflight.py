@@ -31,7 +31,7 @@ def test_the_ranks_parts_are_what_each_rank_holds(tp, ep, world, dtype):
     layout); one rank alone is the single process (weights and cache)."""
     layout = Layout.make(tp, ep, world)
     parts = rank_bytes(CFG, layout, range(world), dtype)
-    assert [parts[r][0] for r in range(world)] == rank_weight_bytes(CFG, layout, dtype.itemsize)
+    assert [parts[r][0] for r in range(world)] == rank_weight_bytes(CFG, layout, dtype)
     if world == 1:
         assert parts[0] == model_bytes(CFG, dtype)
     whole_weights = model_bytes(CFG, dtype)[0]
