@@ -188,26 +188,33 @@ def load_catalogue(chip_file: str | Path | None = None) -> dict[str, dict]:
     """Raw entries of the bundled catalogue, plus (overriding) those of ``chip_file``. A file entry overrides a
     catalogue entry only under the catalogue's key: one whose name ``--chip`` would read as a catalogue chip
     ("H200 SXM", "h100-80gb") is refused, since the two would be one chip under two names."""
-    entries = _read_json(CATALOGUE)
-    if chip_file is not None:
-        extra = _read_json(Path(chip_file))
-        for key in extra:
-            same = _catalogue_key(key, entries)
-            if same not in (None, key):
-                raise ChipError(
-                    f"chip file {chip_file}: entry {key!r} names the catalogue's {same!r} (as --chip reads it); "
-                    f"key it {same!r} to override that entry, or give another part a name of its own"
-                )
-        entries.update(extra)
-    return entries
+    return _with_file(_read_json(CATALOGUE), chip_file, _file_entries(chip_file))
+
+
+def _file_entries(chip_file: str | Path | None) -> dict[str, dict]:
+    return _read_json(Path(chip_file)) if chip_file is not None else {}
+
+
+def _with_file(entries: dict, chip_file, extra: dict) -> dict[str, dict]:
+    for key in extra:
+        same = _catalogue_key(key, entries)
+        if same not in (None, key):
+            raise ChipError(
+                f"chip file {chip_file}: entry {key!r} names the catalogue's {same!r} (as --chip reads it); "
+                f"key it {same!r} to override that entry, or give another part a name of its own"
+            )
+    return {**entries, **extra}
 
 
 def catalogue_chips(chip_file: str | Path | None = None) -> dict[str, Chip | None]:
     """Every entry of the catalogue (and ``chip_file``) validated, by key; None for the ``cpu`` entry whose
     figures are measured on this machine when it is planned (a ``cpu`` entry of the file is validated)."""
-    entries = load_catalogue(chip_file)
-    measured = chip_file is None or "cpu" not in _read_json(Path(chip_file))
-    return {key: None if key == "cpu" and measured else chip_from_entry(key, e) for key, e in sorted(entries.items())}
+    extra = _file_entries(chip_file)
+    entries = _with_file(_read_json(CATALOGUE), chip_file, extra)
+    return {
+        key: None if key == "cpu" and "cpu" not in extra else chip_from_entry(key, e)
+        for key, e in sorted(entries.items())
+    }
 
 
 # other names of catalogue chips (compared after ``_squash``): Google's product name for TPU v7
