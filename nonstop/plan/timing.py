@@ -78,6 +78,7 @@ class StepTime:
     draft_ms: float = 0.0
     kernels: int = 0
     collectives: list[CollectiveTime] = field(default_factory=list)
+    memory: str = "HBM"  # what the chip's memory is called (``Chip.memory``): RAM on a CPU
 
     @property
     def collectives_ms(self) -> float:
@@ -97,12 +98,12 @@ class StepTime:
         )
 
     def bound(self) -> str:
-        """What limits the step: the largest of HBM bandwidth, compute, collectives, launch/sync latency."""
+        """What limits the step: the largest of memory bandwidth, compute, collectives, launch/sync latency."""
         latency = sum(c.latency_ms for c in self.collectives)
         groups = {
-            "HBM bandwidth (weights)"
+            f"{self.memory} bandwidth (weights)"
             if self.weights_ms >= self.state_ms
-            else "HBM bandwidth (KV/KDA state)": self.weights_ms + self.state_ms,
+            else f"{self.memory} bandwidth (KV/KDA state)": self.weights_ms + self.state_ms,
             "compute": self.compute_ms,
             "collective latency"
             if latency >= self.collectives_ms - latency
@@ -151,7 +152,7 @@ def step_time(
     """``draft``: a ``DraftShape`` run once per step over ``draft_slots`` slots (tensor-parallel like the target),
     reading ``draft_cache_bytes`` of its own cache on this rank."""
     bw = consts.eta_hbm * chip.rank_hbm_bps
-    t = StepTime()
+    t = StepTime(memory=chip.memory)
     for op in ops:
         mem = (op.weight_bytes + op.state_bytes) / bw
         comp = op.flops / (consts.eta_flops * chip.rank_flops(op.dtype))

@@ -198,3 +198,19 @@ def test_multi_chip_cpu_plans_are_refused(tmp_path, capsys):
     path.write_text(json.dumps({"x1": _entry(max_chips=4, sources={**_entry()["sources"], "max_chips": "test"})}))
     err = _one_line_error(["--chip", "x1", "--chips", "8", "--chip-file", str(path)], capsys)
     assert "--chips 8: x1 plans at most 4 chip(s) - test" in err
+
+
+def test_a_cpus_bandwidth_bound_is_named_ram():
+    """The bound line names the chip's memory: "RAM bandwidth" on a CPU, "HBM bandwidth" on an accelerator."""
+    from nonstop.config import ModelConfig
+    from nonstop.plan.predict import predict
+    from nonstop.plan.workload import Precision, build_workload
+
+    cfg = ModelConfig.preset("llama-3.2-1b")
+    workload = build_workload(cfg, "llama-3.2-1b", Precision.released(cfg))
+    slow = {"hbm_gbps": 50}  # 50 GB/s: bandwidth, not launches, bounds a 1B model's step
+    cpu = predict(workload, chip_from_entry("c", _entry(kind="cpu", name="a CPU", **slow)), Layout(), 1, 4096)
+    gpu = predict(workload, chip_from_entry("g", _entry(name="a slow GPU", **slow)), Layout(), 1, 4096)
+    assert cpu.time.bound() == "RAM bandwidth (weights)", cpu.time.bound()
+    assert gpu.time.bound() == "HBM bandwidth (weights)", gpu.time.bound()
+    assert "bound                RAM bandwidth" in describe(cpu)
