@@ -75,6 +75,11 @@ class EngineLoop:
         return self._thread is not None and self._thread.is_alive() and not self._stopping
 
     @property
+    def shutting_down(self) -> bool:
+        """``stop`` was called (the loop is ending by request, not after a fatal error)."""
+        return self._stopping and self.fatal_error is None
+
+    @property
     def num_waiting(self) -> int:
         return len(self._waiting)
 

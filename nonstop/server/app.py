@@ -316,11 +316,21 @@ async def _respond(
         submission.cancel()
     if any(c.finish_reason is None for c in choices):  # the client went away
         return Response(status_code=499)
-    failed = next((c.error or "request aborted" for c in choices if c.finish_reason in ("error", "abort")), None)
+    failed = next((c for c in choices if c.finish_reason in ("error", "abort")), None)
     if failed:
-        raise APIError(500, f"generation failed: {failed}", code="generation_failed")
+        raise _generation_failed(ctx.engine, failed.error)
     # a large body (n x echoed prompt x top logprobs: megabytes) is built and rendered off the event loop
     return await run_in_threadpool(lambda: JSONResponse(builder.body(choices, echoes)))
+
+
+def _generation_failed(engine: EngineLoop, error: str | None) -> APIError:
+    """A request the engine ended early: 503 while the server shuts down (the client may retry elsewhere),
+    else 500."""
+    if engine.shutting_down:
+        return APIError(
+            503, f"generation stopped: {error or 'the server is shutting down'}", code="server_shutting_down"
+        )
+    return APIError(500, f"generation failed: {error or 'request aborted'}", code="generation_failed")
 
 
 async def _stream(
@@ -356,11 +366,7 @@ async def _stream(
         async for index, event in submission.events():
             event = choices[index].add(event)
             if event.finish_reason in ("error", "abort"):
-                yield sse(
-                    APIError(
-                        500, f"generation failed: {event.error or 'request aborted'}", code="generation_failed"
-                    ).body()
-                )
+                yield sse(_generation_failed(submission.engine, event.error).body())
                 submission.cancel()
                 break
             echo = echoes[index] if index in echo_pending else None

@@ -158,4 +158,5 @@ def test_sigterm_to_a_serving_launcher_answers_the_request_in_flight_and_exits_1
     assert "error" not in reply, reply  # was: an empty reply (the followers were killed under rank 0)
     answer = json.loads(reply["body"])
     assert answer.get("choices") or "shutting down" in answer["error"]["message"], answer
+    assert reply["status"] == (200 if answer.get("choices") else 503), reply
     assert not [line for line in _said(err) if "error" in line or "interrupted" in line], err
