@@ -14,9 +14,7 @@ runs sharing a store each keep their winners (without it the later write dropped
 
 from __future__ import annotations
 
-import contextlib
 import datetime
-import fcntl
 import hashlib
 import json
 import os
@@ -26,6 +24,7 @@ from pathlib import Path
 
 import torch
 
+from nonstop.file_lock import exclusive
 from nonstop.runtime.tuned import read_store
 from nonstop.weights.write import file_mode
 
@@ -115,16 +114,9 @@ def check_writable(path: Path) -> None:
     os.unlink(probe)
 
 
-@contextlib.contextmanager
 def _locked(path: Path):
-    """Hold an exclusive advisory lock (``flock``) on the lock file beside the store ``path``."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with open(path.with_name(f".{path.name}.lock"), "a") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(lock, fcntl.LOCK_UN)
+    """An exclusive lock between processes on the lock file beside the store ``path``."""
+    return exclusive(path.with_name(f".{path.name}.lock"))
 
 
 def record(path: Path, device: str, kind: str, key: str, source: str, entry: dict) -> bool:

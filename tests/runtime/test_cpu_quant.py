@@ -4,6 +4,8 @@ same (dequantised) weights."""
 
 from __future__ import annotations
 
+import os
+
 import pytest
 import torch
 
@@ -221,3 +223,24 @@ def test_packing_that_does_not_fit_in_memory_is_refused_or_skipped(monkeypatch):
     )
     with pytest.raises(PreflightError, match="int8 row tiles need .* free"):
         CPUExecutor(tiny_model("llama"), weights="int8", compile=False, progress=False)
+
+
+@pytest.mark.skipif(KERNELS_MISSING is not None, reason=f"C++ kernels unavailable: {KERNELS_MISSING}")
+def test_a_lock_left_by_a_killed_build_does_not_hang_the_next_load(tmp_path):
+    """torch's build lock is a file: a process killed while holding it left one, and every later load
+    waited for it for ever (seen after a CI run's workers were killed). Under nonstop's flock it is stale
+    and removed: a fresh process, given a copy of the built kernels with that file, loads them."""
+    import shutil
+    import subprocess
+    import sys
+
+    from nonstop.runtime.cpu import kernels
+
+    built = kernels.build_directory()  # load_kernels has built it (this module's KERNELS_MISSING)
+    copy = tmp_path / "ext" / built.name
+    shutil.copytree(built, copy, ignore=shutil.ignore_patterns("lock", "nonstop.lock"))
+    (copy / "lock").touch()
+    code = "from nonstop.runtime.cpu.kernels import load_kernels; print(load_kernels(progress=False))"
+    env = {**os.environ, "NONSTOP_CACHE_DIR": str(tmp_path)}
+    done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=240)
+    assert done.returncode == 0 and done.stdout.strip() == "None", done.stderr[-2000:]
