@@ -15,6 +15,13 @@ the others get as long; a second signal to the launcher stops every rank at once
 well as the launcher: rank 0 takes a stop signal repeated within ``REPEAT_S`` for the same one. In rank 0
 SIGTERM raises ``Terminated``. Without ``relay`` a stop signal stops every rank at once.
 
+The ranks start deaf to the stop signals (SIG_IGN, which a child inherits and Python's start-up keeps): a
+signal that comes while a rank is still starting (Python's start-up, unpickling its function) would
+otherwise kill it there with a KeyboardInterrupt traceback. The launcher notes a relayed stop in a file
+before it signals the ranks, and each rank reads that note once its handlers are set: a rank 0 stopped
+that early ends at once without running ``fn`` (it has nothing to say or undo), and the launcher stops
+the others and raises the stop itself.
+
 A launcher that dies without stopping them (SIGKILL, a crash) takes its ranks with it: each rank calls
 ``die_with_parent`` first thing (``parent_watch.py``), so no rank outlives it.
 """
@@ -118,28 +125,52 @@ def first_report(line: str) -> bool:
         return True
 
 
-def _entry(index: int, fn, world: int, port: int, threads: int, env: dict, args: tuple, launcher: int, relay: bool):
+def _entry(index: int, fn, world: int, port: int, threads: int, env: dict, args: tuple, launcher: int, stop_note):
     die_with_parent(launcher)
-    if relay and index == 0:  # rank 0 stops as a single process would (SIGTERM too)
-        for sig in STOP_SIGNALS:
-            signal.signal(sig, _rank0_stop)
-    elif relay:  # the others wait for rank 0's word
-        signal.signal(signal.SIGINT, mark_stopping)
-    os.environ.update(
-        {
-            "RANK": str(index),
-            "LOCAL_RANK": str(index),
-            "WORLD_SIZE": str(world),
-            "LOCAL_WORLD_SIZE": str(world),
-            "MASTER_ADDR": "127.0.0.1",
-            "MASTER_PORT": str(port),
-            **env,
-        }
-    )
-    import torch
+    relay = stop_note is not None
+    try:
+        if relay and index == 0:  # rank 0 stops as a single process would (SIGTERM too)
+            for sig in STOP_SIGNALS:
+                signal.signal(sig, _rank0_stop)
+        else:  # the others wait for rank 0's word (relayed), or stop at once
+            signal.signal(signal.SIGINT, mark_stopping if relay else signal.default_int_handler)
+            signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        if relay and os.path.exists(stop_note):  # a stop came while this rank started deaf
+            if index == 0:
+                return  # stopped before it began
+            mark_stopping(signal.SIGINT, None)
+        os.environ.update(
+            {
+                "RANK": str(index),
+                "LOCAL_RANK": str(index),
+                "WORLD_SIZE": str(world),
+                "LOCAL_WORLD_SIZE": str(world),
+                "MASTER_ADDR": "127.0.0.1",
+                "MASTER_PORT": str(port),
+                **env,
+            }
+        )
+        import torch
 
-    torch.set_num_threads(threads)
+        torch.set_num_threads(threads)
+    except (KeyboardInterrupt, Terminated):  # rank 0, stopped as it started
+        return
     fn(*args)
+
+
+@contextlib.contextmanager
+def _children_start_deaf(on_signal):
+    """The processes started inside ignore the stop signals until they set handlers of their own; one that
+    comes to this process meanwhile waits (blocked, so kept pending) and reaches ``on_signal`` after."""
+    blocked = signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)
+    try:
+        for sig in STOP_SIGNALS:
+            signal.signal(sig, signal.SIG_IGN)
+        yield
+    finally:
+        for sig in STOP_SIGNALS:
+            signal.signal(sig, on_signal)
+        signal.pthread_sigmask(signal.SIG_SETMASK, blocked)
 
 
 def spawn(
@@ -156,37 +187,51 @@ def spawn(
     """Run ``fn(*args)`` in ``world`` processes forming one process group of this host (see the module
     docstring). ``timeout``: stop every rank and raise RankExited(-1) after that many seconds. A stop
     signal is raised from here (KeyboardInterrupt for SIGINT, ``Terminated`` for SIGTERM) when it had to
-    stop every rank; relayed to a rank 0 that stopped by itself, it is that rank's exit status instead."""
+    stop every rank, or when rank 0 ended with status 0 after it (stopped as it started); relayed to a rank 0
+    that stopped by itself, it is that rank's exit status instead."""
     with tempfile.NamedTemporaryFile(prefix="nonstop-reports-") as reports:
         env = {REPORTS_ENV: reports.name, **(env or {})}
-        ctx = mp.start_processes(
-            _entry,
-            args=(fn, world, free_port(), threads or rank_threads(world), env, args, os.getpid(), relay),
-            nprocs=world,
-            join=False,
-            start_method="spawn",
-        )
-        launch = _Launch(ctx, grace, stop_wait, relay)
+        stop_note = reports.name + ".stop" if relay else None
+        launch = _Launch(grace, stop_wait, stop_note)
         main = threading.current_thread() is threading.main_thread()
         previous = {sig: signal.signal(sig, launch.on_signal) for sig in STOP_SIGNALS} if main else {}
         try:
+            port, per_rank = free_port(), threads or rank_threads(world)
+            with _children_start_deaf(launch.on_signal) if main else contextlib.nullcontext():
+                launch.start(
+                    mp.start_processes(
+                        _entry,
+                        args=(fn, world, port, per_rank, env, args, os.getpid(), stop_note),
+                        nprocs=world,
+                        join=False,
+                        start_method="spawn",
+                    )
+                )
             launch.watch(timeout)
         finally:
-            _stop(ctx.processes, grace)
+            _stop(launch.procs, grace)
             for sig, handler in previous.items():
                 signal.signal(sig, handler)
+            if stop_note is not None:
+                with contextlib.suppress(OSError):
+                    os.unlink(stop_note)
 
 
 class _Launch:
     """The launcher's side of ``spawn``: waits for the ranks, relays stop signals, names the first failure."""
 
-    def __init__(self, ctx, grace: float, stop_wait: float, relay: bool):
-        self.ctx, self.procs, self.grace, self.stop_wait, self.relay = ctx, ctx.processes, grace, stop_wait, relay
-        self.codes: list[int | None] = [None] * len(self.procs)  # exit statuses, as the ranks end by themselves
+    def __init__(self, grace: float, stop_wait: float, stop_note: str | None):
+        self.grace, self.stop_wait, self.stop_note, self.relay = grace, stop_wait, stop_note, stop_note is not None
+        self.ctx = None
+        self.procs: list = []
+        self.codes: list[int | None] = []  # exit statuses, as the ranks end by themselves
         self.failed: int | None = None  # the first rank seen ending with a status other than 0
         self.signal: int | None = None  # the first stop signal
         self.forced = False  # stop every rank now
         self.due: list[float] = []  # when to stop the ranks: a failure + grace; a signal or rank 0's end + stop_wait
+
+    def start(self, ctx) -> None:
+        self.ctx, self.procs, self.codes = ctx, ctx.processes, [None] * len(ctx.processes)
 
     def on_signal(self, signum, frame) -> None:
         if self.signal is not None or not self.relay:  # a second signal, or no relaying: stop every rank now
@@ -194,6 +239,8 @@ class _Launch:
             return
         self.signal = signum
         self.due.append(time.monotonic() + self.stop_wait)
+        with contextlib.suppress(OSError):  # first, for the ranks still starting (deaf to the signal)
+            open(self.stop_note, "w").close()
         for i, p in enumerate(self.procs):
             if self.codes[i] is None:
                 with contextlib.suppress(OSError):
@@ -212,7 +259,9 @@ class _Launch:
                 self.codes[i] = self.procs[i].exitcode
                 if self.failed is None and self.codes[i] != 0:
                     self.failed = i
-                if self.codes[i] != 0:  # the others get grace seconds to end by themselves
+                if self.codes[i] != 0 or (i == 0 and self.signal is not None):
+                    # the others get grace seconds to end by themselves (after a stop signal they only
+                    # wait for rank 0's word: a rank 0 stopped as it started never gives it)
                     self.due.append(time.monotonic() + self.grace)
                 elif i == 0 and self.relay:  # rank 0 has told them to stop
                     self.due.append(time.monotonic() + self.stop_wait)
@@ -220,8 +269,8 @@ class _Launch:
         codes = [c if c is not None else p.exitcode for c, p in zip(self.codes, self.procs)]
         if self.failed is not None and not self.forced:
             raise RankExited(self.failed, codes[self.failed], self._message(self.failed), codes)
-        if self.signal is not None and (self.forced or self.codes[0] is None):
-            if not self.forced:
+        if self.signal is not None and (self.forced or self.codes[0] in (None, 0)):
+            if not self.forced and self.codes[0] is None:
                 name = signal.Signals(self.signal).name
                 print(f"nonstop: rank 0 did not stop within {self.stop_wait:g} s of {name}", file=sys.stderr)
             raise KeyboardInterrupt if self.signal == signal.SIGINT else Terminated

@@ -160,3 +160,25 @@ def test_sigterm_to_a_serving_launcher_answers_the_request_in_flight_and_exits_1
     assert answer.get("choices") or "shutting down" in answer["error"]["message"], answer
     assert reply["status"] == (200 if answer.get("choices") else 503), reply
     assert not [line for line in _said(err) if "error" in line or "interrupted" in line], err
+
+
+@pytest.mark.parametrize("sig, code, word", [(signal.SIGINT, 130, "interrupted"), (signal.SIGTERM, 143, "terminated")])
+def test_a_stop_signal_while_the_ranks_start_stops_them_with_one_line(tmp_path, sig, code, word):
+    """The signal reaches the whole group as soon as the rank processes exist, before they run any of
+    nonstop's code (Python's start-up, unpickling): it was a KeyboardInterrupt traceback in rank 0 and
+    "rank 0 was killed by SIGINT", exit 1. It waits for the rank's handlers; every rank stops promptly."""
+    with _launch(tmp_path) as proc:
+        end = time.monotonic() + 60
+        while len(ranks := proc.ranks()) < 2:
+            assert proc.poll() is None and time.monotonic() < end, "the ranks were never started"
+            time.sleep(0.005)
+        os.killpg(proc.pid, sig)
+        t0 = time.monotonic()
+        _, err = proc.communicate(timeout=60)
+        seconds = time.monotonic() - t0
+        assert not gone_within(ranks, 5)
+    assert proc.returncode == code, err
+    assert "Traceback" not in err and "KeyboardInterrupt" not in err, err
+    # the launcher's line when rank 0 was stopped as it started, rank 0's own once it runs the command
+    assert _said(err) in ([f"nonstop: {word}; all ranks stopped"], [f"nonstop: {word}"]), err
+    assert seconds < 20, f"the launch ended {seconds:.1f} s after the signal"
