@@ -3,7 +3,7 @@
 ``launched(argv)`` starts ``python argv...`` in its own session (so its process group holds the launcher
 and the ranks it spawns) and, on leaving - normally, on a failed assert, on a ``communicate`` timeout -
 SIGKILLs that group and every descendant it has seen (torchrun starts each worker in a session of its
-own), then reaps the launcher. ``rank_pids`` / ``wait_ranks`` find the ranks of a launcher.
+own), then reaps the launcher. ``rank_pids`` / ``wait_started`` find the ranks of a launcher.
 """
 
 from __future__ import annotations
@@ -106,16 +106,19 @@ def launched(argv: list[str], **popen_kw) -> Iterator[Launched]:
         kill_tree(proc)
 
 
-def wait_ranks(proc: Launched, n: int, deadline: float = 120, settle: float = 8) -> list[int]:
-    """The launcher's ``n`` ranks, ``settle`` seconds after they appeared (to load and start decoding)."""
+def wait_started(proc: Launched, n: int, deadline: float = 180) -> list[int]:
+    """The launcher's ``n`` ranks, once rank 0 has written to stdout (it has loaded the model and started
+    the command: ``generate`` echoes its prompt). Not a fixed wait: on a busy host the ranks can still be
+    starting many seconds in, where a signal tests another path."""
+    import select
+
     end = time.monotonic() + deadline
-    while time.monotonic() < end:
+    while not select.select([proc.stdout], [], [], 0.2)[0]:
         assert proc.poll() is None, f"the launcher ended early: {proc.communicate()[1][-2000:]}"
-        if len(proc.ranks()) >= n:
-            time.sleep(settle)
-            return proc.ranks()
-        time.sleep(0.2)
-    raise AssertionError("the ranks did not start")
+        assert time.monotonic() < end, "rank 0 never started its command"
+    ranks = proc.ranks()
+    assert len(ranks) == n, ranks
+    return ranks
 
 
 def gone_within(pids: list[int], seconds: float) -> list[int]:

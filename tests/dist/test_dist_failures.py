@@ -13,7 +13,7 @@ import time
 import pytest
 
 from nonstop.dist.launch import RankExited, spawn
-from tests.dist.procs import alive, gone_within, launched, wait_ranks
+from tests.dist.procs import alive, gone_within, launched, wait_started
 from tests.dist.workers import failing_rank
 
 TIMEOUT = 5.0  # collective timeout of these runs
@@ -49,7 +49,7 @@ LONG = ["-m", "nonstop", "generate", "--prompt-ids", "5,6,7", "-n", "2000", "--i
 
 def test_cli_killed_rank_ends_the_run_with_a_clear_error():
     with launched([*LONG, "--dist-timeout", "10"]) as proc:
-        ranks = wait_ranks(proc, 2)
+        ranks = wait_started(proc, 2)
         os.kill(ranks[-1], signal.SIGKILL)
         t0 = time.monotonic()
         _, err = proc.communicate(timeout=60)
@@ -61,7 +61,7 @@ def test_cli_killed_rank_ends_the_run_with_a_clear_error():
 
 def test_ctrl_c_stops_every_rank():
     with launched([*LONG, "--dist-timeout", "10"]) as proc:
-        ranks = wait_ranks(proc, 2)
+        ranks = wait_started(proc, 2)
         os.killpg(proc.pid, signal.SIGINT)  # what a terminal's Ctrl-C does: SIGINT to the whole process group
         t0 = time.monotonic()
         _, err = proc.communicate(timeout=60)
@@ -76,7 +76,7 @@ def test_ctrl_c_stops_every_rank():
 def test_ranks_end_when_their_launcher_is_killed():
     """SIGKILL to the launcher alone (it cannot stop anything): its ranks die with it (PR_SET_PDEATHSIG)."""
     with launched([*LONG, "--dist-timeout", "60"]) as proc:
-        ranks = wait_ranks(proc, 2)
+        ranks = wait_started(proc, 2)
         assert len(ranks) == 2 and all(alive(p) for p in ranks)
         os.kill(proc.pid, signal.SIGKILL)
         t0 = time.monotonic()

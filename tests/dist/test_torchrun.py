@@ -43,9 +43,10 @@ def test_torchrun_ranks_refuse_an_impossible_layout_like_the_launcher():
     code, _, err = _run([*GENERATE, *flags], deadline=120)
     errors = [line for line in err.splitlines() if line.startswith("nonstop: error:")]
     assert code == 2 and len(errors) == 1, err
-    # The agent stops the other ranks once it sees one fail; polling every 15 s (not 0.1) lets a rank that a
-    # busy machine slowed down reach its own check first, so both ranks report.
+    # The agent stops the other ranks once it sees one fail; polling every 15 s (not 0.1) lets the other rank
+    # reach its own check first, so both ranks report; on a very busy host it may be stopped before it does.
+    # A rank that skipped the check fails in the process group's setup within those 15 s: "internal error".
     code, _, err = _run([*TORCHRUN, "--monitor-interval", "15", *GENERATE, *flags], deadline=120)
     assert code != 0
-    assert err.count(errors[0]) == 2, err[-3000:]  # the same line from both ranks
-    assert "internal error" not in err
+    assert 1 <= err.count(errors[0]) <= 2, err[-3000:]  # the same line, from each rank that got that far
+    assert "internal error" not in err, err[-3000:]  # (torchrun prints its own ChildFailedError traceback)

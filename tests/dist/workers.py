@@ -131,8 +131,9 @@ def failing_rank(out_dir: str, model: str, mode: str, timeout: float) -> None:
     """A rank that dies or hangs, and the rank that must notice it in bounded time.
 
     exit / hang: rank 1 ends (exit status 0, so the launcher does not stop rank 0 first) or stops
-    answering after a few steps of a long generation; rank 0 records how long until its collective
-    failed. idle_exit: rank 1 ends while rank 0 is idle; rank 0's keep-alive must notice (on_failure).
+    answering after a few steps of a long generation; rank 0 records how long from then (rank 1 notes the
+    moment in ``gone.t``, on the monotonic clock both share) until its collective failed.
+    idle_exit: rank 1 ends while rank 0 is idle; rank 0's keep-alive must notice (on_failure).
     rank0_hang: rank 0 freezes (SIGSTOP) mid-generation; rank 1 records how long until it noticed,
     then kills rank 0."""
     import signal
@@ -158,7 +159,7 @@ def failing_rank(out_dir: str, model: str, mode: str, timeout: float) -> None:
         )
         (Path(out_dir) / "rank0.pid").write_text(str(os.getpid()))
         params = SamplingParams(max_tokens=400, temperature=0, ignore_eos=True)
-        t0 = time.perf_counter()
+        t0 = time.monotonic()
         if mode == "idle_exit":
             llm.generate(prompt_token_ids=[[3, 4, 5]], sampling=SamplingParams(max_tokens=2, temperature=0))
             t0 = time.perf_counter()
@@ -178,7 +179,9 @@ def failing_rank(out_dir: str, model: str, mode: str, timeout: float) -> None:
             llm.generate(prompt_token_ids=[[3, 4, 5]], sampling=params)
             record({"error": None})
         except RankFailure as exc:
-            record({"error": str(exc), "seconds": time.perf_counter() - t0})
+            gone = Path(out_dir) / "gone.t"
+            since = float(gone.read_text()) if gone.exists() else t0
+            record({"error": str(exc), "seconds": time.monotonic() - since})
         os._exit(0)
     cfg, model_dir = resolve_model(model)
     worker = build_worker(comm, cfg, model_dir, torch.float32)
@@ -195,6 +198,8 @@ def failing_rank(out_dir: str, model: str, mode: str, timeout: float) -> None:
     steps = 2 if mode == "idle_exit" else 4  # idle_exit: the two steps of a 2-token generation
     for _ in range(steps):
         worker.handle(comm.broadcast_object())
+    (Path(out_dir) / "gone.tmp").write_text(repr(time.monotonic()))
+    os.replace(Path(out_dir) / "gone.tmp", Path(out_dir) / "gone.t")
     if mode in ("exit", "idle_exit"):
         os._exit(0)
     while not done.exists():  # hang: alive, silent

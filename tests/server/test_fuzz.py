@@ -232,6 +232,7 @@ def test_fuzzed_requests_never_get_a_5xx(server):
         def one(case):
             if time.monotonic() - started > BUDGET_S:
                 return
+            seen["cases"] += 1
             path, body, mode, raw = case
             content = raw if raw is not None else json.dumps(body).encode()
             headers = {"content-type": "application/json"}
@@ -260,7 +261,9 @@ def test_fuzzed_requests_never_get_a_5xx(server):
             _check_response(http.post(url, content=content, headers=headers), seen)
 
         one()
-        assert seen[200] > EXAMPLES // 5 and seen[400] and seen["stream"], seen  # it reached the engine and the checks
+        # it reached the engine and the checks (counted over the cases the time budget let run)
+        assert seen["cases"] >= min(EXAMPLES, 50), f"only {seen['cases']} cases ran within {BUDGET_S} s: {seen}"
+        assert seen[200] > seen["cases"] // 5 and seen[400] and seen["stream"], seen
         assert server.wait_idle() == 0, "a slot is still held after the campaign"
         assert server.healthy()
         assert _greedy(http, server) == before
