@@ -33,6 +33,13 @@ def check_prefill_chunk(value) -> int | None:
     return None if value is None else _positive_index(value, "prefill_chunk", " or None (whole prompts)")
 
 
+def check_flag(value, name: str) -> bool:
+    """``value`` as a bool: True or False (numpy's too), never a truthy string such as "no"."""
+    if isinstance(value, bool) or type(value).__name__ == "bool_":
+        return bool(value)
+    raise TypeError(f"{name} must be True or False, got {type(value).__name__} {value!r}")
+
+
 def _is_index(value) -> bool:
     try:
         operator.index(value)

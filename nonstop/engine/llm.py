@@ -11,7 +11,14 @@ from pathlib import Path
 from nonstop.engine.chat_template import chat_prompt, check_messages
 from nonstop.engine.core import EngineCore, check_fits
 from nonstop.engine.generation_config import GenerationConfig, load_generation_config
-from nonstop.engine.inputs import check_max_batch, check_prefill_chunk, id_list, prompt_id_lists, prompt_list
+from nonstop.engine.inputs import (
+    check_flag,
+    check_max_batch,
+    check_prefill_chunk,
+    id_list,
+    prompt_id_lists,
+    prompt_list,
+)
 from nonstop.engine.requests import Request, RequestOutput
 from nonstop.engine.sampling import SamplingParams
 from nonstop.engine.speculative.config import SpeculativeConfig, drafter_dir, make_drafter
@@ -38,7 +45,10 @@ class LLM:
     accepted_tokens, verify_steps and mean_accepted_length (tokens per verification step).
     tokenizer: ``auto`` (the checkpoint's tokenizer.json or tiktoken.model; without one, text prompts
     are refused and token ids are used as they are), ``ids`` or ``bytes`` (``engine/tokenizer``).
-    chat_template: a jinja file replacing the checkpoint's. generation_config: use the checkpoint's
+    seed: the random weights of a preset (sampling is seeded per request: ``SamplingParams(seed=...)``;
+    unseeded requests differ from run to run).
+    chat_template: a jinja file replacing the checkpoint's, or the template text itself (a string holding
+    ``{{`` or ``{%``, as vLLM takes either). generation_config: use the checkpoint's
     generation_config.json as the default sampling (``default_sampling``; under speculative decoding without
     its repetition penalty, which speculative decoding does not support). preflight: refuse a model larger than the
     free memory before allocating it (``program/preflight``). before_load: ``before_load(llm)`` is called
@@ -68,6 +78,11 @@ class LLM:
 
         max_batch = check_max_batch(max_batch)
         prefill_chunk = check_prefill_chunk(prefill_chunk)
+        batch_invariant = check_flag(batch_invariant, "batch_invariant")
+        generation_config = check_flag(generation_config, "generation_config")
+        preflight, progress = check_flag(preflight, "preflight"), check_flag(progress, "progress")
+        if not isinstance(seed, int) or isinstance(seed, bool):
+            raise TypeError(f"seed must be an integer, got {type(seed).__name__} {seed!r}")
         self.device = check_device(device)
         self._resolve(model, dtype, device, tokenizer, chat_template, generation_config)
         self.speculative_config = SpeculativeConfig.parse(speculative)  # a bad option fails before the weights load
@@ -163,6 +178,9 @@ class LLM:
                 raise ValueError(f"token id {bad[0]} is outside the vocabulary (0..{self.cfg.vocab_size - 1})")
         if not prompt_ids:
             raise ValueError("empty prompt: give at least one token")
+        bad = [t for t in params.stop_token_ids if t >= self.cfg.vocab_size]
+        if bad:  # it could never be generated: the request would run to max_tokens
+            raise ValueError(f"stop_token_ids: {bad[0]} is outside the vocabulary (0..{self.cfg.vocab_size - 1})")
         if self.speculative_config and params.penalized:
             asked = ", ".join(
                 f"{name} {getattr(params, name):g}"
@@ -233,11 +251,16 @@ class LLM:
             params = list(sampling)
         else:
             params = [self._sampling(sampling)] * len(items)
-        if not items:
-            return []
         if len(params) != len(items):
             raise ValueError(f"got {len(params)} SamplingParams for {len(items)} prompts")
-        groups = [self.make_requests(p, ids, sp) for (p, ids), sp in zip(items, params)]
+        groups = []
+        for i, ((p, ids), sp) in enumerate(zip(items, params)):
+            try:
+                groups.append(self.make_requests(p, ids, sp))
+            except (TypeError, ValueError) as exc:
+                if len(items) > 1:  # which of the prompts
+                    exc.args = (f"prompt {i}: {exc}", *exc.args[1:])
+                raise
         self._run([r for g in groups for r in g])
         return [_gathered(g) for g in groups]
 
@@ -278,7 +301,10 @@ class LLM:
         on_text=None,
     ) -> RequestOutput:
         """Generate one completion, calling ``on_text(new text)`` as each piece becomes visible."""
-        req = self.make_request(prompt, prompt_ids, self._sampling(sampling))
+        params = self._sampling(sampling)
+        if params.n != 1:
+            raise ValueError(f"stream gives one completion: n must be 1, got {params.n} (generate gives n of them)")
+        req = self.make_request(prompt, prompt_ids, params)
         self._run([req], (lambda _, text: on_text(text)) if on_text is not None else None)
         return req.output()
 

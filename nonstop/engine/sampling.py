@@ -6,6 +6,7 @@ The math of the filtered distribution and of the penalties lives in ``nonstop/mo
 from __future__ import annotations
 
 import math
+import numbers
 from dataclasses import FrozenInstanceError, dataclass, field
 
 import torch
@@ -37,6 +38,16 @@ def _is_int(v) -> bool:
     return isinstance(v, int) and not isinstance(v, bool)
 
 
+def _plain(v):
+    """A numpy (or other registered) number as the Python int / float it stands for, as token ids are
+    taken (``inputs``); anything else unchanged, so that bools, numpy's included, are still refused."""
+    if isinstance(v, (bool, int, float)) or not isinstance(v, numbers.Number):
+        return v
+    if isinstance(v, numbers.Integral):
+        return int(v)
+    return float(v) if isinstance(v, numbers.Real) else v
+
+
 def _is_number(v) -> bool:
     return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
 
@@ -54,7 +65,7 @@ class SamplingParams:
     tokens of the output (``model/sampling.penalize``). ``n``: completions per prompt, at most ``MAX_N``
     (sample i uses seed + i). ``stop``: None, a non-empty string or a list / tuple of them (kept as a
     tuple); ``stop_token_ids``: None or a list / tuple of token ids >= 0 (kept as a tuple; a bare int is
-    refused, as vLLM takes a list); ``ignore_eos``: a bool.
+    refused, as vLLM takes a list); ``ignore_eos``: a bool. Numbers may be numpy's (kept as Python's).
     ``logprobs`` / ``prompt_logprobs``: how many top alternatives to return per position (the sampled /
     actual token is always included); log-probabilities are those of the model's own distribution,
     before penalties, temperature and filters."""
@@ -77,6 +88,11 @@ class SamplingParams:
     stop_strings: tuple[str, ...] = field(init=False, repr=False, compare=False)  # ``stop`` as a tuple
 
     def __post_init__(self):
+        for name in _NUMBER_FIELDS:
+            object.__setattr__(self, name, _plain(getattr(self, name)))
+        if isinstance(self.stop_token_ids, (list, tuple)):
+            object.__setattr__(self, "stop_token_ids", [_plain(i) for i in self.stop_token_ids])
+
         def check(cond, param, want):
             if not cond:
                 raise InvalidSamplingParam(param, f"{param} must be {want}, got {getattr(self, param)!r}")
@@ -126,6 +142,22 @@ class SamplingParams:
         if self.seed is None:
             return None
         return (self.seed + index - SEED_RANGE[0]) % 2**64 + SEED_RANGE[0]
+
+
+_NUMBER_FIELDS = (
+    "max_tokens",
+    "temperature",
+    "top_p",
+    "top_k",
+    "min_p",
+    "repetition_penalty",
+    "presence_penalty",
+    "frequency_penalty",
+    "n",
+    "seed",
+    "logprobs",
+    "prompt_logprobs",
+)
 
 
 def _refuse_assignment(self, name, value=None):

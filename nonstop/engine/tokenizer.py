@@ -127,7 +127,10 @@ class Tokenizer:
 
 
 def find_chat_template(model_dir: Path | None, config: dict, override: str | Path | None) -> str | None:
-    """The chat template text: ``override`` (a file), else chat_template.jinja, else tokenizer_config's."""
+    """The chat template text: ``override`` (a file, or the text itself: a string holding ``{{`` or ``{%``),
+    else chat_template.jinja, else tokenizer_config's."""
+    if isinstance(override, str) and ("{{" in override or "{%" in override):
+        return override
     if override is not None:
         path = Path(override)
         try:

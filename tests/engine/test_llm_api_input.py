@@ -301,3 +301,73 @@ def test_speculative_options_are_checked_before_loading():
 def test_ngram_drafter_sizes_must_be_integers():
     with pytest.raises(TypeError, match="max_n must be an integer"):
         NgramDrafter("4", 2)
+
+
+# ------------------------------------------------------------------ from a sweep of the Python API
+
+
+def test_stream_refuses_n_above_one(llm):
+    """stream gives one completion: n=3 silently gave one."""
+    with pytest.raises(ValueError, match="stream gives one completion: n must be 1, got 3"):
+        llm.stream("The", SamplingParams(max_tokens=2, n=3, seed=1))
+
+
+@pytest.mark.parametrize("option", ["batch_invariant", "generation_config", "preflight", "progress"])
+def test_flags_must_be_booleans(option):
+    """batch_invariant="no" switched batch invariance on (a truthy string)."""
+    with pytest.raises(TypeError, match=f"{option} must be True or False, got str 'no'"):
+        LLM("k3-nano", backend="reference", **{option: "no"})
+
+
+def test_seed_must_be_an_integer():
+    with pytest.raises(TypeError, match="seed must be an integer, got str 'x'"):
+        LLM("kimi-k3", seed="x")  # refused before anything is built
+
+
+def test_a_stop_token_id_outside_the_vocabulary_is_refused(llm):
+    """It could never be generated: the request ran to max_tokens."""
+    vocab = llm.cfg.vocab_size
+    with pytest.raises(ValueError, match=rf"stop_token_ids: {vocab} is outside the vocabulary \(0..{vocab - 1}\)"):
+        llm.generate("The", SamplingParams(max_tokens=2, stop_token_ids=[5, vocab]))
+
+
+def test_the_prompt_at_fault_is_named_among_several(llm):
+    with pytest.raises(ValueError, match="prompt 1: empty prompt"):
+        llm.generate(["a", ""], GREEDY)
+    with pytest.raises(ValueError, match="prompt 1: empty prompt"):
+        llm.generate(prompt_token_ids=[[5], []], sampling=GREEDY)
+    with pytest.raises(ValueError, match="^empty prompt"):  # one prompt: nothing to name
+        llm.generate([""], GREEDY)
+
+
+def test_a_sampling_list_of_the_wrong_length_is_refused_without_prompts_too(llm):
+    with pytest.raises(ValueError, match="got 1 SamplingParams for 0 prompts"):
+        llm.generate([], [GREEDY])
+    assert llm.generate([], []) == []
+
+
+def test_a_drafter_with_ngram_drafting_is_refused():
+    """The n-gram drafter needs no model: a drafter directory beside it was ignored."""
+    with pytest.raises(ValueError, match="drafter is a dspark option; method 'ngram'"):
+        SpeculativeConfig.parse({"method": "ngram", "drafter": "/tmp"})
+
+
+def test_numpy_numbers_are_taken_as_python_numbers():
+    """As token ids are: np.int64(5) max_tokens was refused as 'not an integer'. Bools stay refused."""
+    p = SamplingParams(max_tokens=np.int64(5), temperature=np.float32(0.5), stop_token_ids=[np.int32(3)])
+    assert (p.max_tokens, p.temperature, p.stop_token_ids) == (5, 0.5, (3,))
+    assert type(p.max_tokens) is int and type(p.temperature) is float and type(p.stop_token_ids[0]) is int
+    assert p == SamplingParams(max_tokens=5, temperature=0.5, stop_token_ids=[3])
+    with pytest.raises(ValueError, match="ignore_eos must be True or False"):
+        SamplingParams(ignore_eos=np.bool_(True))
+    with pytest.raises(ValueError, match="max_tokens must be an integer"):
+        SamplingParams(max_tokens=np.float64(5.0))
+
+
+def test_a_chat_template_may_be_given_as_its_text():
+    """vLLM takes the text or a file; the text was read as a file name ('No such file')."""
+    text = "{% for m in messages %}[{{ m['role'] }}] {{ m['content'] }}\n{% endfor %}"
+    llm = LLM("k3-nano", backend="reference", chat_template=text)
+    assert llm.tokenizer.chat_template == text
+    out = llm.chat([{"role": "user", "content": "hello"}], GREEDY)
+    assert out.prompt_token_ids == llm.tokenizer.encode("[user] hello\n")

@@ -42,6 +42,8 @@ class SpeculativeConfig:
                 f"speculative n-gram sizes need ngram_min <= ngram_max, got ngram_min={self.ngram_min}, "
                 f"ngram_max={self.ngram_max}"
             )
+        if self.drafter is not None and self.method != "dspark":
+            raise ValueError(f"speculative drafter is a dspark option; method {self.method!r} drafts without one")
         if self.drafter is not None and not isinstance(self.drafter, (str, os.PathLike)):
             raise ValueError(
                 f"speculative drafter must be a directory (a str or path) or None, got {type(self.drafter).__name__} "
