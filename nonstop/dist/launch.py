@@ -100,6 +100,7 @@ def _rank0_stop(signum, frame) -> None:
     if now - _last_stop[0] < REPEAT_S:
         return  # the same Ctrl-C, from the terminal and relayed by the launcher
     _last_stop[0] = now
+    _stopping.set()  # rank 0 knows it too: a collective that fails as the others stop is no error
     if signum == signal.SIGINT:
         raise KeyboardInterrupt
     raise Terminated
@@ -257,9 +258,12 @@ class _Launch:
             # among ranks seen ending together, one a signal killed is the likely cause
             for i in sorted(ended, key=lambda i: self.procs[i].exitcode >= 0):
                 self.codes[i] = self.procs[i].exitcode
-                if self.failed is None and self.codes[i] != 0:
+                # after a stop signal only rank 0's end says how the launch ended: the others may have been
+                # stopped by the same signal (SIGTERM to the whole group, as a service manager sends)
+                stopping = self.signal is not None
+                if self.failed is None and self.codes[i] != 0 and (i == 0 or not stopping):
                     self.failed = i
-                if self.codes[i] != 0 or (i == 0 and self.signal is not None):
+                if (i == 0 and stopping) or (self.codes[i] != 0 and not stopping):
                     # the others get grace seconds to end by themselves (after a stop signal they only
                     # wait for rank 0's word: a rank 0 stopped as it started never gives it)
                     self.due.append(time.monotonic() + self.grace)

@@ -35,7 +35,7 @@ def summing(args) -> int:
             dist.all_reduce(t)
             time.sleep(0.05)
     except RuntimeError as exc:
-        if rank and stopping():
+        if stopping():  # a stop signal came: the others end as it spreads (rank 0 then says so)
             return 0
         print(f"nonstop: error: rank {rank}: the sum failed ({str(exc).splitlines()[0][:100]})", file=sys.stderr)
         sys.stderr.flush()

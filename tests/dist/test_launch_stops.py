@@ -58,6 +58,7 @@ def _said(err: str) -> list[str]:
     "target, sig, code, word",
     [
         ("group", signal.SIGINT, 130, "interrupted"),  # Ctrl-C in a terminal: every process gets it
+        ("group", signal.SIGTERM, 143, "terminated"),  # a service manager stopping the whole group
         ("launcher", signal.SIGINT, 130, "interrupted"),
         ("launcher", signal.SIGTERM, 143, "terminated"),
     ],
