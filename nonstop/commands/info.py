@@ -46,6 +46,7 @@ def run(args) -> int:
     print(f"model        {args.model} ({cfg.family}{', random weights' if model_dir is None else ''})")
     if checked:
         print(f"checkpoint   {checked}")
+        print(f"tokenizer    {tokenizer_text(model_dir)}")
     print(
         f"shape        hidden {cfg.hidden_size}, {cfg.num_hidden_layers} layers, vocab {cfg.vocab_size}"
         + (
@@ -56,10 +57,7 @@ def run(args) -> int:
             else ""
         )
     )
-    print(
-        f"parameters   total {human(fp.total_params)}, active {human(fp.active_params)} per token (+ "
-        f"{human(fp.embedding_params)} embedding)"
-    )
+    print(f"parameters   {parameters_text(cfg, fp)}")
     print(
         f"weights      {human(fp.weight_bytes, 'B')} in {args.dtype}; read per decode token (batch 1): "
         f"{human(fp.bytes_per_token, 'B')}"
@@ -73,6 +71,27 @@ def run(args) -> int:
     for attn, ffn, count, spans in layer_table(cfg):
         print(f"{attn:<10} {ffn:<6} {count:>5}  {spans}")
     return 0
+
+
+def parameters_text(cfg: ModelConfig, fp) -> str:
+    """Total and active parameters, saying whether active counts the embedding table: a tied table is the LM
+    head, a matmul every token, and is counted; an untied one is only looked up (a row per token) and is not,
+    as ``program.footprint`` counts them."""
+    from nonstop.commands.common import human
+
+    total, active, embedding = human(fp.total_params), human(fp.active_params), human(fp.embedding_params)
+    if cfg.tie_word_embeddings:
+        return f"total {total}, active {active} per token, including the {embedding} embedding (tied: the LM head)"
+    return f"total {total}, active {active} per token, not counting the {embedding} embedding (a row lookup per token)"
+
+
+def tokenizer_text(model_dir) -> str:
+    """The tokenizer file a checkpoint directory's text is encoded with (the first the loader takes), or how
+    to drive a checkpoint without one."""
+    from nonstop.engine.tokenizer import TOKENIZER_FILES
+
+    found = next((name for name in TOKENIZER_FILES if (model_dir / name).exists()), None)
+    return found or "none: prompts and outputs are token ids (generate --prompt-ids 1,2,3 --ids, prompt_token_ids)"
 
 
 def check_headers(cfg: ModelConfig, model_dir) -> str:

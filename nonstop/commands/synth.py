@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import sys
+import time
 from pathlib import Path
 
 from nonstop.commands.common import DTYPE_CHOICES, add_threads_arg, positive_float, positive_int, seed_int
@@ -13,9 +14,10 @@ def add_parser(sub) -> None:
         "synth",
         help="write a random-weight checkpoint",
         description=(
-            "Write config.json, generation_config.json, a tokenizer (when one can be made) and random weights with "
-            "exactly the HF tensor names and shapes of the config, loadable by nonstop and by transformers' "
-            "from_pretrained (llama, deepseek_v3, kimi_linear)."
+            "Write config.json, generation_config.json, a tokenizer and random weights with exactly the HF tensor "
+            "names and shapes of the config, loadable by nonstop and by transformers' from_pretrained (llama, "
+            "deepseek_v3, kimi_linear). The tokenizer is the preset's, else byte-level (token id = byte) when the "
+            "vocabulary has 256 ids, else none: a smaller model takes token ids (generate --prompt-ids)."
         ),
     )
     src = p.add_mutually_exclusive_group(required=True)
@@ -24,8 +26,9 @@ def add_parser(sub) -> None:
     p.add_argument(
         "--out",
         required=True,
-        help="output directory (made if missing); the weights, config.json and tokenizer of a checkpoint already "
-        "there are replaced once the new ones are all written, other files are left alone",
+        help="output directory (made if missing); the weights, config.json, generation_config.json and tokenizer "
+        "files of a checkpoint already there are replaced once the new ones are all written (removed where the new "
+        "checkpoint has none), other files are left alone",
     )
     p.add_argument("--seed", type=seed_int, default=0, help="random seed (default 0)")
     p.add_argument(
@@ -58,7 +61,7 @@ def run(args) -> int:
     from nonstop.program.preflight import check_disk
     from nonstop.threads import set_threads
     from nonstop.weights.resolve import ASSETS, DTYPES
-    from nonstop.weights.synth import write_checkpoint
+    from nonstop.weights.synth import BYTE_VOCAB, write_checkpoint
     from nonstop.weights.write import check_output_dir
 
     set_threads(args.threads)
@@ -76,20 +79,53 @@ def run(args) -> int:
         file=sys.stderr,
     )
 
-    tty = sys.stderr.isatty()
-
-    def report(done, total):
-        if done == total or (tty and done % max(1, total // 20) == 0):
-            print(f"\r  {done}/{total} tensors", end="\n" if done == total else "", file=sys.stderr, flush=True)
-
+    out, removed = Path(args.out), []
     write_checkpoint(
         cfg,
-        Path(args.out),
+        out,
         seed=args.seed,
         dtype=DTYPES[args.dtype],
         max_shard_bytes=int(args.shard_size * 1e9),
         tokenizer_dir=tokenizer_dir,
-        progress=report,
+        progress=progress_printer(sys.stderr),
+        removed=removed,
     )
-    print(f"done: {args.out}", file=sys.stderr)
+    if removed:
+        print(f"removed from the old checkpoint (the new one has none): {', '.join(removed)}", file=sys.stderr)
+    if not (out / "tokenizer.json").exists():
+        print(
+            f"no tokenizer: the vocabulary ({cfg.vocab_size}) is smaller than the {BYTE_VOCAB} ids a byte tokenizer "
+            "needs; give token ids (nonstop generate --prompt-ids 1,2,3 --ids; prompt_token_ids in the API)",
+            file=sys.stderr,
+        )
+    kept = [name for name in KEPT_TOKENIZER_FILES if (out / name).exists()]
+    if kept:
+        print(
+            f"note: {', '.join(kept)} left in {out} (synth never writes it) and may still be read as the tokenizer "
+            "or chat template: remove it if it belongs to an old model",
+            file=sys.stderr,
+        )
+    print(f"done: {out}", file=sys.stderr)
     return 0
+
+
+KEPT_TOKENIZER_FILES = ("tiktoken.model", "chat_template.jinja")  # the tokenizer loader reads them, synth never writes
+PROGRESS_EVERY_S = 10.0  # without a terminal: one progress line at most this often
+
+
+def progress_printer(stream, clock=time.monotonic):
+    """A ``progress(done, total)`` for ``write_checkpoint`` that prints to ``stream``: on a terminal one line
+    redrawn every 5%, else (a log) a line every ``PROGRESS_EVERY_S`` seconds; the last count always."""
+    tty = stream.isatty()
+    last = clock()
+
+    def report(done: int, total: int) -> None:
+        nonlocal last
+        if tty:
+            if done == total or done % max(1, total // 20) == 0:
+                print(f"\r  {done}/{total} tensors", end="\n" if done == total else "", file=stream, flush=True)
+        elif done == total or clock() - last >= PROGRESS_EVERY_S:
+            last = clock()
+            print(f"  {done}/{total} tensors", file=stream, flush=True)
+
+    return report

@@ -4,6 +4,11 @@
 from ``checkpoint_layout``, so the result loads in nonstop and - for llama, deepseek_v3 and
 kimi_linear - in transformers' ``from_pretrained``. ``random_state_dict`` gives the same weights
 in memory without touching the disk.
+
+The tokenizer is the preset's (its files copied), else a byte-level one (token id = byte value) when the
+vocabulary holds the 256 bytes, else none: a model with a smaller vocabulary is a tokenizer-less
+checkpoint, driven with token ids. Over an old checkpoint, every file synth owns (``SYNTH_FILES``) that
+the new one lacks is removed, so no stale tokenizer outlives its model.
 """
 
 from __future__ import annotations
@@ -21,6 +26,9 @@ from nonstop.weights.layout import TensorSpec, checkpoint_layout
 from nonstop.weights.write import staged_checkpoint
 
 INIT_STD = 0.02
+BYTE_VOCAB = 256  # a byte-level tokenizer needs one id per byte
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json")  # copied from a preset
+SYNTH_FILES = ("config.json", "generation_config.json", *TOKENIZER_FILES)  # every file synth writes, weights aside
 TORCH_DTYPE_NAMES = {torch.float32: "float32", torch.bfloat16: "bfloat16", torch.float16: "float16"}
 
 
@@ -111,10 +119,10 @@ def _write_side_files(cfg: ModelConfig, out_dir: Path, dtype: torch.dtype, token
         gen["eos_token_id"] = cfg.eos_token_ids[0] if len(cfg.eos_token_ids) == 1 else list(cfg.eos_token_ids)
     (out_dir / "generation_config.json").write_text(json.dumps(gen, indent=2) + "\n")
     if tokenizer_dir is not None:
-        for name in ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"):
+        for name in TOKENIZER_FILES:
             if (tokenizer_dir / name).exists():
                 shutil.copy(tokenizer_dir / name, out_dir / name)
-    elif cfg.vocab_size >= 256:
+    elif cfg.vocab_size >= BYTE_VOCAB:
         write_byte_tokenizer(out_dir)
 
 
@@ -126,13 +134,16 @@ def write_checkpoint(
     max_shard_bytes: int = 4 << 30,
     tokenizer_dir: Path | None = None,
     progress: Callable[[int, int], None] | None = None,
+    removed: list[str] | None = None,
 ) -> Path:
     """Write config.json, generation_config.json, a tokenizer (when one can be made) and random
     weights (``model.safetensors``, or shards + ``model.safetensors.index.json``) to ``out_dir``, staged
-    (``weights.write``): they replace a checkpoint already there only once all are written."""
+    (``weights.write``): they replace a checkpoint already there only once all are written, and the old
+    checkpoint's files of ``SYNTH_FILES`` the new one has not are removed (their names appended to
+    ``removed``)."""
 
     out_dir = Path(out_dir)
-    with staged_checkpoint(out_dir) as stage:
+    with staged_checkpoint(out_dir, replaces=SYNTH_FILES, removed=removed) as stage:
         _write_side_files(cfg, stage, dtype, tokenizer_dir)
         _write_random_weights(cfg, stage, seed, dtype, max_shard_bytes, progress)
     return out_dir

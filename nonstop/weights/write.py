@@ -2,8 +2,9 @@
 
 ``check_output_dir(path)`` refuses, before any work is done, an output path a checkpoint cannot be
 written to (empty, an existing file, under a file, not writable). ``staged_checkpoint(out_dir)`` yields
-a fresh staging directory inside ``out_dir``; when the block ends normally the weights a checkpoint
-already there had (``model.safetensors``, shards, ``model.safetensors.index.json``) are removed and every
+a fresh staging directory inside ``out_dir``; when the block ends normally the files of a checkpoint
+already there that the new one replaces (its weights: ``model.safetensors``, shards,
+``model.safetensors.index.json``; and the other files its writer owns, ``replaces``) are removed and every
 staged file takes its place, readable as the user's umask allows (safetensors writes 0600). When the
 block fails, the staging directory is removed and ``out_dir`` is as it was: never a new config.json
 beside old weights, never an index naming shards that are gone.
@@ -53,9 +54,14 @@ def file_mode() -> int:
 
 
 @contextlib.contextmanager
-def staged_checkpoint(out_dir: str | Path) -> Iterator[Path]:
+def staged_checkpoint(
+    out_dir: str | Path, replaces: tuple[str, ...] = (), removed: list[str] | None = None
+) -> Iterator[Path]:
     """Yield a staging directory to write a whole checkpoint into; on success its files replace
-    ``out_dir``'s checkpoint (see the module docstring), on failure ``out_dir`` is left as it was."""
+    ``out_dir``'s checkpoint (see the module docstring), on failure ``out_dir`` is left as it was.
+    ``replaces``: names of files besides the weights that the writer owns: an old one is removed even where
+    the new checkpoint has none (a stale tokenizer must not outlive its model), and its name is then
+    appended to ``removed``; files neither weights nor in ``replaces`` are the user's and left alone."""
     out_dir = Path(out_dir)
     created = not out_dir.exists()
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -77,6 +83,11 @@ def staged_checkpoint(out_dir: str | Path) -> Iterator[Path]:
     for pattern in WEIGHT_FILES:
         for old in out_dir.glob(pattern):
             old.unlink()
+    for name in replaces:
+        if (out_dir / name).exists() and not (stage / name).exists():
+            (out_dir / name).unlink()
+            if removed is not None:
+                removed.append(name)
     mode = file_mode()
     for f in sorted(stage.iterdir()):
         f.chmod(mode)
