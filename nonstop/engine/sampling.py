@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import math
 import numbers
-from dataclasses import FrozenInstanceError, dataclass, field
+from dataclasses import FrozenInstanceError, dataclass, field, fields
 
 import torch
 
@@ -144,19 +144,9 @@ class SamplingParams:
         return (self.seed + index - SEED_RANGE[0]) % 2**64 + SEED_RANGE[0]
 
 
-_NUMBER_FIELDS = (
-    "max_tokens",
-    "temperature",
-    "top_p",
-    "top_k",
-    "min_p",
-    "repetition_penalty",
-    "presence_penalty",
-    "frequency_penalty",
-    "n",
-    "seed",
-    "logprobs",
-    "prompt_logprobs",
+# every field that holds one number (numpy's taken as Python's)
+_NUMBER_FIELDS = tuple(
+    f.name for f in fields(SamplingParams) if f.init and f.name not in ("stop", "stop_token_ids", "ignore_eos")
 )
 
 
