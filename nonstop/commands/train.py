@@ -2,11 +2,34 @@
 
 from __future__ import annotations
 
+import argparse
+import contextlib
 import sys
 import time
 from pathlib import Path
 
 from nonstop.commands.common import non_negative_float, positive_float, positive_int, seed_int, thread_count
+
+MAX_MINUTES = 60 * 24 * 366  # a year: a longer budget is a typo (1e307 overflowed the clock arithmetic)
+MAX_COUNT = 10**9  # steps or sequences: more is a typo (huge ones overflowed float arithmetic or numpy)
+MAX_BIAS_RATE = 1.0  # a bias step as large as the router's scores, in [0, 1] (huge ones made the biases infinite)
+
+
+def _at_most(parse, limit: int, what: str):
+    """An argparse type: ``parse(text)``, refused above ``limit`` (``what`` names the limit in the message)."""
+
+    def check(text: str):
+        value = parse(text)
+        if value > limit:
+            raise argparse.ArgumentTypeError(f"expected at most {what}, got {text}")
+        return value
+
+    return check
+
+
+minutes_float = _at_most(positive_float, MAX_MINUTES, f"{MAX_MINUTES:,} minutes (a year)")
+count_int = _at_most(positive_int, MAX_COUNT, f"{MAX_COUNT:,}")
+bias_rate_float = _at_most(non_negative_float, MAX_BIAS_RATE, f"{MAX_BIAS_RATE:g} (the scale of the router's scores)")
 
 
 def add_parser(sub) -> None:
@@ -42,31 +65,29 @@ def add_parser(sub) -> None:
     )
     p.add_argument(
         "--minutes",
-        type=positive_float,
+        type=minutes_float,
         default=40.0,
         help="wall-clock budget of the training loop in minutes (default 40; final evaluation and saving take ~1-2 "
         "more)",
     )
     p.add_argument("--threads", type=thread_count, default=2, help="CPU threads (default 2)")
-    p.add_argument("--batch-size", type=positive_int, default=8, help="sequences per step (default 8)")
-    p.add_argument("--seq-len", type=positive_int, default=256, help="tokens per sequence (default 256)")
+    p.add_argument("--batch-size", type=count_int, default=8, help="sequences per step (default 8)")
+    p.add_argument("--seq-len", type=count_int, default=256, help="tokens per sequence (default 256)")
     p.add_argument("--lr", type=positive_float, default=2e-3, help="peak learning rate (default 2e-3)")
     p.add_argument(
         "--min-lr", type=non_negative_float, default=2e-4, help="learning rate at the end of the budget (default 2e-4)"
     )
-    p.add_argument("--warmup-steps", type=positive_int, default=30, help="linear warmup steps (default 30)")
+    p.add_argument("--warmup-steps", type=count_int, default=30, help="linear warmup steps (default 30)")
     p.add_argument(
         "--weight-decay", type=non_negative_float, default=0.1, help="AdamW weight decay on matrices (default 0.1)"
     )
     p.add_argument(
         "--bias-update-rate",
-        type=non_negative_float,
+        type=bias_rate_float,
         default=1e-2,
         help="step of the aux-loss-free expert-bias update, b_e += rate * sign(mean load - load_e) (default 1e-2)",
     )
-    p.add_argument(
-        "--max-steps", type=positive_int, default=None, help="stop after this many steps even if time is left"
-    )
+    p.add_argument("--max-steps", type=count_int, default=None, help="stop after this many steps even if time is left")
     p.add_argument(
         "--eval-every",
         type=non_negative_float,
@@ -93,6 +114,7 @@ def run(args) -> int:
     from nonstop.weights.write import check_output_dir
 
     check_output_dir(args.out)  # before the tokenizing and training, not after
+    _check_creatable(Path(args.out))
     if args.min_lr > args.lr:
         raise ValueError(f"--min-lr {args.min_lr:g} is above the peak --lr {args.lr:g}")
     cfg = ModelConfig.from_file(args.config) if args.config else ModelConfig.preset(args.preset)
@@ -127,3 +149,16 @@ def run(args) -> int:
         samples=not args.no_samples,
     )
     return 0
+
+
+def _check_creatable(out: Path) -> None:
+    """Make ``out`` and its missing parents, then remove what was made: a directory that cannot be created
+    (``/proc/x``, a read-only file system) is refused now, not after the training."""
+    missing = [d for d in (out, *out.parents) if not d.exists()]  # deepest first
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise ValueError(f"--out {out}: cannot create the directory ({exc.strerror or exc})") from None
+    for d in missing:
+        with contextlib.suppress(OSError):  # something else wrote there meanwhile: leave it
+            d.rmdir()

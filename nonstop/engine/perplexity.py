@@ -5,6 +5,9 @@ every id after the first is predicted exactly once, from the ids before it in it
   window k = x[k·C .. k·C + C],  NLL_k = Σ_t -log p(x_{k·C+t+1} | x_{k·C} .. x_{k·C+t}),  t = 0..C-1
   mean NLL = Σ_k NLL_k / N   (nats),   perplexity = exp(mean NLL).
 Full windows run ``batch_size`` at a time; the shorter last window runs alone.
+
+``leading_token_ids`` finds the first ids of a long text by tokenizing only a prefix of it, so that
+scoring a few tokens of a large file does not wait for the whole file to be tokenized.
 """
 
 from __future__ import annotations
@@ -15,6 +18,35 @@ from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
+
+FIRST_PREFIX_CHARS_PER_ID = 6  # the first prefix tried: this many characters for each id wanted (~4 in English)
+MIN_PREFIX_CHARS = 4096
+
+
+def leading_token_ids(
+    encode: Callable[[str], list[int]],
+    text: str,
+    count: int | None = None,
+    announce: Callable[[int, int], None] | None = None,
+) -> tuple[list[int], bool]:
+    """(ids, whole). whole True: ids is ``encode(text)``, the text encoded whole (``count`` None, or the
+    prefixes below reached its end). whole False: ids are the first ``count`` ids of ``encode(text)``, found
+    by encoding prefixes of ``text`` only. The ids near the end of a prefix may differ from the whole text's
+    (a word cut in two), the ids well before it do not: the prefix doubles until two successive prefixes agree
+    on their first ``count`` ids. ``announce(chars, total)`` is called before each encoding of ``chars`` of
+    the text's ``total`` characters."""
+    size = len(text) if count is None else max(MIN_PREFIX_CHARS, FIRST_PREFIX_CHARS_PER_ID * count)
+    before: list[int] | None = None
+    while size < len(text):
+        if announce is not None:
+            announce(size, len(text))
+        ids = encode(text[:size])
+        if before is not None and len(before) >= count and before[:count] == ids[:count]:
+            return ids[:count], False
+        before, size = ids, 2 * size
+    if announce is not None:
+        announce(len(text), len(text))
+    return encode(text), True
 
 
 @dataclass(frozen=True)

@@ -30,6 +30,11 @@ def load_spread(load: torch.Tensor) -> float:
     return float(load.max() / load.mean().clamp_min(1e-9))
 
 
+def _spreads(loads: dict[str, torch.Tensor]) -> dict[str, float]:
+    """``load_spread`` of each layer that counted any token (an empty count has no spread, not 0)."""
+    return {name: load_spread(load) for name, load in loads.items() if load.sum() > 0}
+
+
 class ExpertBalancer:
     """Counts expert loads of every ``MoE`` module of ``model`` and nudges their correction biases."""
 
@@ -39,6 +44,7 @@ class ExpertBalancer:
         self.loads = {name: torch.zeros(m.cfg.num_experts) for name, m in self.moes.items()}
         self.total = {name: torch.zeros(m.cfg.num_experts) for name, m in self.moes.items()}
         self.recent = {name: torch.zeros(m.cfg.num_experts) for name, m in self.moes.items()}
+        self._last_recent: dict[str, float] = {}  # recent_spreads' last non-empty window
         self._hooks = [m.register_forward_hook(self._counter(name)) for name, m in self.moes.items()]
         for m in self.moes.values():
             m.gate.e_score_correction_bias.requires_grad_(False)
@@ -68,15 +74,17 @@ class ExpertBalancer:
                 self.loads[name].zero_()
 
     def spreads(self) -> dict[str, float]:
-        """max/mean expert load per MoE layer over the whole run."""
-        return {name: load_spread(load) for name, load in self.total.items()}
+        """max/mean expert load per MoE layer over the whole run (layers with no token counted left out)."""
+        return _spreads(self.total)
 
     def recent_spreads(self) -> dict[str, float]:
-        """max/mean expert load per MoE layer since the last call (then the recent counts restart)."""
-        out = {name: load_spread(load) for name, load in self.recent.items()}
-        for load in self.recent.values():
-            load.zero_()
-        return out
+        """max/mean expert load per MoE layer over the steps since the last call, then the recent counts
+        restart; with no step since, the last call's (an empty window has no spread)."""
+        if any(load.sum() > 0 for load in self.recent.values()):
+            self._last_recent = _spreads(self.recent)
+            for load in self.recent.values():
+                load.zero_()
+        return dict(self._last_recent)
 
     def remove(self) -> None:
         for h in self._hooks:

@@ -6,7 +6,9 @@
                       expert load spread, final held-out perplexity, greedy samples
   loss_curve.png      train / held-out loss against tokens seen
 The final held-out perplexity is measured on the written checkpoint (bf16 weights, as users load it)
-over the whole held-out split with ``nonstop.engine.perplexity``.
+over the whole held-out split with ``nonstop.engine.perplexity``, in windows of ``FINAL_CONTEXT`` tokens
+(the model's positions where it has fewer). The checkpoint and training_log.json are written before the
+greedy samples are generated (the log is written again with them), so a failing sample loses no run.
 """
 
 from __future__ import annotations
@@ -32,7 +34,7 @@ from nonstop.train.tokens import DEFAULT_CACHE_DIR, cached_token_ids
 from nonstop.train.trainer import TrainConfig, init_model, train
 
 SAMPLE_PROMPTS = ("The", "The Python interpreter", "A list is", "To open a file,", "This module provides")
-FINAL_CONTEXT = 512
+FINAL_CONTEXT = 512  # window of the final held-out score (the model's max_position_embeddings if fewer)
 
 
 def greedy_samples(model_dir: Path, prompts=SAMPLE_PROMPTS, max_tokens: int = 48) -> list[dict]:
@@ -65,6 +67,8 @@ def run_training(
             f"--seq-len {tc.seq_len} exceeds the model's {cfg.max_position_embeddings} positions "
             "(max_position_embeddings)"
         )
+    fp = model_footprint(cfg, torch.bfloat16)
+    _check_training_memory(cfg, fp.total_params, tc)  # before the tokenizing, which can take minutes
     train_ids = cached_token_ids(corpus_dir / "train.txt", tokenizer_dir, cache_dir, log)
     heldout_ids = cached_token_ids(corpus_dir / "heldout.txt", tokenizer_dir, cache_dir, log)
     if len(heldout_ids) < 2:
@@ -72,7 +76,6 @@ def run_training(
     top = int(max(train_ids.max(initial=0), heldout_ids.max()))
     if top >= cfg.vocab_size:
         raise ValueError(f"tokenizer id {top} does not fit the model's vocabulary of {cfg.vocab_size}")
-    fp = model_footprint(cfg, torch.bfloat16)
     log(
         f"model: {cfg.family}, {fp.total_params / 1e6:.2f}M parameters ({fp.active_params / 1e6:.2f}M active + "
         f"{fp.embedding_params / 1e6:.2f}M embedding), {fp.weight_bytes / 1e6:.1f} MB in bf16"
@@ -81,7 +84,6 @@ def run_training(
         f"data: {len(train_ids):,} training tokens, {len(heldout_ids):,} held-out tokens; batch {tc.batch_size} x "
         f"{tc.seq_len}; {tc.threads} threads; budget {tc.minutes:g} min"
     )
-    _check_training_memory(cfg, fp.total_params)
     model = init_model(cfg, tc.seed)
     result = train(model, train_ids, heldout_ids, tc, log)
     log(
@@ -96,9 +98,10 @@ def run_training(
     save_checkpoint(model, out_dir, tokenizer_dir)
     del model
     saved = load_model(cfg, out_dir, torch.float32)
-    final = score_token_ids(saved, heldout_ids, context=FINAL_CONTEXT, batch_size=8)
+    context = min(FINAL_CONTEXT, cfg.max_position_embeddings)
+    final = score_token_ids(saved, heldout_ids, context=context, batch_size=8)
     log(
-        f"held-out ({final.tokens:,} tokens, context {FINAL_CONTEXT}, bf16 checkpoint): mean NLL "
+        f"held-out ({final.tokens:,} tokens, context {context}, bf16 checkpoint): mean NLL "
         f"{final.mean_nll:.4f}, perplexity {final.perplexity:.2f}"
     )
     record = {
@@ -135,7 +138,7 @@ def run_training(
                 sum(h["loss"] for h in result.history[-50:]) / len(result.history[-50:]), 4
             ),
             "heldout_tokens_scored": final.tokens,
-            "heldout_context": FINAL_CONTEXT,
+            "heldout_context": context,
             "heldout_mean_nll": round(final.mean_nll, 4),
             "heldout_perplexity": round(final.perplexity, 3),
             "expert_load_spread_whole_run": result.expert_load_spread,
@@ -151,32 +154,51 @@ def run_training(
         title=f"{cfg.family}, {fp.total_params / 1e6:.2f}M parameters: {result.tokens / 1e6:.2f}M tokens in "
         f"{result.wall_s / 60:.0f} min on {tc.threads} threads",
         eval_tokens=min(tc.eval_tokens, len(heldout_ids) - 1),  # the periodic evaluations score at most the split
-        final=(result.tokens, final.mean_nll, f"final held-out (all {final.tokens:,} tokens, context {FINAL_CONTEXT})"),
+        final=(result.tokens, final.mean_nll, f"final held-out (all {final.tokens:,} tokens, context {context})"),
     )
     log(f"loss curve: {png}" if png else "loss curve: skipped (matplotlib not installed)")
+    _write_log(out_dir, record, wall0)  # before the samples: a sample that fails or hangs loses no run
     if samples:
         record["samples"] = greedy_samples(out_dir)
         for s in record["samples"]:
             log(f"sample: {s['prompt']!r} -> {s['completion']!r}")
-    record["result"]["total_wall_s"] = round(time.monotonic() - wall0, 1)
-    (out_dir / "training_log.json").write_text(json.dumps(record, indent=1) + "\n")
+        _write_log(out_dir, record, wall0)
     log(f"wrote {out_dir} (total wall time {record['result']['total_wall_s'] / 60:.1f} min)")
     return record
 
 
+def _write_log(out_dir: Path, record: dict, wall0: float) -> None:
+    """``record`` as out_dir/training_log.json, with the wall time since ``wall0`` as total_wall_s (written
+    to a temporary file first, so a rewrite never leaves half a log)."""
+    record["result"]["total_wall_s"] = round(time.monotonic() - wall0, 1)
+    path = out_dir / "training_log.json"
+    temp = path.with_name(path.name + ".tmp")
+    temp.write_text(json.dumps(record, indent=1) + "\n")
+    os.replace(temp, path)
+
+
 TRAIN_BYTES_PER_PARAM = 16  # fp32 weight, its gradient and AdamW's two moments (activations come on top)
+LOGIT_COPIES = 3  # a step's fp32 logits, the log-softmax cross-entropy keeps for backward, and their gradient
 
 
-def _check_training_memory(cfg: ModelConfig, params: int) -> None:
+def _check_training_memory(cfg: ModelConfig, params: int, tc: TrainConfig) -> None:
     """PreflightError before any weight is built when this machine cannot hold even the optimiser's
-    per-parameter state (a lower bound of what training needs)."""
-    needs = TRAIN_BYTES_PER_PARAM * params
+    per-parameter state and one step's logits (a lower bound of what training needs)."""
+    state = TRAIN_BYTES_PER_PARAM * params
+    logits = LOGIT_COPIES * 4 * tc.batch_size * tc.seq_len * cfg.vocab_size
     free = available_memory(torch.device("cpu"))
-    if needs > free:
+    if state > free:
         raise PreflightError(
-            f"training {cfg.family} ({params / 1e6:,.1f}M parameters) needs at least {size_text(needs)} "
+            f"training {cfg.family} ({params / 1e6:,.1f}M parameters) needs at least {size_text(state)} "
             f"(fp32 weights, gradients and AdamW moments, {TRAIN_BYTES_PER_PARAM} B a parameter, before "
             f"activations); this machine has {size_text(free)} free"
+        )
+    if state + logits > free:
+        raise PreflightError(
+            f"a training step of --batch-size {tc.batch_size} x --seq-len {tc.seq_len} needs at least "
+            f"{size_text(logits)} for its logits alone ({LOGIT_COPIES} fp32 copies of {cfg.vocab_size:,} per token) "
+            f"beside {size_text(state)} of weights and optimiser state; this machine has {size_text(free)} free: "
+            "lower --batch-size or --seq-len"
         )
 
 

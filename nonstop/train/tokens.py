@@ -5,18 +5,23 @@ Stream layout: for every document of ``train.txt`` / ``heldout.txt`` (see ``corp
 (the engine does not add one to prompts either). Ids are stored as uint16 (vocabularies < 65536).
 
 The cache file name carries a digest of the text file and of ``tokenizer.json``, so a new corpus or
-tokenizer is tokenized again and a stale cache is never read.
+tokenizer is tokenized again and a stale cache is never read. The file is written whole or not at all
+(a temporary file renamed over it); one that cannot be read (emptied, cut short) is tokenized again.
 """
 
 from __future__ import annotations
 
 import hashlib
+import os
+import sys
+import tempfile
 from pathlib import Path
 
 import numpy as np
 
 from nonstop.train.corpus import iter_documents
 from nonstop.train.tokenizer import EOS_TOKEN
+from nonstop.weights.write import file_mode
 
 DEFAULT_CACHE_DIR = Path("build/tokens")
 
@@ -52,7 +57,8 @@ def encode_documents(text_path: Path, tokenizer) -> np.ndarray:
 
 
 def cached_token_ids(text_path: Path, tokenizer_dir: Path, cache_dir: Path = DEFAULT_CACHE_DIR, log=None) -> np.ndarray:
-    """``encode_documents`` of ``text_path``, read from / written to ``cache_dir`` (``<stem>-<digest>.npy``)."""
+    """``encode_documents`` of ``text_path``, read from / written to ``cache_dir`` (``<stem>-<digest>.npy``;
+    a cache file that cannot be read is replaced, with a note through ``log``, else on stderr)."""
     text_path, tokenizer_dir, cache_dir = Path(text_path), Path(tokenizer_dir), Path(cache_dir)
     if not text_path.is_file():
         raise FileNotFoundError(f"{text_path} not found; build the corpus with `python -m nonstop.train.corpus`")
@@ -60,10 +66,31 @@ def cached_token_ids(text_path: Path, tokenizer_dir: Path, cache_dir: Path = DEF
     tokenizer = load_tokenizer(tokenizer_dir)
     cache = cache_dir / f"{text_path.stem}-{_digest(text_path, tokenizer_json)}.npy"
     if cache.is_file():
-        return np.load(cache)
+        try:
+            ids = np.load(cache)
+            if ids.ndim != 1 or ids.dtype != np.uint16:
+                raise ValueError(f"it holds {ids.dtype} {ids.shape}, not a stream of uint16 ids")
+            return ids
+        except (EOFError, ValueError, OSError) as exc:  # empty, cut short or not a .npy file
+            note = log or (lambda message: print(f"nonstop: {message}", file=sys.stderr, flush=True))
+            note(f"{cache} is unreadable ({type(exc).__name__}: {exc}): tokenizing {text_path} again")
     ids = encode_documents(text_path, tokenizer)
-    cache_dir.mkdir(parents=True, exist_ok=True)
-    np.save(cache, ids)
+    _save_atomically(cache, ids)
     if log is not None:
         log(f"tokenized {text_path} -> {len(ids):,} tokens, cached in {cache}")
     return ids
+
+
+def _save_atomically(path: Path, ids: np.ndarray) -> None:
+    """``np.save`` to a temporary file beside ``path``, then renamed over it: an interrupted write leaves no
+    half file."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, temp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            np.save(f, ids)
+        os.chmod(temp, file_mode())  # mkstemp makes it 0600
+        os.replace(temp, path)
+    except BaseException:
+        Path(temp).unlink(missing_ok=True)
+        raise

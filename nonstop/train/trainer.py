@@ -35,6 +35,16 @@ class TrainingDiverged(ValueError):
     """The loss stopped being finite: a setting to change (the learning rate), not a bug."""
 
 
+class TrainingOutOfMemory(ValueError):
+    """A step's activations did not fit in memory: a setting to change (batch size, sequence length), not a bug."""
+
+
+def _allocation_failed(exc: BaseException) -> bool:
+    """``exc`` is an allocation failure: Python's MemoryError, torch's OutOfMemoryError (CUDA) or the
+    RuntimeError of torch's CPU allocator ("DefaultCPUAllocator: can't allocate memory ...")."""
+    return isinstance(exc, (MemoryError, torch.OutOfMemoryError)) or "can't allocate memory" in str(exc)
+
+
 @dataclass
 class TrainConfig:
     minutes: float = 40.0  # wall-clock budget of the optimisation loop (final eval and save come after)
@@ -66,7 +76,8 @@ class TrainResult:
     history: list[dict] = field(default_factory=list)  # per step: step, tokens, elapsed_s, loss, lr, grad_norm
     evals: list[dict] = field(default_factory=list)  # step, tokens, elapsed_s, heldout_nll, heldout_ppl
     expert_load_spread: dict[str, float] = field(default_factory=dict)  # layer -> max/mean load, whole run
-    expert_load_spread_end: dict[str, float] = field(default_factory=dict)  # the same since the last evaluation
+    # the same over the steps after the last evaluation (the last evaluation's window if none came after)
+    expert_load_spread_end: dict[str, float] = field(default_factory=dict)
 
     def as_dict(self) -> dict:
         return asdict(self)
@@ -205,6 +216,13 @@ def train(
                 )
                 last_eval = time.monotonic()
                 window_t0 += last_eval - now  # evaluation time is not training speed
+    except (MemoryError, RuntimeError) as exc:
+        if not _allocation_failed(exc):
+            raise
+        raise TrainingOutOfMemory(
+            f"out of memory in training step {result.steps + 1} ({tc.batch_size} sequences x {tc.seq_len} tokens): "
+            f"lower --batch-size (now {tc.batch_size}) or --seq-len (now {tc.seq_len})"
+        ) from None
     finally:
         balancer.remove()
     result.wall_s = time.monotonic() - start
