@@ -19,8 +19,8 @@ import torch
 
 from nonstop.config import ModelConfig
 from nonstop.program.footprint import Footprint, model_footprint
+from nonstop.weights.resolve import DTYPE_NAMES
 
-DTYPE_NAMES = {torch.float32: "float32", torch.bfloat16: "bfloat16", torch.float16: "float16"}
 CACHE_TOKENS_PER_SLOT = 1024  # attention cache counted per slot (it grows by pages as sequences grow)
 OVERRIDE_HINT = "pass --no-preflight to try anyway"
 

@@ -29,6 +29,9 @@ DTYPES = {
 }
 
 
+DTYPE_NAMES = {torch.float32: "float32", torch.bfloat16: "bfloat16", torch.float16: "float16"}  # as config.json says
+
+
 def parse_dtype(dtype, device: str) -> torch.dtype:
     """``auto`` (or None): bf16 on CUDA, fp32 elsewhere; else one of ``DTYPES`` by name or as a torch dtype.
     Any other dtype is refused: the engine's layers, kernels and caches are built for these three only

@@ -7,7 +7,7 @@ in memory without touching the disk.
 
 The tokenizer is the preset's (its files copied), else a byte-level one (token id = byte value) when the
 vocabulary holds the 256 bytes, else none: a model with a smaller vocabulary is a tokenizer-less
-checkpoint, driven with token ids. Over an old checkpoint, every file synth owns (``SYNTH_FILES``) that
+checkpoint, driven with token ids. Over an old checkpoint, every file synth owns (``weights.write.SIDE_FILES``) that
 the new one lacks is removed, so no stale tokenizer outlives its model.
 """
 
@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import json
 import math
-import shutil
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -23,13 +22,10 @@ import torch
 
 from nonstop.config import ModelConfig
 from nonstop.weights.layout import TensorSpec, checkpoint_layout
-from nonstop.weights.write import staged_checkpoint
+from nonstop.weights.write import SIDE_FILES, staged_checkpoint, write_side_files
 
 INIT_STD = 0.02
 BYTE_VOCAB = 256  # a byte-level tokenizer needs one id per byte
-TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json")  # copied from a preset
-SYNTH_FILES = ("config.json", "generation_config.json", *TOKENIZER_FILES)  # every file synth writes, weights aside
-TORCH_DTYPE_NAMES = {torch.float32: "float32", torch.bfloat16: "bfloat16", torch.float16: "float16"}
 
 
 def _random(spec: TensorSpec, shape: tuple[int, ...], dtype: torch.dtype, gen: torch.Generator) -> torch.Tensor:
@@ -110,22 +106,6 @@ def write_byte_tokenizer(out_dir: Path) -> None:
     tok.save(str(out_dir / "tokenizer.json"))
 
 
-def _write_side_files(cfg: ModelConfig, out_dir: Path, dtype: torch.dtype, tokenizer_dir: Path | None) -> None:
-    hf = cfg.to_hf_dict()
-    hf["torch_dtype"] = TORCH_DTYPE_NAMES.get(dtype, str(dtype))
-    (out_dir / "config.json").write_text(json.dumps(hf, indent=2) + "\n")
-    gen = {k: v for k, v in (("bos_token_id", cfg.bos_token_id), ("pad_token_id", cfg.pad_token_id)) if v is not None}
-    if cfg.eos_token_ids:
-        gen["eos_token_id"] = cfg.eos_token_ids[0] if len(cfg.eos_token_ids) == 1 else list(cfg.eos_token_ids)
-    (out_dir / "generation_config.json").write_text(json.dumps(gen, indent=2) + "\n")
-    if tokenizer_dir is not None:
-        for name in TOKENIZER_FILES:
-            if (tokenizer_dir / name).exists():
-                shutil.copy(tokenizer_dir / name, out_dir / name)
-    elif cfg.vocab_size >= BYTE_VOCAB:
-        write_byte_tokenizer(out_dir)
-
-
 def write_checkpoint(
     cfg: ModelConfig,
     out_dir: str | Path,
@@ -139,12 +119,14 @@ def write_checkpoint(
     """Write config.json, generation_config.json, a tokenizer (when one can be made) and random
     weights (``model.safetensors``, or shards + ``model.safetensors.index.json``) to ``out_dir``, staged
     (``weights.write``): they replace a checkpoint already there only once all are written, and the old
-    checkpoint's files of ``SYNTH_FILES`` the new one has not are removed (their names appended to
+    checkpoint's files of ``SIDE_FILES`` the new one has not are removed (their names appended to
     ``removed``)."""
 
     out_dir = Path(out_dir)
-    with staged_checkpoint(out_dir, replaces=SYNTH_FILES, removed=removed) as stage:
-        _write_side_files(cfg, stage, dtype, tokenizer_dir)
+    with staged_checkpoint(out_dir, replaces=SIDE_FILES, removed=removed) as stage:
+        write_side_files(stage, cfg, dtype, {}, tokenizer_dir)
+        if tokenizer_dir is None and cfg.vocab_size >= BYTE_VOCAB:
+            write_byte_tokenizer(stage)
         _write_random_weights(cfg, stage, seed, dtype, max_shard_bytes, progress)
     return out_dir
 

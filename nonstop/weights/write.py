@@ -13,11 +13,17 @@ beside old weights, never an index naming shards that are gone.
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import shutil
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
+
+import torch
+
+from nonstop.config import ModelConfig
+from nonstop.weights.resolve import DTYPE_NAMES
 
 STAGING_PREFIX = ".nonstop-partial-"
 WEIGHT_FILES = ("model*.safetensors", "model.safetensors.index.json")  # what a new checkpoint's weights replace
@@ -51,6 +57,27 @@ def file_mode() -> int:
     mask = os.umask(0)
     os.umask(mask)
     return 0o666 & ~mask
+
+
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json")  # copied with a model
+SIDE_FILES = ("config.json", "generation_config.json", *TOKENIZER_FILES)  # what the writers put beside the weights
+
+
+def write_side_files(
+    stage: Path, cfg: ModelConfig, dtype: torch.dtype, generation: dict, tokenizer_dir: Path | None
+) -> None:
+    """config.json (``torch_dtype`` named), generation_config.json (the config's bos / pad / eos ids, then
+    ``generation``) and the ``TOKENIZER_FILES`` that ``tokenizer_dir`` has, into ``stage``."""
+    hf = cfg.to_hf_dict()
+    hf["torch_dtype"] = DTYPE_NAMES.get(dtype, str(dtype))
+    (stage / "config.json").write_text(json.dumps(hf, indent=2) + "\n")
+    gen = {k: v for k, v in (("bos_token_id", cfg.bos_token_id), ("pad_token_id", cfg.pad_token_id)) if v is not None}
+    if cfg.eos_token_ids:
+        gen["eos_token_id"] = cfg.eos_token_ids[0] if len(cfg.eos_token_ids) == 1 else list(cfg.eos_token_ids)
+    (stage / "generation_config.json").write_text(json.dumps({**gen, **generation}, indent=2) + "\n")
+    for name in TOKENIZER_FILES if tokenizer_dir is not None else ():
+        if (Path(tokenizer_dir) / name).exists():
+            shutil.copy(Path(tokenizer_dir) / name, stage / name)
 
 
 @contextlib.contextmanager
