@@ -87,12 +87,13 @@ def write_kimi_tokenizer(d, template: str | None = KIMI_TEMPLATE) -> int:
 @pytest.fixture(scope="module")
 def kimi_dir(tmp_path_factory):
     d = tmp_path_factory.mktemp("kimi-tok")
-    vocab = write_kimi_tokenizer(d)
+    vocab = len(_ranks()) + 256 + 2  # the ranks, the reserved special ids and [BOS] / [EOS] (write_kimi_tokenizer's)
     cfg = ModelConfig.from_hf_dict(
         {**LLAMA, "vocab_size": vocab, "bos_token_id": len(_ranks()), "eos_token_id": len(_ranks()) + 1}
     )
     write_checkpoint(cfg, d, seed=2, dtype=torch.float32)
-    (d / "tokenizer.json").unlink(missing_ok=True)  # synth writes a byte tokenizer; this checkpoint ships tiktoken only
+    (d / "tokenizer.json").unlink()  # synth writes a byte tokenizer; this checkpoint ships tiktoken only
+    assert write_kimi_tokenizer(d) == vocab  # after synth, which replaces a directory's tokenizer files
     return d
 
 

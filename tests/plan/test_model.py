@@ -6,6 +6,7 @@ import itertools
 import random
 
 import pytest
+import torch
 
 from nonstop.config import ModelConfig
 from nonstop.plan.chips import get_chip
@@ -60,7 +61,7 @@ def test_rank_weights_equal_nonstop_dist(nano, layout):
     from nonstop.dist.model import rank_weight_bytes
 
     rank = rank_workload(nano, layout)
-    ref = rank_weight_bytes(nano.cfg, layout.dist_layout(), 2)[0]
+    ref = rank_weight_bytes(nano.cfg, layout.dist_layout(), torch.bfloat16)[0]
     assert resident_bytes(rank, layout, 1, 0)["weights"] == pytest.approx(ref, rel=0.01)
 
 
