@@ -78,3 +78,16 @@ def pytest_terminal_summary(terminalreporter):
     for nodeid, text in _REPORTED_TABLES:
         terminalreporter.write_sep("-", nodeid)
         terminalreporter.write_line(text)
+
+
+@pytest.fixture
+def corpus(tmp_path):
+    """A training corpus directory (train.txt / heldout.txt: the bundled held-out sample, halved)."""
+    from nonstop.weights.resolve import ASSETS
+
+    text = (ASSETS / "heldout_sample.txt").read_text(encoding="utf-8")
+    d = tmp_path / "corpus"
+    d.mkdir()
+    (d / "train.txt").write_text(text[: len(text) // 2], encoding="utf-8")
+    (d / "heldout.txt").write_text(text[len(text) // 2 :], encoding="utf-8")
+    return d

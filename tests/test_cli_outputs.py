@@ -19,15 +19,6 @@ def _refused(argv, capsys) -> str:
     return err
 
 
-@pytest.fixture
-def corpus(tmp_path):
-    d = tmp_path / "corpus"
-    d.mkdir()
-    (d / "train.txt").write_text(TEXT[: len(TEXT) // 2], encoding="utf-8")
-    (d / "heldout.txt").write_text(TEXT[len(TEXT) // 2 :], encoding="utf-8")
-    return d
-
-
 def _train(corpus, tmp_path, *extra) -> list[str]:
     return [
         "train",

@@ -18,20 +18,11 @@ from nonstop.train.balance import ExpertBalancer
 from nonstop.train.tokens import cached_token_ids
 from nonstop.train.trainer import TrainConfig, TrainingOutOfMemory, init_model, train
 from nonstop.weights.resolve import ASSETS
-from tests.test_cli_outputs import TEXT, _refused
+from tests.test_cli_outputs import _refused
 from tests.tiny_configs import KIMI_K3
 
 TOKENIZER = ASSETS / "k3-nano"
 POSITIONS = 64
-
-
-@pytest.fixture
-def corpus(tmp_path):
-    d = tmp_path / "corpus"
-    d.mkdir()
-    (d / "train.txt").write_text(TEXT[: len(TEXT) // 2], encoding="utf-8")
-    (d / "heldout.txt").write_text(TEXT[len(TEXT) // 2 :], encoding="utf-8")
-    return d
 
 
 @pytest.fixture
