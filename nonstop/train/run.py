@@ -32,6 +32,7 @@ from nonstop.train.export import save_checkpoint
 from nonstop.train.plot import plot_loss_curve
 from nonstop.train.tokens import DEFAULT_CACHE_DIR, cached_token_ids
 from nonstop.train.trainer import TrainConfig, init_model, train
+from nonstop.weights.write import write_atomically
 
 SAMPLE_PROMPTS = ("The", "The Python interpreter", "A list is", "To open a file,", "This module provides")
 FINAL_CONTEXT = 512  # window of the final held-out score (the model's max_position_embeddings if fewer)
@@ -171,10 +172,7 @@ def _write_log(out_dir: Path, record: dict, wall0: float) -> None:
     """``record`` as out_dir/training_log.json, with the wall time since ``wall0`` as total_wall_s (written
     to a temporary file first, so a rewrite never leaves half a log)."""
     record["result"]["total_wall_s"] = round(time.monotonic() - wall0, 1)
-    path = out_dir / "training_log.json"
-    temp = path.with_name(path.name + ".tmp")
-    temp.write_text(json.dumps(record, indent=1) + "\n")
-    os.replace(temp, path)
+    write_atomically(out_dir / "training_log.json", lambda f: f.write((json.dumps(record, indent=1) + "\n").encode()))
 
 
 TRAIN_BYTES_PER_PARAM = 16  # fp32 weight, its gradient and AdamW's two moments (activations come on top)

@@ -12,16 +12,14 @@ tokenizer is tokenized again and a stale cache is never read. The file is writte
 from __future__ import annotations
 
 import hashlib
-import os
 import sys
-import tempfile
 from pathlib import Path
 
 import numpy as np
 
 from nonstop.train.corpus import iter_documents
 from nonstop.train.tokenizer import EOS_TOKEN
-from nonstop.weights.write import file_mode
+from nonstop.weights.write import write_atomically
 
 DEFAULT_CACHE_DIR = Path("build/tokens")
 
@@ -75,22 +73,7 @@ def cached_token_ids(text_path: Path, tokenizer_dir: Path, cache_dir: Path = DEF
             note = log or (lambda message: print(f"nonstop: {message}", file=sys.stderr, flush=True))
             note(f"{cache} is unreadable ({type(exc).__name__}: {exc}): tokenizing {text_path} again")
     ids = encode_documents(text_path, tokenizer)
-    _save_atomically(cache, ids)
+    write_atomically(cache, lambda f: np.save(f, ids))  # an interrupted write leaves no half file
     if log is not None:
         log(f"tokenized {text_path} -> {len(ids):,} tokens, cached in {cache}")
     return ids
-
-
-def _save_atomically(path: Path, ids: np.ndarray) -> None:
-    """``np.save`` to a temporary file beside ``path``, then renamed over it: an interrupted write leaves no
-    half file."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, temp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "wb") as f:
-            np.save(f, ids)
-        os.chmod(temp, file_mode())  # mkstemp makes it 0600
-        os.replace(temp, path)
-    except BaseException:
-        Path(temp).unlink(missing_ok=True)
-        raise

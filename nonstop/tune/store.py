@@ -26,7 +26,7 @@ import torch
 
 from nonstop.file_lock import exclusive
 from nonstop.runtime.tuned import read_store
-from nonstop.weights.write import file_mode
+from nonstop.weights.write import write_atomically
 
 
 def versions() -> dict:
@@ -51,17 +51,7 @@ def better(new: dict, old: dict | None) -> bool:
 
 
 def _write_atomically(path: Path, text: str) -> None:
-    """Write ``text`` to ``path`` through a temporary file beside it and ``os.replace`` (a reader never
-    sees half a file); the temporary file is removed whatever goes wrong."""
-    fd, tmp = tempfile.mkstemp(prefix=".tuning-", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w") as f:
-            f.write(text)
-        os.chmod(tmp, file_mode())  # mkstemp makes it 0600: a shared cache stays readable as the umask allows
-        os.replace(tmp, path)
-    finally:
-        if os.path.lexists(tmp):
-            os.unlink(tmp)
+    write_atomically(path, lambda f: f.write(text.encode()))
 
 
 def write_kernel(root: Path, kind: str, source: str) -> tuple[str, str]:

@@ -17,8 +17,9 @@ import json
 import os
 import shutil
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import BinaryIO
 
 import torch
 
@@ -78,6 +79,22 @@ def write_side_files(
     for name in TOKENIZER_FILES if tokenizer_dir is not None else ():
         if (Path(tokenizer_dir) / name).exists():
             shutil.copy(Path(tokenizer_dir) / name, stage / name)
+
+
+def write_atomically(path: Path, write: Callable[[BinaryIO], object]) -> None:
+    """``write(f)`` into a temporary file beside ``path`` (binary), then ``os.replace`` it there: a reader
+    never sees half a file, and the temporary file is removed whatever goes wrong; readable as the umask
+    allows (``file_mode``)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            write(f)
+        os.chmod(tmp, file_mode())  # mkstemp makes it 0600
+        os.replace(tmp, path)
+    finally:
+        if os.path.lexists(tmp):
+            os.unlink(tmp)
 
 
 @contextlib.contextmanager
