@@ -15,12 +15,13 @@ the others get as long; a second signal to the launcher stops every rank at once
 well as the launcher: rank 0 takes a stop signal repeated within ``REPEAT_S`` for the same one. In rank 0
 SIGTERM raises ``Terminated``. Without ``relay`` a stop signal stops every rank at once.
 
-The ranks start deaf to the stop signals (SIG_IGN, which a child inherits and Python's start-up keeps): a
-signal that comes while a rank is still starting (Python's start-up, unpickling its function) would
-otherwise kill it there with a KeyboardInterrupt traceback. The launcher notes a relayed stop in a file
-before it signals the ranks, and each rank reads that note once its handlers are set: a rank 0 stopped
-that early ends at once without running ``fn`` (it has nothing to say or undo), and the launcher stops
-the others and raises the stop itself.
+The ranks start with the stop signals blocked (a child inherits its parent's signal mask across exec):
+one that comes while a rank is still starting (Python's start-up, unpickling its function) waits, pending,
+until the rank has set its handlers and unblocks it; delivered earlier it would kill the rank there with a
+KeyboardInterrupt traceback. Nothing ignores them (an ignored signal is lost for good: the launcher would
+never learn of a stop that came while it was starting the ranks). A rank 0 stopped that early ends at once
+without running ``fn`` (it has nothing to say or undo), and the launcher stops the others and raises the
+stop itself. A stop that reaches the launcher before it knows its ranks is relayed as soon as it does.
 
 A launcher that dies without stopping them (SIGKILL, a crash) takes its ranks with it: each rank calls
 ``die_with_parent`` first thing (``parent_watch.py``), so no rank outlives it.
@@ -30,6 +31,7 @@ from __future__ import annotations
 
 import contextlib
 import multiprocessing.connection
+import multiprocessing.resource_tracker
 import os
 import signal
 import socket
@@ -126,9 +128,8 @@ def first_report(line: str) -> bool:
         return True
 
 
-def _entry(index: int, fn, world: int, port: int, threads: int, env: dict, args: tuple, launcher: int, stop_note):
+def _entry(index: int, fn, world: int, port: int, threads: int, env: dict, args: tuple, launcher: int, relay: bool):
     die_with_parent(launcher)
-    relay = stop_note is not None
     try:
         if relay and index == 0:  # rank 0 stops as a single process would (SIGTERM too)
             for sig in STOP_SIGNALS:
@@ -136,10 +137,9 @@ def _entry(index: int, fn, world: int, port: int, threads: int, env: dict, args:
         else:  # the others wait for rank 0's word (relayed), or stop at once
             signal.signal(signal.SIGINT, mark_stopping if relay else signal.default_int_handler)
             signal.signal(signal.SIGTERM, signal.SIG_DFL)
-        if relay and os.path.exists(stop_note):  # a stop came while this rank started deaf
-            if index == 0:
-                return  # stopped before it began
-            mark_stopping(signal.SIGINT, None)
+        # a stop that came while this rank started (blocked by ``_children_start_blocked``) arrives here: in
+        # rank 0 it raises, and the rank ends before it began
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, STOP_SIGNALS)
         os.environ.update(
             {
                 "RANK": str(index),
@@ -160,17 +160,17 @@ def _entry(index: int, fn, world: int, port: int, threads: int, env: dict, args:
 
 
 @contextlib.contextmanager
-def _children_start_deaf(on_signal):
-    """The processes started inside ignore the stop signals until they set handlers of their own; one that
-    comes to this process meanwhile waits (blocked, so kept pending) and reaches ``on_signal`` after."""
+def _children_start_blocked():
+    """The processes started inside begin with the stop signals blocked, until they unblock them (``_entry``).
+    Only this thread blocks them: a stop that comes meanwhile still reaches this process's handler, through
+    another thread or once the block ends."""
+    # the resource tracker, started with the first process, unblocks these signals in this thread after it
+    # has started: started now, it leaves the block alone
+    multiprocessing.resource_tracker.ensure_running()
     blocked = signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)
     try:
-        for sig in STOP_SIGNALS:
-            signal.signal(sig, signal.SIG_IGN)
         yield
     finally:
-        for sig in STOP_SIGNALS:
-            signal.signal(sig, on_signal)
         signal.pthread_sigmask(signal.SIG_SETMASK, blocked)
 
 
@@ -192,37 +192,32 @@ def spawn(
     that stopped by itself, it is that rank's exit status instead."""
     with tempfile.NamedTemporaryFile(prefix="nonstop-reports-") as reports:
         env = {REPORTS_ENV: reports.name, **(env or {})}
-        stop_note = reports.name + ".stop" if relay else None
-        launch = _Launch(grace, stop_wait, stop_note)
+        launch = _Launch(grace, stop_wait, relay)
         main = threading.current_thread() is threading.main_thread()
         previous = {sig: signal.signal(sig, launch.on_signal) for sig in STOP_SIGNALS} if main else {}
         try:
             port, per_rank = free_port(), threads or rank_threads(world)
-            with _children_start_deaf(launch.on_signal) if main else contextlib.nullcontext():
-                launch.start(
-                    mp.start_processes(
-                        _entry,
-                        args=(fn, world, port, per_rank, env, args, os.getpid(), stop_note),
-                        nprocs=world,
-                        join=False,
-                        start_method="spawn",
-                    )
+            with _children_start_blocked() if main else contextlib.nullcontext():
+                ctx = mp.start_processes(
+                    _entry,
+                    args=(fn, world, port, per_rank, env, args, os.getpid(), relay),
+                    nprocs=world,
+                    join=False,
+                    start_method="spawn",
                 )
+            launch.start(ctx)
             launch.watch(timeout)
         finally:
             _stop(launch.procs, grace)
             for sig, handler in previous.items():
                 signal.signal(sig, handler)
-            if stop_note is not None:
-                with contextlib.suppress(OSError):
-                    os.unlink(stop_note)
 
 
 class _Launch:
     """The launcher's side of ``spawn``: waits for the ranks, relays stop signals, names the first failure."""
 
-    def __init__(self, grace: float, stop_wait: float, stop_note: str | None):
-        self.grace, self.stop_wait, self.stop_note, self.relay = grace, stop_wait, stop_note, stop_note is not None
+    def __init__(self, grace: float, stop_wait: float, relay: bool):
+        self.grace, self.stop_wait, self.relay = grace, stop_wait, relay
         self.ctx = None
         self.procs: list = []
         self.codes: list[int | None] = []  # exit statuses, as the ranks end by themselves
@@ -233,6 +228,8 @@ class _Launch:
 
     def start(self, ctx) -> None:
         self.ctx, self.procs, self.codes = ctx, ctx.processes, [None] * len(ctx.processes)
+        if self.signal is not None and not self.forced:  # it came while the ranks were being started
+            self._relay()
 
     def on_signal(self, signum, frame) -> None:
         if self.signal is not None or not self.relay:  # a second signal, or no relaying: stop every rank now
@@ -240,8 +237,11 @@ class _Launch:
             return
         self.signal = signum
         self.due.append(time.monotonic() + self.stop_wait)
-        with contextlib.suppress(OSError):  # first, for the ranks still starting (deaf to the signal)
-            open(self.stop_note, "w").close()
+        self._relay()
+
+    def _relay(self) -> None:
+        """The stop signal to rank 0, SIGINT ("a stop is coming") to the others."""
+        signum = self.signal
         for i, p in enumerate(self.procs):
             if self.codes[i] is None:
                 with contextlib.suppress(OSError):

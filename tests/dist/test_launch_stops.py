@@ -18,6 +18,7 @@ import time
 
 import pytest
 
+from tests.dist.launch_workers import SECONDS
 from tests.dist.procs import ROOT, gone_within, launched
 from tests.server.in_flight import long_request, wait_until_up
 
@@ -30,11 +31,28 @@ out, mode, world, timeout = sys.argv[1], sys.argv[2], int(sys.argv[3]), float(sy
 args = argparse.Namespace(run=summing, dir=out, mode=mode, timeout=timeout, threads=1)
 sys.exit(start_ranks(args, Layout.make(2 if world == 4 else 1, 2, world)))
 """
+# the launch, but a stop signal comes from another process while the launcher is still starting its ranks
+# (they exist; it has not seen them yet): after the resource tracker had started (it unblocks the stop
+# signals) a signal there was ignored, and the ranks ran on as if none had come
+SIGNALLED_WHILE_STARTING = """
+import os, subprocess, sys
+import nonstop.dist.launch as launch
+start, sig = launch.mp.start_processes, sys.argv[5]
+def start_then_signal(*a, **kw):
+    ctx = start(*a, **kw)
+    print(*ctx.pids(), flush=True)
+    subprocess.run([sys.executable, "-c", f"import os; os.kill({os.getpid()}, {sig})"], check=True)
+    return ctx
+launch.mp.start_processes = start_then_signal
+"""
 TORCH_WARNINGS = ("Terminating process", "forcefully exiting")
 
 
-def _launch(tmp_path, mode: str = "sum", world: int = 2, timeout: float = 10.0):
-    return launched(["-c", LAUNCH, str(tmp_path), mode, str(world), str(timeout)])
+def _launch(tmp_path, mode: str = "sum", world: int = 2, timeout: float = 10.0, signal_while_starting=None):
+    if signal_while_starting is None:
+        return launched(["-c", LAUNCH, str(tmp_path), mode, str(world), str(timeout)])
+    code = SIGNALLED_WHILE_STARTING + LAUNCH
+    return launched(["-c", code, str(tmp_path), mode, str(world), str(timeout), str(int(signal_while_starting))])
 
 
 def _rank_pids(proc, tmp_path, world: int, deadline: float = 120) -> list[int]:
@@ -183,3 +201,18 @@ def test_a_stop_signal_while_the_ranks_start_stops_them_with_one_line(tmp_path, 
     # the launcher's line when rank 0 was stopped as it started, rank 0's own once it runs the command
     assert _said(err) in ([f"nonstop: {word}; all ranks stopped"], [f"nonstop: {word}"]), err
     assert seconds < 20, f"the launch ended {seconds:.1f} s after the signal"
+
+
+@pytest.mark.parametrize("sig, code, word", [(signal.SIGINT, 130, "interrupted"), (signal.SIGTERM, 143, "terminated")])
+def test_a_stop_signal_while_the_launcher_starts_the_ranks_is_not_lost(tmp_path, sig, code, word):
+    """The signal reaches the launcher (not the ranks) while it is inside its start of the ranks: it was
+    lost there, and the ranks summed on for a minute; the launcher relays it once it knows the ranks."""
+    with _launch(tmp_path, signal_while_starting=sig) as proc:
+        t0 = time.monotonic()
+        out, err = proc.communicate(timeout=SECONDS - 10)
+        seconds = time.monotonic() - t0
+        assert not gone_within([int(pid) for pid in out.split()], 5)
+    assert proc.returncode == code, err
+    assert "Traceback" not in err and "KeyboardInterrupt" not in err, err
+    assert _said(err) in ([f"nonstop: {word}; all ranks stopped"], [f"nonstop: {word}"]), err
+    assert seconds < 30, f"the launch ended {seconds:.1f} s after it started"
