@@ -128,3 +128,66 @@ def test_help_lists_every_option(capsys):
     assert e.value.code == 0 and options
     for action in options:
         assert action.help and all(flag in text for flag in action.option_strings), action.option_strings
+
+
+@pytest.mark.parametrize("argv", [["--rows=eager"], ["--row", "eager"], ["--rows", "eager"]])
+def test_rows_are_what_the_command_line_says_however_it_is_spelled(argv):
+    """On a CPU the default rows are superop,megakernel,eager; a --rows given as --rows=eager or abbreviated
+    was once replaced by that default."""
+    assert _bench().parse_args(["--dry-run", *argv]).rows == ["eager"]
+
+
+@pytest.mark.parametrize(
+    "flag, value", [("--steps", "0"), ("--context", "-3"), ("--k3-layers", "0"), ("--budget-s", "x")]
+)
+def test_a_count_out_of_range_is_refused_by_name(flag, value, capsys):
+    with pytest.raises(SystemExit) as e:
+        _bench().parse_args(["--dry-run", flag, value])
+    assert e.value.code == 2 and f"argument {flag}" in capsys.readouterr().err
+
+
+def test_a_shape_lost_whole_is_in_the_table_and_counts_as_a_failure(tmp_path, monkeypatch, capsys):
+    """A shape that raises (out of memory on a GPU) was left out of the table, and the run said nothing."""
+    monkeypatch.delenv("OUT", raising=False)
+    bench = _bench()
+
+    def no_room(name, *args):
+        raise torch.OutOfMemoryError(f"CUDA out of memory building {name}")
+
+    monkeypatch.setattr(bench, "run_shape", no_room)
+    out = tmp_path / "decode.json"
+    report = bench.main(
+        ["--dry-run", "--no-gpucheck", "--shapes", "llama-3.2-1b", "--rows", "eager", "--out", str(out)]
+    )
+    assert bench._failures(report) == 1 and report["status"].startswith("complete, 1 failure")
+    captured = capsys.readouterr()
+    line = next(x for x in captured.out.splitlines() if x.startswith("llama-3.2-1b"))
+    assert "error: OutOfMemoryError: CUDA out of memory building llama-3.2-1b" in line
+    assert "1 failure(s)" in captured.err
+
+
+def test_a_check_with_no_room_beside_the_fp32_copy_is_made_without_it(monkeypatch):
+    """When the fp32 copy leaves no room for the check itself (a K3 slice on an 80 GB GPU), the copy is dropped
+    and the check made against the bf16 reference alone; it was an error, and the shape then failed whole in
+    the prefill that followed with the copy still held."""
+    bench = _bench()
+    real = bench.correctness
+    seen = []
+
+    def tight(*args):
+        seen.append(args[-1] is not None)
+        if args[-1] is not None:
+            raise torch.OutOfMemoryError("no room beside the fp32 copy")
+        return real(*args)
+
+    monkeypatch.setattr(bench, "correctness", tight)
+    args = bench.parse_args(
+        ["--dry-run", "--rows", "superop", "--shapes", "llama-3.2-1b", "--llama-layers", "1"]
+        + ["--steps", "2", "--warmup", "0", "--check-steps", "1"]
+    )
+    shape = bench.run_shape("llama-3.2-1b", args, torch.device("cpu"), torch.bfloat16, bench.Budget(1e9), 1.0)
+    (entry,) = shape["slices"]
+    assert seen == [True, False]
+    assert entry["check"]["ok"] and "fp32_floor_rel_err" not in entry["check"], entry["check"]
+    assert "no room for the fp32 copy" in entry["fp32_floor"]["error"]
+    assert entry["timings"][0]["rows"][0]["ms_per_token"] > 0
