@@ -174,7 +174,7 @@ def _rank_main(args) -> None:
     import sys
 
     from nonstop.commands.errors import USER_ERRORS, user_errors
-    from nonstop.dist.launch import Terminated, first_report
+    from nonstop.dist.launch import Terminated, first_report, stop_status
 
     hooks = True
     try:
@@ -182,9 +182,9 @@ def _rank_main(args) -> None:
             try:
                 code = int(args.run(args) or 0)
             except (KeyboardInterrupt, Terminated) as exc:
-                interrupted = isinstance(exc, KeyboardInterrupt)
-                print(f"nonstop: {'interrupted' if interrupted else 'terminated'}", file=sys.stderr)
-                code, hooks = 130 if interrupted else 143, False
+                word, code = stop_status(exc)
+                print(f"nonstop: {word}", file=sys.stderr)
+                hooks = False
             except Exception as exc:
                 if isinstance(exc, BrokenPipeError) or first_report(f"{type(exc).__name__}: {exc}"):
                     raise
@@ -207,7 +207,7 @@ def start_ranks(args, layout) -> int:
     rank to fail is named when it cannot have said why itself (a signal killed it)."""
     import sys
 
-    from nonstop.dist.launch import RankExited, Terminated, spawn
+    from nonstop.dist.launch import RankExited, Terminated, spawn, stop_status
 
     threads = getattr(args, "threads", None)
     print(f"nonstop: starting {layout.world} local ranks ({layout.describe()})", file=sys.stderr)
@@ -219,12 +219,10 @@ def start_ranks(args, layout) -> int:
             print(f"nonstop: error: {exc}{first}; the other ranks were stopped", file=sys.stderr)
         rank0 = exc.codes[0] if exc.codes else None
         return rank0 if rank0 is not None and rank0 > 0 else 1
-    except KeyboardInterrupt:
-        print("nonstop: interrupted; all ranks stopped", file=sys.stderr)
-        return 130
-    except Terminated:
-        print("nonstop: terminated; all ranks stopped", file=sys.stderr)
-        return 143
+    except (KeyboardInterrupt, Terminated) as exc:  # every rank had to be stopped
+        word, code = stop_status(exc)
+        print(f"nonstop: {word}; all ranks stopped", file=sys.stderr)
+        return code
     return 0
 
 

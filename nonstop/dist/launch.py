@@ -20,8 +20,9 @@ one that comes while a rank is still starting (Python's start-up, unpickling its
 until the rank has set its handlers and unblocks it; delivered earlier it would kill the rank there with a
 KeyboardInterrupt traceback. Nothing ignores them (an ignored signal is lost for good: the launcher would
 never learn of a stop that came while it was starting the ranks). A rank 0 stopped that early ends at once
-without running ``fn`` (it has nothing to say or undo), and the launcher stops the others and raises the
-stop itself. A stop that reaches the launcher before it knows its ranks is relayed as soon as it does.
+without running ``fn`` (it has nothing to undo), as a single process stopped in its start-up does: one
+line ("nonstop: interrupted") and status 130 (143 after SIGTERM). A stop that reaches the launcher
+before it knows its ranks is relayed as soon as it does.
 
 A launcher that dies without stopping them (SIGKILL, a crash) takes its ranks with it: each rank calls
 ``die_with_parent`` first thing (``parent_watch.py``), so no rank outlives it.
@@ -97,6 +98,12 @@ def mark_stopping(signum, frame) -> None:
     _stopping.set()
 
 
+def stop_status(exc: BaseException) -> tuple[str, int]:
+    """What a process stopped by ``exc`` (KeyboardInterrupt or ``Terminated``) says and exits with, as a
+    shell reports a signal: ("interrupted", 130) or ("terminated", 143)."""
+    return ("interrupted", 130) if isinstance(exc, KeyboardInterrupt) else ("terminated", 143)
+
+
 def _rank0_stop(signum, frame) -> None:
     now = time.monotonic()
     if now - _last_stop[0] < REPEAT_S:
@@ -154,8 +161,12 @@ def _entry(index: int, fn, world: int, port: int, threads: int, env: dict, args:
         import torch
 
         torch.set_num_threads(threads)
-    except (KeyboardInterrupt, Terminated):  # rank 0, stopped as it started
-        return
+    except (KeyboardInterrupt, Terminated) as exc:
+        if not relay:  # the launcher stops every rank and says so
+            return
+        word, code = stop_status(exc)  # rank 0 stopped as it started: as a single process would be
+        print(f"nonstop: {word}", file=sys.stderr, flush=True)
+        os._exit(code)
     fn(*args)
 
 
@@ -188,8 +199,10 @@ def spawn(
     """Run ``fn(*args)`` in ``world`` processes forming one process group of this host (see the module
     docstring). ``timeout``: stop every rank and raise RankExited(-1) after that many seconds. A stop
     signal is raised from here (KeyboardInterrupt for SIGINT, ``Terminated`` for SIGTERM) when it had to
-    stop every rank, or when rank 0 ended with status 0 after it (stopped as it started); relayed to a rank 0
-    that stopped by itself, it is that rank's exit status instead."""
+    stop every rank (a second signal; rank 0 not ended within ``stop_wait``). Relayed to a rank 0 that
+    stopped by itself, it is that rank's exit status instead: ``spawn`` returns after status 0 (a server
+    that drained its requests) and raises RankExited with rank 0's status otherwise (130 / 143: rank 0
+    said so)."""
     with tempfile.NamedTemporaryFile(prefix="nonstop-reports-") as reports:
         env = {REPORTS_ENV: reports.name, **(env or {})}
         launch = _Launch(grace, stop_wait, relay)
@@ -273,11 +286,13 @@ class _Launch:
         codes = [c if c is not None else p.exitcode for c, p in zip(self.codes, self.procs)]
         if self.failed is not None and not self.forced:
             raise RankExited(self.failed, codes[self.failed], self._message(self.failed), codes)
-        if self.signal is not None and (self.forced or self.codes[0] in (None, 0)):
-            if not self.forced and self.codes[0] is None:
-                name = signal.Signals(self.signal).name
-                print(f"nonstop: rank 0 did not stop within {self.stop_wait:g} s of {name}", file=sys.stderr)
-            raise KeyboardInterrupt if self.signal == signal.SIGINT else Terminated
+        if self.signal is not None:
+            if self.forced or self.codes[0] is None:
+                if not self.forced:
+                    name = signal.Signals(self.signal).name
+                    print(f"nonstop: rank 0 did not stop within {self.stop_wait:g} s of {name}", file=sys.stderr)
+                raise KeyboardInterrupt if self.signal == signal.SIGINT else Terminated
+            return  # rank 0 stopped as it does alone, with status 0 (a server drained); a status of its own raised
         if None in self.codes and self.relay and self.codes[0] == 0:
             late = self.codes.index(None)
             raise RankExited(late, None, f"rank {late} did not end within {self.stop_wait:g} s of rank 0", codes)
