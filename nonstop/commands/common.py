@@ -30,10 +30,11 @@ def add_model_args(p: argparse.ArgumentParser, backend: bool = True, text: bool 
             "--backend",
             default="auto",
             choices=["auto", "reference", "superop", "megakernel", "cpu", "cpu-bf16", "cpu-int8"],
-            help="executor: auto (cpu on a CPU, reference elsewhere), reference (plain torch, the oracle), superop "
+            help="executor: auto (cpu on a CPU, reference elsewhere and under --tp/--ep/--world), reference (plain "
+            "torch, the oracle), superop "
             "(Triton super-operators), megakernel (one persistent kernel), cpu (the step compiled for CPUs; the "
             "first use of a step shape compiles, cached under ~/.cache/nonstop), cpu-bf16 / cpu-int8 (the same "
-            "with 16-bit / 8-bit weight-only quantised weights)",
+            "with 16-bit / 8-bit weight-only quantised weights); a multi-rank layout runs reference or superop",
         )
     p.add_argument(
         "--tokenizer",

@@ -138,11 +138,29 @@ def check_before_start(args, layout, slots: int = 1) -> None:
         from nonstop.weights.loader import resolve_checkpoint
 
         resolve_checkpoint(cfg, model_dir)
+    if ranks is not None:
+        _check_rank0_options(args, cfg, model_dir)
     if args.preflight and ranks is not None and check_device(args.device).type == "cpu":
         from nonstop.engine.layout_preflight import check_host_memory
         from nonstop.weights.resolve import parse_dtype
 
         check_host_memory(args.model, cfg, layout, ranks, parse_dtype(args.dtype, args.device), slots)
+
+
+def _check_rank0_options(args, cfg, model_dir) -> None:
+    """What rank 0 refuses before it loads, refused here once instead, before any rank starts: the
+    speculative options (and a DSpark drafter's files), the tokenizer and its chat template (a missing
+    --chat-template file). Rank 0 refusing them later left the other ranks to report its end as a failure."""
+    from nonstop.commands.common import spec_from_args
+    from nonstop.engine.speculative.config import SpeculativeConfig, drafter_dir
+    from nonstop.engine.tokenizer import Tokenizer
+
+    if hasattr(args, "speculative"):
+        spec = SpeculativeConfig.parse(spec_from_args(args))
+        if spec is not None and spec.method == "dspark":
+            drafter_dir(spec, model_dir)
+    if hasattr(args, "tokenizer"):
+        Tokenizer.load(model_dir, cfg.vocab_size, args.tokenizer, getattr(args, "chat_template", None))
 
 
 def host_ranks(layout) -> range | None:
@@ -233,7 +251,7 @@ def follow_rank(args, comm, slots: int = 1) -> int:
     import sys
 
     from nonstop.dist.comm import RankFailure, shutdown
-    from nonstop.dist.launch import mark_stopping, stopping
+    from nonstop.dist.launch import error_reported, mark_stopping, stopping
     from nonstop.engine.distributed import build_worker, follow
     from nonstop.engine.layout_preflight import check_rank_memory
     from nonstop.weights.resolve import parse_dtype, resolve_model
@@ -262,7 +280,8 @@ def follow_rank(args, comm, slots: int = 1) -> int:
     except RankFailure as exc:
         if stopping():
             return 0
-        print(f"nonstop: error: {exc}", file=sys.stderr)
+        if not error_reported():  # else rank 0 has said why it ended (a refused option, a missing file)
+            print(f"nonstop: error: {exc}", file=sys.stderr)
         return 3
     finally:
         shutdown()

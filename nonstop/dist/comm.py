@@ -124,10 +124,11 @@ class Comm:
         return _Guarded(work, self, what) if async_op else None
 
     # ------------------------------------------------------------------ the control channel (gloo, CPU)
-    def broadcast_object(self, obj=None):
-        """``obj`` from rank 0 to every rank (pickled)."""
+    def broadcast_object(self, obj=None, what: str | None = None):
+        """``obj`` from rank 0 to every rank (pickled); ``what`` names it in a failure (default: a step)."""
         box = [obj]
-        with self.guard("receiving the next step from rank 0" if self.rank else "sending the step to the other ranks"):
+        what = what or ("receiving the next step from rank 0" if self.rank else "sending the step to the other ranks")
+        with self.guard(what):
             dist.broadcast_object_list(box, src=0, group=self.control)
         if self.rank == 0 and getattr(obj, "kind", None) == "step":
             self.count("broadcast", (self.layout.world - 1) * len(pickle.dumps(obj)))

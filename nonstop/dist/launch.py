@@ -135,6 +135,17 @@ def first_report(line: str) -> bool:
         return True
 
 
+def error_reported() -> bool:
+    """In a rank of a launch: whether a rank of it has printed an error (``first_report``); a rank failing
+    after that (its connection to the rank that ended closed) meets a consequence, not a cause. False
+    outside a launch."""
+    path = os.environ.get(REPORTS_ENV)
+    try:
+        return bool(path) and os.path.getsize(path) > 0
+    except OSError:
+        return False
+
+
 def _entry(index: int, fn, world: int, port: int, threads: int, env: dict, args: tuple, launcher: int, relay: bool):
     die_with_parent(launcher)
     try:

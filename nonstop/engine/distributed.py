@@ -263,6 +263,8 @@ class ClusterExecutor(Executor):
     def _send(self, msg: StepMessage) -> None:
         if self.failed:
             raise RankFailure(self.failed)
+        if self.closed and msg.kind != "stop":  # the other ranks have stopped: no rank failed
+            raise RuntimeError("this engine is closed: close() told the other ranks to stop (make a new one)")
         self.comm.broadcast_object(msg)
         self._last_sent = time.monotonic()
 
@@ -407,8 +409,9 @@ def build_worker(
     exchange: str = "auto",
     graphs="auto",
 ) -> RankWorker:
-    """Load this rank's part of the model (sharded reads; random weights for a preset) and its executor
-    (``exchange``: the MoE exchange mode, auto | static | dynamic; ``graphs``: CUDA-graph capture)."""
+    """Load this rank's part of the model (sharded reads; random weights for a preset, drawn with rank 0's
+    ``seed``: every rank calls this, and a rank's own seed is not used) and its executor (``exchange``: the MoE
+    exchange mode, auto | static | dynamic; ``graphs``: CUDA-graph capture)."""
     from nonstop.dist.load import load_rank_state, random_rank_state
     from nonstop.dist.model import build_rank_model
     from nonstop.runtime.distributed import check_backend, check_exchange
@@ -416,6 +419,8 @@ def build_worker(
     layout, rank, device = comm.layout, comm.rank, comm.device
     check_backend(backend, device, layout.world)
     check_exchange(exchange)
+    if model_dir is None and layout.world > 1:  # a follower given another seed drew other weights, silently
+        seed = comm.broadcast_object(seed, "agreeing on the random weights' seed" + (" with rank 0" if rank else ""))
 
     def source(layout: Layout, only=None, progress=None) -> dict[str, torch.Tensor]:
         if model_dir is None:

@@ -19,9 +19,8 @@ import torch
 
 from nonstop.dist.comm import Comm
 from nonstop.engine.distributed import ClusterExecutor, build_worker
-from nonstop.engine.inputs import check_max_batch, check_prefill_chunk
 from nonstop.engine.layout_preflight import check_rank_memory
-from nonstop.engine.llm import LLM
+from nonstop.engine.llm import LLM, checked_arguments
 from nonstop.engine.speculative.config import SpeculativeConfig, drafter_dir, make_drafter
 from nonstop.weights.resolve import check_device
 
@@ -84,8 +83,9 @@ class DistributedLLM(LLM):
             raise ValueError(
                 f"DistributedLLM runs on rank 0; rank {comm.rank} follows (nonstop.engine.distributed.follow)"
             )
-        max_batch = check_max_batch(max_batch)
-        prefill_chunk = check_prefill_chunk(prefill_chunk)
+        max_batch, prefill_chunk, batch_invariant, generation_config, preflight, progress = checked_arguments(
+            max_batch, prefill_chunk, seed, batch_invariant, generation_config, preflight, progress
+        )
         check_device(device)
         self.device = comm.device
         self._resolve(model, dtype, device, tokenizer, chat_template, generation_config)

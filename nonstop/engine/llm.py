@@ -29,6 +29,18 @@ from nonstop.runtime import make_executor, resolve_backend
 from nonstop.weights.resolve import DEFAULT_MODEL, check_device, parse_dtype, resolve_model
 
 
+def checked_arguments(max_batch, prefill_chunk, seed, batch_invariant, generation_config, preflight, progress):
+    """The constructor arguments an ``LLM`` (or a ``DistributedLLM``) takes as given, checked: a count in range,
+    a seed that is an int, flags that are bools (``batch_invariant="no"`` would otherwise switch it on).
+    Returns (max_batch, prefill_chunk, batch_invariant, generation_config, preflight, progress)."""
+    if not isinstance(seed, int) or isinstance(seed, bool):
+        raise TypeError(f"seed must be an integer, got {type(seed).__name__} {seed!r}")
+    flags = {"batch_invariant": batch_invariant, "generation_config": generation_config}
+    flags.update(preflight=preflight, progress=progress)
+    counts = (check_max_batch(max_batch), check_prefill_chunk(prefill_chunk))
+    return (*counts, *(check_flag(value, name) for name, value in flags.items()))
+
+
 class LLM:
     """A loaded model ready to generate.
 
@@ -76,13 +88,9 @@ class LLM:
     ):
         from nonstop.model.build import load_model, random_model
 
-        max_batch = check_max_batch(max_batch)
-        prefill_chunk = check_prefill_chunk(prefill_chunk)
-        batch_invariant = check_flag(batch_invariant, "batch_invariant")
-        generation_config = check_flag(generation_config, "generation_config")
-        preflight, progress = check_flag(preflight, "preflight"), check_flag(progress, "progress")
-        if not isinstance(seed, int) or isinstance(seed, bool):
-            raise TypeError(f"seed must be an integer, got {type(seed).__name__} {seed!r}")
+        max_batch, prefill_chunk, batch_invariant, generation_config, preflight, progress = checked_arguments(
+            max_batch, prefill_chunk, seed, batch_invariant, generation_config, preflight, progress
+        )
         self.device = check_device(device)
         self._resolve(model, dtype, device, tokenizer, chat_template, generation_config)
         self.speculative_config = SpeculativeConfig.parse(speculative)  # a bad option fails before the weights load

@@ -43,6 +43,7 @@ from nonstop.model.rows import is_row_exact
 from nonstop.program.reference import REFERENCE
 from nonstop.program.taps import read_taps
 from nonstop.runtime.cuda_graph import fit_pools, graphs_wanted, module_containers, new_pool, storage_signature
+from nonstop.runtime.executors import BACKENDS as SINGLE_PROCESS_BACKENDS
 from nonstop.runtime.executors import triton_interpreter
 from nonstop.runtime.launch_count import LaunchCounter
 from nonstop.runtime.superop import StaticStep
@@ -64,6 +65,11 @@ def check_backend(backend: str, device: torch.device, world: int) -> None:
         raise ValueError(
             "backend 'megakernel' runs the whole step in one kernel on one device; under a multi-rank layout "
             f"({world} ranks) use --backend reference or superop"
+        )
+    if backend in SINGLE_PROCESS_BACKENDS and backend not in BACKENDS:  # the step compiled for a CPU
+        raise ValueError(
+            f"backend {backend!r} runs the whole model in a single process; under a multi-rank layout "
+            f"({world} ranks) use --backend {' or '.join(BACKENDS)}"
         )
     if backend not in BACKENDS:
         raise ValueError(f"unknown backend {backend!r}; under a multi-rank layout choose one of: {', '.join(BACKENDS)}")

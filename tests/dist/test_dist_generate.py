@@ -75,6 +75,7 @@ def _close(a, b, what: str) -> None:
 
 def _check(results: dict) -> None:
     for name, r in results.items():
+        assert r["after_close"] and r["after_close"].startswith("RuntimeError: this engine is closed"), name
         for i, (ref, got) in enumerate(zip(r["ref"], r["got"])):
             assert got["token_ids"] == ref["token_ids"], f"{name} prompt {i}"
             _close(ref["logprobs"], got["logprobs"], f"{name} prompt {i} logprobs")

@@ -218,3 +218,18 @@ def test_a_stop_signal_while_the_launcher_starts_the_ranks_is_not_lost(tmp_path,
     assert "Traceback" not in err and "KeyboardInterrupt" not in err, err
     assert _said(err) == [f"nonstop: {word}"], err  # rank 0's, told by the launcher once it knew the ranks
     assert seconds < 30, f"the launch ended {seconds:.1f} s after it started"
+
+
+def test_a_rank_knows_when_another_has_reported_an_error(tmp_path, monkeypatch):
+    """A follower whose connection to rank 0 closed after rank 0 printed why it ended (an error it met
+    once loaded) stays quiet: it printed a second, wrong line ("receiving the next step failed")."""
+    from nonstop.dist.launch import REPORTS_ENV, error_reported, first_report
+
+    monkeypatch.delenv(REPORTS_ENV, raising=False)
+    assert not error_reported()  # outside a launch
+    reports = tmp_path / "reports"
+    reports.write_text("")
+    monkeypatch.setenv(REPORTS_ENV, str(reports))
+    assert not error_reported()
+    assert first_report("ValueError: speculative num_tokens must be an integer in 0..15")
+    assert error_reported()

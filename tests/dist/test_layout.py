@@ -159,3 +159,40 @@ def test_megakernel_is_refused_under_a_layout():
 
     with pytest.raises(ValueError, match="megakernel.*one device.*4 ranks.*reference or superop"):
         check_backend("megakernel", torch.device("cpu"), 4)
+
+
+@pytest.mark.parametrize("backend", ["cpu", "cpu-bf16", "cpu-int8"])
+def test_a_single_process_backend_is_named_as_such_under_a_layout(backend):
+    """It was "unknown backend 'cpu'", though --help lists it."""
+    from nonstop.runtime.distributed import check_backend
+
+    with pytest.raises(ValueError, match=f"backend '{backend}' runs the whole model in a single process.*2 ranks"):
+        check_backend(backend, torch.device("cpu"), 2)
+
+
+class _Drawn(Exception):
+    pass
+
+
+def test_every_rank_draws_random_weights_with_rank_0s_seed(monkeypatch):
+    """A follower built with its own seed (the documented recipe leaves it at 0) drew other weights than rank 0
+    (DistributedLLM(seed=5)) for a preset, silently; build_worker now takes rank 0's seed on every rank."""
+    from types import SimpleNamespace
+
+    import nonstop.dist.load as load
+    from nonstop.engine.distributed import build_worker
+
+    told = []
+
+    def from_rank_0(obj, what=None):
+        told.append((obj, what))
+        return 5
+
+    def drawn(cfg, layout, rank, dtype, device, seed, only=None):
+        raise _Drawn(seed)
+
+    monkeypatch.setattr(load, "random_rank_state", drawn)
+    comm = SimpleNamespace(layout=Layout.make(1, 2), rank=1, device=torch.device("cpu"), broadcast_object=from_rank_0)
+    with pytest.raises(_Drawn) as drew:
+        build_worker(comm, KIMI_K3, None, torch.float32, seed=0)
+    assert drew.value.args == (5,) and told == [(0, "agreeing on the random weights' seed with rank 0")]

@@ -102,8 +102,14 @@ def run_scenarios(out_dir: str, scenarios: list[dict]) -> None:
                         ref = ref + ref
                 finally:
                     llm.close()
+                try:  # a closed engine says so (it was a RankFailure naming a dead rank)
+                    llm.generate(prompt_token_ids=sc["prompts"][:1], sampling=_params(sc))
+                    after_close = None
+                except Exception as exc:  # noqa: BLE001 - recorded for the test
+                    after_close = f"{type(exc).__name__}: {exc}"
+                result = {"ref": ref, "got": got, "seconds": time.perf_counter() - t0, "stats": stats}
                 with open(Path(out_dir) / f"{sc['name']}.pkl", "wb") as fh:
-                    pickle.dump({"ref": ref, "got": got, "seconds": time.perf_counter() - t0, "stats": stats}, fh)
+                    pickle.dump({**result, "after_close": after_close}, fh)
             else:
                 cfg, model_dir = resolve_model(sc["model"])
                 backend = sc.get("backend", "reference")

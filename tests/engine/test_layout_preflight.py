@@ -165,3 +165,17 @@ def test_distributed_llm_checks_its_options_before_it_loads(monkeypatch, options
         distributed_llm.DistributedLLM("k3-nano", dtype="float32", comm=comm, preflight=False, **options)
     with pytest.raises(Loading):
         distributed_llm.DistributedLLM("k3-nano", dtype="float32", comm=comm, preflight=False)
+
+
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["generate", "--ep", "2", "--speculative", "ngram", "--num-draft-tokens", "99", "Hi"], "num_tokens must be"),
+        (["serve", "--ep", "2", "--chat-template", "/nonexistent.jinja"], "chat template /nonexistent.jinja"),
+    ],
+)
+def test_what_rank_0_would_refuse_is_refused_before_any_rank_starts(monkeypatch, argv, message):
+    """Rank 0 refused them once loaded, and rank 1 then reported rank 0's end as a second, wrong error."""
+    monkeypatch.delenv("RANK", raising=False)
+    with pytest.raises(ValueError, match=message):
+        _check(argv)

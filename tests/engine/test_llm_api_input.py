@@ -319,6 +319,18 @@ def test_flags_must_be_booleans(option):
         LLM("k3-nano", backend="reference", **{option: "no"})
 
 
+@pytest.mark.parametrize("option, value", [("batch_invariant", "no"), ("preflight", "yes"), ("seed", "x")])
+def test_distributed_llm_checks_its_arguments_as_llm_does(option, value):
+    """DistributedLLM took batch_invariant="no" as True, and a seed or flag of any type, where LLM refuses them;
+    they are refused before its communicator is used (a stand-in for rank 0's here)."""
+    from types import SimpleNamespace
+
+    from nonstop.engine.distributed_llm import DistributedLLM
+
+    with pytest.raises(TypeError, match=f"{option} must be"):
+        DistributedLLM("k3-nano", comm=SimpleNamespace(rank=0), **{option: value})
+
+
 def test_seed_must_be_an_integer():
     with pytest.raises(TypeError, match="seed must be an integer, got str 'x'"):
         LLM("kimi-k3", seed="x")  # refused before anything is built
