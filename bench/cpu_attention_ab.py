@@ -21,6 +21,8 @@ import statistics
 import sys
 from pathlib import Path
 
+from script_args import add_out_arg, positive_int, run, thread_count
+
 ROOT = Path(__file__).resolve().parent.parent
 BACKENDS = {"float32": "cpu", "bfloat16": "cpu-bf16", "int8": "cpu-int8"}
 HELD_OUT = {"hidden": 768, "layers": 12, "intermediate": 2048, "heads": 12, "kv_heads": 4, "vocab": 24576}
@@ -29,12 +31,17 @@ HELD_OUT = {"hidden": 768, "layers": 12, "intermediate": 2048, "heads": 12, "kv_
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--checkpoint", default=None, help="a Llama checkpoint (default: cpu_peers' held-out shape)")
-    ap.add_argument("--weights", default="int8", choices=["float32", "bfloat16", "int8"])
-    ap.add_argument("--contexts", type=int, nargs="+", default=[32, 1000], help="prompt lengths")
-    ap.add_argument("--tokens", type=int, default=64, help="new tokens per timed generation")
-    ap.add_argument("--pairs", type=int, default=8)
-    ap.add_argument("--threads", type=int, default=None, help="torch threads (default: the executor's choice)")
-    ap.add_argument("--out", default=str(Path(__file__).resolve().parent / "results" / "cpu_attention_ab.json"))
+    ap.add_argument(
+        "--weights",
+        default="int8",
+        choices=["float32", "bfloat16", "int8"],
+        help="weight format of both sides (the cpu, cpu-bf16, cpu-int8 backends; default int8)",
+    )
+    ap.add_argument("--contexts", type=positive_int, nargs="+", default=[32, 1000], help="prompt lengths")
+    ap.add_argument("--tokens", type=positive_int, default=64, help="new tokens per timed generation")
+    ap.add_argument("--pairs", type=positive_int, default=8, help="A/B pairs per context (default 8)")
+    ap.add_argument("--threads", type=thread_count, default=None, help="torch threads (default: the executor's choice)")
+    add_out_arg(ap, "cpu_attention_ab.json")
     args = ap.parse_args()
     sys.path.insert(0, str(ROOT))
     sys.path.insert(0, str(ROOT / "bench"))
@@ -46,6 +53,9 @@ def main() -> None:
     from nonstop.program.lower import lower
     from nonstop.runtime.cpu.ops import CPU_KERNEL_OPS, CPU_OPS
     from nonstop.runtime.cpu.pack import packed_bytes
+    from nonstop.threads import set_threads
+
+    set_threads(args.threads)  # before the executors, which keep an explicit choice
 
     if args.checkpoint is None:
         from cpu_peers import default_checkpoint, make_llama_checkpoint
@@ -61,8 +71,6 @@ def main() -> None:
             sys.exit(f"the C++ kernels are unavailable here: {llm.executor.stats['kernels']}")
         llm.executor.table = table  # before the first step: each executor compiles its own step
         sides[side] = llm
-    if args.threads:
-        torch.set_num_threads(args.threads)
     cfg = sides["kernel"].cfg
     weight_bytes = int(packed_bytes(lower(sides["kernel"].model), args.weights))  # linear weights, read once a token
     kv_per_token = 2 * cfg.num_hidden_layers * cfg.gqa.num_kv_heads * cfg.gqa.head_dim * 4
@@ -122,4 +130,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    run(main)

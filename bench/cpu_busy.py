@@ -23,6 +23,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+from script_args import MODEL_HELP, add_out_arg, positive_int, run
+
 ROOT = Path(__file__).resolve().parent.parent
 
 WORKER = """
@@ -57,15 +59,19 @@ def run_worker(model: str, tokens: int, runs: int, threads: int | None) -> dict:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--model", default="k3-nano")
-    ap.add_argument("--competitors", type=int, default=1, help="busy processes running beside the decode")
-    ap.add_argument("--rounds", type=int, default=3)
-    ap.add_argument("--runs", type=int, default=3, help="timed generations per worker")
-    ap.add_argument("--tokens", type=int, default=64)
-    ap.add_argument("--out", default=str(Path(__file__).resolve().parent / "results" / "cpu_busy.json"))
+    ap.add_argument("--model", default="k3-nano", help=MODEL_HELP)
+    ap.add_argument(
+        "--competitors", type=positive_int, default=1, help="busy processes running beside the decode (default 1)"
+    )
+    ap.add_argument(
+        "--rounds", type=positive_int, default=3, help="rounds of every configuration beside the busy ones (default 3)"
+    )
+    ap.add_argument("--runs", type=positive_int, default=3, help="timed generations per worker (default 3)")
+    ap.add_argument("--tokens", type=int, default=64, help="new tokens per timed generation, >= 2 (default 64)")
+    add_out_arg(ap, "cpu_busy.json")
     args = ap.parse_args()
-    if args.competitors < 1 or args.rounds < 1 or args.runs < 1 or args.tokens < 2:
-        ap.error("--competitors, --rounds and --runs must be >= 1, --tokens >= 2")
+    if args.tokens < 2:
+        ap.error("--tokens must be >= 2")
     sys.path.insert(0, str(ROOT))
     import torch
 
@@ -74,11 +80,11 @@ def main() -> None:
     from nonstop.threads import physical_cores
     from nonstop.weights.resolve import resolve_model
 
+    cfg = resolve_model(args.model)[0]  # before anything is measured: a model that does not resolve is one line
     cores = physical_cores()
     configs = {"default": None, "all cores": cores, "one thread": 1}
     torch.set_num_threads(cores)
     copy = copy_bandwidth()["copy_GBps"]
-    cfg = resolve_model(args.model)[0]
     floor = decode_floor(model_footprint(cfg, torch.float32).bytes_per_token, copy)
     rows: dict[str, dict] = {name: {"quiet": [], "busy": [], "threads": {}} for name in configs}
     for name, threads in configs.items():
@@ -143,4 +149,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    run(main)

@@ -3,7 +3,8 @@
 Both run in this process, batch 1, the same dtype and thread count, greedy, on a random-weight
 checkpoint written by ``nonstop synth`` (default: a kimi_linear model with hidden 512, 8 layers,
 16 experts). Decode tokens/s = (N - 1) / (time(N new tokens) - time(1 new token)), so prefill and the
-first token are excluded for both; median of --repeats runs. Writes JSON to bench/results/.
+first token are excluded for both; median of --repeats runs (a line per run on stderr). Writes JSON to
+bench/results/.
 
     python bench/cpu_decode.py [--tokens 128] [--threads 2] [--repeats 3]
 """
@@ -23,6 +24,9 @@ for _name in ("fla", "causal_conv1d"):  # keep transformers' kimi_linear on its 
     sys.modules[_name] = None
 
 import torch  # noqa: E402
+from script_args import add_out_arg, positive_int, run, thread_count  # noqa: E402
+
+from nonstop.threads import set_threads  # noqa: E402
 
 KIMI_LINEAR_512 = {
     "model_type": "kimi_linear",
@@ -67,17 +71,23 @@ MIN_TOKENS = 16  # decode steps a timed run needs before its difference with the
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--tokens", type=int, default=128, help="new tokens per timed generation")
-    ap.add_argument("--prompt-len", type=int, default=32)
-    ap.add_argument("--threads", type=int, default=2)
-    ap.add_argument("--repeats", type=int, default=3)
-    ap.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
-    ap.add_argument("--out", default=str(Path(__file__).resolve().parent / "results" / "cpu_decode.json"))
+    ap.add_argument(
+        "--tokens", type=int, default=128, help=f"new tokens per timed generation, >= {MIN_TOKENS} (default 128)"
+    )
+    ap.add_argument("--prompt-len", type=positive_int, default=32, help="prompt tokens (random ids; default 32)")
+    ap.add_argument("--threads", type=thread_count, default=2, help="torch threads of both engines (default 2)")
+    ap.add_argument(
+        "--repeats", type=positive_int, default=3, help="timed runs per engine; the median counts (default 3)"
+    )
+    ap.add_argument(
+        "--dtype", default="float32", choices=["float32", "bfloat16"], help="weights and compute (default float32)"
+    )
+    add_out_arg(ap, "cpu_decode.json")
     args = ap.parse_args()
-    if args.tokens < MIN_TOKENS or args.repeats < 1:
+    if args.tokens < MIN_TOKENS:
         # decode speed is the difference of two runs: a few steps drown in the noise (3 tokens gave -478 tok/s)
-        ap.error(f"--tokens must be >= {MIN_TOKENS} and --repeats >= 1")
-    torch.set_num_threads(args.threads)
+        ap.error(f"--tokens must be >= {MIN_TOKENS}")
+    set_threads(args.threads)
     dtype = getattr(torch, args.dtype)
 
     import transformers
@@ -89,7 +99,9 @@ def main() -> None:
     from nonstop.weights.synth import write_checkpoint
 
     cfg = ModelConfig.from_hf_dict(KIMI_LINEAR_512)
+    say = partial(print, file=sys.stderr, flush=True)
     with tempfile.TemporaryDirectory() as tmp:
+        say(f"writing a random {cfg.family} checkpoint and loading it in both engines ...")
         path = write_checkpoint(cfg, Path(tmp) / "m", seed=0, dtype=dtype)
         llm = LLM(path, dtype=args.dtype, backend="reference")  # the row is labelled nonstop_reference
         ref = transformers.AutoModelForCausalLM.from_pretrained(
@@ -111,14 +123,17 @@ def main() -> None:
                 )
             return out[0, len(prompt) :].tolist()
 
+        say(f"greedy check: {args.tokens} tokens from each engine ...")
         same = ours(args.tokens) == theirs(args.tokens)
+        say(f"greedy outputs identical: {same}")
         rows = {}
         for name, generate in (("nonstop_reference", ours), ("transformers_generate", theirs)):
             rates = []
-            for _ in range(args.repeats):
+            for r in range(args.repeats):
                 t1 = timed(partial(generate, 1))
                 tn = timed(partial(generate, args.tokens))
                 rates.append((args.tokens - 1) / (tn - t1))
+                say(f"{name} run {r + 1}/{args.repeats}: {rates[-1]:.1f} decode tok/s")
             rows[name] = {"decode_tokens_per_s": statistics.median(rates), "runs": rates}
     fp = model_footprint(cfg, dtype)
     floor = decode_floor(fp.bytes_per_token, copy_bandwidth()["copy_GBps"])
@@ -163,4 +178,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    run(main)

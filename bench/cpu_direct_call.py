@@ -24,15 +24,16 @@ import time
 from pathlib import Path
 
 import torch
+from script_args import MODEL_HELP, add_out_arg, positive_int, run, thread_count
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--model", default="k3-nano")
-    ap.add_argument("--threads", type=int, default=None, help="torch threads (default: the executor's choice)")
-    ap.add_argument("--rounds", type=int, default=40)
-    ap.add_argument("--calls", type=int, default=20, help="calls per timed block")
-    ap.add_argument("--out", default=str(Path(__file__).resolve().parent / "results" / "cpu_direct_call.json"))
+    ap.add_argument("--model", default="k3-nano", help=MODEL_HELP)
+    ap.add_argument("--threads", type=thread_count, default=None, help="torch threads (default: the executor's choice)")
+    ap.add_argument("--rounds", type=positive_int, default=40, help="timed rounds of every way (default 40)")
+    ap.add_argument("--calls", type=positive_int, default=20, help="calls per timed block (default 20)")
+    add_out_arg(ap, "cpu_direct_call.json")
     args = ap.parse_args()
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
@@ -40,11 +41,11 @@ def main() -> None:
     from nonstop.hostinfo import copy_bandwidth, decode_floor, write_result
     from nonstop.program.footprint import model_footprint
     from nonstop.runtime.cpu.cache_view import cache_tensors, step_pages
+    from nonstop.threads import set_threads
 
+    set_threads(args.threads)  # before the executor, which keeps an explicit choice
     llm = LLM(args.model, dtype="float32", backend="cpu")
     ex = llm.executor
-    if args.threads:
-        torch.set_num_threads(args.threads)
     if ex._direct is None:
         sys.exit("direct calls are off (NONSTOP_CPU_DIRECT=0): nothing to compare")
     seen = {}
@@ -106,4 +107,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    run(main)

@@ -25,6 +25,7 @@ from functools import partial
 from pathlib import Path
 
 import torch
+from script_args import add_out_arg, positive_float, positive_int, run, thread_count
 
 DEFAULT_SHAPES = "128x256,548x256,1024x256,256x768,6144x256,2048x2048,5632x2048,2048x5632"
 
@@ -57,25 +58,29 @@ def time_products(calls: list, reps: int) -> float:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--threads", type=thread_count, default=1, help="torch threads of every product (default 1)")
     ap.add_argument(
         "--working-set",
-        type=float,
+        type=positive_float,
         default=None,
         help="MB of fp32 weights cycled per shape (default: 96 MB or twice the last-level cache, the larger)",
     )
-    ap.add_argument("--reps", type=int, default=5)
+    ap.add_argument(
+        "--reps", type=positive_int, default=5, help="timed passes over the weights, after one warm-up (default 5)"
+    )
     ap.add_argument("--shapes", type=weight_shapes, default=DEFAULT_SHAPES, help="comma-separated NxK weight shapes")
-    ap.add_argument("--out", default=str(Path(__file__).resolve().parent / "results" / "cpu_gemv.json"))
+    add_out_arg(ap, "cpu_gemv.json")
     args = ap.parse_args()
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-    torch.set_num_threads(args.threads)
 
     from nonstop.hostinfo import copy_bandwidth, memory_sized_bytes, write_result
     from nonstop.runtime.cpu.kernels import load_kernels
     from nonstop.runtime.cpu.pack import bytes_per_weight, place_on_huge_pages
     from nonstop.runtime.cpu.packed import Bf16Weight, F32Weight, Int8Weight
+    from nonstop.threads import set_threads
     from nonstop.weights.quant import group_size
+
+    set_threads(args.threads)
 
     if args.working_set is None:
         args.working_set = memory_sized_bytes(96 << 20) / 1e6
@@ -130,4 +135,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    run(main)

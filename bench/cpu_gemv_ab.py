@@ -4,10 +4,12 @@ Both builds run in one process: the base revision's ``runtime/cpu/gemv.cpp`` (an
 under the op namespace ``nonstop_base``, this tree's kernels are the ordinary ``nonstop_cpu`` ones. For
 each weight shape [N, K] and each format (fp32, bf16, int8 with a scale per ``group_size(K)`` columns), a
 set of distinct weights larger than the last-level cache is cycled so every product reads its weight from
-memory, the two builds alternated rep by rep on the same packed weights and the same x [1, K]. Reported
-per format: GB/s of weight bytes read (best rep of each), the median of the per-rep time ratios
-(base / this tree, > 1: this tree faster), the largest relative difference of the two outputs (the
-builds must compute the same product), next to the copy bandwidth measured in the same run.
+memory, the two builds alternated rep by rep on the same packed weights and the same x [1, K] after one
+warm-up pass of each (base first on even reps, this tree first on odd ones: neither always runs second, on
+what the other left in the caches and clocks). Reported per format: GB/s of weight bytes read (best rep of
+each), the median of the per-rep time ratios (base / this tree, > 1: this tree faster), the largest relative
+difference of the two outputs (the builds must compute the same product), next to the copy bandwidth
+measured in the same run.
 
     python bench/cpu_gemv_ab.py --base HEAD [--threads 2] [--reps 9] [--shapes 1280x768,24576x768]
 """
@@ -27,6 +29,7 @@ from pathlib import Path
 
 import torch
 from cpu_gemv import weight_shapes  # bench/ is this script's folder, so on sys.path
+from script_args import add_out_arg, positive_float, positive_int, run, thread_count
 
 ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_SHAPES = "1280x768,768x768,2048x768,768x2048,24576x768,4099x1030"
@@ -60,20 +63,26 @@ def build_base(rev: str) -> None:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--base", required=True, help="git revision whose kernels are the baseline (e.g. HEAD, main~1)")
-    ap.add_argument("--threads", type=int, default=2)
-    ap.add_argument("--reps", type=int, default=9)
+    ap.add_argument("--threads", type=thread_count, default=2, help="torch threads of both builds (default 2)")
+    ap.add_argument(
+        "--reps", type=positive_int, default=9, help="timed passes of each build over the weights (default 9)"
+    )
     ap.add_argument("--shapes", type=weight_shapes, default=DEFAULT_SHAPES, help="comma-separated NxK weight shapes")
-    ap.add_argument("--working-set", type=float, default=None, help="MB of weights cycled (default: 96 or 2x LLC)")
-    ap.add_argument("--out", default=str(Path(__file__).resolve().parent / "results" / "cpu_gemv_ab.json"))
+    ap.add_argument(
+        "--working-set", type=positive_float, default=None, help="MB of weights cycled (default: 96 or 2x LLC)"
+    )
+    add_out_arg(ap, "cpu_gemv_ab.json")
     args = ap.parse_args()
     sys.path.insert(0, str(ROOT))
-    torch.set_num_threads(args.threads)
 
     from nonstop.hostinfo import copy_bandwidth, memory_sized_bytes, write_result
     from nonstop.runtime.cpu.kernels import load_kernels
     from nonstop.runtime.cpu.pack import bytes_per_weight, place_on_huge_pages
     from nonstop.runtime.cpu.packed import Bf16Weight, F32Weight, Int8Weight
+    from nonstop.threads import set_threads
     from nonstop.weights.quant import group_size
+
+    set_threads(args.threads)
 
     missing = load_kernels(progress=True)
     if missing:
@@ -109,9 +118,13 @@ def main() -> None:
             }
             outs = {side: f(x, *operands(weights[0]), N, False) for side, f in ops.items()}
             diff = ((outs["base"] - outs["this"]).abs().max() / outs["base"].abs().max()).item()
+            for f in ops.values():  # warm-up: one pass of each build over the weights
+                for p in weights:
+                    f(x, *operands(p), N, False)
             times = {"base": [], "this": []}
-            for _ in range(args.reps):
-                for side, f in ops.items():
+            for rep in range(args.reps):
+                for side in ("base", "this") if rep % 2 == 0 else ("this", "base"):
+                    f = ops[side]
                     t0 = time.perf_counter()
                     for p in weights:
                         f(x, *operands(p), N, False)
@@ -154,4 +167,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    run(main)

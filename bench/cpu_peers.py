@@ -395,18 +395,22 @@ def chart(result: dict, path: Path) -> None:
 
 
 def main() -> None:
+    from script_args import add_out_arg, positive_int, results_path, thread_count  # the driver's (see the file's end)
+
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--worker", help=argparse.SUPPRESS)
-    ap.add_argument("--tokens", type=int, default=64, help="new tokens per timed generation")
-    ap.add_argument("--prompt-len", type=int, default=32)
-    ap.add_argument("--rounds", type=int, default=3)
-    ap.add_argument("--threads", type=int, default=2)
-    ap.add_argument("--hidden", type=int, default=1024)
-    ap.add_argument("--layers", type=int, default=16)
-    ap.add_argument("--intermediate", type=int, default=2816)
-    ap.add_argument("--heads", type=int, default=16)
-    ap.add_argument("--kv-heads", type=int, default=4)
-    ap.add_argument("--vocab", type=int, default=32000)
+    ap.add_argument("--tokens", type=positive_int, default=64, help="new tokens per timed generation (default 64)")
+    ap.add_argument("--prompt-len", type=positive_int, default=32, help="prompt tokens (random ids; default 32)")
+    ap.add_argument(
+        "--rounds", type=positive_int, default=3, help="rounds of every system; its best counts (default 3)"
+    )
+    ap.add_argument("--threads", type=thread_count, default=2, help="threads of every system (default 2)")
+    shape = "of the Llama checkpoint (its shape; default ~245M parameters)"
+    ap.add_argument("--hidden", type=positive_int, default=1024, help=f"hidden size {shape}")
+    ap.add_argument("--layers", type=positive_int, default=16, help=f"layers {shape}")
+    ap.add_argument("--intermediate", type=positive_int, default=2816, help=f"MLP width {shape}")
+    ap.add_argument("--heads", type=positive_int, default=16, help=f"attention heads {shape}")
+    ap.add_argument("--kv-heads", type=positive_int, default=4, help=f"key/value heads {shape}")
+    ap.add_argument("--vocab", type=positive_int, default=32000, help=f"vocabulary {shape}")
     ap.add_argument(
         "--checkpoint",
         default=None,
@@ -438,20 +442,21 @@ def main() -> None:
     )
     ap.add_argument("--skip", default="", help="comma-separated systems to leave out (transformers, llama.cpp, vllm)")
     ap.add_argument("--no-compile-timing", action="store_true", help="skip the first-run / cached compile timing")
-    ap.add_argument("--out", default=str(Path(__file__).resolve().parent / "results" / "cpu_peers.json"))
-    ap.add_argument("--chart", default=str(Path(__file__).resolve().parent / "results" / "cpu_peers.png"))
+    add_out_arg(ap, "cpu_peers.json")
+    ap.add_argument(
+        "--chart", default=str(results_path("cpu_peers.png")), help="PNG chart (default bench/results/cpu_peers.png)"
+    )
     args = ap.parse_args()
-    if args.worker:
-        worker_main(json.loads(args.worker))
-        return
 
     import torch
 
-    torch.set_num_threads(args.threads)
     from nonstop.config import ModelConfig
-    from nonstop.hostinfo import copy_bandwidth, environment
+    from nonstop.hostinfo import command_line, copy_bandwidth, environment
     from nonstop.program.footprint import model_footprint
     from nonstop.runtime.cpu.pack import bytes_per_weight
+    from nonstop.threads import set_threads
+
+    set_threads(args.threads)
 
     load_start = os.getloadavg()
     skip = set(filter(None, args.skip.split(",")))
@@ -542,7 +547,7 @@ def main() -> None:
 
     result = {
         "benchmark": "cpu_peers",
-        "command": " ".join(sys.argv),
+        "command": command_line(),
         "threads": args.threads,
         "new_tokens": args.tokens,
         "prompt_len": args.prompt_len,
@@ -636,4 +641,9 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    if sys.argv[1:2] == ["--worker"]:  # a system's worker (Worker), run by that system's Python: it may have no torch
+        worker_main(json.loads(sys.argv[2]))
+    else:
+        from script_args import run
+
+        run(main)

@@ -22,6 +22,7 @@ import time
 from pathlib import Path
 
 import torch
+from script_args import MODEL_HELP, add_out_arg, positive_int, run
 
 ROOT = Path(__file__).resolve().parent.parent
 HELDOUT = ROOT / "nonstop" / "assets" / "heldout_sample.txt"
@@ -29,12 +30,16 @@ HELDOUT = ROOT / "nonstop" / "assets" / "heldout_sample.txt"
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--model", default="k3-nano")
-    ap.add_argument("--prompts", type=int, default=16)
-    ap.add_argument("--prompt-len", type=int, default=24)
-    ap.add_argument("--max-tokens", type=int, default=32)
-    ap.add_argument("--context", type=int, default=512)
-    ap.add_argument("--out", default=str(Path(__file__).resolve().parent / "results" / "cpu_quality.json"))
+    ap.add_argument("--model", default="k3-nano", help=MODEL_HELP)
+    ap.add_argument(
+        "--prompts", type=positive_int, default=16, help="held-out prompts of the greedy check (default 16)"
+    )
+    ap.add_argument("--prompt-len", type=positive_int, default=24, help="tokens of each prompt (default 24)")
+    ap.add_argument("--max-tokens", type=positive_int, default=32, help="greedy tokens per prompt (default 32)")
+    ap.add_argument(
+        "--context", type=positive_int, default=512, help="tokens per window of the perplexity (default 512)"
+    )
+    add_out_arg(ap, "cpu_quality.json")
     args = ap.parse_args()
 
     from nonstop import LLM, SamplingParams
@@ -96,4 +101,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    run(main)

@@ -60,6 +60,7 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 import torch  # noqa: E402
+from script_args import non_negative_float, non_negative_int, positive_int, thread_count  # noqa: E402
 
 from nonstop.cache.state import ModelCache  # noqa: E402
 from nonstop.config import ModelConfig  # noqa: E402
@@ -703,22 +704,6 @@ def write(report: dict, args) -> list[str]:
 # ----------------------------------------------------------------------------- main
 
 
-def at_least(low):
-    """An argparse type: a number (an int, or a float when ``low`` is one) no smaller than ``low``."""
-    kind = type(low)
-
-    def parse(text: str):
-        try:
-            value = kind(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"{text!r} is not {'an integer' if kind is int else 'a number'}") from None
-        if not value >= low:
-            raise argparse.ArgumentTypeError(f"{text} is below {low}")
-        return value
-
-    return parse
-
-
 def build_parser() -> argparse.ArgumentParser:
     """The command line's options (``parse_args`` then settles the defaults that depend on the device)."""
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -750,17 +735,22 @@ def build_parser() -> argparse.ArgumentParser:
     )
     ap.add_argument(
         "--context",
-        type=at_least(1),
+        type=positive_int,
         default=128,
         help="tokens in the cache before the timed steps (short context; default 128)",
     )
-    ap.add_argument("--long-context", type=at_least(0), default=0, help="also time at this context (e.g. 8192); 0: off")
-    ap.add_argument("--steps", type=at_least(1), default=300, help="timed steps per row (median; default 300, >= 200)")
     ap.add_argument(
-        "--warmup", type=at_least(0), default=30, help="untimed steps per row first (compiles, captures; default 30)"
+        "--long-context", type=non_negative_int, default=0, help="also time at this context (e.g. 8192); 0: off"
+    )
+    ap.add_argument("--steps", type=positive_int, default=300, help="timed steps per row (median; default 300, >= 200)")
+    ap.add_argument(
+        "--warmup",
+        type=non_negative_int,
+        default=30,
+        help="untimed steps per row first (compiles, captures; default 30)",
     )
     ap.add_argument(
-        "--check-steps", type=at_least(1), default=4, help="greedy steps of the correctness check (default 4)"
+        "--check-steps", type=positive_int, default=4, help="greedy steps of the correctness check (default 4)"
     )
     ap.add_argument(
         "--no-fp32-floor",
@@ -772,40 +762,40 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument(
         "--llama-layers",
         dest="llama_3_2_1b_layers",
-        type=at_least(1),
+        type=positive_int,
         default=None,
         help="layers of llama-3.2-1b to time (default: all 16)",
     )
     ap.add_argument(
         "--kimi-linear-layers",
         dest="kimi_linear_48b_a3b_layers",
-        type=at_least(1),
+        type=positive_int,
         default=None,
         help=f"layers of the kimi-linear-48b-a3b slice (default {SHAPES['kimi-linear-48b-a3b'][1]})",
     )
     ap.add_argument(
         "--k3-layers",
         dest="kimi_k3_slice_layers",
-        type=at_least(1),
+        type=positive_int,
         default=None,
         help=f"layers of the kimi-k3 slice (default {SHAPES['kimi-k3-slice'][1]}; 2-4 fit 80 GB)",
     )
     ap.add_argument("--no-extrapolate", dest="extrapolate", action="store_false", help="do not time the 1-layer slices")
     ap.add_argument(
-        "--copy-bytes", type=at_least(1), default=1 << 30, help="size of the bandwidth copy (default 1 GiB)"
+        "--copy-bytes", type=positive_int, default=1 << 30, help="size of the bandwidth copy (default 1 GiB)"
     )
     ap.add_argument(
         "--budget-s",
-        type=at_least(0.0),
+        type=non_negative_float,
         default=None,
         help="skip rows once this many seconds have passed minus --reserve-s "
         "(default on a GPU 540: one 10-minute call; else none)",
     )
     ap.add_argument(
-        "--reserve-s", type=at_least(0.0), default=45.0, help="seconds kept for a row still to start (default 45)"
+        "--reserve-s", type=non_negative_float, default=45.0, help="seconds kept for a row still to start (default 45)"
     )
     ap.add_argument(
-        "--threads", type=at_least(1), default=None, help="torch CPU threads (default: torch's; a --dry-run uses 1)"
+        "--threads", type=thread_count, default=None, help="torch CPU threads (default: torch's; a --dry-run uses 1)"
     )
     ap.add_argument(
         "--no-gpucheck",

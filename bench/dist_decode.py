@@ -14,9 +14,9 @@ decode step (token exchanges: dispatch + combine launches; and split-size exchan
 wire per token per rank (measured: the average rank's bytes sent during the timed steps / tokens;
 all-to-alls exactly, all-reduces as ring traffic) next to the cost model's prediction
 (``nonstop.dist.program.rank_step``, where B divides over the attention groups), and whether the greedy
-tokens equal the peer's. Also the single-device bandwidth floor (active bytes per token at a copy
-bandwidth measured in the same run). Results JSON (machine, versions, load average, command) go to
-bench/results/.
+tokens equal the peer's. Also the single-device bandwidth floor: the active bytes per token at the dtype the
+ranks load, at the copy bandwidth of their device measured in the same run (the host's memory on CPU, one GPU's
+with --device cuda). Results JSON (machine, versions, load average, command) go to bench/results/.
 
     python bench/dist_decode.py [--model k3-nano] [--worlds 2,4] [--batches 1,8] [--steps 24] [--device cpu]
 """
@@ -32,6 +32,9 @@ import time
 from pathlib import Path
 
 import torch
+from script_args import choice_list, int_list, non_negative_int, positive_float, positive_int, results_path, run
+
+from nonstop.dist.exchange import REQUESTS as EXCHANGES
 
 HELDOUT = Path(__file__).resolve().parent.parent / "nonstop" / "assets" / "heldout_sample.txt"
 
@@ -197,18 +200,27 @@ def single_process(model: str, batches: list[int], warmup: int, steps: int, devi
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--model", default="k3-nano")
-    ap.add_argument("--worlds", default="2,4", help="world sizes (comma-separated)")
-    ap.add_argument("--batches", default="1,8")
-    ap.add_argument("--steps", type=int, default=24, help="timed decode steps per row")
-    ap.add_argument("--warmup", type=int, default=4)
-    ap.add_argument("--chunks", type=int, default=2, help="pieces of the overlapped MoE exchange")
-    ap.add_argument("--device", default="cpu", help="cpu (gloo) or cuda (NCCL, one GPU per rank)")
     ap.add_argument(
-        "--exchanges", default="auto", help="MoE exchange modes to compare: auto, static, dynamic (comma-separated)"
+        "--model", default="k3-nano", help="a MoE checkpoint directory, bundled model or preset (default k3-nano)"
     )
-    ap.add_argument("--timeout", type=float, default=300.0, help="collective timeout, seconds")
-    ap.add_argument("--out", default=None, help="default: bench/results/dist_decode_<device>_<model>.json")
+    ap.add_argument(
+        "--worlds", type=int_list(2), default="2,4", help="world sizes, comma-separated, each >= 2 (default 2,4)"
+    )
+    ap.add_argument("--batches", type=int_list(1), default="1,8", help="batch sizes B, comma-separated (default 1,8)")
+    ap.add_argument("--steps", type=positive_int, default=24, help="timed decode steps per row (default 24)")
+    ap.add_argument("--warmup", type=non_negative_int, default=4, help="decode steps before the timed ones (default 4)")
+    ap.add_argument("--chunks", type=positive_int, default=2, help="pieces of the overlapped MoE exchange (default 2)")
+    ap.add_argument(
+        "--device", default="cpu", choices=["cpu", "cuda"], help="cpu (gloo) or cuda (NCCL, one GPU per rank)"
+    )
+    ap.add_argument(
+        "--exchanges",
+        type=choice_list(EXCHANGES),
+        default="auto",
+        help=f"MoE exchange modes to compare, comma-separated from {', '.join(EXCHANGES)} (default auto)",
+    )
+    ap.add_argument("--timeout", type=positive_float, default=300.0, help="collective timeout, seconds (default 300)")
+    ap.add_argument("--out", default=None, help="JSON path (default bench/results/dist_decode_<device>_<model>.json)")
     args = ap.parse_args()
 
     from nonstop.dist import Layout
@@ -216,15 +228,15 @@ def main() -> None:
     from nonstop.dist.program import engine_exchange, rank_step
     from nonstop.hostinfo import command_line, copy_bandwidth, cuda_missing, decode_floor, environment
     from nonstop.program.footprint import model_footprint
-    from nonstop.weights.resolve import resolve_model
+    from nonstop.weights.resolve import parse_dtype, resolve_model
 
-    missing = cuda_missing(args.device, max(int(w) for w in args.worlds.split(",")))
+    missing = cuda_missing(args.device, max(args.worlds))
     if missing:
         ap.error(missing)
 
     load_before = os.getloadavg()
-    batches = [int(b) for b in args.batches.split(",")]
-    cfg, _ = resolve_model(args.model)
+    batches = args.batches
+    cfg, _ = resolve_model(args.model)  # before anything runs: a model that does not resolve is one line
     peer, peer_threads = single_process(
         args.model, batches, args.warmup, args.steps, args.device, sorted({1, torch.get_num_threads()})
     )
@@ -235,11 +247,11 @@ def main() -> None:
     )
     modes = [
         (chunks, overlap, exchange)
-        for exchange in args.exchanges.split(",")
+        for exchange in args.exchanges
         for chunks, overlap in ((args.chunks, True), (1, False))
     ]
     rows = []
-    for world in [int(w) for w in args.worlds.split(",")]:
+    for world in args.worlds:
         layouts = [(1, world)] + ([(2, world)] if world > 2 and world % 2 == 0 else [])
         for tp, ep in layouts:
             layout = Layout.make(tp, ep)
@@ -291,11 +303,10 @@ def main() -> None:
                     file=sys.stderr,
                     flush=True,
                 )
-    dtype = "float32" if args.device == "cpu" else "bfloat16"
-    if args.device == "cpu":
-        floor = decode_floor(model_footprint(cfg, torch.float32).bytes_per_token, copy_bandwidth()["copy_GBps"])
-    else:
-        floor = None
+    weights = parse_dtype("auto", args.device)  # what the ranks and the peer load
+    dtype = str(weights).removeprefix("torch.")
+    copy = copy_bandwidth(args.device)["copy_GBps"]  # this host's memory, or one GPU's (the ranks have finished)
+    floor = {**decode_floor(model_footprint(cfg, weights).bytes_per_token, copy), "device": args.device}
     result = {
         "benchmark": "dist_decode",
         "command": command_line(),
@@ -322,7 +333,7 @@ def main() -> None:
         },
         "time": time.strftime("%Y-%m-%dT%H:%M:%S"),
     }
-    out = Path(args.out or f"bench/results/dist_decode_{args.device.split(':')[0]}_{Path(args.model).name}.json")
+    out = Path(args.out) if args.out else results_path(f"dist_decode_{args.device}_{Path(args.model).name}.json")
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(result, indent=2) + "\n")
     print(
@@ -342,13 +353,13 @@ def main() -> None:
             f"{r['greedy_identical_to_single_process']}"
         )
     print("single process: " + ", ".join(f"batch {B}: {v} tok/s" for B, v in result["single_process"].items()))
-    if floor:
-        print(
-            f"bandwidth floor (one device, batch 1): {floor['floor_tokens_per_s']:.0f} tok/s "
-            f"({floor['bytes_per_token'] / 1e6:.1f} MB/token at a measured {floor['copy_GBps']:.1f} GB/s copy)"
-        )
+    print(
+        f"bandwidth floor (one device, batch 1): {floor['floor_tokens_per_s']:.0f} tok/s "
+        f"({floor['bytes_per_token'] / 1e6:.1f} MB/token of {dtype} weights at a measured {floor['copy_GBps']:.1f} "
+        f"GB/s copy on {args.device})"
+    )
     print(f"wrote {out}")
 
 
 if __name__ == "__main__":
-    main()
+    run(main)

@@ -8,8 +8,10 @@ median over ``--trials`` of the mean time per call is fitted (least squares) to
 
     t(s) = latency + (W - 1) · s / bandwidth          (bytes a rank sends per call: (W - 1) · s)
 
-The peer figure is the same host's memory copy bandwidth (``nonstop.hostinfo.copy_bandwidth``), the floor
-of any loopback transfer. Results JSON (machine, versions, load average, command) go to bench/results/.
+The peer figure is the copy bandwidth (``nonstop.hostinfo.copy_bandwidth``) of the device the ranks use: on a CPU
+the host's memory copy, the floor of any loopback transfer between its ranks; with ``--device cuda`` one GPU's
+device memory copy, which says nothing of the link between GPUs (labelled so in the output and the JSON).
+Results JSON (machine, versions, load average, command) go to bench/results/.
 
     python bench/dist_link.py [--worlds 2,4] [--device cpu]
 """
@@ -25,7 +27,13 @@ import tempfile
 import time
 from pathlib import Path
 
+from script_args import int_list, positive_int, results_path, run
+
 SIZES = [0, 256, 4096, 65536, 262144, 1048576]  # bytes to each other rank
+PEER = {  # what the copy bandwidth measured beside the ranks is, per device type
+    "cpu": "host memory copy: the floor of any loopback transfer between ranks on this host",
+    "cuda": "one GPU's device memory copy, not the link between GPUs (no peer figure of the link here)",
+}
 
 
 def measure_rank(out_dir: str, world: int, device: str, reps: int, trials: int) -> None:
@@ -70,23 +78,29 @@ def fit(world: int, times: dict[int, float]) -> dict:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--worlds", default="2,4", help="world sizes (comma-separated)")
-    ap.add_argument("--device", default="cpu", help="cpu (gloo) or cuda (NCCL, one GPU per rank)")
-    ap.add_argument("--reps", type=int, default=50, help="calls per timed trial")
-    ap.add_argument("--trials", type=int, default=5)
-    ap.add_argument("--out", default=None, help="default: bench/results/dist_link_<device>.json")
+    ap.add_argument(
+        "--worlds", type=int_list(2), default="2,4", help="world sizes, comma-separated, each >= 2 (default 2,4)"
+    )
+    ap.add_argument(
+        "--device", default="cpu", choices=["cpu", "cuda"], help="cpu (gloo) or cuda (NCCL, one GPU per rank)"
+    )
+    ap.add_argument("--reps", type=positive_int, default=50, help="calls per timed trial (default 50)")
+    ap.add_argument(
+        "--trials", type=positive_int, default=5, help="timed trials per size, after one warm-up trial (default 5)"
+    )
+    ap.add_argument("--out", default=None, help="JSON path (default bench/results/dist_link_<device>.json)")
     args = ap.parse_args()
 
     from nonstop.dist.launch import spawn
     from nonstop.hostinfo import command_line, copy_bandwidth, cuda_missing, environment
 
-    missing = cuda_missing(args.device, max(int(w) for w in args.worlds.split(",")))
+    missing = cuda_missing(args.device, max(args.worlds))
     if missing:
         ap.error(missing)
 
     load_before = os.getloadavg()
     rows = []
-    for world in [int(w) for w in args.worlds.split(",")]:
+    for world in args.worlds:
         with tempfile.TemporaryDirectory() as tmp:
             spawn(measure_rank, world, (tmp, world, args.device, args.reps, args.trials), timeout=1800)
             every = json.loads((Path(tmp) / "result.json").read_text())
@@ -109,7 +123,7 @@ def main() -> None:
         "reps": args.reps,
         "trials": args.trials,
         "rows": rows,
-        "peer_copy_bandwidth": copy,
+        "peer_copy_bandwidth": {**copy, "what": PEER[args.device]},
         "notes": "all_to_all_single with equal splits, uint8; time per call = median over trials of the mean "
         "over reps, the slowest rank's; us per call keyed by bytes sent to each other rank; "
         "fit t = latency + (W-1)·s/bandwidth",
@@ -120,12 +134,12 @@ def main() -> None:
         },
         "time": time.strftime("%Y-%m-%dT%H:%M:%S"),
     }
-    out = Path(args.out or f"bench/results/dist_link_{args.device.split(':')[0]}.json")
+    out = Path(args.out) if args.out else results_path(f"dist_link_{args.device}.json")
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(result, indent=2) + "\n")
-    print(f"copy bandwidth (peer, same host): {copy['copy_GBps']:.1f} GB/s")
+    print(f"copy bandwidth (peer: {PEER[args.device]}): {copy['copy_GBps']:.1f} GB/s")
     print(f"wrote {out}")
 
 
 if __name__ == "__main__":
-    main()
+    run(main)

@@ -24,9 +24,11 @@ import time
 from pathlib import Path
 
 import torch
+from script_args import MODEL_HELP, add_out_arg, positive_int, run, thread_count
 
 from nonstop import LLM, SamplingParams
 from nonstop.hostinfo import command_line, environment
+from nonstop.threads import set_threads
 
 HELDOUT = Path(__file__).resolve().parent.parent / "nonstop" / "assets" / "heldout_sample.txt"
 CANDIDATES = {
@@ -67,15 +69,17 @@ def score(outs) -> dict:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--model", default="k3-nano")
-    ap.add_argument("--prompts", type=int, default=16)
-    ap.add_argument("--prompt-tokens", type=int, default=24)
-    ap.add_argument("--max-tokens", type=int, default=96)
-    ap.add_argument("--seeds", type=int, default=2)
-    ap.add_argument("--threads", type=int, default=2)
-    ap.add_argument("--out", default=str(Path(__file__).resolve().parent / "results" / "k3_nano_sampling.json"))
+    ap.add_argument("--model", default="k3-nano", help=MODEL_HELP)
+    ap.add_argument("--prompts", type=positive_int, default=16, help="held-out prompts (default 16)")
+    ap.add_argument("--prompt-tokens", type=positive_int, default=24, help="tokens of each prompt (default 24)")
+    ap.add_argument("--max-tokens", type=positive_int, default=96, help="tokens generated per prompt (default 96)")
+    ap.add_argument(
+        "--seeds", type=positive_int, default=2, help="sampling seeds per prompt (greedy runs once; default 2)"
+    )
+    ap.add_argument("--threads", type=thread_count, default=2, help="torch threads (default 2)")
+    add_out_arg(ap, "k3_nano_sampling.json")
     args = ap.parse_args()
-    torch.set_num_threads(args.threads)
+    set_threads(args.threads)  # an explicit choice: the cpu executor keeps it (torch.set_num_threads alone it resets)
     llm = LLM(args.model, dtype="float32", max_batch=args.prompts, generation_config=False)
     ps = prompts(llm, args.prompts, args.prompt_tokens)
     rows = {}
@@ -93,7 +97,8 @@ def main() -> None:
         "what": "k3-nano: distinct-n / loop share / mean NLL of completions of held-out prompts, "
         "per sampling configuration",
         "command": command_line(),
-        "machine": environment(),  # versions, CPU, torch threads (--threads) and the load average at the end
+        "threads": torch.get_num_threads(),  # --threads, as the runs used it
+        "machine": environment(),  # versions, CPU, torch threads and the load average at the end
         "prompts": len(ps),
         "prompt_tokens": args.prompt_tokens,
         "max_tokens": args.max_tokens,
@@ -106,4 +111,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    run(main)

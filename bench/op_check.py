@@ -31,10 +31,24 @@ for p in (ROOT, ROOT / "bench"):
     if str(p) not in sys.path:
         sys.path.insert(0, str(p))
 
+from script_args import choice_list, run  # noqa: E402
+
+
+def shape_list(text: str) -> list[str]:
+    """``--shapes``: comma-separated names of ``bench/decode.py``'s shapes."""
+    from decode import SHAPES
+
+    return choice_list(SHAPES)(text)
+
 
 def parse_args(argv=None):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--shapes", default="llama-3.2-1b,kimi-k3-slice", help="comma-separated bench/decode.py shapes")
+    ap.add_argument(
+        "--shapes",
+        type=shape_list,
+        default="llama-3.2-1b,kimi-k3-slice",
+        help="comma-separated bench/decode.py shapes (llama-3.2-1b, kimi-linear-48b-a3b, kimi-k3-slice)",
+    )
     ap.add_argument("--k3-layers", type=int, default=None, help="layers of the kimi-k3 slice (default 4)")
     ap.add_argument("--llama-layers", type=int, default=None, help="layers of llama-3.2-1b (default all)")
     ap.add_argument("--context", type=int, default=131, help="tokens prefilled before the step (default 131)")
@@ -155,7 +169,7 @@ def main(argv=None):
     dtype = torch.float32 if args.dry_run else torch.bfloat16
     out_dir = args.out_dir or os.environ.get("OUT")
     layers = {"llama-3.2-1b": args.llama_layers, "kimi-k3-slice": args.k3_layers}
-    for name in [s for s in args.shapes.split(",") if s]:
+    for name in args.shapes:
         cfg = shape_config(name, layers.get(name), args.dry_run)
         print(f"{name}: {cfg.num_hidden_layers} layers, context {args.context}", flush=True)
         report = {
@@ -186,4 +200,4 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
-    main()
+    run(main)

@@ -212,4 +212,6 @@ def main(argv=None) -> dict:
 
 
 if __name__ == "__main__":
-    main()
+    from script_args import run
+
+    run(main)

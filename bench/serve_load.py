@@ -4,9 +4,12 @@ Each client sends streaming requests back to back (different prompts) until the 
 still running at the deadline are cancelled (their tokens up to the deadline count for throughput,
 their latencies do not). Reported: output tokens/s over the window, completed requests/s, TTFT
 (send -> first token) and TPOT ((last - first token) / (tokens - 1), per request) percentiles,
-and errors by kind. Token counts come from the stream's usage chunk (``include_usage``). With ``--serve``
-the bandwidth floor of one stream (active fp32 weight bytes per token at the copy bandwidth measured in the
-same run) is reported beside the TPOT; there is no peer server here to measure against.
+and errors by kind (a line of progress on stderr every ~10 s of the load). Token counts come from the stream's
+usage chunk (``include_usage``). With ``--serve`` the bandwidth floor of one stream is reported beside the TPOT:
+the active weight bytes per token as the server stores them (its --dtype, --backend: cpu-bf16 / cpu-int8 count
+16 / 8-bit weights, --device) at the copy bandwidth of its device measured in the same run; a server given by
+--url, or one spread over ranks (--tp / --ep), has no floor here and the report says why. There is no peer
+server here to measure against.
 
     python bench/serve_load.py --serve "--model k3-nano --max-batch 16" --clients 8 --duration 60
     python bench/serve_load.py --url http://127.0.0.1:8000 --clients 16 --duration 30
@@ -29,14 +32,38 @@ import time
 from pathlib import Path
 
 import httpx
+from script_args import positive_float, positive_int, results_path, run, thread_count
 
 from nonstop.hostinfo import command_line, copy_bandwidth, decode_floor, environment
 
 ROOT = Path(__file__).resolve().parents[1]
 PROMPT_SOURCE = ROOT / "nonstop" / "assets" / "heldout_sample.txt"
+PROGRESS_S = 10.0  # seconds between progress lines during the load
+CPU_WEIGHTS = {"cpu-bf16": "bfloat16", "cpu-int8": "int8"}  # the cpu backends that store the weights narrower
 
 
 # ----------------------------------------------------------------------------- server
+
+
+def served_setup(serve_args: str | None) -> argparse.Namespace | None:
+    """``nonstop serve``'s own reading of the --serve arguments (its defaults, its one-line errors), with the
+    model resolved (``cfg``) before anything starts; None for a server given by --url (nothing known of it)."""
+    if serve_args is None:
+        return None
+    from nonstop.cli import build_parser
+    from nonstop.weights.resolve import resolve_model
+
+    setup = build_parser().parse_args(["serve", *shlex.split(serve_args)])
+    setup.cfg, setup.model_dir = resolve_model(setup.model)
+    return setup
+
+
+def check_reachable(base: str) -> None:
+    """A ValueError (one line) unless a server answers at ``base``."""
+    try:
+        httpx.get(base + "/health", timeout=10)
+    except (httpx.HTTPError, httpx.InvalidURL) as exc:
+        raise ValueError(f"the server at {base} is not reachable ({exc}): is it running? (or use --serve)") from None
 
 
 def start_server(serve_args: str, threads: int | None) -> tuple[subprocess.Popen, str]:
@@ -56,6 +83,7 @@ def start_server(serve_args: str, threads: int | None) -> tuple[subprocess.Popen
     ]
     if threads:
         cmd += ["--threads", str(threads)]
+    print(f"starting nonstop serve {serve_args} on port {port} ...", file=sys.stderr, flush=True)
     proc = subprocess.Popen(cmd, cwd=ROOT)
     url = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + 300
@@ -134,6 +162,18 @@ async def client_loop(index: int, http: httpx.AsyncClient, url: str, body_for, d
         k += 1
 
 
+async def progress(start: float, deadline: float, stats: dict) -> None:
+    """A line on stderr every ``PROGRESS_S`` seconds of the load: time, requests completed, tokens streamed, errors."""
+    while time.perf_counter() + PROGRESS_S < deadline:
+        await asyncio.sleep(PROGRESS_S)
+        print(
+            f"[{time.perf_counter() - start:4.0f} / {deadline - start:.0f} s] {stats['completed']} requests completed, "
+            f"{len(stats['timeline'])} tokens streamed, {sum(stats['errors'].values())} errors",
+            file=sys.stderr,
+            flush=True,
+        )
+
+
 async def run_load(base: str, model: str, args) -> dict:
     prompts = make_prompts(args.clients * 4, args.prompt_chars)
     path = "/v1/chat/completions" if args.chat else "/v1/completions"
@@ -159,7 +199,9 @@ async def run_load(base: str, model: str, args) -> dict:
     async with httpx.AsyncClient(base_url=base, timeout=httpx.Timeout(args.duration + 120), limits=limits) as http:
         start = time.perf_counter()
         deadline = start + args.duration
+        reporter = asyncio.create_task(progress(start, deadline, stats))
         await asyncio.gather(*(client_loop(i, http, path, body_for, deadline, stats) for i in range(args.clients)))
+        reporter.cancel()
         window = min(time.perf_counter(), deadline) - start
     streamed = sum(1 for t in stats["timeline"] if t <= start + window)
     return {"window_s": window, "streamed_token_chunks": streamed, **stats}
@@ -175,34 +217,57 @@ def percentiles(values: list[float]) -> dict:
 # ----------------------------------------------------------------------------- report
 
 
-def machine_info(threads: int | None) -> dict:
-    """This machine (the server runs here when started with --serve); ``threads``: the server's."""
-    return environment() | {"server_threads": threads}
+def machine_info(threads: int | None, setup: argparse.Namespace | None) -> dict:
+    """This machine (the server runs here when started with --serve), with the served device's GPU when it is
+    one; ``threads``: the server's."""
+    return environment(setup.device if setup else "cpu") | {"server_threads": threads}
 
 
-def model_info(serve_args: str | None) -> dict | None:
-    """The served checkpoint's config and size, when the server was started here."""
-    if not serve_args:
-        return None
-    argv = shlex.split(serve_args)
-    name = next((argv[i + 1] for i, a in enumerate(argv[:-1]) if a in ("--model", "-m")), "k3-nano")
+def stream_floor(setup: argparse.Namespace | None) -> dict:
+    """The floor a stream's TPOT is held against: every active weight byte read once per token, in the format the
+    server stores it, at the copy bandwidth of its device measured now (after the load); {"unknown": why} when
+    this script cannot know it."""
+    if setup is None:
+        return {"unknown": "a server given by --url: its dtype, backend and device are not known here (use --serve)"}
+    if max(setup.tp, setup.ep, setup.world or 1) > 1:
+        return {"unknown": "a server spread over ranks (--tp / --ep): the floor per rank is not measured here"}
     import torch
 
     from nonstop.program.footprint import model_footprint
-    from nonstop.weights.resolve import resolve_model
+    from nonstop.runtime.cpu.executor import resolve_weights
+    from nonstop.runtime.cpu.pack import bytes_per_weight
+    from nonstop.runtime.executors import resolve_backend
+    from nonstop.weights.resolve import parse_dtype
 
-    cfg, model_dir = resolve_model(name)
-    fp = model_footprint(cfg, torch.float32)  # what `nonstop serve` runs on a CPU (--dtype auto)
+    dtype = parse_dtype(setup.dtype, setup.device)
+    name = str(dtype).removeprefix("torch.")
+    backend = resolve_backend(setup.backend, setup.device)
+    if backend.startswith("cpu"):  # packed weights, counted as bench/cpu_peers.py does: active weights x bytes each
+        fmt = CPU_WEIGHTS.get(backend) or resolve_weights("auto", dtype)
+        weights = model_footprint(setup.cfg, torch.float32).bytes_per_token / 4
+        nbytes, what = int(weights * bytes_per_weight(fmt)), f"{fmt} (backend {backend})"
+    else:
+        nbytes, what = model_footprint(setup.cfg, dtype).bytes_per_token, f"{name} (backend {backend})"
+    copy = copy_bandwidth(setup.device)["copy_GBps"]
+    return {**decode_floor(nbytes, copy), "weights": what, "device": setup.device}
+
+
+def model_info(setup: argparse.Namespace | None) -> dict | None:
+    """The served checkpoint's config and size, when the server was started here."""
+    if setup is None:
+        return None
+    import torch
+
+    from nonstop.program.footprint import model_footprint
+
+    fp = model_footprint(setup.cfg, torch.float32)
     return {
-        "name": name,
-        "dir": str(model_dir) if model_dir else None,
-        "family": cfg.family,
+        "name": setup.model,
+        "dir": str(setup.model_dir) if setup.model_dir else None,
+        "family": setup.cfg.family,
         "active_params": fp.active_params,
         "total_params": fp.total_params,
-        "hf_config": cfg.to_hf_dict(),
-        # the floor a stream's TPOT is held against: every active fp32 weight byte read once per token at the
-        # copy bandwidth measured now, after the load (the server's machine: --serve starts it here)
-        "floor": decode_floor(fp.bytes_per_token, copy_bandwidth()["copy_GBps"]),
+        "hf_config": setup.cfg.to_hf_dict(),
     }
 
 
@@ -215,15 +280,15 @@ def main() -> None:
     )
     ap.add_argument(
         "--threads",
-        type=int,
+        type=thread_count,
         default=None,
         help="--threads for a server started with --serve (default: torch's choice)",
     )
     ap.add_argument("--model", default=None, help="model name to send (default: the server's first from /v1/models)")
-    ap.add_argument("--clients", type=int, default=8, help="concurrent streaming clients (default 8)")
-    ap.add_argument("--duration", type=float, default=30.0, help="seconds of load (default 30)")
-    ap.add_argument("--max-tokens", type=int, default=64, help="max_tokens per request (default 64)")
-    ap.add_argument("--prompt-chars", type=int, default=200, help="prompt length in characters (default 200)")
+    ap.add_argument("--clients", type=positive_int, default=8, help="concurrent streaming clients (default 8)")
+    ap.add_argument("--duration", type=positive_float, default=30.0, help="seconds of load (default 30)")
+    ap.add_argument("--max-tokens", type=positive_int, default=64, help="max_tokens per request (default 64)")
+    ap.add_argument("--prompt-chars", type=positive_int, default=200, help="prompt length in characters (default 200)")
     ap.add_argument("--temperature", type=float, default=0.0, help="sampling temperature (default 0 = greedy)")
     ap.add_argument(
         "--ignore-eos",
@@ -235,11 +300,14 @@ def main() -> None:
     ap.add_argument("--note", default=None, help="free text stored with the results (e.g. how the checkpoint was made)")
     ap.add_argument("--out", default=None, help="JSON path (default bench/results/serve_load_<model>_<clients>c.json)")
     args = ap.parse_args()
+    setup = served_setup(args.serve)
 
     proc = None
     base = args.url
     if args.serve:
         proc, base = start_server(args.serve, args.threads)
+    else:
+        check_reachable(base)
     try:
         model = args.model or httpx.get(base + "/v1/models", timeout=10).json()["data"][0]["id"]
         # warm-up: one short request so the first measured one does not pay one-time costs
@@ -256,7 +324,8 @@ def main() -> None:
         "command": command_line(),
         "server": {"url": args.url, "serve_args": args.serve},
         "model": model,
-        "checkpoint": model_info(args.serve),
+        "checkpoint": model_info(setup),
+        "floor": stream_floor(setup),
         "note": args.note,
         "load": {
             "clients": args.clients,
@@ -286,14 +355,10 @@ def main() -> None:
             ),
             None,
         ),
-        "machine": machine_info(args.threads),
+        "machine": machine_info(args.threads, setup),
         "time": time.strftime("%Y-%m-%dT%H:%M:%S"),
     }
-    out = (
-        Path(args.out)
-        if args.out
-        else ROOT / "bench" / "results" / f"serve_load_{Path(model).name}_{args.clients}c.json"
-    )
+    out = Path(args.out) if args.out else results_path(f"serve_load_{Path(model).name}_{args.clients}c.json")
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(report, indent=2) + "\n")
     r = report["results"]
@@ -307,16 +372,17 @@ def main() -> None:
         f"errors {r['errors'] or 'none'}"
     )
     print(f"TTFT p50/p90/p99: {ms(r['ttft_s'])}   TPOT p50/p90/p99: {ms(r['tpot_s'])}")
-    floor = (report["checkpoint"] or {}).get("floor")
-    if floor:
+    floor = report["floor"]
+    if "unknown" in floor:
+        print(f"bandwidth floor: unknown: {floor['unknown']}")
+    else:
         print(
             f"bandwidth floor of one stream: {floor['floor_ms_per_token']:.3f} ms a token "
-            f"({floor['bytes_per_token'] / 1e6:.1f} MB of fp32 weights at {floor['copy_GBps']:.1f} GB/s copy bandwidth)"
+            f"({floor['bytes_per_token'] / 1e6:.1f} MB of {floor['weights']} weights at {floor['copy_GBps']:.1f} GB/s "
+            f"copy bandwidth on {floor['device']})"
         )
-    else:
-        print("bandwidth floor: unknown for a server given by --url (start it with --serve to measure one)")
     print(f"wrote {out}")
 
 
 if __name__ == "__main__":
-    main()
+    run(main)

@@ -26,9 +26,14 @@ import time
 from pathlib import Path
 
 import torch
+from script_args import MODEL_HELP, choice_list, int_list, positive_int, results_path, run, thread_count
 
+from nonstop.engine.speculative.config import METHODS
 from nonstop.hostinfo import command_line, copy_bandwidth, decode_floor, environment
 from nonstop.program.footprint import model_footprint
+from nonstop.program.ir import MAX_STEP_ROWS
+from nonstop.runtime.executors import BACKENDS
+from nonstop.threads import set_threads
 
 HELDOUT = Path(__file__).resolve().parent.parent / "nonstop" / "assets" / "heldout_sample.txt"
 
@@ -70,27 +75,48 @@ def summarize(outs: list, times: list[float]) -> dict:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--model", default="k3-nano")
-    ap.add_argument("--methods", default="ngram,dspark", help="drafters to compare with the plain run")
+    ap.add_argument("--model", default="k3-nano", help=MODEL_HELP)
     ap.add_argument(
-        "--num-tokens", default="2,4", help="drafts per verification step (comma-separated: one run per value)"
+        "--methods",
+        type=choice_list(METHODS),
+        default=",".join(METHODS),
+        help=f"drafters to compare with the plain run, comma-separated from {', '.join(METHODS)} (default all)",
     )
-    ap.add_argument("--prompts", type=int, default=8, help="prompts per set")
-    ap.add_argument("--prompt-tokens", type=int, default=48)
-    ap.add_argument("--max-tokens", type=int, default=64)
-    ap.add_argument("--threads", type=int, default=1)
-    ap.add_argument("--repeats", type=int, default=2, help="runs per prompt and mode; the fastest decode time counts")
-    ap.add_argument("--backend", default="reference")
-    ap.add_argument("--out", default=None, help="default: bench/results/spec_decode_cpu_<model>.json")
+    ap.add_argument(
+        "--num-tokens",
+        type=int_list(1, MAX_STEP_ROWS - 1),
+        default="2,4",
+        help=f"drafts per verification step, comma-separated, each in 1..{MAX_STEP_ROWS - 1}: one run per value "
+        "(default 2,4)",
+    )
+    ap.add_argument("--prompts", type=positive_int, default=8, help="prompts per set (default 8)")
+    ap.add_argument("--prompt-tokens", type=positive_int, default=48, help="tokens of a held-out prompt (default 48)")
+    ap.add_argument("--max-tokens", type=positive_int, default=64, help="new tokens per run, >= 2 (default 64)")
+    ap.add_argument("--threads", type=thread_count, default=1, help="torch threads (default 1)")
+    ap.add_argument(
+        "--repeats",
+        type=positive_int,
+        default=2,
+        help="runs per prompt and mode; the fastest decode time counts (default 2)",
+    )
+    ap.add_argument(
+        "--backend",
+        default="reference",
+        choices=["auto", *BACKENDS],
+        help="executor of every engine (default reference)",
+    )
+    ap.add_argument("--out", default=None, help="JSON path (default bench/results/spec_decode_cpu_<model>.json)")
     args = ap.parse_args()
-    torch.set_num_threads(args.threads)
+    if args.max_tokens < 2:
+        ap.error("--max-tokens must be >= 2 (decode speed is timed after the first token)")
+    set_threads(args.threads)  # an explicit choice: the cpu executor keeps it (torch.set_num_threads alone it resets)
 
     from nonstop import LLM, SamplingParams
 
     load_before = os.getloadavg()
-    ks = [int(k) for k in args.num_tokens.split(",")]
+    ks = args.num_tokens
     engines = {"plain": LLM(args.model, backend=args.backend, max_batch=1, batch_invariant=True)}
-    for m in [m for m in args.methods.split(",") if m]:
+    for m in args.methods:
         for k in ks:
             engines[f"{m}-k{k}"] = LLM(
                 args.model,
@@ -147,6 +173,7 @@ def main() -> None:
         "backend": args.backend,
         "dtype": str(engines["plain"].dtype).removeprefix("torch."),
         "batch": 1,
+        "threads": torch.get_num_threads(),  # --threads, as the runs used it
         "greedy": True,
         "num_draft_tokens": ks,
         "max_tokens": args.max_tokens,
@@ -158,7 +185,7 @@ def main() -> None:
         "machine": environment() | {"load_average_before": [round(x, 2) for x in load_before]},
         "time": time.strftime("%Y-%m-%dT%H:%M:%S"),
     }
-    out = Path(args.out or f"bench/results/spec_decode_cpu_{Path(args.model).name}.json")
+    out = Path(args.out) if args.out else results_path(f"spec_decode_cpu_{Path(args.model).name}.json")
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(result, indent=2) + "\n")
     print(f"{'set':<11} {'mode':<10} {'tau':>6} {'accept':>7} {'tok/s':>7} {'speedup':>8} identical")
@@ -179,4 +206,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    run(main)

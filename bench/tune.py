@@ -38,9 +38,13 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 import torch  # noqa: E402
+from script_args import choice_list, int_list, positive_float, positive_int, run  # noqa: E402
 
+from nonstop.commands.tune import add_proposer_args  # noqa: E402
 from nonstop.config import ModelConfig  # noqa: E402
 from nonstop.hostinfo import environment  # noqa: E402
+from nonstop.kernels import KERNELS  # noqa: E402
+from nonstop.program.ir import MAX_STEP_ROWS  # noqa: E402
 from nonstop.program.twin import narrow_twin  # noqa: E402
 from nonstop.tune.cases import layers_for  # noqa: E402
 from nonstop.tune.llm import LLMProposer  # noqa: E402
@@ -50,6 +54,7 @@ from nonstop.tune.target import make_target  # noqa: E402
 
 MODELS = ("kimi-k3", "kimi-linear-48b-a3b")
 DRY_KINDS = ("linear_residual", "kda_core", "mla_attn")
+KINDS = tuple(sorted(k for k in KERNELS if k != "sample"))  # the super-op kinds with a kernel to tune (as nonstop tune)
 
 
 def kinds_of(cfg: ModelConfig) -> list[str]:
@@ -63,7 +68,9 @@ def kinds_of(cfg: ModelConfig) -> list[str]:
 
 def proposer_for(kind: str, args):
     if args.proposer == "llm":
-        return LLMProposer(args.llm_base_url, args.llm_model, args.llm_api_key_env, args.llm_temperature)
+        return LLMProposer(
+            args.llm_base_url, args.llm_model, args.llm_api_key_env, args.llm_temperature, args.llm_max_tokens
+        )
     return SearchProposer(kind)
 
 
@@ -170,19 +177,27 @@ def parse_args(argv=None):
         help=f"comma-separated presets or checkpoint dirs (default {','.join(MODELS)})",
     )
     ap.add_argument(
-        "--kinds", default=None, help="comma-separated super-op kinds (default: all kinds of each model's Program)"
+        "--kinds",
+        type=choice_list(KINDS),
+        default=None,
+        help=f"comma-separated super-op kinds from {', '.join(KINDS)} (default: all kinds of each model's Program)",
     )
-    ap.add_argument("--rows", default="1,2,4,8", help="batch sizes B (decode, T = 1), default 1,2,4,8")
-    ap.add_argument("--proposer", choices=["search", "llm"], default="search")
-    ap.add_argument("--rounds", type=int, default=2)
-    ap.add_argument("--candidates", type=int, default=4)
-    ap.add_argument("--llm-base-url", default=None)
-    ap.add_argument("--llm-model", default=None)
-    ap.add_argument("--llm-api-key-env", default="OPENAI_API_KEY")
-    ap.add_argument("--llm-temperature", type=float, default=0.7)
-    ap.add_argument("--context", type=int, default=1024, help="tokens cached per sequence in timed steps")
-    ap.add_argument("--max-op-gib", type=float, default=2.0, help="skip ops whose weights exceed this (GiB), default 2")
-    ap.add_argument("--timeout", type=float, default=600.0, help="seconds per candidate's verification")
+    ap.add_argument(
+        "--rows",
+        type=int_list(1, MAX_STEP_ROWS),
+        default="1,2,4,8",
+        help="batch sizes B (decode, T = 1), default 1,2,4,8",
+    )
+    add_proposer_args(ap, rounds=2)
+    ap.add_argument(
+        "--context", type=positive_int, default=1024, help="tokens cached per sequence in timed steps (default 1024)"
+    )
+    ap.add_argument(
+        "--max-op-gib", type=positive_float, default=2.0, help="skip ops whose weights exceed this (GiB), default 2"
+    )
+    ap.add_argument(
+        "--timeout", type=positive_float, default=600.0, help="seconds per candidate's verification (default 600)"
+    )
     ap.add_argument(
         "--store", type=Path, default=None, help="tuning store to write (default: one beside the results of this run)"
     )
@@ -195,17 +210,36 @@ def parse_args(argv=None):
         + ", 1 round x 1 candidate, B = 1,3; verified, untimed",
     )
     args = ap.parse_args(argv)
-    args.rows = [int(x) for x in args.rows.split(",")]
     if args.dry_run:
         args.rows, args.rounds, args.candidates = [1, 3], 1, 1
-        args.kinds = args.kinds or ",".join(DRY_KINDS)
+        args.kinds = args.kinds or list(DRY_KINDS)
     return args
+
+
+def runs_of(args) -> list[tuple[str, ModelConfig, str]]:
+    """(model, config, kind) for every kind of ``--kinds`` (default: all) that a model of ``--models`` has, every
+    model resolved before anything runs; a ValueError when there is none."""
+    from nonstop.weights.resolve import resolve_model
+
+    runs = []
+    for model in [m for m in args.models.split(",") if m]:
+        cfg, _ = resolve_model(model)
+        if args.dry_run:
+            cfg = narrow_twin(cfg)
+        for kind in args.kinds or kinds_of(cfg):
+            try:
+                layers_for(cfg, kind)
+            except ValueError:
+                continue
+            runs.append((model, cfg, kind))
+    if not runs:
+        raise ValueError(f"no super-op of kind {','.join(args.kinds or KINDS)} in {args.models}: nothing to tune")
+    return runs
 
 
 def main(argv=None) -> dict:
     args = parse_args(argv)
-    from nonstop.weights.resolve import resolve_model
-
+    runs = runs_of(args)
     device = torch.device("cuda" if torch.cuda.is_available() and not args.dry_run else "cpu")
     dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
     if device.type != "cuda":
@@ -218,20 +252,10 @@ def main(argv=None) -> dict:
     )
     out = args.out or (Path(tempfile.gettempdir()) / name if args.dry_run else ROOT / "bench" / "results" / name)
     store = args.store or out.with_suffix(".store") / "tuning.json"
-    results = []
-    for model in args.models.split(","):
-        cfg, _ = resolve_model(model)
-        if args.dry_run:
-            cfg = narrow_twin(cfg)
-        kinds = args.kinds.split(",") if args.kinds else kinds_of(cfg)
-        for kind in kinds:
-            try:
-                layers_for(cfg, kind)
-            except ValueError:
-                continue
-            results.append(
-                run_kind(model + (" (narrow twin)" if args.dry_run else ""), cfg, kind, args, device, dtype, store)
-            )
+    results = [
+        run_kind(model + (" (narrow twin)" if args.dry_run else ""), cfg, kind, args, device, dtype, store)
+        for model, cfg, kind in runs
+    ]
     timed = device.type == "cuda"
     report = {
         "environment": env,
@@ -253,4 +277,4 @@ def main(argv=None) -> dict:
 
 
 if __name__ == "__main__":
-    main()
+    run(main)

@@ -8,7 +8,7 @@ import os
 import sys
 from pathlib import Path
 
-from nonstop.commands.common import add_threads_arg, positive_float, positive_int
+from nonstop.commands.common import add_threads_arg, non_negative_float, positive_float, positive_int
 
 DESCRIPTION = """\
 Tune one super-op kind of a model's decode Program. Each round a proposer writes candidate kernel files
@@ -92,23 +92,18 @@ def _common(p: argparse.ArgumentParser, model_default: str | None) -> None:
     add_threads_arg(p)  # this process: the twins, CPU timing (a sandboxed verification child uses one thread)
 
 
-def add_parser(sub) -> None:
-    p = sub.add_parser(
-        "tune",
-        help="propose, verify and keep faster super-op kernels (search or any OpenAI-compatible LLM)",
-        description=DESCRIPTION,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
-    _common(p, None)
-    p.add_argument("--list", action="store_true", help="list the tuning store's entries and exit")
+def add_proposer_args(p: argparse.ArgumentParser, rounds: int) -> None:
+    """The proposer's flags (--proposer, --rounds, --candidates, --llm-*), here and in bench/tune.py."""
     p.add_argument(
         "--proposer",
         choices=["search", "llm"],
         default="search",
         help="search (tunables of the current kernel) or llm (an OpenAI-compatible endpoint)",
     )
-    p.add_argument("--rounds", type=int, default=3, help="rounds of propose -> verify -> time (default 3)")
-    p.add_argument("--candidates", type=int, default=4, help="candidates per round (default 4)")
+    p.add_argument(
+        "--rounds", type=positive_int, default=rounds, help=f"rounds of propose -> verify -> time (default {rounds})"
+    )
+    p.add_argument("--candidates", type=positive_int, default=4, help="candidates per round (default 4)")
     p.add_argument(
         "--llm-base-url",
         default=None,
@@ -121,9 +116,24 @@ def add_parser(sub) -> None:
         help="environment variable holding the API key (default OPENAI_API_KEY; unset: no key sent)",
     )
     p.add_argument(
-        "--llm-temperature", type=float, default=0.7, help="sampling temperature of the proposer (default 0.7)"
+        "--llm-temperature",
+        type=non_negative_float,
+        default=0.7,
+        help="sampling temperature of the proposer (default 0.7)",
     )
-    p.add_argument("--llm-max-tokens", type=int, default=8192, help="max tokens per reply (default 8192)")
+    p.add_argument("--llm-max-tokens", type=positive_int, default=8192, help="max tokens per reply (default 8192)")
+
+
+def add_parser(sub) -> None:
+    p = sub.add_parser(
+        "tune",
+        help="propose, verify and keep faster super-op kernels (search or any OpenAI-compatible LLM)",
+        description=DESCRIPTION,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    _common(p, None)
+    p.add_argument("--list", action="store_true", help="list the tuning store's entries and exit")
+    add_proposer_args(p, rounds=3)
     p.add_argument("--no-store", action="store_true", help="do not write the tuning store (report only)")
     p.set_defaults(run=run)
     tsub = p.add_subparsers(
