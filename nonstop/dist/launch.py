@@ -221,14 +221,19 @@ def spawn(
         previous = {sig: signal.signal(sig, launch.on_signal) for sig in STOP_SIGNALS} if main else {}
         try:
             port, per_rank = free_port(), threads or rank_threads(world)
-            with _children_start_blocked() if main else contextlib.nullcontext():
-                ctx = mp.start_processes(
-                    _entry,
-                    args=(fn, world, port, per_rank, env, args, os.getpid(), relay),
-                    nprocs=world,
-                    join=False,
-                    start_method="spawn",
-                )
+            before = set(multiprocessing.active_children())
+            try:
+                with _children_start_blocked() if main else contextlib.nullcontext():
+                    ctx = mp.start_processes(
+                        _entry,
+                        args=(fn, world, port, per_rank, env, args, os.getpid(), relay),
+                        nprocs=world,
+                        join=False,
+                        start_method="spawn",
+                    )
+            except BaseException:  # a rank that could not start (no memory to fork): stop those that did
+                _stop([p for p in multiprocessing.active_children() if p not in before], 0.0)
+                raise
             launch.start(ctx)
             launch.watch(timeout)
         finally:

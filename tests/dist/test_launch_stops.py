@@ -45,6 +45,17 @@ def start_then_signal(*a, **kw):
     return ctx
 launch.mp.start_processes = start_then_signal
 """
+# the launch, but the second rank cannot be started (fork refused for want of memory)
+SECOND_RANK_FAILS = """
+import sys
+import nonstop.dist.launch as launch
+start = launch.mp.start_processes
+def first_only(fn, args=(), nprocs=1, **kw):
+    ctx = start(fn, args=args, nprocs=1, **kw)
+    print(*ctx.pids(), flush=True)
+    raise OSError(12, "Cannot allocate memory (starting rank 1)")
+launch.mp.start_processes = first_only
+"""
 TORCH_WARNINGS = ("Terminating process", "forcefully exiting")
 
 
@@ -233,3 +244,13 @@ def test_a_rank_knows_when_another_has_reported_an_error(tmp_path, monkeypatch):
     assert not error_reported()
     assert first_report("ValueError: speculative num_tokens must be an integer in 0..15")
     assert error_reported()
+
+
+def test_a_rank_that_cannot_start_stops_those_already_started(tmp_path):
+    """Rank 0 was left running when rank 1 could not be started: the launcher's exit then waited for it (the
+    collective timeout, here 60 s) and a launcher killed meanwhile left it behind."""
+    argv = ["-c", SECOND_RANK_FAILS + LAUNCH, str(tmp_path), "sum", "2", "60"]
+    with launched(argv) as proc:
+        out, err = proc.communicate(timeout=40)
+        assert not gone_within([int(pid) for pid in out.split()], 5)
+    assert proc.returncode == 1 and "Cannot allocate memory (starting rank 1)" in err, err
