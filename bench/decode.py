@@ -60,7 +60,7 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 import torch  # noqa: E402
-from script_args import non_negative_float, non_negative_int, positive_int, thread_count  # noqa: E402
+from script_args import choice_list, non_negative_float, non_negative_int, positive_int, thread_count  # noqa: E402
 
 from nonstop.cache.state import ModelCache  # noqa: E402
 from nonstop.config import ModelConfig  # noqa: E402
@@ -707,9 +707,15 @@ def write(report: dict, args) -> list[str]:
 def build_parser() -> argparse.ArgumentParser:
     """The command line's options (``parse_args`` then settles the defaults that depend on the device)."""
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--shapes", default=",".join(SHAPES), help=f"comma-separated, from: {', '.join(SHAPES)}")
+    ap.add_argument(
+        "--shapes",
+        type=choice_list(SHAPES),
+        default=",".join(SHAPES),
+        help=f"comma-separated, from: {', '.join(SHAPES)}",
+    )
     ap.add_argument(
         "--rows",
+        type=choice_list(ROWS),
         default=None,
         help=f"comma-separated, from: {', '.join(ROWS)} (default: all on a GPU; superop,megakernel,eager on a CPU, "
         "the megakernel under Triton's interpreter)",
@@ -838,15 +844,11 @@ def parse_args(argv=None):
         args.budget_s = 540.0 if args.device.startswith("cuda") else math.inf
     cpu = not args.device.startswith("cuda")
     if args.rows is None:
-        args.rows = "superop,megakernel,eager" if cpu else ",".join(ROWS)
+        args.rows = ["superop", "megakernel", "eager"] if cpu else list(ROWS)
     if cpu and "megakernel" in args.rows and not os.environ.get("TRITON_INTERPRET"):
         os.environ["TRITON_INTERPRET"] = "1"  # the megakernel has no twin mode: Triton's interpreter on a CPU
         if argv is None and "triton" in sys.modules:  # Triton reads it when imported (the imports above did):
             os.execv(sys.executable, [sys.executable, *sys.argv])  # start again with it set
-    args.rows = [r for r in args.rows.split(",") if r]
-    args.shapes = [s for s in args.shapes.split(",") if s]
-    for bad in [r for r in args.rows if r not in ROWS] + [s for s in args.shapes if s not in SHAPES]:
-        ap.error(f"unknown row or shape: {bad}")
     return args
 
 
