@@ -4,20 +4,13 @@ of its own: a few seconds each)."""
 
 from __future__ import annotations
 
-import socket
 import subprocess
 import sys
 
 import pytest
 
+from nonstop.dist.launch import free_port
 from tests.bench_script import BENCH_DIR
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
 
 NO_MODEL = "neither a checkpoint directory nor a known name"
 CASES = [  # (script, arguments, what the error line says)
@@ -53,7 +46,7 @@ CASES = [  # (script, arguments, what the error line says)
 
 @pytest.mark.parametrize(("script", "argv", "message"), CASES, ids=[f"{c[0]} {' '.join(c[1])}" for c in CASES])
 def test_a_bad_value_is_one_error_line(script, argv, message, tmp_path):
-    argv = [a.format(port=_free_port()) for a in argv]  # a port nothing listens on
+    argv = [a.format(port=free_port()) for a in argv]  # a port nothing listens on
     run = subprocess.run(
         [sys.executable, str(BENCH_DIR / script), *argv],
         cwd=tmp_path,  # nothing may be written here either

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import socket
 import subprocess
 import sys
 import time
@@ -13,6 +12,7 @@ from pathlib import Path
 import httpx
 import pytest
 
+from nonstop.dist.launch import free_port
 from tests.engine.tiny_models import TEST_CHAT_TEMPLATE, synth_checkpoint
 
 MODEL_NAME = "tiny-k3"
@@ -56,14 +56,8 @@ class RunningServer:
         return httpx.get(self.url + "/health", timeout=10).status_code == 200
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def start_server(model_dir: Path, log_dir: Path, *extra: str) -> RunningServer:
-    port = _free_port()
+    port = free_port()
     log = log_dir / f"server-{port}.log"
     cmd = [
         sys.executable,

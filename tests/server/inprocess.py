@@ -3,18 +3,13 @@
 
 from __future__ import annotations
 
-import socket
 import threading
 import time
 from contextlib import contextmanager
 
 import httpx
 
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+from nonstop.dist.launch import free_port
 
 
 @contextmanager
