@@ -8,14 +8,15 @@ import sys
 
 from nonstop.commands.common import positive_int
 
-DESCRIPTION = """Lower one decode step of MODEL (a preset or a directory holding config.json: shapes only, the
-weights stay on the meta device and no checkpoint is read) to sm_90a with Triton's NVIDIA backend and
-ptxas, exactly as the kernels would launch on an H100 (block sizes, grids, warps, PDL, the megakernel's
-tables and launch options), and check what a GPU would get: no register spills; registers and shared
-memory that let a CTA run (CTAs per SM); an acquire after every spin-wait in the PTX; 16-byte loads in
-every loop that streams a weight (MXFP4 bytes included; their scales no more loads than the bytes, not
-one per element). Prints a table kernel x shape: warps, registers, spill bytes, shared memory, CTAs per
-SM, grid, weight load widths. Exit status 1 when a kernel violates a check, 2 on bad input.
+DESCRIPTION = """Lower one decode step of MODEL (a preset or a directory holding config.json: shapes only, the weights
+stay on the meta device and no checkpoint is read) to sm_90a with Triton's NVIDIA backend and ptxas,
+exactly as the kernels would launch on an H100 (block sizes, grids, warps, PDL, the megakernel's tables
+and launch options), and check what a GPU would get: no register spills; registers and shared memory
+that let a CTA run (CTAs per SM); an acquire after every spin-wait in the PTX; 16-byte loads in every
+loop that streams a weight (MXFP4 bytes included; their scales no more loads than the bytes, not one per
+element; an embedding row under 512 bytes, which one warp reads, as wide as it allows: row / 32). Prints
+a table kernel x shape: warps, registers, spill bytes, shared memory, CTAs per SM, grid, weight load
+widths. Exit status 1 when a kernel violates a check, 2 on bad input.
 
 Without --model the three preset shapes are checked: llama-3.2-1b (all layers), kimi-linear-48b-a3b and
 kimi-k3 (their first 4 layers: every kind of layer). --triton DIR repeats the check with the Triton
@@ -38,7 +39,7 @@ def add_parser(sub) -> None:
         "--num-layers",
         type=positive_int,
         default=None,
-        help="keep only the first N layers (default: all for a --model)",
+        help="keep only the first N layers (default: all for a --model; without one, at most N of each preset shape)",
     )
     p.add_argument("--rows", type=positive_int, default=1, help="sequences of the decode step (default 1; at most 16)")
     p.add_argument("--arch", default="sm_90a", choices=["sm_90a"], help="target: sm_90a (H100 / H200), the default")
@@ -69,12 +70,17 @@ def run(args) -> int:
     for path in args.triton:
         if not os.path.isdir(os.path.join(path, "triton")):
             raise ValueError(f"--triton {path}: no triton package in that directory")
+        gpucheck.triton_in(path)  # one that imports, before the compiles start
     if args.model is None:
-        shapes = [(name, name, layers) for name, layers in gpucheck.PRESET_SHAPES.items()]
+        shapes = []
+        for name, layers in gpucheck.PRESET_SHAPES.items():
+            if args.num_layers:  # at most N layers of each preset shape (the default when N is larger)
+                layers = min(args.num_layers, layers or gpucheck.config_of(name, None).num_hidden_layers)
+            shapes.append((name, name, layers))
     else:
         gpucheck.config_of(args.model, args.num_layers)  # a clear error before the compiles start
         shapes = [(os.path.basename(os.path.normpath(args.model)), args.model, args.num_layers)]
-    results = []
+    results, failures = [], []
     for triton_path in [None, *args.triton]:
         try:
             results.append(
@@ -89,23 +95,23 @@ def run(args) -> int:
                 )
             )
         except RuntimeError as exc:  # a kernel that does not compile for sm_90a is a finding, not a crash
-            print(f"nonstop gpucheck: {exc}", file=sys.stderr)
-            return 1
+            where = f"the Triton in {triton_path}" if triton_path else "the installed Triton"
+            failures.append(f"with {where}: {exc}")
+            print(f"nonstop gpucheck: with {where}: {exc}", file=sys.stderr)
     bad = [v for r in results for row in r["rows"] for v in row["violations"]]
     if args.json:
-        print(
-            json.dumps(
-                {"arch": args.arch, "gpu": args.gpu, "rows": args.rows, "results": results, "violations": bad}, indent=1
-            )
-        )
+        report = {"arch": args.arch, "gpu": args.gpu, "rows": args.rows, "results": results, "violations": bad}
+        print(json.dumps({**report, "failures": failures}, indent=1))
     else:
         for r in results:
             print(gpucheck.table([gpucheck.Row(**row) for row in r["rows"]], r["triton"]))
             print()
+        if failures:
+            print(f"{len(failures)} check(s) failed to run (see above)")
         print(
             f"{len(bad)} violation(s)"
             if bad
             else "no violation: no spills, every kernel fits, every spin-wait acquires, "
             "every weight stream uses 16-byte loads"
         )
-    return 1 if bad else 0
+    return 1 if bad or failures else 0

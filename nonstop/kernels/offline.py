@@ -413,6 +413,7 @@ class KernelReport:
     weight_loads: dict[str, list[tuple[int, str]]]
     side_loads: dict[str, list[tuple[int, str]]]
     spins: list[dict]
+    min_load_bytes: int = 16  # the width every weight load must reach (a narrower one is a violation)
 
     @property
     def violations(self) -> list[str]:
@@ -427,9 +428,12 @@ class KernelReport:
                 f"{self.shared_bytes} B shared)"
             )
         for arg, loads in self.weight_loads.items():
-            narrow = sorted({where for w, where in loads if w < 16})
+            narrow = sorted({where for w, where in loads if w < self.min_load_bytes})
             if narrow:
-                out.append(f"{self.name}: weight {arg} streams with loads under 16 bytes at {', '.join(narrow[:4])}")
+                out.append(
+                    f"{self.name}: weight {arg} streams with loads under {self.min_load_bytes} bytes at "
+                    f"{', '.join(narrow[:4])}"
+                )
         weight_count = sum(len(loads) for loads in self.weight_loads.values())
         for arg, loads in self.side_loads.items():
             if len(loads) > weight_count:
@@ -457,9 +461,11 @@ def inspect(
     target: Target = H100,
     fp_fusion: bool = True,
     side: set[str] = frozenset(),
+    min_load_bytes: int = 16,
 ) -> KernelReport:
     """The report of a compiled kernel (see the module docstring); ``weights`` / ``side``: the arguments that are
-    streamed weights / side streams (``*name``: pointers loaded from the table argument ``name``)."""
+    streamed weights / side streams (``*name``: pointers loaded from the table argument ``name``);
+    ``min_load_bytes``: the load width they must reach (16: ``ld.global.v4``)."""
     md = kernel.metadata
     num_warps = md.num_warps
     usage = ptxas_usage(kernel.asm["ptx"], target.arch or 90, fp_fusion)
@@ -472,5 +478,15 @@ def inspect(
             (side_loads if arg in side else loads).setdefault(arg, []).extend(widths)
     spill = usage["spill_store_bytes"] + usage["spill_load_bytes"]
     return KernelReport(
-        name, num_warps, usage["registers"], spill, shared, ctas, grid, loads, side_loads, spin_waits(kernel.asm["ptx"])
+        name,
+        num_warps,
+        usage["registers"],
+        spill,
+        shared,
+        ctas,
+        grid,
+        loads,
+        side_loads,
+        spin_waits(kernel.asm["ptx"]),
+        min_load_bytes,
     )

@@ -129,6 +129,7 @@ def check(
                     launch.grid,
                     target,
                     side=set(launch.side),
+                    min_load_bytes=_min_load_bytes(op),
                 )
                 out.append(_row(name, report))
                 say(f"  {report.name}: {report.registers} registers, {time.perf_counter() - t0:.1f} s")
@@ -145,6 +146,16 @@ def check(
             out.append(_row(name, report, class_registers(kernel, mk.plan.classes, arch)))
             say(f"  {report.name}: {report.registers} registers, {time.perf_counter() - t0:.1f} s")
     return out
+
+
+def _min_load_bytes(op) -> int:
+    """The load width ``op``'s weights must reach: 16 bytes, but the embedding gathers one row per token, and a
+    row narrower than a warp's 32 threads x 16 bytes (256 bf16) can only be read in ``row bytes / 32`` per
+    thread (``dense.embed`` gives such a row one warp)."""
+    table = op.weights.get("embed") if op.kind == "embed" else None
+    if table is None:
+        return 16
+    return max(1, min(16, table.shape[-1] * table.element_size() // 32))
 
 
 def _fingerprint(v):
@@ -231,13 +242,14 @@ def run_check(
 
 def start_check(shapes, rows=1, arch=90, kinds=None, megakernel=True, triton_path=None, progress=False, gpu="h100"):
     """``run_check`` started in the background (a ``subprocess.Popen``; ``finish_check`` collects it), e.g.
-    while a benchmark times the GPU."""
+    while a benchmark times the GPU. The check is killed when the calling thread's process ends, however it
+    ends (``dist.parent_watch``): a stopped ``nonstop gpucheck`` leaves no compile running."""
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     env.setdefault("TRITON_DEFAULT_FP_FUSION", "1")
     root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     env["PYTHONPATH"] = os.pathsep.join([p for p in (triton_path, root, env.get("PYTHONPATH")) if p])
     request = {"shapes": shapes, "rows": rows, "arch": arch, "kinds": kinds, "megakernel": megakernel}
-    request.update(progress=progress, gpu=gpu)
+    request.update(progress=progress, gpu=gpu, parent=os.getpid())  # the check ends with this process
     return subprocess.Popen(
         [sys.executable, "-m", "nonstop.runtime.gpucheck", json.dumps(request)],
         env=env,
@@ -245,6 +257,30 @@ def start_check(shapes, rows=1, arch=90, kinds=None, megakernel=True, triton_pat
         stderr=None if progress else subprocess.PIPE,
         text=True,
     )
+
+
+def triton_in(path: str) -> str:
+    """The version of the Triton installed in directory ``path`` (``pip install --target path triton==X``), read
+    by importing it in a fresh interpreter with ``path`` first on its path; ValueError (naming ``path``) when
+    it does not import, or when the Triton that imports is not the one in ``path`` (a folder without a whole
+    package lets the environment's own Triton through)."""
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env["PYTHONPATH"] = os.pathsep.join([p for p in (path, env.get("PYTHONPATH")) if p])
+    probe = "import triton; print(triton.__version__); print(triton.__file__)"
+    try:
+        done = subprocess.run([sys.executable, "-c", probe], env=env, capture_output=True, text=True, timeout=300)
+    except subprocess.TimeoutExpired:
+        raise ValueError(f"--triton {path}: importing triton from it took over 300 s") from None
+    if done.returncode != 0:
+        last = (done.stderr.strip().splitlines() or ["no output"])[-1]
+        raise ValueError(f"--triton {path}: triton does not import from it ({last})")
+    version, where = done.stdout.strip().splitlines()[-2:]
+    if not os.path.realpath(where).startswith(os.path.join(os.path.realpath(path), "")):
+        raise ValueError(
+            f"--triton {path}: it holds no whole triton package (the triton that imports is {where}); "
+            "install one with `pip install --target DIR --no-deps triton==X`"
+        )
+    return version
 
 
 def finish_check(proc, timeout: float = 3600) -> dict:
@@ -256,6 +292,10 @@ def finish_check(proc, timeout: float = 3600) -> dict:
         proc.kill()
         proc.communicate()
         raise RuntimeError(f"the offline GPU check did not finish in {timeout:.0f} s") from None
+    except BaseException:  # Ctrl-C or an error of the caller: the check is not left compiling
+        proc.kill()
+        proc.wait()
+        raise
     if proc.returncode != 0:
         raise RuntimeError(f"the offline GPU check failed:\n{(err or '')[-4000:]}")
     return json.loads(out.strip().splitlines()[-1])
@@ -286,6 +326,10 @@ def _main(request: str) -> None:
     if interpreting():
         raise SystemExit("run the offline GPU check without TRITON_INTERPRET")
     req = json.loads(request)
+    if req.get("parent"):
+        from nonstop.dist.parent_watch import die_with_parent
+
+        die_with_parent(req["parent"])
     progress = (lambda text: print(text, file=sys.stderr, flush=True)) if req["progress"] else None
     rows = []
     for name, model, layers in req["shapes"]:

@@ -337,3 +337,146 @@ def test_num_layers_beyond_the_model_is_an_error(capsys, monkeypatch):
     assert exc.value.code == 2
     err = capsys.readouterr().err.strip()
     assert err == "nonstop: error: num_hidden_layers: cannot slice 8 layers to 100", err
+
+
+@pytest.mark.parametrize("triton_path", TRITONS)
+def test_embed_of_a_row_narrower_than_a_warp_is_no_violation(triton_path):
+    """An embedding row of 128 bf16 (256 bytes) is gathered by one warp of 32 threads: 8 bytes a thread is the
+    widest load it allows, and the check accepts that width there (it once failed every checkpoint of
+    hidden size under 256); the report still shows the 8-byte loads."""
+    from nonstop.runtime import gpucheck
+    from tests.tiny_configs import LLAMA
+
+    config = {**LLAMA, "hidden_size": 128, "intermediate_size": 256, "num_hidden_layers": 1}
+    result = gpucheck.run_check([("narrow", config, None)], kinds=["embed"], megakernel=False, triton_path=triton_path)
+    [row] = result["rows"]
+    assert row["kernel"] == "embed:embed_kernel" and row["violations"] == [], row
+    assert row["load_widths"] == "8" and row["warps"] == 1, row
+
+
+def test_the_load_width_a_report_wants_is_its_own():
+    """``min_load_bytes`` sets the width weight loads must reach: narrower loads are reported with it."""
+    from nonstop.kernels.offline import KernelReport
+
+    def report(width, wanted):
+        return KernelReport("k", 1, 32, 0, 0, 8, 1, {"w": [(width, "dense.py:55")]}, {}, [], wanted)
+
+    assert report(8, 8).violations == []
+    assert report(4, 8).violations == ["k: weight w streams with loads under 8 bytes at dense.py:55"]
+    assert "under 16 bytes" in report(8, 16).violations[0]
+
+
+def _no_compile(*args, **kwargs):
+    raise AssertionError("the check started compiling")
+
+
+def test_a_triton_dir_that_does_not_import_is_refused_before_any_compile(tmp_path, capsys, monkeypatch):
+    """--triton DIR whose triton package raises on import, or a bare ``triton/`` folder (a namespace package that
+    lets the environment's Triton through, so the "second" check would repeat the first), is one error line
+    and status 2, before the first check starts."""
+    from nonstop.cli import main
+    from nonstop.runtime import gpucheck
+
+    monkeypatch.setattr(gpucheck, "run_check", _no_compile)
+    broken, bare = tmp_path / "broken", tmp_path / "bare"
+    (broken / "triton").mkdir(parents=True)
+    (broken / "triton" / "__init__.py").write_text("raise ImportError('half an install')\n")
+    (bare / "triton").mkdir(parents=True)
+    for folder, wanted in ((broken, "does not import from it (ImportError: half an install)"), (bare, "no whole")):
+        with pytest.raises(SystemExit) as exc:
+            main(["gpucheck", "-m", "k3-nano", "--triton", str(folder)])
+        err = capsys.readouterr().err.strip()
+        assert exc.value.code == 2 and err.startswith("nonstop: error: --triton") and "\n" not in err, err
+        assert wanted in err, err
+
+
+def test_a_check_that_fails_under_one_triton_keeps_the_others(tmp_path, capsys, monkeypatch):
+    """When the check cannot run under a second Triton, the results of the first are still printed (--json:
+    ``results`` and ``failures``) and the status is 1."""
+    from nonstop.cli import main
+    from nonstop.runtime import gpucheck
+
+    row = dict(
+        shape="k3-nano", kernel="embed:embed_kernel", warps=1, registers=20, spill_bytes=0, shared_bytes=0,
+        ctas_per_sm=8, grid=1, load_widths="16", spins=0, violations=[],
+    )  # fmt: skip
+
+    def check(shapes, triton_path=None, **kwargs):
+        if triton_path:
+            raise RuntimeError("the offline GPU check failed:\nptxas fatal")
+        return {"triton": "9.9", "rows": [row]}
+
+    monkeypatch.setattr(gpucheck, "run_check", check)
+    monkeypatch.setattr(gpucheck, "triton_in", lambda path: "3.6.0")
+    (tmp_path / "elsewhere" / "triton").mkdir(parents=True)
+    status = main(["gpucheck", "-m", "k3-nano", "--triton", str(tmp_path / "elsewhere"), "--json", "-q"])
+    out = json.loads(capsys.readouterr().out)
+    assert status == 1 and out["results"] == [{"triton": "9.9", "rows": [row]}]
+    assert len(out["failures"]) == 1 and "elsewhere" in out["failures"][0] and "ptxas fatal" in out["failures"][0]
+
+
+def test_num_layers_without_a_model_cuts_each_preset_shape(monkeypatch, capsys):
+    """Without --model, --num-layers N checks at most N layers of each preset shape (it was ignored: the full
+    default run started); a larger N keeps each shape's default."""
+    from nonstop.cli import main
+    from nonstop.runtime import gpucheck
+
+    asked = []
+
+    def check(shapes, **kwargs):
+        asked.append(shapes)
+        return {"triton": "9.9", "rows": []}
+
+    monkeypatch.setattr(gpucheck, "run_check", check)
+    for n in (1, 6):
+        assert main(["gpucheck", "--num-layers", str(n), "-q"]) == 0
+    capsys.readouterr()
+    assert asked[0] == [(name, name, 1) for name in gpucheck.PRESET_SHAPES]
+    llama_layers = gpucheck.config_of("llama-3.2-1b", None).num_hidden_layers
+    assert asked[1] == [("llama-3.2-1b", "llama-3.2-1b", 6), ("kimi-linear-48b-a3b", "kimi-linear-48b-a3b", 4),
+                        ("kimi-k3", "kimi-k3", 4)] and llama_layers > 6  # fmt: skip
+
+
+ORPHAN_PROBE = """
+import sys, time
+from nonstop.runtime import gpucheck
+proc = gpucheck.start_check([("kimi-k3", "kimi-k3", 4)], progress=True)  # progress on the caller's stderr: a file
+print(proc.pid, flush=True)
+time.sleep(600)
+"""
+
+
+def test_the_check_dies_with_the_process_that_started_it(tmp_path):
+    """A caller killed outright (SIGKILL: no handler runs) takes its check process with it: a stopped
+    ``nonstop gpucheck`` or benchmark leaves no compile running (it once ran on for up to an hour)."""
+    import signal
+    import time
+
+    script = tmp_path / "caller.py"
+    script.write_text(ORPHAN_PROBE)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p)}
+    env.update(TRITON_CACHE_DIR=str(tmp_path / "triton"), XDG_CACHE_HOME=str(tmp_path / "xdg"))  # no cached compile
+    with open(tmp_path / "stderr", "w") as err:  # not a pipe, which would end an orphan at its next write
+        caller = subprocess.Popen([sys.executable, str(script)], env=env, stdout=subprocess.PIPE, stderr=err, text=True)
+    try:
+        child = int(caller.stdout.readline())
+        time.sleep(3)  # the check is importing or compiling by now
+        assert _alive(child), "the check ended before its caller was killed"
+        caller.send_signal(signal.SIGKILL)
+        caller.wait(timeout=30)
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline and _alive(child):
+            time.sleep(0.2)
+        assert not _alive(child), "the check outlived its caller"
+    finally:
+        caller.kill()
+        caller.wait()
+
+
+def _alive(pid: int) -> bool:
+    """``pid`` exists and is not a zombie (an orphan is reaped by init, a zombie child by nobody here)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
