@@ -98,4 +98,7 @@ def check_layout_flags(args) -> None:
     ]
     if given and not wants_layout(args):
         verb = "describes" if len(given) == 1 else "describe"
-        raise ValueError(f"{', '.join(given)} {verb} one rank of a layout: give --tp, --ep or --world with them")
+        raise ValueError(
+            f"{', '.join(given)} {verb} one rank of a layout of several ranks: give --tp, --ep or --world above 1 "
+            "with them"
+        )

@@ -47,6 +47,20 @@ def print_ops(program, rows: int, context: int, summary: bool) -> None:
     )
 
 
+def _all_to_alls(step, moe_layers: int, ep: int) -> str:
+    """The token exchanges of a step: dispatch + combine per MoE layer (and per chunk), none without EP."""
+    a2a = step.token_all_to_alls
+    if not moe_layers:
+        return "none (no MoE layer)"
+    if not a2a:
+        return f"none (--ep {ep}: every rank holds every expert of the {moe_layers} MoE layer(s))"
+    sizes = step.launches("all_to_all", ("split sizes",))
+    return (
+        f"{a2a} token exchanges (dispatch + combine: {a2a // moe_layers} per MoE layer x {moe_layers} MoE layers)"
+        + f", {sizes} split-size exchanges"
+    )
+
+
 def print_rank_program(args, cfg, layout, dtype) -> int:
     from nonstop.dist.program import engine_exchange, rank_step
     from nonstop.dist.shard import check_layout
@@ -84,18 +98,13 @@ def print_rank_program(args, cfg, layout, dtype) -> int:
     print(header)
     for c in step.collectives:
         print(f"  {c.kind:<11} {f'{c.group}({c.ranks})':<9} {c.count:>8} {_fmt(c.wire_bytes) + 'B':>11}  {c.purpose}")
-    a2a = step.token_all_to_alls
-    moe_layers = a2a // 2
     print(
         f"  total: {sum(c.count for c in step.collectives)} launches, {_fmt(step.wire_bytes)}B sent by rank {args.rank}"
     )
-    print(
-        f"all-to-alls per step: {a2a} token exchanges (dispatch + combine, 2 per MoE layer x {moe_layers} MoE layers)"
-        + (f", {step.launches('all_to_all', ('split sizes',))} split-size exchanges" if a2a else "")
-    )
+    print(f"all-to-alls per step: {_all_to_alls(step, cfg.mlp_types.count('moe'), layout.ep)}")
     print(
         f"bytes on the wire per token per rank: {_fmt(step.wire_bytes_per_token)}B (the average rank's bytes sent "
-        f"per step / {step.tokens} tokens per step)"
+        f"per step / {tokens} per step)"
     )
     print(f"super-ops per step: {len(step.program.ops)} (rank {args.rank}, collectives included)")
     return 0

@@ -154,6 +154,29 @@ def test_program_command_prints_the_layout(capsys):
     assert "weights per rank:" in out and "bytes on the wire per token per rank:" in out and "moe_ep" in out
 
 
+def test_program_command_names_the_moe_layers_without_expert_parallelism(capsys):
+    """Under --tp alone the step has no token exchange, and the summary says why, with the model's MoE layers
+    (it said "2 per MoE layer x 0 MoE layers"); one token per step is one token."""
+    from nonstop.cli import main
+
+    assert main(["program", "-m", "k3-nano", "--tp", "2", "--summary"]) == 0
+    out = capsys.readouterr().out
+    moe_layers = NANO.mlp_types.count("moe")
+    assert f"all-to-alls per step: none (--ep 1: every rank holds every expert of the {moe_layers} MoE" in out
+    assert "/ 1 token per step)" in out
+
+
+def test_program_command_refuses_rank_flags_of_a_one_rank_layout(capsys):
+    """--world 1 --rank 0 is no layout to describe a rank of: the error says a layout of several ranks (it told
+    the user to give --world, which they had)."""
+    from nonstop.cli import main
+
+    with pytest.raises(SystemExit) as exc:
+        main(["program", "-m", "k3-nano", "--world", "1", "--rank", "0"])
+    err = capsys.readouterr().err
+    assert exc.value.code == 2 and "layout of several ranks: give --tp, --ep or --world above 1" in err
+
+
 def test_megakernel_is_refused_under_a_layout():
     from nonstop.runtime.distributed import check_backend
 
