@@ -54,7 +54,7 @@ def run(args) -> int:
             continue
         messages.append({"role": "user", "content": text})
         try:
-            out = _reply(llm, messages, params, first_turn=len(messages) == len(start) + 1)
+            out = _reply(llm, messages, params, start)
         except ValueError as exc:  # too long for the context, a template that refuses the turn, ...
             messages.pop()
             print(f"nonstop: {exc}", file=sys.stderr)
@@ -98,6 +98,8 @@ def _check_setup(args, llm, start: list[dict]):
             "tiktoken.model): add one, or use --tokenizer bytes (UTF-8 bytes as token ids)"
         )
     if not tok.chat_template:
+        if args.chat_template:  # the file was read and holds nothing: the model's template is not the problem
+            raise ChatTemplateError(f"--chat-template {args.chat_template} is empty: give a file holding a template")
         raise ChatTemplateError(NO_TEMPLATE)
     try:  # compiles the template and renders the shortest conversation
         shortest = len(chat_prompt(tok, start + [{"role": "user", "content": "Hi"}]))
@@ -121,21 +123,37 @@ def _check_setup(args, llm, start: list[dict]):
     return params
 
 
-def _reply(llm, messages: list[dict], params, first_turn: bool):
-    """The streamed reply to ``messages``; a ValueError when the conversation does not fit the context (with
-    the /reset hint where starting over helps: not for a first message too long by itself)."""
+def _reply(llm, messages: list[dict], params, start: list[dict]):
+    """The streamed reply to ``messages`` (which begin with ``start``); a ValueError when the conversation does
+    not fit the context (``_too_long``)."""
     from nonstop.engine.chat_template import chat_prompt
 
     ids = chat_prompt(llm.tokenizer, messages)
     try:
         llm.check_length(len(ids), params.max_tokens)
     except ValueError as exc:
-        if first_turn:
-            raise ValueError(f"this message is too long: {exc}") from None
-        raise ValueError(f"the conversation is too long: {exc} (/reset starts over)") from None
+        raise _too_long(llm, messages, params, start, exc) from None
     out = llm.stream(None, params, prompt_ids=ids, on_text=lambda piece: print(piece, end="", flush=True))
     print(flush=True)
     return out
+
+
+def _too_long(llm, messages: list[dict], params, start: list[dict], exc: ValueError) -> ValueError:
+    """The error for ``messages`` too long for the context (``exc``): "the conversation is too long" with the
+    /reset hint where the last message fits after ``start`` alone (starting over helps), else "this message is
+    too long" with the length of that message alone."""
+    from nonstop.engine.chat_template import chat_prompt
+
+    alone = start + messages[-1:]
+    if len(messages) > len(alone):
+        ids = chat_prompt(llm.tokenizer, alone)
+        try:
+            llm.check_length(len(ids), params.max_tokens)
+        except ValueError as own:
+            exc = own
+        else:
+            return ValueError(f"the conversation is too long: {exc} (/reset starts over)")
+    return ValueError(f"this message is too long: {exc}")
 
 
 def _read_lines(stream, prompt: bool):

@@ -23,7 +23,9 @@ def add_parser(sub) -> None:
         "count, the mean negative log-likelihood in nats and a last line 'perplexity: X'. With --max-tokens only as "
         "much of the file is tokenized as those tokens need.",
     )
-    p.add_argument("file", help="UTF-8 text file to score (a leading byte-order mark is not scored)")
+    p.add_argument(
+        "file", help="UTF-8 text file to score as written (line ends too; a leading byte-order mark is not scored)"
+    )
     add_model_args(p, backend=False, text=True)
     p.add_argument(
         "--max-tokens", type=positive_int, default=None, help="score at most this many tokens (default: the whole file)"
@@ -34,7 +36,13 @@ def add_parser(sub) -> None:
         default=None,
         help=f"tokens per scoring window (default {DEFAULT_CONTEXT}, or the model's positions where it has fewer)",
     )
-    p.add_argument("--batch-size", type=positive_int, default=4, help="windows per forward (default 4)")
+    p.add_argument(
+        "--batch-size",
+        type=positive_int,
+        default=4,
+        help="windows per forward (default 4); a forward holds two fp32 copies of its logits, batch x context x "
+        "vocabulary each, checked against the free memory before scoring",
+    )
     p.set_defaults(run=run)
 
 
@@ -49,29 +57,18 @@ def scoring_context(given: int | None, positions: int) -> int:
 
 
 def run(args) -> int:
-    import torch
-
     from nonstop.commands.common import llm_from_args
-    from nonstop.engine.perplexity import leading_token_ids, score_token_ids
-    from nonstop.engine.tokenizer import TOKENIZER_FILES
+    from nonstop.engine.perplexity import leading_token_ids
     from nonstop.threads import configure_threads
 
     path = Path(args.file)
-    if not path.is_file():
-        raise FileNotFoundError(f"{path}: no such file" if not path.exists() else f"{path}: not a regular file")
-    try:
-        text = path.read_text(encoding="utf-8-sig")  # a BOM marks the encoding; it is not text to score
-    except UnicodeDecodeError as exc:
-        raise ValueError(f"{path}: not UTF-8 text ({exc.reason} at byte {exc.start})") from None
+    text = read_text(path)
     context = None
 
     def before_load(llm) -> None:  # config and tokenizer known, weights not loaded yet: refuse early
         nonlocal context
         if not llm.tokenizer.accepts_text:
-            raise ValueError(
-                f"{llm.model_dir} has no tokenizer ({' or '.join(TOKENIZER_FILES)}): perplexity scores text; give "
-                "--tokenizer bytes to score its UTF-8 bytes as token ids, or add the tokenizer files to the checkpoint"
-            )
+            raise ValueError(no_tokenizer_message(llm.model_dir, llm.cfg.vocab_size))
         context = scoring_context(args.context, llm.cfg.max_position_embeddings)
 
     # Scoring calls llm.model directly (plain torch, no cache) and samples nothing: the reference backend builds
@@ -100,16 +97,7 @@ def run(args) -> int:
             )
             shown[:] = [now, done]
 
-    with torch.inference_mode():
-        result = score_token_ids(
-            llm.model,
-            ids,
-            context=context,
-            batch_size=args.batch_size,
-            max_tokens=args.max_tokens,
-            device=llm.device,
-            progress=progress,
-        )
+    result = score(args, llm, ids, context, progress)
     seconds = time.perf_counter() - t0
     print(f"model: {llm.name}")
     read = result.tokens + 1  # the first id is context only: every later one is scored
@@ -123,3 +111,84 @@ def run(args) -> int:
     print(f"perplexity: {result.perplexity:.3f}", flush=True)
     print(f"[{llm.name} | context {context} | {result.tokens / max(seconds, 1e-9):.0f} tokens/s]", file=sys.stderr)
     return 0
+
+
+def score(args, llm, ids: list[int], context: int, progress):
+    """``score_token_ids`` of ``ids`` as the flags say, after checking (unless --no-preflight) that the largest
+    forward's logits fit in the free memory; an allocation failure in a forward says which flags to lower."""
+    import torch
+
+    from nonstop.engine.perplexity import largest_forward, score_token_ids
+    from nonstop.program.preflight import allocation_failed
+
+    scored = len(ids) - 1 if args.max_tokens is None else min(len(ids) - 1, args.max_tokens)
+    windows, window = largest_forward(scored, context, args.batch_size)
+    if args.preflight:
+        check_logits_memory(args.batch_size, context, windows, window, llm.cfg.vocab_size, llm.device)
+    try:
+        with torch.inference_mode():
+            return score_token_ids(
+                llm.model,
+                ids,
+                context=context,
+                batch_size=args.batch_size,
+                max_tokens=args.max_tokens,
+                device=llm.device,
+                progress=progress,
+            )
+    except (MemoryError, RuntimeError) as exc:
+        if not allocation_failed(exc):
+            raise
+        raise ValueError(
+            f"out of memory scoring {windows} window(s) of {window} tokens a forward: "
+            f"{lower_hint(args.batch_size, context)}"
+        ) from None
+
+
+def read_text(path: Path) -> str:
+    """The text of ``path`` as UTF-8, byte for byte: line ends kept as written (``\\r\\n`` is two characters to
+    score, not one), a leading byte-order mark dropped (it marks the encoding; it is not text)."""
+    if not path.is_file():
+        raise FileNotFoundError(f"{path}: no such file" if not path.exists() else f"{path}: not a regular file")
+    try:
+        return path.read_bytes().decode("utf-8-sig")
+    except UnicodeDecodeError as exc:
+        raise ValueError(f"{path}: not UTF-8 text ({exc.reason} at byte {exc.start})") from None
+
+
+def no_tokenizer_message(model_dir, vocab_size: int) -> str:
+    """Why a checkpoint without tokenizer files cannot be scored, and what to do: ``--tokenizer bytes`` only
+    where the vocabulary holds every byte value."""
+    from nonstop.engine.tokenizer import TOKENIZER_FILES
+    from nonstop.weights.synth import BYTE_VOCAB
+
+    missing = f"{model_dir} has no tokenizer ({' or '.join(TOKENIZER_FILES)}): perplexity scores text"
+    if vocab_size >= BYTE_VOCAB:
+        return (
+            f"{missing}; give --tokenizer bytes to score its UTF-8 bytes as token ids, or add the tokenizer files to "
+            "the checkpoint"
+        )
+    return (
+        f"{missing}; add the tokenizer files to the checkpoint (its vocabulary of {vocab_size} ids is too small for "
+        f"the {BYTE_VOCAB} byte values of --tokenizer bytes)"
+    )
+
+
+def lower_hint(batch_size: int, context: int) -> str:
+    """What to lower when scoring does not fit in memory."""
+    return f"lower --batch-size (now {batch_size}) or --context (now {context})"
+
+
+def check_logits_memory(batch_size: int, context: int, windows: int, window: int, vocab: int, device) -> None:
+    """PreflightError when the logits of the largest forward (``windows`` windows of ``window`` tokens over
+    ``vocab`` ids, ``engine.perplexity.logits_bytes``) exceed the memory free on ``device`` now, weights loaded."""
+    from nonstop.engine.perplexity import SCORING_LOGIT_COPIES, logits_bytes
+    from nonstop.program.preflight import OVERRIDE_HINT, PreflightError, available_memory, memory_place, size_text
+
+    need, free = logits_bytes(windows, window, vocab), available_memory(device)
+    if need > free:
+        raise PreflightError(
+            f"scoring {windows} window(s) of {window} tokens a forward needs {size_text(need)} for the logits alone "
+            f"({SCORING_LOGIT_COPIES} fp32 copies of {vocab:,} per token); {memory_place(device)} has "
+            f"{size_text(free)} free: {lower_hint(batch_size, context)} ({OVERRIDE_HINT})"
+        )

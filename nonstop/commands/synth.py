@@ -98,18 +98,26 @@ def run(args) -> int:
             "needs; give token ids (nonstop generate --prompt-ids 1,2,3 --ids; prompt_token_ids in the API)",
             file=sys.stderr,
         )
-    kept = [name for name in KEPT_TOKENIZER_FILES if (out / name).exists()]
-    if kept:
-        print(
-            f"note: {', '.join(kept)} left in {out} (synth never writes it) and may still be read as the tokenizer "
-            "or chat template: remove it if it belongs to an old model",
-            file=sys.stderr,
-        )
+    note_kept_files(out, "synth")
     print(f"done: {out}", file=sys.stderr)
     return 0
 
 
 KEPT_TOKENIZER_FILES = ("tiktoken.model", "chat_template.jinja")  # the tokenizer loader reads them, synth never writes
+
+
+def note_kept_files(out: Path, command: str) -> None:
+    """A note on stderr naming the ``KEPT_TOKENIZER_FILES`` of an old model left in ``out``, which ``command``
+    (synth, train) never writes and the loader may still read as the tokenizer or chat template."""
+    kept = [name for name in KEPT_TOKENIZER_FILES if (out / name).exists()]
+    if kept:
+        print(
+            f"note: {', '.join(kept)} left in {out} ({command} never writes it) and may still be read as the "
+            "tokenizer or chat template: remove it if it belongs to an old model",
+            file=sys.stderr,
+        )
+
+
 PROGRESS_EVERY_S = 10.0  # without a terminal: one progress line at most this often
 
 

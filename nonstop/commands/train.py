@@ -108,13 +108,15 @@ def add_parser(sub) -> None:
 
 
 def run(args) -> int:
+    from nonstop.commands.synth import note_kept_files
     from nonstop.config import ModelConfig
     from nonstop.train.run import run_training
     from nonstop.train.trainer import TrainConfig
     from nonstop.weights.write import check_output_dir
 
-    check_output_dir(args.out)  # before the tokenizing and training, not after
-    _check_creatable(Path(args.out))
+    for flag, path in (("--out", args.out), ("--cache-dir", args.cache_dir)):  # before the tokenizing and training
+        check_output_dir(path, flag)
+        _check_creatable(Path(path), flag)
     if args.min_lr > args.lr:
         raise ValueError(f"--min-lr {args.min_lr:g} is above the peak --lr {args.lr:g}")
     cfg = ModelConfig.from_file(args.config) if args.config else ModelConfig.preset(args.preset)
@@ -148,17 +150,18 @@ def run(args) -> int:
         log,
         samples=not args.no_samples,
     )
+    note_kept_files(Path(args.out), "train")
     return 0
 
 
-def _check_creatable(out: Path) -> None:
+def _check_creatable(out: Path, flag: str = "--out") -> None:
     """Make ``out`` and its missing parents, then remove what was made: a directory that cannot be created
-    (``/proc/x``, a read-only file system) is refused now, not after the training."""
+    (``/proc/x``, a read-only file system) is refused now, naming ``flag``, not after the training."""
     missing = [d for d in (out, *out.parents) if not d.exists()]  # deepest first
     try:
         out.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
-        raise ValueError(f"--out {out}: cannot create the directory ({exc.strerror or exc})") from None
+        raise ValueError(f"{flag} {out}: cannot create the directory ({exc.strerror or exc})") from None
     for d in missing:
         with contextlib.suppress(OSError):  # something else wrote there meanwhile: leave it
             d.rmdir()

@@ -4,7 +4,9 @@ The ids x_0 .. x_N are cut into windows of ``context + 1`` ids that overlap by o
 every id after the first is predicted exactly once, from the ids before it in its window:
   window k = x[k·C .. k·C + C],  NLL_k = Σ_t -log p(x_{k·C+t+1} | x_{k·C} .. x_{k·C+t}),  t = 0..C-1
   mean NLL = Σ_k NLL_k / N   (nats),   perplexity = exp(mean NLL).
-Full windows run ``batch_size`` at a time; the shorter last window runs alone.
+Full windows run ``batch_size`` at a time; the shorter last window runs alone. A forward of B windows
+of C tokens holds B·C·V fp32 logits twice (the logits and their log-softmax): ``largest_forward`` and
+``logits_bytes`` say how much the largest one needs, for a check before scoring starts.
 
 ``leading_token_ids`` finds the first ids of a long text by tokenizing only a prefix of it, so that
 scoring a few tokens of a large file does not wait for the whole file to be tokenized.
@@ -19,6 +21,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+SCORING_LOGIT_COPIES = 2  # a forward's fp32 logits and the log-softmax that cross_entropy makes of them
 FIRST_PREFIX_CHARS_PER_ID = 6  # the first prefix tried: this many characters for each id wanted (~4 in English)
 MIN_PREFIX_CHARS = 4096
 
@@ -70,6 +73,21 @@ def _windows(ids: torch.Tensor, context: int) -> tuple[torch.Tensor, torch.Tenso
     idx = torch.arange(full)[:, None] * context + torch.arange(context + 1)[None, :]
     rest = ids[full * context :]
     return ids[idx], (rest[None] if rest.numel() > 1 else None)
+
+
+def largest_forward(tokens: int, context: int, batch_size: int) -> tuple[int, int]:
+    """(windows, tokens per window) of the largest forward ``score_token_ids`` runs to score ``tokens`` ids
+    (``tokens`` + 1 given) in windows of ``context``, ``batch_size`` windows at a time; (0, 0) for no ids."""
+    window = min(context, tokens)
+    if window < 1:
+        return 0, 0
+    return min(batch_size, tokens // window), window
+
+
+def logits_bytes(windows: int, window: int, vocab: int) -> int:
+    """Bytes a forward over ``windows`` windows of ``window`` tokens holds for its fp32 logits over ``vocab``
+    ids and their log-softmax (``window_nll``), before anything else it allocates."""
+    return SCORING_LOGIT_COPIES * 4 * windows * window * vocab
 
 
 @torch.no_grad()

@@ -54,6 +54,12 @@ def _cgroup_free() -> int | None:
     return None
 
 
+def allocation_failed(exc: BaseException) -> bool:
+    """``exc`` is an allocation failure: Python's MemoryError, torch's OutOfMemoryError (CUDA) or the
+    RuntimeError of torch's CPU allocator ("DefaultCPUAllocator: can't allocate memory ...")."""
+    return isinstance(exc, (MemoryError, torch.OutOfMemoryError)) or "can't allocate memory" in str(exc)
+
+
 def available_memory(device: torch.device) -> int:
     """Bytes free for a model on ``device`` now."""
     if device.type == "cuda":

@@ -70,10 +70,11 @@ def run_training(
         )
     fp = model_footprint(cfg, torch.bfloat16)
     _check_training_memory(cfg, fp.total_params, tc)  # before the tokenizing, which can take minutes
-    train_ids = cached_token_ids(corpus_dir / "train.txt", tokenizer_dir, cache_dir, log)
+    # the small held-out split first: a missing or empty one is refused before the training split's minutes
     heldout_ids = cached_token_ids(corpus_dir / "heldout.txt", tokenizer_dir, cache_dir, log)
     if len(heldout_ids) < 2:
         raise ValueError(f"{corpus_dir / 'heldout.txt'} holds {len(heldout_ids)} token(s): nothing to evaluate on")
+    train_ids = cached_token_ids(corpus_dir / "train.txt", tokenizer_dir, cache_dir, log)
     top = int(max(train_ids.max(initial=0), heldout_ids.max()))
     if top >= cfg.vocab_size:
         raise ValueError(f"tokenizer id {top} does not fit the model's vocabulary of {cfg.vocab_size}")

@@ -26,6 +26,7 @@ from nonstop.engine.perplexity import score_token_ids
 from nonstop.model.build import random_model
 from nonstop.model.kda import KDAAttention
 from nonstop.model.stack import CausalLM
+from nonstop.program.preflight import allocation_failed
 from nonstop.train.balance import ExpertBalancer
 from nonstop.train.batches import WindowSampler
 from nonstop.train.schedule import learning_rate
@@ -37,12 +38,6 @@ class TrainingDiverged(ValueError):
 
 class TrainingOutOfMemory(ValueError):
     """A step's activations did not fit in memory: a setting to change (batch size, sequence length), not a bug."""
-
-
-def _allocation_failed(exc: BaseException) -> bool:
-    """``exc`` is an allocation failure: Python's MemoryError, torch's OutOfMemoryError (CUDA) or the
-    RuntimeError of torch's CPU allocator ("DefaultCPUAllocator: can't allocate memory ...")."""
-    return isinstance(exc, (MemoryError, torch.OutOfMemoryError)) or "can't allocate memory" in str(exc)
 
 
 @dataclass
@@ -217,7 +212,7 @@ def train(
                 last_eval = time.monotonic()
                 window_t0 += last_eval - now  # evaluation time is not training speed
     except (MemoryError, RuntimeError) as exc:
-        if not _allocation_failed(exc):
+        if not allocation_failed(exc):
             raise
         raise TrainingOutOfMemory(
             f"out of memory in training step {result.steps + 1} ({tc.batch_size} sequences x {tc.seq_len} tokens): "

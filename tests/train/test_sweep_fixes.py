@@ -174,3 +174,72 @@ def test_a_broken_token_cache_is_tokenized_again(corpus, tmp_path, capsys, kept)
     assert f"{cache} is unreadable" in err and "tokenizing" in err and len(err.strip().splitlines()) == 1
     assert np.array_equal(np.load(cache), good)  # rewritten
     assert [p.name for p in (tmp_path / "tokens").iterdir()] == [cache.name]  # no temporary file left
+
+
+def test_an_old_chat_template_left_in_out_is_noted_as_synth_notes_it(corpus, config, tmp_path, capsys):
+    """The loader prefers out/chat_template.jinja to the trained tokenizer's template: train said nothing."""
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "chat_template.jinja").write_text("{{ messages[0].content }}")
+    assert main(_argv(corpus, config, tmp_path, "--max-steps", "1", "--no-samples")) == 0
+    err = capsys.readouterr().err
+    assert f"note: chat_template.jinja left in {out}" in err and "remove it if it belongs to an old model" in err
+    assert (out / "chat_template.jinja").read_text() == "{{ messages[0].content }}"  # the user's file: kept
+    assert main(_argv(corpus, config, tmp_path, "--max-steps", "1", "--no-samples", "--out", str(tmp_path / "o2"))) == 0
+    assert "note:" not in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    ("cache_dir", "message"),
+    [
+        ("afile", "--cache-dir {tmp}/afile is an existing file, not a directory"),
+        ("afile/tokens", "--cache-dir {tmp}/afile/tokens lies under {tmp}/afile, which is a file"),
+        pytest.param(
+            "/proc/nonstop-test/tokens",
+            "--cache-dir /proc/nonstop-test/tokens: cannot create the directory",
+            marks=pytest.mark.skipif(not sys.platform.startswith("linux"), reason="/proc is Linux's"),
+        ),
+    ],
+)
+def test_a_cache_dir_that_cannot_hold_the_tokens_is_refused_before_tokenizing(
+    corpus, config, tmp_path, capsys, cache_dir, message
+):
+    """It failed after the tokenizing with "[Errno 17] File exists: 'afile'", naming no flag."""
+    (tmp_path / "afile").write_text("mine")
+    path = cache_dir if cache_dir.startswith("/") else str(tmp_path / cache_dir)
+    argv = _argv(corpus, config, tmp_path)
+    argv[argv.index("--cache-dir") + 1] = path
+    err = _refused(argv, capsys)
+    assert message.format(tmp=tmp_path) in err and "[train " not in err and len(err.strip().splitlines()) == 1
+    assert (tmp_path / "afile").read_text() == "mine" and not (tmp_path / "out").exists()
+
+
+def test_a_missing_held_out_split_is_refused_before_the_training_split_is_tokenized(
+    corpus, config, tmp_path, capsys, monkeypatch
+):
+    tokenized = []
+    tokenize = train_run.cached_token_ids
+    monkeypatch.setattr(
+        train_run, "cached_token_ids", lambda text, *a: tokenized.append(text.name) or tokenize(text, *a)
+    )
+    (corpus / "heldout.txt").unlink()
+    err = _refused(_argv(corpus, config, tmp_path), capsys)
+    assert "heldout.txt not found" in err and "train.txt" not in tokenized
+
+
+def test_the_final_held_out_score_is_the_bf16_checkpoints_as_the_model_card_says(corpus, config, tmp_path):
+    """The model card said the training log's held-out figure was of "the weights as trained"; the run scores
+    the checkpoint it wrote (bf16), read back."""
+    from nonstop.engine.perplexity import score_token_ids
+    from nonstop.model.build import load_model
+
+    assert main(_argv(corpus, config, tmp_path, "--no-samples")) == 0
+    out = tmp_path / "out"
+    logged = json.loads((out / "training_log.json").read_text())["result"]["heldout_mean_nll"]
+    heldout = cached_token_ids(corpus / "heldout.txt", TOKENIZER, tmp_path / "tokens")
+    saved = load_model(ModelConfig.from_file(config), out, torch.float32)
+    assert logged == round(score_token_ids(saved, heldout, context=POSITIONS, batch_size=8).mean_nll, 4)
+    assert json.loads((out / "config.json").read_text())["torch_dtype"] == "bfloat16"
+    card = " ".join((ASSETS / "k3-nano" / "README.md").read_text().split())
+    about_the_log = card[card.index("`result.heldout_perplexity`") :].split(";")[0]
+    assert "bf16 checkpoint" in about_the_log and "as trained" not in about_the_log
