@@ -83,12 +83,6 @@ def _common(p: argparse.ArgumentParser, model_default: str | None) -> None:
         default=300.0,
         help="seconds one candidate's verification may take (default 300)",
     )
-    p.add_argument(
-        "--store",
-        type=_store_arg,
-        default=None,
-        help="tuning store JSON (default $NONSTOP_TUNING_STORE or ~/.cache/nonstop/tuning.json)",
-    )
     add_threads_arg(p)  # this process: the twins, CPU timing (a sandboxed verification child uses one thread)
 
 
@@ -132,6 +126,12 @@ def add_parser(sub) -> None:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     _common(p, None)
+    p.add_argument(
+        "--store",
+        type=_store_arg,
+        default=None,
+        help="tuning store JSON (default $NONSTOP_TUNING_STORE or ~/.cache/nonstop/tuning.json)",
+    )
     p.add_argument("--list", action="store_true", help="list the tuning store's entries and exit")
     add_proposer_args(p, rounds=3)
     p.add_argument("--no-store", action="store_true", help="do not write the tuning store (report only)")
@@ -278,23 +278,21 @@ def list_store(path: Path | None) -> int:
         return 0
     print(f"{path}: {len(entries)} entr{'y' if len(entries) == 1 else 'ies'}")
     for e in entries:
-        speed = (
-            (
-                f"{e['time_ms'] * 1e3:.2f} us"
-                + (
-                    f" (built-in {e['builtin_ms'] * 1e3:.2f} us, floor {e['floor_ms'] * 1e3:.2f} us)"
-                    if e.get("builtin_ms")
-                    else ""
-                )
-            )
-            if e.get("timed")
-            else "verified, untimed"
-        )
-        print(
-            f"  {e['device']} | {e['kind']} | {e['shape']} | {speed} | {e['proposer']} round {e['round']} "
-            f"({e['candidate']}) | {e['kernel']} | {e['created']}"
-        )
+        print(f"  {_entry_line(e)}")
     return 0
+
+
+def _entry_line(e: dict) -> str:
+    """One entry of ``tune --list`` (its fields were checked when the store was read: ``tuned.entry_problem``;
+    the optional ones may be missing)."""
+    if e.get("timed"):
+        speed = f"{e['time_ms'] * 1e3:.2f} us"
+        if e.get("builtin_ms") is not None and e.get("floor_ms") is not None:
+            speed += f" (built-in {e['builtin_ms'] * 1e3:.2f} us, floor {e['floor_ms'] * 1e3:.2f} us)"
+    else:
+        speed = "verified, untimed"
+    origin = f"{e.get('proposer', '?')} round {e.get('round', '?')} ({e.get('candidate', '?')})"
+    return f"{e['device']} | {e['kind']} | {e['shape']} | {speed} | {origin} | {e['kernel']} | {e.get('created', '?')}"
 
 
 # ----------------------------------------------------------------------------- nonstop tune verify

@@ -11,7 +11,8 @@ DEVICE is ``device_name`` (the CUDA device name, or "cpu" for the Triton interpr
 candidate that passed ``nonstop tune verify`` at that shape on that device; its SHA-256 is checked
 again before it is imported, and a file that is missing, altered or fails to import is skipped with
 a warning (the built-in kernel runs). A store file that cannot be used (unreadable, not JSON, not a
-tuning store) is reported in one line and read as empty by ``load_store``; ``read_store`` (the writer's
+tuning store, an entry without its kernel or with a field of the wrong type: ``entry_problem``) is reported
+in one line and read as empty by ``load_store``; ``read_store`` (the writer's
 and ``tune --list``'s reader) raises ``StoreError`` instead, so the file is never replaced.
 
 ``use_tuned(table, program, device, stats)`` returns the executor's kernel table with every kind that
@@ -94,8 +95,44 @@ def _layout_problem(data) -> str | None:
             if not isinstance(shapes, dict):
                 return f"entries[{device!r}][{kind!r}] is not an object"
             for key, entry in shapes.items():
-                if not isinstance(entry, dict):
-                    return f"entries[{device!r}][{kind!r}][{key!r}] is not an object"
+                problem = entry_problem(entry)
+                if problem:
+                    return f"entries[{device!r}][{kind!r}][{key!r}] {problem}"
+    return None
+
+
+_NUMBER_OR_NULL = ((int, float, type(None)), "a number or null")
+# the fields of an entry its readers rely on: name -> (accepted types, what they are in words, required)
+ENTRY_FIELDS = {
+    "kernel": (str, "text", True),
+    "sha256": (str, "text", True),
+    "proposer": (str, "text", False),
+    "candidate": (str, "text", False),
+    "created": (str, "text", False),
+    "round": (int, "an integer", False),
+    "timed": (bool, "true or false", False),
+    "time_ms": (*_NUMBER_OR_NULL, False),
+    "builtin_ms": (*_NUMBER_OR_NULL, False),
+    "floor_ms": (*_NUMBER_OR_NULL, False),
+}
+
+
+def entry_problem(entry) -> str | None:
+    """Why one store entry cannot be read ("has no 'kernel'", "'time_ms' is str, not a number or null"),
+    None when its fields (``ENTRY_FIELDS``) are there and of their types."""
+    if not isinstance(entry, dict):
+        return "is not an object"
+    for name, (types, words, required) in ENTRY_FIELDS.items():
+        if name not in entry:
+            if required:
+                return f"has no {name!r}"
+            continue
+        value = entry[name]
+        is_bool = isinstance(value, bool)
+        if not isinstance(value, types) or (is_bool and types is not bool):
+            return f"has {name!r} {type(value).__name__} {value!r:.40}, not {words}"
+    if entry.get("timed") and entry.get("time_ms") is None:
+        return "is timed but has no 'time_ms'"
     return None
 
 
@@ -142,21 +179,25 @@ def load_store(path: Path | None) -> dict:
         return _empty()
 
 
+def kernel_problem(root: Path, entry: dict) -> str | None:
+    """Why the stored kernel file of ``entry`` (relative to the store's directory ``root``) cannot be used
+    ("is missing", "changed since it was verified ..."), None when it holds what was verified (SHA-256)."""
+    try:
+        source = (root / entry.get("kernel", "")).read_bytes()
+    except OSError:
+        return "is missing"
+    if hashlib.sha256(source).hexdigest() != entry.get("sha256"):
+        return "changed since it was verified (SHA-256 differs)"
+    return None
+
+
 def load_kernel(root: Path, entry: dict):
     """The ``launch`` of a stored kernel file after checking its SHA-256; None (with a warning) if the
     file is missing, changed since it was verified, or does not import."""
     path = root / entry.get("kernel", "")
-    try:
-        source = path.read_bytes()
-    except OSError:
-        warnings.warn(f"tuned kernel {path} is missing; using the built-in kernel", RuntimeWarning, stacklevel=2)
-        return None
-    if hashlib.sha256(source).hexdigest() != entry.get("sha256"):
-        warnings.warn(
-            f"tuned kernel {path} changed since it was verified (SHA-256 differs); using the built-in kernel",
-            RuntimeWarning,
-            stacklevel=2,
-        )
+    problem = kernel_problem(root, entry)
+    if problem:
+        warnings.warn(f"tuned kernel {path} {problem}; using the built-in kernel", RuntimeWarning, stacklevel=2)
         return None
     try:
         spec = importlib.util.spec_from_file_location(f"nonstop_tuned_{entry['sha256'][:16]}", path)

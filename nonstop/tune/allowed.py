@@ -65,9 +65,11 @@ MATH_NAMES = frozenset(
     log log10 log1p log2 modf nan nextafter perm pi pow prod radians remainder sin sinh sqrt tan tanh tau trunc ulp
 """.split()
 )
+# the torch allocators a candidate may call: zeroed memory only (no torch.empty: see the module docstring)
+TORCH_ALLOCATORS = frozenset({"zeros", "zeros_like"})
+TORCH_FACTS = frozenset("device dtype Size Tensor finfo iinfo".split())  # types and dtype facts
 MODULES: dict[str, frozenset[str]] = {
-    "torch": DTYPES
-    | frozenset("cuda device dtype Size Tensor zeros zeros_like finfo iinfo".split()),  # no torch.empty: see below
+    "torch": DTYPES | TORCH_ALLOCATORS | TORCH_FACTS | {"cuda"},
     "torch.cuda": frozenset(
         "current_device device_count get_device_capability get_device_name get_device_properties is_available".split()
     ),

@@ -1,8 +1,9 @@
 """A candidate kernel file and what proposers share: the feedback of the previous round.
 
-A proposer (``search.SearchProposer``, ``llm.LLMProposer``) has ``name`` and
-``propose(context, n) -> list[Candidate]``; the loop verifies what it proposes and hands back the
-verdicts in the next round's ``RoundContext``.
+A proposer (``search.SearchProposer``, ``llm.LLMProposer``) has ``name``,
+``propose(context, n) -> list[Candidate]`` and ``stopped`` (None, or why it can propose no more: the loop
+ends its rounds after the current one); the loop verifies what it proposes and hands back the verdicts in
+the next round's ``RoundContext``.
 """
 
 from __future__ import annotations

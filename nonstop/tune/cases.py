@@ -62,7 +62,9 @@ class CaseSpec:
     def describe(self) -> str:
         c = self.cfg
         mode = ", keep_states" if self.keep_states else ""
-        return f"{self.label}: d={c.hidden_size} B={self.B} T={self.T}{mode} {str(self.dtype).removeprefix('torch.')}"
+        which = f", variant {self.variant}" if self.variant and self.label == "tuned" else ""
+        dtype = str(self.dtype).removeprefix("torch.")
+        return f"{self.label}: d={c.hidden_size} B={self.B} T={self.T}{mode} {dtype}{which}"
 
 
 @dataclass

@@ -1,8 +1,10 @@
-"""Entry point of the verification child (``python -I child.py JOBDIR``); the work is in ``child_run``.
+"""Entry point of the verification child (``python -I child.py JOBDIR [PARENT_PID]``); the work is in ``child_run``.
 
 Isolated mode ignores PYTHON* variables and the user site, so the repository root is put on the path
 here. The network is blocked at the Python level once torch is imported, before any candidate code (the
-parent also unshares the network namespace where the kernel allows it).
+parent also unshares the network namespace where the kernel allows it). First of all the child arms
+``die_with_parent(PARENT_PID)`` (the sandbox passes it; a rerun by hand may leave it out): it ends when the
+verifying process dies, however it dies.
 """
 
 from __future__ import annotations
@@ -29,8 +31,12 @@ def _block_network() -> None:
             setattr(socket, name, refused)
 
 
-def main(jobdir: str) -> int:
+def main(jobdir: str, parent: int | None = None) -> int:
     sys.path.insert(0, str(ROOT))
+    if parent is not None:
+        from nonstop.dist.parent_watch import die_with_parent
+
+        die_with_parent(parent)
     import torch
 
     _block_network()
@@ -44,4 +50,4 @@ def main(jobdir: str) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main(sys.argv[1]))
+    sys.exit(main(sys.argv[1], int(sys.argv[2]) if len(sys.argv) > 2 else None))

@@ -21,6 +21,7 @@ from a tuning store of the job's own), and the parent compares its logits with t
 
 from __future__ import annotations
 
+import hashlib
 import os
 import random
 from pathlib import Path
@@ -33,15 +34,16 @@ PAGE_SIZE = 16
 DEVIATION_FACTOR = 4.0
 
 
-def fingerprint(model) -> list[float]:
-    """(sum, sum of squares) in float64 over the model's weights: the same model on both sides."""
-    s = q = 0.0
-    for t in model.state_dict().values():
+def fingerprint(model) -> str:
+    """SHA-256 over the model's floating-point weights (name, dtype, shape and bytes of each): the same model
+    on both sides. Exact and independent of the thread count (a float sum is neither)."""
+    digest = hashlib.sha256()
+    for name, t in model.state_dict().items():
         if t.is_floating_point():
-            d = t.detach().double()
-            s += float(d.sum())
-            q += float((d * d).sum())
-    return [s, q]
+            data = t.detach().cpu().contiguous().reshape(-1).view(torch.uint8)
+            digest.update(f"{name} {t.dtype} {tuple(t.shape)}\n".encode())
+            digest.update(data.numpy().tobytes())
+    return digest.hexdigest()
 
 
 def _steps(cfg, B: int, T: int, rng: random.Random) -> list[torch.Tensor]:
@@ -157,7 +159,8 @@ def judge_executor_run(planned: dict, builtin: dict | None, got: dict | None, to
         if not dev_c <= bound:
             return [
                 f"{where}: step {i + 1} logits differ from the reference executor's: max |diff| {dev_c:.3g} > "
-                f"{bound:.3g} (the built-in kernel's {dev_b:.3g}; logits up to {scale:.3g}): the candidate "
-                "behaves differently in the executor than in the verification calls"
+                f"{bound:.3g} (the built-in kernel's {dev_b:.3g}; logits up to {scale:.3g}): the candidate is "
+                "wrong in the model (op variants, attributes or state kept between steps that only the model "
+                "exercises)"
             ]
     return []

@@ -6,12 +6,16 @@
 ``n`` independent requests with the same prompt (``prompt.build_prompt``: it carries the previous
 round's verifier messages) at the given temperature; the file is the fenced Python block of each
 reply (``candidate.extract_code``). An endpoint that refuses the prompt as too long for its context
-gets the compact prompt (without the current kernel's source) from then on. Standard library only
-(``urllib``).
+gets the compact prompt (without the current kernel's source) from then on. A reply that fails (an
+HTTP error, a body cut short, not UTF-8, not JSON, not a chat completion, a timeout) is one candidate "not
+produced"; an endpoint that stops answering after it has answered ends the rounds (``stopped``) and the loop
+keeps what was verified; one that never answers is an ``EndpointError``. Standard library only (``urllib``).
 """
 
 from __future__ import annotations
 
+import functools
+import http.client
 import json
 import os
 import urllib.error
@@ -54,8 +58,12 @@ class LLMProposer:
         self.name = f"llm:{model}"
         self.prompts: list[str] = []  # the user messages sent (for reports and tests)
         self.compact = False  # set when the endpoint's context is too short for the full prompt
+        self.answered = 0  # replies received so far
+        self.stopped: str | None = None  # why no more rounds: the endpoint stopped answering
 
     def ask(self, system: str, user: str) -> str:
+        """The content of one chat completion; ``EndpointError`` when the endpoint cannot be used at all,
+        ``ContextTooLong``, or ``RuntimeError`` / ``OSError`` for one failed reply."""
         body = json.dumps(
             {
                 "model": self.model,
@@ -70,7 +78,7 @@ class LLMProposer:
         request = urllib.request.Request(self.url, data=body, headers=headers, method="POST")
         try:
             with urllib.request.urlopen(request, timeout=self.timeout_s) as response:
-                data = json.loads(response.read().decode())
+                raw = response.read()
         except urllib.error.HTTPError as exc:
             detail = exc.read().decode(errors="replace")[:300]
             if exc.code in (401, 403, 404):
@@ -80,39 +88,60 @@ class LLMProposer:
             raise RuntimeError(f"HTTP {exc.code}: {detail}") from None
         except urllib.error.URLError as exc:
             raise EndpointError(f"cannot reach {self.url}: {exc.reason}") from None
-        try:
-            return data["choices"][0]["message"]["content"] or ""
-        except (KeyError, IndexError, TypeError):
-            raise RuntimeError(f"not a chat completion: {json.dumps(data)[:300]}") from None
+        except http.client.HTTPException as exc:  # IncompleteRead, a bad status line ...
+            raise RuntimeError(f"the reply was cut short or malformed ({type(exc).__name__}: {exc})") from None
+        return completion_content(raw)
 
     def propose(self, context: RoundContext, n: int) -> list[Candidate]:
-        system, user = build_prompt(context, compact=self.compact)
+        """Up to ``n`` candidates, one request each. A failed reply is a candidate "not produced"; an endpoint
+        that stops answering after it has answered before ends the round and sets ``stopped`` (the loop then
+        ends its rounds, keeping what was verified); one that never answered raises ``EndpointError``."""
+        prompt = functools.cache(lambda compact: build_prompt(context, compact=compact))
         out = []
         for i in range(n):
             cid = f"r{context.round}c{i + 1}"
-            self.prompts.append(user)
             try:
-                reply = self.ask(system, user)
-            except EndpointError:
-                raise
-            except ContextTooLong:
-                if self.compact:
-                    out.append(
-                        Candidate(
-                            cid, "", self.name, error="the prompt is longer than the endpoint's context, even compact"
-                        )
-                    )
-                    continue
-                self.compact = True  # once: drop the current kernel's source from the prompt
-                system, user = build_prompt(context, compact=True)
-                self.prompts[-1] = user
-                try:
-                    reply = self.ask(system, user)
-                except (RuntimeError, TimeoutError, OSError, json.JSONDecodeError) as exc:
-                    out.append(Candidate(cid, "", self.name, error=f"the endpoint failed: {exc}"[:300]))
-                    continue
-            except (RuntimeError, TimeoutError, OSError, json.JSONDecodeError) as exc:
+                reply = self._reply(prompt)
+            except EndpointError as exc:
+                if not self.answered:
+                    raise
+                self.stopped = f"the endpoint stopped answering ({exc})"
+                out.append(Candidate(cid, "", self.name, error=self.stopped))
+                break
+            except (RuntimeError, OSError) as exc:  # OSError: timeouts, resets
                 out.append(Candidate(cid, "", self.name, error=f"the endpoint failed: {exc}"[:300]))
                 continue
+            self.answered += 1
             out.append(Candidate(cid, extract_code(reply), self.name))
         return out
+
+    def _reply(self, prompt) -> str:
+        """One reply to ``prompt(compact)``; an endpoint that refuses the full prompt as too long for its
+        context gets the compact one, from then on."""
+        system, user = prompt(self.compact)
+        self.prompts.append(user)
+        try:
+            return self.ask(system, user)
+        except ContextTooLong:
+            if self.compact:
+                raise RuntimeError("the prompt is longer than the endpoint's context, even compact") from None
+        self.compact = True  # once: drop the current kernel's source from the prompt
+        system, user = prompt(True)
+        self.prompts[-1] = user
+        return self.ask(system, user)
+
+
+def completion_content(raw: bytes) -> str:
+    """The message content of a chat completion's body; ``RuntimeError`` (one line) when it is none."""
+    try:
+        data = json.loads(raw.decode())
+        content = data["choices"][0]["message"]["content"]
+    except UnicodeDecodeError:
+        raise RuntimeError("the reply is not UTF-8 text") from None
+    except json.JSONDecodeError as exc:
+        raise RuntimeError(f"the reply is not JSON ({exc})") from None
+    except (KeyError, IndexError, TypeError):
+        raise RuntimeError(f"not a chat completion: {raw[:300].decode(errors='replace')}") from None
+    if content is not None and not isinstance(content, str):
+        raise RuntimeError(f"not a chat completion: the message content is {type(content).__name__}, not text")
+    return content or ""

@@ -2,7 +2,9 @@
 
 Round r: the proposer writes up to ``candidates`` files (it sees the verdicts of round r-1); each is
 verified (``verify.verify``: static checks, then the sandboxed dynamic checks and, on a GPU, the
-timing); a progress line per candidate and per round. On a GPU the built-in kernel is verified and
+timing); a progress line per candidate and per round. Each verified candidate that becomes the best for a
+shape is written to the store at once, so what was verified is kept whatever ends the rounds (a proposer
+that stops, e.g. an endpoint that no longer answers, an error, Ctrl-C). On a GPU the built-in kernel is verified and
 timed first, in the same harness: a candidate is kept for a shape only when its median beats the
 built-in's there. Without a GPU nothing is timed: the first verified candidate is kept for each shape
 as *verified, untimed* (the store never holds an invented speed). The report lists candidates tried,
@@ -102,7 +104,9 @@ class Report:
         return out
 
 
-def _keep(report: Report, outcome: Outcome, shape_keys: list[str]) -> None:
+def _keep(report: Report, outcome: Outcome, shape_keys: list[str]) -> list[str]:
+    """Make ``outcome`` the best for the shapes where it is (see the module docstring); returns them."""
+    kept = []
     for key in shape_keys:
         timed = outcome.timing.get(key)
         current = report.best.get(key)
@@ -112,14 +116,17 @@ def _keep(report: Report, outcome: Outcome, shape_keys: list[str]) -> None:
                 current is None or current[1] is None or timed["median_ms"] < current[1]["median_ms"]
             ):
                 report.best[key] = (outcome, timed)
+                kept.append(key)
         elif current is None and not report.baseline:
             report.best[key] = (outcome, None)
+            kept.append(key)
+    return kept
 
 
 def tune(
     target: Target, proposer, rounds: int, candidates: int, store_path: Path | None, timeout_s: float = 300.0, say=print
 ) -> Report:
-    """Run the loop (see the module docstring); returns the report (also written to the store as it goes)."""
+    """Run the loop (see the module docstring); returns the report (winners written to the store as they come)."""
     t0 = time.perf_counter()
     report = Report(target, proposer.name, store_path=store_path)
     if not target.shapes:
@@ -155,7 +162,9 @@ def tune(
                 )
                 say(f"  {c.id}{' [' + c.note + ']' if c.note else ''}: {verdict}")
                 if v.accepted:
-                    _keep(report, outcome, keys)
+                    kept = _keep(report, outcome, keys)
+                    if store_path is not None:
+                        _store(report, store_path, target, kept)
             previous.append(outcome)
         report.outcomes += previous
         n_ok = sum(o.accepted for o in previous)
@@ -166,15 +175,18 @@ def tune(
             f"round {r}/{rounds}: {len(previous)} candidates, {counts}; "
             f"best so far for {sum(k in report.best for k in keys)}/{len(keys)} shape(s)"
         )
-    if store_path is not None:
-        _store(report, store_path, target)
+        if proposer.stopped:
+            say(f"round {r}/{rounds}: {proposer.stopped}; no more rounds (what was verified is kept)")
+            break
     report.seconds = time.perf_counter() - t0
     return report
 
 
-def _store(report: Report, path: Path, target: Target) -> None:
+def _store(report: Report, path: Path, target: Target, keys: list[str]) -> None:
+    """Record the best of each shape in ``keys`` in the store at ``path`` (``store.record`` keeps what is better)."""
     device = device_name(target.device)
-    for key, (outcome, timed) in report.best.items():
+    for key in keys:
+        outcome, timed = report.best[key]
         base = report.baseline.get(key)
         entry = {
             "proposer": outcome.candidate.proposer,
@@ -188,5 +200,5 @@ def _store(report: Report, path: Path, target: Target) -> None:
             "floor_ms": base["floor_ms"] if base else None,
             "verification": outcome.record,
         }
-        if store.record(path, device, target.kind, key, outcome.candidate.source, entry):
+        if store.record(path, device, target.kind, key, outcome.candidate.source, entry) and key not in report.stored:
             report.stored.append(key)

@@ -16,23 +16,39 @@ import textwrap
 import torch
 
 from nonstop.program.lower import lower
+from nonstop.tune.allowed import MODULES, TORCH_ALLOCATORS, TORCH_FACTS
 from nonstop.tune.candidate import RoundContext
 from nonstop.tune.cases import random_model_meta, variants
 from nonstop.tune.timing import peak_bandwidth
 
 MAX_KERNEL_SOURCE = 24_000
-RULES = """\
+
+
+def _torch(names) -> str:
+    return " / ".join(f"torch.{n}" for n in sorted(names))
+
+
+def rules() -> str:
+    """The rules of a candidate file, as the prompt states them; the torch names come from the allow-lists
+    (``allowed.py``) the static checker applies, so the two cannot drift apart."""
+    alloc = _torch(TORCH_ALLOCATORS)
+    facts = _torch(TORCH_FACTS)
+    cuda = _torch(f"cuda.{n}" for n in MODULES["torch.cuda"])
+    return f"""\
 Rules (a static checker and a sandboxed verifier enforce them; a file that breaks one is rejected):
 - Compute only in @triton.jit kernels. Host code in launch() computes pointers, strides, sizes and grids,
-  allocates scratch with torch.empty / torch.zeros, and launches kernels. No torch operators that compute
-  (matmul, +, copy_, .to(), .sum() ...), no reading tensor values on the host (.item(), int(t), .tolist()).
-- Imports at module level only: triton, triton.language as tl, torch (dtypes, empty/zeros, torch.cuda device
-  facts), math, typing, and from nonstop.kernels.* its Triton kernels and tiles (e.g. nonstop.kernels.gemv.gemv_rows),
-  constants, the built-in launchers and the host helpers they call. Never the twin (nonstop.program.reference) or
-  nonstop.model. Every name is checked against allow-lists (nonstop/tune/allowed.py): from each module only its
-  listed names, in host code only the basic builtins (len, range, min, max, int, isinstance ...) and the attributes
-  a launcher reads (op.weights/attrs/reads/writes, env.buf/cache/batch, config fields, tensor .shape/.stride()/
-  .dtype/.device/.numel()/views, dict .get/.items).
+  allocates scratch with {alloc} only (zeroed: no uninitialised allocation, which may hand
+  back the bytes of a previous call), and launches kernels. No torch operators that compute (matmul, +, copy_,
+  .to(), .sum() ...), no reading tensor values on the host (.item(), int(t), .tolist()).
+- Imports at module level only: triton, triton.language as tl, math, typing, torch: its dtypes, {alloc},
+  {facts},
+  {cuda};
+  and from nonstop.kernels.* its Triton kernels and tiles (e.g. nonstop.kernels.gemv.gemv_rows), constants, the
+  built-in launchers and the host helpers they call. Never the twin (nonstop.program.reference) or nonstop.model.
+  Every name is checked against allow-lists (nonstop/tune/allowed.py): from each module only its listed names, in
+  host code only the basic builtins (len, range, min, max, int, isinstance ...) and the attributes a launcher
+  reads (op.weights/attrs/reads/writes, env.buf/cache/batch, config fields, tensor .shape/.stride()/.dtype/
+  .device/.numel()/views, dict .get/.items).
 - No try/except, with, classes, global/nonlocal, threads, async, exec/eval/getattr/__import__/open, dunder or
   private attributes, str.format, streams, triton.autotune, module-level state (only constants at module level),
   mutable default arguments, assignment to attributes or items of the objects you are given, augmented
@@ -43,6 +59,9 @@ Rules (a static checker and a sandboxed verifier enforce them; a file that break
   and hold for every shape: the verifier also runs held-out odd sizes, B and T up to 4, and speculative steps
   (env.batch.keep_states) with fresh random inputs each call, outputs poisoned with NaN and guard bands.
 - Answer with ONE complete Python file in a single ```python block, defining launch(op, env)."""
+
+
+RULES = rules()
 
 
 def _called_names(fn) -> set[str]:

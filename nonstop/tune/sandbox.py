@@ -4,6 +4,10 @@ whole process group is killed on timeout) and, where the kernel allows unprivile
 a network namespace of its own with no interfaces (``unshare(CLONE_NEWUSER | CLONE_NEWNET)``;
 ``NONSTOP_TUNE_NETNS=0`` skips it where a driver objects); the child also refuses sockets at the
 Python level (``child.py``).
+
+The child never outlives its parent: an interrupted wait (Ctrl-C: the child's own session gets no SIGINT)
+kills its process group before the exception goes on, and the child arms ``die_with_parent`` with the
+parent's pid (``child.py``), so a parent killed outright takes it along too.
 """
 
 from __future__ import annotations
@@ -84,15 +88,23 @@ def child_env(jobdir: Path, device: torch.device) -> dict[str, str]:
     return env
 
 
+def _kill_group(proc: subprocess.Popen) -> None:
+    """SIGKILL the child's process group (its own session), if it is still there."""
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+
+
 def run_child(jobdir: Path, device: torch.device, timeout_s: float, memory_bytes: int | None = 16 << 30) -> ChildRun:
-    """Run ``child.py jobdir``; returns its result (None when it died, timed out or wrote none).
+    """Run ``child.py jobdir <this pid>``; returns its result (None when it died, timed out or wrote none).
     ``timeout_s`` must be a positive finite number of seconds (``ValueError`` before anything starts)."""
     if not (isinstance(timeout_s, (int, float)) and math.isfinite(timeout_s) and timeout_s > 0):
         raise ValueError(f"the verification timeout must be a positive finite number of seconds, got {timeout_s!r}")
     flag = jobdir / "netns"
     address_space = memory_bytes if device.type != "cuda" else None  # CUDA reserves far more address space than it uses
     proc = subprocess.Popen(
-        [sys.executable, "-I", str(CHILD), str(jobdir)],
+        [sys.executable, "-I", str(CHILD), str(jobdir), str(os.getpid())],
         cwd=jobdir,
         env=child_env(jobdir, device),
         stdin=subprocess.DEVNULL,
@@ -106,8 +118,12 @@ def run_child(jobdir: Path, device: torch.device, timeout_s: float, memory_bytes
         _, err = proc.communicate(timeout=timeout_s)
     except subprocess.TimeoutExpired:
         timed_out = True
-        os.killpg(proc.pid, signal.SIGKILL)
+        _kill_group(proc)
         _, err = proc.communicate()
+    except BaseException:  # Ctrl-C (KeyboardInterrupt) or any other error while waiting: the child goes too
+        _kill_group(proc)
+        proc.wait()
+        raise
     result = None
     path = jobdir / "result.pt"
     if not timed_out and proc.returncode == 0 and path.exists():

@@ -221,6 +221,7 @@ class SearchProposer:
     """One-change-at-a-time variants of the built-in kernel around the best configuration so far."""
 
     name = "search"
+    stopped = None  # it stops by proposing nothing (every move tried)
 
     def __init__(self, kind: str):
         self.kind = kind

@@ -4,7 +4,8 @@ A candidate is host code that computes pointers, strides and grids and launches 
 
 * imports (module level only): ``triton`` (``jit``, ``cdiv``, ``next_power_of_2``,
   ``language``), ``triton.language`` (not ``inline_asm_elementwise``, timers or internals), ``torch``
-  (dtypes, ``empty``/``zeros`` allocation, ``torch.cuda`` device facts: nothing that computes), ``math``,
+  (dtypes, zeroed allocation ``zeros``/``zeros_like`` - never ``empty`` -, ``torch.cuda`` device facts:
+  nothing that computes), ``math``,
   ``typing``, ``__future__``, and names from ``nonstop.kernels.*`` that are functions, Triton
   kernels or constants defined there (never modules, containers or the twins);
 * module level: imports, function definitions (decorator ``triton.jit`` only, and only there: no

@@ -4,7 +4,9 @@ An entry is keyed by (device name, op kind, shape key) and holds the winner's fi
 <sha12>.py`` beside the JSON, checked by SHA-256 when read) and its provenance: proposer, round,
 candidate id, model, the verification record (seed, cases, checks), the times (GPU) or ``timed:
 false`` (CPU), versions and date. ``better(new, old)``: a timed entry beats an untimed one and a slower
-one; an untimed entry only fills an empty place (on a CPU nothing is faster than anything).
+one; an untimed entry only fills an empty place (on a CPU nothing is faster than anything). An entry whose
+kernel file is missing or fails its hash check is an empty place; a kernel file is written only when its
+entry is stored.
 
 A store file that exists but cannot be read as a tuning store is never replaced: ``record``, ``rows`` and
 ``check_writable`` raise ``StoreError`` (a ``ValueError``) naming the file and the reason. ``record``
@@ -25,8 +27,10 @@ from pathlib import Path
 import torch
 
 from nonstop.file_lock import exclusive
-from nonstop.runtime.tuned import read_store
+from nonstop.runtime.tuned import kernel_problem, read_store
 from nonstop.weights.write import write_atomically
+
+KERNELS_DIR = "kernels"  # the winners' files, beside the store's JSON
 
 
 def versions() -> dict:
@@ -54,20 +58,18 @@ def _write_atomically(path: Path, text: str) -> None:
     write_atomically(path, lambda f: f.write(text.encode()))
 
 
-def write_kernel(root: Path, kind: str, source: str) -> tuple[str, str]:
-    """(file path relative to the store's directory, SHA-256) of ``source``, written once (again when the
-    file there does not hold ``source``, e.g. a write cut short)."""
+def kernel_file(kind: str, source: str) -> tuple[str, str]:
+    """(file path relative to the store's directory, SHA-256) of the kernel ``source``."""
     sha = hashlib.sha256(source.encode()).hexdigest()
-    rel = f"kernels/{kind}-{sha[:12]}.py"
-    path = root / rel
-    try:
-        intact = hashlib.sha256(path.read_bytes()).hexdigest() == sha
-    except OSError:
-        intact = False
-    if not intact:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        _write_atomically(path, source)
-    return rel, sha
+    return f"{KERNELS_DIR}/{kind}-{sha[:12]}.py", sha
+
+
+def write_kernel(root: Path, rel: str, sha: str, source: str) -> None:
+    """Write ``source`` to ``root / rel`` once (again when the file there does not hold it, e.g. a write
+    cut short)."""
+    if kernel_problem(root, {"kernel": rel, "sha256": sha}):
+        (root / rel).parent.mkdir(parents=True, exist_ok=True)
+        _write_atomically(root / rel, source)
 
 
 def save(path: Path, data: dict) -> None:
@@ -79,7 +81,8 @@ def save(path: Path, data: dict) -> None:
 def check_writable(path: Path) -> None:
     """Raise ``ValueError`` (one line naming ``path`` and why) unless ``record`` can write the store at
     ``path``: a file path, not a directory; an existing file must be a readable tuning store (it is
-    never replaced otherwise); its directory is created as ``save`` would and must take new files.
+    never replaced otherwise); its directory is created as ``save`` would and must take new files, and so
+    must the ``kernels`` folder beside it when there is one (a file of that name is an error).
     Called before tuning, so a bad path fails before any work is done."""
     if path == Path("."):  # what Path("") becomes
         raise ValueError("the tuning store path is empty; give a JSON file path")
@@ -90,16 +93,25 @@ def check_writable(path: Path) -> None:
     if is_dir:
         raise ValueError(f"tuning store {path} is a directory; give a JSON file path, e.g. {path / 'tuning.json'}")
     read_store(path)  # StoreError when it exists but is unreadable or not a tuning store
+    _check_directory(path, path.parent)
+    kernels = path.parent / KERNELS_DIR
+    if kernels.exists() or kernels.is_symlink():  # missing: the directory above takes it, as checked
+        _check_directory(path, kernels)
+
+
+def _check_directory(path: Path, folder: Path) -> None:
+    """Create ``folder`` (of the store at ``path``) as ``save`` / ``write_kernel`` would and probe that it
+    takes new files; ``ValueError`` (one line naming the store, the folder and why) otherwise."""
     try:
-        path.parent.mkdir(parents=True, exist_ok=True)
+        folder.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
-        where = exc.filename or path.parent
+        where = exc.filename or folder
         why = "a file of that name exists" if isinstance(exc, FileExistsError) else exc.strerror or exc
         raise ValueError(f"tuning store {path}: cannot create its directory {where} ({why})") from None
     try:
-        fd, probe = tempfile.mkstemp(prefix=".tuning-", dir=path.parent)
+        fd, probe = tempfile.mkstemp(prefix=".tuning-", dir=folder)
     except OSError as exc:
-        raise ValueError(f"tuning store {path}: cannot write in {path.parent} ({exc.strerror or exc})") from None
+        raise ValueError(f"tuning store {path}: cannot write in {folder} ({exc.strerror or exc})") from None
     os.close(fd)
     os.unlink(probe)
 
@@ -121,7 +133,7 @@ def record(path: Path, device: str, kind: str, key: str, source: str, entry: dic
 def _record_locked(path: Path, device: str, kind: str, key: str, source: str, entry: dict) -> bool:
     data = read_store(path)
     slot = data["entries"].setdefault(device, {}).setdefault(kind, {})
-    rel, sha = write_kernel(path.parent, kind, source)
+    rel, sha = kernel_file(kind, source)
     new = {
         **entry,
         "kernel": rel,
@@ -129,8 +141,12 @@ def _record_locked(path: Path, device: str, kind: str, key: str, source: str, en
         "versions": versions(),
         "created": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
     }
-    if not better(new, slot.get(key)):
+    old = slot.get(key)
+    if old is not None and kernel_problem(path.parent, old):
+        old = None  # its file is missing or changed: nothing usable holds the place
+    if not better(new, old):
         return False
+    write_kernel(path.parent, rel, sha, source)
     slot[key] = new
     save(path, data)
     return True

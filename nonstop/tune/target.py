@@ -2,9 +2,13 @@
 
 The *tuned shapes* are the model's own: each distinct set of weight shapes the kind has in the model's
 Program, at each requested step shape (B sequences × T tokens; decode is T = 1). They are what a
-proposer is shown and what the tuning store is keyed by (``runtime/tuned.shape_key``). On a CPU the
-Triton interpreter is slow: tuned shapes whose weights exceed ``CPU_WEIGHT_LIMIT`` are not verified
-there (and cannot be stored); the hidden shapes always are.
+proposer is shown and what the tuning store is keyed by (``runtime/tuned.shape_key``). Variants of the
+kind with the same weight shapes but other attributes (``attnres_mix_norm``'s ``n_blocks`` /
+``store_block``, ``linear_residual``'s ``accumulate``) share a store key: a tuned shape lists them
+(``others``), and the verification gives each one a case of its own (one per variant, at the first B:
+at most one per op of the kind in the cut model). On a CPU the Triton interpreter is slow: tuned shapes
+whose weights exceed ``CPU_WEIGHT_LIMIT`` are not verified there (and cannot be stored); the hidden
+shapes always are.
 """
 
 from __future__ import annotations
@@ -30,6 +34,7 @@ class TunedShape:
     key: str  # the tuning store's shape key
     weight_bytes: int
     bytes_moved: int  # the op's bytes read + written at this shape (cost model, at ``context``)
+    others: tuple[int, ...] = ()  # the other variants with these weight shapes (other attrs, same store key)
 
 
 @dataclass
@@ -67,17 +72,23 @@ def make_target(
     target = Target(kind, model, cfg, dtype, device, context)
     with torch.device("meta"):
         program = lower(random_model_meta(cfg).to(dtype))
-    seen = set()
-    for index, op in enumerate(variants(program, kind)):
-        sig = op_signature(op)
-        if sig in seen:
-            continue
-        seen.add(sig)
+    ops = variants(program, kind)
+    groups: dict[tuple, list[int]] = {}  # weight shapes -> the variants that have them, in order
+    for index, op in enumerate(ops):
+        groups.setdefault(op_signature(op), []).append(index)
+    for first, *others in groups.values():
+        op = ops[first]
         weight_bytes = op.weight_bytes()
         for B in rows:
             cost = op.cost(B * tokens, context, B)
             shape = TunedShape(
-                index, B, tokens, shape_key(op, B, tokens, dtype), weight_bytes, cost.bytes_read + cost.bytes_written
+                first,
+                B,
+                tokens,
+                shape_key(op, B, tokens, dtype),
+                weight_bytes,
+                cost.bytes_read + cost.bytes_written,
+                tuple(others),
             )
             if device.type != "cuda" and weight_bytes > CPU_WEIGHT_LIMIT:
                 target.skipped.append(

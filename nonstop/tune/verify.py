@@ -3,7 +3,8 @@
 ``verify(source, target)``:
 1. ``static_check`` (skipped for the built-in kernels, which are trusted code): a rejection here costs
    no process.
-2. The plan: the target's tuned shapes plus hidden shapes (``cases.hidden_config``: odd widths, random
+2. The plan: the target's tuned shapes (every variant of the op that shares a tuned shape's store key
+   among them) plus hidden shapes (``cases.hidden_config``: odd widths, random
    B and T, one speculative ``keep_states`` step), at least ``MIN_CASES`` in all, drawn from a fresh
    random seed per verification; per case two independent states A and B (``cases.build_state``);
    the twin runs here on each.
@@ -35,7 +36,7 @@ from nonstop.tune.judge import TOLERANCE, judge_call, judge_determinism, no_op_d
 from nonstop.tune.sandbox import run_child
 from nonstop.tune.state import Packed, pack, snapshot
 from nonstop.tune.static_check import static_check
-from nonstop.tune.target import Target
+from nonstop.tune.target import Target, TunedShape
 from nonstop.tune.timing import TimingPlan, judge_timing, plan_timing
 
 MIN_CASES = 5
@@ -75,10 +76,16 @@ def builtin_source(kind: str) -> str:
 
 
 def plan(target: Target, rng: random.Random, hidden: int = HIDDEN_CASES) -> list[CaseSpec]:
-    """The tuned shapes, then hidden ones (at least ``MIN_CASES`` cases in all)."""
+    """The tuned shapes; then, at the first step shape of each, the other variants sharing its store key
+    (``TunedShape.others``: the executor runs them too); then hidden shapes (at least ``MIN_CASES`` cases
+    in all)."""
+    tuned = [(s, s.variant) for s in target.shapes]
+    first_of: dict[int, TunedShape] = {}  # variant -> its first tuned shape
+    for s in target.shapes:
+        first_of.setdefault(s.variant, s)
+    tuned += [(s, v) for s in first_of.values() for v in s.others]
     specs = [
-        CaseSpec("tuned", target.cfg, target.dtype, s.B, s.T, False, s.variant, spare_slots=rng.randint(2, 9))
-        for s in target.shapes
+        CaseSpec("tuned", target.cfg, target.dtype, s.B, s.T, False, v, spare_slots=rng.randint(2, 9)) for s, v in tuned
     ]
     n_hidden = max(hidden, MIN_CASES - len(specs))
     shapes = [(1, 1), (3, 1), (2, 3)] + [(rng.randint(1, 4), rng.randint(1, 4)) for _ in range(n_hidden)]

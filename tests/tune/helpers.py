@@ -3,8 +3,10 @@ the correct kernels written for the tests (``kernels/*.py``), and verification t
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import re
+import threading
 from pathlib import Path
 
 import torch
@@ -30,3 +32,16 @@ def expectation(path: Path) -> tuple[str, str, str]:
 def tiny_target(kind: str, config: str = "llama", rows: tuple[int, ...] = (1, 3), dtype=torch.float32) -> Target:
     """``kind`` of a tiny odd-shaped model (its real widths are the tuned shapes), on the CPU."""
     return make_target(kind, f"tiny-{config}", ModelConfig.from_hf_dict(TINY_CONFIGS[config]), dtype, "cpu", list(rows))
+
+
+@contextlib.contextmanager
+def serving(server):
+    """``server`` (an ``http.server`` server) answering on a daemon thread until the block ends; then shut down."""
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield server
+    finally:
+        server.shutdown()
+        server.server_close()
+        thread.join(timeout=10)

@@ -16,7 +16,7 @@ import pytest
 from nonstop.cli import main
 from nonstop.tune.candidate import extract_code
 from tests.tiny_configs import TINY_CONFIGS
-from tests.tune.helpers import HERE
+from tests.tune.helpers import HERE, serving
 
 REPLIES = [
     "Here is a fused kernel.\n```python\nimport triton\n\ndef launch(op, env)\n    pass\n```\n",
@@ -80,15 +80,8 @@ class _Handler(BaseHTTPRequestHandler):
 
 @pytest.fixture
 def endpoint():
-    server = ScriptedEndpoint()
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    try:
+    with serving(ScriptedEndpoint()) as server:
         yield server
-    finally:
-        server.shutdown()
-        server.server_close()
-        thread.join(timeout=10)
 
 
 def test_scripted_llm_loop_keeps_the_correct_kernel(endpoint, tmp_path, capsys, monkeypatch):

@@ -31,6 +31,9 @@ BROKEN = {
     "entries not an object": b'{"version": 1, "entries": []}',
     "a device not an object": b'{"version": 1, "entries": {"cpu": []}}',
     "an entry not an object": b'{"version": 1, "entries": {"cpu": {"mlp": {"B1xT1": 3}}}}',
+    "an entry without its kernel": b'{"version": 1, "entries": {"cpu": {"linear_residual": {"k": {}}}}}',
+    "a time that is no number": b'{"version": 1, "entries": {"cpu": {"mlp": {"k": {"kernel": "kernels/x.py", '
+    b'"sha256": "0", "timed": true, "time_ms": "x"}}}}}',
     "a later version": b'{"version": 2, "entries": {}}',
     "nested too deeply": b"[" * 100_000,
 }
@@ -96,6 +99,27 @@ def test_list_of_an_unreadable_store_is_an_error(kind, tmp_path, capsys):
     out, err = capsys.readouterr()
     assert "no entries" not in out
     assert len(err.strip().splitlines()) == 1 and str(path) in err and "nonstop: error:" in err
+
+
+@pytest.mark.parametrize(
+    ("kind", "phrase"),
+    [("an entry without its kernel", "['k'] has no 'kernel'"), ("a time that is no number", "'time_ms' str")],
+)
+def test_list_names_the_malformed_entry(kind, phrase, tmp_path, capsys):
+    path = tmp_path / "tuning.json"
+    _broken_store(path, kind)
+    assert _exit_code(["tune", "--list", "--store", str(path)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("nonstop: error: tuning store ") and phrase in err[0], err
+
+
+def test_list_shows_an_entry_with_only_the_fields_it_needs(tmp_path, capsys):
+    """The executor run's own store (``exec_check``) records a proposer and nothing else of provenance."""
+    path = tmp_path / "tuning.json"
+    store.record(path, "cpu", "mlp", "B1xT1 w=8x8 float32", "# the kernel\n", {"proposer": "verify"})
+    assert main(["tune", "--list", "--store", str(path)]) == 0
+    assert "verified, untimed | verify round ?" in capsys.readouterr().out
+    assert tuned.load_store(path)["entries"]["cpu"]["mlp"]
 
 
 def test_record_never_replaces_an_unreadable_store(tmp_path):
@@ -171,6 +195,16 @@ def test_tune_checks_the_store_path_before_tuning(where, tmp_path, monkeypatch, 
     assert sorted(p.name for p in work.iterdir()) == ["file"]
 
 
+def test_tune_checks_the_kernels_folder_before_tuning(tmp_path, capsys):
+    """The winners' files go to ``kernels/`` beside the store: a file of that name fails before any work."""
+    (tmp_path / "kernels").write_text("not a folder\n")
+    assert _exit_code([*TUNE, "--store", str(tmp_path / "tuning.json")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "internal error" not in err[0], err
+    assert str(tmp_path / "kernels") in err[0] and "a file of that name exists" in err[0], err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["kernels"]
+
+
 def test_the_store_check_creates_the_directory_save_would_create(tmp_path):
     """A missing parent is created (as ``save`` does) and nothing else is left there."""
     path = tmp_path / "new" / "dir" / "tuning.json"
@@ -210,6 +244,38 @@ def test_a_kernel_file_cut_short_is_written_again(tmp_path):
     assert kernel.read_text() == "# the kernel\nX = 1\n"
 
 
+KEY = "B1xT1 w=8x8 float32"
+
+
+def _kernel_files(root: Path) -> list[str]:
+    return sorted(p.name for p in (root / "kernels").iterdir())
+
+
+def test_a_candidate_not_stored_leaves_no_kernel_file(tmp_path):
+    path = tmp_path / "tuning.json"
+    assert store.record(path, "cpu", "mlp", KEY, "# first\n", ENTRY)
+    kept = _kernel_files(tmp_path)
+    assert not store.record(path, "cpu", "mlp", KEY, "# second, untimed: not better\n", ENTRY)
+    assert _kernel_files(tmp_path) == kept
+
+
+@pytest.mark.parametrize("damage", ["edited", "missing"])
+def test_an_entry_whose_kernel_file_is_unusable_is_replaced(tmp_path, damage):
+    """The executor skips an entry whose file fails its hash check, so the place is empty: an untimed
+    winner (a CPU run) takes it."""
+    path = tmp_path / "tuning.json"
+    store.record(path, "cpu", "mlp", KEY, "# first\n", ENTRY)
+    first = tmp_path / json.loads(path.read_text())["entries"]["cpu"]["mlp"][KEY]["kernel"]
+    if damage == "edited":
+        first.write_text("# first, edited\n")
+    else:
+        first.unlink()
+    assert store.record(path, "cpu", "mlp", KEY, "# second\n", ENTRY)
+    entry = json.loads(path.read_text())["entries"]["cpu"]["mlp"][KEY]
+    assert (tmp_path / entry["kernel"]).read_text() == "# second\n"
+    assert tuned.kernel_problem(tmp_path, entry) is None
+
+
 # ----------------------------------------------------------------------------- numbers
 
 
@@ -229,6 +295,14 @@ def test_context_must_be_at_least_one(command, value, capsys):
         build_parser().parse_args([*command, "--op", "mlp", f"--context={value}"])
     assert info.value.code == 2
     assert "--context" in capsys.readouterr().err
+
+
+def test_verify_takes_no_store():
+    """``tune verify`` writes no store: a --store there would be silently ignored."""
+    with pytest.raises(SystemExit) as info:
+        build_parser().parse_args(["tune", "verify", "--op", "mlp", "--store", "x.json"])
+    assert info.value.code == 2
+    assert build_parser().parse_args(["tune", "--store", "x.json", "--list"]).store == Path("x.json")
 
 
 def test_good_numbers_still_parse():
@@ -271,7 +345,9 @@ def test_store_and_kernel_files_follow_the_umask(tmp_path):
 
     old = os.umask(0o022)
     try:
-        rel, _ = store.write_kernel(tmp_path, "mlp", "def k():\n    pass\n")
+        source = "def k():\n    pass\n"
+        rel, sha = store.kernel_file("mlp", source)
+        store.write_kernel(tmp_path, rel, sha, source)
         store.save(tmp_path / "tuned.json", {"version": 1, "entries": {}})
     finally:
         os.umask(old)

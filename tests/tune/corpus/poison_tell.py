@@ -3,7 +3,7 @@ poisons it with NaN, the executor hands back the buffer of the previous step. Wh
 puts the old contents back after the built-in kernel ran (a stale result in the model, right in every
 call of the verification).
 kind: lm_head
-expect: dynamic: behaves differently in the executor"""
+expect: dynamic: the candidate is wrong in the model"""
 
 import torch
 import triton
