@@ -10,6 +10,7 @@ file means the same model here and there. Shape-defining fields are required.
 from __future__ import annotations
 
 import copy
+import dataclasses
 import math
 
 from nonstop.config_types import (
@@ -258,27 +259,6 @@ def _moe(f: ConfigFields, family: str) -> MoEConfig | None:
         f"field 'moe_router_activation_func' must be sigmoid or softmax, got {scoring!r}",
     )
     latent = f.get("routed_expert_hidden_size", None, int)
-    expert_format = "dense"
-    quant = f.raw.get("quantization_config")
-    if quant is not None and not isinstance(quant, dict):
-        raise ConfigError(f"field 'quantization_config' must be an object, got {quant!r}")
-    block = (quant or {}).get("weight_block_size")
-    if block is not None and not (
-        isinstance(block, list)
-        and len(block) == 2
-        and all(isinstance(b, int) and not isinstance(b, bool) and b > 0 for b in block)
-    ):
-        raise ConfigError(f"field 'quantization_config.weight_block_size' must be two positive integers, got {block!r}")
-    if isinstance(quant, dict):
-        fmt = str(quant.get("format", quant.get("quant_method", "")))
-        if "mxfp4" in fmt:
-            expert_format = "mxfp4"
-        elif _int4_groups(quant):
-            expert_format = "int4"  # compressed-tensors pack-quantized W4A16 (Kimi K2 Thinking, K2.5)
-        elif quant.get("quant_method") == "fp8" or quant.get("fmt") == "e4m3":
-            expert_format = "dense"  # fp8 block weights are dequantised at load
-        else:
-            raise ConfigError(f"unsupported quantization_config format {fmt!r}")
     return MoEConfig(
         num_experts=num_experts,
         top_k=top_k,
@@ -291,7 +271,6 @@ def _moe(f: ConfigFields, family: str) -> MoEConfig | None:
         routed_scaling_factor=f.at_least("routed_scaling_factor", 0.0, 2.446 if kimi else 2.5, strict=True),
         latent_size=latent,
         latent_norm=f.get("latent_moe_use_norm", False, bool) if latent else False,
-        expert_format=expert_format,
     )
 
 
@@ -540,8 +519,105 @@ def hf_config_fields(raw: dict) -> dict:
         fields = _parse_kimi(raw, text, "kimi_k3")
     else:
         fields = _parse_kimi(raw, raw, "kimi_linear")
+    moe = fields.get("moe")
+    fmt = _expert_format(raw, family, moe is not None)
+    if moe is not None:
+        fields["moe"] = dataclasses.replace(moe, expert_format=fmt)
     _check_token_ids(fields)
     return fields
+
+
+# ----------------------------------------------------------------------------- quantization
+
+DEFAULT_FP8_BLOCK = (128, 128)  # DeepSeek-V3 / Kimi K2 weight_block_size
+MXFP4_WEIGHTS = {"group_size": (32,), "num_bits": (4,), "type": ("float",), "scale_dtype": ("torch.uint8", "uint8")}
+
+
+def _quantization_entry(raw: dict) -> tuple[str, object]:
+    """(field path, value) of the ``quantization_config`` of an HF config dict: kimi_k3 keeps it in
+    ``text_config`` (a top-level one is read when ``text_config`` has none); value None when there is none."""
+    text = raw.get("text_config") if raw.get("model_type") == "kimi_k3" else None
+    if isinstance(text, dict) and text.get("quantization_config") is not None:
+        return "text_config.quantization_config", text["quantization_config"]
+    return "quantization_config", raw.get("quantization_config")
+
+
+def quantization_config(raw: dict) -> dict:
+    """The ``quantization_config`` of an HF config dict, wherever its family keeps it ({} when none). The one
+    place that finds it: the parser, the loader (fp8 blocks), the writers and the planner read it here."""
+    quant = _quantization_entry(raw)[1]
+    return quant if isinstance(quant, dict) else {}
+
+
+def without_quantization(raw: dict) -> dict:
+    """A copy of the HF config dict ``raw`` with its ``quantization_config`` removed (where its family keeps
+    it): the config of weights written unquantised."""
+    out = copy.deepcopy(raw)
+    for d in (out, out.get("text_config")):
+        if isinstance(d, dict):
+            d.pop("quantization_config", None)
+    return out
+
+
+def fp8_block_size(raw: dict) -> tuple[int, int]:
+    """The [rows, columns] block of one fp8 ``weight_scale_inv`` (validated by ``hf_config_fields``)."""
+    return tuple(quantization_config(raw).get("weight_block_size") or DEFAULT_FP8_BLOCK)
+
+
+def _expert_format(raw: dict, family: str, has_experts: bool) -> str:
+    """Check the ``quantization_config`` of any family and return the format of the routed experts it gives:
+    ``dense`` (none, or fp8 block weights, dequantised at load), ``mxfp4`` or ``int4``. ConfigError names
+    the field: not an object, a bad ``weight_block_size``, an unsupported format, MXFP4 weight settings
+    other than groups of 32 four-bit floats with uint8 scales, or experts' formats on a model without
+    routed experts."""
+    where, quant = _quantization_entry(raw)
+    if quant is None:
+        return "dense"
+    if not isinstance(quant, dict):
+        raise ConfigError(f"field {where!r} must be an object, got {quant!r}")
+    block = quant.get("weight_block_size")
+    if block is not None and not (
+        isinstance(block, list)
+        and len(block) == 2
+        and all(isinstance(b, int) and not isinstance(b, bool) and b > 0 for b in block)
+    ):
+        raise ConfigError(f"field '{where}.weight_block_size' must be two positive integers, got {block!r}")
+    fmt = str(quant.get("format", quant.get("quant_method", "")))
+    if "mxfp4" in fmt:
+        _check_mxfp4_groups(quant, where)
+        expert_format = "mxfp4"
+    elif _int4_groups(quant):
+        expert_format = "int4"  # compressed-tensors pack-quantized W4A16 (Kimi K2 Thinking, K2.5)
+    elif quant.get("quant_method") == "fp8" or quant.get("fmt") == "e4m3":
+        return "dense"  # fp8 block weights are dequantised at load
+    else:
+        raise ConfigError(f"unsupported {where} format {fmt!r}")
+    if not has_experts:
+        raise ConfigError(
+            f"{where} format {fmt!r} quantises routed experts, but this {family} model has none: "
+            "nonstop reads it only for MoE models"
+        )
+    return expert_format
+
+
+def _check_mxfp4_groups(quant: dict, where: str) -> None:
+    """The weights of every ``config_groups`` entry of an MXFP4 config are what the loader reads (OCP MXFP4:
+    groups of 32 E2M1 values, one E8M0 uint8 scale each); a field that is absent is taken as that."""
+    groups = quant.get("config_groups")
+    if groups is None:
+        return
+    if not isinstance(groups, dict):
+        raise ConfigError(f"field '{where}.config_groups' must be an object, got {groups!r}")
+    for key, group in groups.items():
+        weights = group.get("weights") if isinstance(group, dict) else None
+        if not isinstance(weights, dict):
+            continue
+        for field, allowed in MXFP4_WEIGHTS.items():
+            if field in weights and weights[field] not in allowed:
+                raise ConfigError(
+                    f"field '{where}.config_groups.{key}.weights.{field}' is {weights[field]!r}: MXFP4 weights "
+                    f"are read with {field} {' or '.join(repr(a) for a in allowed)}"
+                )
 
 
 # ----------------------------------------------------------------------------- writing

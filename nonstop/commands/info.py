@@ -40,8 +40,8 @@ def run(args) -> int:
         print("presets:", ", ".join(preset_names()))
         return 0
     cfg, model_dir = resolve_model(args.model)
+    fp = model_footprint(cfg, DTYPES[args.dtype])  # first: a model the engine cannot build (int4 experts) says so
     checked = check_headers(cfg, model_dir) if model_dir is not None else None
-    fp = model_footprint(cfg, DTYPES[args.dtype])
     moe = cfg.moe
     print(f"model        {args.model} ({cfg.family}{', random weights' if model_dir is None else ''})")
     if checked:

@@ -15,9 +15,17 @@ import torch
 from nonstop.config import ModelConfig
 from nonstop.dist.layout import Layout
 from nonstop.dist.shard import ParamShard, rank_shards
-from nonstop.weights.loader import FP8, _fp8_scale_name, check_cast, check_tensor, resolve_checkpoint
+from nonstop.weights.loader import (
+    FP8,
+    _fp8_scale_name,
+    check_cast,
+    check_fp8_dequantized,
+    check_mxfp4_scale,
+    check_tensor,
+    is_mxfp4_scale,
+    resolve_checkpoint,
+)
 from nonstop.weights.slices import SliceReader
-
 
 
 def take_shard(full: torch.Tensor, shard: ParamShard) -> torch.Tensor:
@@ -37,32 +45,40 @@ def _pad(part: torch.Tensor, shard: ParamShard) -> torch.Tensor:
     return torch.cat([part, zeros], dim=shard.dim)
 
 
-def _fp8_part(w: torch.Tensor, scale_reader, dim: int | None, start: int, block: tuple[int, int]) -> torch.Tensor:
+def _fp8_part(
+    w: torch.Tensor, scale_reader, dim: int | None, start: int, block: tuple[int, int]
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Dequantise the fp8 part w [n, k] (rows or columns [start, start + size) of dim ``dim`` of the full
-    matrix) with the scale blocks covering it: ``scale_reader(dim, lo, hi)`` reads scale blocks [lo, hi)."""
+    matrix) with the scale blocks covering it: ``scale_reader(dim, lo, hi)`` reads scale blocks [lo, hi).
+    Returns (the dequantised part, the scale blocks read)."""
     n, k = w.shape
     if dim is None:
         dim, start = 0, 0
     size = w.shape[dim]
     lo, hi = start // block[dim], -(-(start + size) // block[dim])
-    scale = scale_reader(dim, lo, hi).float()
-    scale = scale.repeat_interleave(block[0], 0).repeat_interleave(block[1], 1)
+    read = scale_reader(dim, lo, hi)
+    scale = read.float().repeat_interleave(block[0], 0).repeat_interleave(block[1], 1)
     scale = scale.narrow(dim, start - lo * block[dim], size)
-    return w.float() * scale[:n, :k]
+    return w.float() * scale[:n, :k], read
 
 
 def _read_part(
     reader: SliceReader, located: dict, spec, name: str, dim, start: int, stop, shape, fp8_block
 ) -> torch.Tensor:
-    """Elements [start, stop) of ``dim`` of tensor ``name`` viewed as ``shape`` (fp8: dequantised)."""
+    """Elements [start, stop) of ``dim`` of tensor ``name`` viewed as ``shape`` (fp8: dequantised), checked as
+    the whole-checkpoint loader checks them (fp8 scales, MXFP4 scale bytes)."""
     f = located[name]
     if check_tensor(name, spec, located, fp8_block) in FP8 and spec.kind != "u8":
         scale_name = _fp8_scale_name(name)
         w = reader.read(f, name, shape, dim, start, stop)
-        return _fp8_part(
+        out, scale = _fp8_part(
             w, lambda d, lo, hi: reader.read(located[scale_name], scale_name, None, d, lo, hi), dim, start, fp8_block
         )
-    return reader.read(f, name, shape, dim, start, stop)
+        return check_fp8_dequantized(name, w, scale_name, scale, out, located)
+    t = reader.read(f, name, shape, dim, start, stop)
+    if is_mxfp4_scale(spec):
+        check_mxfp4_scale(name, t, f.path.name)
+    return t
 
 
 def load_rank_state(

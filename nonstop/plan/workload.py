@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 import torch
 
 from nonstop.config import ModelConfig
+from nonstop.config_parse import quantization_config
 
 # bytes per parameter of each serving format (block scales included: fp8 128x128 blocks of fp32 scales,
 # MXFP4 one E8M0 byte per 32 values, NVFP4 one fp8 byte per 16, int4 (compressed-tensors pack-quantized,
@@ -96,16 +97,17 @@ class Precision:
     ) -> Precision:
         """The checkpoint's own formats unless overridden: ``quantization_config`` of the config (K3:
         MXFP4 experts, bf16 rest; Kimi K2 Thinking / K2.5: int4 experts, bf16 rest; fp8 checkpoints such as
-        Kimi K2 / DeepSeek-V3: fp8 everywhere, also when a preset omits the config: ``RELEASED_FP8``)."""
-        hf = cfg.hf or {}
-        quant = hf.get("quantization_config") or (hf.get("text_config") or {}).get("quantization_config")
+        Kimi K2 / DeepSeek-V3: fp8 everywhere, also when a preset omits the config: ``RELEASED_FP8``; a
+        checkpoint directory's config is read as it is)."""
+        quant = quantization_config(cfg.hf or {})
         quantised = quantised_experts(cfg)
         base_dense, base_experts = "bf16", quantised or "bf16"
         if (
-            isinstance(quant, dict)
-            and (quant.get("quant_method") == "fp8" or quant.get("fmt") == "e4m3")
+            quant.get("quant_method") == "fp8"
+            or quant.get("fmt") == "e4m3"
             or cfg.family in RELEASED_FP8
             and quantised is None
+            and _is_preset(cfg)
         ):
             base_dense = base_experts = "fp8"
         return Precision(
@@ -130,6 +132,20 @@ def quantised_experts(cfg: ModelConfig) -> str | None:
 # quantization_config (moonshotai/Kimi-K2-Instruct, deepseek-ai/DeepSeek-V3: weight_block_size 128x128);
 # Kimi K2 parses as the deepseek_v3 family
 RELEASED_FP8 = frozenset({"deepseek_v3"})
+
+
+@functools.cache
+def _preset_configs() -> tuple[str, ...]:
+    """The config.json of every preset, as canonical JSON text."""
+    from nonstop.config import preset_hf_dict, preset_names
+
+    return tuple(json.dumps(preset_hf_dict(name), sort_keys=True) for name in preset_names())
+
+
+def _is_preset(cfg: ModelConfig) -> bool:
+    """Whether ``cfg`` is a preset's config (a release's shapes, also cut to fewer layers), not one read from a
+    checkpoint directory or a file: ``RELEASED_FP8`` prices the release, never a directory's own weights."""
+    return json.dumps(cfg.hf, sort_keys=True) in _preset_configs()
 
 
 @dataclass(frozen=True)

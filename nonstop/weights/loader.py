@@ -5,8 +5,10 @@ Every failure is a ``CheckpointError`` naming the tensor and the file: a missing
 unexpected one, a wrong shape or dtype, a truncated or corrupt file, a shard the index names but
 that is not there, an index that is not ``{"weight_map": {tensor: shard file}}``, a tensor held by two
 files (with or without an index: a broken or mixed download), PyTorch ``.bin`` weights without safetensors,
-an fp8 tensor without a matching scale, float data holding NaN or infinity (or finite values beyond the
-range of the dtype asked for), a tied checkpoint whose extra LM head is not the embedding.
+an fp8 tensor without a matching scale or with a scale that is not float32 / bfloat16 / float16, an fp8 scale
+that makes its weight overflow (named: the scale, with its largest value), an MXFP4 scale byte above
+``mxfp4.MAX_SCALE`` (255 is NaN), float data holding NaN or infinity (or finite values beyond the range of the
+dtype asked for), a tied checkpoint whose extra LM head is not the embedding.
 """
 
 from __future__ import annotations
@@ -16,13 +18,16 @@ from pathlib import Path
 import torch
 
 from nonstop.config import ModelConfig
+from nonstop.config_parse import fp8_block_size
 from nonstop.jsonfile import read_json_object
+from nonstop.weights import mxfp4
 from nonstop.weights.errors import CheckpointError
 from nonstop.weights.layout import TensorSpec, checkpoint_layout, ignored_tensor
 from nonstop.weights.safetensors_file import SafetensorsFile, unreadable
 
 INDEX = "model.safetensors.index.json"
 FP8 = (torch.float8_e4m3fn, torch.float8_e5m2)
+FP8_SCALE_DTYPES = (torch.float32, torch.bfloat16, torch.float16)  # weight_scale_inv as DeepSeek-V3 / K2 store it
 PYTORCH_WEIGHTS = ("pytorch_model*.bin", "*.pth", "*.pt")  # formats nonstop does not read (pickles)
 
 
@@ -105,9 +110,16 @@ def _indexed_shards(model_dir: Path, index_path: Path) -> tuple[dict[str, Safete
 
 
 def _check_fp8_scale(name: str, w_shape, scale_name: str, located: dict, block) -> None:
-    """The scale of a block-quantised fp8 weight [R, C] must be [ceil(R / b0), ceil(C / b1)]."""
+    """The scale of a block-quantised fp8 weight [R, C] must be [ceil(R / b0), ceil(C / b1)] of a float dtype
+    (``FP8_SCALE_DTYPES``): an integer one (e.g. E8M0 exponent bytes) would be read as plain multipliers."""
     f = located[scale_name]
-    _, s_shape = f.meta(scale_name)
+    s_dtype, s_shape = f.meta(scale_name)
+    if s_dtype not in FP8_SCALE_DTYPES:
+        expected = ", ".join(str(d) for d in FP8_SCALE_DTYPES)
+        raise CheckpointError(
+            f"tensor {scale_name!r} in {f.path.name} has dtype {s_dtype}, expected one of {expected} (the block "
+            f"scales of fp8 {name!r}; integer or E8M0 scales are not read)"
+        )
     want = (-(-w_shape[0] // block[0]), -(-w_shape[1] // block[1])) if len(w_shape) == 2 else None
     if want is None or tuple(s_shape) != want:
         raise CheckpointError(
@@ -136,6 +148,38 @@ def check_cast(name: str, source: torch.Tensor, cast: torch.Tensor, where: str) 
         f"tensor {name!r} in {where} holds values beyond {dtype}'s range (largest {torch.finfo(cast.dtype).max:g}): "
         "load the model in bfloat16 or float32"
     )
+
+
+def check_fp8_dequantized(
+    name: str, w: torch.Tensor, scale_name: str, scale: torch.Tensor, out: torch.Tensor, located: dict
+) -> torch.Tensor:
+    """``out``, the fp8 ``w`` of tensor ``name`` dequantised with (the blocks ``scale`` of) ``scale_name``, when
+    it is finite; else CheckpointError naming the source: NaN in the fp8 data, a NaN or infinite scale, or a
+    finite scale so large that the product overflows float32 (named with its largest value). Only a failure
+    looks at ``w`` and ``scale`` again."""
+    if bool(torch.isfinite(out).all()):
+        return out
+    check_finite(name, w.float(), located[name].path.name)
+    where = located[scale_name].path.name
+    check_finite(scale_name, scale.float(), where)
+    raise CheckpointError(
+        f"tensor {scale_name!r} in {where} holds scales up to {scale.float().abs().max().item():g}: the fp8 "
+        f"weight {name!r} dequantised with them overflows float32 (corrupt scales)"
+    )
+
+
+def check_mxfp4_scale(name: str, scale: torch.Tensor, where: str) -> None:
+    """CheckpointError when the MXFP4 scale tensor ``name`` (uint8 E8M0 exponents, read from file ``where``)
+    holds a byte above ``mxfp4.MAX_SCALE``: 255 is NaN, and larger exponents than the bound overflow the GPU
+    decoder where the CPU gives finite values. One pass over the scale bytes (1/16 of the packed ones)."""
+    top = int(scale.max()) if scale.numel() else 0
+    if top > mxfp4.MAX_SCALE:
+        count = int((scale > mxfp4.MAX_SCALE).sum())
+        what = " (NaN in E8M0)" if top == 255 else ""
+        raise CheckpointError(
+            f"tensor {name!r} in {where} holds {count} MXFP4 scale byte(s) above {mxfp4.MAX_SCALE}, the largest "
+            f"{top}{what}: corrupt data (E8M0 byte s scales by 2^(s-127); nonstop reads s <= {mxfp4.MAX_SCALE})"
+        )
 
 
 def _same_values(a: torch.Tensor, b: torch.Tensor, rows: int = 4096) -> bool:
@@ -181,6 +225,11 @@ def _fp8_scale_name(name: str) -> str:
     return name[: -len(".weight")] + ".weight_scale_inv" if name.endswith(".weight") else name + "_scale_inv"
 
 
+def is_mxfp4_scale(spec: TensorSpec) -> bool:
+    """Whether ``spec`` holds MXFP4 E8M0 scale bytes (checked by ``check_mxfp4_scale`` when read)."""
+    return spec.kind == "u8" and spec.init == "mxfp4_scale"
+
+
 def _dequantize_fp8(w: torch.Tensor, scale_inv: torch.Tensor, block: tuple[int, int]) -> torch.Tensor:
     """DeepSeek/Kimi K2 fp8: w ≈ w_fp8 · scale_inv[i // block0, j // block1]."""
     rows = scale_inv.float().repeat_interleave(block[0], 0)[: w.shape[0]]
@@ -224,8 +273,9 @@ def _read(name: str, spec: TensorSpec, located: dict, consumed: set, fp8_block) 
         scale_name = _fp8_scale_name(name)
         consumed.add(scale_name)
         scale = located[scale_name].tensor(scale_name)
-        check_finite(scale_name, scale.float(), located[scale_name].path.name)
-        return _dequantize_fp8(t, scale, fp8_block)
+        return check_fp8_dequantized(name, t, scale_name, scale, _dequantize_fp8(t, scale, fp8_block), located)
+    if is_mxfp4_scale(spec):
+        check_mxfp4_scale(name, t, located[name].path.name)
     return t
 
 
@@ -247,8 +297,7 @@ def resolve_checkpoint(
             f"{cfg.family} model with this config"
         )
     check_tied_head(cfg, located, resolved, values=False)
-    quant = (cfg.hf.get("text_config", cfg.hf) if cfg.family == "kimi_k3" else cfg.hf).get("quantization_config") or {}
-    return located, resolved, tuple(quant.get("weight_block_size") or (128, 128))  # validated by the config parser
+    return located, resolved, fp8_block_size(cfg.hf)  # validated by the config parser (hf_config_fields), every family
 
 
 def load_state_dict(

@@ -15,6 +15,10 @@ import torch
 
 GROUP = 32
 E2M1_MAGNITUDES = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0)
+# The largest scale byte the loader accepts: every backend decodes s <= 240 to the same finite 2^(s-127).
+# 255 is NaN in E8M0; above 240 the GPU decoder (kernels/gemv.py ``mxfp4_decode``, which folds 2^14 into the
+# fp32 exponent field s + 14) gives inf, and so NaN for zero codes, where the reference and CPU give 2^(s-127).
+MAX_SCALE = 240
 
 
 def e2m1_table(dtype=torch.float32, device="cpu") -> torch.Tensor:

@@ -24,6 +24,7 @@ from typing import BinaryIO
 import torch
 
 from nonstop.config import ModelConfig
+from nonstop.config_parse import without_quantization
 from nonstop.weights.resolve import DTYPE_NAMES
 
 STAGING_PREFIX = ".nonstop-partial-"
@@ -68,8 +69,12 @@ def write_side_files(
     stage: Path, cfg: ModelConfig, dtype: torch.dtype, generation: dict, tokenizer_dir: Path | None
 ) -> None:
     """config.json (``torch_dtype`` named), generation_config.json (the config's bos / pad / eos ids, then
-    ``generation``) and the ``TOKENIZER_FILES`` that ``tokenizer_dir`` has, into ``stage``."""
+    ``generation``) and the ``TOKENIZER_FILES`` that ``tokenizer_dir`` has, into ``stage``. The weights
+    written beside it are ``dtype`` floats (fp8 ones dequantised) and, for MXFP4 experts, packed MXFP4: the
+    ``quantization_config`` is kept only for the latter (an fp8 one would announce scales that are not there)."""
     hf = cfg.to_hf_dict()
+    if not (cfg.moe and cfg.moe.expert_format == "mxfp4"):
+        hf = without_quantization(hf)
     hf["torch_dtype"] = DTYPE_NAMES.get(dtype, str(dtype))
     (stage / "config.json").write_text(json.dumps(hf, indent=2) + "\n")
     gen = {k: v for k, v in (("bos_token_id", cfg.bos_token_id), ("pad_token_id", cfg.pad_token_id)) if v is not None}
