@@ -234,7 +234,8 @@ class EngineCore:
     def _emit(self, req: Request, logits_row: torch.Tensor) -> str:
         """Sample from logits [V] (fp32), record logprobs, append to the request; frees its slot when done."""
         try:
-            token = sample(logits_row, req.params, req.generator, req)
+            position = len(req.prompt_ids) + len(req.output_ids)  # the sampled token's: the device's noise counter
+            token = sample(logits_row, req.params, req.generator, req, position)
             row = None
             if req.params.logprobs is not None:
                 row = top_logprobs(torch.log_softmax(logits_row.float(), -1), req.params.logprobs, token)

@@ -11,7 +11,7 @@ from dataclasses import FrozenInstanceError, dataclass, field, fields
 
 import torch
 
-from nonstop.model.sampling import filter_logits, penalize
+from nonstop.model.sampling import filter_logits, gumbel_max, penalize
 
 __all__ = ["InvalidSamplingParam", "SamplingParams", "filter_logits", "sample", "sampling_probs", "top_logprobs"]
 
@@ -188,14 +188,22 @@ def sampling_probs(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor
     return torch.softmax(filter_logits(logits, params.temperature, params.top_k, params.top_p, params.min_p), dim=-1)
 
 
-def sample(logits: torch.Tensor, params: SamplingParams, generator: torch.Generator | None, history=None) -> int:
-    """One token id from logits [V] (fp32): penalties (with ``history``), then argmax when greedy, else a
-    draw from ``sampling_probs``."""
+def sample(
+    logits: torch.Tensor, params: SamplingParams, generator: torch.Generator | None, history=None, position: int = 0
+) -> int:
+    """One token id from logits [V] (fp32): penalties (with ``history``), then argmax when greedy, else the
+    Gumbel-max draw from ``sampling_probs``' distribution that the device sampler makes
+    (``model/sampling.gumbel_max``): Philox noise keyed by the request's seed (``SampleRow.of``: a seeded
+    request's own, else one drawn from ``generator``) at ``position``, the sampled token's position in its
+    sequence. So a seeded request's tokens depend on its seed and positions only: not on the backend, on
+    whether a step samples on the host or the device, or on the other requests of its batch."""
+    from nonstop.runtime.device_sampling import SampleRow
+
     logits = apply_penalties(logits, params, history)
     if params.greedy:
         return int(logits.argmax())
-    probs = sampling_probs(logits, params)
-    return int(torch.multinomial(probs.cpu(), 1, generator=generator))
+    x = filter_logits(logits.float().cpu(), params.temperature, params.top_k, params.top_p, params.min_p)
+    return gumbel_max(x, SampleRow.of(params, generator).seed, position)
 
 
 def top_logprobs(logprobs: torch.Tensor, k: int, actual: int) -> dict[int, float]:

@@ -46,6 +46,17 @@ def filter_logits(
     return x
 
 
+def gumbel_max(x: torch.Tensor, seed: int, offset: int) -> int:
+    """The Gumbel-max draw argmax_{i: x_i finite} (x_i + g_i) from x [V] (``filter_logits``' output), with g the
+    Philox noise of key ``seed`` at counter ``offset`` (``philox.gumbel_noise``): an exact draw from
+    softmax(x) over its finite entries, fixed by (seed, offset) alone. The device sampler
+    (``kernels/sample.py``) draws the same token."""
+    from nonstop.model.philox import gumbel_noise
+
+    noise = gumbel_noise(seed, offset, x.shape[-1])
+    return int(torch.where(torch.isfinite(x), x + noise, float("-inf")).argmax())
+
+
 def penalize(
     logits: torch.Tensor,
     seen_ids: torch.Tensor,

@@ -30,10 +30,9 @@ from nonstop.model.linear import linear
 from nonstop.model.mla import absorb_query, latent_attention, unabsorb_output
 from nonstop.model.moe import routed_experts, router_logits, select_experts
 from nonstop.model.norms import gated_rms_norm, l2_norm, rms_norm
-from nonstop.model.philox import gumbel_noise
 from nonstop.model.rope import apply_rope, rope_cos_sin
 from nonstop.model.rows import rowwise
-from nonstop.model.sampling import filter_logits
+from nonstop.model.sampling import filter_logits, gumbel_max
 from nonstop.program.ir import SuperOp
 
 
@@ -311,9 +310,7 @@ def sample(op, env):
         if t == 0:
             out[r] = int(row.argmax())
             continue
-        x = filter_logits(row, t, int(top_k[r]), float(top_p[r]))
-        noise = gumbel_noise(int(seed[r]), int(offset[r]), row.shape[0])
-        out[r] = int(torch.where(torch.isfinite(x), x + noise, float("-inf")).argmax())
+        out[r] = gumbel_max(filter_logits(row, t, int(top_k[r]), float(top_p[r])), int(seed[r]), int(offset[r]))
 
 
 REFERENCE = {

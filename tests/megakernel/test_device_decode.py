@@ -6,6 +6,8 @@ launch runs; stop tokens and max_tokens end requests where step-by-step decoding
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 
@@ -135,6 +137,25 @@ def llama_dir(tmp_path_factory):
     from tests.engine.tiny_models import synth_checkpoint
 
     return synth_checkpoint("llama", tmp_path_factory.mktemp("tiny-llama"))
+
+
+@pytest.mark.parametrize("backend", list(BACKENDS))
+def test_a_seeded_request_draws_the_same_tokens_on_the_host_and_the_device(llama, backend):
+    """A seeded request's sampled tokens depend on its seed and positions only: alone (its decode steps sample
+    on the device), asking for logprobs (every token on the host), beside a request that asks for logprobs
+    (the whole step on the host) and on the reference executor (host only), the tokens are the same. The host
+    once drew with ``torch.multinomial``: one client's logprobs changed another's seeded completion."""
+    seeded = SamplingParams(max_tokens=7, temperature=1.0, top_k=11, top_p=0.95, seed=1234, ignore_eos=True)
+    other = SamplingParams(max_tokens=4, temperature=0.7, seed=9, logprobs=2, ignore_eos=True)
+    with_logprobs = dataclasses.replace(seeded, logprobs=2)
+    ex = BACKENDS[backend](llama)
+    alone = run(llama, ex, [seeded], PROMPTS[:1])[0][0]
+    assert ex.stats["device_sampled_steps"] >= 1  # its decode steps did sample on the device
+    assert run(llama, BACKENDS[backend](llama), [with_logprobs], PROMPTS[:1])[0][0] == alone
+    assert run(llama, BACKENDS[backend](llama), [seeded, other], PROMPTS[:2])[0][0] == alone
+    assert run(llama, ReferenceExecutor(llama), [seeded], PROMPTS[:1])[0][0] == alone
+    reseeded = dataclasses.replace(seeded, seed=4321)
+    assert run(llama, ReferenceExecutor(llama), [reseeded], PROMPTS[:1])[0][0] != alone  # the seed does matter
 
 
 def _sampled_llm(model_dir, backend):
