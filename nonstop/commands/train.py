@@ -114,8 +114,9 @@ def run(args) -> int:
     from nonstop.train.trainer import TrainConfig
     from nonstop.weights.write import check_output_dir
 
-    for flag, path in (("--out", args.out), ("--cache-dir", args.cache_dir)):  # before the tokenizing and training
-        check_output_dir(path, flag)
+    outputs = (("--out", args.out, "the checkpoint"), ("--cache-dir", args.cache_dir, "the token cache"))
+    for flag, path, what in outputs:  # before the tokenizing and training
+        check_output_dir(path, flag, what)
         _check_creatable(Path(path), flag)
     if args.min_lr > args.lr:
         raise ValueError(f"--min-lr {args.min_lr:g} is above the peak --lr {args.lr:g}")

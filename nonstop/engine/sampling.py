@@ -202,7 +202,7 @@ def sample(
     logits = apply_penalties(logits, params, history)
     if params.greedy:
         return int(logits.argmax())
-    x = filter_logits(logits.float().cpu(), params.temperature, params.top_k, params.top_p, params.min_p)
+    x = filter_logits(logits.float(), params.temperature, params.top_k, params.top_p, params.min_p)
     return gumbel_max(x, SampleRow.of(params, generator).seed, position)
 
 

@@ -19,6 +19,8 @@ so no intermediate exceeds 2^63.
 
 from __future__ import annotations
 
+import math
+
 import torch
 
 MASK32 = 0xFFFFFFFF
@@ -56,6 +58,21 @@ def philox4x32(seed, c0, c1=0, c2=0, c3=0, rounds: int = 10) -> tuple[torch.Tens
 def uniform_from_word(word: torch.Tensor) -> torch.Tensor:
     """u = (2·(w >> 9) + 1) / 2^24: fp32 in (0, 1), exactly representable (23 random bits)."""
     return ((word >> 9) * 2 + 1).to(torch.float32) * (2.0**-24)
+
+
+# Bounds of the noise: u lies in [2^-24, 1 - 2^-24], so g = -log(-log u) lies in [GUMBEL_MIN, GUMBEL_MAX].
+GUMBEL_MIN = -math.log(-math.log(2.0**-24))  # -2.81
+GUMBEL_MAX = -math.log(-math.log1p(-(2.0**-24)))  # 16.64
+
+
+def gumbel_noise_at(seed: int, offset: int, index: torch.Tensor) -> torch.Tensor:
+    """fp32 Gumbel noise of the vocabulary entries ``index`` (int64 [N]) of the row with key ``seed`` at step
+    ``offset``: ``gumbel_noise(seed, offset, V)[index]`` without drawing the other V - N entries."""
+    index = index.to(device="cpu", dtype=torch.int64)
+    quads, back = torch.unique(index // 4, return_inverse=True)  # one Philox call per group of four entries
+    words = torch.stack(philox4x32(seed, quads, offset & MASK32, (offset >> 32) & MASK32, 0), dim=-1)
+    u = uniform_from_word(words[back, index % 4])
+    return -torch.log(-torch.log(u))
 
 
 def gumbel_noise(seed, offset, vocab: int) -> torch.Tensor:

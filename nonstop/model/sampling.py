@@ -50,11 +50,18 @@ def gumbel_max(x: torch.Tensor, seed: int, offset: int) -> int:
     """The Gumbel-max draw argmax_{i: x_i finite} (x_i + g_i) from x [V] (``filter_logits``' output), with g the
     Philox noise of key ``seed`` at counter ``offset`` (``philox.gumbel_noise``): an exact draw from
     softmax(x) over its finite entries, fixed by (seed, offset) alone. The device sampler
-    (``kernels/sample.py``) draws the same token."""
-    from nonstop.model.philox import gumbel_noise
+    (``kernels/sample.py``) draws the same token. The noise is drawn only where the winner can be: g lies in
+    [GUMBEL_MIN, GUMBEL_MAX], so an entry below max x + GUMBEL_MIN - GUMBEL_MAX never wins (first index on
+    ties, as a full argmax)."""
+    from nonstop.model.philox import GUMBEL_MAX, GUMBEL_MIN, gumbel_noise, gumbel_noise_at
 
-    noise = gumbel_noise(seed, offset, x.shape[-1])
-    return int(torch.where(torch.isfinite(x), x + noise, float("-inf")).argmax())
+    reach = float(x.max()) + GUMBEL_MIN - GUMBEL_MAX - 1e-3  # a margin for fp32 rounding of x + g
+    index = torch.nonzero(torch.isfinite(x) & (x >= reach))[:, 0]
+    if 4 * index.numel() > x.shape[-1]:  # a flat row: the whole vocabulary's noise costs less than picking
+        noise = gumbel_noise(seed, offset, x.shape[-1])[index.cpu()].to(x.device)
+    else:
+        noise = gumbel_noise_at(seed, offset, index).to(x.device)
+    return int(index[(x[index] + noise).argmax()])
 
 
 def penalize(

@@ -155,7 +155,8 @@ def _min_load_bytes(op) -> int:
     table = op.weights.get("embed") if op.kind == "embed" else None
     if table is None:
         return 16
-    return max(1, min(16, table.shape[-1] * table.element_size() // 32))
+    widest = max(1, min(16, table.shape[-1] * table.element_size() // 32))
+    return 1 << (widest.bit_length() - 1)  # loads are 1, 2, 4, 8 or 16 bytes wide
 
 
 def _fingerprint(v):
@@ -242,8 +243,10 @@ def run_check(
 
 def start_check(shapes, rows=1, arch=90, kinds=None, megakernel=True, triton_path=None, progress=False, gpu="h100"):
     """``run_check`` started in the background (a ``subprocess.Popen``; ``finish_check`` collects it), e.g.
-    while a benchmark times the GPU. The check is killed when the calling thread's process ends, however it
-    ends (``dist.parent_watch``): a stopped ``nonstop gpucheck`` leaves no compile running."""
+    while a benchmark times the GPU. The check is killed when the calling thread ends, however it ends
+    (``dist.parent_watch``: Linux's parent-death signal follows the thread that started the child; call this
+    from a thread that outlives the check, e.g. the main one): a stopped ``nonstop gpucheck`` leaves no compile
+    running."""
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     env.setdefault("TRITON_DEFAULT_FP_FUSION", "1")
     root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))

@@ -153,18 +153,21 @@ def check_cast(name: str, source: torch.Tensor, cast: torch.Tensor, where: str) 
 def check_fp8_dequantized(
     name: str, w: torch.Tensor, scale_name: str, scale: torch.Tensor, out: torch.Tensor, located: dict
 ) -> torch.Tensor:
-    """``out``, the fp8 ``w`` of tensor ``name`` dequantised with (the blocks ``scale`` of) ``scale_name``, when
-    it is finite; else CheckpointError naming the source: NaN in the fp8 data, a NaN or infinite scale, or a
-    finite scale so large that the product overflows float32 (named with its largest value). Only a failure
-    looks at ``w`` and ``scale`` again."""
-    if bool(torch.isfinite(out).all()):
-        return out
-    check_finite(name, w.float(), located[name].path.name)
+    """``out``, the fp8 ``w`` of tensor ``name`` dequantised with (the blocks ``scale`` of) ``scale_name``, after
+    checking the scales: CheckpointError for a NaN or infinite scale, or for a finite scale so large that the
+    product overflows float32 (named with its largest value). Only scales above float32's max / the fp8
+    format's max can overflow, so ``out`` is read again only then; NaN in the fp8 data itself is the weight's
+    (``check_cast`` names it)."""
     where = located[scale_name].path.name
     check_finite(scale_name, scale.float(), where)
+    largest = float(scale.float().abs().max()) if scale.numel() else 0.0
+    if largest * torch.finfo(w.dtype).max < torch.finfo(torch.float32).max or bool(
+        torch.isinf(out).logical_not().all()
+    ):
+        return out
     raise CheckpointError(
-        f"tensor {scale_name!r} in {where} holds scales up to {scale.float().abs().max().item():g}: the fp8 "
-        f"weight {name!r} dequantised with them overflows float32 (corrupt scales)"
+        f"tensor {scale_name!r} in {where} holds scales up to {largest:g}: the fp8 weight {name!r} dequantised "
+        "with them overflows float32 (corrupt scales)"
     )
 
 

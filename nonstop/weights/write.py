@@ -35,11 +35,11 @@ class CheckpointWriteError(ValueError):
     """Writing a checkpoint failed for a reason outside nonstop (disk full, file too large, permissions)."""
 
 
-def check_output_dir(path: str | Path, flag: str = "--out") -> Path:
-    """``path`` as a directory a checkpoint can be written to (it may not exist yet); a ValueError naming
+def check_output_dir(path: str | Path, flag: str = "--out", what: str = "the checkpoint") -> Path:
+    """``path`` as a directory ``what`` can be written to (it may not exist yet); a ValueError naming
     ``flag`` otherwise."""
     if not str(path).strip():
-        raise ValueError(f"{flag} is empty: give the directory to write the checkpoint to")
+        raise ValueError(f"{flag} is empty: give the directory to write {what} to")
     out = Path(path)
     if out.exists() and not out.is_dir():
         raise ValueError(f"{flag} {out} is an existing file, not a directory")

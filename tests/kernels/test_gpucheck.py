@@ -24,6 +24,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 from nonstop.kernels.offline import spin_waits
 
@@ -480,3 +481,19 @@ def _alive(pid: int) -> bool:
             return f.read().rsplit(")", 1)[1].split()[0] != "Z"
     except FileNotFoundError:
         return False
+
+
+def test_the_width_a_narrow_embedding_row_allows_is_a_load_width():
+    """A row of 48 bf16 (96 bytes) over 32 threads allows 3 bytes a thread, which no load has: the check wants
+    the widest real load under it (2), and 16 bytes from rows of 512 bytes on."""
+    from types import SimpleNamespace
+
+    from nonstop.runtime.gpucheck import _min_load_bytes
+
+    def wanted(hidden):
+        return _min_load_bytes(
+            SimpleNamespace(kind="embed", weights={"embed": torch.empty(5, hidden, dtype=torch.bfloat16)})
+        )
+
+    assert [wanted(h) for h in (8, 48, 128, 200, 256, 4096)] == [1, 2, 8, 8, 16, 16]
+    assert _min_load_bytes(SimpleNamespace(kind="mlp", weights={})) == 16
