@@ -55,8 +55,11 @@ def gumbel_max(x: torch.Tensor, seed: int, offset: int) -> int:
     ties, as a full argmax)."""
     from nonstop.model.philox import GUMBEL_MAX, GUMBEL_MIN, gumbel_noise, gumbel_noise_at
 
-    reach = float(x.max()) + GUMBEL_MIN - GUMBEL_MAX - 1e-3  # a margin for fp32 rounding of x + g
-    index = torch.nonzero(torch.isfinite(x) & (x >= reach))[:, 0]
+    finite = torch.isfinite(x)
+    if not bool(finite.any()):
+        return 0  # nothing to draw from (NaN or -inf everywhere): the full argmax's first index
+    reach = float(x[finite].max()) + GUMBEL_MIN - GUMBEL_MAX - 1e-3  # a margin for fp32 rounding of x + g
+    index = torch.nonzero(finite & (x >= reach))[:, 0]
     if 4 * index.numel() > x.shape[-1]:  # a flat row: the whole vocabulary's noise costs less than picking
         noise = gumbel_noise(seed, offset, x.shape[-1])[index.cpu()].to(x.device)
     else:

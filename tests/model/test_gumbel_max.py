@@ -49,6 +49,16 @@ def test_the_draw_is_the_full_vocabulary_argmax(scale):
         assert gumbel_max(x, seed, offset) == _full_draw(x, seed, offset), (scale, trial)
 
 
+def test_rows_with_nan_or_nothing_finite_draw_as_the_definition():
+    """NaN entries never win (the twin sees garbage logits in the megakernel's read audit); a row with nothing
+    finite gives the full argmax's first index."""
+    x = torch.tensor([float("nan"), 0.5, float("-inf"), 2.0, float("nan")], dtype=torch.float64)
+    for seed in range(20):
+        assert gumbel_max(x, seed, 3) == _full_draw(x, seed, 3) in (1, 3)
+    for nothing in (float("-inf"), float("nan")):
+        assert gumbel_max(torch.full((9,), nothing), 5, 1) == _full_draw(torch.full((9,), nothing), 5, 1) == 0
+
+
 def test_a_seeded_request_samples_each_token_from_its_position():
     """On the reference executor (host sampling), token i of a seeded request is the Gumbel-max draw from its
     filtered logits with the request's seed at position len(prompt) + i, the counter the device sampler
