@@ -467,6 +467,7 @@ def _parse_kimi(raw: dict, text: dict, family: str) -> dict:
     rope = None
     if "mla" in attn_types and not f.get("mla_use_nope", True, bool):
         rope_dim = f.positive("qk_rope_head_dim")
+        _require(rope_dim % 2 == 0, f"field 'qk_rope_head_dim' must be even (rotated in pairs), got {rope_dim}")
         rope = _parse_rope(f, rope_dim, interleaved=f.get("rope_interleave", True, bool), default_theta=10000.0)
     block = f.get("attn_res_block_size", None, int)
     _require(block is None or block > 0, "field 'attn_res_block_size' must be positive")

@@ -139,3 +139,16 @@ def test_rope_scaling_null_and_k3_ids_checked_after_the_outer_config():
     k3["eos_token_id"] = k3["text_config"]["vocab_size"]
     with pytest.raises(ConfigError, match="'eos_token_id' is .*, outside the vocabulary"):
         ModelConfig.from_hf_dict(k3)
+
+
+@pytest.mark.parametrize("raw, text", [(KIMI_LINEAR_RELEASE, None), (KIMI_K3, "text_config")])
+def test_kimi_rope_dimension_must_be_even(raw, text):
+    """RoPE rotates pairs of channels: an odd ``qk_rope_head_dim`` with RoPE on (``mla_use_nope: false``) is
+    refused at parse time, not left to fail in the first attention step."""
+    raw = copy.deepcopy(raw)
+    fields = raw[text] if text else raw
+    fields.update(mla_use_nope=False, qk_rope_head_dim=5)
+    with pytest.raises(ConfigError, match="'qk_rope_head_dim' must be even .* got 5"):
+        ModelConfig.from_hf_dict(raw)
+    fields.update(qk_rope_head_dim=6)
+    assert ModelConfig.from_hf_dict(raw).rope is not None

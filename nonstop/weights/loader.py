@@ -281,6 +281,12 @@ def _read(name: str, spec: TensorSpec, located: dict, consumed: set, fp8_block) 
     return t
 
 
+def _empty(located: dict, name: str) -> bool:
+    """A tensor of no elements: it holds nothing a model could use, so it is never unexpected (transformers
+    writes the shared-expert projections of ``n_shared_experts: 0`` as [H, 0] / [0, H] tensors)."""
+    return 0 in located[name].meta(name)[1]
+
+
 def resolve_checkpoint(
     cfg: ModelConfig, model_dir: str | Path
 ) -> tuple[dict, list[tuple[TensorSpec, tuple[str, ...]]], tuple[int, int]]:
@@ -291,7 +297,11 @@ def resolve_checkpoint(
     resolved = [(spec, _resolve(spec, located)) for spec in checkpoint_layout(cfg)]
     consumed = {n for _, names in resolved for n in names}
     fp8_scales = {_fp8_scale_name(n) for n in consumed}
-    unexpected = [n for n in located if n not in consumed and n not in fp8_scales and not ignored_tensor(cfg, n)]
+    unexpected = [
+        n
+        for n in located
+        if n not in consumed and n not in fp8_scales and not ignored_tensor(cfg, n) and not _empty(located, n)
+    ]
     if unexpected:
         more = f" (and {len(unexpected) - 1} more)" if len(unexpected) > 1 else ""
         raise CheckpointError(

@@ -206,6 +206,23 @@ def test_packed_tiles_share_one_huge_page_allocation():
     assert [t.data_ptr() for t in tiles] == sorted(t.data_ptr() for t in tiles)
 
 
+@pytest.mark.skipif(KERNELS_MISSING is not None, reason=f"C++ kernels unavailable: {KERNELS_MISSING}")
+def test_an_fp16_model_keeps_its_weights_exactly():
+    """``auto`` on an fp16 model packs fp32 tiles (fp16 widens exactly) and leaves the model's parameters as
+    loaded; bf16 tiles would drop three mantissa bits of every weight, in the reference's prefill too."""
+    model = tiny_model("llama").to(torch.float16)
+    before = {name: p.detach().clone() for name, p in model.named_parameters()}
+    ex = CPUExecutor(model, compile=False, progress=False)
+    assert ex.stats["weights"] == "float32"
+    assert all(torch.equal(p, before[name]) for name, p in model.named_parameters())
+    plain = lower(model)
+    for op, plain_op in zip(ex.program.ops, plain.ops):
+        for role, w in op.weights.items():
+            if isinstance(w, F32Weight):
+                assert torch.equal(w.dequantized(), plain_op.weights[role].float())
+    assert CPUExecutor(tiny_model("llama").to(torch.bfloat16), compile=False, progress=False).weights == "bfloat16"
+
+
 def test_packing_that_does_not_fit_in_memory_is_refused_or_skipped(monkeypatch):
     """The packed copy must fit beside the loaded weights: fp32 then keeps torch's products on the loaded
     tensors (and says why), bf16 / int8 refuse in one line before allocating."""
@@ -223,6 +240,8 @@ def test_packing_that_does_not_fit_in_memory_is_refused_or_skipped(monkeypatch):
     )
     with pytest.raises(PreflightError, match="int8 row tiles need .* free"):
         CPUExecutor(tiny_model("llama"), weights="int8", compile=False, progress=False)
+    with pytest.raises(PreflightError, match="float32 row tiles need .* free"):  # 16-bit weights widen in a copy
+        CPUExecutor(tiny_model("llama").to(torch.float16), weights="float32", compile=False, progress=False)
 
 
 @pytest.mark.skipif(KERNELS_MISSING is not None, reason=f"C++ kernels unavailable: {KERNELS_MISSING}")

@@ -72,6 +72,17 @@ def test_unexpected_tensor(ckpt):
         load_model(CFG, ckpt)
 
 
+def test_tensors_of_no_elements_are_not_unexpected(ckpt):
+    """transformers saves the shared-expert projections of ``n_shared_experts: 0`` as [H, 0] / [0, H]: they hold
+    nothing, so the checkpoint loads with every weight it has; one element makes the same name unexpected."""
+    empty = {"model.layers.1.mlp.shared_experts.down_proj.weight": torch.zeros(42, 0)}
+    _rewrite(ckpt / "model.safetensors", lambda t: t.update(empty))
+    _same_params(load_model(CFG, ckpt), random_model(CFG, torch.float32, seed=5))
+    _rewrite(ckpt / "model.safetensors", lambda t: t.update({k: torch.zeros(42, 1) for k in empty}))
+    with pytest.raises(CheckpointError, match="unexpected tensor 'model.layers.1.mlp.shared_experts.down_proj"):
+        load_model(CFG, ckpt)
+
+
 def test_wrong_shape(ckpt):
     _rewrite(ckpt / "model.safetensors", lambda t: t.update({"model.norm.weight": torch.ones(41)}))
     with pytest.raises(

@@ -16,7 +16,8 @@ weight-only, ``weights.quant``), all three through the C++ GEMV kernels of ``ker
 row tiles, fp32 activations and accumulation; without the kernels, torch's products on the same
 values), read with non-temporal prefetches when they outgrow the cache on AMD CPUs (``pack.streams_weights``:
 on AVX2-only ones int8 only; never on Intel, where it halves the read rate).
-``auto``: bfloat16 for a model loaded in a 16-bit dtype, else float32. The model's own parameters are set
+``auto``: bfloat16 for a model loaded in bf16, else float32 (an fp16 model widens to fp32 exactly; bf16
+would drop three bits of each weight's mantissa). The model's own parameters are set
 to the values the packed weights represent, so a call that runs the reference model computes with the same
 weights (fp32 row tiles are a second copy of those weights).
 
@@ -58,7 +59,7 @@ def resolve_weights(weights: str, model_dtype: torch.dtype) -> str:
         raise ValueError(f"unknown CPU weight format {weights!r}; choose one of: {', '.join(WEIGHT_FORMATS)}")
     if weights != "auto":
         return weights
-    return "float32" if model_dtype == torch.float32 else "bfloat16"
+    return "bfloat16" if model_dtype == torch.bfloat16 else "float32"
 
 
 def _own_copy(fn):
@@ -183,14 +184,15 @@ class CPUExecutor(Executor):
         }
 
     def _room_for_packing(self) -> str | None:
-        """None when the packed copy of the weights fits in free memory. Else fp32 keeps the loaded tensors
-        (returns why: no kernels then) and bf16 / int8 refuse with a one-line PreflightError."""
+        """None when the packed copy of the weights fits in free memory. Else fp32 keeps the loaded fp32
+        tensors (returns why: no kernels then); bf16 / int8, or fp32 on a 16-bit model (whose weights widen
+        only in a copy), refuse with a one-line PreflightError."""
         need, free = packed_bytes(self.program, self.weights), available_memory(torch.device("cpu"))
         if need <= free:
             return None
         why = f"the {self.weights} row tiles need {size_text(need)} beside the loaded weights; {size_text(free)} free"
-        if self.weights != "float32":
-            raise PreflightError(f"backend cpu: {why} (load the model in a 16-bit dtype, or use more memory)")
+        if self.weights != "float32" or self.model.embed_tokens.weight.dtype != torch.float32:
+            raise PreflightError(f"backend cpu: {why} (load the model in bfloat16, or use more memory)")
         if self.progress:
             print(f"nonstop cpu: {why}: fp32 products run in torch on the loaded weights", file=sys.stderr)
         return why

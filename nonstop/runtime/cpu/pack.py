@@ -12,7 +12,8 @@
   huge pages (``hugepages``): the step streams them like one array, with no 4 KiB page boundary to stall
   the prefetchers. When they outgrow the cache on a CPU where that was measured to help (``streams_weights``:
   AMD), the kernels read them with non-temporal prefetches (``gemv.cpp``).
-Router, norms, conv taps, MLA's absorbed W_UK / W_UV and the embedding stay as loaded.
+Router, norms, conv taps, MLA's absorbed W_UK / W_UV and the embedding stay as loaded (a tied embedding
+is the LM head's tensor: rounded with it).
 """
 
 from __future__ import annotations
