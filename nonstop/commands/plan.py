@@ -20,6 +20,7 @@ DESCRIPTION = (
 DEFAULT_MODEL = "kimi-k3"
 DEFAULT_BATCH = 1
 DEFAULT_TOP = 5
+DEFAULT_SHARDING = "production"
 MAX_DRAFTS = 64  # the most --spec-draft: far beyond what drafters run a step (K3's DSpark drafters: 7)
 FEWEST_CHIPS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512)  # tried in turn without --chips
 
@@ -31,7 +32,6 @@ def add_parser(sub) -> None:
     p.add_argument(
         "--model",
         "-m",
-        default=DEFAULT_MODEL,
         help="preset, bundled model, planner model (deepseek-v3, kimi-k2-thinking: shapes only), a released name "
         "with or without its publisher (moonshotai/Kimi-K2.5, nvidia/Kimi-K3-NVFP4, deepseek-ai/DeepSeek-R1-0528: "
         f"its stored formats are the defaults) or checkpoint directory (default {DEFAULT_MODEL})",
@@ -39,7 +39,8 @@ def add_parser(sub) -> None:
     p.add_argument(
         "--chip",
         help="chip from the catalogue (see --list-chips) by its key or as vendors and drivers write it (case, "
-        "punctuation, vendor prefix and SXM / NVL72 / OAM ignored: 'NVIDIA H100 80GB HBM3', 'gb300-nvl72'; aliases "
+        "punctuation, vendor prefix and SXM / NVL72 / OAM ignored: 'NVIDIA H100 80GB HBM3', 'gb300-nvl72', NVL72 "
+        "only where the chip's NVLink domain is 72; aliases "
         "tpu7x / ironwood for tpu-v7, 910c / atlas-a3 for ascend-910c), optionally ending in its memory size "
         "('h100-80gb', 'B200 180GB'; one more than 10%% off the catalogue's is another part, refused); or 'cpu' for "
         "this machine",
@@ -104,7 +105,6 @@ def add_parser(sub) -> None:
         "--batch",
         "--concurrency",
         type=positive_int,
-        default=DEFAULT_BATCH,
         help=f"concurrent sequences in the whole deployment (a serving benchmark's --max-concurrency; default "
         f"{DEFAULT_BATCH})",
     )
@@ -147,7 +147,8 @@ def add_parser(sub) -> None:
     fp32 = "fp32 needs the chip's tflops.fp32 figure (--list-chips shows it: the NVIDIA GPUs and cpu have one)"
     p.add_argument(
         "--weights",
-        help=f"dense weight format: {formats} (default: the checkpoint's; fp32 on the cpu chip); {fp32}",
+        help=f"dense weight format: {formats} (default: the checkpoint's; fp32 on the cpu chip; the embedding and "
+        f"LM head stay bf16 beside a quantised format); {fp32}",
     )
     p.add_argument(
         "--experts",
@@ -168,7 +169,6 @@ def add_parser(sub) -> None:
     p.add_argument(
         "--sharding",
         choices=["production", "engine"],
-        default="production",
         help="production (default): as vLLM/SGLang serve - K3's latent projections split tp ways, and --ep equal "
         "to --tp with --dp 1 runs no all-to-all (the MoE output all-reduce combines); engine: exactly nonstop.dist's "
         "parts and token exchange",
@@ -179,16 +179,19 @@ def add_parser(sub) -> None:
         "positive and finite, each with its entry in 'sources' (key = the figure's path, e.g. 'tflops.bf16'); an "
         "entry overrides a catalogue chip under the catalogue's key only (another spelling of it is refused)",
     )
-    p.add_argument(
-        "--top", type=positive_int, default=DEFAULT_TOP, help=f"layouts shown by the search (default {DEFAULT_TOP})"
-    )
+    p.add_argument("--top", type=positive_int, help=f"layouts shown by the search (default {DEFAULT_TOP})")
     p.add_argument(
         "--measured",
         action="store_true",
         help="predict every nonstop measurement in bench/results on this chip, side by side, each as it ran (its "
         "model, batch, context, executor; layout, speculation and request flags are refused)",
     )
-    p.add_argument("--list-chips", action="store_true", help="list the catalogue with its figures and exit")
+    p.add_argument(
+        "--list-chips",
+        action="store_true",
+        help="list the catalogue with its figures and exit (with --chip-file: its entries too; with --json: one "
+        "object, each chip by its key)",
+    )
     p.add_argument(
         "--json",
         action="store_true",
@@ -198,11 +201,23 @@ def add_parser(sub) -> None:
     p.set_defaults(run=run)
 
 
-def _list_chips(chip_file) -> int:
+def _chips_json(chips: dict) -> dict:
+    """The catalogue as one JSON object: each chip's figures and sources by its key; the cpu entry says its
+    figures are measured on this machine when it is planned."""
+    import dataclasses
+
+    cpu = {"kind": "cpu", "figures": "measured on this machine when it is planned"}
+    return {key: dataclasses.asdict(c) if c else cpu for key, c in chips.items()}
+
+
+def _list_chips(chip_file, as_json: bool) -> int:
     """Print the catalogue (and ``chip_file``'s entries), every entry validated before anything is printed."""
     from nonstop.plan.chips import catalogue_chips
 
     chips = catalogue_chips(chip_file)
+    if as_json:
+        print(json.dumps(_chips_json(chips), indent=2))
+        return 0
     w = max(8, *(len(key) for key in chips))  # a key as long as "ascend-910c" keeps the columns straight
     n = max(44, *(len(c.name) for c in chips.values() if c))
     print(
@@ -278,7 +293,7 @@ def _resolve(model: str):
     from pathlib import Path
 
     from nonstop.config import ConfigError
-    from nonstop.plan.releases import model_ref, planner_names
+    from nonstop.plan.releases import model_ref, other_publishers, planner_names
     from nonstop.weights.resolve import resolve_model
 
     try:
@@ -290,6 +305,11 @@ def _resolve(model: str):
         for prefix, why in NOT_MODELLED.items():
             if name.startswith(prefix):
                 raise ConfigError(f"{model} is not planned: {why}") from None
+        others = other_publishers(model)
+        if others:
+            raise ConfigError(
+                f"{model} is not a release the planner knows: {' / '.join(others)} is (or give the name alone)"
+            ) from None
         raise ConfigError(f"{exc}; planner models and releases (shapes only): {', '.join(planner_names())}") from None
 
 
@@ -373,38 +393,69 @@ def _fewest_chips(workload, chip, request: dict, sharding: str, progress):
     return tried[-1], cands, tried
 
 
-# flags --measured does not use (each run is predicted as it ran), with the value each has when not given
+# flags --measured does not use (each run is predicted as it ran): (flag, args attribute), None or False
+# when not given (flags with a default get it after the check: ``_fill_defaults``)
 MEASURED_IGNORES = (
-    ("-m", "model", DEFAULT_MODEL),
-    ("--chips", "chips", None),
-    ("--tp", "tp", None),
-    ("--dp", "dp", None),
-    ("--ep", "ep", None),
-    ("--pp", "pp", None),
-    ("--dcp", "dcp", None),
-    ("--enable-expert-parallel", "enable_expert_parallel", False),
-    ("--enable-dp-attention", "enable_dp_attention", False),
-    ("--sharding", "sharding", "production"),
-    ("--batch", "batch", DEFAULT_BATCH),
-    ("--context", "context", None),
-    ("--input-len", "input_len", None),
-    ("--output-len", "output_len", None),
-    ("--spec-accept", "spec_accept", None),
-    ("--spec-draft", "spec_draft", None),
-    ("--executor", "executor", None),
-    ("--attention-weights", "attention", None),
-    ("--top", "top", DEFAULT_TOP),
+    ("-m", "model"),
+    ("--chips", "chips"),
+    ("--tp", "tp"),
+    ("--dp", "dp"),
+    ("--ep", "ep"),
+    ("--pp", "pp"),
+    ("--dcp", "dcp"),
+    ("--enable-expert-parallel", "enable_expert_parallel"),
+    ("--enable-dp-attention", "enable_dp_attention"),
+    ("--sharding", "sharding"),
+    ("--batch", "batch"),
+    ("--context", "context"),
+    ("--input-len", "input_len"),
+    ("--output-len", "output_len"),
+    ("--spec-accept", "spec_accept"),
+    ("--spec-draft", "spec_draft"),
+    ("--executor", "executor"),
+    ("--attention-weights", "attention"),
+    ("--top", "top"),
 )
+# flags --list-chips does not use (it reads only --chip-file and --json)
+LIST_CHIPS_IGNORES = (
+    ("--chip", "chip"),
+    *MEASURED_IGNORES,
+    *((flag, attr) for flag, attr, _ in FORMAT_FLAGS if attr != "attention"),
+    ("--measured", "measured"),
+)
+
+
+def _given(args, flags) -> list[str]:
+    """The flags of ``flags`` ((flag, args attribute) pairs) given on the command line."""
+    return [flag for flag, attr in flags if getattr(args, attr) not in (None, False)]
 
 
 def _refuse_measured_ignores(args) -> None:
     """--measured predicts every run on the chip as it ran: refuse, in one line, the flags it would ignore."""
-    given = [flag for flag, attr, unset in MEASURED_IGNORES if getattr(args, attr) != unset]
+    given = _given(args, MEASURED_IGNORES)
     if given:
         raise ValueError(
             f"--measured predicts each run in bench/results as it ran (its model, batch, context, executor, one "
             f"device) and ignores {', '.join(given)}: drop them, or plan without --measured"
         )
+
+
+def _refuse_list_chips_ignores(args) -> None:
+    """--list-chips prints the catalogue (and --chip-file's entries): refuse, in one line, the flags it ignores."""
+    given = _given(args, LIST_CHIPS_IGNORES)
+    if given:
+        raise ValueError(
+            f"--list-chips prints the chip catalogue (with --chip-file's entries; --json for one object) and "
+            f"ignores {', '.join(given)}: drop them, or plan without --list-chips"
+        )
+
+
+def _fill_defaults(args) -> None:
+    """The defaults of the flags whose absence the refusals above must see (None until then)."""
+    args.model = DEFAULT_MODEL if args.model is None else args.model
+    args.batch = DEFAULT_BATCH if args.batch is None else args.batch
+    args.top = DEFAULT_TOP if args.top is None else args.top
+    args.sharding = args.sharding or DEFAULT_SHARDING
 
 
 def _counts(counts: list[int]) -> str:
@@ -444,7 +495,8 @@ def run(args) -> int:
     from nonstop.plan.workload import build_workload
 
     if args.list_chips:
-        return _list_chips(args.chip_file)
+        _refuse_list_chips_ignores(args)
+        return _list_chips(args.chip_file, args.json)
     if not args.chip:
         raise ValueError("give --chip NAME (nonstop plan --list-chips lists them; 'cpu' is this machine)")
     chip = get_chip(args.chip, args.chip_file)
@@ -452,6 +504,8 @@ def run(args) -> int:
     overrides = {k: v for k, v in (("dense", args.weights), ("experts", args.experts), ("cache", args.cache)) if v}
     if args.measured:
         _refuse_measured_ignores(args)
+    _fill_defaults(args)
+    if args.measured:
         rows = measured_side_by_side(all_measurements(chip.key), chip, args.model, workload_for_measurement(overrides))
         if args.json:
             print(json.dumps(_measured_json(rows), indent=2))

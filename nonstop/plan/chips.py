@@ -8,12 +8,14 @@ form. The ``cpu`` entry is filled from this machine's measurements (``measured.p
 
 from __future__ import annotations
 
+import difflib
 import json
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
 CATALOGUE = Path(__file__).with_name("chips.json")
+EXECUTORS = ("kernels", "megakernel", "eager")  # how a step is launched (``timing.step_time`` prices each)
 DTYPE_ORDER = ("fp4", "fp8", "bf16", "fp32")  # narrow -> wide; an unsupported dtype runs at the next wider one
 REQUIRED = (
     "hbm_gb",
@@ -35,6 +37,16 @@ OPTIONAL = ("hbm_visible_gb", "max_chips")
 MAX_FIGURE = 1e15
 # a driver's capacity over the sold one: GiB read as GB is x1.074; a few % may be reserved (B300: 288.4 of 288)
 VISIBLE_OVER_SOLD = (0.9, 1.12)
+
+
+_JSON_KINDS = {
+    str: "a string",
+    list: "a list",
+    int: "a number",
+    float: "a number",
+    bool: "true / false",
+    type(None): "null",
+}
 
 
 class ChipError(ValueError):
@@ -115,10 +127,19 @@ def _figure(value) -> bool:
 
 def chip_from_entry(key: str, entry: dict) -> Chip:
     """Validate one catalogue entry: every required figure present, positive and finite (at most
-    ``MAX_FIGURE``), each with a source."""
+    ``MAX_FIGURE``), each with a source (``sources``: an object keyed by the figure's path); the executor one
+    of ``EXECUTORS``."""
     if not isinstance(entry, dict):
         raise ChipError(f"chip {key!r}: an entry must be a JSON object")
-    sources = entry.get("sources") or {}
+    sources = entry.get("sources", {})
+    if not isinstance(sources, dict):
+        raise ChipError(
+            f"chip {key!r}: sources must be an object with a source for each figure, keyed by its path "
+            f'(e.g. {{"hbm_gb": "vendor page ..."}}), got {_JSON_KINDS.get(type(sources), "another value")}'
+        )
+    executor = entry.get("executor", "kernels")
+    if executor not in EXECUTORS:
+        raise ChipError(f"chip {key!r}: executor must be one of {', '.join(EXECUTORS)}, got {executor!r}")
     for path in REQUIRED + tuple(p for p in OPTIONAL if _get(entry, p) is not None):
         value = _get(entry, path)
         if not _figure(value):
@@ -163,7 +184,7 @@ def chip_from_entry(key: str, entry: dict) -> Chip:
         out_latency_us=out["latency_us"],
         launch_us=entry["launch_us"],
         kind=str(entry.get("kind", "accelerator")),
-        executor=str(entry.get("executor", "kernels")),
+        executor=executor,
         sources=dict(sources),
         hbm_visible_gb=visible,
         max_chips=None if entry.get("max_chips") is None else int(entry["max_chips"]),
@@ -212,9 +233,19 @@ def catalogue_chips(chip_file: str | Path | None = None) -> dict[str, Chip | Non
     extra = _file_entries(chip_file)
     entries = _with_file(_read_json(CATALOGUE), chip_file, extra)
     return {
-        key: None if key == "cpu" and "cpu" not in extra else chip_from_entry(key, e)
+        key: None if key == "cpu" and "cpu" not in extra else _validated(key, e, chip_file if key in extra else None)
         for key, e in sorted(entries.items())
     }
+
+
+def _validated(key: str, entry: dict, chip_file) -> Chip:
+    """``chip_from_entry``, its error naming ``chip_file`` when the entry comes from one (None: the catalogue)."""
+    try:
+        return chip_from_entry(key, entry)
+    except ChipError as exc:
+        if chip_file is None:
+            raise
+        raise ChipError(f"chip file {chip_file}: {exc}") from None
 
 
 # other names of catalogue chips (compared after ``_squash``): Google's product name for TPU v7
@@ -281,20 +312,46 @@ def _strip_capacity(name: str, entries: dict) -> str | None:
     return key
 
 
+def _closest(name: str, entries: dict) -> str:
+    """The hint " (did you mean X?)" for the catalogue key or alias nearest ``name`` as ``--chip`` reads it, else ""."""
+    names = {_squash(k): k for k in entries} | {_squash(a): a for a, k in CHIP_ALIASES.items() if k in entries}
+    near = difflib.get_close_matches(_squash(name), list(names), n=1, cutoff=0.6)
+    return f" (did you mean {names[near[0]]}?)" if near else ""
+
+
+def _check_nvl72(name: str, key: str, entries: dict) -> None:
+    """A name ending in NVL72 means a rack of 72 NVLink-connected GPUs: refuse it for a chip whose scale-up
+    domain is smaller ("B200 NVL72" is no HGX B200), naming the catalogue's NVL72 part of that GPU."""
+    domain = _get(entries[key], "scale_up.domain")
+    squashed = "".join(ch for ch in name.lower() if ch.isalnum())
+    if not squashed.endswith("nvl72") or not isinstance(domain, (int, float)) or domain >= 72:
+        return
+    racks = [k for k, e in entries.items() if key in k and _get(e, "scale_up.domain") == 72]
+    hint = f"; the {key.upper()} of an NVL72 rack is the catalogue's {' / '.join(racks)}" if racks else ""
+    raise ChipError(
+        f"chip {name!r}: the catalogue's {key} is a board of {domain:g} NVLink-connected chips, not an NVL72 rack{hint}"
+    )
+
+
 def get_chip(name: str, chip_file: str | Path | None = None) -> Chip:
     """The chip called ``name`` (``resolve_chip_name``, a trailing HBM size allowed); ``cpu`` is measured
-    on this machine."""
+    on this machine. An unknown name is answered with the nearest known one."""
     entries = load_catalogue(chip_file)
     key = resolve_chip_name(name, entries)
     if key not in entries:
         key = _strip_capacity(name, entries) or key
     if key not in entries:
-        raise ChipError(f"unknown chip {name!r}; known chips: {', '.join(sorted(entries))} (add one with --chip-file)")
-    if key == "cpu" and (chip_file is None or "cpu" not in _read_json(Path(chip_file))):
+        raise ChipError(
+            f"unknown chip {name!r}{_closest(name, entries)}; known chips: {', '.join(sorted(entries))} (add one "
+            "with --chip-file)"
+        )
+    _check_nvl72(name, key, entries)
+    in_file = chip_file is not None and key in _read_json(Path(chip_file))
+    if key == "cpu" and not in_file:
         from nonstop.plan.measured import cpu_entry
 
         return chip_from_entry(key, cpu_entry(entries[key]))
-    return chip_from_entry(key, entries[key])
+    return _validated(key, entries[key], chip_file if in_file else None)
 
 
 def chip_names(chip_file: str | Path | None = None) -> list[str]:

@@ -29,7 +29,7 @@ import math
 from dataclasses import dataclass
 from pathlib import Path
 
-from nonstop.plan.chips import Chip
+from nonstop.plan.chips import EXECUTORS, Chip
 from nonstop.plan.draft import draft_shape, eager_draft_ops
 from nonstop.plan.layout import (
     Layout,
@@ -40,8 +40,9 @@ from nonstop.plan.layout import (
     resident_bytes,
     stage_sends,
 )
-from nonstop.plan.timing import EXECUTORS, Constants, StepTime, step_time
+from nonstop.plan.timing import Constants, StepTime, step_time
 from nonstop.plan.workload import FORMAT_BYTES, PlanError, Workload, cfg_json
+from nonstop.program.preflight import size_text
 
 USABLE_HBM = 0.92  # of HBM left for weights, KV/KDA state and cache (runtime context, activations, comm buffers)
 
@@ -167,8 +168,9 @@ class Prediction:
         return self.bytes_per_rank <= self.capacity_per_rank
 
     def resident_parts(self, sep: str) -> str:
-        """What a rank holds by kind, in GB: weights, KDA state (a model with KDA layers only), attention
-        cache (a model with attention layers only), the speculative drafter's weights and cache (with --spec-accept)."""
+        """What a rank holds by kind, each with its unit (``size_text``: GB, MB ...): weights, KDA state (a model
+        with KDA layers only), attention cache (a model with attention layers only), the speculative drafter's
+        weights and cache (with --spec-accept)."""
         r, ops = self.resident, self.workload.ops
         parts = [("weights", r["weights"])]
         if r["state"] or any(o.state_bytes_per_seq for o in ops):
@@ -177,7 +179,7 @@ class Prediction:
             parts.append(("attention cache", r["cache"]))
         if "draft" in r:
             parts.append(("draft model", r["draft"]))
-        return sep.join(f"{name} {b / 1e9:.1f}" for name, b in parts)
+        return sep.join(f"{name} {size_text(b)}" for name, b in parts)
 
     def why_not(self) -> str:
         """Why it does not fit: what a rank needs against what it offers, in the chip's own memory (a CPU's

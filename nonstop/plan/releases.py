@@ -6,7 +6,8 @@ bundled under ``plan/models/``) plus the formats its weights are stored in, so a
 
     name  ->  (config the planner reads, formats that differ from that config's own)
 
-Names compare case-insensitively, with or without the publisher (``Kimi-K2.5`` = ``moonshotai/kimi-k2.5``).
+Names compare case-insensitively, with or without the publisher (``Kimi-K2.5`` = ``moonshotai/kimi-k2.5``);
+another publisher's name for it (``nvidia/Kimi-K2.5``) is no release.
 Explicit ``--weights`` / ``--experts`` / ``--attention-weights`` / ``--kv-cache`` flags override a release's
 formats. A checkpoint directory is read as it is (its own ``quantization_config``).
 """
@@ -95,9 +96,20 @@ _BY_NAME = {key.split("/", 1)[1]: rel for key, rel in RELEASES.items()}
 
 
 def find_release(name: str) -> Release | None:
-    """The release ``name`` means (``RELEASES``, with or without its publisher, any case), else None."""
+    """The release ``name`` means (``RELEASES``, with its own publisher or none, any case), else None: a
+    publisher that did not publish the name (``nvidia/Kimi-K2.5``) means no release (``other_publishers``)."""
     key = str(name).strip().lower()
-    return RELEASES.get(key) or _BY_NAME.get(key.rsplit("/", 1)[-1] if key.count("/") == 1 else key)
+    return RELEASES.get(key) if "/" in key else _BY_NAME.get(key)
+
+
+def other_publishers(name: str) -> list[str]:
+    """The releases of ``name``'s model under other publishers than the one it gives ([] without a publisher
+    or for a known release): ``nvidia/kimi-k2.5`` -> ``moonshotai/kimi-k2.5``."""
+    key = str(name).strip().lower()
+    if key.count("/") != 1 or key in RELEASES:
+        return []
+    bare = key.split("/", 1)[1]
+    return sorted(k for k in RELEASES if k.split("/", 1)[1] == bare)
 
 
 def model_ref(name: str) -> str:

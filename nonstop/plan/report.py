@@ -9,24 +9,14 @@ from nonstop.plan.predict import USABLE_HBM, Prediction, Spec, predict
 from nonstop.plan.search import Candidate
 from nonstop.plan.timing import Constants
 from nonstop.plan.workload import Precision, build_workload, quantised_experts
+from nonstop.program.preflight import size_text
 
 GB = 1e9
-
-
-def _gb(x: float) -> str:
-    return f"{x / GB:,.1f} GB"
 
 
 def _sold_as(chip) -> str:
     """Where the driver's capacity differs from the figure the part is sold as, say both."""
     return f" the driver reports; sold as {chip.hbm_gb:g} GB" if chip.hbm_visible_gb else ""
-
-
-def _bytes(x: float) -> str:
-    for unit, scale in (("GB", 1e9), ("MB", 1e6), ("KB", 1e3)):
-        if x >= scale:
-            return f"{x / scale:.3g} {unit}"
-    return f"{x:.0f} B"
 
 
 def _prefill_lines(p: Prediction) -> list[str]:
@@ -68,6 +58,7 @@ def describe(p: Prediction) -> str:
         (
             f"batch {p.batch} sequence(s), context {p.context} tokens{spec}; weights {prec.dense},"
             f" experts {prec.experts if p.workload.moe_ops else '-'},"
+            f"{f' attention weights {prec.attention},' if prec.attention else ''}"
             f" attention cache {prec.cache}"
         ),
         *_uneven_groups(p),
@@ -80,13 +71,13 @@ def describe(p: Prediction) -> str:
         *_prefill_lines(p),
         "",
         (
-            f"memory per chip: {_gb(p.bytes_per_rank * chip.devices_per_chip)} of "
-            f"{_gb(p.capacity_per_rank * chip.devices_per_chip)}"
-            f" usable ({USABLE_HBM:.0%} of {_gb(chip.hbm_bytes)} {chip.memory}{_sold_as(chip)})"
+            f"memory per chip: {size_text(p.bytes_per_rank * chip.devices_per_chip)} of "
+            f"{size_text(p.capacity_per_rank * chip.devices_per_chip)}"
+            f" usable ({USABLE_HBM:.0%} of {size_text(chip.hbm_bytes)} {chip.memory}{_sold_as(chip)})"
             f" -> {'fits' if p.fits else 'DOES NOT FIT'}"
         ),
     ]
-    lines.append(f"  {p.resident_parts(' GB, ')} GB per rank")
+    lines.append(f"  {p.resident_parts(', ')} per rank")
     if not p.fits:
         lines.append(f"  {p.why_not()}")
     parts = [
@@ -108,7 +99,7 @@ def describe(p: Prediction) -> str:
         for c in sorted(t.collectives, key=lambda c: -c.ms):
             where = "scale-out" if c.crosses_scale_out else "scale-up"
             lines.append(
-                f"  {c.count:4d} x {c.kind:<14} {c.ranks:4d} ranks {where:<9} {_bytes(c.wire_bytes):>9} sent"
+                f"  {c.count:4d} x {c.kind:<14} {c.ranks:4d} ranks {where:<9} {size_text(c.wire_bytes):>9} sent"
                 f"  latency {c.latency_ms:7.3f} ms  bandwidth {c.bandwidth_ms:7.3f} ms  {c.label}"
             )
     return "\n".join(lines)
@@ -174,19 +165,22 @@ def recorded_on(m: Measurement) -> str:
 
 
 def measured_table(rows: list[dict]) -> str:
-    """The side-by-side; a run recorded on another CPU is predicted with this machine's per-op cost and
-    its own recorded bandwidth, so its ratio says little (the note under the table says so)."""
-    head = f"{'measured run':<72} {'measured':>9} {'predicted':>9} {'pred/meas':>9}  {'recorded on':<22} source"
+    """The side-by-side, its run and "recorded on" columns as wide as their longest entry (nothing cut); a run
+    recorded on another CPU is predicted with this machine's per-op cost and its own recorded bandwidth, so
+    its ratio says little (the note under the table says so)."""
+    wheres = [recorded_on(r["measurement"]) for r in rows]
+    w = max([len("measured run"), *(len(r["measurement"].what) for r in rows)])
+    v = max([len("recorded on"), *map(len, wheres)])
+    head = f"{'measured run':<{w}} {'measured':>9} {'predicted':>9} {'pred/meas':>9}  {'recorded on':<{v}} source"
     lines = [head]
     other = bare = False
-    for r in rows:
+    for r, where in zip(rows, wheres):
         m = r["measurement"]
-        where = recorded_on(m)
         other = other or where not in ("this CPU", "-")
         bare = bare or not m.engine_loop
         lines.append(
-            f"{m.what[:72]:<72} {m.ms_per_token:>9.2f} {r['predicted_ms_per_token']:>9.2f}"
-            f" {r['predicted_ms_per_token'] / m.ms_per_token:>9.2f}  {where[:22]:<22} bench/results/{m.source}"
+            f"{m.what:<{w}} {m.ms_per_token:>9.2f} {r['predicted_ms_per_token']:>9.2f}"
+            f" {r['predicted_ms_per_token'] / m.ms_per_token:>9.2f}  {where:<{v}} bench/results/{m.source}"
         )
     if other:
         lines.append(

@@ -28,7 +28,6 @@ from nonstop.plan.layout import Collective, Layout, RankOp
 
 CONSTANTS = Path(__file__).with_name("constants.json")
 FITTED = ("eta_hbm", "step_overhead_us", "hop_factor", "expert_slice_us")
-EXECUTORS = ("kernels", "megakernel", "eager")
 
 
 @dataclass(frozen=True)

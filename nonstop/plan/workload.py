@@ -11,8 +11,9 @@ its arguments, so a few evaluations give per-op coefficients (one decode step, o
 r = rows (sequences × tokens per sequence), s = sequences, L = cached tokens per sequence. A sequence's
 cached keys are read once a step however many of its rows (verified drafts) attend to them; every row
 computes over them. Weights are
-re-priced in the serving precision (``Precision``): dense matrices at ``dense`` bytes/param, routed
-experts at ``experts`` bytes/param (K3's MXFP4 as packed: 4.25 bits/param incl. its E8M0 scales).
+re-priced in the serving precision (``Precision``): dense matrices at ``dense`` bytes/param (the embedding
+and the LM head in bf16 beside a quantised format), routed experts at ``experts`` bytes/param (K3's MXFP4
+as packed: 4.25 bits/param incl. its E8M0 scales). A tied LM head is streamed but held once, as the embedding.
 Routed experts are kept apart (``ExpertShape``): which of them a step touches depends on the batch
 and the layout, not on the op alone.
 """
@@ -76,6 +77,13 @@ ATTENTION_KINDS = frozenset(
     {"gqa_qkv_rope", "gqa_attn", "mla_in_proj", "mla_q_up", "mla_attn", "kda_in_proj", "kda_core", "linear_residual"}
 )
 
+# the token embedding and the LM head: quantised releases keep them in bf16 (DeepSeek-V3 / Kimi K2's fp8
+# checkpoints build both in the default dtype; compressed-tensors and modelopt exports list lm_head among the
+# modules they leave unquantised, and no quantization_config the planner reads names them quantised), so
+# beside a quantised dense format they are priced in bf16; beside fp32 or bf16 they are as wide as the rest
+VOCAB_KINDS = frozenset({"embed", "embed_shard", "lm_head"})
+UNQUANTISED = ("fp32", "bf16")
+
 
 @dataclass(frozen=True)
 class Precision:
@@ -97,8 +105,8 @@ class Precision:
     ) -> Precision:
         """The checkpoint's own formats unless overridden: ``quantization_config`` of the config (K3:
         MXFP4 experts, bf16 rest; Kimi K2 Thinking / K2.5: int4 experts, bf16 rest; fp8 checkpoints such as
-        Kimi K2 / DeepSeek-V3: fp8 everywhere, also when a preset omits the config: ``RELEASED_FP8``; a
-        checkpoint directory's config is read as it is)."""
+        Kimi K2 / DeepSeek-V3: fp8 but the embedding and the head (``of``), also when a preset omits the
+        config: ``RELEASED_FP8``; a checkpoint directory's config is read as it is)."""
         quant = quantization_config(cfg.hf or {})
         quantised = quantised_experts(cfg)
         base_dense, base_experts = "bf16", quantised or "bf16"
@@ -118,7 +126,10 @@ class Precision:
         )
 
     def of(self, kind: str) -> str:
-        """The format of a non-expert op's matrices."""
+        """The format of a non-expert op's matrices: the embedding and the LM head stay bf16 beside a quantised
+        ``dense`` format (``VOCAB_KINDS``), the attention block is in ``attention`` where given."""
+        if kind in VOCAB_KINDS:
+            return self.dense if self.dense in UNQUANTISED else "bf16"
         return self.attention if self.attention and kind in ATTENTION_KINDS else self.dense
 
 
@@ -169,7 +180,7 @@ class OpShape:
     layer: int | None
     weight_bytes: float  # W_op, serving format (routed experts: only the router bias; see ``expert``)
     engine_replicated_bytes: float  # part of W_op ``nonstop.dist`` keeps whole that production stacks split
-    held_bytes: float  # weights the rank keeps (W_op, plus the whole table of a gathered embedding)
+    held_bytes: float  # weights the rank keeps (W_op, plus the table of a gathered embedding; a tied head: its norm)
     act_bytes_per_row: float  # a_op
     state_bytes_per_seq: float  # S_op (KDA recurrent + conv state, read and written)
     cache_bytes_per_seq_ctx: float  # c_op (attention cache read per sequence and cached token)
@@ -219,22 +230,31 @@ def _matrix_params(op) -> int:
     return sum(t.numel() for n, t in op.weights.items() if t.dim() >= 2 and n not in ("embed", "conv"))
 
 
-def _weight_bytes(op, precision: Precision) -> tuple[float, float]:
-    """(serving bytes, the PRODUCTION_SPLIT part) of a non-expert op's weights: matrices in
-    ``precision.of(kind)``, vectors as stored; the router stays bf16 (fp32 logits from a bf16 matrix)."""
+def _tensor_bytes(op, precision: Precision) -> dict[str, float]:
+    """The serving bytes of each of a non-expert op's weights: matrices in ``precision.of(kind)``, vectors as
+    stored; the router stays bf16 (fp32 logits from a bf16 matrix)."""
     per_param = FORMAT_BYTES[precision.of(op.kind)]
-    total = split = 0.0
+    out = {}
     for name, t in op.weights.items():
         matrix = t.dim() >= 2 and t.is_floating_point() and name not in ("conv", "router")
         if matrix:
-            nbytes = t.numel() * per_param
+            out[name] = t.numel() * per_param
         elif name == "router":  # loaded in fp32 for exact routing; served and streamed in bf16
-            nbytes = t.numel() * FORMAT_BYTES["bf16"]
+            out[name] = t.numel() * FORMAT_BYTES["bf16"]
         else:
-            nbytes = _nbytes(t)
-        total += nbytes
-        split += nbytes if name in PRODUCTION_SPLIT else 0.0
-    return total, split
+            out[name] = float(_nbytes(t))
+    return out
+
+
+def _weight_bytes(op, precision: Precision, held_before: set[int]) -> tuple[float, float, float]:
+    """(streamed bytes, the PRODUCTION_SPLIT part, bytes held beyond ``held_before``) of a non-expert op's
+    weights. ``held_before`` holds the ids of the tensors earlier ops hold and gains this op's: a tied LM head
+    (``tie_word_embeddings``: the embedding's own tensor) is streamed in full but holds nothing more."""
+    sizes = _tensor_bytes(op, precision)
+    held = sum(nbytes for name, nbytes in sizes.items() if id(op.weights[name]) not in held_before)
+    held_before.update(id(t) for t in op.weights.values())
+    split = sum(nbytes for name, nbytes in sizes.items() if name in PRODUCTION_SPLIT)
+    return sum(sizes.values()), split, held
 
 
 def _expert_shape(op, precision: Precision, cfg: ModelConfig) -> ExpertShape:
@@ -316,7 +336,7 @@ def build_workload(cfg: ModelConfig, name: str, precision: Precision | None = No
     precision = precision or Precision.released(cfg)
     program = program if program is not None else program_for(cfg)
     cfg = shapes_config(cfg)
-    ops = []
+    ops, held_before = [], set()
     for op in program.ops:
         coeff = _coefficients(op, program, precision)
         if op.kind in EXPERT_KINDS:
@@ -336,8 +356,7 @@ def build_workload(cfg: ModelConfig, name: str, precision: Precision | None = No
                 )
             )
             continue
-        held, split = _weight_bytes(op, precision)
-        weight = held
+        weight, split, held = _weight_bytes(op, precision, held_before)
         if op.kind in ("embed", "embed_shard"):  # a gather: one row per token, already in act_bytes_per_row
             weight = 0.0
             coeff["act_bytes_per_row"] = cfg.hidden_size * FORMAT_BYTES["bf16"]
