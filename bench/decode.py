@@ -60,13 +60,21 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 import torch  # noqa: E402
-from script_args import choice_list, non_negative_float, non_negative_int, positive_int, thread_count  # noqa: E402
+from script_args import (  # noqa: E402
+    choice_list,
+    non_negative_float,
+    non_negative_int,
+    positive_int,
+    run,
+    thread_count,
+)
 
 from nonstop.cache.state import ModelCache  # noqa: E402
 from nonstop.config import ModelConfig  # noqa: E402
 from nonstop.hostinfo import Clock, copy_bandwidth, cuda_missing, decode_floor, environment  # noqa: E402
 from nonstop.model.build import assemble_model  # noqa: E402
 from nonstop.model.stack import CausalLM  # noqa: E402
+from nonstop.weights.resolve import check_device  # noqa: E402
 
 # name -> (preset, layers timed on an 80 GB GPU, depth of the full model); see the module docstring
 SHAPES = {
@@ -250,8 +258,12 @@ def correctness(
 
 def compiled_step(model, cache, ids, batch):
     """The reference under torch.compile(reduce-overhead); cache tensors marked static (they are
-    mutated in place, which CUDA graphs allow only for static addresses)."""
+    mutated in place, which CUDA graphs allow only for static addresses). Dynamo's counters (process-wide)
+    start again from zero, so ``dynamo_counters()`` counts this row's graphs and breaks alone."""
     import torch._dynamo
+    from torch._dynamo.utils import counters
+
+    counters.clear()
 
     for layer in cache.layers:
         tensors = (
@@ -267,6 +279,7 @@ def compiled_step(model, cache, ids, batch):
 
 
 def dynamo_counters() -> dict:
+    """Dynamo's graphs, graph breaks and CUDA-graph skips since the last ``compiled_step`` (``{}`` when unreadable)."""
     try:
         from torch._dynamo.utils import counters
 
@@ -720,7 +733,7 @@ def build_parser() -> argparse.ArgumentParser:
         help=f"comma-separated, from: {', '.join(ROWS)} (default: all on a GPU; superop,megakernel,eager on a CPU, "
         "the megakernel under Triton's interpreter)",
     )
-    ap.add_argument("--device", default="cuda", help="cuda (default) or cpu")
+    ap.add_argument("--device", default="cuda", help="cuda (default), cuda:N or cpu")
     ap.add_argument(
         "--tiny",
         action="store_true",
@@ -748,7 +761,9 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument(
         "--long-context", type=non_negative_int, default=0, help="also time at this context (e.g. 8192); 0: off"
     )
-    ap.add_argument("--steps", type=positive_int, default=300, help="timed steps per row (median; default 300, >= 200)")
+    ap.add_argument(
+        "--steps", type=positive_int, default=300, help="timed steps per row (median; default 300, a --dry-run 5)"
+    )
     ap.add_argument(
         "--warmup",
         type=non_negative_int,
@@ -838,6 +853,10 @@ def parse_args(argv=None):
     missing = cuda_missing(args.device, cpu_hint="--dry-run (or --device cpu --tiny)")
     if missing:
         ap.error(missing)
+    try:
+        args.device = str(check_device(args.device))
+    except ValueError as exc:
+        ap.error(f"argument --device: {exc}")
     if args.kernels is None:
         args.kernels = args.device.startswith("cuda")
     if args.budget_s is None:
@@ -845,18 +864,37 @@ def parse_args(argv=None):
     cpu = not args.device.startswith("cuda")
     if args.rows is None:
         args.rows = ["superop", "megakernel", "eager"] if cpu else list(ROWS)
-    if cpu and "megakernel" in args.rows and not os.environ.get("TRITON_INTERPRET"):
-        os.environ["TRITON_INTERPRET"] = "1"  # the megakernel has no twin mode: Triton's interpreter on a CPU
-        if argv is None and "triton" in sys.modules:  # Triton reads it when imported (the imports above did):
-            os.execv(sys.executable, [sys.executable, *sys.argv])  # start again with it set
+    if cpu and "megakernel" in args.rows:  # the megakernel has no twin mode: Triton's interpreter on a CPU
+        interpret_triton(argv)
     return args
+
+
+def interpret_triton(argv) -> None:
+    """Run Triton's kernels in its CPU interpreter: set ``TRITON_INTERPRET=1``. The kernels read it when they are
+    defined, on import, which the imports of a script (``script_args``) may have done already: a script run from
+    the command line (``argv`` None) then starts again with it set; a caller passing ``argv`` sets it first."""
+    if os.environ.get("TRITON_INTERPRET"):
+        return
+    os.environ["TRITON_INTERPRET"] = "1"
+    if argv is None and "triton" in sys.modules:
+        os.execv(sys.executable, [sys.executable, *sys.argv])
+
+
+def use_device(name) -> torch.device:
+    """``name`` as a torch.device (``check_device``: a ValueError says why this machine cannot use it); a CUDA
+    device with an index becomes torch's current one, as CUDA events, ``synchronize`` and ``empty_cache`` act
+    on the current device."""
+    device = check_device(name)
+    if device.type == "cuda" and device.index is not None:
+        torch.cuda.set_device(device)
+    return device
 
 
 def main(argv=None) -> dict:
     args = parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)
-    device = torch.device(args.device)
+    device = use_device(args.device)
     dtype = torch.float32 if args.tiny else torch.bfloat16
     budget = Budget(args.budget_s)
     env = environment(device)
@@ -917,5 +955,11 @@ def main(argv=None) -> dict:
     return report
 
 
+def cli() -> None:
+    """``main()`` run as a command: exit status 1 when the report has failures (it says which: a check, a row, a
+    shape lost)."""
+    sys.exit(1 if _failures(main()) else 0)
+
+
 if __name__ == "__main__":
-    sys.exit(1 if _failures(main()) else 0)  # the report says which (a check, a row, a shape lost)
+    run(cli)

@@ -1,4 +1,4 @@
-"""Speculative decoding on CPU: mean accepted length and wall-clock speedup per drafter.
+"""Speculative decoding on a CPU (or a GPU, ``--device cuda``): mean accepted length and speedup per drafter.
 
 For each prompt (batch 1, greedy, ``--max-tokens`` new tokens, end-of-sequence ignored so every run
 generates the same count) the plain engine and each drafter (n-gram prompt lookup, the DSpark
@@ -14,6 +14,7 @@ a held-out paragraph followed by its own beginning, which a model continues by c
 Writes JSON to bench/results/ with the machine, its load average and the command.
 
     python bench/spec_decode.py [--model k3-nano] [--num-tokens 2,4] [--prompts 8] [--max-tokens 64]
+    python bench/spec_decode.py --device cuda --backend superop       # the Triton kernels, on a GPU
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ import time
 from pathlib import Path
 
 import torch
+from decode import use_device
 from script_args import MODEL_HELP, choice_list, int_list, positive_int, results_path, run, thread_count
 
 from nonstop.engine.speculative.config import METHODS
@@ -103,24 +105,29 @@ def main() -> None:
         "--backend",
         default="reference",
         choices=["auto", *BACKENDS],
-        help="executor of every engine (default reference)",
+        help="executor of every engine (default reference; superop and megakernel need --device cuda)",
     )
-    ap.add_argument("--out", default=None, help="JSON path (default bench/results/spec_decode_cpu_<model>.json)")
+    ap.add_argument("--device", default="cpu", help="cpu (default), cuda or cuda:N: where every engine runs")
+    ap.add_argument(
+        "--out", default=None, help="JSON path (default bench/results/spec_decode_<cpu or cuda>_<model>.json)"
+    )
     args = ap.parse_args()
     if args.max_tokens < 2:
         ap.error("--max-tokens must be >= 2 (decode speed is timed after the first token)")
     set_threads(args.threads)  # an explicit choice: the cpu executor keeps it (torch.set_num_threads alone it resets)
+    device = use_device(args.device)  # a ValueError (one error line) when this machine has no such device
 
     from nonstop import LLM, SamplingParams
 
     load_before = os.getloadavg()
     ks = args.num_tokens
-    engines = {"plain": LLM(args.model, backend=args.backend, max_batch=1, batch_invariant=True)}
+    engines = {"plain": LLM(args.model, backend=args.backend, device=device, max_batch=1, batch_invariant=True)}
     for m in args.methods:
         for k in ks:
             engines[f"{m}-k{k}"] = LLM(
                 args.model,
                 backend=args.backend,
+                device=device,
                 max_batch=1,
                 batch_invariant=True,
                 speculative={"method": m, "num_tokens": k},
@@ -141,6 +148,8 @@ def main() -> None:
             best: dict[str, float] = {}
             for _ in range(args.repeats):
                 for name, llm in engines.items():  # interleaved: the same load for every mode
+                    if device.type == "cuda":  # nothing of the last run still queued on the GPU
+                        torch.cuda.synchronize()
                     out = llm.generate(prompt_token_ids=[prompt], sampling=params)[0]
                     best[name] = min(best.get(name, float("inf")), out.metrics["decode_time_s"])
                     if len(outs[name]) == i:
@@ -163,7 +172,9 @@ def main() -> None:
         results[set_name] = {"prompts": len(prompts), "prompt_tokens": [len(p) for p in prompts], "modes": rows}
 
     cfg = engines["plain"].cfg
-    floor = decode_floor(model_footprint(cfg, engines["plain"].dtype).bytes_per_token, copy_bandwidth()["copy_GBps"])
+    floor = decode_floor(
+        model_footprint(cfg, engines["plain"].dtype).bytes_per_token, copy_bandwidth(device)["copy_GBps"]
+    )
     result = {
         "benchmark": "spec_decode",
         "command": command_line(),
@@ -171,6 +182,7 @@ def main() -> None:
         "model_dir": str(engines["plain"].model_dir) if engines["plain"].model_dir else None,
         "target": {"layers": cfg.num_hidden_layers, "hidden": cfg.hidden_size, "vocab": cfg.vocab_size},
         "backend": args.backend,
+        "device": str(device),
         "dtype": str(engines["plain"].dtype).removeprefix("torch."),
         "batch": 1,
         "threads": torch.get_num_threads(),  # --threads, as the runs used it
@@ -182,10 +194,10 @@ def main() -> None:
         "repeats": args.repeats,
         "notes": "decode time excludes prefill and the first token (fastest of the repeats per prompt); "
         "speedup = plain decode time / speculative decode time on the same prompts, runs interleaved",
-        "machine": environment() | {"load_average_before": [round(x, 2) for x in load_before]},
+        "machine": environment(device) | {"load_average_before": [round(x, 2) for x in load_before]},
         "time": time.strftime("%Y-%m-%dT%H:%M:%S"),
     }
-    out = Path(args.out) if args.out else results_path(f"spec_decode_cpu_{Path(args.model).name}.json")
+    out = Path(args.out) if args.out else results_path(f"spec_decode_{device.type}_{Path(args.model).name}.json")
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(result, indent=2) + "\n")
     print(f"{'set':<11} {'mode':<10} {'tau':>6} {'accept':>7} {'tok/s':>7} {'speedup':>8} identical")
