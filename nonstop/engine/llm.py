@@ -20,13 +20,15 @@ from nonstop.engine.inputs import (
     prompt_list,
 )
 from nonstop.engine.requests import Request, RequestOutput
-from nonstop.engine.sampling import SamplingParams
+from nonstop.engine.sampling import InvalidSamplingParam, SamplingParams
 from nonstop.engine.speculative.config import SpeculativeConfig, drafter_dir, make_drafter
 from nonstop.engine.speculative.step import SpeculativeDecoder
 from nonstop.engine.tokenizer import Tokenizer
 from nonstop.program.preflight import check_memory
 from nonstop.runtime import make_executor, resolve_backend
 from nonstop.weights.resolve import DEFAULT_MODEL, check_device, parse_dtype, resolve_model
+
+PENALTIES_OFF = {"repetition_penalty": 1.0, "presence_penalty": 0.0, "frequency_penalty": 0.0}  # the neutral values
 
 
 def checked_arguments(max_batch, prefill_chunk, seed, batch_invariant, generation_config, preflight, progress):
@@ -170,6 +172,19 @@ class LLM:
         (what the engine checks when it admits the request; here before anything runs)."""
         check_fits(prompt_tokens, max_tokens, self.cfg.max_position_embeddings)
 
+    def check_penalties(self, params: SamplingParams) -> None:
+        """Refuse ``params`` asking for a repetition, presence or frequency penalty under speculative decoding,
+        which does not support them: ``InvalidSamplingParam`` (a ValueError) naming the first one asked for."""
+        if not (self.speculative_config and params.penalized):
+            return
+        asked = [name for name, off in PENALTIES_OFF.items() if getattr(params, name) != off]
+        raise InvalidSamplingParam(
+            asked[0],
+            f"{', '.join(f'{name} {getattr(params, name):g}' for name in asked)}: repetition, presence and "
+            "frequency penalties are not supported with speculative decoding (leave them off: repetition_penalty 1, "
+            "presence and frequency 0)",
+        )
+
     # ------------------------------------------------------------------ requests
     def make_request(
         self, prompt: str | None, prompt_ids: list[int] | None, params: SamplingParams, request_id: str | None = None
@@ -189,16 +204,7 @@ class LLM:
         bad = [t for t in params.stop_token_ids if t >= self.cfg.vocab_size]
         if bad:  # it could never be generated: the request would run to max_tokens
             raise ValueError(f"stop_token_ids: {bad[0]} is outside the vocabulary (0..{self.cfg.vocab_size - 1})")
-        if self.speculative_config and params.penalized:
-            asked = ", ".join(
-                f"{name} {getattr(params, name):g}"
-                for name, off in (("repetition_penalty", 1.0), ("presence_penalty", 0.0), ("frequency_penalty", 0.0))
-                if getattr(params, name) != off
-            )
-            raise ValueError(
-                f"{asked}: repetition, presence and frequency penalties are not supported with speculative "
-                "decoding (leave them off: repetition_penalty 1, presence and frequency 0)"
-            )
+        self.check_penalties(params)
         return Request(request_id or str(next(self._ids)), prompt, prompt_ids, params, self.eos_ids)
 
     def make_requests(

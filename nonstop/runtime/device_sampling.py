@@ -6,7 +6,10 @@ A row r of a step samples its token from the LM head's logits on the device with
 ``offset[r]`` is the position of the token being sampled, so the noise of a request's k-th token depends
 only on (seed, position): several steps in one launch (the ``advance`` task adds T to the offsets after
 each step) draw exactly the tokens that one step at a time would. A request without a seed gets a fresh
-random seed per call (independent noise per position: the same distribution).
+random seed per call (independent noise per position: the same distribution). The key is the seed mod 2^64,
+as ``torch.Generator.manual_seed`` maps a seed (-1 and 2^64 - 1 are one key, 0 and 2^63 two), held in the int64
+``sample_seed`` buffers as the int64 of those bits (``philox_key``); every consumer splits it into its 32-bit
+halves as ``tl.philox`` does, top bit included (``model/philox.philox4x32``).
 """
 
 from __future__ import annotations
@@ -16,12 +19,18 @@ from dataclasses import dataclass
 
 import torch
 
-SEED_BITS = 63
+KEY_BITS = 64
+
+
+def philox_key(seed: int) -> int:
+    """The Philox key of a request's seed: seed mod 2^64 as a two's-complement int64, in [-2^63, 2^63) (a
+    seed in [0, 2^63) is its own key)."""
+    return (seed + 2 ** (KEY_BITS - 1)) % 2**KEY_BITS - 2 ** (KEY_BITS - 1)
 
 
 @dataclass(frozen=True)
 class SampleRow:
-    """How one row samples: ``SamplingParams``' temperature, top_k, top_p and a 63-bit seed."""
+    """How one row samples: ``SamplingParams``' temperature, top_k, top_p and its Philox key (``philox_key``)."""
 
     temperature: float = 0.0
     top_k: int = -1
@@ -30,15 +39,15 @@ class SampleRow:
 
     @staticmethod
     def of(params, generator: torch.Generator | None = None) -> SampleRow:
-        """The row of a request's ``SamplingParams``: its seed when it has one, else a random one (from
-        ``generator`` when given)."""
+        """The row of a request's ``SamplingParams``: keyed by its seed when it has one, else by a random one
+        (from ``generator`` when given)."""
         if params.seed is not None:
             seed = params.seed
         elif generator is not None:
             seed = int(torch.randint(0, 2**62, (1,), generator=generator))
         else:
-            seed = random.getrandbits(SEED_BITS)
-        return SampleRow(float(params.temperature), int(params.top_k), float(params.top_p), seed % 2**SEED_BITS)
+            seed = random.getrandbits(KEY_BITS)
+        return SampleRow(float(params.temperature), int(params.top_k), float(params.top_p), philox_key(seed))
 
 
 def fill_sample_rows(buf: dict, rows: list[SampleRow], positions: torch.Tensor) -> None:

@@ -2,7 +2,8 @@
 
 * honoured: the fields below without a note, and vLLM's extensions ``top_k``, ``min_p``,
   ``repetition_penalty``, ``ignore_eos`` and ``stop_token_ids`` (the openai client sends them through
-  ``extra_body``);
+  ``extra_body``); under speculative decoding a repetition, presence or frequency penalty is refused
+  (``unsupported_parameter``, by ``translate.sampling_params``);
 * accepted and ignored, because they never change the output: ``user``, ``metadata``, ``store``,
   ``service_tier``, ``prompt_cache_key``, ``safety_identifier``, ``parallel_tool_calls``;
 * refused (400 ``unsupported_parameter``) when set to anything but their neutral value, because we

@@ -163,7 +163,8 @@ def resolve_max_tokens(
 def sampling_params(
     body: SamplingFields, llm: LLM, max_tokens: int, logprobs: int | None, prompt_logprobs: int | None = None
 ) -> SamplingParams:
-    """The request's sampling fields over the checkpoint's defaults."""
+    """The request's sampling fields over the checkpoint's defaults; a penalty the LLM cannot apply (any, under
+    speculative decoding) is refused as ``unsupported_parameter``, naming the first one asked for."""
     vocab = llm.tokenizer.vocab_size
     outside = [i for i in body.stop_token_ids or [] if i >= vocab]
     if outside:
@@ -181,9 +182,14 @@ def sampling_params(
         "prompt_logprobs": prompt_logprobs,
     }
     try:
-        return SamplingParams(**fields)
+        params = SamplingParams(**fields)
     except InvalidSamplingParam as exc:
         raise bad_request(str(exc), param=exc.param, code="invalid_value") from None
+    try:
+        llm.check_penalties(params)
+    except InvalidSamplingParam as exc:
+        raise bad_request(str(exc), param=exc.param, code="unsupported_parameter") from None
+    return params
 
 
 def new_id(prefix: str) -> str:

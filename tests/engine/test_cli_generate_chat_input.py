@@ -324,6 +324,7 @@ def test_the_server_under_speculative_decoding_leaves_out_the_checkpoints_penalt
     server request that names no penalty gets the checkpoint's other defaults without it (before, every such
     request was refused), and one that asks for a penalty is still a 400-class error naming it."""
     from nonstop.engine.llm import LLM
+    from nonstop.server.errors import APIError
     from nonstop.server.protocol import CompletionBody
     from nonstop.server.translate import sampling_params
 
@@ -335,8 +336,9 @@ def test_the_server_under_speculative_decoding_leaves_out_the_checkpoints_penalt
     assert params.min_p == llm.generation.defaults["min_p"]  # the other defaults stay
     llm.generate(["The list"], sampling=params)  # admitted and run
     asked = CompletionBody.model_validate({"model": "k3-nano", "prompt": "x", "repetition_penalty": 1.3})
-    with pytest.raises(ValueError, match="repetition_penalty 1.3"):
-        llm.make_request("x", None, sampling_params(asked, llm, 8, None))
+    with pytest.raises(APIError, match="repetition_penalty 1.3") as refused:
+        sampling_params(asked, llm, 8, None)
+    assert (refused.value.status, refused.value.param) == (400, "repetition_penalty")
 
 
 def test_a_chat_turn_that_compiled_gives_its_speed_without_the_compile(monkeypatch, capsys):

@@ -158,6 +158,22 @@ def test_a_seeded_request_draws_the_same_tokens_on_the_host_and_the_device(llama
     assert run(llama, ReferenceExecutor(llama), [reseeded], PROMPTS[:1])[0][0] != alone  # the seed does matter
 
 
+@pytest.mark.parametrize("backend", list(BACKENDS))
+def test_keys_with_the_top_bit_set_draw_on_the_device_as_on_the_host(llama, backend):
+    """A seed of 2^63 or more (or a negative one) keys Philox with the top bit set (an int64 key < 0): the device
+    sampler splits it into 32-bit halves as the host does. Seeds one mod 2^64 draw alike (2^64 - 1 and -1), and
+    2^63 - 1 apart from them (the key was once the seed mod 2^63, which made -1 and 2^63 - 1 one stream)."""
+    params = [
+        SamplingParams(max_tokens=4, temperature=1.0, seed=seed, ignore_eos=True) for seed in (2**64 - 1, 2**63 - 1, -1)
+    ]
+    prompts = [PROMPTS[0]] * 3
+    ex = BACKENDS[backend](llama)
+    device = run(llama, ex, params, prompts)[0]
+    assert ex.stats["device_sampled_steps"] >= 1
+    assert device == run(llama, ReferenceExecutor(llama), params, prompts)[0]
+    assert device[0] == device[2] != device[1]
+
+
 def _sampled_llm(model_dir, backend):
     from nonstop.engine.llm import LLM
 

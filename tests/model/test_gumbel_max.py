@@ -1,7 +1,8 @@
 """The sampler's Gumbel-max draw (``model/sampling.gumbel_max``): the noise of a few entries is the noise of the
 whole vocabulary at them, bit for bit; the draw equals the full-vocabulary argmax of x + g it is defined by, on
-peaked, flat, filtered and tied rows; and the engine's host sampler takes each token of a seeded request from
-that draw at the token's position (the device sampler's counter), whatever the backend."""
+peaked, flat, filtered and tied rows; the engine's host sampler takes each token of a seeded request from
+that draw at the token's position (the device sampler's counter), whatever the backend; and the draw is keyed
+by the seed mod 2^64, as ``torch.Generator.manual_seed`` keys a seed."""
 
 from __future__ import annotations
 
@@ -12,6 +13,12 @@ import torch
 
 from nonstop.model.philox import GUMBEL_MAX, GUMBEL_MIN, gumbel_noise, gumbel_noise_at
 from nonstop.model.sampling import filter_logits, gumbel_max
+
+
+def _torch_key(seed: int) -> int:
+    """The 64-bit key torch makes of ``seed`` (``manual_seed``: mod 2^64), as the int64 with its bits."""
+    key = torch.Generator().manual_seed(seed).initial_seed()
+    return key - 2**64 if key >= 2**63 else key
 
 
 def _full_draw(x: torch.Tensor, seed: int, offset: int) -> int:
@@ -67,7 +74,6 @@ def test_a_seeded_request_samples_each_token_from_its_position():
     from nonstop.engine.requests import Request
     from nonstop.engine.sampling import SamplingParams
     from nonstop.engine.tokenizer import ByteTokenizer
-    from nonstop.runtime.device_sampling import SEED_BITS
     from nonstop.runtime.executors import ReferenceExecutor
     from tests.runtime.helpers import tiny_model
 
@@ -88,4 +94,35 @@ def test_a_seeded_request_samples_each_token_from_its_position():
         for i, token in enumerate(req.output_ids):
             position = len(prompt) + i
             x = filter_logits(logits[position - 1], params.temperature, params.top_k, params.top_p)
-            assert token == _full_draw(x, params.seed % 2**SEED_BITS, position), (index, i)
+            assert token == _full_draw(x, _torch_key(params.seed), position), (index, i)
+
+
+SEEDS = (0, 1, 1234, 2**62 + 5, 2**63 - 1, 2**63, 2**64 - 1, -1, -77, -(2**63))
+
+
+def test_the_key_is_the_seed_mod_2_64_as_torch_keys_it():
+    """Seeds span [-2^63, 2^64 - 1], what ``torch.Generator.manual_seed`` takes: the key is the seed mod 2^64
+    (once mod 2^63, so 0 and 2^63 drew one stream, -1 and 2^63 - 1 another), held as an int64; a seed in
+    [0, 2^63) is its own key (its stream did not change)."""
+    from nonstop.engine.sampling import SamplingParams
+    from nonstop.runtime.device_sampling import SampleRow
+
+    for seed in SEEDS:
+        key = SampleRow.of(SamplingParams(temperature=1.0, seed=seed)).seed
+        assert key == _torch_key(seed), seed
+        assert -(2**63) <= key < 2**63 and (key == seed or not 0 <= seed < 2**63), seed
+
+
+def _host_tokens(seed: int, vocab: int = 1000, steps: int = 8) -> list[int]:
+    """The host sampler's tokens of a flat row (every entry a candidate) at positions 0..steps-1."""
+    from nonstop.engine.sampling import SamplingParams, sample
+
+    params = SamplingParams(temperature=1.0, seed=seed)
+    return [sample(torch.zeros(vocab), params, None, position=p) for p in range(steps)]
+
+
+def test_seeds_apart_by_2_63_draw_apart_and_seeds_one_mod_2_64_draw_alike():
+    assert _host_tokens(0) != _host_tokens(2**63)
+    assert _host_tokens(-1) != _host_tokens(2**63 - 1)
+    assert _host_tokens(-1) == _host_tokens(2**64 - 1)
+    assert _host_tokens(-(2**63)) == _host_tokens(2**63)
