@@ -6,9 +6,11 @@ Both executors live in this process on the same Llama checkpoint (default: the h
 ``bench/cpu_peers.py``, written there if missing) and weight format; each pair decodes --tokens greedy
 tokens with A then B (B then A on odd pairs) after a prompt of each --context length, so a VM whose speed
 drifts affects both alike. Reported per context: each side's best and median decode tokens/s (the
-engine's own per-token clock: prefill and first token excluded), the median and range of the paired
-ratios A/B, whether the tokens agree, and the bandwidth floor from the copy bandwidth measured in the same
-run (the packed weights' bytes per token; the KV cache read per token at that context is listed beside it).
+engine's own per-token clock: prefill and first token excluded, so --tokens is at least 2), the median and
+range of the paired ratios A/B, whether the tokens agree, and the bandwidth floor from the copy bandwidth
+measured in the same run (the packed weights' bytes per token; the fp32 KV cache bytes a token reads at that
+context, before the new tokens add theirs, are listed beside it). Every layer of the model must be GQA
+attention (a model with MLA or KDA layers is refused before anything loads).
 
     python bench/cpu_attention_ab.py [--checkpoint DIR] [--weights int8] [--contexts 32 1000] [--pairs 8]
 """
@@ -28,6 +30,23 @@ BACKENDS = {"float32": "cpu", "bfloat16": "cpu-bf16", "int8": "cpu-int8"}
 HELD_OUT = {"hidden": 768, "layers": 12, "intermediate": 2048, "heads": 12, "kv_heads": 4, "vocab": 24576}
 
 
+def check_gqa(model: str) -> None:
+    """A ValueError unless every layer of ``model`` (as ``LLM`` resolves it) is GQA attention, the kind A/B'd."""
+    from nonstop.weights.resolve import resolve_model
+
+    kinds = sorted(set(resolve_model(model)[0].attn_types) - {"gqa"})
+    if kinds:
+        raise ValueError(
+            f"{model} has {' and '.join(kinds)} attention layers: cpu_attention_ab.py compares GQA attention "
+            "kernels, so give a model whose layers are all GQA (a Llama checkpoint)"
+        )
+
+
+def kv_bytes_at(cfg, context: int) -> int:
+    """The fp32 KV cache bytes one decoded token reads at ``context`` positions (keys and values, every layer)."""
+    return 2 * cfg.num_hidden_layers * cfg.gqa.num_kv_heads * cfg.gqa.head_dim * 4 * context
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--checkpoint", default=None, help="a Llama checkpoint (default: cpu_peers' held-out shape)")
@@ -38,11 +57,15 @@ def main() -> None:
         help="weight format of both sides (the cpu, cpu-bf16, cpu-int8 backends; default int8)",
     )
     ap.add_argument("--contexts", type=positive_int, nargs="+", default=[32, 1000], help="prompt lengths")
-    ap.add_argument("--tokens", type=positive_int, default=64, help="new tokens per timed generation")
+    ap.add_argument(
+        "--tokens", type=positive_int, default=64, help="new tokens per timed generation, >= 2 (default 64)"
+    )
     ap.add_argument("--pairs", type=positive_int, default=8, help="A/B pairs per context (default 8)")
     ap.add_argument("--threads", type=thread_count, default=None, help="torch threads (default: the executor's choice)")
     add_out_arg(ap, "cpu_attention_ab.json")
     args = ap.parse_args()
+    if args.tokens < 2:
+        ap.error("--tokens must be >= 2 (the decode rate leaves out the first new token)")
     sys.path.insert(0, str(ROOT))
     sys.path.insert(0, str(ROOT / "bench"))
 
@@ -64,6 +87,7 @@ def main() -> None:
         path = default_checkpoint(shape)
         make_llama_checkpoint(shape, path)
         args.checkpoint = str(path)
+    check_gqa(args.checkpoint)
     sides = {}
     for side, table in (("kernel", CPU_KERNEL_OPS), ("twin", CPU_OPS)):
         llm = LLM(args.checkpoint, dtype="float32", backend=BACKENDS[args.weights])
@@ -73,7 +97,6 @@ def main() -> None:
         sides[side] = llm
     cfg = sides["kernel"].cfg
     weight_bytes = int(packed_bytes(lower(sides["kernel"].model), args.weights))  # linear weights, read once a token
-    kv_per_token = 2 * cfg.num_hidden_layers * cfg.gqa.num_kv_heads * cfg.gqa.head_dim * 4
     copy = [copy_bandwidth()["copy_GBps"]]
     load = [os.getloadavg()]
     sampling = SamplingParams(max_tokens=args.tokens, temperature=0, ignore_eos=True)
@@ -102,7 +125,7 @@ def main() -> None:
                 "min": round(min(ratios), 3),
                 "max": round(max(ratios), 3),
             },
-            "kv_bytes_per_token_at_context": kv_per_token * (context + args.tokens // 2),
+            "kv_bytes_per_token_at_context": kv_bytes_at(cfg, context),
         }
         results.append(row)
         print(

