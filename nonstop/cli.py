@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import argparse
+import signal
 import sys
+import threading
 
 from nonstop import __version__
 
@@ -23,13 +25,35 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def main(argv: list[str] | None = None) -> int:
-    try:  # the commands' imports (torch among them) take a second or two: Ctrl-C there is not a bug
+def _parse(argv: list[str] | None):
+    """(parser, args), or None when Ctrl-C came while the commands' imports (torch among them: a second or
+    two) ran. A KeyboardInterrupt raised inside some callbacks of the import machinery is swallowed by
+    Python, so the interrupt is noted by the handler itself and looked at afterwards."""
+    interrupted = []
+
+    def note(signum, frame):
+        interrupted.append(signum)
+        raise KeyboardInterrupt
+
+    main_thread = threading.current_thread() is threading.main_thread()
+    previous = signal.signal(signal.SIGINT, note) if main_thread else None
+    try:
         parser = build_parser()
         args = parser.parse_args(argv)
     except KeyboardInterrupt:
+        return None
+    finally:
+        if previous is not None:
+            signal.signal(signal.SIGINT, previous)
+    return None if interrupted else (parser, args)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parsed = _parse(argv)
+    if parsed is None:  # Ctrl-C while starting is not a bug
         print("nonstop: interrupted", file=sys.stderr)
         return 130
+    parser, args = parsed
     if args.command is None:
         parser.print_help()
         return 2

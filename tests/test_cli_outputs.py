@@ -171,6 +171,35 @@ def test_ctrl_c_while_the_commands_import_is_an_interruption_not_a_traceback():
     assert rc == 130 and "nonstop: interrupted" in err
 
 
+@pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")  # the swallowed interrupt itself
+def test_ctrl_c_that_python_swallows_during_the_imports_still_interrupts(monkeypatch, capsys):
+    """Python ignores an exception raised inside a weakref callback (as the import machinery's module locks
+    run): a Ctrl-C landing there was lost and the command ran to its end. The handler notes it."""
+    import gc
+    import os
+    import signal
+    import weakref
+
+    from nonstop import cli
+
+    real = cli.build_parser
+
+    def parser_with_a_swallowed_interrupt():
+        class Held:
+            pass
+
+        held = Held()
+        ref = weakref.ref(held, lambda r: os.kill(os.getpid(), signal.SIGINT))  # noqa: F841 (kept alive)
+        del held
+        gc.collect()
+        return real()
+
+    monkeypatch.setattr(cli, "build_parser", parser_with_a_swallowed_interrupt)
+    assert cli.main(["info"]) == 130  # info would otherwise describe k3-nano
+    assert "nonstop: interrupted" in capsys.readouterr().err
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+
+
 def test_flags_a_command_would_ignore_are_not_offered_and_device_names_match(capsys):
     """generate renders no chat template, so it takes no --chat-template (it had loaded the file and ignored
     it); program's --device takes cuda:N as generate does (only the kind sets its defaults)."""

@@ -257,7 +257,8 @@ def add_spec_args(p: argparse.ArgumentParser) -> None:
         "--num-draft-tokens",
         type=int,
         default=None,
-        help=f"tokens drafted per step with --speculative (default 4; 0..{MAX_STEP_ROWS - 1})",
+        help=f"tokens drafted per step with --speculative (default 4; 0..{MAX_STEP_ROWS - 1}; dspark: at most its "
+        "drafter's block size, 7 for k3-nano's)",
     )
 
 

@@ -6,6 +6,17 @@ import argparse
 
 from nonstop.commands.common import positive_float, positive_int
 
+DIST_TIMEOUT_S = (1.0, 86400.0)  # --dist-timeout's range: a second (ranks start, load and step seconds apart) to a day
+
+
+def dist_timeout(text: str) -> float:
+    """--dist-timeout: seconds in ``DIST_TIMEOUT_S``."""
+    value = positive_float(text)
+    low, high = DIST_TIMEOUT_S
+    if not low <= value <= high:
+        raise argparse.ArgumentTypeError(f"expected seconds from {low:g} to {high:g} (a day), got {text}")
+    return value
+
 
 def add_layout_args(p: argparse.ArgumentParser, run: bool = True) -> None:
     """The layout flags; ``run``: also the flags of running one (timeouts, overlap, threads)."""
@@ -50,9 +61,10 @@ def add_layout_args(p: argparse.ArgumentParser, run: bool = True) -> None:
         )
         g.add_argument(
             "--dist-timeout",
-            type=positive_float,
+            type=dist_timeout,
             default=120.0,
-            help="seconds a collective may wait for another rank before every rank stops with an error (default 120)",
+            help="seconds a collective may wait for another rank before every rank stops with an error "
+            f"({DIST_TIMEOUT_S[0]:g} to {DIST_TIMEOUT_S[1]:g}; default 120); the ranks get at least 60 s to meet",
         )
 
 
@@ -88,11 +100,14 @@ def llm_class(args, slots: int = 1):
     check_before_start(args, layout, slots)
     if "RANK" not in os.environ:
         raise SystemExit(start_ranks(args, layout))
-    from nonstop.dist.comm import init, shutdown
+    from nonstop.dist.comm import RankFailure, init, shutdown
     from nonstop.engine.distributed import print_failure_and_exit
     from nonstop.engine.distributed_llm import DistributedLLM
 
-    comm = init(layout, args.device, args.dist_timeout)
+    try:
+        comm = init(layout, args.device, args.dist_timeout)
+    except RankFailure as exc:  # the ranks did not meet
+        raise SystemExit(_rank_failed(exc)) from None
     if comm.rank != 0:
         raise SystemExit(follow_rank(args, comm, slots))
     # rank 0 leaves the group at exit, after the LLM's own atexit hook has told the others to stop (hooks run
@@ -114,8 +129,8 @@ def check_before_start(args, layout, slots: int = 1) -> None:
     The GPUs needed on this host: LOCAL_WORLD_SIZE in a rank (torchrun sets it), else the whole world.
     Where this host's ranks are checked (``host_ranks``), the checkpoint's files are too (their headers
     against the config: a truncated or broken file, a missing tensor), and unless --no-preflight, CPU
-    ranks' memory: their parts of the model and the caches of ``slots`` sequences
-    (``engine/layout_preflight.py``)."""
+    ranks' memory: their processes' own (this process's, measured), their parts of the model and the
+    caches of ``slots`` sequences (``engine/layout_preflight.py``)."""
     import os
 
     import torch
@@ -141,10 +156,11 @@ def check_before_start(args, layout, slots: int = 1) -> None:
     if ranks is not None:
         _check_rank0_options(args, cfg, model_dir)
     if args.preflight and ranks is not None and check_device(args.device).type == "cpu":
-        from nonstop.engine.layout_preflight import check_host_memory
+        from nonstop.engine.layout_preflight import check_host_memory, process_bytes
         from nonstop.weights.resolve import parse_dtype
 
-        check_host_memory(args.model, cfg, layout, ranks, parse_dtype(args.dtype, args.device), slots)
+        dtype = parse_dtype(args.dtype, args.device)
+        check_host_memory(args.model, cfg, layout, ranks, dtype, slots, per_rank=process_bytes())
 
 
 def _check_rank0_options(args, cfg, model_dir) -> None:
@@ -222,13 +238,17 @@ def _rank_main(args) -> None:
 def start_ranks(args, layout) -> int:
     """Run the command on ``layout.world`` local processes (``nonstop.dist.spawn``); rank 0's exit status
     (1 when rank 0 ended without one of its own: killed, or stopped after another rank failed). The first
-    rank to fail is named when it cannot have said why itself (a signal killed it)."""
+    rank to fail is named when it cannot have said why itself (a signal killed it). The line saying so
+    also says when the ranks outnumber this host's CPU cores (they share them: slow)."""
+    import os
     import sys
 
     from nonstop.dist.launch import RankExited, Terminated, spawn, stop_status
 
     threads = getattr(args, "threads", None)
-    print(f"nonstop: starting {layout.world} local ranks ({layout.describe()})", file=sys.stderr)
+    cores = os.cpu_count() or 1
+    share = f"; {layout.world} ranks share {cores} CPU cores" if layout.world > cores else ""
+    print(f"nonstop: starting {layout.world} local ranks ({layout.describe()}){share}", file=sys.stderr)
     try:
         spawn(_rank_main, layout.world, (args,), threads=threads, relay=True)
     except RankExited as exc:
@@ -248,10 +268,9 @@ def follow_rank(args, comm, slots: int = 1) -> int:
     """A rank other than 0: load its part of the model (a CUDA rank's memory checked first, unless
     --no-preflight) and follow rank 0 until it says stop."""
     import signal
-    import sys
 
     from nonstop.dist.comm import RankFailure, shutdown
-    from nonstop.dist.launch import error_reported, mark_stopping, stopping
+    from nonstop.dist.launch import mark_stopping, stopping
     from nonstop.engine.distributed import build_worker, follow
     from nonstop.engine.layout_preflight import check_rank_memory
     from nonstop.weights.resolve import parse_dtype, resolve_model
@@ -278,10 +297,19 @@ def follow_rank(args, comm, slots: int = 1) -> int:
         follow(worker)
         return 0
     except RankFailure as exc:
-        if stopping():
-            return 0
-        if not error_reported():  # else rank 0 has said why it ended (a refused option, a missing file)
-            print(f"nonstop: error: {exc}", file=sys.stderr)
-        return 3
+        return 0 if stopping() else _rank_failed(exc)
     finally:
         shutdown()
+
+
+def _rank_failed(exc) -> int:
+    """A rank's ``RankFailure``: its one line, unless a rank of this launch has printed an error (rank 0
+    saying why it ended: a refused option, a missing file; this failure is its consequence); status 3."""
+    import sys
+
+    from nonstop.dist.launch import error_reported, first_report
+
+    line = f"nonstop: error: {exc}"
+    if not error_reported() and first_report(line):
+        print(line, file=sys.stderr, flush=True)
+    return 3

@@ -1,9 +1,12 @@
 """Process groups of a layout and the collectives the Program uses, each guarded by a timeout.
 
 ``init(layout)`` joins the process group (env:// as torchrun and ``nonstop.dist.spawn`` set it: RANK,
-WORLD_SIZE, MASTER_ADDR, MASTER_PORT), gloo on CPU and NCCL on CUDA, with a timeout on every
-collective, then builds one group per attention group (tp) and per expert group (ep) and a gloo
-``control`` group over all ranks (step messages and logits, CPU tensors even under NCCL).
+WORLD_SIZE, MASTER_ADDR, MASTER_PORT), gloo on CPU and NCCL on CUDA, then builds one group per
+attention group (tp) and per expert group (ep) and a gloo ``control`` group over all ranks (step
+messages and logits, CPU tensors even under NCCL). The ranks get at least ``RENDEZVOUS_S`` seconds to
+meet (the store connection and every group's setup: ranks start seconds apart), whatever the collective
+timeout; a rendezvous that fails is a ``RankFailure`` saying so. Every group's collectives then get the
+collective timeout.
 
 Every collective runs inside ``guard``: a failure (a rank died, a peer closed its connection, the
 timeout passed) becomes a ``RankFailure`` naming this rank and the collective, so every rank stops
@@ -23,6 +26,7 @@ import math
 import os
 import pickle
 import re
+import threading
 from collections import defaultdict
 from dataclasses import dataclass, field
 
@@ -31,6 +35,8 @@ import torch.distributed as dist
 
 from nonstop.dist.layout import Layout
 from nonstop.program.cost import all_reduce_wire_bytes
+
+RENDEZVOUS_S = 60.0  # the least time the ranks get to join the process group and set up its groups
 
 
 class RankFailure(RuntimeError):
@@ -175,37 +181,52 @@ def _backend(device: torch.device, backend: str) -> str:
     return "nccl" if device.type == "cuda" else "gloo"
 
 
-def init(layout: Layout, device="cpu", timeout: float = 120.0, backend: str = "auto") -> Comm:
+def init(
+    layout: Layout, device="cpu", timeout: float = 120.0, backend: str = "auto", rendezvous: float | None = None
+) -> Comm:
     """Join the process group described by the environment (RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT)
-    and build the layout's groups. ``device`` cpu or cuda (a CUDA rank uses cuda:LOCAL_RANK)."""
+    and build the layout's groups. ``device`` cpu or cuda (a CUDA rank uses cuda:LOCAL_RANK).
+    ``timeout``: seconds a collective may wait for another rank; ``rendezvous``: seconds the ranks get to
+    meet (default max(timeout, ``RENDEZVOUS_S``)); ``RankFailure`` naming the rendezvous when they do not."""
     rank, world = int(os.environ.get("RANK", "0")), int(os.environ.get("WORLD_SIZE", "1"))
     if world != layout.world:
         raise ValueError(f"the layout needs {layout.world} ranks ({layout.describe()}) but WORLD_SIZE is {world}")
+    meet = max(timeout, RENDEZVOUS_S) if rendezvous is None else rendezvous
+    for name, seconds in (("timeout", timeout), ("rendezvous", meet)):
+        if not 0 < seconds <= threading.TIMEOUT_MAX:  # also False for nan
+            raise ValueError(f"{name} must be a number of seconds in (0, {threading.TIMEOUT_MAX:g}], got {seconds!r}")
     dev = torch.device(device)
     if dev.type == "cuda":
         dev = torch.device("cuda", int(os.environ.get("LOCAL_RANK", rank)))
         torch.cuda.set_device(dev)
-    pg_timeout = datetime.timedelta(seconds=timeout)
-    if not dist.is_initialized():
-        dist.init_process_group(
-            _backend(dev, backend), init_method="env://", rank=rank, world_size=world, timeout=pg_timeout
-        )
     comm = Comm(layout, rank, dev, timeout)
-    data_backend = _backend(dev, backend)
-    comm.control = (
-        dist.new_group(list(range(world)), timeout=pg_timeout, backend="gloo")
-        if data_backend != "gloo"
-        else dist.group.WORLD
-    )
-    for ranks in layout.tp_groups():
-        g = dist.new_group(list(ranks), timeout=pg_timeout) if len(ranks) > 1 else None
-        if rank in ranks:
-            comm.tp = g
-    for ranks in layout.ep_groups():
-        g = dist.new_group(list(ranks), timeout=pg_timeout) if len(ranks) > 1 else None
-        if rank in ranks:
-            comm.ep = g
+    try:
+        _join(comm, world, _backend(dev, backend), datetime.timedelta(seconds=meet))
+    except (RuntimeError, ConnectionError, OSError) as exc:  # c10d's DistNetworkError / DistStoreError among them
+        where = f"{os.environ.get('MASTER_ADDR', '?')}:{os.environ.get('MASTER_PORT', '?')}"
+        raise RankFailure(
+            f"rank {rank}: the rendezvous with the other ranks at {where} failed within {meet:g} s ({_reason(exc)})"
+        ) from None
+    for group in {dist.group.WORLD, comm.control, comm.tp, comm.ep} - {None}:
+        dist.distributed_c10d._set_pg_timeout(datetime.timedelta(seconds=timeout), group)
     return comm
+
+
+def _join(comm: Comm, world: int, data_backend: str, meet: datetime.timedelta) -> None:
+    """Join the process group and build ``comm``'s groups, each given ``meet`` to form."""
+    if not dist.is_initialized():
+        dist.init_process_group(data_backend, init_method="env://", rank=comm.rank, world_size=world, timeout=meet)
+    comm.control = (
+        dist.new_group(list(range(world)), timeout=meet, backend="gloo") if data_backend != "gloo" else dist.group.WORLD
+    )
+    for ranks in comm.layout.tp_groups():
+        g = dist.new_group(list(ranks), timeout=meet) if len(ranks) > 1 else None
+        if comm.rank in ranks:
+            comm.tp = g
+    for ranks in comm.layout.ep_groups():
+        g = dist.new_group(list(ranks), timeout=meet) if len(ranks) > 1 else None
+        if comm.rank in ranks:
+            comm.ep = g
 
 
 def shutdown() -> None:

@@ -5,15 +5,17 @@ MASTER_PORT on a free port), its share of the CPU threads, and runs ``fn(*args)`
 when every rank has ended with status 0. When one ends otherwise, the others get ``grace`` seconds to
 end by themselves (a rank that has died closes its connections: the others notice at once and say so),
 then the launcher stops them (SIGTERM and SIGCONT, ``grace`` seconds more, SIGKILL: a stopped rank
-ends too) and ``RankExited`` names the first rank that failed.
+ends too) and ``RankExited`` names the first rank that failed. With ``relay`` rank 0 gets
+``LAUNCHER_STOP`` (SIGUSR1) instead of SIGTERM, which it would take for a stop of the user's: it ends at
+once, quietly, with status 1 (the failing rank has said why, or the launcher names it).
 
 Stopping (``relay=True``, the CLI's launcher): SIGINT or SIGTERM to the launcher goes to rank 0 alone,
 which stops as a single process would (a server drains its requests) and tells the other ranks to stop;
 the others are only told that a stop is coming (SIGINT: ``stopping()``), so that a rank 0 leaving
 mid-step is no error to them. Rank 0 gets ``stop_wait`` seconds to stop, and after rank 0 has ended well
-the others get as long; a second signal to the launcher stops every rank at once. Ctrl-C in a terminal reaches every rank as
-well as the launcher: rank 0 takes a stop signal repeated within ``REPEAT_S`` for the same one. In rank 0
-SIGTERM raises ``Terminated``. Without ``relay`` a stop signal stops every rank at once.
+the others get as long; a second signal to the launcher stops every rank at once. Ctrl-C in a terminal
+reaches every rank as well as the launcher: rank 0 takes a stop signal repeated within ``REPEAT_S`` for
+the same one. In rank 0 SIGTERM raises ``Terminated``. Without ``relay`` a stop signal stops every rank at once.
 
 The ranks start with the stop signals blocked (a child inherits its parent's signal mask across exec):
 one that comes while a rank is still starting (Python's start-up, unpickling its function) waits, pending,
@@ -46,6 +48,7 @@ import torch.multiprocessing as mp
 from nonstop.dist.parent_watch import die_with_parent
 
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
+LAUNCHER_STOP = signal.SIGUSR1  # the launcher stopping rank 0 itself, after another rank failed: no stop of the user's
 REPEAT_S = 1.0  # a stop signal rank 0 gets again within this many seconds is the same stop (terminal + launcher)
 REPORTS_ENV = "NONSTOP_RANK_REPORTS"  # the file where the ranks of one launch note the errors they printed
 _stopping = threading.Event()
@@ -115,6 +118,14 @@ def _rank0_stop(signum, frame) -> None:
     raise Terminated
 
 
+def _stopped_by_launcher(signum, frame) -> None:
+    """Rank 0's ``LAUNCHER_STOP`` handler: another rank failed and the launcher stops this one; it ends at
+    once (what it printed flushed), saying nothing, with status 1."""
+    with contextlib.suppress(Exception):  # a flush interrupted inside a write of the same stream: skipped
+        sys.stdout.flush()
+    os._exit(1)
+
+
 def first_report(line: str) -> bool:
     """In a rank of a launch: True if no rank of this launch has printed ``line`` yet (it is noted as
     printed); False for a copy, which the caller leaves out. True outside a launch."""
@@ -152,6 +163,7 @@ def _entry(index: int, fn, world: int, port: int, threads: int, env: dict, args:
         if relay and index == 0:  # rank 0 stops as a single process would (SIGTERM too)
             for sig in STOP_SIGNALS:
                 signal.signal(sig, _rank0_stop)
+            signal.signal(LAUNCHER_STOP, _stopped_by_launcher)
         else:  # the others wait for rank 0's word (relayed), or stop at once
             signal.signal(signal.SIGINT, mark_stopping if relay else signal.default_int_handler)
             signal.signal(signal.SIGTERM, signal.SIG_DFL)
@@ -298,7 +310,9 @@ class _Launch:
                     self.due.append(time.monotonic() + self.grace)
                 elif i == 0 and self.relay:  # rank 0 has told them to stop
                     self.due.append(time.monotonic() + self.stop_wait)
-        _stop(self.procs, 0.0 if self.forced else self.grace)
+        # after a failure (no stop signal) rank 0 must not take the launcher's stop for the user's
+        rank0 = LAUNCHER_STOP if self.relay and self.signal is None else signal.SIGTERM
+        _stop(self.procs, 0.0 if self.forced else self.grace, rank0)
         codes = [c if c is not None else p.exitcode for c, p in zip(self.codes, self.procs)]
         if self.failed is not None and not self.forced:
             raise RankExited(self.failed, codes[self.failed], self._message(self.failed), codes)
@@ -326,13 +340,14 @@ class _Launch:
         return f"rank {index} {exit_description(self.codes[index])}"
 
 
-def _stop(processes, grace: float) -> None:
-    """SIGTERM (and SIGCONT, so a stopped process ends too) every live process, then SIGKILL those still
-    alive ``grace`` seconds later (at once with grace 0)."""
+def _stop(processes, grace: float, first: int = signal.SIGTERM) -> None:
+    """SIGTERM (``first`` to the first process) and SIGCONT, so a stopped process ends too, to every live
+    process, then SIGKILL those still alive ``grace`` seconds later (at once with grace 0)."""
     live = [p for p in processes if p.exitcode is None]
     for p in live:
+        sig = first if p is processes[0] else signal.SIGTERM
         with contextlib.suppress(OSError):
-            os.kill(p.pid, signal.SIGTERM if grace > 0 else signal.SIGKILL)
+            os.kill(p.pid, sig if grace > 0 else signal.SIGKILL)
             os.kill(p.pid, signal.SIGCONT)
     end = time.monotonic() + grace
     for p in live:

@@ -16,6 +16,7 @@ from nonstop.dist.layout import Layout
 from nonstop.dist.shard import local_config, rank_shards
 from nonstop.model.stack import CausalLM
 
+
 def _assign(model: nn.Module, path: str, tensor: torch.Tensor) -> None:
     owner, _, leaf = path.rpartition(".")
     module = model.get_submodule(owner) if owner else model

@@ -177,9 +177,7 @@ def shapes_program(
 def _shapes_program(cfg, layout, rank, dtype, chunks, exchange) -> Program:
     from nonstop.dist.shard import local_config, rank_shards
 
-    shapes = tuple(
-        (s.spec.param, tuple(s.shape), s.spec.torch_dtype(dtype)) for s in rank_shards(cfg, layout, rank)
-    )
+    shapes = tuple((s.spec.param, tuple(s.shape), s.spec.torch_dtype(dtype)) for s in rank_shards(cfg, layout, rank))
     program = _lowered_rank_model(local_config(cfg, layout, rank), rank, shapes)
     ops = [dataclasses.replace(op, weights=dict(op.weights), attrs=dict(op.attrs)) for op in program.ops]
     own = Program(program.cfg, ops, dict(program.buffers), program.dtype, program.max_rows)

@@ -14,7 +14,8 @@ Expert parallelism: a rank holds the routed experts its ``ExpertPlacement`` slot
 order; a redundant replica is a second copy). Router, correction bias, K3's latent down/up projections
 and latent norm, and all residual norms are replicated.
 
-Heads must divide T; anything else is a ``LayoutError`` naming the config field.
+T must divide every head count (KDA heads, MLA heads, GQA query heads), and T and the GQA key/value heads
+must divide one or the other; anything else is a ``LayoutError`` naming the config field.
 """
 
 from __future__ import annotations

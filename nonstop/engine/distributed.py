@@ -275,7 +275,7 @@ class ClusterExecutor(Executor):
         raise exc
 
     def _keep_alive(self) -> None:
-        interval = max(0.5, self.comm.timeout / 4)
+        interval = max(0.5, min(self.comm.timeout, threading.TIMEOUT_MAX) / 4)
         while not self._stop_keepalive.wait(interval / 4):
             if self.closed or self.failed or time.monotonic() - self._last_sent < interval:
                 continue
@@ -306,7 +306,7 @@ class ClusterExecutor(Executor):
                 except RankFailure:
                     pass
         if threading.current_thread() is not self._keepalive:
-            self._keepalive.join(timeout=self.comm.timeout)
+            self._keepalive.join(timeout=min(self.comm.timeout, threading.TIMEOUT_MAX))
 
     # ------------------------------------------------------------------ steps
     def _step(

@@ -15,8 +15,9 @@ SECONDS = 60  # how long the ranks keep summing when nothing stops them
 
 
 def summing(args) -> int:
-    """args.dir, args.timeout (seconds per collective), args.mode: "sum", or "error" (every rank raises
-    the same ValueError before the group forms)."""
+    """args.dir, args.timeout (seconds per collective), args.mode: "sum", "error" (every rank raises
+    the same ValueError before the group forms), or "rank1_fails" (once the group is up rank 1 says why
+    and exits 3 while rank 0 waits, outside any collective, for the launcher to stop it)."""
     import torch
     import torch.distributed as dist
 
@@ -28,6 +29,14 @@ def summing(args) -> int:
     dist.init_process_group("gloo", timeout=timedelta(seconds=args.timeout))
     Path(args.dir, f"{rank}.tmp").write_text(str(os.getpid()))
     os.replace(Path(args.dir, f"{rank}.tmp"), Path(args.dir, f"{rank}.pid"))
+    if args.mode == "rank1_fails":
+        if rank == 1:
+            while not Path(args.dir, "0.pid").exists():  # rank 0 is up and about to wait
+                time.sleep(0.01)
+            print("nonstop: error: rank 1: failed on purpose", file=sys.stderr, flush=True)
+            os._exit(3)
+        time.sleep(SECONDS)
+        return 0
     t = torch.ones(1)
     end = time.monotonic() + SECONDS
     try:

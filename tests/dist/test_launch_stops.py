@@ -254,3 +254,14 @@ def test_a_rank_that_cannot_start_stops_those_already_started(tmp_path):
         out, err = proc.communicate(timeout=40)
         assert not gone_within([int(pid) for pid in out.split()], 5)
     assert proc.returncode == 1 and "Cannot allocate memory (starting rank 1)" in err, err
+
+
+def test_the_launchers_own_stop_of_rank_0_is_a_failure_not_a_stop_of_the_users(tmp_path):
+    """Rank 1 fails while rank 0 waits (as a rank 0 hung or idle does): the launcher stops rank 0 itself. It
+    took that SIGTERM for a stop of the user's, said "nonstop: terminated" and the launch exited 143."""
+    with _launch(tmp_path, mode="rank1_fails") as proc:
+        pids = _rank_pids(proc, tmp_path, 2)
+        _, err = proc.communicate(timeout=60)
+        assert not gone_within(pids, 5)
+    assert proc.returncode == 1, err
+    assert _said(err) == ["nonstop: error: rank 1: failed on purpose"], err

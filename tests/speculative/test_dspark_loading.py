@@ -126,3 +126,30 @@ def test_the_command_line_says_one_line(tmp_path, capsys):
     errors = [line for line in err.splitlines() if line.startswith("nonstop: error:")]
     assert e.value.code == 2 and len(errors) == 1 and "Traceback" not in err, err
     assert "dspark/model.safetensors: missing tensor 'markov_w2.weight'" in errors[0], errors
+
+
+def test_more_drafts_than_the_block_size_are_refused_before_the_weights_load(tmp_path, capsys):
+    """--num-draft-tokens 5 with a drafter of block size 4 was cut to 4 drafts without a word, each step
+    still reserving 6 verify rows."""
+    model = write_checkpoint(TARGET, tmp_path / "m", seed=1, dtype=torch.float32)
+    _drafter(model / "dspark", block_size=4)
+    argv = ["generate", "-m", str(model), "--speculative", "dspark", "--prompt-ids", "1,2", "-n", "2"]
+    with pytest.raises(SystemExit) as e:
+        main([*argv, "--num-draft-tokens", "5"])
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and "Traceback" not in err and "loading" not in err, err
+    assert [line for line in err.splitlines() if line.startswith("nonstop: error:")] == [
+        "nonstop: error: speculative num_tokens 5 (--num-draft-tokens) exceeds the DSpark drafter's block size 4, "
+        "the most it drafts per step: give at most 4"
+    ], err
+    assert main([*argv, "--num-draft-tokens", "4"]) == 0  # the block size itself drafts
+
+
+def test_a_drafter_built_for_fewer_drafts_is_refused_at_load(tmp_path):
+    from nonstop.engine.speculative.dspark_drafter import DSparkDrafter
+    from nonstop.model.build import random_model
+
+    d, target = _drafter(tmp_path / "dspark", block_size=3), random_model(TARGET, torch.float32)
+    with pytest.raises(ValueError, match=r"num_tokens 4 \(--num-draft-tokens\) exceeds the DSpark drafter's block"):
+        DSparkDrafter.load(d, target, num_tokens=4)
+    assert DSparkDrafter.load(d, target, num_tokens=3).taps == (1, 3)

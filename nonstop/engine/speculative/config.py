@@ -75,8 +75,17 @@ def _is_int(value) -> bool:
 
 def drafter_dir(config: SpeculativeConfig, model_dir: Path | None) -> Path:
     """The DSpark drafter directory of ``config``: its ``drafter``, else ``dspark/`` inside the model
-    directory (the only place the command line looks: it has no flag for another). Known before the
-    target's weights load, so a missing drafter is refused first."""
+    directory (the only place the command line looks: it has no flag for another), its config.json read
+    and ``config.num_tokens`` checked against its block size. Known before the target's weights load, so
+    a missing drafter or one that cannot draft that many is refused first."""
+    path = _find_drafter(config, model_dir)
+    from nonstop.engine.speculative.dspark import DSparkConfig
+
+    DSparkConfig.load(path / "config.json").check_num_tokens(config.num_tokens)
+    return path
+
+
+def _find_drafter(config: SpeculativeConfig, model_dir: Path | None) -> Path:
     if config.drafter:
         path = Path(config.drafter)
         if not (path / "config.json").exists():
@@ -105,4 +114,4 @@ def make_drafter(config: SpeculativeConfig, model, model_dir: Path | None):
         return NgramDrafter(config.ngram_max, config.ngram_min)
     from nonstop.engine.speculative.dspark_drafter import DSparkDrafter
 
-    return DSparkDrafter.load(drafter_dir(config, model_dir), model)
+    return DSparkDrafter.load(drafter_dir(config, model_dir), model, config.num_tokens)

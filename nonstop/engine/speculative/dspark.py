@@ -64,6 +64,14 @@ class DSparkConfig:
         if self.block_size < 1 or self.head_dim % 2:
             raise ValueError(f"block_size must be >= 1 and head_dim even, got {self.block_size}, {self.head_dim}")
 
+    def check_num_tokens(self, num_tokens: int) -> None:
+        """ValueError when asked for more drafts per step than ``block_size``."""
+        if num_tokens > self.block_size:
+            raise ValueError(
+                f"speculative num_tokens {num_tokens} (--num-draft-tokens) exceeds the DSpark drafter's block size "
+                f"{self.block_size}, the most it drafts per step: give at most {self.block_size}"
+            )
+
     def save(self, path: Path) -> None:
         d = asdict(self)
         d["taps"] = list(self.taps)

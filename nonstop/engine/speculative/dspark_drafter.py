@@ -30,8 +30,14 @@ class DraftContext:
 
 
 class DSparkDrafter:
-    def __init__(self, model: DSparkModel, target):
+    """``model`` drafting for ``target``; ``num_tokens``: the drafts per step the engine will ask for (a
+    ValueError when the drafter's block size is smaller; None: not checked, ``propose`` drafts at most
+    the block size)."""
+
+    def __init__(self, model: DSparkModel, target, num_tokens: int | None = None):
         cfg = model.cfg
+        if num_tokens is not None:
+            cfg.check_num_tokens(num_tokens)
         if cfg.hidden_size != target.cfg.hidden_size or cfg.vocab_size != target.cfg.vocab_size:
             raise ValueError(
                 f"DSpark drafter (hidden {cfg.hidden_size}, vocab {cfg.vocab_size}) does not fit the target (hidden "
@@ -46,11 +52,10 @@ class DSparkDrafter:
         self.lm_head = target.lm_head_weight
 
     @classmethod
-    def load(cls, path: Path, target) -> DSparkDrafter:
+    def load(cls, path: Path, target, num_tokens: int | None = None) -> DSparkDrafter:
         w = target.embed_tokens.weight
-        return cls(
-            load_drafter(path, dtype=torch.float32 if w.device.type == "cpu" else w.dtype, device=w.device), target
-        )
+        dtype = torch.float32 if w.device.type == "cpu" else w.dtype
+        return cls(load_drafter(path, dtype=dtype, device=w.device), target, num_tokens)
 
     def start(self, req) -> None:
         req.draft_state = DraftContext()
