@@ -174,7 +174,8 @@ def configure_threads(threads: int | None = None, bytes_per_token: int | None = 
 
     n, why = (threads, None) if threads else _default(bytes_per_token)
     if why and announce:
-        print(f"nonstop: {why} (--threads N or NONSTOP_THREADS=N to choose)", file=sys.stderr, flush=True)
+        choose = "--threads N, LLM(threads=N) or NONSTOP_THREADS=N to choose"
+        print(f"nonstop: {why} ({choose})", file=sys.stderr, flush=True)
     if torch.get_num_threads() != n:
         torch.set_num_threads(n)
     return n

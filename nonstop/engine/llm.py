@@ -26,6 +26,7 @@ from nonstop.engine.speculative.step import SpeculativeDecoder
 from nonstop.engine.tokenizer import Tokenizer
 from nonstop.program.preflight import check_memory
 from nonstop.runtime import make_executor, resolve_backend
+from nonstop.threads import set_threads
 from nonstop.weights.resolve import DEFAULT_MODEL, check_device, parse_dtype, resolve_model
 
 PENALTIES_OFF = {"repetition_penalty": 1.0, "presence_penalty": 0.0, "frequency_penalty": 0.0}  # the neutral values
@@ -49,7 +50,8 @@ class LLM:
     model: checkpoint directory (HF ``config.json`` + safetensors), a bundled model (``k3-nano``) or a
     preset name (random weights). dtype: ``auto`` (fp32 on CPU, bf16 on CUDA) or a torch dtype / name.
     backend: ``auto`` (``cpu`` on a CPU, else ``reference``) | ``reference`` | ``superop`` | ``megakernel`` |
-    ``cpu`` | ``cpu-bf16`` | ``cpu-int8`` (``nonstop.runtime.cpu``: 16- / 8-bit weights).
+    ``cpu`` | ``cpu-bf16`` | ``cpu-int8`` (``nonstop.runtime.cpu``: 16- / 8-bit weights; its compiled step stays
+    loaded in the process after the LLM is gone: build one LLM and reuse it).
     max_batch: sequences decoded together (an integer >= 1).
     prefill_chunk: prompt tokens per prefill forward (an integer >= 1; None: whole prompts). batch_invariant: each
     sequence in a forward of its own, so its tokens do not depend on the others (see ``EngineCore``).
@@ -68,6 +70,9 @@ class LLM:
     free memory before allocating it (``program/preflight``). before_load: ``before_load(llm)`` is called
     once the config, tokenizer (with its chat template) and generation defaults are known and before any
     weight is read or built, for a caller's checks that need no weights (``nonstop chat``: its template).
+    threads: torch's intra-op CPU threads, for the whole process (``nonstop.threads.set_threads``, the CLI's
+    ``--threads``; None: ``NONSTOP_THREADS``, else the ``cpu`` backend sets one per physical core less the cores
+    other processes keep busy, for the process too, when it is built).
     """
 
     def __init__(
@@ -87,6 +92,7 @@ class LLM:
         generation_config: bool = True,
         preflight: bool = True,
         before_load=None,
+        threads: int | None = None,
     ):
         from nonstop.model.build import load_model, random_model
 
@@ -94,6 +100,8 @@ class LLM:
             max_batch, prefill_chunk, seed, batch_invariant, generation_config, preflight, progress
         )
         self.device = check_device(device)
+        if threads is not None:
+            set_threads(check_max_batch(threads, "threads"))
         self._resolve(model, dtype, device, tokenizer, chat_template, generation_config)
         self.speculative_config = SpeculativeConfig.parse(speculative)  # a bad option fails before the weights load
         if self.speculative_config is not None and self.speculative_config.method == "dspark":
@@ -204,6 +212,10 @@ class LLM:
         bad = [t for t in params.stop_token_ids if t >= self.cfg.vocab_size]
         if bad:  # it could never be generated: the request would run to max_tokens
             raise ValueError(f"stop_token_ids: {bad[0]} is outside the vocabulary (0..{self.cfg.vocab_size - 1})")
+        if params.stop_strings and not self.tokenizer.accepts_text:  # no text to match: it would run to max_tokens
+            raise InvalidSamplingParam(
+                "stop", "stop strings need a tokenizer, and this model decodes token ids only: use stop_token_ids"
+            )
         self.check_penalties(params)
         return Request(request_id or str(next(self._ids)), prompt, prompt_ids, params, self.eos_ids)
 

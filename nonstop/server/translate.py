@@ -220,8 +220,8 @@ def _requests(
 ) -> list[Request]:
     try:
         return llm.make_requests(text, ids, params, request_id=request_id)
-    except ValueError as exc:
-        raise bad_request(str(exc), param=param) from None
+    except ValueError as exc:  # a sampling field the engine refuses for this model is named (InvalidSamplingParam)
+        raise bad_request(str(exc), param=getattr(exc, "param", param)) from None
 
 
 def echo_only(body: CompletionBody) -> bool:

@@ -50,6 +50,40 @@ def test_max_batch_is_checked_at_construction(value, error):
         LLM("k3-nano", backend="reference", max_batch=value)
 
 
+@pytest.mark.parametrize("value, error", [(0, ValueError), (-2, ValueError), (1.5, TypeError), ("2", TypeError)])
+def test_threads_are_checked_at_construction(value, error):
+    with pytest.raises(error, match="threads must be an integer >= 1"):
+        LLM("k3-nano", backend="reference", threads=value)
+
+
+def test_threads_chosen_from_python_are_kept_by_the_cpu_backend(monkeypatch):
+    """``LLM(threads=N)`` is the CLI's --threads: the cpu backend, which otherwise picks its own count for the
+    process (fewer beside busy processes), keeps it."""
+    import nonstop.threads
+
+    monkeypatch.setattr(nonstop.threads, "_chosen", None)
+    monkeypatch.setenv("NONSTOP_THREADS", "2")  # what the backend would pick without the argument
+    before = torch.get_num_threads()
+    try:
+        assert LLM("k3-nano", backend="cpu").executor.threads == 2
+        llm = LLM("k3-nano", backend="cpu", threads=1)
+        assert torch.get_num_threads() == 1 and llm.executor.threads == 1
+    finally:
+        torch.set_num_threads(before)
+
+
+def test_stop_strings_without_a_tokenizer_are_refused():
+    """Token ids in, token ids out: no text for a stop string to match, so it could only run to max_tokens."""
+    from nonstop.engine.sampling import InvalidSamplingParam
+
+    llm = LLM("k3-nano", backend="reference", tokenizer="ids")
+    with pytest.raises(InvalidSamplingParam, match="stop strings need a tokenizer") as caught:
+        llm.generate(prompt_token_ids=[[434, 1087]], sampling=SamplingParams(max_tokens=3, stop=["x"]))
+    assert caught.value.param == "stop"
+    out = llm.generate(prompt_token_ids=[[434, 1087]], sampling=SamplingParams(max_tokens=3, stop_token_ids=[5]))
+    assert len(out[0].token_ids) <= 3
+
+
 @pytest.mark.parametrize("value, error", [(0, ValueError), (-3, ValueError), (1.5, TypeError), ("8", TypeError)])
 def test_prefill_chunk_is_checked_at_construction(value, error):
     with pytest.raises(error, match="prefill_chunk must be an integer >= 1 or None"):

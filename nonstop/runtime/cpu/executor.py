@@ -64,7 +64,10 @@ def resolve_weights(weights: str, model_dtype: torch.dtype) -> str:
 
 def _own_copy(fn):
     """``fn`` with a code object of its own: torch.compile keeps its compiled graphs per code object,
-    so each executor gets its own cache (no limit shared with other models, freed with the executor)."""
+    so each executor gets its own cache (no recompile limit shared with other models; the graphs hold this
+    executor's weights as constants, unguarded: ``unguarded_fixed_arguments``, so no other executor may run
+    them). Inductor keeps the compiled modules loaded for the life of the process: each ``cpu`` executor
+    built leaves about 13-35 MB behind it (k3-nano, measured over 12 builds with one generate each)."""
     return types.FunctionType(fn.__code__.replace(), fn.__globals__, fn.__name__, fn.__defaults__)
 
 
