@@ -425,29 +425,12 @@ LIST_CHIPS_IGNORES = (
 )
 
 
-def _given(args, flags) -> list[str]:
-    """The flags of ``flags`` ((flag, args attribute) pairs) given on the command line."""
-    return [flag for flag, attr in flags if getattr(args, attr) not in (None, False)]
-
-
-def _refuse_measured_ignores(args) -> None:
-    """--measured predicts every run on the chip as it ran: refuse, in one line, the flags it would ignore."""
-    given = _given(args, MEASURED_IGNORES)
+def _refuse_ignored(args, flags, mode: str, what: str) -> None:
+    """``mode`` (``--measured``, ``--list-chips``) does ``what`` and uses none of ``flags`` ((flag, args attribute)
+    pairs): refuse, in one line, those given on the command line."""
+    given = [flag for flag, attr in flags if getattr(args, attr) not in (None, False)]
     if given:
-        raise ValueError(
-            f"--measured predicts each run in bench/results as it ran (its model, batch, context, executor, one "
-            f"device) and ignores {', '.join(given)}: drop them, or plan without --measured"
-        )
-
-
-def _refuse_list_chips_ignores(args) -> None:
-    """--list-chips prints the catalogue (and --chip-file's entries): refuse, in one line, the flags it ignores."""
-    given = _given(args, LIST_CHIPS_IGNORES)
-    if given:
-        raise ValueError(
-            f"--list-chips prints the chip catalogue (with --chip-file's entries; --json for one object) and "
-            f"ignores {', '.join(given)}: drop them, or plan without --list-chips"
-        )
+        raise ValueError(f"{mode} {what} and ignores {', '.join(given)}: drop them, or plan without {mode}")
 
 
 def _fill_defaults(args) -> None:
@@ -495,7 +478,12 @@ def run(args) -> int:
     from nonstop.plan.workload import build_workload
 
     if args.list_chips:
-        _refuse_list_chips_ignores(args)
+        _refuse_ignored(
+            args,
+            LIST_CHIPS_IGNORES,
+            "--list-chips",
+            "prints the chip catalogue (with --chip-file's entries; --json for one object)",
+        )
         return _list_chips(args.chip_file, args.json)
     if not args.chip:
         raise ValueError("give --chip NAME (nonstop plan --list-chips lists them; 'cpu' is this machine)")
@@ -503,7 +491,12 @@ def run(args) -> int:
     _check_formats(args)
     overrides = {k: v for k, v in (("dense", args.weights), ("experts", args.experts), ("cache", args.cache)) if v}
     if args.measured:
-        _refuse_measured_ignores(args)
+        _refuse_ignored(
+            args,
+            MEASURED_IGNORES,
+            "--measured",
+            "predicts each run in bench/results as it ran (its model, batch, context, executor, one device)",
+        )
     _fill_defaults(args)
     if args.measured:
         rows = measured_side_by_side(all_measurements(chip.key), chip, args.model, workload_for_measurement(overrides))

@@ -262,8 +262,13 @@ _VENDOR_PREFIXES = ("nvidia", "amdinstinct", "amd", "instinct", "google", "huawe
 _FORM_SUFFIXES = ("sxm6ac", "sxm6", "sxm5", "sxm4", "sxm", "nvl72", "oam")  # "NVIDIA B300 SXM6 AC" as drivers name it
 
 
+def _alnum(name: str) -> str:
+    """``name`` lower-cased, letters and digits only."""
+    return "".join(ch for ch in name.lower() if ch.isalnum())
+
+
 def _squash(name: str) -> str:
-    squashed = "".join(ch for ch in name.lower() if ch.isalnum())
+    squashed = _alnum(name)
     squashed = next((squashed[len(p) :] for p in _VENDOR_PREFIXES if squashed.startswith(p)), squashed)
     return next((squashed[: -len(s)] for s in _FORM_SUFFIXES if squashed.endswith(s)), squashed) or name.lower()
 
@@ -323,8 +328,7 @@ def _check_nvl72(name: str, key: str, entries: dict) -> None:
     """A name ending in NVL72 means a rack of 72 NVLink-connected GPUs: refuse it for a chip whose scale-up
     domain is smaller ("B200 NVL72" is no HGX B200), naming the catalogue's NVL72 part of that GPU."""
     domain = _get(entries[key], "scale_up.domain")
-    squashed = "".join(ch for ch in name.lower() if ch.isalnum())
-    if not squashed.endswith("nvl72") or not isinstance(domain, (int, float)) or domain >= 72:
+    if not _alnum(name).endswith("nvl72") or not isinstance(domain, (int, float)) or domain >= 72:
         return
     racks = [k for k, e in entries.items() if key in k and _get(e, "scale_up.domain") == 72]
     hint = f"; the {key.upper()} of an NVL72 rack is the catalogue's {' / '.join(racks)}" if racks else ""
