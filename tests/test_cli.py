@@ -90,6 +90,7 @@ def test_kernel_backend_on_a_cpu_without_the_interpreter_is_a_clear_error(backen
     assert e.value.code == 2
     err = capsys.readouterr().err
     assert "needs a CUDA device" in err and "TRITON_INTERPRET=1" in err and "Traceback" not in err
+    assert "use backend 'cpu'" in err  # the fast CPU path, not only the plain-torch oracle
 
 
 def test_bad_checkpoint_is_a_clear_error(tmp_path, capsys):

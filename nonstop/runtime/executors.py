@@ -89,7 +89,8 @@ def make_executor(backend: str, model: CausalLM) -> Executor:
         raise ValueError(
             f"backend {backend!r} runs Triton kernels: it needs a CUDA device (--device cuda), or "
             f"TRITON_INTERPRET=1 in the environment to run them in Triton's CPU interpreter "
-            f"(hundreds of times slower; for testing); on a CPU use backend 'reference'"
+            f"(hundreds of times slower; for testing); on a CPU use backend 'cpu' (the default there) "
+            f"or 'reference' (the plain-torch oracle)"
         )
     try:
         return BACKENDS[backend](model)
