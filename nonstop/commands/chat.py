@@ -4,7 +4,13 @@ from __future__ import annotations
 
 import sys
 
-from nonstop.commands.common import add_model_args, add_sampling_args, llm_from_args, sampling_from_args
+from nonstop.commands.common import (
+    add_model_args,
+    add_sampling_args,
+    check_utf8_args,
+    llm_from_args,
+    sampling_from_args,
+)
 
 COMMANDS_HELP = "/reset clears the conversation, /exit or /quit (or end of input) quits"
 
@@ -25,6 +31,7 @@ def add_parser(sub) -> None:
 
 
 def run(args) -> int:
+    check_utf8_args({"--system": args.system, "--stop": args.stop})
     sampling_from_args(args)  # a bad flag fails before the model loads
     start = [{"role": "system", "content": args.system}] if args.system is not None else []  # "" is a message too
     setup = {}
@@ -159,7 +166,8 @@ def _too_long(llm, messages: list[dict], params, start: list[dict], exc: ValueEr
 def _read_lines(stream, prompt: bool):
     """(text, None) for each line of ``stream`` (without its line end), or (None, why) for a line that is not
     valid in the stream's encoding: the bytes are read and decoded line by line, so a bad line is only
-    that line's problem. ``prompt``: write "> " on stderr before each read (a terminal)."""
+    that line's problem. ``prompt``: write "> " on stderr before each read (a terminal), and a line end at
+    the end of input."""
     raw = getattr(stream, "buffer", None)
     encoding = getattr(stream, "encoding", None) or "utf-8"
     number = 0
@@ -168,6 +176,8 @@ def _read_lines(stream, prompt: bool):
             print("> ", end="", file=sys.stderr, flush=True)
         line = raw.readline() if raw is not None else stream.readline()
         if not line:
+            if prompt:  # end of input (Ctrl-D): the shell's prompt starts on a line of its own
+                print(file=sys.stderr, flush=True)
             return
         number += 1
         if isinstance(line, str):  # a text stream: back to the bytes its decoder read (surrogateescape)

@@ -183,6 +183,24 @@ def llm_from_args(args, cls=None, **kw):
     )
 
 
+def check_utf8_args(named: dict[str, str | list[str] | None]) -> None:
+    """Refuse a free-text argument that is not valid UTF-8, before anything loads: ``named`` maps how the
+    error names each argument ("the prompt", "--stop") to its text (a list: each one; None: not given).
+    Python decodes argument bytes that are not UTF-8 to lone surrogates U+DC80..U+DCFF (surrogateescape),
+    which the error gives back as the byte they stand for."""
+    from nonstop.engine.tokenizer import lone_surrogate
+
+    for what, value in named.items():
+        for text in [value] if isinstance(value, str) else value or ():
+            at = lone_surrogate(text)
+            if at is None:
+                continue
+            code = ord(text[at])
+            if 0xDC80 <= code <= 0xDCFF:
+                raise ValueError(f"{what} is not valid UTF-8 (byte 0x{code - 0xDC00:02x} at character {at})")
+            raise ValueError(f"{what} holds a lone surrogate U+{code:04X} at character {at}: not valid Unicode")
+
+
 def parse_token_ids(text: str) -> list[int]:
     try:
         ids = [int(t) for t in text.replace(",", " ").split()]

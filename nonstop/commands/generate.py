@@ -9,6 +9,7 @@ from nonstop.commands.common import (
     add_model_args,
     add_sampling_args,
     add_spec_args,
+    check_utf8_args,
     llm_from_args,
     parse_token_ids,
     sampling_from_args,
@@ -25,7 +26,11 @@ def add_parser(sub) -> None:
         "prompt, then the completion as it is generated, then a line with the token count and decode speed on "
         "stderr. Sampling defaults come from the checkpoint's generation_config.json (flags override them).",
     )
-    p.add_argument("prompt", nargs="*", help="prompt text (several words are joined with spaces); default: 'The'")
+    p.add_argument(
+        "prompt",
+        nargs="*",
+        help="prompt text (several words are joined with spaces); default, when none is given: 'The'",
+    )
     p.add_argument("--prompt-ids", type=parse_token_ids, help="prompt as token ids, e.g. '1,15,27' (instead of text)")
     add_model_args(p)
     add_sampling_args(p, chat=False)  # a plain completion: no chat template
@@ -38,6 +43,7 @@ def add_parser(sub) -> None:
 def run(args) -> int:
     if args.prompt and args.prompt_ids:
         raise ValueError("give a text prompt or --prompt-ids, not both")
+    check_utf8_args({"the prompt": " ".join(args.prompt), "--stop": args.stop})
     t0 = time.perf_counter()
     speculative = spec_from_args(args)
     flags = sampling_from_args(args)  # a bad flag fails before the model loads
@@ -53,7 +59,8 @@ def run(args) -> int:
     # unless --repetition-penalty replaces it anyway
     given = args.repetition_penalty is not None
     params = sampling_from_args(args, llm.generation.defaults if given else llm.sampling_defaults())
-    prompt = None if args.prompt_ids else " ".join(args.prompt) or "The"
+    # "The" only when no prompt is given: an empty one ("") is the engine's to refuse, as the API's
+    prompt = None if args.prompt_ids else " ".join(args.prompt) if args.prompt else "The"
     # every check a request meets before it runs, before anything is printed: a prompt id outside the
     # vocabulary, an empty prompt, prompt + max_tokens beyond the context
     request = llm.make_request(prompt, args.prompt_ids, params)

@@ -3,7 +3,9 @@
 Templates run in jinja's immutable sandbox with transformers' settings: trim_blocks, lstrip_blocks,
 loop controls, a ``{% generation %}`` block (rendered as its body), a ``tojson`` filter that keeps
 non-ASCII characters, and the names HF templates use (``messages``, ``tools``,
-``add_generation_prompt``, ``bos_token``, ``eos_token``, ``raise_exception``, ``strftime_now``).
+``add_generation_prompt``, ``raise_exception``, ``strftime_now`` and the special tokens of
+tokenizer_config.json, ``bos_token``, ``eos_token``, ``pad_token``, ... as transformers names them in its
+``special_tokens_map``: ``Tokenizer.special_tokens``).
 A model without a template is refused (as vLLM does): no plain-text stand-in is made up.
 """
 
@@ -12,6 +14,8 @@ from __future__ import annotations
 import json
 from datetime import datetime
 from functools import lru_cache
+
+from nonstop.engine.tokenizer import check_text
 
 
 class ChatTemplateError(ValueError):
@@ -63,7 +67,8 @@ def _compile(template: str):
 
 def render_chat(messages: list[dict], template: str | None, special_tokens: dict[str, str] | None = None) -> str:
     """The prompt for ``messages`` ([{role, content}]) ending where the assistant's answer begins.
-    special_tokens: {"bos_token": ..., "eos_token": ...} as the template expects them."""
+    special_tokens: {"bos_token": ..., "eos_token": ..., "pad_token": ...}: names the template may use
+    (``Tokenizer.special_tokens``)."""
     if not template:
         raise ChatTemplateError(NO_TEMPLATE)
     try:
@@ -90,8 +95,9 @@ def check_messages(messages) -> list[dict]:
     joined into one string); ``name`` / ``tool_call_id`` strings and ``tool_calls`` (a list of dicts) are
     passed on, ``refusal`` and ``annotations`` accepted and dropped, any other key refused. Unlike the server,
     which reads a missing content as "", content may be left out (or None) only by an assistant message
-    with ``tool_calls``: a message with no text is a mistake, not a prompt. A TypeError or ValueError names
-    the message (its index) and the field."""
+    with ``tool_calls``: a message with no text is a mistake, not a prompt. A string passed on that is not
+    valid Unicode (a lone surrogate) is refused. A TypeError or ValueError names the message (its index) and
+    the field."""
     if isinstance(messages, (str, bytes, dict)) or not isinstance(messages, (list, tuple)):
         raise TypeError(
             f"messages must be a list of {{'role': ..., 'content': ...}} dicts, got {type(messages).__name__}"
@@ -150,6 +156,8 @@ def check_messages(messages) -> list[dict]:
             raise TypeError(
                 f"{where}['content'] must be a string or a list of text parts, got {type(content).__name__}"
             )
+        for name in ("content", "name", "tool_call_id", "tool_calls"):
+            _check_unicode(message.get(name), f"{where}[{name!r}]")
         checked = {"role": role, "content": text}
         for name in ("name", "tool_calls", "tool_call_id"):
             if message.get(name) is not None:
@@ -158,9 +166,23 @@ def check_messages(messages) -> list[dict]:
     return out
 
 
+def _check_unicode(value, where: str) -> None:
+    """Refuse a string in ``value`` (or in its lists and dicts) that is not valid Unicode, naming where it is."""
+    if isinstance(value, str):
+        check_text(value, where)
+    elif isinstance(value, dict):
+        for key, item in value.items():
+            _check_unicode(item, f"{where}[{key!r}]")
+    elif isinstance(value, list):
+        for i, item in enumerate(value):
+            _check_unicode(item, f"{where}[{i}]")
+
+
+def chat_text(tokenizer, messages: list[dict]) -> str:
+    """``messages`` rendered by ``tokenizer``'s chat template with its special tokens (``special_tokens``)."""
+    return render_chat(messages, tokenizer.chat_template, tokenizer.special_tokens)
+
+
 def chat_prompt(tokenizer, messages: list[dict]) -> list[int]:
     """Token ids of ``messages`` rendered by ``tokenizer``'s chat template (the template writes BOS)."""
-    text = render_chat(
-        messages, tokenizer.chat_template, {"bos_token": tokenizer.bos_token, "eos_token": tokenizer.eos_token}
-    )
-    return tokenizer.encode(text, add_special_tokens=False)
+    return tokenizer.encode(chat_text(tokenizer, messages), add_special_tokens=False)

@@ -11,6 +11,7 @@ from dataclasses import FrozenInstanceError, dataclass, field, fields
 
 import torch
 
+from nonstop.engine.tokenizer import TokenizerError, check_text
 from nonstop.model.sampling import filter_logits, gumbel_max, penalize
 
 __all__ = ["InvalidSamplingParam", "SamplingParams", "filter_logits", "sample", "sampling_probs", "top_logprobs"]
@@ -52,6 +53,17 @@ def _is_number(v) -> bool:
     return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
 
 
+def _check_stop_text(stop: str | list[str] | tuple[str, ...] | None) -> None:
+    """Refuse a stop string that is not valid Unicode (``tokenizer.check_text``): no decoded text holds one.
+    The error names ``stop``, or ``stop[i]`` in a list."""
+    named = [("stop", stop)] if isinstance(stop, str) else [(f"stop[{i}]", s) for i, s in enumerate(stop or ())]
+    for what, text in named:
+        try:
+            check_text(text, what)
+        except TokenizerError as exc:
+            raise InvalidSamplingParam("stop", str(exc)) from None
+
+
 @dataclass(frozen=True)
 class SamplingParams:
     """How to generate. Immutable: validated once, here; make a changed copy with
@@ -64,8 +76,9 @@ class SamplingParams:
     the output, ``presence_penalty`` / ``frequency_penalty`` (in [-2, 2], as vLLM and OpenAI accept) on
     tokens of the output (``model/sampling.penalize``). ``n``: completions per prompt, at most ``MAX_N``
     (sample i uses seed + i). ``stop``: None, a non-empty string or a list / tuple of them (kept as a
-    tuple); ``stop_token_ids``: None or a list / tuple of token ids >= 0 (kept as a tuple; a bare int is
-    refused, as vLLM takes a list); ``ignore_eos``: a bool. Numbers may be numpy's (kept as Python's).
+    tuple), valid Unicode (no lone surrogate, which no text can match); ``stop_token_ids``: None or a
+    list / tuple of token ids >= 0 (kept as a tuple; a bare int is refused, as vLLM takes a list);
+    ``ignore_eos``: a bool. Numbers may be numpy's (kept as Python's).
     ``logprobs`` / ``prompt_logprobs``: how many top alternatives to return per position (the sampled /
     actual token is always included); log-probabilities are those of the model's own distribution,
     before penalties, temperature and filters."""
@@ -119,6 +132,7 @@ class SamplingParams:
         stops = (stop,) if isinstance(stop, str) else tuple(stop) if isinstance(stop, (list, tuple)) else None
         ok = stop is None or (stops is not None and all(isinstance(s, str) and s for s in stops))
         check(ok, "stop", "None, a non-empty string or a list of them")
+        _check_stop_text(stop)
         ids = self.stop_token_ids
         ok = ids is None or (isinstance(ids, (list, tuple)) and all(_is_int(i) and i >= 0 for i in ids))
         check(ok, "stop_token_ids", "None or a list of non-negative integers")

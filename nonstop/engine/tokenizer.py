@@ -33,15 +33,23 @@ class TokenizerError(ValueError):
     pass
 
 
-def check_text(text: str, what: str = "text") -> None:
-    """Refuse text that is not valid Unicode (a lone UTF-16 surrogate, as JSON can spell one)."""
+def lone_surrogate(text: str) -> int | None:
+    """The index of the first lone UTF-16 surrogate in ``text`` (not valid Unicode: JSON can spell one, and
+    Python decodes bytes that are not UTF-8 in ``sys.argv`` to U+DC80..U+DCFF), else None."""
     try:
         text.encode("utf-8")
     except UnicodeEncodeError as exc:
-        bad = ord(text[exc.start])
+        return exc.start
+    return None
+
+
+def check_text(text: str, what: str = "text") -> None:
+    """Refuse text that is not valid Unicode (``lone_surrogate``), naming it ``what``."""
+    at = lone_surrogate(text)
+    if at is not None:
         raise TokenizerError(
-            f"{what} holds a lone surrogate U+{bad:04X} at character {exc.start}: not valid Unicode"
-        ) from None
+            f"{what} holds a lone surrogate U+{ord(text[at]):04X} at character {at}: not valid Unicode"
+        )
 
 
 def _special_text(value) -> str:
@@ -49,6 +57,41 @@ def _special_text(value) -> str:
     if isinstance(value, dict):
         value = value.get("content")
     return value if isinstance(value, str) else ""
+
+
+# the special tokens transformers names (``SPECIAL_TOKENS_ATTRIBUTES``)
+NAMED_SPECIAL_TOKENS = ("bos_token", "eos_token", "unk_token", "sep_token", "pad_token", "cls_token", "mask_token")
+
+
+def _added_token(value) -> str | None:
+    """A model-specific special token's text: a string or an AddedToken ({"__type": "AddedToken", "content": ...})."""
+    if isinstance(value, dict) and value.get("__type") == "AddedToken":
+        value = value.get("content")
+    return value if isinstance(value, str) else None
+
+
+def special_tokens_map(config: dict) -> dict[str, str]:
+    """{name: text} of the special tokens in tokenizer_config.json, as transformers 5 gives them to chat templates
+    (``special_tokens_map``): the named ones (``NAMED_SPECIAL_TOKENS``) that are set, a string or {"content": ...};
+    any other ``*_token`` key holding a string or an AddedToken (``image_token``); and the entries of
+    ``extra_special_tokens`` when it is an object of names (where it is empty, ``additional_special_tokens``
+    stands for it; beside it, that object's entries come first and lose to the others). A list of extra tokens
+    names none, so templates do not see it."""
+    named = {k: _special_text(config[k]) for k in NAMED_SPECIAL_TOKENS if isinstance(config.get(k), (str, dict))}
+    keys = {
+        k: config[k] for k in config if isinstance(k, str) and k.endswith("_token") and k not in NAMED_SPECIAL_TOKENS
+    }
+    extra, additional = config.get("extra_special_tokens"), config.get("additional_special_tokens")
+    if not extra:
+        tables = [keys, additional]
+    elif isinstance(extra, dict):
+        tables = [additional, keys, extra]
+    else:
+        tables = [keys]
+    for table in tables:
+        if isinstance(table, dict):
+            named.update({k: text for k, v in table.items() if (text := _added_token(v)) is not None})
+    return named
 
 
 class Tokenizer:
@@ -63,6 +106,7 @@ class Tokenizer:
         self.config = config or {}
         self.bos_token = _special_text(self.config.get("bos_token"))
         self.eos_token = _special_text(self.config.get("eos_token"))
+        self.special_tokens = special_tokens_map(self.config)  # the names a chat template sees
 
     def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
         """Token ids of ``text``; ``add_special_tokens=False`` leaves out BOS and the like (for text
