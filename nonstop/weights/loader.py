@@ -3,9 +3,11 @@ a ``CausalLM`` by the HF tensor names of ``checkpoint_layout``.
 
 Every failure is a ``CheckpointError`` naming the tensor and the file: a missing tensor, an
 unexpected one, a wrong shape or dtype, a truncated or corrupt file, a shard the index names but
-that is not there, an index that is not ``{"weight_map": {tensor: shard file}}``, a tensor held by two
-files (with or without an index: a broken or mixed download), PyTorch ``.bin`` weights without safetensors,
-an fp8 tensor without a matching scale or with a scale that is not float32 / bfloat16 / float16, an fp8 scale
+that is not there, a ``*.safetensors`` file beside the index that the index does not name (a stale single file
+that transformers would read instead), an index that is not ``{"weight_map": {tensor: shard file}}``, a tensor
+held by two files (with or without an index: a broken or mixed download), PyTorch ``.bin`` weights without
+safetensors, an fp8 tensor without a matching scale or with a scale that is not float32 / bfloat16 / float16, a
+``weight_scale_inv`` beside a weight not stored as fp8 (a half-converted checkpoint), an fp8 scale
 that makes its weight overflow (named: the scale, with its largest value), an MXFP4 scale byte above
 ``mxfp4.MAX_SCALE`` (255 is NaN), float data holding NaN or infinity (or finite values beyond the range of the
 dtype asked for), a tied checkpoint whose extra LM head is not the embedding.
@@ -54,12 +56,13 @@ def read_index(index_path: Path) -> dict[str, str]:
 
 def checkpoint_files(model_dir: str | Path) -> dict[str, SafetensorsFile]:
     """name -> open file for every tensor of the checkpoint in ``model_dir``. A tensor in two files is an
-    error, with an index too: a shard holding a tensor the index places in another is a broken or mixed download."""
+    error, with an index too: a shard holding a tensor the index places in another is a broken or mixed download.
+    With an index, every ``*.safetensors`` file in ``model_dir`` must be one of its shards."""
     model_dir = Path(model_dir)
     index_path = model_dir / INDEX
     try:
         indexed = index_path.exists() or index_path.is_symlink()
-        files = None if indexed else sorted(model_dir.glob("*.safetensors"))
+        files = sorted(model_dir.glob("*.safetensors"))
         pickles = [] if indexed or files else sorted(p.name for g in PYTORCH_WEIGHTS for p in model_dir.glob(g))
     except OSError as exc:
         raise CheckpointError(f"{model_dir}: cannot read ({exc.strerror})") from None
@@ -72,6 +75,7 @@ def checkpoint_files(model_dir: str | Path) -> dict[str, SafetensorsFile]:
         raise CheckpointError(f"no safetensors checkpoint in {model_dir} (expected model.safetensors or {INDEX})")
     if indexed:
         shards, weight_map = _indexed_shards(model_dir, index_path)
+        _refuse_unindexed(index_path, files, shards)
         located = {name: shards[shard] for name, shard in weight_map.items()}
         opened = list(shards.values())
     else:
@@ -107,6 +111,19 @@ def _indexed_shards(model_dir: Path, index_path: Path) -> tuple[dict[str, Safete
                 f"{index_path}: tensor {name!r} is listed in shard {s!r} but that file does not contain it"
             )
     return shards, weight_map
+
+
+def _refuse_unindexed(index_path: Path, files: list[Path], shards: dict[str, SafetensorsFile]) -> None:
+    """CheckpointError naming the ``files`` that are not among the index's ``shards``: nonstop would ignore
+    them, a stale or mixed download (transformers reads a ``model.safetensors`` before the index, so the two
+    engines would load different weights)."""
+    stray = [p.name for p in files if p.name not in shards]
+    if stray:
+        noun, them = ("file", "it holds") if len(stray) == 1 else ("files", "they hold")
+        raise CheckpointError(
+            f"{index_path.parent} holds {', '.join(stray)}, which {index_path.name} does not list: remove the stale "
+            f"{noun}, or the index if {them} the checkpoint"
+        )
 
 
 def _check_fp8_scale(name: str, w_shape, scale_name: str, located: dict, block) -> None:
@@ -287,6 +304,26 @@ def _empty(located: dict, name: str) -> bool:
     return 0 in located[name].meta(name)[1]
 
 
+def _fp8_scales(located: dict, resolved: list) -> set[str]:
+    """The ``weight_scale_inv`` tensors of the ``resolved`` weights stored as fp8 (the dtype in the header).
+    CheckpointError for a scale beside a weight of another dtype: it would be ignored, leaving the weight off
+    by its scale (a half-converted checkpoint)."""
+    scales = set()
+    for name in (n for _, names in resolved for n in names):
+        scale = _fp8_scale_name(name)
+        if scale not in located:
+            continue
+        dtype = located[name].meta(name)[0]
+        if dtype not in FP8:
+            raise CheckpointError(
+                f"tensor {scale!r} in {located[scale].path.name} is the fp8 block scale of {name!r}, but that weight "
+                f"is {dtype}, not fp8, so the scale would be ignored: a half-converted checkpoint (multiply the "
+                "weight by its scales or restore the fp8 weight)"
+            )
+        scales.add(scale)
+    return scales
+
+
 def resolve_checkpoint(
     cfg: ModelConfig, model_dir: str | Path
 ) -> tuple[dict, list[tuple[TensorSpec, tuple[str, ...]]], tuple[int, int]]:
@@ -296,7 +333,7 @@ def resolve_checkpoint(
     located = checkpoint_files(model_dir)
     resolved = [(spec, _resolve(spec, located)) for spec in checkpoint_layout(cfg)]
     consumed = {n for _, names in resolved for n in names}
-    fp8_scales = {_fp8_scale_name(n) for n in consumed}
+    fp8_scales = _fp8_scales(located, resolved)
     unexpected = [
         n
         for n in located
