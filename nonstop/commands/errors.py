@@ -10,6 +10,7 @@ import os
 import sys
 
 from nonstop.config import ConfigError
+from nonstop.stops import Terminated, stop_status
 from nonstop.weights.errors import CheckpointError
 
 USER_ERRORS = (
@@ -35,9 +36,10 @@ def user_errors():
     except BrokenPipeError:  # output piped into `head` and the like
         sys.stderr.close()
         raise SystemExit(0) from None
-    except KeyboardInterrupt:
-        print("nonstop: interrupted", file=sys.stderr)
-        raise SystemExit(130) from None
+    except (KeyboardInterrupt, Terminated) as exc:  # Ctrl-C; SIGTERM where a handler raises it (a checkpoint write)
+        word, code = stop_status(exc)
+        print(f"nonstop: {word}", file=sys.stderr)
+        raise SystemExit(code) from None
     except Exception as exc:
         if os.environ.get("NONSTOP_DEBUG"):
             raise

@@ -208,7 +208,8 @@ def _rank_main(args) -> None:
     import sys
 
     from nonstop.commands.errors import USER_ERRORS, user_errors
-    from nonstop.dist.launch import Terminated, first_report, stop_status
+    from nonstop.dist.launch import first_report
+    from nonstop.stops import Terminated, stop_status
 
     hooks = True
     try:
@@ -243,7 +244,8 @@ def start_ranks(args, layout) -> int:
     import os
     import sys
 
-    from nonstop.dist.launch import RankExited, Terminated, spawn, stop_status
+    from nonstop.dist.launch import RankExited, spawn
+    from nonstop.stops import Terminated, stop_status
 
     threads = getattr(args, "threads", None)
     cores = os.cpu_count() or 1

@@ -26,9 +26,10 @@ def add_parser(sub) -> None:
     p.add_argument(
         "--out",
         required=True,
-        help="output directory (made if missing); the weights, config.json, generation_config.json and tokenizer "
-        "files of a checkpoint already there are replaced once the new ones are all written (removed where the new "
-        "checkpoint has none), other files are left alone",
+        help="output directory (made if missing); the weights (model.safetensors, model-NNNNN-of-NNNNN.safetensors, "
+        "the index and the files it names), config.json, generation_config.json and tokenizer files of a checkpoint "
+        "already there are replaced once the new ones are all written (removed where the new checkpoint has none), "
+        "other files are left alone",
     )
     p.add_argument("--seed", type=seed_int, default=0, help="random seed (default 0)")
     p.add_argument(

@@ -46,6 +46,7 @@ import time
 import torch.multiprocessing as mp
 
 from nonstop.dist.parent_watch import die_with_parent
+from nonstop.stops import Terminated, stop_status
 
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
 LAUNCHER_STOP = signal.SIGUSR1  # the launcher stopping rank 0 itself, after another rank failed: no stop of the user's
@@ -62,11 +63,6 @@ class RankExited(RuntimeError):
     def __init__(self, rank: int, code: int | None, message: str = "", codes: list | None = None):
         self.rank, self.code, self.codes = rank, code, list(codes or [])
         super().__init__(message or f"rank {rank} {exit_description(code)}")
-
-
-class Terminated(BaseException):
-    """SIGTERM in rank 0 of a launch, raised as Ctrl-C raises KeyboardInterrupt (the rank says "terminated"
-    and exits 143); in the launcher, every rank had to be stopped after a SIGTERM."""
 
 
 def exit_description(code: int | None) -> str:
@@ -99,12 +95,6 @@ def stopping() -> bool:
 def mark_stopping(signum, frame) -> None:
     """The SIGINT handler of a rank other than 0: note that a stop is coming (``stopping``)."""
     _stopping.set()
-
-
-def stop_status(exc: BaseException) -> tuple[str, int]:
-    """What a process stopped by ``exc`` (KeyboardInterrupt or ``Terminated``) says and exits with, as a
-    shell reports a signal: ("interrupted", 130) or ("terminated", 143)."""
-    return ("interrupted", 130) if isinstance(exc, KeyboardInterrupt) else ("terminated", 143)
 
 
 def _rank0_stop(signum, frame) -> None:

@@ -1,9 +1,10 @@
 """Random-weight checkpoints in the exact HF layout of a config, at any scale.
 
-``write_checkpoint`` streams tensors shard by shard (memory stays at one shard), names and shapes
-from ``checkpoint_layout``, so the result loads in nonstop and - for llama, deepseek_v3 and
-kimi_linear - in transformers' ``from_pretrained``. ``random_state_dict`` gives the same weights
-in memory without touching the disk.
+``write_checkpoint`` streams tensors shard by shard, names and shapes from ``checkpoint_layout``, so
+the result loads in nonstop and - for llama, deepseek_v3 and kimi_linear - in transformers'
+``from_pretrained``. Its memory stays at one shard (``max_shard_bytes``, or a larger tensor, which gets a
+shard of its own) plus at most ``2 * DRAW_CHUNK`` float32 values (128 MiB) while a tensor is drawn.
+``random_state_dict`` gives the same weights in memory without touching the disk.
 
 The tokenizer is the preset's (its files copied), else a byte-level one (token id = byte value) when the
 vocabulary holds the 256 bytes, else none: a model with a smaller vocabulary is a tokenizer-less
@@ -26,6 +27,25 @@ from nonstop.weights.write import SIDE_FILES, staged_checkpoint, write_side_file
 
 INIT_STD = 0.02
 BYTE_VOCAB = 256  # a byte-level tokenizer needs one id per byte
+DRAW_CHUNK = 1 << 24  # float32 values drawn at a time into a large CPU tensor (64 MiB); a multiple of 16
+
+
+def _normal(shape: tuple[int, ...], std: float, dtype: torch.dtype, gen: torch.Generator) -> torch.Tensor:
+    """``(torch.randn(shape, generator=gen) * std).to(dtype)``, the same values and ``gen`` left in the same
+    state, without its full-size float32 temporaries: a CPU tensor of at least ``2 * DRAW_CHUNK`` values is
+    drawn ``DRAW_CHUNK`` at a time into the result (CPU randn turns its uniform draws into normals 16 at a
+    time, the last 16 redrawn when the count is not a multiple of 16: chunks of a multiple of 16, the last
+    one at least 16 long, draw what one call draws). Another device's generator draws the tensor at once."""
+    numel = math.prod(shape)
+    if gen.device.type != "cpu" or numel < 2 * DRAW_CHUNK:
+        return torch.randn(shape, generator=gen, device=gen.device).mul_(std).to(dtype)
+    out = torch.empty(shape, dtype=dtype)
+    flat, start = out.view(-1), 0
+    while start < numel:
+        stop = numel if numel - start < 2 * DRAW_CHUNK else start + DRAW_CHUNK
+        flat[start:stop] = torch.randn(stop - start, generator=gen).mul_(std)
+        start = stop
+    return out
 
 
 def _random(spec: TensorSpec, shape: tuple[int, ...], dtype: torch.dtype, gen: torch.Generator) -> torch.Tensor:
@@ -36,7 +56,7 @@ def _random(spec: TensorSpec, shape: tuple[int, ...], dtype: torch.dtype, gen: t
     if init == "zeros":
         return torch.zeros(shape, dtype=dtype, device=dev)
     if init == "bias":  # small, so that it changes the expert choice now and then but not always
-        return torch.randn(shape, generator=gen, device=dev) * 0.01
+        return _normal(shape, 0.01, torch.float32, gen)
     if init == "A_log":  # per-head decay rates exp(A) in [1, 16] (FLA's initialisation)
         return torch.empty(shape, device=dev).uniform_(1.0, 16.0, generator=gen).log()
     if init == "dt_bias":  # softplus⁻¹ of dt in [1e-3, 1e-1], log-uniform
@@ -46,7 +66,7 @@ def _random(spec: TensorSpec, shape: tuple[int, ...], dtype: torch.dtype, gen: t
         return torch.randint(0, 256, shape, generator=gen, dtype=torch.uint8, device=dev)
     if init == "mxfp4_scale":  # 2^-9 .. 2^-5: weights of a few hundredths, like INIT_STD
         return torch.randint(118, 123, shape, generator=gen, dtype=torch.uint8, device=dev)
-    return (torch.randn(shape, generator=gen, device=dev) * INIT_STD).to(dtype)
+    return _normal(shape, INIT_STD, dtype, gen)
 
 
 def iter_random_tensors(
@@ -119,8 +139,8 @@ def write_checkpoint(
     """Write config.json, generation_config.json, a tokenizer (when one can be made) and random
     weights (``model.safetensors``, or shards + ``model.safetensors.index.json``) to ``out_dir``, staged
     (``weights.write``): they replace a checkpoint already there only once all are written, and the old
-    checkpoint's files of ``SIDE_FILES`` the new one has not are removed (their names appended to
-    ``removed``)."""
+    checkpoint's weight files and files of ``SIDE_FILES`` that the new one has not are removed (their names
+    appended to ``removed``)."""
 
     out_dir = Path(out_dir)
     with staged_checkpoint(out_dir, replaces=SIDE_FILES, removed=removed) as stage:
@@ -129,6 +149,13 @@ def write_checkpoint(
             write_byte_tokenizer(stage)
         _write_random_weights(cfg, stage, seed, dtype, max_shard_bytes, progress)
     return out_dir
+
+
+def _tensor_bytes(cfg: ModelConfig, dtype: torch.dtype) -> Iterator[int]:
+    """The size in bytes of each tensor ``iter_random_tensors(cfg, dtype, ...)`` yields, in its order."""
+    for spec in checkpoint_layout(cfg):
+        nbytes = math.prod(spec.hf_shape) * spec.torch_dtype(dtype).itemsize
+        yield from (nbytes for _ in spec.names)
 
 
 def _write_random_weights(
@@ -159,10 +186,11 @@ def _write_random_weights(
         shards[-1] = {}
         size = 0
 
-    for i, (_, name, t) in enumerate(iter_random_tensors(cfg, dtype, seed)):
-        nbytes = t.numel() * t.element_size()
+    tensors = iter_random_tensors(cfg, dtype, seed)
+    for i, nbytes in enumerate(_tensor_bytes(cfg, dtype)):
         if size and size + nbytes > max_shard_bytes:
-            flush()
+            flush()  # before the next tensor is drawn: memory holds one shard at a time
+        _, name, t = next(tensors)
         shards[-1][name] = t.contiguous()
         size += nbytes
         total_bytes += nbytes

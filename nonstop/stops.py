@@ -1,0 +1,17 @@
+"""A process stopped by the user: Ctrl-C (``KeyboardInterrupt``) or SIGTERM (``Terminated``, raised where
+a handler turns the signal into an exception: a launched rank 0, a checkpoint write), and the one line
+and exit status each ends with."""
+
+from __future__ import annotations
+
+
+class Terminated(BaseException):
+    """SIGTERM, raised as Ctrl-C raises KeyboardInterrupt: the process says "terminated" and exits 143 (in a
+    launch's rank 0; in the launcher, every rank had to be stopped after a SIGTERM; during a checkpoint
+    write, once the write's staging directory is removed)."""
+
+
+def stop_status(exc: BaseException) -> tuple[str, int]:
+    """What a process stopped by ``exc`` (KeyboardInterrupt or ``Terminated``) says and exits with, as a
+    shell reports a signal: ("interrupted", 130) or ("terminated", 143)."""
+    return ("interrupted", 130) if isinstance(exc, KeyboardInterrupt) else ("terminated", 143)
