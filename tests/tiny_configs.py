@@ -167,6 +167,21 @@ KIMI_K3_MXFP4 = {
     },
 }
 
+# Shapes that the family configs above leave out; kept out of TINY_CONFIGS (which many suites sweep) and
+# used by the kernel tests that need them.
+LLAMA_GQA = {  # 6 query heads in 2 groups of 3 (KV heads 0 and 1), head dim 10
+    **LLAMA,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 6,
+    "num_key_value_heads": 2,
+}
+DEEPSEEK_MANY_EXPERTS = {  # 36 routed experts (4 groups of 9, top 4): router rows past the first 16
+    **DEEPSEEK,
+    "num_hidden_layers": 2,
+    "n_routed_experts": 36,
+    "num_experts_per_tok": 4,
+}
+
 TINY_CONFIGS = {
     "llama": LLAMA,
     "deepseek_v3": DEEPSEEK,

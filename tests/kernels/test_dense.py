@@ -4,6 +4,7 @@ inside real decode steps, and the GEMV / activation tile helpers against torch."
 from __future__ import annotations
 
 import functools
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -59,6 +60,21 @@ def test_embed(config, dtype, B, T):
     check_kernel("embed", TINY_CONFIGS[config], dense.KERNELS["embed"], dtype, B=B, T=T)
 
 
+@pytest.mark.parametrize("dtype", [F32, torch.bfloat16])
+def test_embed_rows_wider_than_one_block(dtype):
+    """D = 4133: three 2048-column blocks (the last ragged), from a table and into an output that are
+    column slices of wider tensors; every row must be its token's table row, repeated tokens included."""
+    gen = torch.Generator().manual_seed(3)
+    D = 2 * 2048 + 37
+    table = torch.randn(9, D + 11, generator=gen).to(dtype)[:, :D]
+    ids = torch.tensor([4, 0, 8, 4, 2])
+    out = torch.full((5, D + 5), float("nan"), dtype=dtype)
+    op = SimpleNamespace(reads=["ids"], writes=["x"], weights={"embed": table})
+    dense.embed(op, SimpleNamespace(buf={"ids": ids, "x": out[:, :D]}))
+    assert torch.equal(out[:, :D], table[ids])
+    assert out[:, D:].isnan().all(), "columns past D of a wider output were written"
+
+
 @pytest.mark.parametrize(
     "D,dtype,warps",
     [
@@ -73,8 +89,6 @@ def test_embed(config, dtype, B, T):
 def test_embed_launch_gives_each_thread_16_bytes(monkeypatch, D, dtype, warps):
     """The embed launcher's warps fit its row block: every thread reads 16 bytes of a BLOCK_D block (k3-nano's
     256-wide bf16 rows: 1 warp, not 4 warps of 4-byte loads), at most 4 warps for wide rows."""
-    from types import SimpleNamespace
-
     launches = []
 
     class Recorder:

@@ -7,6 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from nonstop.kernels.gemv import STORE, launch_gemv
 from nonstop.model.norms import rms_norm
 from nonstop.weights import mxfp4
 from tests.kernels.probes import gemv, mxfp4_values
@@ -29,6 +30,21 @@ def test_dense_rows_pair_and_norm(dtype, R, has_norm):
     tol = dict(rtol=1e-5, atol=1e-4) if dtype == F32 else dict(rtol=2e-3, atol=2e-3)
     torch.testing.assert_close(got_a, xin @ wa[rows].float().T, **tol)
     torch.testing.assert_close(got_b, xin @ wb[rows_b].float().T, **tol)
+
+
+@pytest.mark.parametrize("has_norm", [True, False])
+def test_launch_gemv_follows_row_strides(has_norm):
+    """x and out are column slices of wider tensors (row strides 70 and 50, not K = 45 and N = 37): every
+    row's input, RMS factor and output must use its tensor's stride."""
+    gen = torch.Generator().manual_seed(7 + has_norm)
+    R, N, K = 5, 37, 45
+    x = torch.randn(R, 70, generator=gen)[:, :K]
+    w, norm = torch.randn(N, K, generator=gen), 1 + 0.1 * torch.randn(K, generator=gen)
+    out = torch.full((R, 50), float("nan"))
+    launch_gemv(x, w, out[:, :N], norm=norm if has_norm else None, eps=1e-5, epilogue=STORE, BLOCK_K=16, BLOCK_N=16)
+    xin = rms_norm(x, norm, 1e-5) if has_norm else x
+    torch.testing.assert_close(out[:, :N], xin @ w.T, rtol=1e-5, atol=1e-4)
+    assert out[:, N:].isnan().all(), "columns past N of a wider output were written"
 
 
 @pytest.mark.parametrize("K", [64, 22, 96])

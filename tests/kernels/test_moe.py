@@ -2,9 +2,10 @@
 (SiTU / SwiGLU, in-kernel expert selection) against the torch versions (MXFP4: ``test_gemv.py``).
 
 Configs: deepseek_v3 (grouped top-k, SwiGLU, non-latent), kimi_linear (non-latent), kimi_k3 (latent,
-SiTU, 2 shared experts), kimi_k3_mxfp4 (+ MXFP4 experts, latent 22: a ragged 32-group). B·T rows with
-T = 3 let several rows of a sequence share or split experts; every row count takes the tensor-core path
-(rows padded to 16: ``platform.row_block``). Runs under the Triton interpreter on a CPU.
+SiTU, 2 shared experts), kimi_k3_mxfp4 (+ MXFP4 experts, latent 22: a ragged 32-group), and
+``DEEPSEEK_MANY_EXPERTS`` (36 experts: several router tiles). B·T rows with T = 3 let several rows of a
+sequence share or split experts; every row count takes the tensor-core path (rows padded to 16:
+``platform.row_block``). Runs under the Triton interpreter on a CPU.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from nonstop.model.activations import glu
 from nonstop.model.moe import select_experts
 from tests.kernels.harness import check_kernel
 from tests.kernels.probes import gated_activation, route_slots
-from tests.tiny_configs import TINY_CONFIGS
+from tests.tiny_configs import DEEPSEEK_MANY_EXPERTS, TINY_CONFIGS
 
 pytestmark = pytest.mark.filterwarnings("ignore:overflow encountered in exp:RuntimeWarning")  # σ(-large) in numpy
 
@@ -69,6 +70,14 @@ def test_small_blocks_many_tiles(kind, config, dtype, B, T, monkeypatch):
     22 = one full and one ragged step; expert width 20 = a full and a ragged 16-row chunk)."""
     monkeypatch.setattr(moe, "INTERPRET_BLOCKS", {"n": 16, "k": 16, "i": 16})
     assert check_kernel(kind, TINY_CONFIGS[config], moe.KERNELS[kind], dtype, B=B, T=T, seed=11) > 0
+
+
+@pytest.mark.parametrize("kind", ["moe_front", "moe_experts"])
+def test_many_experts_several_router_tiles(kind, monkeypatch):
+    """36 experts in 16-wide router tiles: tiles 1 and 2 (ragged, 4 experts) compute logits 16..35 from
+    their own router rows; the experts kernel routes over all 36."""
+    monkeypatch.setattr(moe, "INTERPRET_BLOCKS", {"n": 16, "k": 16, "i": 16})
+    assert check_kernel(kind, DEEPSEEK_MANY_EXPERTS, moe.KERNELS[kind], F32, B=2, T=3, seed=12) > 0
 
 
 # ----------------------------------------------------------------------------- building blocks
