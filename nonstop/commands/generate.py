@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import sys
 import time
 
@@ -64,6 +65,8 @@ def run(args) -> int:
     # every check a request meets before it runs, before anything is printed: a prompt id outside the
     # vocabulary, an empty prompt, prompt + max_tokens beyond the context
     request = llm.make_request(prompt, args.prompt_ids, params)
+    if args.max_tokens is None:  # a default max_tokens is cut to the room the context leaves, as the server's
+        params = _fit_default_max_tokens(params, len(request.prompt_ids), llm.cfg.max_position_embeddings)
     llm.check_length(len(request.prompt_ids), params.max_tokens)
     ids = request.prompt_ids
     print(llm.tokenizer.decode(ids) if args.prompt_ids else prompt, end="", flush=True)
@@ -111,6 +114,21 @@ def _timing(m: dict, compiling: float, speculative: str | None) -> str:
     return (
         f"{m['generated_tokens']} tokens, prompt {m['prompt_tokens']} tokens, first token {first}, decode {speed}{spec}"
     )
+
+
+def _fit_default_max_tokens(params, prompt_tokens: int, context: int):
+    """``params`` with a default max_tokens (not given by --max-tokens) cut to the ``context - prompt_tokens``
+    tokens the context has room for, saying so on stderr; unchanged when it fits or there is no room at all
+    (``LLM.check_length`` refuses that)."""
+    room = context - prompt_tokens
+    if not 1 <= room < params.max_tokens:
+        return params
+    print(
+        f"nonstop: max_tokens {params.max_tokens} cut to {room}: the prompt's {prompt_tokens} tokens leave room for "
+        f"{room} in the model's context of {context}",
+        file=sys.stderr,
+    )
+    return dataclasses.replace(params, max_tokens=room)
 
 
 def _compiling_s(llm) -> float:

@@ -282,7 +282,9 @@ class LLM:
         groups = []
         for i, ((p, ids), sp) in enumerate(zip(items, params)):
             try:
-                groups.append(self.make_requests(p, ids, sp))
+                group = self.make_requests(p, ids, sp)
+                self.check_length(len(group[0].prompt_ids), sp.max_tokens)
+                groups.append(group)
             except (TypeError, ValueError) as exc:
                 if len(items) > 1:  # which of the prompts
                     exc.args = (f"prompt {i}: {exc}", *exc.args[1:])
