@@ -41,6 +41,10 @@ ON_GPU_BLOCK_K = 256
 Q_UP_BLOCK_K = 64  # q_up streams [128 + 2·32 head rows] x 64 columns per step (at least; see q_up_block_k)
 ATTN_BLOCK_M = 32  # query (row, head) items per attention split tile
 ATTN_BLOCK_S = 32  # keys per inner step
+# caps on the q_up W_UK step (latent columns) and the combine W_UV step (output columns); tests lower them to 16
+# so that the tiny models' latents and value heads take several steps, as K3's 512 and 128 do
+Q_UP_BLOCK_LC = 64
+COMBINE_BLOCK_V = 64
 NUM_STAGES = 3
 
 # ----------------------------------------------------------------------------- mla_in_proj
@@ -417,7 +421,7 @@ def mla_q_up(op, env) -> None:
         BLOCK_HR=pow2(RR // 2, 16),
         BLOCK_K=q_up_block_k(pow2(P, 16), Q, gpu),
         BLOCK_KR=q_up_block_k(2 * pow2(RR // 2, 16), Q, gpu),
-        BLOCK_LC=min(64, pow2(L, 16)),
+        BLOCK_LC=min(Q_UP_BLOCK_LC, pow2(L, 16)),
         BLOCK_L=pow2(L, 16),
         NUM_STAGES=NUM_STAGES,
         **dot_mode(latent.dtype),
@@ -752,7 +756,7 @@ def mla_attn(op, env, split_tokens: int | None = None) -> None:
         BLOCK_L=pow2(L, 16),
         BLOCK_RR=pow2(RR, 16),
         BLOCK_R=pow2(R, 16),
-        BLOCK_V=min(64, pow2(V, 16)),
+        BLOCK_V=min(COMBINE_BLOCK_V, pow2(V, 16)),
         NUM_STAGES=2,
         **dot_mode(latent.dtype),
         num_warps=8,

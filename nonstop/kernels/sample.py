@@ -665,14 +665,23 @@ sample_kernel = launcher(sample_tile, phases=("scan", "verify", "pick"), first=(
 CHUNK = 2048  # vocabulary entries per scan tile on a GPU: 80 tiles per row of a 163840-token vocabulary
 CANDIDATES = 16  # largest entries each chunk lists for a filtered row (the merged list: NC · 16)
 SCORERS = 8  # best scorers (x + g) each chunk lists for a filtered row; the row's best 8 are verified
+SEARCH_QUADS = 1024  # quads (4 entries) per step of the one-program search: 40 steps over 163840 entries
 PATHS = {0: "greedy or unfiltered", 1: "merged lists", 2: "verified scorers", 3: "one-program search"}
 
 
-def sample(op, env, chunk: int | None = None, candidates: int | None = None, scorers: int | None = None):
+def sample(
+    op,
+    env,
+    chunk: int | None = None,
+    candidates: int | None = None,
+    scorers: int | None = None,
+    search_quads: int | None = None,
+):
     """next_ids [R] (int64) from logits [R, V] and the per-row sampling buffers (``SAMPLE_READS``).
     ``chunk`` / ``candidates`` / ``scorers``: scan tile width and list lengths (tests; defaults ``CHUNK`` /
-    ``CANDIDATES`` / ``SCORERS``, a quarter-vocabulary chunk in the interpreter). How each row was decided:
-    ``sample_paths(device)`` after the launch."""
+    ``CANDIDATES`` / ``SCORERS``, a quarter-vocabulary chunk in the interpreter). ``search_quads``: quads per
+    step of the one-program search (tests; default ``SEARCH_QUADS``; a power of two >= 16, at most the row's
+    quads rounded up). How each row was decided: ``sample_paths(device)`` after the launch."""
     logits, temperature, top_k, top_p, seed, offset = (env.buf[n] for n in op.reads)
     out = env.buf[op.writes[0]]
     R, V = logits.shape
@@ -713,7 +722,7 @@ def sample(op, env, chunk: int | None = None, candidates: int | None = None, sco
         BLOCK_NC=pow2(nc),
         BLOCK_CAND=pow2(nc * kc),
         BLOCK_SCORED=pow2(nc * sc),
-        BLOCK_Q=min(1024, pow2(triton.cdiv(V, 4), 16)),
+        BLOCK_Q=min(pow2(search_quads or SEARCH_QUADS, 16), pow2(triton.cdiv(V, 4), 16)),
         num_warps=4,
         **pdl_launch_args(env),
     )

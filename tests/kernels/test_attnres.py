@@ -1,7 +1,8 @@
 """K3's attention-residual mix + norm (``nonstop/kernels/attnres.py``) against its twin inside real steps of the
 tiny K3 (7 layers, blocks of 3: all 15 mixes - 0 to 3 completed blocks, with and without a block store), with
 the output poisoned and the kernel's scratch (per-chunk sums) filled with NaN before every launch: rows split
-into 2 column chunks (the interpreter's default) or 3 ragged ones of 16 columns."""
+into 2 column chunks (the interpreter's default) or 3 ragged ones of 16 columns. The harness compares ``blocks``
+too (the twin's store), its stored block poisoned first."""
 
 from __future__ import annotations
 
@@ -35,6 +36,19 @@ def test_attnres_mix_norm(dtype, B, T, block_c, monkeypatch):
     checked = check_kernel("attnres_mix_norm", TINY_CONFIGS["kimi_k3"], _stale_scratch_then_kernel, dtype, B=B, T=T)
     assert checked == 15
     assert not launch.phase_counters("attnres", "cpu").any(), "the counters must be back at zero after the launch"
+
+
+def test_a_kernel_that_skips_the_block_store_fails_the_check():
+    """``blocks`` is not among the op's writes, yet the harness checks the store into it: a kernel that leaves
+    the stored block as it found it (the poisoned values) is caught."""
+
+    def without_store(op, env):
+        blocks = env.buf["blocks"].clone()
+        attnres.attnres_mix_norm(op, env)
+        env.buf["blocks"].copy_(blocks)
+
+    with pytest.raises(AssertionError, match="-> blocks"):
+        check_kernel("attnres_mix_norm", TINY_CONFIGS["kimi_k3"], without_store, F32, B=2, T=1)
 
 
 def test_scratch_first_made_in_inference_mode_stays_writable_outside_it(monkeypatch):

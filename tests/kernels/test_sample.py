@@ -259,12 +259,21 @@ def test_top_k_50_and_top_p_09_are_decided_by_many_programs(dist):
 def test_an_undecided_row_takes_the_one_program_search():
     """Top-k 3 over lists of 2 a chunk and one verified scorer, the 10 largest values (a small bump over a flat
     row) in one chunk: the lists cannot hold the kept set and the best scorer is rarely among the 3, so most
-    draws take the search over the row - still the twin's tokens."""
+    draws take the search over the row - still the twin's tokens. The search reads the row's 300 quads in steps
+    of 64, the last one ragged, as a 163840-entry vocabulary takes 40 steps of 1024 (by default a test row fits
+    one step)."""
     gen = torch.Generator().manual_seed(4)
     row = torch.randn(1200, generator=gen) * 0.05 + torch.cat([torch.full((10,), 0.3), torch.zeros(1190)])
     params = [(1.0, 3, 1.0)] * 12
     got, want = _run_both(
-        row.expand(12, -1).contiguous(), params, 77, torch.arange(12), chunk=64, candidates=2, scorers=1
+        row.expand(12, -1).contiguous(),
+        params,
+        77,
+        torch.arange(12),
+        chunk=64,
+        candidates=2,
+        scorers=1,
+        search_quads=64,
     )
     assert torch.equal(got, want)
     paths = _paths(12)
