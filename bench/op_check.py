@@ -102,10 +102,10 @@ def check_ops(model, program, context: int, device, tol: float, seed: int) -> li
     for op in program.ops:
         row = {"op": op.name, "kind": op.kind}
         try:
-            want, got = run_both(op, env, KERNELS[op.kind], gen)
+            run = run_both(op, env, KERNELS[op.kind], gen)
             if device.type == "cuda":
                 torch.cuda.synchronize()
-            row.update(compare_op(op, want, got))
+            row.update(compare_op(op, run))
             row["ok"] = row["rel_err"] <= tol and row["nan"] == 0
         except Exception as exc:  # noqa: BLE001 - report it; a CUDA fault ends the shape
             row.update(error=f"{type(exc).__name__}: {exc}"[:1000], ok=False)
@@ -114,26 +114,28 @@ def check_ops(model, program, context: int, device, tol: float, seed: int) -> li
         if "error" in row:
             break
         REFERENCE[op.kind](op, env)
-        del want, got
+        del run
     return rows
 
 
-def compare_op(op, want, got) -> dict:
-    """The kernel's step state ``got`` against the twin's ``want`` after ``op``: the relative error of every
-    buffer it writes and of every cache/state tensor that differs, the worst of them, and NaN in its outputs."""
+def compare_op(op, run) -> dict:
+    """The kernel's step state against the twin's after ``op`` (``run``: ``twin_check.run_both``): the relative
+    error of everything it writes (``twin_check.outputs``) and of every cache/state tensor that differs, the
+    worst of them, and NaN in its outputs."""
     import torch
     from decode import rel_err
 
-    from nonstop.runtime.twin_check import state_tensors
+    from nonstop.runtime.twin_check import outputs, state_tensors
 
-    errs = {name: rel_err(got.buf[name], want.buf[name]) for name in op.writes}
-    got_state = state_tensors(got)
-    for name, t in state_tensors(want).items():
+    written = outputs(op, run)
+    errs = {name: rel_err(got, want) for name, (got, want) in written.items()}
+    got_state = state_tensors(run.got)
+    for name, t in state_tensors(run.want).items():
         e = rel_err(got_state[name], t)
         if e > 0:
             errs[f"state {name}"] = e
     worst = max(errs, key=errs.get) if errs else None
-    nan = int(sum(int(torch.isnan(got.buf[n].float()).sum()) for n in op.writes))
+    nan = int(sum(int(torch.isnan(got.float()).sum()) for got, _ in written.values()))
     return {"worst": worst, "rel_err": errs.get(worst, 0.0), "errors": errs, "nan": nan}
 
 

@@ -4,14 +4,17 @@
 state) twice, runs the twin on one copy and ``kernel`` on the other, whose outputs (non-accumulating
 writes, the cache rows the step appends when the twin writes them, the KDA histories a speculative
 step keeps) are first poisoned with NaN; the buffers an op accumulates into (``out += y``) start from
-the same random values in both copies. The caller compares ``op.writes`` and ``state_tensors`` of the
-two: ``tests/kernels/harness.py`` asserts on tiny odd shapes under Triton's interpreter,
-``bench/op_check.py`` reports the errors at full width on a GPU.
+the same random values in both copies. A buffer outside ``op.writes`` that the twin changes too (attnres's
+store into ``blocks``, which the op also reads) is a side write: the elements the twin changes there are
+poisoned alike. The caller compares ``outputs(run)`` and ``state_tensors`` of the two copies:
+``tests/kernels/harness.py`` asserts on tiny odd shapes under Triton's interpreter, ``bench/op_check.py``
+reports the errors at full width on a GPU.
 """
 
 from __future__ import annotations
 
 import copy
+from typing import NamedTuple
 
 import torch
 
@@ -90,12 +93,50 @@ def state_tensors(env: StepEnv) -> dict[str, torch.Tensor]:
     return out
 
 
-def run_both(op, env: StepEnv, kernel, gen: torch.Generator) -> tuple[StepEnv, StepEnv]:
-    """(twin's copy, kernel's copy) of ``env`` after running ``op`` each way; ``env`` is left as it was."""
+class TwinRun(NamedTuple):
+    """One op run both ways: ``want`` the twin's copy of the step state, ``got`` the kernel's; ``side``:
+    {buffer outside ``op.writes``: bool mask of the elements the twin changed there} (``side_writes``)."""
+
+    want: StepEnv
+    got: StepEnv
+    side: dict[str, torch.Tensor]
+
+
+def side_writes(op, before: StepEnv, after: StepEnv) -> dict[str, torch.Tensor]:
+    """{buffer: mask of the changed elements} for each buffer outside ``op.writes`` that differs between
+    ``before`` and ``after`` the twin ran (NaN equal to NaN: ``program.allocate`` leaves buffers unset)."""
+    out = {}
+    for name, new in after.buf.items():
+        if name in op.writes:
+            continue
+        old = before.buf[name]
+        changed = new != old
+        if new.dtype.is_floating_point:
+            changed &= ~(new.isnan() & old.isnan())
+        if changed.any():
+            out[name] = changed
+    return out
+
+
+def run_both(op, env: StepEnv, kernel, gen: torch.Generator) -> TwinRun:
+    """``op`` run by its twin and by ``kernel`` on two clones of ``env`` (left as it was)."""
     want, got = clone_env(env), clone_env(env)
     randomize_accumulators(op, gen, want, got)
     REFERENCE[op.kind](op, want)
+    side = side_writes(op, env, want)
     poison(op, got, cache_rows=writes_cache(op, got, want))
+    for name, mask in side.items():
+        if got.buf[name].dtype.is_floating_point:
+            got.buf[name][mask] = float("nan")
     poison_history(op, got)
     kernel(op, got)
-    return want, got
+    return TwinRun(want, got, side)
+
+
+def outputs(op, run: TwinRun) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
+    """{buffer: (the kernel's values, the twin's)} of what ``op`` writes: each of ``op.writes`` whole, and
+    of each side write the elements the twin changed."""
+    out = {name: (run.got.buf[name], run.want.buf[name]) for name in op.writes}
+    for name, mask in run.side.items():
+        out[name] = (run.got.buf[name][mask], run.want.buf[name][mask])
+    return out

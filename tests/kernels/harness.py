@@ -4,8 +4,8 @@ A tiny random model (odd shapes) prefills a few sequences of different lengths, 
 B sequences × T tokens through the Program with the twins. Every op of the requested kind runs both
 ways on clones of the step state (``nonstop/runtime/twin_check.py``: the kernel's outputs poisoned
 first, accumulators randomised alike); all written buffers and all cache/state tensors must agree.
-Written buffers are the op's ``writes`` and every other buffer its twin changes (attnres's store into
-``blocks``, a buffer the op also reads): the elements the twin changes there are poisoned too.
+Written buffers are the op's ``writes`` and the elements its twin changes in any other buffer (a side
+write: attnres's store into ``blocks``, a buffer the op also reads), poisoned alike (``twin_check.outputs``).
 """
 
 from __future__ import annotations
@@ -17,33 +17,7 @@ from nonstop.config import ModelConfig
 from nonstop.model.build import random_model
 from nonstop.program.lower import lower
 from nonstop.program.reference import REFERENCE, StepEnv
-from nonstop.runtime.twin_check import clone_env, run_both, state_tensors
-
-
-def _same(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-    """Elementwise equality, NaN equal to NaN."""
-    same = a == b
-    return same | (a.isnan() & b.isnan()) if a.dtype.is_floating_point else same
-
-
-def undeclared_writes(op, env: StepEnv) -> dict[str, torch.Tensor]:
-    """{buffer: mask of the elements the twin changes} for the buffers outside ``op.writes`` it changes."""
-    twin = clone_env(env)
-    REFERENCE[op.kind](op, twin)
-    changed = {name: ~_same(t, env.buf[name]) for name, t in twin.buf.items() if name not in op.writes}
-    return {name: mask for name, mask in changed.items() if mask.any()}
-
-
-def poisoning(kernel, masks: dict[str, torch.Tensor]):
-    """``kernel`` run after NaN is written where ``masks`` say (floating buffers), so it must write there."""
-
-    def run(op, env):
-        for name, mask in masks.items():
-            if env.buf[name].dtype.is_floating_point:
-                env.buf[name][mask] = float("nan")
-        kernel(op, env)
-
-    return run
+from nonstop.runtime.twin_check import outputs, run_both, state_tensors
 
 
 def check_kernel(
@@ -88,18 +62,13 @@ def check_kernel(
     checked = 0
     for op in program.ops:
         if op.kind == kind:
-            extra = undeclared_writes(op, env)
-            want, got = run_both(op, env, poisoning(kernel, extra), gen)
-            for name in (*op.writes, *extra):
+            run = run_both(op, env, kernel, gen)
+            for name, (got, want) in outputs(op, run).items():
                 torch.testing.assert_close(
-                    got.buf[name].float(),
-                    want.buf[name].float(),
-                    **tol,
-                    equal_nan=name in extra,  # elements neither copy writes may be NaN (``program.allocate``)
-                    msg=lambda m, op=op, name=name: f"{op.name} -> {name}: {m}",
+                    got.float(), want.float(), **tol, msg=lambda m, op=op, name=name: f"{op.name} -> {name}: {m}"
                 )
-            got_state = state_tensors(got)
-            for name, t in state_tensors(want).items():
+            got_state = state_tensors(run.got)
+            for name, t in state_tensors(run.want).items():
                 torch.testing.assert_close(
                     got_state[name].float(),
                     t.float(),
