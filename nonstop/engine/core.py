@@ -161,10 +161,14 @@ class EngineCore:
             used += n
         return chosen
 
-    def row_groups(self, reqs: list[Request]) -> list[list[Request]]:
+    def row_groups(self, reqs: list[Request], limit: int | None = None) -> list[list[Request]]:
         """The requests that may share one forward: each alone under batch invariance (unless the
-        executor is batch invariant itself), else all together."""
-        return [[r] for r in reqs] if self.split_rows else [reqs]
+        executor is batch invariant itself), else all together; with ``limit``, in groups of at most
+        ``limit`` requests (in order)."""
+        groups = [[r] for r in reqs] if self.split_rows else [reqs]
+        if limit is None:
+            return groups
+        return [g[i : i + limit] for g in groups for i in range(0, len(g), limit)]
 
     # ------------------------------------------------------------------ forwards
     def _forward(self, reqs: list[Request], ids: list[list[int]], last_only: bool) -> torch.Tensor | None:

@@ -10,7 +10,8 @@ prompt waits to be prefilled (it should join the batch at the next step) it runs
 the tokens one by one afterwards: stop tokens, stop strings and max_tokens end a request exactly where
 step-by-step decoding would, the tokens it sampled past its end are dropped (its slot is freed). Each
 token's noise depends only on its request's seed and position, so the tokens are those of one step per
-launch.
+launch. A step of more than the executor's ``max_rows`` sequences runs as several launches of at most
+``max_rows`` sequences each (the kernels' row limit), in request order.
 
 ``decode(core, reqs)`` returns the (request, new text) pairs of ``EngineCore.step``, or None when the
 step is not for the device (the core then runs its host path: logits and ``sampling.sample``).
@@ -55,7 +56,7 @@ def decode(core, reqs) -> list | None:
 
     out = []
     n = steps_per_launch(core, reqs)
-    for group in core.row_groups(reqs):
+    for group in core.row_groups(reqs, core.executor.max_rows):  # sample_tokens takes at most max_rows rows
         ids = torch.tensor([[r.output_ids[-1]] for r in group], dtype=torch.long, device=core.device)
         rows = [SampleRow.of(r.params, r.generator) for r in group]
         try:

@@ -29,7 +29,9 @@ class Executor(Protocol):
     batch_invariant: True when a row's logits never depend on the other rows of its step; the engine
                      then batches rows even when batch invariance is asked for.
     max_rows:        the most rows (B·T) one step runs on the backend's own path; larger steps still work
-                     (a fallback runs them) but speculative verification groups its rows to fit.
+                     (a fallback runs them) but speculative verification groups its rows to fit, and
+                     device-sampled decode steps run as launches of at most ``max_rows`` sequences
+                     (``sample_tokens`` refuses more).
                      None: no limit.
     samples_on_device: True when ``sample_tokens`` runs (decode steps that sample on the device,
                      ``engine/device_decode.py``); False (the default): the engine samples from the logits.

@@ -273,14 +273,21 @@ class SuperOpExecutor(Executor):
         """Can ``sample_tokens`` run (the Triton sampler: a kernel backend, not the twins)?"""
         return self.use_kernels
 
+    def check_sample_rows(self, B: int) -> None:
+        """A ValueError when ``sample_tokens`` is given more sequences than the program's ``max_rows`` (the
+        kernels' row limit; the engine splits larger decode steps into calls of at most that many)."""
+        if B > self.max_rows:
+            raise ValueError(f"sample_tokens: at most max_rows = {self.max_rows} sequences a call, got {B}")
+
     def sample_tokens(
         self, input_ids: torch.Tensor, cache: ModelCache, slots: list[int], n: int, rows: list
     ) -> torch.Tensor:
         """``n`` decode steps of ``slots`` from their last tokens ``input_ids`` [B, 1], each token sampled on
         the device after the step (``kernels/sample.py``) with ``rows`` (``runtime.device_sampling.SampleRow``
         per sequence; the noise counter is the token's position) and fed to the next step without a host
-        round trip. Advances the cache by n; returns the tokens [B, n] (host int64). ``stats``:
-        ``sampling_calls`` counts the calls, ``device_sampled_steps`` their steps."""
+        round trip. Advances the cache by n; returns the tokens [B, n] (host int64); a ValueError for more
+        than ``max_rows`` sequences. ``stats``: ``sampling_calls`` counts the calls, ``device_sampled_steps``
+        their steps."""
         from nonstop.kernels import KERNELS
         from nonstop.kernels.sample import sample_op
         from nonstop.program.reference import StepEnv
@@ -291,6 +298,7 @@ class SuperOpExecutor(Executor):
             raise ValueError("sample_tokens needs the Triton kernels (use_kernels=True)")
         if n < 1 or len(rows) != B or tuple(input_ids.shape) != (B, 1):
             raise ValueError(f"sample_tokens: n >= 1, input_ids [{B}, 1] and {B} sampling rows")
+        self.check_sample_rows(B)
         step = self.static_step(B, 1)
         op, specs = sample_op(self.model.cfg.vocab_size)
         if step.sample_buf is None:  # the sampler's per-row buffers, next to the step's

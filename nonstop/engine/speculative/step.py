@@ -58,12 +58,10 @@ class SpeculativeDecoder:
         return out
 
     def _groups(self, core, reqs: list) -> list[list]:
-        groups = core.row_groups(reqs)
+        """Row groups whose verify rows (k + 1 each) fit the executor's ``max_rows``."""
         max_rows = core.executor.max_rows
-        if max_rows is None:
-            return groups
-        per = max(1, max_rows // (self.config.num_tokens + 1))
-        return [g[i : i + per] for g in groups for i in range(0, len(g), per)]
+        per = None if max_rows is None else max(1, max_rows // (self.config.num_tokens + 1))
+        return core.row_groups(reqs, per)
 
     def _draft_len(self, core, req) -> int:
         """k_r: at most num_tokens, and the block may not run past max_tokens or the context."""

@@ -200,8 +200,8 @@ class MegakernelExecutor(SuperOpExecutor):
         token sampled on the device with ``rows`` (``runtime.device_sampling.SampleRow``, one per sequence:
         the request's temperature, top-k, top-p and seed; the noise counter is the token's position, so
         n steps a launch give the tokens of n launches of one step). Reserves the pages of all n tokens
-        and advances the cache by n. Returns the tokens [B, n] (host int64). n = 1 replays the shape's
-        CUDA graph where there is one."""
+        and advances the cache by n. Returns the tokens [B, n] (host int64); a ValueError for more than
+        ``max_rows`` sequences. n = 1 replays the shape's CUDA graph where there is one."""
         from nonstop.runtime.device_sampling import fill_sample_rows
 
         B = len(slots)
@@ -209,6 +209,7 @@ class MegakernelExecutor(SuperOpExecutor):
             raise ValueError(f"sample_tokens: 1..{advance.LOG} steps per launch, got {n}")
         if len(rows) != B or tuple(input_ids.shape) != (B, 1):
             raise ValueError(f"sample_tokens: {B} sequences need input_ids [{B}, 1] and {B} sampling rows")
+        self.check_sample_rows(B)
         step = self.static_step(B, 1)
         batch = cache.batch(slots, n)  # page reservation for positions start .. start + n - 1
         step.buf["ids"].copy_(input_ids.reshape(-1))
