@@ -15,3 +15,17 @@ def stop_status(exc: BaseException) -> tuple[str, int]:
     """What a process stopped by ``exc`` (KeyboardInterrupt or ``Terminated``) says and exits with, as a
     shell reports a signal: ("interrupted", 130) or ("terminated", 143)."""
     return ("interrupted", 130) if isinstance(exc, KeyboardInterrupt) else ("terminated", 143)
+
+
+def stop_behind(exc: BaseException) -> BaseException | None:
+    """The stop (KeyboardInterrupt or ``Terminated``) that ``exc`` is, or that was unwinding when ``exc`` was
+    raised (its ``__context__`` chain), else None. An error a stop causes on its way out - a context
+    manager's exit failing as Ctrl-C cuts through it, as torch's mode stack does ("trying to pop from empty
+    mode stack") - is the stop's, not a bug of its own."""
+    seen = set()
+    while exc is not None and id(exc) not in seen:
+        if isinstance(exc, (KeyboardInterrupt, Terminated)):
+            return exc
+        seen.add(id(exc))
+        exc = exc.__context__
+    return None

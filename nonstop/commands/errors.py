@@ -10,7 +10,7 @@ import os
 import sys
 
 from nonstop.config import ConfigError
-from nonstop.stops import Terminated, stop_status
+from nonstop.stops import Terminated, stop_behind, stop_status
 from nonstop.weights.errors import CheckpointError
 
 USER_ERRORS = (
@@ -26,21 +26,30 @@ USER_ERRORS = (
 )
 
 
+def _stopped(stop: BaseException) -> SystemExit:
+    word, code = stop_status(stop)
+    print(f"nonstop: {word}", file=sys.stderr)
+    return SystemExit(code)
+
+
 @contextlib.contextmanager
 def user_errors():
+    """Errors to one line and an exit status; a stop (Ctrl-C, ``Terminated`` where a handler raises it) to
+    "interrupted" / "terminated", also when an error it caused on its way out replaced it (``stop_behind``)."""
     try:
         yield
-    except USER_ERRORS as exc:
-        print(f"nonstop: error: {exc}", file=sys.stderr)
-        raise SystemExit(2) from None
-    except BrokenPipeError:  # output piped into `head` and the like
-        sys.stderr.close()
-        raise SystemExit(0) from None
-    except (KeyboardInterrupt, Terminated) as exc:  # Ctrl-C; SIGTERM where a handler raises it (a checkpoint write)
-        word, code = stop_status(exc)
-        print(f"nonstop: {word}", file=sys.stderr)
-        raise SystemExit(code) from None
+    except (KeyboardInterrupt, Terminated) as exc:
+        raise _stopped(exc) from None
     except Exception as exc:
+        stop = stop_behind(exc)
+        if stop is not None:
+            raise _stopped(stop) from None
+        if isinstance(exc, USER_ERRORS):
+            print(f"nonstop: error: {exc}", file=sys.stderr)
+            raise SystemExit(2) from None
+        if isinstance(exc, BrokenPipeError):  # output piped into `head` and the like
+            sys.stderr.close()
+            raise SystemExit(0) from None
         if os.environ.get("NONSTOP_DEBUG"):
             raise
         print(

@@ -209,21 +209,23 @@ def _rank_main(args) -> None:
 
     from nonstop.commands.errors import USER_ERRORS, user_errors
     from nonstop.dist.launch import first_report
-    from nonstop.stops import Terminated, stop_status
+    from nonstop.stops import Terminated, stop_behind, stop_status
 
     hooks = True
     try:
         with user_errors():
             try:
                 code = int(args.run(args) or 0)
-            except (KeyboardInterrupt, Terminated) as exc:
-                word, code = stop_status(exc)
-                print(f"nonstop: {word}", file=sys.stderr)
-                hooks = False
-            except Exception as exc:
-                if isinstance(exc, BrokenPipeError) or first_report(f"{type(exc).__name__}: {exc}"):
+            except (KeyboardInterrupt, Terminated, Exception) as exc:
+                stop = stop_behind(exc)  # a stop, or an error it caused on its way out
+                if stop is not None:
+                    word, code = stop_status(stop)
+                    print(f"nonstop: {word}", file=sys.stderr)
+                    hooks = False
+                elif isinstance(exc, BrokenPipeError) or first_report(f"{type(exc).__name__}: {exc}"):
                     raise
-                code = 2 if isinstance(exc, USER_ERRORS) else 1
+                else:
+                    code = 2 if isinstance(exc, USER_ERRORS) else 1
     except SystemExit as exc:
         if exc.code is not None and not isinstance(exc.code, int):
             print(exc.code, file=sys.stderr)
