@@ -121,16 +121,6 @@ class _TokenCache:
         positions = torch.arange(length, device=batch.slots.device)[None, :].expand(batch.slots.shape[0], length)
         return self.tensors[name][self.pages.rows(batch.slots, positions)]
 
-    def copy_slot(self, src: int, dst: int, length: int) -> None:
-        """Copy tokens 0..length-1 of ``src`` into ``dst`` (whose pages the caller has released)."""
-        self.pages.reserve(dst, length)
-        self.fit_pool()
-        positions = torch.arange(length, device=self.pages.table.device)[None, :]
-        src_rows = self.pages.rows(torch.tensor([src]), positions)[0]
-        dst_rows = self.pages.rows(torch.tensor([dst]), positions)[0]
-        for t in self.tensors.values():
-            t[dst_rows] = t[src_rows]
-
 
 class KVCache(_TokenCache):
     def __init__(self, num_slots, capacity, num_kv_heads, head_dim, dtype, device, pages: PageTable | None = None):
@@ -197,10 +187,6 @@ class KDAState:
         self.recurrent[slots] = self.history_recurrent[slots, rows]
         self.conv[slots] = self.history_conv[slots, rows]
         self.history_rows[:, slots] = 0
-
-    def copy_slot(self, src: int, dst: int, length: int) -> None:
-        self.recurrent[dst] = self.recurrent[src]
-        self.conv[dst] = self.conv[src]
 
 
 class ModelCache:
@@ -270,13 +256,6 @@ class ModelCache:
                 layer.recurrent[slot].zero_()
                 layer.conv[slot].zero_()
                 layer.history_rows[:, slot] = 0
-
-    def copy_slot(self, src: int, dst: int) -> None:
-        length = int(self.lengths[src])
-        self.pages.release(dst)
-        for layer in self.layers:
-            layer.copy_slot(src, dst, length)
-        self.lengths[dst] = length
 
     def bytes_per_token(self) -> int:
         """Attention-cache bytes added per token (all layers); KDA state is per sequence, see state_bytes."""
