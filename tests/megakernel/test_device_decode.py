@@ -2,7 +2,8 @@
 run several steps per launch when no token needs the host (``engine/device_decode.py``; the megakernel
 runs them in one launch, the superop executor back to back without host round trips): greedy tokens are
 the reference's; sampled tokens (temperature, top-k, top-p, seed) do not depend on how many steps a
-launch runs; stop tokens and max_tokens end requests where step-by-step decoding does."""
+launch runs; stop tokens and max_tokens end requests where step-by-step decoding does; a step of more
+sequences than the kernels' ``max_rows`` runs as several launches (``sample_tokens`` refuses more)."""
 
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ from nonstop.engine.core import EngineCore
 from nonstop.engine.requests import Request
 from nonstop.engine.sampling import SamplingParams
 from nonstop.engine.tokenizer import ByteTokenizer
+from nonstop.runtime.device_sampling import SampleRow
 from nonstop.runtime.executors import ReferenceExecutor
 from nonstop.runtime.megakernel import MegakernelExecutor
 from nonstop.runtime.superop import SuperOpExecutor
@@ -24,9 +26,23 @@ from tests.runtime.helpers import kernel_skip_reason, tiny_model
 PROMPTS = [[3, 4, 5, 6], [7, 8, 9], [20, 21]]
 
 
-def run(model, executor, params: list[SamplingParams], prompts=PROMPTS):
+def new_core(model, executor, num_slots: int, batch_invariant: bool = False) -> EngineCore:
     cfg = model.cfg
-    core = EngineCore(cfg, executor, ByteTokenizer(cfg.vocab_size), len(prompts), torch.float32, "cpu", page_size=4)
+    return EngineCore(
+        cfg,
+        executor,
+        ByteTokenizer(cfg.vocab_size),
+        num_slots,
+        torch.float32,
+        "cpu",
+        page_size=4,
+        batch_invariant=batch_invariant,
+    )
+
+
+def run(model, executor, params: list[SamplingParams], prompts=PROMPTS):
+    """Every request added, then stepped to the end: (output ids, finish reasons) per request."""
+    core = new_core(model, executor, len(prompts))
     reqs = [Request(str(i), None, p, sp, frozenset()) for i, (p, sp) in enumerate(zip(prompts, params))]
     for r in reqs:
         core.add(r)
@@ -39,6 +55,7 @@ BACKENDS = {
     "megakernel": lambda m: MegakernelExecutor(m, graphs=False),
     "superop": lambda m: SuperOpExecutor(m, graphs=False),
 }
+LAUNCHES = {"superop": "sampling_calls", "megakernel": "sampling_launches"}  # each backend's count of calls
 
 
 @pytest.fixture(scope="module")
@@ -220,3 +237,54 @@ def test_llm_and_server_sample_on_the_device(llama_dir, backend, monkeypatch):
         reply = httpx.post(url + "/v1/completions", json=body, timeout=600).json()
     assert reply["choices"][0]["text"] == outs[2].text
     assert llm.executor.stats["device_sampled_steps"] > before  # the server's decode steps sampled on the device
+
+
+# ---------------------------------------------------------------- more sequences than max_rows
+
+
+def _wide(params: list[SamplingParams]) -> list[list[int]]:
+    return [[5, 6 + i] for i in range(len(params))]
+
+
+@pytest.mark.parametrize("backend", list(BACKENDS))
+@pytest.mark.parametrize("B", [17, 20])
+def test_greedy_steps_of_more_than_max_rows_are_the_reference(llama, backend, B):
+    params = [SamplingParams(max_tokens=3, temperature=0, ignore_eos=True) for _ in range(B)]
+    ex = BACKENDS[backend](llama)
+    assert ex.max_rows < B
+    got, _ = run(llama, ex, params, _wide(params))
+    assert got == run(llama, ReferenceExecutor(llama), params, _wide(params))[0]
+    assert all(len(t) == 3 for t in got)
+    assert ex.stats["device_sampled_steps"] > 0  # sampled on the device, not through the host path
+    assert ex.stats[LAUNCHES[backend]] >= 2  # a step of B sequences is at least two launches
+
+
+@pytest.mark.parametrize("backend", list(BACKENDS))
+def test_seeded_sampling_of_more_than_max_rows_is_the_reference(llama, backend):
+    params = [
+        SamplingParams(max_tokens=3, temperature=0.9, top_k=[0, 8][i % 2], seed=100 + i, ignore_eos=True)
+        for i in range(18)
+    ]
+    ex = BACKENDS[backend](llama)
+    got, _ = run(llama, ex, params, _wide(params))
+    assert got == run(llama, ReferenceExecutor(llama), params, _wide(params))[0]
+    assert ex.stats["device_sampled_steps"] > 0
+
+
+@pytest.mark.parametrize("backend", list(BACKENDS))
+def test_sample_tokens_refuses_more_than_max_rows(llama, backend):
+    ex = BACKENDS[backend](llama)
+    B = ex.max_rows + 1
+    cache = ex.new_cache(llama.cfg, B, torch.float32, "cpu", 4)
+    rows = [SampleRow.of(SamplingParams(temperature=0), None)] * B
+    with pytest.raises(ValueError, match=f"at most max_rows = {ex.max_rows} sequences a call, got {B}"):
+        ex.sample_tokens(torch.ones(B, 1, dtype=torch.long), cache, list(range(B)), 1, rows)
+
+
+def test_row_groups_cut_to_a_limit(llama):
+    reqs = [Request(str(i), None, [5], SamplingParams(), frozenset()) for i in range(5)]
+    core = new_core(llama, ReferenceExecutor(llama), 5)
+    assert core.row_groups(reqs) == [reqs]
+    assert core.row_groups(reqs, 2) == [reqs[0:2], reqs[2:4], reqs[4:5]]
+    alone = new_core(llama, ReferenceExecutor(llama), 5, batch_invariant=True)
+    assert alone.row_groups(reqs, 2) == [[r] for r in reqs]
