@@ -23,6 +23,7 @@ from nonstop.engine.chat_template import ChatTemplateError, chat_prompt
 from nonstop.engine.llm import LLM
 from nonstop.engine.requests import Request
 from nonstop.engine.sampling import InvalidSamplingParam, SamplingParams
+from nonstop.engine.tokenizer import lone_surrogate
 from nonstop.server.errors import APIError, bad_request
 from nonstop.server.protocol import ChatCompletionBody, CompletionBody, SamplingFields
 
@@ -54,22 +55,14 @@ def _check_tree(obj) -> tuple[str, str] | None:
             return f"nested more than {MAX_DEPTH} levels deep", path
         if isinstance(node, dict):
             for key, value in node.items():
-                if not _valid_unicode(key):
+                if lone_surrogate(key) is not None:
                     return "a key holds a lone UTF-16 surrogate (not valid Unicode)", path
                 stack.append((value, f"{path}.{key}" if path != "body" else key, depth + 1))
         elif isinstance(node, list):
             stack.extend((value, f"{path}[{i}]", depth + 1) for i, value in enumerate(node))
-        elif isinstance(node, str) and not _valid_unicode(node):
+        elif isinstance(node, str) and lone_surrogate(node) is not None:
             return "holds a lone UTF-16 surrogate (not valid Unicode)", path
     return None
-
-
-def _valid_unicode(text: str) -> bool:
-    try:
-        text.encode("utf-8")
-        return True
-    except UnicodeEncodeError:
-        return False
 
 
 def parse_body(raw: bytes, model: type[BaseModel], limits: Limits) -> BaseModel:
