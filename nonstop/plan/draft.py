@@ -4,8 +4,8 @@ One DSpark step proposes K tokens in one parallel pass over K block slots: it st
 weights once, the target's LM head once (logits of the K slots), and the Markov head's W2 [r, V].
 The drafter of a bundled model is the one in its ``dspark/`` directory; for other models a drafter
 shaped like the published K3 drafters (5 layers, the target's width, head dim 64, MLP 2·d, Markov rank
-256, 5 taps; in its cache 16 key / value heads per 96 query heads and a 2,048-position context window:
-Inferact / RadixArk / RedHatAI Kimi-K3 DSpark) stands in.
+256, 5 taps; 16 key / value heads per 96 query heads, in its k / v projections and its cache, and a
+2,048-position context window: Inferact / RadixArk / RedHatAI Kimi-K3 DSpark) stands in.
 Besides its weights, a drafter holds and reads its own cache: each layer's keys and values of the last
 ``window`` context positions of every sequence.
 """
@@ -63,7 +63,7 @@ def _drafter_params(
 STAND_IN_LAYERS = 5  # the published K3 drafters' depth and taps (see the module docstring)
 STAND_IN_TAPS = 5
 STAND_IN_WINDOW = 2048  # RedHatAI/Kimi-K3-speculator.dspark's draft sliding window
-STAND_IN_KV_GROUP = 6  # and its grouped keys: 96 query heads share 16 key / value heads (its cache)
+STAND_IN_KV_GROUP = 6  # and its grouped keys: 96 query heads share 16 key / value heads (k / v weights, cache)
 
 
 def _stand_in_taps(layers: int) -> tuple[int, ...]:
@@ -100,11 +100,12 @@ def draft_shape(cfg: ModelConfig, model_dir: Path | None, drafts: int) -> DraftS
         window, kv_heads = STAND_IN_WINDOW, max(1, heads // STAND_IN_KV_GROUP)
     params, tensors = _drafter_params(*args, max(drafts, 1))
     vocab, hidden = args[0], args[1]
+    layers, heads, head_dim = args[2], args[3], args[4]
+    params -= layers * 2 * hidden * (heads - kv_heads) * head_dim  # k / v projections kv_heads wide, not heads
     markov_w2 = args[7] * vocab
     head = vocab * hidden
     weight_bytes = 2.0 * (params + head)  # bf16; W2 is part of params
     flops = 2.0 * (params - markov_w2 + head)
-    layers, head_dim = args[2], args[4]
     context_kv = layers * 2 * kv_heads * head_dim * FORMAT_BYTES["bf16"]
     return DraftShape(params, weight_bytes, flops, tensors, context_kv, window)
 

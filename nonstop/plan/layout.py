@@ -24,7 +24,9 @@ A plan layout is ``tp`` ranks per attention group, ``dp`` attention groups (worl
 Every rank's weights, ops and collective sizes come from ``dist.program.shapes_program`` (shapes only).
 The step waits for the busiest rank: routed experts are counted as the expected maximum over the
 expert group's ranks. R rows routed into an expert group each pick k of E experts, so an expert is
-touched with p = 1 - (1 - k/E)^R and a rank holding n experts streams E[max of ep Binomial(n, p)].
+touched with p = 1 - (1 - k/E)^R and a rank holding n experts streams E[max of ep Binomial(n, p)]; R is
+what rank 0's expert group, the busiest, really routes (``busiest_expert_group_rows``), never more rows
+than the batch has.
 """
 
 from __future__ import annotations
@@ -51,6 +53,8 @@ from nonstop.program.cost import (
     all_gather_wire_bytes,
     all_reduce_wire_bytes,
     op_collectives,
+    owned_rows,
+    routed_rows,
 )
 from nonstop.program.cost import Collective as DistCollective
 
@@ -162,10 +166,11 @@ class RankOp:
 class Collective:
     kind: str  # all_reduce | all_gather | reduce_scatter | gather | all_to_all | broadcast | send
     ranks: int
-    wire_bytes: float  # sent by this rank per step, all calls
+    wire_bytes: float  # sent by this rank per step, all calls (a gather to it: received)
     count: int  # calls per step
     label: str
     crosses: bool = False  # a point-to-point send between scale-up domains (``ranks`` alone cannot say)
+    stride: int = 1  # rank distance between the group's neighbours (a dp group: tp; contiguous ranks: 1)
 
 
 def check_layout(workload: Workload, layout: Layout) -> None:
@@ -249,25 +254,40 @@ def experts_touched(num_experts: int, top_k: int, routed_rows: float, local: int
     return expected_max_binomial(local, p, ranks)
 
 
-def _group_rows(layout: Layout, rows: int) -> float:
-    """Rows routed into one expert group: rows per attention group x attention groups feeding it."""
+def attention_group_rows(layout: Layout, batch: int, rows_per_seq: int) -> tuple[int, ...]:
+    """Rows of each attention group in a step of ``batch`` sequences: the engine puts slot s in group
+    s mod dp (``nonstop/engine/distributed.py``), so the first batch mod dp groups hold one sequence more."""
+    return tuple(owned_rows(batch, layout.dp, g) * rows_per_seq for g in range(layout.dp))
+
+
+def busiest_expert_group_rows(layout: Layout, batch: int, rows_per_seq: int) -> int:
+    """Rows routed into rank 0's expert group, the busiest (the first attention groups, and the first
+    ranks of a group, hold the most rows): every row of the batch when the experts are split over the
+    world; the group's own rows when it holds every expert; else the rows its ranks route
+    (``cost.routed_rows``: an attention group's tp ranks route contiguous parts of its rows)."""
     if layout.moe_world_tp:
-        return rows * layout.dp
-    return rows if layout.expert_tp or layout.ep == 1 else rows * layout.ep / layout.tp
+        return batch * rows_per_seq
+    groups = attention_group_rows(layout, batch, rows_per_seq)
+    if layout.expert_split > 1 or layout.ep == 1:
+        return groups[0]
+    return sum(routed_rows(groups, layout.tp, layout.ep, 0))
 
 
-def rank_ops(rank: Workload, layout: Layout, batch: int, context: int, rows_per_seq: int) -> list[RankOp]:
-    """Work of rank 0 (its attention group's sequences, its experts) for one step of a one-stage layout
-    (``Layout.stage``; ``predict`` composes the pipeline stages)."""
+def rank_ops(
+    rank: Workload, layout: Layout, batch: int, context: int, rows_per_seq: int, logit_rows_per_seq: int | None = None
+) -> list[RankOp]:
+    """Work of rank 0 (its attention group's sequences, its expert group's routed rows) for one step of a
+    one-stage layout (``Layout.stage``; ``predict`` composes the pipeline stages). ``logit_rows_per_seq``:
+    the rows of a sequence the LM head computes logits for (default every row; a prefill's last only)."""
     seqs = math.ceil(batch / layout.dp)
     rows = seqs * rows_per_seq
+    routed = busiest_expert_group_rows(layout, batch, rows_per_seq)
     out = []
     for op in rank.ops:
         if op.kind in COLLECTIVE_KINDS:
             continue
         if op.expert is not None:
             ex = op.expert
-            routed = _group_rows(layout, rows)
             if layout.expert_split > 1:  # every rank streams 1/split of each touched expert: balanced
                 touched = experts_touched(ex.num_experts, ex.top_k, routed, ex.num_experts, 1)
                 split = layout.expert_split
@@ -283,26 +303,34 @@ def rank_ops(rank: Workload, layout: Layout, batch: int, context: int, rows_per_
                 )
             )
             continue
+        op_rows = seqs * logit_rows_per_seq if op.kind == "lm_head" and logit_rows_per_seq else rows
         state = (
-            rows * op.act_bytes_per_row
+            op_rows * op.act_bytes_per_row
             + seqs * op.state_bytes_per_seq
             + seqs * context * op.cache_bytes_per_seq_ctx / layout.dcp
         )
-        flops = rows * op.flops_per_row + rows * context * op.flops_per_row_ctx
+        flops = op_rows * op.flops_per_row + op_rows * context * op.flops_per_row_ctx
         out.append(RankOp(op.name, op.kind, layout.weight_bytes(op), state, flops, op.dtype))
     return out
 
 
-def collectives(rank: Workload, layout: Layout, batch: int, rows_per_seq: int) -> list[Collective]:
-    """Every collective rank 0 takes part in during one step (``dist`` program's own sizes)."""
+def collectives(
+    rank: Workload, layout: Layout, batch: int, rows_per_seq: int, logit_rows_per_seq: int | None = None
+) -> list[Collective]:
+    """Every collective rank 0 takes part in during one step (``dist`` program's own sizes; the logits
+    gathered for ``logit_rows_per_seq`` rows a sequence, as ``rank_ops``)."""
     if layout.world == 1:
         return []
     from nonstop.dist.program import merged
 
     program, cfg = rank.program, rank.cfg
-    rows = math.ceil(batch / layout.dp) * rows_per_seq
+    seqs = math.ceil(batch / layout.dp)
+    rows = seqs * rows_per_seq
     found = []
     for op in program.ops:
+        if op.kind == "vocab_gather":
+            found.append(_logits_gather(program, op, seqs * (logit_rows_per_seq or rows_per_seq)))
+            continue
         if op.kind == "moe_ep" and layout.moe_world_tp:
             found += _world_tp_exchange(program, layout, rows, bool(cfg.moe.latent_size))
             continue
@@ -316,7 +344,26 @@ def collectives(rank: Workload, layout: Layout, batch: int, rows_per_seq: int) -
             continue
         found += op_collectives(op, program, rows)
     found = merged(found) + _step_inputs(cfg, layout, rows) + _dcp_exchange(rank, layout, rows)
-    return [Collective(c.kind, c.ranks, c.wire_bytes, c.count, f"{c.purpose} ({c.group})") for c in found if c.count]
+    return [
+        Collective(c.kind, c.ranks, c.wire_bytes, c.count, f"{c.purpose} ({c.group})", stride=_stride(layout, c.group))
+        for c in found
+        if c.count
+    ]
+
+
+def _stride(layout: Layout, group: str) -> int:
+    """The rank distance between neighbours of a ``group`` collective: a dp group joins the same tp rank of
+    every attention group (ranks r, r + tp, ...); the other groups are contiguous ranks."""
+    return layout.tp if group == "dp" else 1
+
+
+def _logits_gather(program, op, rows: int):
+    """The LM head's vocabulary parts gathered on the attention group's first rank, which samples: rank 0
+    receives the other tp - 1 parts of every row's fp32 logits (``cost.op_collectives`` counts what a
+    rank sends, none for rank 0)."""
+    tp = op.attrs["tp_ranks"]
+    part = rows * program.buffers[op.reads[0]].row_numel * 4
+    return DistCollective("gather", "tp", tp, 1, all_gather_wire_bytes(part, tp), "logits (vocabulary parts)")
 
 
 def _step_inputs(cfg, layout: Layout, rows: int) -> list:

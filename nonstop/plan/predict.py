@@ -10,6 +10,9 @@ prompt, the same time model over one sequence of I rows at mean context I / 2 (i
 
     P = T_step(rows = I, sequences = 1, context = I / 2)     time to first token of a request served alone
 
+(the LM head and its logits gather for the last prompt row only: the engine samples the first token from
+it and computes no other prompt logits unless prompt log-probabilities are asked for)
+
 and, in an aggregated server (prefill and decode on the same chips) under a serving benchmark at
 concurrency c whose requests share their lengths, what the requests' prefills cost each other. Such a
 benchmark runs in waves: c requests start together, finish together and are replaced together, and each
@@ -321,10 +324,11 @@ def predict(
         seqs = math.ceil(batch / layout.dp)
         resident["draft"] = (draft.params * FORMAT_BYTES["bf16"] + seqs * draft.context_bytes(context)) / layout.tp
     prefill = None
-    if requests is not None:  # one sequence of I rows at its mean causal context I / 2
+    if requests is not None:  # one sequence of I rows at its mean causal context I / 2, logits of its last row
         n = requests.input_len
-        p_colls = collectives(rank, stage, 1, n)
+        p_colls = collectives(rank, stage, 1, n, logit_rows_per_seq=1)
         p_colls += stage_sends(layout, chip.up_domain_ranks, n, workload.cfg.hidden_size * 2)
         one_row = eager if rows_per_seq == 1 or eager is None else _eager_ops(cfg_json(workload.cfg))
-        prefill = step_time(rank_ops(rank, stage, 1, n // 2, n), p_colls, chip, consts, executor, one_row)
+        p_ops = rank_ops(rank, stage, 1, n // 2, n, logit_rows_per_seq=1)
+        prefill = step_time(p_ops, p_colls, chip, consts, executor, one_row)
     return Prediction(workload, chip, layout, batch, context, spec, executor, t, resident, requests, prefill)

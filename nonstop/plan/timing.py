@@ -9,7 +9,8 @@
 
     alpha(n) = hop_factor · (latency_up · log2 n_up + latency_out · log2 n_out)
 
-n_up / n_out: the group's ranks inside one scale-up domain / the domains it spans. ``kernel_factor`` is
+n_up / n_out: the group's ranks inside one scale-up domain / the domains it spans (``group_span``: a group
+of ranks r, r + s, ... puts floor(D / s) of them in a domain of D ranks). ``kernel_factor`` is
 a fixed prior (1: a kernel costs the catalogue's measured graph launch gap); the per-step overhead of a
 host-driven engine (scheduler, sampling, graph replay) is the fitted ``step_overhead_us``: the calibration
 points all run ~1,050 kernels a step, so they fix the sum of the two, not the split. Only the constants
@@ -112,6 +113,14 @@ class StepTime:
         return max(groups, key=groups.get)
 
 
+def group_span(ranks: int, stride: int, domain: int) -> tuple[int, int]:
+    """(n_up, n_out) of a group of ``ranks`` ranks r, r + stride, r + 2·stride, ... placed in rank order on
+    scale-up domains of ``domain`` ranks: a domain holds floor(domain / stride) of them (at least one), and
+    the group spans ceil(ranks / n_up) domains."""
+    inside = min(ranks, max(1, domain // stride))
+    return inside, math.ceil(ranks / inside)
+
+
 def collective_time(c: Collective, chip: Chip, consts: Constants) -> CollectiveTime:
     if c.crosses:  # one hop between scale-up domains
         latency_s = consts.hop_factor * chip.out_latency_us * 1e-6
@@ -120,14 +129,12 @@ def collective_time(c: Collective, chip: Chip, consts: Constants) -> CollectiveT
             c.label, c.kind, c.ranks, c.count, c.wire_bytes, c.count * latency_s * 1e3, bandwidth_s * 1e3, True
         )
     n = c.ranks
-    domain = chip.up_domain_ranks
-    inside = min(n, domain)
-    domains = math.ceil(n / domain)
+    inside, domains = group_span(n, c.stride, chip.up_domain_ranks)
     hops = consts.hop_factor * (
         chip.up_latency_us * math.log2(max(inside, 1)) + chip.out_latency_us * math.log2(max(domains, 1))
     )
     latency_s = hops * 1e-6 if n > 1 else 0.0
-    out_frac = max(0.0, 1.0 - domain / n)
+    out_frac = 1.0 - inside / n
     per_rank_up = chip.up_gbps * 1e9 / chip.devices_per_chip
     per_rank_out = chip.out_gbps * 1e9 / chip.devices_per_chip
     bandwidth_s = max((1 - out_frac) * c.wire_bytes / per_rank_up, out_frac * c.wire_bytes / per_rank_out)
