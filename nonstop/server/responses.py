@@ -59,7 +59,6 @@ class Choice:
     prompt_ids: list[int] = field(default_factory=list)
     prompt_logprobs: list[dict[int, float] | None] | None = None
     pieces: list[str] = field(default_factory=list)
-    length: int = 0  # characters of text
     token_ids: list[int] = field(default_factory=list)
     logprobs: list[dict[int, float]] = field(default_factory=list)
     finish_reason: str | None = None
@@ -78,7 +77,6 @@ class Choice:
             event = dataclasses.replace(event, text="", token_ids=[], logprobs=None)
         if event.text:
             self.pieces.append(event.text)
-            self.length += len(event.text)
         self.token_ids += event.token_ids
         self.logprobs += event.logprobs or []
         if event.finished:

@@ -62,6 +62,25 @@ def test_continuous_usage_stats_put_the_usage_so_far_on_every_chunk(server):
     assert not any("usage" in e for e in plain)
 
 
+def test_chat_stream_with_continuous_usage_opens_with_a_null_usage(server):
+    """The role chunk goes out before the engine has counted anything: its usage is null; every chunk after
+    it carries the counts so far, the prompt's included."""
+    body = {"model": MODEL_NAME, "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 3}
+    body |= {"temperature": 0, "ignore_eos": True, "stream": True}
+    body["stream_options"] = {"include_usage": True, "continuous_usage_stats": True}
+    events = _events(_post(server, "/chat/completions", body))
+    assert events[0]["choices"][0]["delta"].get("role") == "assistant" and events[0]["usage"] is None
+    later = [e["usage"] for e in events[1:]]
+    assert later and all(u["prompt_tokens"] > 0 for u in later)
+    assert later[-1]["completion_tokens"] == 3
+
+
+def test_the_model_card_reports_the_served_context(server):
+    """The server runs with --max-model-len below the model's positions: the card says what it serves."""
+    card = httpx.get(server.api + "/models", timeout=10).json()["data"][0]
+    assert card["max_model_len"] == MAX_MODEL_LEN
+
+
 def test_echo_with_max_tokens_0_scores_the_prompt_as_decode_would(server, model_dir):
     """lm-evaluation-harness' loglikelihood request. The server scores the prompt in prefill chunks; the
     offline engine's greedy decode steps produced its last 5 tokens one by one, each with its logprob:
