@@ -346,7 +346,7 @@ def choose_peers(args, peers: Path) -> set[str]:
 
 def default_checkpoint(args) -> Path:
     """Where the Llama checkpoint of ``args``' shape is kept: under the nonstop cache, one directory per shape."""
-    from nonstop.runtime.cpu.compile_cache import cache_root
+    from nonstop.cache_dirs import cache_root
 
     shape = f"h{args.hidden}-l{args.layers}-i{args.intermediate}-a{args.heads}-kv{args.kv_heads}-v{args.vocab}"
     return cache_root() / "bench" / f"llama-{shape}"

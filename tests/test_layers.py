@@ -10,7 +10,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 # "Beside them" on the page: helpers any layer may use (they import nothing of nonstop above the config)
-HELPERS = {"hostinfo", "threads", "jsonfile", "file_lock", "stops"}
+HELPERS = {"hostinfo", "threads", "jsonfile", "file_lock", "stops", "cache_dirs"}
 # placed by the page's prose rather than its table: the package root re-exports the engine's API; the
 # bundled model's training uses the engine and sits under the commands that run it
 EXTRA = {"__init__": "engine", "train": "tools", "__main__": "face"}

@@ -29,6 +29,7 @@ import subprocess
 import tempfile
 from dataclasses import dataclass, field
 
+from nonstop.cache_dirs import cache_root
 from nonstop.kernels.platform import H100, Target
 
 
@@ -81,9 +82,9 @@ def compile_launch(fn, args: dict, options: dict, arch: int = 90):
 
 
 def _cache_dir() -> str:
-    path = os.path.join(os.environ.get("XDG_CACHE_HOME", os.path.expanduser("~/.cache")), "nonstop", "ptxas")
-    os.makedirs(path, exist_ok=True)
-    return path
+    path = cache_root() / "ptxas"
+    path.mkdir(parents=True, exist_ok=True)
+    return str(path)
 
 
 def ptxas_usage(ptx: str, arch: int = 90, fp_fusion: bool = True) -> dict:

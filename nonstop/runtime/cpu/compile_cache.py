@@ -1,9 +1,10 @@
 """Where the CPU executor keeps what it compiles, and how it tells the user while it compiles.
 
-Everything lives under ``cache_root()`` = $NONSTOP_CACHE_DIR, else $XDG_CACHE_HOME/nonstop, else
-~/.cache/nonstop: ``inductor/`` (torch.compile's kernels and graphs, unless TORCHINDUCTOR_CACHE_DIR
-is already set) and ``ext/`` (the C++ GEMV kernels). A later process finds them there, so a step
-shape compiles once per machine and torch version; later runs only trace and load.
+Everything lives under ``cache_dirs.cache_root()`` = $NONSTOP_CACHE_DIR, else $XDG_CACHE_HOME/nonstop,
+else ~/.cache/nonstop: ``inductor/`` (torch.compile's kernels and graphs, unless TORCHINDUCTOR_CACHE_DIR
+is already set) and ``ext/`` (the C++ GEMV kernels; ``cache_dirs.private_dir``: only this user may write
+it). A later process finds them there, so a step shape compiles once per machine and torch version; later
+runs only trace and load.
 """
 
 from __future__ import annotations
@@ -15,12 +16,7 @@ import time
 from contextlib import contextmanager
 from pathlib import Path
 
-
-def cache_root() -> Path:
-    if os.environ.get("NONSTOP_CACHE_DIR"):
-        return Path(os.environ["NONSTOP_CACHE_DIR"])
-    base = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
-    return base / "nonstop"
+from nonstop.cache_dirs import cache_root
 
 
 def use_inductor_cache() -> Path:

@@ -19,8 +19,9 @@ from pathlib import Path
 
 import torch
 
+from nonstop.cache_dirs import private_dir
 from nonstop.file_lock import exclusive
-from nonstop.runtime.cpu.compile_cache import announced, cache_root
+from nonstop.runtime.cpu.compile_cache import announced
 
 SOURCES = [Path(__file__).with_name(n) for n in ("gemv.cpp", "attention.cpp")]
 HEADERS = [Path(__file__).with_name("isa.h")]
@@ -49,7 +50,7 @@ def _register_fakes() -> None:
 def build_directory() -> Path:
     """Where the kernels are built: one directory per torch version and version of the sources."""
     digest = hashlib.sha256(b"".join(p.read_bytes() for p in SOURCES + HEADERS))
-    return cache_root() / "ext" / f"torch-{torch.__version__}-{digest.hexdigest()[:12]}"
+    return private_dir("ext") / f"torch-{torch.__version__}-{digest.hexdigest()[:12]}"
 
 
 def load_kernels(progress: bool = True) -> str | None:
@@ -57,9 +58,9 @@ def load_kernels(progress: bool = True) -> str | None:
     with _lock:
         if "error" in _state:
             return _state["error"]
-        build = build_directory()
-        build.mkdir(parents=True, exist_ok=True)
-        try:
+        try:  # a cache folder that cannot be made or is not private to this user: report it, as a build error
+            build = build_directory()
+            build.mkdir(parents=True, exist_ok=True)
             with exclusive(build / "nonstop.lock", f"nonstop cpu: waiting for another process to build {build}"):
                 _load(build, progress)
             _register_fakes()

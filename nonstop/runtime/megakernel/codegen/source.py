@@ -33,10 +33,10 @@ import importlib.util
 import inspect
 import os
 import sys
-import tempfile
 
 import torch
 
+from nonstop.cache_dirs import private_dir
 from nonstop.kernels.launch import python_function
 
 TORCH_TO_TL = {
@@ -57,23 +57,18 @@ TORCH_TO_TL = {
 _MODULES: dict[str, object] = {}
 
 
-def _cache_dir() -> str:
-    path = os.path.join(tempfile.gettempdir(), f"nonstop_megakernel_{os.getuid()}")
-    os.makedirs(path, exist_ok=True)
-    return path
-
-
 def load_source(prefix: str, source: str):
-    """Import generated ``source`` as a module (written to a file: Triton reads kernels' source)."""
+    """Import generated ``source`` as a module. It is written to a file because Triton reads a kernel's
+    source from it: ``cache_dirs.private_dir("megakernel")``, which only this user can write, and the file
+    is rewritten unless it holds exactly ``source`` (a file of that name is never trusted as it is)."""
     digest = hashlib.sha1(source.encode()).hexdigest()[:16]
     name = f"_nonstop_mk_{prefix}_{digest}"
     if name in _MODULES:
         return _MODULES[name]
-    path = os.path.join(_cache_dir(), name + ".py")
-    if not os.path.exists(path):
-        tmp = f"{path}.{os.getpid()}.tmp"
-        with open(tmp, "w") as f:
-            f.write(source)
+    path = private_dir("megakernel") / f"{name}.py"
+    if not path.is_file() or path.read_text() != source:
+        tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
+        tmp.write_text(source)
         os.replace(tmp, path)
     spec = importlib.util.spec_from_file_location(name, path)
     module = importlib.util.module_from_spec(spec)
