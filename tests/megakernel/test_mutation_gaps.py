@@ -58,6 +58,28 @@ def test_decode_from_the_device_needs_a_first_step_of_the_shape(llama):
     assert not ex._kernels
 
 
+def test_decode_from_the_device_continues_only_the_sequences_of_the_previous_step(llama):
+    """The kernel reads the shape's static slots: a device step for another slot would write slot 0's
+    cache while the host advances slot 1. It is refused before any page is reserved or launch made."""
+    ex = MegakernelExecutor(llama, graphs=False)
+    cache = _cache(llama, slots=2)
+    prompt = torch.tensor([[3, 5, 7]])
+    for slot in (0, 1):
+        batch = cache.batch([slot], 3)
+        ex.forward(prompt, cache, batch)
+        cache.advance(batch)
+    first = cache.batch([0], 1)
+    ex.forward(torch.tensor([[9]]), cache, first)
+    cache.advance(first)
+    lengths = cache.lengths.clone()
+    with pytest.raises(ValueError, match=r"\(slots \[0\]\), not slots \[1\]"):
+        ex.decode_next(cache, cache.batch([1], 1))
+    with pytest.raises(ValueError, match=r"\(slots \[0\]\), not slots \[1\]"):
+        ex.decode_steps(cache, [1], 2)
+    assert torch.equal(cache.lengths, lengths)
+    assert ex.decode_next(cache, cache.batch([0], 1)).shape == (1, 1)  # its own sequence continues
+
+
 def test_int_type_holds_every_value_of_the_class():
     """A scalar baked as int32 must hold every instance's value: int32 is [-2^31, 2^31 - 1]."""
     assert int_type([0, 2**31 - 1, -(2**31)]) == "tl.int32"

@@ -165,7 +165,7 @@ class MegakernelExecutor(SuperOpExecutor):
         otherwise). The caller keeps ``cache.advance(batch)`` as usual."""
         B = batch.slots.shape[0]
         step = self.static_step(B, 1, batch.keep_states)
-        self._require_launched(step)
+        self._require_launched(step, batch.slots)
         self.stats["program_steps"] += 1
         self._run_step(cache, step)
         return step.buf["next_ids"].view(B, 1)
@@ -178,7 +178,7 @@ class MegakernelExecutor(SuperOpExecutor):
         if not 1 <= n <= advance.LOG:
             raise ValueError(f"decode_steps: 1..{advance.LOG} steps per launch")
         step = self.static_step(len(slots), 1)
-        self._require_launched(step)
+        self._require_launched(step, torch.as_tensor(slots, dtype=torch.long, device=step.slots.device))
         batch = cache.batch(slots, n)  # page reservation for positions start .. start + n - 1
         fit_pools(cache)
         env = ExecEnv(step.buf, cache, step.batch)
@@ -229,10 +229,18 @@ class MegakernelExecutor(SuperOpExecutor):
         cols = (first[:, None] + torch.arange(n)[None, :]) % advance.LOG
         return step.buf["token_log"].to("cpu").gather(1, cols)
 
-    def _require_launched(self, step: StaticStep) -> None:
+    def _require_launched(self, step: StaticStep, slots: torch.Tensor) -> None:
+        """A step from the device continues the shape's previous step: its kernel ran, on these ``slots``
+        (the kernel reads the shape's static slots; others would advance one sequence's cache on the host
+        while the kernel writes another's)."""
         if id(step) not in self._kernels:
             raise ValueError(
                 f"no step of shape {step.name} ran yet: the first step of a shape takes its inputs from forward()"
+            )
+        if not torch.equal(step.slots, slots):
+            raise ValueError(
+                f"a decode step from the device continues the sequences of the previous step of shape {step.name}"
+                f" (slots {step.slots.tolist()}), not slots {slots.tolist()}: run forward() for other sequences"
             )
 
     def next_ids(self, B: int, T: int = 1, keep_states: bool = False) -> torch.Tensor:
