@@ -19,7 +19,8 @@ on AVX2-only ones int8 only; never on Intel, where it halves the read rate).
 ``auto``: bfloat16 for a model loaded in bf16, else float32 (an fp16 model widens to fp32 exactly; bf16
 would drop three bits of each weight's mantissa). The model's own parameters are set
 to the values the packed weights represent, so a call that runs the reference model computes with the same
-weights (fp32 row tiles are a second copy of those weights).
+weights (fp32 row tiles are a second copy of those weights; a bf16 / fp16 model holds int8's s·Q rounded to its
+dtype, ``pack.py``).
 
 Calls the compiled step does not cover run the reference model, counted in ``stats["reference_steps"]``
 by reason: cache-free scoring, prefill (more than one token per row), speculative verification

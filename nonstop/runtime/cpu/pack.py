@@ -7,7 +7,8 @@
   weights (MXFP4 dequantised to fp32), as bf16 or int8 (Q, per-channel scales) when asked.
 * The tensors a packed weight replaces are overwritten with the values it represents, so the model
   (which shares them: lowering made its parameters views of the packed tensors) computes with the
-  same weights when a call runs the reference.
+  same weights when a call runs the reference; in a bf16 / fp16 model those are rounded to its dtype,
+  so int8's s·Q there differs from the kernels' exact s·Q by that rounding (2e-4 on a tiny bf16 llama).
 * The packed weights' tiles are then copied side by side, in the Program's order, into one allocation on
   huge pages (``hugepages``): the step streams them like one array, with no 4 KiB page boundary to stall
   the prefetchers. When they outgrow the cache on a CPU where that was measured to help (``streams_weights``:
