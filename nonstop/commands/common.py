@@ -6,6 +6,7 @@ import argparse
 import math
 
 from nonstop.program.ir import MAX_STEP_ROWS
+from nonstop.program.preflight import three_digits
 
 # weight dtypes a command that counts or writes bytes takes (``weights.resolve.DTYPES``'s names and aliases)
 DTYPE_CHOICES = ("float32", "bfloat16", "float16", "fp32", "bf16", "fp16")
@@ -291,9 +292,9 @@ def spec_from_args(args) -> dict | None:
 
 
 def human(n: float, unit: str = "") -> str:
-    """``n`` with 3 significant digits and a K/M/G/T/P suffix (powers of 1000), e.g. 9.06M, 18.1MB."""
-    for suffix in ("", "K", "M", "G", "T"):
-        if abs(n) < 1000:
-            return f"{n:.3g}{suffix}{unit}" if suffix else f"{n:.0f}{unit}"
-        n /= 1000
-    return f"{n:.3g}P{unit}"
+    """``n`` with 3 significant digits and a K/M/G/T/P suffix (powers of 1000), e.g. 9.06M, 18.1MB; below
+    1000 a whole number (512)."""
+    if abs(round(n)) < 1000:
+        return f"{n:.0f}{unit}"
+    digits, suffix = three_digits(n, ("", "K", "M", "G", "T", "P"))
+    return f"{digits}{suffix}{unit}"

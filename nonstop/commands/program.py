@@ -25,7 +25,7 @@ def add_parser(sub) -> None:
     )
     p.add_argument("--model", "-m", default="k3-nano", help="checkpoint directory, bundled model or preset")
     p.add_argument("--num-layers", type=positive_int, help="keep only the first N layers")
-    p.add_argument("--rows", type=positive_int, default=1, help="rows per step (batch × tokens), default 1")
+    p.add_argument("--rows", type=positive_int, default=1, help="sequences in the step, one token each (default 1)")
     p.add_argument(
         "--context",
         type=non_negative_int,

@@ -29,13 +29,21 @@ class PreflightError(ValueError):
     """The machine lacks the memory or disk space the work needs."""
 
 
+def three_digits(n: float, prefixes: tuple[str, ...]) -> tuple[str, str]:
+    """``n`` scaled by the power of 1000 that keeps it under 1000 once rounded to 3 significant digits, as
+    (its digits, that power's prefix): 999_700 with ("", "K", "M") is ("1", "M"), not 1e+03 K. Past the last
+    prefix the digits are a whole number (12000 TB, never 1.2e+04 TB)."""
+    for prefix in prefixes[:-1]:
+        if abs(float(f"{n:.3g}")) < 1000:
+            return f"{n:.3g}", prefix
+        n /= 1000
+    return (f"{n:.3g}" if abs(float(f"{n:.3g}")) < 1000 else f"{n:.0f}"), prefixes[-1]
+
+
 def size_text(n: float) -> str:
     """Bytes in decimal units with three digits: 1.56 TB, 23 GB, 512 MB."""
-    for unit in ("B", "KB", "MB", "GB", "TB"):
-        if abs(n) < 1000 or unit == "TB":
-            return f"{n:.3g} {unit}"
-        n /= 1000
-    return f"{n:.3g} TB"
+    digits, unit = three_digits(n, ("B", "KB", "MB", "GB", "TB", "PB"))
+    return f"{digits} {unit}"
 
 
 def _cgroup_free() -> int | None:
