@@ -231,3 +231,28 @@ def test_program_headline_counts_one_layer_in_the_singular(capsys):
     assert main(["program", "--summary", "--num-layers", "2", "--tp", "2"]) == 0
     out = capsys.readouterr().out
     assert "(kimi_k3, 2 layers, bfloat16)" in out and "(1 token per step)" in out
+
+
+@pytest.mark.parametrize("command", ["generate", "serve"])
+@pytest.mark.parametrize(
+    ("flags", "named"),
+    [
+        (["--chunks", "2"], "--chunks describes"),
+        (["--exchange", "static"], "--exchange describes"),
+        (["--overlap"], "--overlap describes"),
+        (["--no-overlap"], "--no-overlap describes"),
+        (["--dist-timeout", "5"], "--dist-timeout describes"),
+        (["--chunks", "2", "--dist-timeout", "5"], "--chunks, --dist-timeout describe"),
+    ],
+)
+def test_run_commands_refuse_layout_flags_without_a_layout(command, flags, named, capsys, monkeypatch):
+    """The flags of how several ranks run do nothing in one process: generate and serve ran the single-process
+    engine and ignored them. Refused before any model loads (the LLM is never built)."""
+    import nonstop.engine.llm as llm_module
+
+    def no_load(*_a, **_k):
+        raise AssertionError("the model was loaded")
+
+    monkeypatch.setattr(llm_module.LLM, "__init__", no_load)
+    err = _refused([command, *flags, *(["hi"] if command == "generate" else [])], capsys)
+    assert named in err and "give --tp, --ep or --world above 1" in err

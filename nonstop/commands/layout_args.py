@@ -7,6 +7,7 @@ import argparse
 from nonstop.commands.common import positive_float, positive_int
 
 DIST_TIMEOUT_S = (1.0, 86400.0)  # --dist-timeout's range: a second (ranks start, load and step seconds apart) to a day
+DIST_TIMEOUT_DEFAULT_S = 120.0
 
 
 def dist_timeout(text: str) -> float:
@@ -62,9 +63,10 @@ def add_layout_args(p: argparse.ArgumentParser, run: bool = True) -> None:
         g.add_argument(
             "--dist-timeout",
             type=dist_timeout,
-            default=120.0,
+            default=None,
             help="seconds a collective may wait for another rank before every rank stops with an error "
-            f"({DIST_TIMEOUT_S[0]:g} to {DIST_TIMEOUT_S[1]:g}; default 120); the ranks get at least 60 s to meet",
+            f"({DIST_TIMEOUT_S[0]:g} to {DIST_TIMEOUT_S[1]:g}; default {DIST_TIMEOUT_DEFAULT_S:g}); the ranks get at "
+            "least 60 s to meet",
         )
 
 
@@ -77,6 +79,28 @@ def layout_from_args(args):
 
 def wants_layout(args) -> bool:
     return args.tp > 1 or args.ep > 1 or (args.world or 1) > 1
+
+
+def rank_flags_given(args) -> list[str]:
+    """The flags given that only shape how the ranks of a layout run (--chunks, --exchange other than auto,
+    --overlap / --no-overlap, --dist-timeout): without --tp / --ep / --world above 1 nothing reads them."""
+    values = (
+        ("--chunks", args.chunks),
+        ("--exchange", None if args.exchange == "auto" else args.exchange),
+        ("--overlap" if getattr(args, "overlap", None) else "--no-overlap", getattr(args, "overlap", None)),
+        ("--dist-timeout", getattr(args, "dist_timeout", None)),
+    )
+    return [flag for flag, value in values if value is not None]
+
+
+def refuse_flags_without_layout(given: list[str]) -> None:
+    """A ValueError naming ``given``, flags of a layout of several ranks, when there is none."""
+    if given:
+        verb = "describes" if len(given) == 1 else "describe"
+        raise ValueError(
+            f"{', '.join(given)} {verb} the ranks of a layout of several ranks: give --tp, --ep or --world above 1 "
+            "with them"
+        )
 
 
 def llm_class(args, slots: int = 1):
@@ -94,6 +118,7 @@ def llm_class(args, slots: int = 1):
     from nonstop.engine.llm import LLM
 
     if not wants_layout(args):
+        refuse_flags_without_layout(rank_flags_given(args))
         return LLM
     layout = layout_from_args(args)
     # in the launcher, and in each rank before it joins: torchrun checks nothing
@@ -105,7 +130,7 @@ def llm_class(args, slots: int = 1):
     from nonstop.engine.distributed_llm import DistributedLLM
 
     try:
-        comm = init(layout, args.device, args.dist_timeout)
+        comm = init(layout, args.device, args.dist_timeout or DIST_TIMEOUT_DEFAULT_S)
     except RankFailure as exc:  # the ranks did not meet
         raise SystemExit(_rank_failed(exc)) from None
     if comm.rank != 0:

@@ -3,7 +3,13 @@
 from __future__ import annotations
 
 from nonstop.commands.common import DTYPE_CHOICES, add_threads_arg, non_negative_int, positive_int
-from nonstop.commands.layout_args import add_layout_args, layout_from_args, wants_layout
+from nonstop.commands.layout_args import (
+    add_layout_args,
+    layout_from_args,
+    rank_flags_given,
+    refuse_flags_without_layout,
+    wants_layout,
+)
 from nonstop.commands.program_table import layer_count, print_ops
 
 
@@ -86,19 +92,6 @@ def run(args) -> int:
 def check_layout_flags(args) -> None:
     """--rank, --device, --chunks and --exchange describe one rank of a layout: without --tp / --ep / --world
     they would be ignored, so they are refused."""
-    given = [
-        flag
-        for flag, value in (
-            ("--rank", args.rank),
-            ("--device", args.device),
-            ("--chunks", args.chunks),
-            ("--exchange", None if args.exchange == "auto" else args.exchange),
-        )
-        if value is not None
-    ]
-    if given and not wants_layout(args):
-        verb = "describes" if len(given) == 1 else "describe"
-        raise ValueError(
-            f"{', '.join(given)} {verb} one rank of a layout of several ranks: give --tp, --ep or --world above 1 "
-            "with them"
-        )
+    if not wants_layout(args):
+        given = [flag for flag, value in (("--rank", args.rank), ("--device", args.device)) if value is not None]
+        refuse_flags_without_layout(given + rank_flags_given(args))

@@ -33,10 +33,10 @@ def test_a_dead_or_hung_rank_is_noticed_in_bounded_time(tmp_path, mode):
 
 
 def test_cli_generate_under_a_layout_prints_the_single_process_tokens():
-    common = ["generate", "--prompt-ids", "5,6,7", "-n", "8", "--temperature", "0", "--ids", "--dist-timeout", "30"]
+    common = ["generate", "--prompt-ids", "5,6,7", "-n", "8", "--temperature", "0", "--ids"]
     with launched(["-m", "nonstop", *common]) as single:
         single_out, _ = single.communicate(timeout=300)
-    with launched(["-m", "nonstop", *common, "--tp", "2", "--ep", "2"]) as multi:
+    with launched(["-m", "nonstop", *common, "--tp", "2", "--ep", "2", "--dist-timeout", "30"]) as multi:
         out, err = multi.communicate(timeout=300)
     assert single.returncode == 0 and multi.returncode == 0, err
     ids = [line for line in single_out.splitlines() if line.startswith("token ids:")]
