@@ -69,7 +69,7 @@ class SamplingParams:
     """How to generate. Immutable: validated once, here; make a changed copy with
     ``dataclasses.replace(params, stop=[...])`` (which validates again).
 
-    ``temperature == 0`` is greedy (any finite temperature > 0 samples). ``top_k`` <= 0, ``top_p == 1``
+    ``temperature == 0`` is greedy (any finite temperature > 0 samples). ``top_k`` -1 or 0, ``top_p == 1``
     and ``min_p == 0`` disable those filters (``model/sampling.filter_logits``). Penalties, applied to
     the logits before anything else (greedy included), as in vLLM: ``repetition_penalty`` (> 0, 1 = off;
     at least 1.2e-38 and at most 3.4e38, the positive normal float32 numbers) on tokens of the prompt and
@@ -113,7 +113,7 @@ class SamplingParams:
         check(_is_int(self.max_tokens) and self.max_tokens >= 1, "max_tokens", "an integer >= 1")
         check(_is_number(self.temperature) and self.temperature >= 0, "temperature", "a finite number >= 0")
         check(_is_number(self.top_p) and 0 < self.top_p <= 1, "top_p", "in (0, 1]")
-        check(_is_int(self.top_k), "top_k", "an integer")
+        check(_is_int(self.top_k) and self.top_k >= -1, "top_k", "an integer >= 1, or -1 / 0 (off)")
         check(_is_number(self.min_p) and 0 <= self.min_p <= 1, "min_p", "in [0, 1]")
         rep = self.repetition_penalty
         lo, hi = REPETITION_PENALTY_RANGE

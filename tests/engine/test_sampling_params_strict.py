@@ -98,12 +98,19 @@ def test_a_replaced_stop_is_honoured(k3):
         ({"n": 10**9}, "n"),  # was accepted
         ({"n": MAX_N + 1}, "n"),
         ({"n": 0}, "n"),
+        ({"top_k": -2}, "top_k"),  # was taken as "off"; vLLM and the server take -1 / 0 (off) or k >= 1
+        ({"top_k": -5}, "top_k"),
     ],
 )
 def test_bad_values_name_their_field(kwargs, param):
     with pytest.raises(InvalidSamplingParam) as info:
         SamplingParams(**kwargs)
     assert info.value.param == param and param in str(info.value)
+
+
+@pytest.mark.parametrize("k", [-1, 0, 1, 50])
+def test_top_k_off_or_positive_is_taken(k):
+    assert SamplingParams(top_k=k).top_k == k
 
 
 def test_good_stop_values():
