@@ -17,7 +17,11 @@ class WindowSampler:
 
     def __init__(self, tokens: np.ndarray, seq_len: int, batch_size: int, seed: int = 0):
         if len(tokens) < 2 * (seq_len + 1):
-            raise ValueError(f"token stream of {len(tokens)} ids is too short for windows of {seq_len + 1}")
+            raise ValueError(
+                f"the training stream has {len(tokens)} token ids; windows of --seq-len {seq_len} need at least "
+                f"{2 * (seq_len + 1)} (2 x (seq_len + 1), so that every epoch's random offset leaves a window): "
+                "lower --seq-len or give a longer train.txt"
+            )
         self.tokens = tokens
         self.seq_len = seq_len
         self.batch_size = batch_size

@@ -32,12 +32,14 @@ from __future__ import annotations
 import argparse
 import hashlib
 import io
+import lzma
 import shutil
 import subprocess
 import sys
 import tarfile
 import tempfile
 import urllib.parse
+import zlib
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -56,6 +58,18 @@ HELDOUT_SAMPLE_PATH = Path(__file__).resolve().parents[1] / "assets" / "heldout_
 
 _SOURCES_MARKER = "/_sources/"
 _SOURCE_SUFFIXES = (".rst.txt", ".txt")
+
+
+# what a truncated or garbled package raises while its ar members and tar streams are read
+UNREADABLE_PACKAGE = (
+    tarfile.TarError,
+    EOFError,
+    ValueError,  # a garbled ar header's size
+    zlib.error,
+    lzma.LZMAError,
+    OSError,  # a cut gzip / bzip2 stream
+    subprocess.CalledProcessError,  # dpkg-deb refusing a zstd package
+)
 
 
 class CorpusError(RuntimeError):
@@ -181,6 +195,8 @@ def _ar_members(blob: bytes) -> dict[str, bytes]:
         name = header[:16].decode("ascii", "replace").strip().rstrip("/")
         size = int(header[48:58].decode("ascii").strip())
         start = pos + 60
+        if start + size > len(blob):
+            raise ValueError(f"cut short: its member {name} needs {size} bytes, {len(blob) - start} are there")
         members[name] = blob[start : start + size]
         pos = start + size + (size % 2)
     return members
@@ -209,7 +225,16 @@ def read_deb(deb_path: Path, want: Callable[[str], bool]) -> tuple[dict[str, str
         blob = deb_path.read_bytes()
     except OSError as exc:
         raise CorpusError(f"cannot read {deb_path}: {exc}") from exc
-    members = _ar_members(blob)
+    try:
+        return _read_members(deb_path, _ar_members(blob), want)
+    except UNREADABLE_PACKAGE as exc:
+        raise CorpusError(f"{deb_path}: not a readable Debian package ({type(exc).__name__}: {exc})") from None
+
+
+def _read_members(
+    deb_path: Path, members: dict[str, bytes], want: Callable[[str], bool]
+) -> tuple[dict[str, str], dict[str, bytes]]:
+    """``read_deb``'s work on the package's ``ar`` members."""
     control: dict[str, str] = {}
     with _tar_for(members, "control.tar", deb_path) as tar:
         for info in tar:
@@ -342,8 +367,15 @@ def format_documents(documents: list[Document]) -> str:
 
 
 def iter_documents(path: Path) -> Iterator[str]:
-    """Yield the document texts of a ``train.txt`` / ``heldout.txt`` file."""
-    text = Path(path).read_text(encoding="utf-8")
+    """Yield the document texts of a ``train.txt`` / ``heldout.txt`` file (UTF-8; a ``ValueError`` naming the
+    file where it is not, or is no regular file)."""
+    path = Path(path)
+    if path.exists() and not path.is_file():
+        raise ValueError(f"{path}: not a regular file")
+    try:
+        text = path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as exc:
+        raise ValueError(f"{path}: not UTF-8 text ({exc.reason} at byte {exc.start})") from None
     for chunk in text.split(f"\n{DOC_SEPARATOR}\n"):
         if chunk.strip():
             yield chunk

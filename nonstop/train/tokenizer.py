@@ -35,6 +35,7 @@ EOS_TOKEN = "<|eos|>"
 PAD_TOKEN = "<|pad|>"
 SPECIAL_TOKENS = (BOS_TOKEN, EOS_TOKEN, PAD_TOKEN)  # ids 0, 1, 2
 DEFAULT_VOCAB_SIZE = 6144
+MIN_VOCAB_SIZE = len(SPECIAL_TOKENS) + 256  # every byte value plus the special tokens
 DEFAULT_MODEL_MAX_LENGTH = 1024
 
 assert EOS_TOKEN == DOC_SEPARATOR  # the corpus marks document ends with the EOS token
@@ -76,7 +77,7 @@ def train_tokenizer(
 ) -> Tokenizer:
     """Train on ``texts``; special tokens get ids 0, 1, 2 and all 256 bytes are in the vocabulary."""
     if vocab_size < len(SPECIAL_TOKENS) + 256:
-        raise ValueError(f"vocab_size must be at least {len(SPECIAL_TOKENS) + 256}")
+        raise ValueError(f"vocab_size must be at least {MIN_VOCAB_SIZE}")
     tokenizer = build_tokenizer()
     trainer = trainers.BpeTrainer(
         vocab_size=vocab_size,
@@ -133,10 +134,17 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--corpus", type=Path, default=Path("build/corpus"), help="corpus directory (train.txt)")
     parser.add_argument("--out", type=Path, default=Path("build/tokenizer"), help="output directory")
-    parser.add_argument("--vocab-size", type=int, default=DEFAULT_VOCAB_SIZE, help="vocabulary size")
+    parser.add_argument(
+        "--vocab-size",
+        type=int,
+        default=DEFAULT_VOCAB_SIZE,
+        help=f"vocabulary size (at least {MIN_VOCAB_SIZE}: 256 bytes and the special tokens)",
+    )
     parser.add_argument("--min-frequency", type=int, default=2, help="minimum pair count for a merge")
     parser.add_argument("--model-max-length", type=int, default=DEFAULT_MODEL_MAX_LENGTH)
     args = parser.parse_args(argv)
+    if args.vocab_size < MIN_VOCAB_SIZE:
+        parser.error(f"--vocab-size must be at least {MIN_VOCAB_SIZE} (256 bytes and the special tokens)")
 
     train_path = args.corpus / "train.txt"
     if not train_path.is_file():

@@ -36,9 +36,14 @@ def load_tokenizer(tokenizer_dir: Path):
     from tokenizers import Tokenizer
 
     path = Path(tokenizer_dir) / "tokenizer.json"
+    if path.exists() and not path.is_file():
+        raise ValueError(f"{path}: not a regular file")
     if not path.is_file():
         raise FileNotFoundError(f"{path} not found; build it with `python -m nonstop.train.tokenizer`")
-    return Tokenizer.from_file(str(path))
+    try:
+        return Tokenizer.from_file(str(path))
+    except Exception as exc:  # noqa: BLE001 - tokenizers raises a bare Exception for a malformed file
+        raise ValueError(f"{path}: cannot load tokenizer ({exc})") from None
 
 
 def encode_documents(text_path: Path, tokenizer) -> np.ndarray:
@@ -58,6 +63,8 @@ def cached_token_ids(text_path: Path, tokenizer_dir: Path, cache_dir: Path = DEF
     """``encode_documents`` of ``text_path``, read from / written to ``cache_dir`` (``<stem>-<digest>.npy``;
     a cache file that cannot be read is replaced, with a note through ``log``, else on stderr)."""
     text_path, tokenizer_dir, cache_dir = Path(text_path), Path(tokenizer_dir), Path(cache_dir)
+    if text_path.exists() and not text_path.is_file():
+        raise ValueError(f"{text_path}: not a regular file")
     if not text_path.is_file():
         raise FileNotFoundError(f"{text_path} not found; build the corpus with `python -m nonstop.train.corpus`")
     tokenizer_json = tokenizer_dir / "tokenizer.json"

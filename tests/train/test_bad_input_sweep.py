@@ -1,0 +1,78 @@
+"""Bad training inputs refused with one line naming the file: a corrupt tokenizer.json, a corpus file that
+is not UTF-8 or not a regular file, a cut or garbled .deb, a vocabulary too small for the bytes, and a
+token stream too short for --seq-len (the message says what it needs)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from nonstop.train import corpus, tokenizer
+from nonstop.train.corpus import CorpusError, iter_documents, read_deb
+from nonstop.train.tokens import cached_token_ids, load_tokenizer
+from tests.train.test_corpus import _fake_deb
+
+
+def test_a_corrupt_tokenizer_json_is_a_value_error_naming_it(tmp_path: Path):
+    (tmp_path / "tokenizer.json").write_text("{broken")
+    with pytest.raises(ValueError, match=r"tokenizer\.json: cannot load tokenizer"):
+        load_tokenizer(tmp_path)
+
+
+def test_a_directory_in_place_of_tokenizer_json_is_named(tmp_path: Path):
+    (tmp_path / "tokenizer.json").mkdir()
+    with pytest.raises(ValueError, match=r"tokenizer\.json: not a regular file"):
+        load_tokenizer(tmp_path)
+
+
+def test_a_corpus_file_that_is_not_utf8_is_named(tmp_path: Path):
+    path = tmp_path / "heldout.txt"
+    path.write_bytes(b"fine text\n\xff\xfe bad\n")
+    with pytest.raises(ValueError, match=r"heldout\.txt: not UTF-8 text \(invalid start byte at byte 10\)"):
+        list(iter_documents(path))
+
+
+def test_a_directory_in_place_of_train_txt_is_not_called_missing(tmp_path: Path):
+    (tmp_path / "train.txt").mkdir()
+    with pytest.raises(ValueError, match=r"train\.txt: not a regular file"):
+        cached_token_ids(tmp_path / "train.txt", tmp_path, cache_dir=tmp_path / "cache")
+    with pytest.raises(ValueError, match=r"train\.txt: not a regular file"):
+        list(iter_documents(tmp_path / "train.txt"))
+
+
+@pytest.mark.parametrize("cut", [0.5, 0.9, 0.98, 0.999])
+def test_a_cut_deb_is_a_corpus_error(tmp_path: Path, cut: float):
+    """A download cut anywhere is refused: it was read as far as it went (files missing, no error) or failed
+    with a traceback."""
+    whole = _fake_deb(tmp_path / "whole.deb", {"library/a": "Alpha", "library/b": "Beta"}).read_bytes()
+    deb = tmp_path / "cut.deb"
+    deb.write_bytes(whole[: int(len(whole) * cut)])
+    with pytest.raises(CorpusError, match=r"cut\.deb: (not a readable Debian package|no data\.tar\* member)"):
+        read_deb(deb, lambda name: True)
+
+
+def test_a_garbled_ar_header_is_a_corpus_error(tmp_path: Path):
+    whole = bytearray(_fake_deb(tmp_path / "whole.deb", {"library/a": "Alpha"}).read_bytes())
+    whole[8 + 48 : 8 + 58] = b"xxxxxxxxxx"  # the first member's size field
+    deb = tmp_path / "garbled.deb"
+    deb.write_bytes(bytes(whole))
+    with pytest.raises(CorpusError, match="not a readable Debian package"):
+        read_deb(deb, lambda name: True)
+
+
+def test_the_corpus_command_reports_a_cut_deb_in_one_line(tmp_path: Path, capsys):
+    whole = _fake_deb(tmp_path / "whole.deb", {"library/a": "Alpha"}).read_bytes()
+    deb = tmp_path / "python3.11-doc_3.11.2-6_all.deb"
+    deb.write_bytes(whole[:-3])
+    assert corpus.main(["--deb", str(deb), "--out", str(tmp_path / "out"), "--cache", str(tmp_path / "c")]) == 1
+    err = capsys.readouterr().err
+    assert "not a readable Debian package" in err and "Traceback" not in err
+
+
+def test_the_tokenizer_command_refuses_a_vocabulary_without_every_byte(tmp_path: Path, capsys):
+    """256 byte values plus BOS, EOS and PAD: 259 ids at least."""
+    with pytest.raises(SystemExit) as exc:
+        tokenizer.main(["--corpus", str(tmp_path), "--vocab-size", "258"])
+    assert exc.value.code == 2
+    assert "--vocab-size must be at least 259" in capsys.readouterr().err
