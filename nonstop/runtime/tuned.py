@@ -110,6 +110,7 @@ ENTRY_FIELDS = {
     "candidate": (str, "text", False),
     "created": (str, "text", False),
     "round": (int, "an integer", False),
+    "rules": (int, "an integer", False),
     "timed": (bool, "true or false", False),
     "time_ms": (*_NUMBER_OR_NULL, False),
     "builtin_ms": (*_NUMBER_OR_NULL, False),
@@ -179,6 +180,22 @@ def load_store(path: Path | None) -> dict:
         return _empty()
 
 
+# the candidate rules (tune/static_check.py) a stored kernel was checked under; 2 closed attribute chains off
+# imported names and kernels, which ran any code at import, so a kernel checked under older rules is not run
+CANDIDATE_RULES = 2
+
+
+def rules_problem(entry: dict) -> str | None:
+    """Why a stored kernel checked under other candidate rules than this nonstop's is not run, else None."""
+    rules = entry.get("rules", 1)
+    if rules != CANDIDATE_RULES:
+        return (
+            f"was checked under candidate rules {rules}, not this nonstop's {CANDIDATE_RULES} (tune again, or check "
+            "the file with nonstop tune verify --kernel FILE)"
+        )
+    return None
+
+
 def kernel_problem(root: Path, entry: dict) -> str | None:
     """Why the stored kernel file of ``entry`` (relative to the store's directory ``root``) cannot be used
     ("is missing", "changed since it was verified ..."), None when it holds what was verified (SHA-256)."""
@@ -192,10 +209,11 @@ def kernel_problem(root: Path, entry: dict) -> str | None:
 
 
 def load_kernel(root: Path, entry: dict):
-    """The ``launch`` of a stored kernel file after checking its SHA-256; None (with a warning) if the
-    file is missing, changed since it was verified, or does not import."""
+    """The ``launch`` of a stored kernel file after checking its SHA-256 and the rules it was checked under;
+    None (with a warning) if the file is missing, changed since it was verified, was checked under older
+    candidate rules (``rules_problem``), or does not import."""
     path = root / entry.get("kernel", "")
-    problem = kernel_problem(root, entry)
+    problem = kernel_problem(root, entry) or rules_problem(entry)
     if problem:
         warnings.warn(f"tuned kernel {path} {problem}; using the built-in kernel", RuntimeWarning, stacklevel=2)
         return None

@@ -78,25 +78,28 @@ def _chain(node) -> list[str] | None:
     return None
 
 
-def _is_const(node, consts: set[str]) -> bool:
+def _is_const(node, consts: set[str], path_of) -> bool:
+    """True for a constant expression: literals, tuples and arithmetic of them, names in ``consts``, an
+    allowed dotted path (``tl.float32``, ``torch.bfloat16.itemsize``: ``path_of`` gives the module path of an
+    attribute chain, or None when its head is no module alias or imported path, or the path is not allowed)
+    and ``tl.constexpr(constant)``. Nothing else: an attribute chain off another object (a kernel, an
+    imported function) would be read at import, out of the allow-list's reach."""
     if isinstance(node, ast.Constant):
         return True
     if isinstance(node, ast.Tuple):
-        return all(_is_const(e, consts) for e in node.elts)
+        return all(_is_const(e, consts, path_of) for e in node.elts)
     if isinstance(node, ast.UnaryOp):
-        return _is_const(node.operand, consts)
+        return _is_const(node.operand, consts, path_of)
     if isinstance(node, ast.BinOp):
-        return _is_const(node.left, consts) and _is_const(node.right, consts)
+        return _is_const(node.left, consts, path_of) and _is_const(node.right, consts, path_of)
     if isinstance(node, ast.Name):
         return node.id in consts
     if isinstance(node, ast.Attribute):  # tl.float32, torch.bfloat16
-        return _chain(node) is not None
+        return path_of(node) is not None
     if isinstance(node, ast.Call):  # tl.constexpr(3)
-        c = _chain(node.func)
         return (
-            c is not None
-            and c[-1] == "constexpr"
-            and all(_is_const(a, consts) for a in node.args)
+            path_of(node.func) == "triton.language.constexpr"
+            and all(_is_const(a, consts, path_of) for a in node.args)
             and not node.keywords
         )
     return False
@@ -306,9 +309,30 @@ class _Checker:
             return ".".join([self.imported[head][1]] + chain[1:])
         return None
 
+    def allowed_path(self, node) -> str | None:
+        """The module path an attribute chain (or name) names, when its head is a module alias or an imported
+        path and the path is within ``allowed.MODULES``; else None."""
+        chain = _chain(node)
+        full = self.resolve(chain) if chain else None
+        return full if full is not None and path_problem(full.split(".")) is None else None
+
+    def plain_annotation(self, node) -> bool:
+        if isinstance(node, ast.Constant) and isinstance(node.value, str):
+            return True  # a string annotation is never evaluated
+        if isinstance(node, ast.Name):
+            return node.id in ("int", "float", "bool", "str")
+        return self.allowed_path(node) is not None
+
     def constant(self, node) -> None:
         targets = node.targets if isinstance(node, ast.Assign) else [node.target]
         value = node.value
+        if isinstance(node, ast.AnnAssign) and not self.plain_annotation(node.annotation):
+            self.p.add(
+                node,
+                f"the annotation {ast.unparse(node.annotation)} is not allowed: a module-level annotation is "
+                "evaluated at import (int, float, bool, str or an allowed path such as tl.constexpr)",
+            )
+            return
         for t in targets:
             if not isinstance(t, ast.Name):
                 self.p.add(node, "module-level assignment to anything but a name is not allowed")
@@ -322,7 +346,7 @@ class _Checker:
         ):
             self.launch_alias = value.id
             return
-        if value is None or not _is_const(value, self.consts):
+        if value is None or not _is_const(value, self.consts, self.allowed_path):
             self.p.add(
                 node,
                 f"module-level {', '.join(names)} must be a constant (numbers, strings, tuples, dtypes, "
@@ -375,11 +399,18 @@ class _Checker:
         elif isinstance(node, ast.Name):
             if node.id in BANNED_NAMES or node.id.startswith("__"):
                 self.p.add(node, f"the name {node.id!r} is not allowed in a candidate")
-            elif node.id in self.modules:
+            elif node.id in self.modules or self.imported.get(node.id, ("",))[0] == "path":
                 self.module_use(node)
-            elif self.imported.get(node.id) == ("path", "triton.jit") and not _in_module_decorator(node):
-                self.p.add(node, "triton.jit is only allowed as the decorator of a module-level function")
         elif isinstance(node, ast.Attribute):
+            value = node.value
+            if isinstance(value, ast.Name) and (
+                value.id in self.jit or value.id in self.functions or self.imported.get(value.id, ("",))[0] == "nonstop"
+            ):
+                self.p.add(
+                    node,
+                    f"attribute access on {value.id} is not allowed: a kernel or function of the file or of "
+                    f"nonstop.kernels may only be called (or launched as {value.id}[grid](...))",
+                )
             if node.attr.startswith("_"):
                 self.p.add(node, f"private or dunder attribute .{node.attr} is not allowed")
             elif node.attr.startswith(FRAME_PREFIXES) and _chain(node) and _chain(node)[0] not in self.modules:
@@ -392,13 +423,14 @@ class _Checker:
                     "(kernels are module-level @triton.jit functions)",
                 )
             for d in node.args.defaults + [d for d in node.args.kw_defaults if d is not None]:
-                if not _is_const(d, self.consts):
+                if not _is_const(d, self.consts, self.allowed_path):
                     self.p.add(
                         d, f"default value {ast.unparse(d)} of {node.name}() must be a constant (no state across calls)"
                     )
 
     def module_use(self, node: ast.Name) -> None:
-        """A module alias may only start an attribute chain that stays inside ``allowed.MODULES``."""
+        """A module alias or a name imported from an allowed module may only start an attribute chain that stays
+        inside ``allowed.MODULES`` (``from triton import cdiv; cdiv.x`` is as out of reach as ``triton.cdiv.x``)."""
         top = node
         while isinstance(getattr(top, "parent", None), ast.Attribute) and top.parent.value is top:
             top = top.parent

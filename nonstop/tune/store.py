@@ -5,7 +5,8 @@ An entry is keyed by (device name, op kind, shape key) and holds the winner's fi
 candidate id, model, the verification record (seed, cases, checks), the times (GPU) or ``timed:
 false`` (CPU), versions and date. ``better(new, old)``: a timed entry beats an untimed one and a slower
 one; an untimed entry only fills an empty place (on a CPU nothing is faster than anything). An entry whose
-kernel file is missing or fails its hash check is an empty place; a kernel file is written only when its
+kernel file is missing or fails its hash check, or that was checked under older candidate rules (its
+``rules`` below ``runtime.tuned.CANDIDATE_RULES``), is an empty place; a kernel file is written only when its
 entry is stored.
 
 A store file that exists but cannot be read as a tuning store is never replaced: ``record``, ``rows`` and
@@ -27,7 +28,7 @@ from pathlib import Path
 import torch
 
 from nonstop.file_lock import exclusive
-from nonstop.runtime.tuned import kernel_problem, read_store
+from nonstop.runtime.tuned import CANDIDATE_RULES, kernel_problem, read_store, rules_problem
 from nonstop.weights.write import write_atomically
 
 KERNELS_DIR = "kernels"  # the winners' files, beside the store's JSON
@@ -138,12 +139,13 @@ def _record_locked(path: Path, device: str, kind: str, key: str, source: str, en
         **entry,
         "kernel": rel,
         "sha256": sha,
+        "rules": CANDIDATE_RULES,
         "versions": versions(),
         "created": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
     }
     old = slot.get(key)
-    if old is not None and kernel_problem(path.parent, old):
-        old = None  # its file is missing or changed: nothing usable holds the place
+    if old is not None and (kernel_problem(path.parent, old) or rules_problem(old)):
+        old = None  # its file is missing or changed, or older rules passed it: nothing usable holds the place
     if not better(new, old):
         return False
     write_kernel(path.parent, rel, sha, source)
