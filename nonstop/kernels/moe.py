@@ -26,6 +26,8 @@ moe_tail    target (+)= W↑ RMSNorm(moe_out as DT) (latent; plain moe_out other
 
 from __future__ import annotations
 
+from types import MappingProxyType
+
 import torch
 import triton
 import triton.language as tl
@@ -49,8 +51,8 @@ NUM_WARPS = 4
 EXPERT_WARPS = 8
 # interpreter block sizes: large (whole tiny rows, few numpy steps); tests shrink them to get many tiles,
 # several K steps and ragged last chunks out of the tiny configs
-INTERPRET_BLOCKS = {"n": 64, "k": 128, "i": 64}
-_DTYPES = {torch.float32: tl.float32, torch.float16: tl.float16, torch.bfloat16: tl.bfloat16}
+INTERPRET_BLOCKS = MappingProxyType({"n": 64, "k": 128, "i": 64})  # read-only: candidates import it
+_DTYPES = MappingProxyType({torch.float32: tl.float32, torch.float16: tl.float16, torch.bfloat16: tl.bfloat16})
 
 
 # ----------------------------------------------------------------------------- moe_front

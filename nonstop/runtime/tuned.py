@@ -181,7 +181,8 @@ def load_store(path: Path | None) -> dict:
 
 
 # the candidate rules (tune/static_check.py) a stored kernel was checked under; 2 closed attribute chains off
-# imported names and kernels, which ran any code at import, so a kernel checked under older rules is not run
+# imported names and kernels, match statements' class patterns and builtins unlocked by binding their names
+# (ways to run any code or keep state), so a kernel checked under older rules is not run
 CANDIDATE_RULES = 2
 
 
@@ -194,6 +195,40 @@ def rules_problem(entry: dict) -> str | None:
             "the file with nonstop tune verify --kernel FILE)"
         )
     return None
+
+
+def _plain_arg(value) -> bool:
+    if isinstance(value, tuple):
+        return all(_plain_arg(v) for v in value)
+    if type(value).__name__ == "constexpr":
+        return _plain_arg(getattr(value, "value", None))
+    plain = (torch.Tensor, int, float, bool, str, type(None), torch.dtype)
+    return isinstance(value, plain) or type(value).__name__ == "dtype"  # Triton's tl.float32 ...
+
+
+def plain_launch_args(module) -> None:
+    """Make every Triton kernel ``module`` (a candidate or stored kernel file) defines refuse a launch with an
+    argument other than a tensor, number, string, None, dtype or a tuple of them. Under TRITON_INTERPRET=1 a
+    constexpr argument reaches the kernel body as the object itself: a dict or list launched so (``op.attrs``,
+    ``env.buf``) is state the kernel could change in place (``attrs |= ...``), outliving the call."""
+    for obj in list(vars(module).values()):
+        fn = getattr(obj, "fn", None)
+        if getattr(fn, "__module__", None) != module.__name__ or not callable(getattr(obj, "run", None)):
+            continue
+
+        name = getattr(fn, "__name__", "kernel")
+
+        def run(*args, _kernel=obj, _name=name, **kwargs):
+            launch_args = {k: v for k, v in kwargs.items() if k not in ("grid", "warmup")}
+            for value in (*args, *launch_args.values()):
+                if not _plain_arg(value):
+                    raise TypeError(
+                        f"kernel {_name} launched with a {type(value).__name__}: a kernel takes tensors, numbers, "
+                        "strings, None, dtypes or tuples of them"
+                    )
+            return type(_kernel).run(_kernel, *args, **kwargs)  # the class's run, as launch counting patches it
+
+        obj.run = run
 
 
 def kernel_problem(root: Path, entry: dict) -> str | None:
@@ -221,6 +256,7 @@ def load_kernel(root: Path, entry: dict):
         spec = importlib.util.spec_from_file_location(f"nonstop_tuned_{entry['sha256'][:16]}", path)
         module = importlib.util.module_from_spec(spec)
         spec.loader.exec_module(module)
+        plain_launch_args(module)
         return module.launch
     except Exception as exc:  # noqa: BLE001 - a stored file that no longer imports must not stop a run
         warnings.warn(

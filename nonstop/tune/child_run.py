@@ -40,6 +40,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from nonstop.runtime.cuda_graph import pdl_support
 from nonstop.runtime.launch_count import HOST_METHODS, HOST_SYNC, HOST_UPLOADS, NO_LAUNCH, TritonRunPatch
 from nonstop.runtime.superop import ExecEnv
+from nonstop.runtime.tuned import plain_launch_args
 from nonstop.tune.exec_check import run_executor
 from nonstop.tune.state import Packed, named_tensors, unpack
 
@@ -208,6 +209,7 @@ def load_candidate(path: str):
     spec = importlib.util.spec_from_file_location("nonstop_candidate", path)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
+    plain_launch_args(module)
     launch = getattr(module, "launch", None)
     if not callable(launch):
         raise TypeError("the candidate defines no callable 'launch(op, env)'")

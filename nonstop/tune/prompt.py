@@ -32,7 +32,7 @@ def rules() -> str:
     """The rules of a candidate file, as the prompt states them; the torch names come from the allow-lists
     (``allowed.py``) the static checker applies, so the two cannot drift apart."""
     alloc = _torch(TORCH_ALLOCATORS)
-    facts = _torch(TORCH_FACTS)
+    facts = _torch(TORCH_FACTS - {"Tensor"}) + " / torch.Tensor (a type, for isinstance: calling it allocates)"
     cuda = _torch(f"cuda.{n}" for n in MODULES["torch.cuda"])
     return f"""\
 Rules (a static checker and a sandboxed verifier enforce them; a file that breaks one is rejected):

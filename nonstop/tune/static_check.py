@@ -28,8 +28,10 @@ in the sandbox and compared with the twin.
 from __future__ import annotations
 
 import ast
+import builtins
 import importlib
 import inspect
+from types import MappingProxyType
 
 from nonstop.tune.allowed import (
     DTYPES,
@@ -57,6 +59,9 @@ BANNED_NAMES = set(
 """.split()
 )
 FRAME_PREFIXES = ("f_", "co_", "gi_", "cr_", "ag_", "tb_")
+# builtins host code may not call: binding one of their names (a comprehension variable, a parameter) made it
+# a "known" name for the whole function, so that its other uses reached the real builtin (iter, next, map)
+SHADOWABLE_BUILTINS = frozenset(n for n in dir(builtins) if not n.startswith("_")) - HOST_BUILTINS
 
 
 class _Problems(list):
@@ -161,14 +166,12 @@ def _kernel_object(obj) -> str | None:
         return None
     if inspect.ismodule(obj):
         return "a module"
-    if (
-        isinstance(obj, (dict, list, tuple))
-        and len(obj)
-        and all(_plain(v) for v in (list(obj.values()) + list(obj) if isinstance(obj, dict) else obj))
-    ):
-        return None  # a table of constants (mutation is ruled out: no item assignment, no mutating methods)
+    if isinstance(obj, tuple) and len(obj) and all(_plain(v) for v in obj):
+        return None  # a table of constants (a dict or list would be state a kernel could change)
+    if isinstance(obj, MappingProxyType) and len(obj) and all(_plain(v) for v in [*obj, *obj.values()]):
+        return None  # a read-only mapping of constants
     if isinstance(obj, (dict, list, set, bytearray)):
-        return "a mutable container (of more than constants)"
+        return "a mutable container (a table a candidate may import is a tuple)"
     module = getattr(obj, "__module__", None) or getattr(getattr(obj, "fn", None), "__module__", "") or ""
     fn = getattr(obj, "fn", obj)
     if type(obj).__name__ in ("JITFunction", "InterpretedFunction", "constexpr") or type(obj).__name__.endswith(
@@ -377,6 +380,7 @@ class _Checker:
             ast.Yield: "yield",
             ast.YieldFrom: "yield from",
         }
+        forbidden[ast.Match] = "match statements (a class pattern reads any attribute)"
         if hasattr(ast, "TryStar"):
             forbidden[ast.TryStar] = "try/except*"
         for cls, what in forbidden.items():
@@ -438,6 +442,9 @@ class _Checker:
         full = self.resolve(chain) or node.id
         if full == "triton.jit" and not _in_module_decorator(top):
             self.p.add(node, "triton.jit is only allowed as the decorator of a module-level function")
+        parent = getattr(top, "parent", None)
+        if full == "torch.Tensor" and isinstance(parent, ast.Call) and parent.func is top:
+            self.p.add(node, "torch.Tensor(...) is not allowed: it allocates uninitialised memory (use torch.zeros)")
         problem = path_problem(full.split("."))
         if problem:
             hint = " (compute belongs in Triton kernels)" if full.startswith("torch.") else ""
@@ -458,7 +465,14 @@ class _Checker:
             | self.jit
             | {n for n, e in self.imported.items() if e[0] == "nonstop" and callable(e[1])}
         ) - self.consts
-        known = module_level | set(self.modules) | _bound_names(fn)
+        bound = _bound_names(fn)
+        for name in sorted(bound & SHADOWABLE_BUILTINS):
+            self.p.add(
+                fn,
+                f"{fn.name} binds the builtin name {name!r}: a name bound anywhere in a function counts as its own "
+                "everywhere in it, so a builtin host code may not call must not be bound either",
+            )
+        known = module_level | set(self.modules) | bound
         attrs = host_attrs()
         for node in ast.walk(fn):
             if isinstance(node, ast.AugAssign):
@@ -539,6 +553,8 @@ class _Checker:
                 self.p.add(fn, "launch must be a Python function that launches kernels, not a Triton kernel")
             self.signature(fn)
         elif self.launch_alias in self.functions:
+            if self.launch_alias in self.jit:  # under the interpreter its body would run as host code, unchecked
+                self.p.add(None, "launch must be a Python function that launches kernels, not a Triton kernel")
             self.signature(self.functions[self.launch_alias])
         elif "launch" in self.imported or self.launch_alias in self.imported:
             entry = self.imported.get("launch") or self.imported[self.launch_alias]

@@ -102,3 +102,60 @@ def test_attribute_chains_off_imported_objects_and_kernels_are_refused(source):
 def test_allowed_module_level_constants_still_pass(line):
     source = src("import torch", "import triton.language as tl", LR + " as launch", line)
     assert static_check(source) == []
+
+
+@pytest.mark.parametrize(
+    "source, phrase",
+    [
+        # a class pattern reads any attribute by name (dict(update=u), torch.Tensor(untyped_storage=s))
+        (
+            src(LR, "def launch(op, env):", "    match op.attrs:", "        case dict(update=u):", "            pass"),
+            "match statements",
+        ),
+        # a comprehension variable named like a builtin made the builtin a "known" name in the whole function
+        (
+            src(LR, "def launch(op, env):", "    x = [0 for iter in range(1)]", "    linear_residual(op, env)"),
+            "binds the builtin name 'iter'",
+        ),
+        (src(LR, "def launch(op, env, map=None):", "    linear_residual(op, env)"), "binds the builtin name 'map'"),
+        # the legacy constructor allocates uninitialised memory
+        (
+            src("import torch", LR, "def launch(op, env):", "    t = torch.Tensor(64)", "    linear_residual(op, env)"),
+            "torch.Tensor(...) is not allowed",
+        ),
+        (
+            src("from torch import Tensor", LR, "def launch(op, env):", "    t = Tensor(64)", "    launch(op, env)"),
+            "torch.Tensor(...) is not allowed",
+        ),
+        # a Triton kernel as launch: under the interpreter its body would run as unchecked host code
+        (src(*KERNEL, "launch = k"), "not a Triton kernel"),
+    ],
+)
+def test_red_team_escapes_are_refused(source, phrase):
+    problems = static_check(source)
+    assert any(phrase in p for p in problems), problems
+
+
+def test_torch_tensor_is_still_a_type_for_isinstance():
+    source = src(
+        "import torch",
+        LR,
+        "def launch(op, env):",
+        "    if isinstance(env.buf[op.writes[0]], torch.Tensor):",
+        "        linear_residual(op, env)",
+    )
+    assert static_check(source) == []
+
+
+def test_a_dict_of_constants_in_nonstop_kernels_is_not_importable(monkeypatch):
+    """A dict table (even of constants) is state a kernel could change in place: tables are tuples or
+    read-only mappings."""
+    from types import MappingProxyType
+
+    from nonstop.kernels import moe
+
+    monkeypatch.setattr(moe, "TABLE_FOR_TEST", {"n": 64}, raising=False)
+    problems = static_check(src("from nonstop.kernels.moe import TABLE_FOR_TEST", LR + " as launch"))
+    assert any("a mutable container" in p for p in problems), problems
+    monkeypatch.setattr(moe, "TABLE_FOR_TEST", MappingProxyType({"n": 64}), raising=False)
+    assert static_check(src("from nonstop.kernels.moe import TABLE_FOR_TEST", LR + " as launch")) == []
