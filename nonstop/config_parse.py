@@ -141,13 +141,10 @@ def _parse_rope(f: ConfigFields, dim: int, interleaved: bool, default_theta: flo
     rf = ConfigFields(merged, "rope_parameters.")
     factor = rf.at_least("factor", 0.0, 1.0, strict=True)
     original = rf.at_least("original_max_position_embeddings", 1, None, int)
-    if kind in ("llama3", "yarn") and original is None:
-        if kind == "yarn" and factor:
-            original = None  # derived below from max_position_embeddings / factor
-        else:
-            raise ConfigError("missing required field 'rope_parameters.original_max_position_embeddings'")
-    if kind == "yarn" and original is None:
-        original = max(1, int(f.positive("max_position_embeddings", 4096) / factor))
+    if kind == "llama3" and original is None:
+        raise ConfigError("missing required field 'rope_parameters.original_max_position_embeddings'")
+    if kind == "yarn" and original is None:  # as transformers: the context the config states is the original one
+        original = f.positive("max_position_embeddings", 4096)
     return RopeConfig(
         dim=dim,
         theta=float(theta),
@@ -162,7 +159,7 @@ def _parse_rope(f: ConfigFields, dim: int, interleaved: bool, default_theta: flo
         mscale=rf.at_least("mscale", 0.0, None),
         mscale_all_dim=rf.at_least("mscale_all_dim", 0.0, None),
         attention_factor=rf.at_least("attention_factor", 0.0, None, strict=True),
-        truncate=bool(merged.get("truncate", True)),
+        truncate=rf.get("truncate", True, bool),
     )
 
 
@@ -373,7 +370,7 @@ def _kda(f: ConfigFields) -> KDAConfig:
         head_dim=pick("head_dim", "linear_head_dim"),
         conv_size=pick("short_conv_kernel_size", "linear_conv_kernel_dim", 4),
         gate_lower_bound=lower,
-        full_rank_output_gate=bool(lac.get("use_full_rank_gate", False)),
+        full_rank_output_gate=lf.get("use_full_rank_gate", False, bool),
     )
 
 

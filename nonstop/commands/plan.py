@@ -360,6 +360,11 @@ def _layout(args, chips: int, devices: int):
     if args.enable_dp_attention:  # SGLang: --tp is the stage's ranks, split into --dp attention groups
         if dp is None or (tp is not None and tp % dp):
             raise ValueError("--enable-dp-attention needs --dp dividing --tp (SGLang: tp ranks, dp attention groups)")
+        if tp is not None and tp != ranks:
+            raise ValueError(
+                f"--enable-dp-attention: SGLang's --tp counts every rank of a stage, so --tp {ranks} here "
+                f"(--tp {tp} is not {where})"
+            )
         tp = (tp or ranks) // dp
     if tp is None and dp is None:
         tp, dp = ranks, 1
@@ -384,7 +389,7 @@ def _fewest_chips(workload, chip, request: dict, sharding: str, progress):
 
     tried = []
     for n in FEWEST_CHIPS:
-        if chip.max_chips is not None and n > chip.max_chips:
+        if (chip.max_chips is not None and n > chip.max_chips) or (tried and n * chip.devices_per_chip > MAX_RANKS):
             break
         tried.append(n)
         cands = search(workload, chip, n, **request, sharding=sharding, progress=progress)

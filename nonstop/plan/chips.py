@@ -35,6 +35,7 @@ OPTIONAL = ("hbm_visible_gb", "max_chips")
 # the largest figure an entry may give: far beyond any part, and small enough that no product of figures the
 # planner forms (GB x 1e9, TFLOP/s x 1e12, x ranks) overflows to infinity
 MAX_FIGURE = 1e15
+MAX_DEVICES_PER_CHIP = 64  # ranks one chip holds (TPU7x: 2 TensorCores; a partitioned GPU: up to 8)
 # a driver's capacity over the sold one: GiB read as GB is x1.074; a few % may be reserved (B300: 288.4 of 288)
 VISIBLE_OVER_SOLD = (0.9, 1.12)
 
@@ -125,6 +126,11 @@ def _figure(value) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool) and 0 < value <= MAX_FIGURE
 
 
+def _source(sources: dict, path: str) -> bool:
+    """True when ``sources`` says where the figure at ``path`` is published (non-empty text)."""
+    return isinstance(sources.get(path), str) and bool(sources[path].strip())
+
+
 def chip_from_entry(key: str, entry: dict) -> Chip:
     """Validate one catalogue entry: every required figure present, positive and finite (at most
     ``MAX_FIGURE``), each with a source (``sources``: an object keyed by the figure's path); the executor one
@@ -148,11 +154,13 @@ def chip_from_entry(key: str, entry: dict) -> Chip:
             )
         if path in COUNTS and value != int(value):
             raise ChipError(f"chip {key!r}: {path} must be a whole number, got {value!r}")
-        if path not in sources:
-            raise ChipError(f"chip {key!r}: figure {path} has no source (add sources[{path!r}])")
+        if not _source(sources, path):
+            raise ChipError(f"chip {key!r}: figure {path} has no source (add sources[{path!r}]: where it is published)")
     dpc = entry.get("devices_per_chip", 1)
-    if not isinstance(dpc, int) or isinstance(dpc, bool) or dpc < 1:
-        raise ChipError(f"chip {key!r}: devices_per_chip must be a whole number >= 1, got {dpc!r}")
+    if not isinstance(dpc, int) or isinstance(dpc, bool) or not 1 <= dpc <= MAX_DEVICES_PER_CHIP:
+        raise ChipError(
+            f"chip {key!r}: devices_per_chip must be a whole number from 1 to {MAX_DEVICES_PER_CHIP}, got {dpc!r}"
+        )
     visible, sold = entry.get("hbm_visible_gb"), entry["hbm_gb"]
     if visible is not None and not VISIBLE_OVER_SOLD[0] <= visible / sold <= VISIBLE_OVER_SOLD[1]:
         raise ChipError(
@@ -160,6 +168,10 @@ def chip_from_entry(key: str, entry: dict) -> Chip:
             "read in GiB or GB); is it another part's figure? Give both for this part, or drop hbm_visible_gb"
         )
     for dtype, value in (entry.get("tflops") or {}).items():
+        if dtype not in DTYPE_ORDER:
+            raise ChipError(
+                f"chip {key!r}: tflops.{dtype} is no figure the planner reads (tflops takes {', '.join(DTYPE_ORDER)})"
+            )
         if value is None:
             continue
         if not _figure(value):
@@ -167,7 +179,7 @@ def chip_from_entry(key: str, entry: dict) -> Chip:
                 f"chip {key!r}: tflops.{dtype} must be a positive finite number or null (at most {MAX_FIGURE:.0e}), "
                 f"got {value!r}"
             )
-        if f"tflops.{dtype}" not in sources:
+        if not _source(sources, f"tflops.{dtype}"):
             raise ChipError(f"chip {key!r}: figure tflops.{dtype} has no source")
     up, out = entry["scale_up"], entry["scale_out"]
     return Chip(

@@ -112,8 +112,10 @@ def test_chip_file_adds_and_overrides(tmp_path):
         ({"hbm_gb": 1e308}, "hbm_gb must be a positive finite number"),  # finite, but x 1e9 B is infinite
         ({"tflops": {"bf16": 1e300}}, "tflops.bf16 must be a positive finite number"),
         ({"tflops": {"bf16": float("nan")}}, "tflops.bf16 must be a positive finite number"),
-        ({"devices_per_chip": 0}, "devices_per_chip must be a whole number >= 1"),
-        ({"devices_per_chip": 1.5}, "devices_per_chip must be a whole number >= 1"),
+        ({"devices_per_chip": 0}, "devices_per_chip must be a whole number from 1 to 64"),
+        ({"devices_per_chip": 1.5}, "devices_per_chip must be a whole number from 1 to 64"),
+        ({"devices_per_chip": 10**12}, "devices_per_chip must be a whole number from 1 to 64"),  # hung the search
+        ({"tflops": {"bf16": 989, "fp16": 5}}, "tflops.fp16 is no figure"),  # was read as nothing, silently
         ({"scale_up": {"domain": 7.5, "gbps": 450, "latency_us": 1.0}}, "scale_up.domain must be a whole number"),
     ],
 )
@@ -209,3 +211,12 @@ def test_fp32_weights_on_a_gpu_say_how_to_plan_them(tmp_path, capsys):
     assert main([*argv, "--chip-file", str(path)]) == 0
     out = json.loads(capsys.readouterr().out)
     assert out["fits"] and out["ms_per_token"] > 0
+
+
+@pytest.mark.parametrize("source", [None, "", "   ", 3])
+def test_a_source_must_say_where_the_figure_is_published(source):
+    """The key alone was enough: every source null or empty loaded and listed."""
+    entry = json.loads(json.dumps(load_catalogue()["h200"]))
+    entry["sources"] = {path: source for path in entry["sources"]}
+    with pytest.raises(ChipError, match="has no source"):
+        chip_from_entry("x", entry)

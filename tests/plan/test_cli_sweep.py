@@ -214,3 +214,30 @@ def test_a_cpus_bandwidth_bound_is_named_ram():
     assert cpu.time.bound() == "RAM bandwidth (weights)", cpu.time.bound()
     assert gpu.time.bound() == "HBM bandwidth (weights)", gpu.time.bound()
     assert "bound                RAM bandwidth" in describe(cpu)
+
+
+def test_the_fewest_chips_search_stops_at_the_ranks_the_planner_models(tmp_path, capsys, monkeypatch):
+    """A 64-rank chip: the fewest-chips search tries 1, 2, ... chips while they hold at most 2^20 ranks (it
+    walked up to 512 chips: with devices_per_chip 10^12 it never ended)."""
+    from nonstop.commands import plan as plan_command
+
+    asked = []
+    monkeypatch.setattr(plan_command, "FEWEST_CHIPS", (1, 2, 4, 1 << 14, 1 << 15))
+    import nonstop.plan.search as search_module
+
+    def fake_search(workload, chip, n, **_):
+        asked.append(n)
+        return []
+
+    monkeypatch.setattr(search_module, "search", fake_search)
+    chip = chip_from_entry("wide", _entry(devices_per_chip=64))
+    _, _, tried = plan_command._fewest_chips(None, chip, {}, "production", None)
+    assert tried == asked == [1, 2, 4, 1 << 14]  # 2^14 x 64 = 2^20 ranks; 2^15 x 64 is past it
+
+
+def test_dp_attention_with_a_tp_that_is_not_the_stage_names_the_tp_typed(capsys):
+    err = _one_line_error(
+        ["-m", "kimi-k2", "--chip", "h200", "--chips", "16", "--tp", "8", "--dp", "8", "--enable-dp-attention"],
+        capsys,
+    )
+    assert "SGLang's --tp counts every rank of a stage, so --tp 16 here" in err and "--tp 8 is not" in err
