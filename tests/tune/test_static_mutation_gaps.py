@@ -159,3 +159,17 @@ def test_a_dict_of_constants_in_nonstop_kernels_is_not_importable(monkeypatch):
     assert any("a mutable container" in p for p in problems), problems
     monkeypatch.setattr(moe, "TABLE_FOR_TEST", MappingProxyType({"n": 64}), raising=False)
     assert static_check(src("from nonstop.kernels.moe import TABLE_FOR_TEST", LR + " as launch")) == []
+
+
+def test_a_kernel_binding_a_builtins_name_is_refused():
+    """Under the interpreter a kernel body runs as Python: a comprehension variable named iter made iter a
+    "known" name in the kernel, reaching the real builtin elsewhere in it."""
+    source = src(
+        "import triton",
+        "@triton.jit",
+        "def k(x):",
+        "    y = [0 for iter in range(1)]",
+        LR + " as launch",
+    )
+    problems = static_check(source)
+    assert any("k binds the builtin name 'iter'" in p for p in problems), problems
