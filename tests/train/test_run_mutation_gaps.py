@@ -21,12 +21,11 @@ from nonstop.program.preflight import PreflightError
 from nonstop.train.export import save_checkpoint
 from nonstop.train.tokens import cached_token_ids
 from nonstop.train.trainer import TrainConfig, TrainingOutOfMemory, init_model, train
-from nonstop.weights.resolve import ASSETS
 from tests.test_cli_outputs import _refused
 from tests.tiny_configs import KIMI_K3
+from tests.train.test_sweep_fixes import POSITIONS, TOKENIZER
+from tests.train.test_sweep_fixes import _argv as train_argv
 
-TOKENIZER = ASSETS / "k3-nano"
-POSITIONS = 64
 VOCAB = ModelConfig.preset("k3-nano").vocab_size
 
 
@@ -40,13 +39,7 @@ def _config(tmp_path, **text_config):
 
 
 def _argv(corpus, config, tmp_path, *extra) -> list[str]:
-    return [
-        "train",
-        *("--corpus", str(corpus), "--tokenizer", str(TOKENIZER), "--config", str(config)),
-        *("--cache-dir", str(tmp_path / "tokens"), "--out", str(tmp_path / "out"), "--threads", "1"),
-        *("--batch-size", "2", "--seq-len", "16", "--max-steps", "3", "--no-samples", "--eval-every", "1e9"),
-        *extra,
-    ]
+    return train_argv(corpus, config, tmp_path, "--no-samples", "--eval-every", "1e9", *extra)
 
 
 def test_a_seq_len_past_the_models_positions_is_refused(corpus, tmp_path, capsys):
