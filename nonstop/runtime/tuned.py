@@ -197,13 +197,15 @@ def rules_problem(entry: dict) -> str | None:
     return None
 
 
+PLAIN_LAUNCH_ARGS = (torch.Tensor, int, float, bool, str, type(None), torch.dtype)  # and Triton's dtypes
+
+
 def _plain_arg(value) -> bool:
     if isinstance(value, tuple):
         return all(_plain_arg(v) for v in value)
     if type(value).__name__ == "constexpr":
         return _plain_arg(getattr(value, "value", None))
-    plain = (torch.Tensor, int, float, bool, str, type(None), torch.dtype)
-    return isinstance(value, plain) or type(value).__name__ == "dtype"  # Triton's tl.float32 ...
+    return isinstance(value, PLAIN_LAUNCH_ARGS) or type(value).__name__ == "dtype"  # Triton's tl.float32 ...
 
 
 def plain_launch_args(module) -> None:
