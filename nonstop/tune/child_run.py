@@ -54,8 +54,9 @@ ZERO_FILLS = {"zeros", "zeros_like", "zero_", "new_zeros"}  # allocation of zero
 
 
 def attribute(candidate_file: str) -> str:
-    """ "candidate", "trusted" (nonstop.cache / nonstop.kernels) or "nonstop:<file>" for the innermost
-    frame of the candidate or of nonstop (outside this harness) on the current stack."""
+    """ "candidate", "trusted" (nonstop.cache / nonstop.kernels) or the path of the nonstop file
+    ("nonstop/model/norms.py") for the innermost frame of the candidate or of nonstop (outside this
+    harness) on the current stack."""
     frame = sys._getframe(1)
     while frame is not None:
         name = frame.f_code.co_filename
@@ -64,7 +65,7 @@ def attribute(candidate_file: str) -> str:
         if name.startswith(TRUSTED):
             return "trusted"
         if name.startswith(str(NONSTOP) + os.sep) and not name.startswith(HARNESS):
-            return "nonstop:" + os.path.relpath(name, NONSTOP.parent)
+            return os.path.relpath(name, NONSTOP.parent)
         frame = frame.f_back
     return "candidate"  # nothing of ours on the stack: only the candidate can have started it
 
