@@ -72,6 +72,7 @@ from script_args import (  # noqa: E402
 from nonstop.cache.state import ModelCache  # noqa: E402
 from nonstop.config import ModelConfig  # noqa: E402
 from nonstop.hostinfo import Clock, copy_bandwidth, cuda_missing, decode_floor, environment  # noqa: E402
+from nonstop.kernels.platform import interpreting  # noqa: E402
 from nonstop.model.build import assemble_model  # noqa: E402
 from nonstop.model.stack import CausalLM  # noqa: E402
 from nonstop.weights.resolve import check_device  # noqa: E402
@@ -873,7 +874,7 @@ def interpret_triton(argv) -> None:
     """Run Triton's kernels in its CPU interpreter: set ``TRITON_INTERPRET=1``. The kernels read it when they are
     defined, on import, which the imports of a script (``script_args``) may have done already: a script run from
     the command line (``argv`` None) then starts again with it set; a caller passing ``argv`` sets it first."""
-    if os.environ.get("TRITON_INTERPRET"):
+    if interpreting():
         return
     os.environ["TRITON_INTERPRET"] = "1"
     if argv is None and "triton" in sys.modules:

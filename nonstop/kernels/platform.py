@@ -39,9 +39,15 @@ MAX_REGISTERS = 255
 TILE_WARPS = 8
 
 
+# the values Triton's boolean environment knobs read as on (case-insensitive, not stripped); anything else is off
+TRUE_ENV_VALUES = ("1", "true", "on", "yes", "y")
+
+
 def interpreting() -> bool:
-    """True when Triton runs kernels in its CPU interpreter (``TRITON_INTERPRET=1``)."""
-    return os.environ.get(INTERPRET_ENV, "0") not in ("", "0")
+    """True when Triton runs kernels in its CPU interpreter (``TRITON_INTERPRET=1``), read as Triton reads it:
+    ``false`` / ``off`` / ``2`` leave the interpreter off, and nonstop must agree (else it skips the GPU paths
+    while Triton compiles for a GPU)."""
+    return os.environ.get(INTERPRET_ENV, "").lower() in TRUE_ENV_VALUES
 
 
 @dataclass(frozen=True)
