@@ -208,6 +208,7 @@ def test_serve_defaults_match_its_help(serve_stubs, monkeypatch):
         (["--api-key", " "], "--api-key must not be empty"),
         (["--max-model-len", "2049"], "--max-model-len 2049 exceeds the model's 2048 positions"),
         (["--max-model-len", "100", "--default-max-tokens", "100"], "--default-max-tokens 100 leaves no room"),
+        (["--max-model-len", "1"], "a context of 1 tokens (--max-model-len) leaves no room for a prompt and one"),
     ],
 )
 def test_serve_refuses_bad_values_before_loading(serve_stubs, capsys, extra, message):
@@ -218,7 +219,13 @@ def test_serve_refuses_bad_values_before_loading(serve_stubs, capsys, extra, mes
 
 
 @pytest.mark.parametrize(
-    "extra", [["--max-model-len", "2048"], ["--max-model-len", "100", "--default-max-tokens", "99"], ["--port", "1"]]
+    "extra",
+    [
+        ["--max-model-len", "2048"],
+        ["--max-model-len", "100", "--default-max-tokens", "99"],
+        ["--max-model-len", "2"],
+        ["--port", "1"],
+    ],
 )
 def test_serve_takes_values_at_the_edge(serve_stubs, extra):
     """k3-nano has 2048 positions: a --max-model-len of all of them is allowed, and a default max_tokens one

@@ -159,6 +159,9 @@ def run(args) -> int:
     return 0
 
 
+MIN_CONTEXT = 2  # a prompt of one token and one generated token
+
+
 def _check_lengths(args, context: int) -> None:
     """--max-model-len within the model's ``context`` positions, --default-max-tokens within what a request may
     hold (a request would take the default and then be refused, every one)."""
@@ -167,6 +170,12 @@ def _check_lengths(args, context: int) -> None:
             f"--max-model-len {args.max_model_len} exceeds the model's {context} positions (max_position_embeddings)"
         )
     allowed = args.max_model_len or context
+    if allowed < MIN_CONTEXT:
+        where = "--max-model-len" if args.max_model_len else "the model's max_position_embeddings"
+        raise ValueError(
+            f"a context of {allowed} tokens ({where}) leaves no room for a prompt and one generated token: "
+            f"give at least {MIN_CONTEXT}"
+        )
     if args.default_max_tokens is not None and args.default_max_tokens >= allowed:
         raise ValueError(
             f"--default-max-tokens {args.default_max_tokens} leaves no room for a prompt in a context of {allowed} "

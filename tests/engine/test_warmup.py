@@ -69,3 +69,27 @@ def test_warm_up_with_one_slot(k3_dir):
     with recording(llm.executor) as seen:
         warm_up(core, llm.make_request)
     assert not core.active and {one_row for one_row, _, _ in seen} == {True}
+
+
+@pytest.mark.parametrize("max_len", [2, 3, 4])
+def test_warm_up_fits_a_context_of_a_few_tokens(k3_dir, max_len):
+    """``nonstop serve --max-model-len 4`` compiled, then failed its own warm-up (a 2-token prompt with 3
+    tokens to decode is more than 4): warm-up asks only for what fits, as a client may, and still runs a
+    prefill and the longest context the server allows."""
+    llm = LLM(k3_dir, backend="reference", max_batch=2)
+    core = llm.new_core(2, max_len=max_len)
+    longest = []
+    forward = llm.executor.forward
+
+    def recorded(input_ids, cache, batch, last_only=False):
+        if batch is not None:
+            longest.append(int(batch.end.max()))
+        return forward(input_ids, cache, batch, last_only=last_only)
+
+    llm.executor.forward = recorded
+    try:
+        warm_up(core, llm.make_request)
+    finally:
+        llm.executor.forward = forward
+    assert not core.active and len(core.free_slots) == 2
+    assert max(longest) == max_len - 1  # the last generated token is sampled, never fed back
