@@ -227,8 +227,11 @@ class ModelCache:
         self.pages.reserve_rows(batch.slots, batch.end)
         return batch
 
-    def advance(self, batch: StepBatch, counts: torch.Tensor | None = None) -> None:
-        """Record that rows' tokens are now part of their sequences (all T unless ``counts`` [B] says fewer)."""
+    def advance(self, batch: StepBatch, counts=None) -> None:
+        """Record that rows' tokens are now part of their sequences (all T unless ``counts`` [B], a tensor or a
+        sequence of ints, says fewer)."""
+        if counts is not None:
+            counts = torch.as_tensor(counts, dtype=torch.long, device=self.lengths.device)
         self.lengths[batch.slots] = batch.start + (batch.T if counts is None else counts)
 
     def commit(self, batch: StepBatch, counts) -> None:
