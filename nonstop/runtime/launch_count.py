@@ -63,9 +63,16 @@ HOST_SYNC = {
     "item",
 }
 
-# tensor methods that bring data to the host (on a CPU they dispatch nothing, on a GPU they sync), and
-# factories that upload host data (a GPU copies it from pageable memory: not capturable in a graph)
-HOST_METHODS = {torch.Tensor.tolist: "tolist", torch.Tensor.numpy: "numpy", torch.Tensor.cpu: "cpu"}
+# tensor methods that bring data to the host (on a CPU they dispatch nothing, on a GPU they sync; printing a
+# tensor - str, repr, f-strings, "%s" - reads its values with every torch mode switched off), and factories
+# that upload host data (a GPU copies it from pageable memory: not capturable in a graph)
+HOST_METHODS = {
+    torch.Tensor.tolist: "tolist",
+    torch.Tensor.numpy: "numpy",
+    torch.Tensor.cpu: "cpu",
+    torch.Tensor.__repr__: "repr",
+    torch.Tensor.__format__: "format",
+}
 HOST_UPLOADS = {torch.tensor: "tensor", torch.as_tensor: "as_tensor", torch.from_numpy: "from_numpy"}
 
 _patch_lock = threading.Lock()

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import hashlib
 import importlib.util
+import inspect
 import json
 import logging
 import os
@@ -182,8 +183,10 @@ def load_store(path: Path | None) -> dict:
 
 # the candidate rules (tune/static_check.py) a stored kernel was checked under; 2 closed attribute chains off
 # imported names and kernels, match statements' class patterns and builtins unlocked by binding their names
-# (ways to run any code or keep state), so a kernel checked under older rules is not run
-CANDIDATE_RULES = 2
+# (ways to run any code or keep state); 3 closed kernels called from host code, torch.Tensor through another
+# name, printed tensors and value reads inside nonstop.kernels helpers; a kernel checked under older rules is
+# not run
+CANDIDATE_RULES = 3
 
 
 def rules_problem(entry: dict) -> str | None:
@@ -208,19 +211,36 @@ def _plain_arg(value) -> bool:
     return isinstance(value, PLAIN_LAUNCH_ARGS) or type(value).__name__ == "dtype"  # Triton's tl.float32 ...
 
 
+def _constexpr_params(fn) -> tuple[list[str], set[str]]:
+    """The parameter names of a kernel's Python function, in order, and those annotated ``tl.constexpr`` (read as
+    Triton reads them: the annotation, an object or a string, names constexpr)."""
+    params = list(inspect.signature(fn).parameters.values())
+    return [p.name for p in params], {p.name for p in params if "constexpr" in str(p.annotation)}
+
+
+def _holds_tensor(value) -> bool:
+    if isinstance(value, tuple):
+        return any(_holds_tensor(v) for v in value)
+    if type(value).__name__ == "constexpr":
+        return _holds_tensor(getattr(value, "value", None))
+    return isinstance(value, torch.Tensor)
+
+
 def plain_launch_args(module) -> None:
     """Make every Triton kernel ``module`` (a candidate or stored kernel file) defines refuse a launch with an
-    argument other than a tensor, number, string, None, dtype or a tuple of them. Under TRITON_INTERPRET=1 a
-    constexpr argument reaches the kernel body as the object itself: a dict or list launched so (``op.attrs``,
-    ``env.buf``) is state the kernel could change in place (``attrs |= ...``), outliving the call."""
+    argument other than a tensor, number, string, None, dtype or a tuple of them, and a tensor for a constexpr
+    parameter. Under TRITON_INTERPRET=1 a constexpr argument reaches the kernel body as the object itself: a dict
+    or list launched so (``op.attrs``, ``env.buf``) is state the kernel could change in place (``attrs |= ...``),
+    outliving the call, and a tensor one the body could compute on with torch (``A.sum(1)``), unrecorded."""
     for obj in list(vars(module).values()):
         fn = getattr(obj, "fn", None)
         if getattr(fn, "__module__", None) != module.__name__ or not callable(getattr(obj, "run", None)):
             continue
 
         name = getattr(fn, "__name__", "kernel")
+        order, constexpr = _constexpr_params(fn)
 
-        def run(*args, _kernel=obj, _name=name, **kwargs):
+        def run(*args, _kernel=obj, _name=name, _order=order, _constexpr=constexpr, **kwargs):
             launch_args = {k: v for k, v in kwargs.items() if k not in ("grid", "warmup")}
             for value in (*args, *launch_args.values()):
                 if not _plain_arg(value):
@@ -228,6 +248,10 @@ def plain_launch_args(module) -> None:
                         f"kernel {_name} launched with a {type(value).__name__}: a kernel takes tensors, numbers, "
                         "strings, None, dtypes or tuples of them"
                     )
+            bound = {**dict(zip(_order, args)), **launch_args}
+            for param in sorted(_constexpr & bound.keys()):
+                if _holds_tensor(bound[param]):
+                    raise TypeError(f"kernel {_name} launched with a tensor for its constexpr parameter {param}")
             return type(_kernel).run(_kernel, *args, **kwargs)  # the class's run, as launch counting patches it
 
         obj.run = run

@@ -83,11 +83,14 @@ class Recorder(TorchDispatchMode):
         self._patch = TritonRunPatch(self._counting_run)
         self._host = _HostWatch(self)
 
-    def note(self, what: str) -> None:
+    def note(self, what: str, host_read: bool = False) -> None:
+        """Record ``what`` unless trusted code (nonstop.kernels / nonstop.cache) ran it; a ``host_read`` counts
+        whoever runs it: the built-in launchers never read values (they are graph-captured), so one seen while
+        a candidate runs is the candidate's, passed through a helper (``pow2(int(tensor))``)."""
         who = attribute(self.file)
-        if who != "trusted" and len(self.violations) < 20:
-            where = "the candidate" if who == "candidate" else who
-            self.violations.append(f"{what} run by {where}")
+        if (who != "trusted" or host_read) and len(self.violations) < 20:
+            where = {"candidate": "the candidate", "trusted": "nonstop.kernels / nonstop.cache code it called"}
+            self.violations.append(f"{what} run by {where.get(who, who)}")
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         out = func(*args, **(kwargs or {}))
@@ -95,7 +98,7 @@ class Recorder(TorchDispatchMode):
             return out
         name = func.overloadpacket.__name__
         if name in HOST_SYNC:
-            self.note(f"torch.{name} (reads tensor values on the host)")
+            self.note(f"torch.{name} (reads tensor values on the host)", host_read=True)
         elif not (func.is_view or name in NO_LAUNCH or name in ZERO_FILLS):
             self.note(f"torch operator aten.{name} (compute must be in Triton kernels)")
         return out
@@ -128,7 +131,8 @@ class Recorder(TorchDispatchMode):
 
 
 class _HostWatch(TorchFunctionMode):
-    """``tolist`` / ``numpy`` / ``cpu`` and host-data uploads (``torch.tensor(list)``): host traffic."""
+    """``tolist`` / ``numpy`` / ``cpu`` / printing a tensor (``str``, f-strings: every torch mode is off while it
+    reads the values) and host-data uploads (``torch.tensor(list)``): host traffic."""
 
     def __init__(self, recorder: Recorder):
         super().__init__()
@@ -139,7 +143,7 @@ class _HostWatch(TorchFunctionMode):
         if name is None and func in HOST_UPLOADS and args and not isinstance(args[0], torch.Tensor):
             name = HOST_UPLOADS[func]
         if name is not None and not self.recorder._in_triton:
-            self.recorder.note(f"torch {name} (host data)")
+            self.recorder.note(f"torch {name} (host data)", host_read=func in HOST_METHODS)
         return func(*args, **(kwargs or {}))
 
 

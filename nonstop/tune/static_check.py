@@ -132,6 +132,23 @@ def _in_module_decorator(node) -> bool:
     return False
 
 
+def _type_position(node) -> bool:
+    """True if ``node`` is the class argument of ``isinstance`` (alone or in a tuple there) or
+    part of an annotation made of subscripts, tuples and ``|`` only: places a type is compared, never called."""
+    parent = getattr(node, "parent", None)
+    if isinstance(parent, ast.Tuple):
+        node, parent = parent, getattr(parent, "parent", None)
+    if isinstance(parent, ast.Call) and len(parent.args) == 2 and parent.args[1] is node:
+        return isinstance(parent.func, ast.Name) and parent.func.id == "isinstance"
+    while isinstance(parent, (ast.Tuple, ast.BinOp)) or (isinstance(parent, ast.Subscript) and parent.slice is node):
+        node, parent = parent, getattr(parent, "parent", None)
+    return (
+        (isinstance(parent, ast.arg) and parent.annotation is node)
+        or (isinstance(parent, (ast.FunctionDef, ast.AsyncFunctionDef)) and parent.returns is node)
+        or (isinstance(parent, ast.AnnAssign) and parent.annotation is node)
+    )
+
+
 def _called(node: ast.Name) -> bool:
     """True if ``node`` is the function of a call, or the kernel of a ``kernel[grid](...)`` launch."""
     parent = getattr(node, "parent", None)
@@ -442,9 +459,12 @@ class _Checker:
         full = self.resolve(chain) or node.id
         if full == "triton.jit" and not _in_module_decorator(top):
             self.p.add(node, "triton.jit is only allowed as the decorator of a module-level function")
-        parent = getattr(top, "parent", None)
-        if full == "torch.Tensor" and isinstance(parent, ast.Call) and parent.func is top:
-            self.p.add(node, "torch.Tensor(...) is not allowed: it allocates uninitialised memory (use torch.zeros)")
+        if full == "torch.Tensor" and not _type_position(top):
+            self.p.add(
+                node,
+                "torch.Tensor is allowed only as a type (isinstance(x, torch.Tensor), an annotation): called, even "
+                "through another name, it allocates uninitialised memory (use torch.zeros)",
+            )
         problem = path_problem(full.split("."))
         if problem:
             hint = " (compute belongs in Triton kernels)" if full.startswith("torch.") else ""
@@ -477,7 +497,14 @@ class _Checker:
                     "dict it changes the object in place (write x = x + y)",
                 )
             if isinstance(node, ast.Name) and isinstance(node.ctx, ast.Load):
-                if node.id in callables and not _called(node):
+                parent = getattr(node, "parent", None)
+                if node.id in self.jit and isinstance(parent, ast.Call) and parent.func is node:
+                    self.p.add(
+                        node,
+                        f"the Triton kernel {node.id} is called from host code: launch it as {node.id}[grid](...) "
+                        "(called, under TRITON_INTERPRET=1 its body runs as host Python on the objects it gets)",
+                    )
+                elif node.id in callables and not _called(node):
                     self.p.add(
                         node,
                         f"{node.id} may only be called (or launched as {node.id}[grid](...)), "
