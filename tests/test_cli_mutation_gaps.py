@@ -205,7 +205,8 @@ def test_serve_defaults_match_its_help(serve_stubs, monkeypatch):
     [
         (["--port", "65536"], "--port must be in 1..65535, got 65536"),
         (["--port", "0"], "--port must be in 1..65535, got 0"),
-        (["--api-key", " "], "--api-key must not be empty"),
+        (["--api-key", " "], "--api-key (or $NONSTOP_API_KEY) must not be empty"),
+        (["--api-key", "clé"], "--api-key (or $NONSTOP_API_KEY) must be printable ASCII"),
         (["--max-model-len", "2049"], "--max-model-len 2049 exceeds the model's 2048 positions"),
         (["--max-model-len", "100", "--default-max-tokens", "100"], "--default-max-tokens 100 leaves no room"),
         (["--max-model-len", "1"], "a context of 1 tokens (--max-model-len) leaves no room for a prompt and one"),

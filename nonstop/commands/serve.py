@@ -121,7 +121,12 @@ def run(args) -> int:
     if not 0 < args.port < 65536:
         raise ValueError(f"--port must be in 1..65535, got {args.port}")
     if args.api_key is not None and not args.api_key.strip():
-        raise ValueError("--api-key must not be empty")
+        raise ValueError("--api-key (or $NONSTOP_API_KEY) must not be empty")
+    if args.api_key is not None and not (args.api_key.isascii() and args.api_key.isprintable()):
+        raise ValueError(
+            "--api-key (or $NONSTOP_API_KEY) must be printable ASCII: clients send it in an HTTP header, which "
+            "carries no other characters"
+        )
     if any(not name.strip() for name in args.served_model_name or []):
         raise ValueError("--served-model-name must not be empty")
     _check_lengths(args, resolve_model(args.model)[0].max_position_embeddings)

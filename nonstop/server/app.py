@@ -183,7 +183,9 @@ def create_app(ctx: ServingContext, manage_engine: bool = True) -> FastAPI:
     auth = [Depends(_api_key_check(ctx))]
     limits = ctx.limits
 
-    @app.api_route("/health", methods=["GET", "HEAD"])
+    # HEAD answers as GET does, outside the OpenAPI schema (one route for both gave two operations one id)
+    @app.head("/health", include_in_schema=False)
+    @app.get("/health")
     async def health():
         if not ctx.engine.running:
             raise APIError(
