@@ -203,12 +203,19 @@ def rules_problem(entry: dict) -> str | None:
 PLAIN_LAUNCH_ARGS = (torch.Tensor, int, float, bool, str, type(None), torch.dtype)  # and Triton's dtypes
 
 
-def _plain_arg(value) -> bool:
+def _leaves(value):
+    """The values a launch argument holds: itself, or the leaves of a tuple or Triton ``constexpr`` wrapping."""
     if isinstance(value, tuple):
-        return all(_plain_arg(v) for v in value)
-    if type(value).__name__ == "constexpr":
-        return _plain_arg(getattr(value, "value", None))
-    return isinstance(value, PLAIN_LAUNCH_ARGS) or type(value).__name__ == "dtype"  # Triton's tl.float32 ...
+        for v in value:
+            yield from _leaves(v)
+    elif type(value).__name__ == "constexpr":
+        yield from _leaves(getattr(value, "value", None))
+    else:
+        yield value
+
+
+def _plain_arg(value) -> bool:
+    return all(isinstance(v, PLAIN_LAUNCH_ARGS) or type(v).__name__ == "dtype" for v in _leaves(value))  # tl.float32
 
 
 def _constexpr_params(fn) -> tuple[list[str], set[str]]:
@@ -219,11 +226,7 @@ def _constexpr_params(fn) -> tuple[list[str], set[str]]:
 
 
 def _holds_tensor(value) -> bool:
-    if isinstance(value, tuple):
-        return any(_holds_tensor(v) for v in value)
-    if type(value).__name__ == "constexpr":
-        return _holds_tensor(getattr(value, "value", None))
-    return isinstance(value, torch.Tensor)
+    return any(isinstance(v, torch.Tensor) for v in _leaves(value))
 
 
 def plain_launch_args(module) -> None:

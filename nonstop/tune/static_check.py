@@ -486,7 +486,7 @@ class _Checker:
             | {n for n, e in self.imported.items() if e[0] == "nonstop" and callable(e[1])}
         ) - self.consts
         bound = _bound_names(fn)
-        self.shadowed_builtins(fn, bound, SHADOWABLE_BUILTINS)
+        self.shadowed_builtins(fn, bound)
         known = module_level | set(self.modules) | bound
         attrs = host_attrs()
         for node in ast.walk(fn):
@@ -536,11 +536,11 @@ class _Checker:
                     "nonstop/tune/allowed.py HOST_ATTRS",
                 )
 
-    def shadowed_builtins(self, fn: ast.FunctionDef, bound: set[str], builtin_names: frozenset[str]) -> None:
+    def shadowed_builtins(self, fn: ast.FunctionDef, bound: set[str]) -> None:
         """A builtin's name the function may not call, bound in it: the binding made the name "known" in the
         whole function, so that its other uses (outside a comprehension, before an assignment) reached the
         real builtin."""
-        for name in sorted(bound & builtin_names):
+        for name in sorted(bound & SHADOWABLE_BUILTINS):
             self.p.add(
                 fn,
                 f"{fn.name} binds the builtin name {name!r}: a name bound anywhere in a function counts as its own "
@@ -556,7 +556,7 @@ class _Checker:
                 for sub in ast.walk(node.target):
                     if isinstance(sub, ast.Name):
                         local.add(sub.id)
-        self.shadowed_builtins(fn, _bound_names(fn) | local, SHADOWABLE_BUILTINS)
+        self.shadowed_builtins(fn, _bound_names(fn) | local)
         for node in ast.walk(fn):
             if isinstance(node, ast.Attribute) and node.attr not in JIT_ATTRS:
                 chain = _chain(node)
