@@ -179,4 +179,14 @@ def kda_core(op, env) -> None:
     )
 
 
+def kda_in_proj_refusal(attrs: dict) -> str | None:
+    """Why ``kda_in_proj`` cannot run an op with these attrs, or None. Its conv epilogue keeps a window of
+    the K-1 >= 1 previous tokens per channel, so K = 1 (no convolution; no published model has it) is left
+    to the backends that compute the step in torch."""
+    if attrs["conv_size"] < 2:
+        return f"kda_in_proj with short_conv_kernel_size {attrs['conv_size']} (the kernel needs >= 2)"
+    return None
+
+
 KERNELS = {"kda_in_proj": kda_in_proj, "kda_core": kda_core}
+REFUSALS = {"kda_in_proj": kda_in_proj_refusal}

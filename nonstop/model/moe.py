@@ -5,6 +5,7 @@ Router (DeepSeek-V3 "noaux_tc", used by DeepSeek-V3, Kimi K2, Kimi Linear, Kimi 
   choice = s + b                          correction bias b: selection only
   group limit (G groups): keep the topk_group groups with the largest sum of their top-2 choice scores
   T = top-k(choice);  p_j = s_j / Σ_T s (if renormalise) · routed_scaling_factor
+  ties (σ rounds to exactly 1.0 in fp32 past ~17) go to the lower group / expert id, as in the kernels
 Routed output Σ_{j∈T} p_j E_j(x), E_j a gated MLP; shared experts are one unweighted MLP.
 Latent MoE (K3): z = W↓ x; u = Σ p_j E_j(z) (experts on the latent width ℓ); y = W↑ RMSNorm(u) + shared(x).
 """
@@ -29,6 +30,12 @@ def router_logits(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
     return x.float() @ weight.float().t()
 
 
+def top_ids(x: torch.Tensor, k: int) -> torch.Tensor:
+    """Indices [..., k] of the k largest entries of x [..., n] along the last dim, largest first; equal
+    values in index order (``torch.topk`` leaves the order of ties unspecified)."""
+    return torch.sort(x, dim=-1, descending=True, stable=True).indices[..., :k]
+
+
 def select_experts(
     logits: torch.Tensor, bias: torch.Tensor | None, cfg: MoEConfig
 ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -40,9 +47,9 @@ def select_experts(
         grouped = choice.view(N, cfg.num_groups, E // cfg.num_groups)
         group_scores = grouped.topk(2, dim=-1).values.sum(-1)
         keep = torch.zeros_like(group_scores, dtype=torch.bool)
-        keep.scatter_(1, group_scores.topk(cfg.topk_groups, dim=-1).indices, True)
+        keep.scatter_(1, top_ids(group_scores, cfg.topk_groups), True)
         choice = choice.masked_fill(~keep[:, :, None].expand_as(grouped).reshape(N, E), float("-inf"))
-    ids = choice.topk(cfg.top_k, dim=-1).indices
+    ids = top_ids(choice, cfg.top_k)
     weights = scores.gather(1, ids)
     if cfg.renormalize:
         weights = weights / (weights.sum(-1, keepdim=True) + 1e-20)

@@ -61,6 +61,19 @@ def missing_kernels(program: Program, table: dict) -> list[str]:
     return sorted({op.kind for op in program.ops} - set(table))
 
 
+def refused_ops(program: Program, table: dict) -> list[str]:
+    """Why the built-in kernels in ``table`` cannot run some ops of ``program`` (``REFUSALS`` of
+    ``nonstop.kernels``; sorted, each reason once). A kernel the caller supplied instead is not asked."""
+    from nonstop.kernels import KERNELS, REFUSALS
+
+    reasons = set()
+    for op in program.ops:
+        refusal = REFUSALS.get(op.kind)
+        if refusal is not None and table.get(op.kind) is KERNELS.get(op.kind):
+            reasons.add(refusal(op.attrs))
+    return sorted(reasons - {None})
+
+
 @dataclass
 class ExecEnv(StepEnv):
     """A ``StepEnv`` plus what the executor offers a kernel launch.
@@ -130,6 +143,11 @@ class SuperOpExecutor(Executor):
             missing = missing_kernels(self.program, table)
             if missing:
                 raise ValueError(f"backend 'superop' has no Triton kernel yet for: {', '.join(missing)}")
+            refused = refused_ops(self.program, table)
+            if refused:
+                raise ValueError(
+                    f"backend 'superop' cannot run this model: {'; '.join(refused)}; backends 'reference' and 'cpu' can"
+                )
             self.impl = table
         else:
             self.impl = REFERENCE

@@ -5,15 +5,20 @@ switches, and the clear error while kernels are missing."""
 
 from __future__ import annotations
 
+import copy
+
 import pytest
 import torch
 
 from nonstop.cache.state import ModelCache
+from nonstop.config import ModelConfig
+from nonstop.model.build import random_model
 from nonstop.program.reference import REFERENCE
 from nonstop.runtime.cuda_graph import fit_pools, pdl_support, storage_signature
 from nonstop.runtime.executors import ReferenceExecutor
 from nonstop.runtime.superop import ExecEnv, SuperOpExecutor
 from tests.runtime.helpers import greedy_tokens, kernel_skip_reason, tiny_model
+from tests.tiny_configs import TINY_CONFIGS
 
 triton = pytest.importorskip("triton")
 tl = triton.language
@@ -65,6 +70,20 @@ def _decode_once(ex, model, B=2, T=1, cache=None):
 def test_missing_kernels_raise_a_clear_error(llama):
     with pytest.raises(ValueError, match="no Triton kernel yet for: .*embed.*gqa_attn"):
         SuperOpExecutor(llama, kernels={})
+
+
+def test_a_kda_conv_window_the_kernel_cannot_hold_is_refused_before_any_step():
+    """short_conv_kernel_size 1 parses and runs on the torch backends, but kda_in_proj keeps a window of
+    K-1 >= 1 tokens: the superop executor (and the megakernel, built on it) refuses the model up front with
+    the reason, instead of an assertion in the first launch."""
+    raw = copy.deepcopy(TINY_CONFIGS["kimi_linear"])
+    raw.setdefault("linear_attn_config", {})["short_conv_kernel_size"] = 1
+    model = random_model(ModelConfig.from_hf_dict(raw), torch.float32, seed=3)
+    with pytest.raises(ValueError, match=r"kda_in_proj with short_conv_kernel_size 1 .*'reference' and 'cpu'"):
+        SuperOpExecutor(model)
+    tokens = greedy_tokens(model, ReferenceExecutor(model), max_tokens=[2, 2, 2])  # the torch path runs it
+    assert [len(t) for t in tokens] == [2, 2, 2]
+    SuperOpExecutor(tiny_model("kimi_linear"))  # the usual window of 4 is accepted
 
 
 def test_static_buffers_are_allocated_once_per_shape(llama, monkeypatch):
