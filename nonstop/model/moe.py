@@ -75,6 +75,7 @@ class RoutedExperts(nn.Module):
                 "nonstop plan prices them (e.g. Kimi K2 Thinking's int4 experts)"
             )
         self.fmt = fmt
+        self.num_experts = num_experts
         self.shapes = {"w1": (intermediate, in_dim), "w3": (intermediate, in_dim), "w2": (in_dim, intermediate)}
         for name, (n, k) in self.shapes.items():
             if fmt == "dense":

@@ -42,7 +42,8 @@ def test_decode_logits_of_sequences_at_different_positions_match_the_reference()
 @pytest.mark.parametrize("weights", ["bfloat16", "int8"])
 def test_quantized_moe_decode_logits_match_the_reference_on_the_rounded_weights(weights):
     """The gathered routed experts (``ops.moe_experts_gathered``: int8 as Q and per-row scales) against the
-    reference's expert loop on the weights packing left in the model: logits, not only greedy tokens."""
+    reference's expert loop on the weights packing left in the model: logits, not only greedy tokens, to fp32
+    rounding (the stacks widen to fp32; bf16 expert math would be ~1e-5 off on this model's ~0.4 logits)."""
     model = tiny_model("kimi_k3")
     ex = CPUExecutor(model, weights=weights, compile=False, progress=False)
     caches = [ModelCache(model.cfg, 3, capacity=8, page_size=4) for _ in range(2)]
@@ -57,4 +58,4 @@ def test_quantized_moe_decode_logits_match_the_reference_on_the_rounded_weights(
         batch = cache.batch([2, 0], 1)
         out.append(fn(ids, cache, batch, last_only=True))
         cache.advance(batch)
-    torch.testing.assert_close(out[0], out[1], rtol=1e-4, atol=1e-4)
+    torch.testing.assert_close(out[0], out[1], rtol=1e-5, atol=1e-6)

@@ -232,15 +232,15 @@ def test_packing_that_does_not_fit_in_memory_is_refused_or_skipped(monkeypatch):
     lm_head = model.lm_head_weight.numel() * 4
     monkeypatch.setattr(cpu_executor, "available_memory", lambda device: lm_head)  # less than all linear weights
     ex = CPUExecutor(model, weights="float32", compile=False, progress=False)
-    assert "row tiles need" in ex.stats["kernels"]
+    assert "row tiles take" in ex.stats["kernels"]
     assert not any(isinstance(w, F32Weight) for op in ex.program.ops for w in op.weights.values())
     prompts, max_tokens = [[3, 4, 5]], [4]
     assert greedy_tokens(model, ex, prompts, max_tokens) == greedy_tokens(
         model, ReferenceExecutor(model), prompts, max_tokens
     )
-    with pytest.raises(PreflightError, match="int8 row tiles need .* free"):
+    with pytest.raises(PreflightError, match="int8 row tiles take .* to pack .* free"):
         CPUExecutor(tiny_model("llama"), weights="int8", compile=False, progress=False)
-    with pytest.raises(PreflightError, match="float32 row tiles need .* free"):  # 16-bit weights widen in a copy
+    with pytest.raises(PreflightError, match="float32 row tiles take .* free"):  # 16-bit weights widen in a copy
         CPUExecutor(tiny_model("llama").to(torch.float16), weights="float32", compile=False, progress=False)
 
 

@@ -2,9 +2,9 @@
 
 Everything lives under ``cache_dirs.cache_root()`` = $NONSTOP_CACHE_DIR, else $XDG_CACHE_HOME/nonstop,
 else ~/.cache/nonstop: ``inductor/`` (torch.compile's kernels and graphs, unless TORCHINDUCTOR_CACHE_DIR
-is already set) and ``ext/`` (the C++ GEMV kernels; ``cache_dirs.private_dir``: only this user may write
-it). A later process finds them there, so a step shape compiles once per machine and torch version; later
-runs only trace and load.
+is already set) and ``ext/`` (the C++ GEMV kernels); both are ``cache_dirs.private_dir``s (only this user
+may write them: they hold code nonstop loads). A later process finds them there, so a step shape compiles
+once per machine and torch version; later runs only trace and load.
 """
 
 from __future__ import annotations
@@ -16,18 +16,19 @@ import time
 from contextlib import contextmanager
 from pathlib import Path
 
-from nonstop.cache_dirs import cache_root
+from nonstop.cache_dirs import private_dir
 
 
 def use_inductor_cache() -> Path:
     """Point torch.compile's on-disk cache at ``cache_root()/inductor`` unless the user chose one (torch
     writes its default, a per-user temp dir, into TORCHINDUCTOR_CACHE_DIR on first use: that one is ours
-    to replace; inductor reads the variable each time it needs the directory)."""
+    to replace; inductor reads the variable each time it needs the directory). Ours is a
+    ``private_dir``: torch loads the compiled code it holds."""
     from torch._inductor.runtime.cache_dir_utils import default_cache_dir
 
     current = os.environ.get("TORCHINDUCTOR_CACHE_DIR")
     if current is None or current == default_cache_dir():
-        os.environ["TORCHINDUCTOR_CACHE_DIR"] = str(cache_root() / "inductor")
+        os.environ["TORCHINDUCTOR_CACHE_DIR"] = str(private_dir("inductor"))
     path = Path(os.environ["TORCHINDUCTOR_CACHE_DIR"])
     path.mkdir(parents=True, exist_ok=True)
     return path

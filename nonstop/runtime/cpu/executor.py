@@ -46,7 +46,7 @@ from nonstop.runtime.cpu.compile_cache import announced, use_inductor_cache
 from nonstop.runtime.cpu.direct_call import CapturingInductor, DirectStep
 from nonstop.runtime.cpu.kernels import load_kernels
 from nonstop.runtime.cpu.ops import CPU_KERNEL_OPS, CPU_OPS
-from nonstop.runtime.cpu.pack import pack_program, packed_bytes, streams_weights
+from nonstop.runtime.cpu.pack import pack_program, packed_bytes, packing_peak_bytes, streams_weights
 from nonstop.runtime.cpu.step import run_step
 from nonstop.runtime.interface import Executor
 from nonstop.threads import configure_threads
@@ -188,13 +188,14 @@ class CPUExecutor(Executor):
         }
 
     def _room_for_packing(self) -> str | None:
-        """None when the packed copy of the weights fits in free memory. Else fp32 keeps the loaded fp32
-        tensors (returns why: no kernels then); bf16 / int8, or fp32 on a 16-bit model (whose weights widen
-        only in a copy), refuse with a one-line PreflightError."""
-        need, free = packed_bytes(self.program, self.weights), available_memory(torch.device("cpu"))
+        """None when packing the weights fits in free memory at its peak (``packing_peak_bytes``). Else fp32
+        keeps the loaded fp32 tensors (returns why: no kernels then); bf16 / int8, or fp32 on a 16-bit model
+        (whose weights widen only in a copy), refuse with a one-line PreflightError."""
+        need, free = packing_peak_bytes(self.program, self.weights), available_memory(torch.device("cpu"))
         if need <= free:
             return None
-        why = f"the {self.weights} row tiles need {size_text(need)} beside the loaded weights; {size_text(free)} free"
+        why = f"the {self.weights} row tiles take {size_text(need)} to pack beside the loaded weights"
+        why += f"; {size_text(free)} free"
         if self.weights != "float32" or self.model.embed_tokens.weight.dtype != torch.float32:
             raise PreflightError(f"backend cpu: {why} (load the model in bfloat16, or use more memory)")
         if self.progress:

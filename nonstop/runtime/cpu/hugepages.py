@@ -31,6 +31,17 @@ def _madvise_huge(address: int, length: int) -> bool:
     return _libc.madvise(address, length, MADV_HUGEPAGE) == 0
 
 
+def release_free_memory() -> None:
+    """Hand the heap's free pages back to the system (glibc ``malloc_trim``; elsewhere nothing): after
+    packing, the temporaries' pages would otherwise stay in the process's resident memory."""
+    if not sys.platform.startswith("linux"):
+        return
+    try:
+        ctypes.CDLL(None).malloc_trim(0)
+    except AttributeError:  # a C library without it (musl)
+        pass
+
+
 def hugepage_empty(numel: int, dtype: torch.dtype) -> torch.Tensor:
     """An uninitialised 1-D CPU tensor of ``numel`` elements starting on a huge-page boundary, its pages
     advised as huge before anything touches them (a view into a slightly larger allocation)."""

@@ -25,9 +25,11 @@ import torch
 
 from nonstop.hostinfo import cpu_vendor, last_level_cache_bytes
 from nonstop.program.ir import Program
-from nonstop.runtime.cpu.hugepages import hugepage_copies
+from nonstop.runtime.cpu.hugepages import hugepage_copies, release_free_memory
 from nonstop.runtime.cpu.packed import FORMATS
 from nonstop.weights.quant import DEFAULT_GROUP, dequantize_int8, group_size, quantize_int8
+
+PLACE_BATCH = 256 << 20  # packed bytes copied onto huge pages at a time (a few wasted KiB per batch)
 
 LINEAR_ROLES = frozenset(
     {
@@ -74,15 +76,51 @@ def bytes_per_weight(fmt: str, group: int = DEFAULT_GROUP) -> float:
 
 
 def packed_bytes(program: Program, fmt: str) -> int:
-    """About what packing ``program`` into ``fmt`` allocates beside the loaded weights (which stay): its
+    """About the bytes of ``program``'s linear weights packed into ``fmt`` (what the step streams): its
     linear weights at ``fmt``'s bytes per weight (int8 at the default group)."""
-    seen, total = set(), 0.0
+    return int(sum(w.numel() for w in _linear_weights(program)) * bytes_per_weight(fmt))
+
+
+def _linear_weights(program: Program) -> list[torch.Tensor]:
+    """The 2-D linear weights ``pack_program`` packs, each once (a tensor shared by ops counts once)."""
+    seen: dict[int, torch.Tensor] = {}
     for op in program.ops:
         for role, w in op.weights.items():
-            if role in LINEAR_ROLES and isinstance(w, torch.Tensor) and w.dim() == 2 and id(w) not in seen:
-                seen.add(id(w))
-                total += w.numel() * bytes_per_weight(fmt)
-    return int(total)
+            if role in LINEAR_ROLES and isinstance(w, torch.Tensor) and w.dim() == 2:
+                seen.setdefault(id(w), w)
+    return list(seen.values())
+
+
+def _expert_stacks(program: Program, fmt: str) -> list[tuple[int, int]]:
+    """(numel, bytes kept) of each routed-expert stack ``_pack_experts`` makes: MXFP4 ones widen to fp32,
+    dense ones take a bf16 or int8 (+ per-row fp32 scale) copy; dense fp32 reuses the loaded stack (none)."""
+    stacks = []
+    for op in program.ops:
+        if op.kind != "moe_experts":
+            continue
+        experts = op.attrs["experts"]
+        for n, k in experts.shapes.values():
+            numel = experts.num_experts * n * k
+            if experts.fmt != "dense":
+                stacks.append((numel, 4 * numel))
+            elif fmt != "float32":
+                stacks.append((numel, int(numel * bytes_per_weight(fmt, k))))
+    return stacks
+
+
+def packing_peak_bytes(program: Program, fmt: str) -> int:
+    """About the most ``pack_program`` holds at once beside the loaded weights: the packed linear weights,
+    the routed experts' stacks, one batch of packed weights being copied onto huge pages (``PLACE_BATCH``
+    and the weight that closes it), and the fp32 temporaries of the largest weight or expert stack being
+    converted (about four: widened, padded / quantised, tiled, dequantised)."""
+    weights = [w.numel() for w in _linear_weights(program)]
+    stacks = _expert_stacks(program, fmt)
+    largest = max([*weights, *(numel for numel, _ in stacks)], default=0)
+    packed = packed_bytes(program, fmt)
+    experts = sum(kept for _, kept in stacks)
+    return int(
+        packed + experts + min(packed, PLACE_BATCH) + max(weights, default=0) * bytes_per_weight(fmt) + largest * 16
+    )
 
 
 # (CPU vendor, the kernels' vector path: 2 AVX-512, 1 AVX2) -> the formats whose weights stream once they
@@ -124,6 +162,7 @@ def pack_program(program: Program, fmt: str, kernels: bool, group: int = DEFAULT
     (columns per scale where it divides K, else per channel; 0: always per channel). stream: the kernels
     read the weights with non-temporal prefetches (``streams_weights``)."""
     done: dict[int, object] = {}  # a tensor shared by ops (tied embeddings) is packed once
+    batch: list = []  # packed weights not yet on huge pages: moved a batch at a time to bound the peak
     for op in program.ops:
         if op.kind == "moe_experts":
             op.attrs["dense_experts"] = _pack_experts(op.attrs["experts"], fmt)
@@ -138,14 +177,21 @@ def pack_program(program: Program, fmt: str, kernels: bool, group: int = DEFAULT
                 packed.stream = stream and packed.kernels
                 w.data.copy_(packed.dequantized().to(w.dtype))
                 done[id(w)] = packed
+                if packed.kernels:
+                    batch.append(packed)
+                    if sum(getattr(p, n).nbytes for p in batch for n in p.streamed) >= PLACE_BATCH:
+                        place_on_huge_pages(batch)
+                        batch = []
             op.weights[role] = done[id(w)]
-    place_on_huge_pages([p for p in done.values() if p.kernels])
+    place_on_huge_pages(batch)
     program.dtype = torch.float32
+    release_free_memory()
 
 
 def place_on_huge_pages(packed: list) -> None:
     """Move the tensors the kernels stream (each packed weight's ``streamed`` attributes) into one
-    huge-page allocation, in the given order."""
+    huge-page allocation, in the given order. ``pack_program`` moves them in batches of about
+    ``PLACE_BATCH`` bytes, so that the copy never doubles the whole model."""
     fields = [(p, name) for p in packed for name in p.streamed]
     for (p, name), copy in zip(fields, hugepage_copies([getattr(p, name) for p, name in fields])):
         setattr(p, name, copy)
