@@ -139,6 +139,8 @@ def _parse_rope(f: ConfigFields, dim: int, interleaved: bool, default_theta: flo
     if not isinstance(kind, str) or kind not in ("default", "linear", "llama3", "yarn"):
         raise ConfigError(f"unsupported rope type {kind!r} in field 'rope_scaling'/'rope_parameters'")
     rf = ConfigFields(merged, "rope_parameters.")
+    if kind != "default" and merged.get("factor") is None:  # transformers refuses these too (a KeyError)
+        raise ConfigError(f"missing required field 'rope_parameters.factor' (rope type {kind!r} scales by it)")
     factor = rf.at_least("factor", 0.0, 1.0, strict=True)
     original = rf.at_least("original_max_position_embeddings", 1, None, int)
     if kind == "llama3" and original is None:

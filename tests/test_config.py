@@ -116,6 +116,13 @@ def test_slicing_rewrites_the_layer_lists():
         (lambda c: c.update(rope_scaling="yarn"), r"'rope_scaling' must be an object \(or null\), got 'yarn'"),
         (lambda c: c.update(rope_scaling=[1, 2]), r"'rope_scaling' must be an object \(or null\), got \[1, 2\]"),
         (lambda c: c.update(rope_parameters="default"), r"'rope_parameters' must be an object \(or null\)"),
+        # a scaling rope without its factor: transformers refuses it (KeyError); 1.0 would silently not scale
+        (lambda c: c["rope_scaling"].pop("factor"), r"missing required field 'rope_parameters.factor' \(rope type"),
+        (
+            lambda c: c.update(rope_scaling={"rope_type": "yarn", "original_max_position_embeddings": 128}),
+            r"missing required field 'rope_parameters.factor' \(rope type 'yarn'",
+        ),
+        (lambda c: c.update(rope_scaling={"type": "linear", "factor": None}), "'rope_parameters.factor'"),
         (lambda c: c.update(eos_token_id=131), r"'eos_token_id' is 131, outside the vocabulary \(vocab_size 131\)"),
         (lambda c: c.update(eos_token_id=[2, 99999]), "'eos_token_id' is 99999, outside the vocabulary"),
         (lambda c: c.update(bos_token_id=500), "'bos_token_id' is 500, outside the vocabulary"),

@@ -93,10 +93,10 @@ ROPE_VARIANTS = {
             "attention_factor": 0.8,
         },
     },
-    # small theta, long original context: the upper correction dim is clamped at dim - 1
+    # small theta: the upper correction dim (ceil 36 at rotary dim 32) is clamped at dim - 1
     "yarn-high-clamp": {
-        "rope_theta": 100.0,
-        "rope_scaling": {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 4096},
+        "rope_theta": 10.0,
+        "rope_scaling": {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 1024},
     },
     "yarn-no-truncate": {
         "rope_theta": 10000.0,
