@@ -12,8 +12,9 @@ The token log lets several steps run in one launch (``MegakernelExecutor.decode_
 reads the generated tokens by position afterwards.
 
 Ordering: ``ids`` is declared (the embedding tasks read it, so the schedule orders this write after
-them); ``start`` is read by the attention / cache-append / KDA tasks without a declared region, which
-are all ancestors of the logits that ``sample`` (this op's producer) reads.
+them); ``start`` is declared too: ``tiling.tile_step`` adds a READ of it to every tile of an op whose
+launch takes it (attention, cache append, KDA), so this op's write of it waits for all of them (they
+are also ancestors of the logits that ``sample``, this op's producer, reads).
 """
 
 from __future__ import annotations
