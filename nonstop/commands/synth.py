@@ -86,7 +86,7 @@ def run(args) -> int:
         out,
         seed=args.seed,
         dtype=DTYPES[args.dtype],
-        max_shard_bytes=int(args.shard_size * 1e9),
+        max_shard_bytes=int(min(args.shard_size * 1e9, sys.maxsize)),  # 1e300 GB: one shard, not an overflow
         tokenizer_dir=tokenizer_dir,
         progress=progress_printer(sys.stderr),
         removed=removed,

@@ -64,6 +64,28 @@ def test_a_failed_write_leaves_the_old_checkpoint_as_it_was(tmp_path, monkeypatc
     assert not missing.exists()  # the directory the failed write made is gone too
 
 
+@pytest.mark.parametrize("blocked", ["model.safetensors", "config.json", "second shard"])
+def test_a_folder_where_a_new_file_goes_is_refused_before_anything_moves(tmp_path, blocked):
+    """No file can replace a folder: the write is refused with the folder named, and the old checkpoint,
+    the folder and the user's files stay as they were (the old weights were once deleted first, the new
+    config moved in, and the staging folder left behind, under a bare OS error)."""
+    shard = 20_000 if blocked == "second shard" else 4 << 30
+    if blocked == "second shard":
+        write_checkpoint(CFG, tmp_path / "probe", seed=2, dtype=torch.float32, max_shard_bytes=shard)
+        blocked = sorted(p.name for p in (tmp_path / "probe").glob("model-*.safetensors"))[1]
+    out = tmp_path / "ckpt"
+    write_checkpoint(CFG, out, seed=1, dtype=torch.float32)
+    (out / "notes.txt").write_text("mine")
+    (out / blocked).unlink(missing_ok=True)
+    (out / blocked).mkdir()
+    (out / blocked / "inside").write_text("x")
+    before = {p.name: (p.read_bytes() if p.is_file() else None) for p in out.iterdir()}
+    with pytest.raises(CheckpointWriteError, match=f"{blocked} is a folder where .* left as it was"):
+        write_checkpoint(CFG, out, seed=2, dtype=torch.float32, max_shard_bytes=shard)
+    assert {p.name: (p.read_bytes() if p.is_file() else None) for p in out.iterdir()} == before
+    assert (out / blocked / "inside").read_text() == "x"
+
+
 def test_written_files_follow_the_umask(tmp_path):
     """safetensors creates its files 0600; a checkpoint's files are as readable as the user's umask allows."""
     old = os.umask(0o022)
