@@ -163,6 +163,7 @@ def pack_program(program: Program, fmt: str, kernels: bool, group: int = DEFAULT
     read the weights with non-temporal prefetches (``streams_weights``)."""
     done: dict[int, object] = {}  # a tensor shared by ops (tied embeddings) is packed once
     batch: list = []  # packed weights not yet on huge pages: moved a batch at a time to bound the peak
+    batch_bytes = 0
     for op in program.ops:
         if op.kind == "moe_experts":
             op.attrs["dense_experts"] = _pack_experts(op.attrs["experts"], fmt)
@@ -179,9 +180,10 @@ def pack_program(program: Program, fmt: str, kernels: bool, group: int = DEFAULT
                 done[id(w)] = packed
                 if packed.kernels:
                     batch.append(packed)
-                    if sum(getattr(p, n).nbytes for p in batch for n in p.streamed) >= PLACE_BATCH:
+                    batch_bytes += sum(getattr(packed, name).nbytes for name in packed.streamed)
+                    if batch_bytes >= PLACE_BATCH:
                         place_on_huge_pages(batch)
-                        batch = []
+                        batch, batch_bytes = [], 0
             op.weights[role] = done[id(w)]
     place_on_huge_pages(batch)
     program.dtype = torch.float32
