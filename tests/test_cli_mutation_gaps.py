@@ -366,12 +366,17 @@ def test_generate_without_a_prompt_completes_the(monkeypatch):
     class Asked(Exception):
         pass
 
-    def make_request(prompt, prompt_ids, params):
+    def make_request(prompt, prompt_ids, params, request_id=None):
         raise Asked(prompt, prompt_ids)
 
     llm = types.SimpleNamespace(generation=types.SimpleNamespace(defaults={}), make_request=make_request)
     llm.sampling_defaults = dict
-    monkeypatch.setattr(generate, "llm_from_args", lambda *a, **k: llm)
+
+    def llm_from_args(*args, before_load, **kw):  # the request is checked before the weights load
+        before_load(llm)
+        return llm
+
+    monkeypatch.setattr(generate, "llm_from_args", llm_from_args)
     with pytest.raises(Asked) as asked:
         generate.run(_parse(["generate"]))
     assert asked.value.args == ("The", None)

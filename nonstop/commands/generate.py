@@ -53,21 +53,20 @@ def run(args) -> int:
             f"--speculative {args.speculative}: repetition, presence and frequency penalties are not supported "
             "with speculative decoding (leave those flags out)"
         )
-    # under --tp / --ep llm_class starts or joins the ranks (nonstop.dist); only rank 0 goes on
-    llm = llm_from_args(args, cls=llm_class(args), progress=True, max_batch=1, speculative=speculative)
-    load_s = time.perf_counter() - t0
-    # the checkpoint's defaults; under speculative decoding without its repetition penalty (said on stderr)
-    # unless --repetition-penalty replaces it anyway
-    given = args.repetition_penalty is not None
-    params = sampling_from_args(args, llm.generation.defaults if given else llm.sampling_defaults())
     # "The" only when no prompt is given: an empty one ("") is the engine's to refuse, as the API's
     prompt = None if args.prompt_ids else " ".join(args.prompt) if args.prompt else "The"
-    # every check a request meets before it runs, before anything is printed: a prompt id outside the
-    # vocabulary, an empty prompt, prompt + max_tokens beyond the context
+    setup = {}
+
+    def before_load(llm) -> None:  # config, tokenizer and defaults known, weights not loaded: refuse early
+        setup["params"] = _checked_params(args, llm, prompt)
+
+    # under --tp / --ep llm_class starts or joins the ranks (nonstop.dist); only rank 0 goes on
+    llm = llm_from_args(
+        args, cls=llm_class(args), progress=True, max_batch=1, speculative=speculative, before_load=before_load
+    )
+    load_s = time.perf_counter() - t0
+    params = setup["params"]
     request = llm.make_request(prompt, args.prompt_ids, params)
-    if args.max_tokens is None:  # a default max_tokens is cut to the room the context leaves, as the server's
-        params = _fit_default_max_tokens(params, len(request.prompt_ids), llm.cfg.max_position_embeddings)
-    llm.check_length(len(request.prompt_ids), params.max_tokens)
     ids = request.prompt_ids
     print(llm.tokenizer.decode(ids) if args.prompt_ids else prompt, end="", flush=True)
 
@@ -86,6 +85,20 @@ def run(args) -> int:
         file=sys.stderr,
     )
     return 0
+
+
+def _checked_params(args, llm, prompt: str | None):
+    """The request's SamplingParams, after every check a request meets before it runs (a prompt id outside
+    the vocabulary, an empty prompt, prompt + max_tokens beyond the context): the checkpoint's defaults
+    (under speculative decoding without its repetition penalty, said on stderr, unless --repetition-penalty
+    replaces it anyway) under the flags; a default max_tokens cut to the room the context leaves."""
+    given = args.repetition_penalty is not None
+    params = sampling_from_args(args, llm.generation.defaults if given else llm.sampling_defaults())
+    request = llm.make_request(prompt, args.prompt_ids, params, request_id="check")
+    if args.max_tokens is None:  # a default max_tokens is cut to the room the context leaves, as the server's
+        params = _fit_default_max_tokens(params, len(request.prompt_ids), llm.cfg.max_position_embeddings)
+    llm.check_length(len(request.prompt_ids), params.max_tokens)
+    return params
 
 
 def _timing(m: dict, compiling: float, speculative: str | None) -> str:

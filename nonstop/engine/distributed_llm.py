@@ -49,9 +49,9 @@ class DistributedLLM(LLM):
     Extra arguments: ``comm`` (from ``nonstop.dist.comm.init``), ``chunks`` / ``overlap`` of the MoE
     exchange (defaults: 2 overlapped chunks on CUDA, 1 on CPU), ``exchange`` its mode (auto | static |
     dynamic: ``nonstop/dist/exchange.py``), ``graphs`` CUDA-graph capture of the rank steps (auto: CUDA,
-    superop, static exchange), ``on_failure(message)`` called when
-    another rank fails (the CLI prints and exits). ``preflight``: on CUDA, refuse before loading when rank
-    0's part of the model and the caches of ``max_batch`` sequences exceed its GPU's free memory
+    superop, static exchange), ``on_failure(message)`` called when another rank fails (the CLI prints and
+    exits), ``before_load(llm)`` as ``LLM``'s. ``preflight``: on CUDA, refuse before loading when rank 0's
+    part of the model and the caches of ``max_batch`` sequences exceed its GPU's free memory
     (``engine/layout_preflight.check_rank_memory``; CPU ranks share the host, checked before they start).
     """
 
@@ -78,6 +78,7 @@ class DistributedLLM(LLM):
         exchange: str = "auto",
         graphs="auto",
         on_failure=None,
+        before_load=None,
     ):
         if comm.rank != 0:
             raise ValueError(
@@ -92,6 +93,8 @@ class DistributedLLM(LLM):
         self.speculative_config = SpeculativeConfig.parse(speculative)  # a bad option fails before the weights load
         if self.speculative_config is not None and self.speculative_config.method == "dspark":
             drafter_dir(self.speculative_config, self.model_dir)
+        if before_load is not None:  # as LLM's: config and tokenizer known, no weights read yet
+            before_load(self)
         if preflight:
             check_rank_memory(self.name, self.cfg, comm.layout, comm.rank, self.dtype, comm.device, max_batch)
         if self.model_dir is None:

@@ -350,3 +350,32 @@ def test_a_chat_turn_that_compiled_gives_its_speed_without_the_compile(monkeypat
     assert main(["chat", "--backend", "reference", "--max-tokens", "6", "--temperature", "0"]) == 0
     turn = [line for line in capsys.readouterr().err.splitlines() if line.startswith("[")][-1]
     assert "tokens/s (" in turn and "without 0.4 s compiling the step)" in turn, turn
+
+
+@pytest.mark.parametrize(
+    ("extra", "message"),
+    [
+        (
+            ["-n", "600", "--prompt-ids", "1,2"],
+            "prompt (2 tokens) + max_tokens (600) exceeds the model's context of 512",
+        ),
+        (["-n", "2", "--prompt-ids", "1,999"], "token id 999 is outside the vocabulary"),
+        (["-n", "2", ""], "empty prompt"),
+    ],
+)
+def test_generate_refuses_a_request_before_the_weights_load(tiny, monkeypatch, capsys, extra, message):
+    """What the config and tokenizer decide (the context, the vocabulary, an empty prompt) is refused before
+    any weight is read: a 1T-parameter checkpoint no longer loads for minutes to say the prompt is too long."""
+    _no_weights(monkeypatch)
+    assert _exit_code(["generate", "--model", str(tiny), "--backend", "reference", *extra]) == 2
+    err = capsys.readouterr().err
+    assert message in err and "loading" not in err, err
+
+
+def test_generate_cuts_a_default_max_tokens_before_the_weights_load(tiny, monkeypatch, capsys):
+    """The default max_tokens cut to the context's room is said before loading, and the run uses it."""
+    prompt = ",".join(["5"] * 510)
+    assert main(["generate", "--model", str(tiny), "--backend", "reference", "--prompt-ids", prompt]) == 0
+    err = capsys.readouterr().err
+    assert err.index("2 in the model's context of 512") < err.index("loading"), err
+    assert "2 tokens, prompt 510 tokens" in err, err

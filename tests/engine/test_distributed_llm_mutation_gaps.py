@@ -85,6 +85,24 @@ def test_a_missing_drafter_is_refused_before_loading(distributed_llm):
         )
 
 
+def test_before_load_runs_with_config_and_tokenizer_before_any_weight(distributed_llm):
+    """``before_load(llm)`` (``nonstop generate --tp``'s request checks) sees the config, tokenizer and
+    speculative options, and a refusal there stops the build before the rank worker loads anything."""
+    seen = []
+
+    def before_load(llm):
+        seen.append((llm.cfg.max_position_embeddings, llm.tokenizer.accepts_text, llm.speculative_config.method))
+        raise ValueError("prompt too long")
+
+    with pytest.raises(ValueError, match="prompt too long"):
+        distributed_llm.DistributedLLM(
+            "k3-nano", comm=_comm(), preflight=False, speculative={"method": "ngram"}, before_load=before_load
+        )
+    assert seen == [(resolve_model("k3-nano")[0].max_position_embeddings, True, "ngram")]
+    with pytest.raises(Loading):  # a check that passes: the worker is built next
+        distributed_llm.DistributedLLM("k3-nano", comm=_comm(), preflight=False, before_load=lambda llm: None)
+
+
 @pytest.mark.parametrize("raw", [KIMI_K3, LLAMA], ids=["untied", "tied"])
 def test_target_head_holds_the_targets_embedding_and_lm_head(raw):
     from nonstop.engine.distributed_llm import TargetHead
