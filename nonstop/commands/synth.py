@@ -73,10 +73,11 @@ def run(args) -> int:
     tokenizer_dir = ASSETS / args.preset if args.preset and (ASSETS / args.preset / "tokenizer.json").exists() else None
     size = model_footprint(cfg, DTYPES[args.dtype]).weight_bytes
     name = args.preset or args.config
+    layers = f"{cfg.num_hidden_layers} layer{'' if cfg.num_hidden_layers == 1 else 's'}"
     if args.preflight:
-        check_disk(f"{name} ({cfg.num_hidden_layers} layers) at {args.dtype}", size, Path(args.out))
+        check_disk(f"{name} ({layers}) at {args.dtype}", size, Path(args.out))
     print(
-        f"writing {cfg.family} checkpoint ({human(size, 'B')}, {cfg.num_hidden_layers} layers) to {args.out}",
+        f"writing {cfg.family} checkpoint ({human(size, 'B')}, {layers}) to {args.out}",
         file=sys.stderr,
     )
 

@@ -101,6 +101,15 @@ def test_a_preset_keeps_its_own_tokenizer(tmp_path, capsys):
     assert (out / "tokenizer.json").read_bytes() == (ASSETS / "k3-nano" / "tokenizer.json").read_bytes()
 
 
+def test_synth_counts_one_layer_in_the_singular(tmp_path, capsys):
+    """The progress line said "1 layers"."""
+    argv = ["synth", "--preset", "k3-nano", "--dtype", "fp32", "--no-preflight"]
+    assert main([*argv, "--num-layers", "1", "--out", str(tmp_path / "a")]) == 0
+    assert "1 layer) to" in capsys.readouterr().err
+    assert main([*argv, "--num-layers", "2", "--out", str(tmp_path / "b")]) == 0
+    assert "2 layers) to" in capsys.readouterr().err
+
+
 class _Terminal(io.StringIO):
     def isatty(self) -> bool:
         return True
