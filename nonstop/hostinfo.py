@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import importlib.metadata
 import json
+import math
 import os
 import platform
 import shlex
@@ -169,19 +170,21 @@ class Clock:
                 times.append(timed(step) * 1e3)
             loop_ms = (time.perf_counter() - t_loop) * 1e3
         times.sort()
-
-        def quantile(f: float) -> float:
-            return times[min(len(times) - 1, int(f * len(times)))]
-
         return {
             "ms_per_token": statistics.median(times),
-            "p10_ms": quantile(0.1),
-            "p90_ms": quantile(0.9),
+            "p10_ms": nearest_rank(times, 0.1),
+            "p90_ms": nearest_rank(times, 0.9),
             "min_ms": times[0],
             "loop_ms_per_step": loop_ms / steps,
             "steps": steps,
             "warmup": warmup,
         }
+
+
+def nearest_rank(ordered: list[float], f: float) -> float:
+    """The f-quantile of ``ordered`` (sorted, not empty) by nearest rank: its ceil(f·n)-th smallest value
+    (the p90 of 10 timings is the 9th, not the slowest; the p10 the 1st)."""
+    return ordered[min(len(ordered), max(1, math.ceil(f * len(ordered)))) - 1]
 
 
 def last_level_cache_bytes() -> int:

@@ -7,6 +7,7 @@ import os
 import time
 from pathlib import Path
 
+import pytest
 import torch
 
 from nonstop.hostinfo import (
@@ -37,6 +38,23 @@ def test_clock_measures_a_known_delay():
     assert delay * 1e3 <= stats["min_ms"] <= stats["p10_ms"] <= stats["ms_per_token"] <= stats["p90_ms"]
     assert stats["loop_ms_per_step"] >= stats["min_ms"]
     assert delay <= timed(lambda: time.sleep(delay))
+
+
+def test_clock_quantiles_are_nearest_rank(monkeypatch):
+    """p10 / p90 of the timed steps by nearest rank (the ceil(p·n)-th smallest): of 10 steps taking 1..10 ms
+    the p90 is 9 ms, not the slowest step, and the p10 1 ms; of 7 steps, the 7th and 1st; of 20, 18th and 2nd."""
+    import random
+
+    import nonstop.hostinfo as hostinfo
+
+    for n, p10, p90 in [(10, 1, 9), (7, 1, 7), (20, 2, 18), (1, 1, 1)]:
+        durations = [k / 1e3 for k in range(1, n + 1)]
+        random.Random(n).shuffle(durations)
+        feed = iter(durations)
+        monkeypatch.setattr(hostinfo, "timed", lambda step, feed=feed: next(feed))
+        stats = Clock("cpu").time_steps(lambda: None, steps=n, warmup=0)
+        assert (stats["p10_ms"], stats["p90_ms"], stats["min_ms"]) == pytest.approx((p10, p90, 1)), n
+        assert stats["ms_per_token"] == pytest.approx((n + 1) / 2)
 
 
 def test_memory_sized_buffers_outgrow_every_cache():

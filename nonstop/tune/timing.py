@@ -24,6 +24,7 @@ from dataclasses import dataclass
 
 import torch
 
+from nonstop.hostinfo import nearest_rank
 from nonstop.tune.cases import CaseSpec, State, build_state, run_twin, twin_on
 from nonstop.tune.judge import judge_call
 from nonstop.tune.state import Packed, pack
@@ -166,8 +167,8 @@ def judge_timing(plan: TimingPlan, measured: dict, bytes_moved: int, device, tol
     median = statistics.median(ms)
     entry = {
         "median_ms": median,
-        "p10_ms": ms[len(ms) // 10],
-        "p90_ms": ms[(9 * len(ms)) // 10],
+        "p10_ms": nearest_rank(ms, 0.1),
+        "p90_ms": nearest_rank(ms, 0.9),
         "launches": len(ms),
         "floor_ms": floor * 1e3,
         "bytes_moved": bytes_moved,
