@@ -28,6 +28,9 @@ def philox_key(seed: int) -> int:
     return (seed + 2 ** (KEY_BITS - 1)) % 2**KEY_BITS - 2 ** (KEY_BITS - 1)
 
 
+TOP_K_BEYOND_ANY_VOCAB = 2**31  # a top_k this large (SamplingParams takes any int) keeps every id: off
+
+
 @dataclass(frozen=True)
 class SampleRow:
     """How one row samples: ``SamplingParams``' temperature, top_k, top_p and its Philox key (``philox_key``)."""
@@ -47,7 +50,10 @@ class SampleRow:
             seed = int(torch.randint(0, 2**62, (1,), generator=generator))
         else:
             seed = random.getrandbits(KEY_BITS)
-        return SampleRow(float(params.temperature), int(params.top_k), float(params.top_p), philox_key(seed))
+        top_k = int(params.top_k)
+        if top_k >= TOP_K_BEYOND_ANY_VOCAB:  # keeps every id, as the host sampler does; fits the int64 buffer
+            top_k = -1
+        return SampleRow(float(params.temperature), top_k, float(params.top_p), philox_key(seed))
 
 
 def fill_sample_rows(buf: dict, rows: list[SampleRow], positions: torch.Tensor) -> None:

@@ -22,6 +22,7 @@ from nonstop.server.launch import build_context
 from nonstop.server.metrics import ServerMetrics
 from nonstop.server.protocol import CompletionBody
 from nonstop.server.translate import MAX_DEPTH, Limits, parse_body
+from tests.server.app_client import post_chat, post_completion
 
 CONCAT = "{% for m in messages %}{{ m['content'] }}{% endfor %}"
 
@@ -86,14 +87,7 @@ def _client(engine=None, template: str = CONCAT, **limits) -> TestClient:
     return TestClient(create_app(ctx, manage_engine=False))
 
 
-def _complete(client, **fields):
-    return client.post("/v1/completions", json={"model": "m", "prompt": "hi", **fields})
-
-
-def _chat(client, **fields):
-    return client.post(
-        "/v1/chat/completions", json={"model": "m", "messages": [{"role": "user", "content": "hi"}], **fields}
-    )
+_complete, _chat = post_completion, post_chat
 
 
 def _ok(response) -> dict:

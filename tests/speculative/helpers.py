@@ -100,3 +100,36 @@ class EmptyDrafter(ScriptedDrafter):
 
     def propose(self, req, k: int) -> Draft:
         return Draft.empty()
+
+
+def teacher_forced_logits(model, target, feats, anchor, n, prev):
+    """A DSpark block's logits for one anchor: ``model`` over target features ``feats`` [W, F] (all valid) at
+    positions n-W..n-1, anchored at ``anchor`` with previous token ``prev``, through ``target``'s embedding
+    and LM head."""
+    W = feats.shape[0]
+    with torch.inference_mode():
+        return model(
+            feats[None],
+            torch.ones(1, W, dtype=torch.bool),
+            torch.arange(n - W, n)[None],
+            torch.tensor([anchor]),
+            torch.tensor([n]),
+            torch.tensor([prev]),
+            target.embed_tokens.weight,
+            target.lm_head_weight,
+        )[0]
+
+
+def record_verify_rows(ex) -> list[int]:
+    """Wrap ``ex.forward`` so that each verification forward (``keep_states``) appends its rows (B·T) to the
+    returned list."""
+    rows_seen: list[int] = []
+    forward = ex.forward
+
+    def recording(ids, cache, batch, *args, **kwargs):
+        if batch.keep_states:
+            rows_seen.append(ids.shape[0] * ids.shape[1])
+        return forward(ids, cache, batch, *args, **kwargs)
+
+    ex.forward = recording
+    return rows_seen

@@ -17,7 +17,13 @@ from nonstop.engine.speculative.ngram import NgramDrafter, lookup
 from nonstop.engine.speculative.verify import sample_verify, verify
 from nonstop.runtime.executors import ReferenceExecutor
 from nonstop.runtime.superop import SuperOpExecutor
-from tests.speculative.helpers import ScriptedDrafter, generate, tiny_model
+from tests.speculative.helpers import (
+    ScriptedDrafter,
+    generate,
+    record_verify_rows,
+    teacher_forced_logits,
+    tiny_model,
+)
 
 GREEDY = SamplingParams(max_tokens=14, temperature=0, ignore_eos=True)
 REPEATING = [[3, 4, 5, 6, 3, 4, 5, 6, 3, 4], [9, 8, 9, 8, 9, 8, 9], [1, 2, 3, 1, 2]]
@@ -127,15 +133,7 @@ def test_verification_groups_fit_the_program_row_limit():
     4 requests, so every verification forward runs at most max_rows rows (none falls back to the reference)."""
     model = tiny_model("kimi_k3")
     ex = SuperOpExecutor(model, use_kernels=False)
-    rows_seen = []
-    forward = ex.forward
-
-    def recording(ids, cache, batch, *args, **kwargs):
-        if batch.keep_states:
-            rows_seen.append(ids.shape[0] * ids.shape[1])
-        return forward(ids, cache, batch, *args, **kwargs)
-
-    ex.forward = recording
+    rows_seen = record_verify_rows(ex)
     prompts = REPEATING + [[7, 1, 7, 1, 7], [2, 2, 2, 2]]
     params = SamplingParams(max_tokens=6, temperature=0, ignore_eos=True)
     always_three = ScriptedDrafter({str(i): [] for i in range(len(prompts))}, 99, model.cfg.vocab_size)
@@ -154,21 +152,6 @@ def _dspark(target, window: int, **cfg) -> DSparkModel:
         model.markov_w1.weight.mul_(3.0)
         model.markov_w2.weight.normal_(0, 3.0)
     return model.eval()
-
-
-def _teacher_forced(model, target, feats, anchor, n, prev):
-    W = feats.shape[0]
-    with torch.inference_mode():
-        return model(
-            feats[None],
-            torch.ones(1, W, dtype=torch.bool),
-            torch.arange(n - W, n)[None],
-            torch.tensor([anchor]),
-            torch.tensor([n]),
-            torch.tensor([prev]),
-            target.embed_tokens.weight,
-            target.lm_head_weight,
-        )[0]
 
 
 @pytest.mark.parametrize("temperature", [0.0, 1.0])
@@ -193,7 +176,7 @@ def test_dspark_drafts_equal_the_teacher_forced_training_pass(temperature):
     draft = drafter.propose(req, 4)
     assert len(draft.tokens) == 4
     feats = torch.cat([hidden[2], hidden[5]], dim=-1)[-8:]
-    logits = _teacher_forced(model, target, feats, anchor, n, [anchor] + draft.tokens[:3])
+    logits = teacher_forced_logits(model, target, feats, anchor, n, [anchor] + draft.tokens[:3])
     if temperature == 0:
         assert draft.probs is None and logits.argmax(-1).tolist() == draft.tokens
     else:

@@ -42,6 +42,12 @@ class SpeculativeConfig:
                 f"speculative n-gram sizes need ngram_min <= ngram_max, got ngram_min={self.ngram_min}, "
                 f"ngram_max={self.ngram_max}"
             )
+        defaults = {f.name: f.default for f in fields(self)}
+        given = [name for name in ("ngram_max", "ngram_min") if getattr(self, name) != defaults[name]]
+        if given and self.method != "ngram":
+            raise ValueError(
+                f"speculative {given[0]} is an ngram option; method {self.method!r} does not match n-grams"
+            )
         if self.drafter is not None and self.method != "dspark":
             raise ValueError(f"speculative drafter is a dspark option; method {self.method!r} drafts without one")
         if self.drafter is not None and not isinstance(self.drafter, (str, os.PathLike)):
@@ -65,6 +71,9 @@ class SpeculativeConfig:
             raise ValueError(f"unknown speculative option(s) {', '.join(unknown)}; known: {', '.join(sorted(known))}")
         if "method" not in value:
             raise ValueError("speculative needs a 'method' (ngram or dspark)")
+        ngram = sorted(name for name in ("ngram_max", "ngram_min") if name in value)
+        if ngram and value["method"] == "dspark":  # asked for, even at its default: it would do nothing
+            raise ValueError(f"speculative {ngram[0]} is an ngram option; method 'dspark' does not match n-grams")
         return cls(**value)
 
 

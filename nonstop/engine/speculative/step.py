@@ -11,7 +11,9 @@ emitted token is the next step's x). A request with no draft runs a one-row step
 Requests with different draft lengths share a forward (shorter rows are padded; padded rows are
 never committed). With batch invariance every request runs alone; executors with a row limit
 (``Executor.max_rows``, e.g. the superop program's) get groups that fit it, so verification runs
-through the program. The decoder works through the ``EngineCore``'s public members only.
+through the program. A request whose drafting, verification or emission raises ends alone (``EngineCore.fail``:
+finish_reason ``error`` under ``isolate_errors``), the others go on. The decoder works through the
+``EngineCore``'s public members only.
 
 Metrics per request (``RequestOutput.metrics``): drafted_tokens, accepted_tokens, verify_steps and
 mean_accepted_length = tokens emitted per verification step.
@@ -70,10 +72,19 @@ class SpeculativeDecoder:
         return max(0, min(self.config.num_tokens, left, room))
 
     def _step(self, core, group: list) -> list:
-        drafts = []
+        drafts, drafted, undrafted = [], [], []
         for r in group:
             k = self._draft_len(core, r)
-            drafts.append(self.drafter.propose(r, k) if k > 0 else Draft.empty())
+            try:
+                drafts.append(self.drafter.propose(r, k) if k > 0 else Draft.empty())
+            except Exception as exc:  # this request's drafter failed: it alone ends (isolate_errors), as below
+                core.fail([r], exc)
+                undrafted.append((r, ""))
+                continue
+            drafted.append(r)
+        group = drafted
+        if not group:
+            return undrafted
         T = 1 + max(len(d.tokens) for d in drafts)
         rows = [
             [r.output_ids[-1]] + d.tokens + [r.output_ids[-1]] * (T - 1 - len(d.tokens)) for r, d in zip(group, drafts)
@@ -88,7 +99,7 @@ class SpeculativeDecoder:
                     logits, hidden = core.executor.forward(ids, core.cache, batch), {}
         except Exception as exc:
             core.fail(group, exc)
-            return [(r, "") for r in group]
+            return undrafted + [(r, "") for r in group]
         texts, counts, failed = [], [], []
         for i, (r, d) in enumerate(zip(group, drafts)):
             tokens: list[int] = []
@@ -109,7 +120,7 @@ class SpeculativeDecoder:
                 self.observe(r, hidden, i, counts[i])
         for r, exc in failed:
             core.fail([r], exc)
-        return list(zip(group, texts))
+        return undrafted + list(zip(group, texts))
 
     def _emit(self, core, req, tokens: list[int], logits: torch.Tensor) -> tuple[str, int]:
         """Append tokens (row j of logits [T, V] scored token j) until the request finishes;
