@@ -87,7 +87,7 @@ def parse_body(raw: bytes, model: type[BaseModel], limits: Limits) -> BaseModel:
     try:
         body = model.model_validate(obj)
     except ValidationError as exc:
-        first = exc.errors()[0]
+        first = most_specific(exc.errors())
         where = field_path(first["loc"]) or "body"
         if first["type"] == "extra_forbidden":
             raise bad_request(
@@ -113,6 +113,14 @@ def field_path(loc) -> str:
         return isinstance(p, str) and (p in _TYPE_TAGS or "[" in p or p[:1].isupper() or "-" in p)
 
     return ".".join(str(p) for p in loc if not is_tag(p))
+
+
+def most_specific(errors: list[dict]) -> dict:
+    """The validation error to report: the one deepest in the body (the first of those). A value that
+    matches no member of a union gets an error per member; the deepest names what is wrong inside the
+    member the client meant (``messages.0.content.0.text: Field required``, not "Input should be a valid
+    string" from the ``str`` member of ``str | list[TextPart]``)."""
+    return max(errors, key=lambda e: len(field_path(e["loc"]).split(".")))
 
 
 def check_model(name: str, served: list[str]) -> None:

@@ -374,3 +374,23 @@ def test_a_request_that_ends_before_its_first_token_has_no_time_to_first_token()
     assert "nonstop_time_to_first_token_seconds_count 0" in text
     assert "nonstop_request_latency_seconds_count 0" in text
     assert 'nonstop_request_finish_total{reason="abort"} 1' in text and "nonstop_prompt_tokens_total 5" in text
+
+
+@pytest.mark.parametrize(
+    ("messages", "param", "message"),
+    [
+        ([{"role": "user", "content": [{"type": "text"}]}], "messages.0.content.0.text", "Field required"),
+        ([{"role": "user", "content": [{"type": "text", "text": 5}]}], "messages.0.content.0.text", "valid string"),
+        ([{"role": "user", "content": 5}], "messages.0.content", "valid string"),  # no member closer: the first
+    ],
+)
+def test_a_union_field_reports_the_error_inside_the_member_meant(messages, param, message):
+    """A content part without "text" was reported as "messages.0.content: Input should be a valid string" (the
+    ``str`` member of ``str | list[TextPart]``); the deepest error names the part's missing field."""
+    error = _chat(_client(), messages=messages).json()["error"]
+    assert error["param"] == param and error["message"].startswith(f"{param}: ") and message in error["message"]
+
+
+def test_a_stop_list_with_a_number_names_the_item():
+    error = _complete(_client(), stop=["a", 5]).json()["error"]
+    assert error["param"] == "stop.1" and "valid string" in error["message"]
