@@ -13,7 +13,7 @@ def read_json_object(path: Path, error: type[Exception]) -> dict:
         data = json.loads(Path(path).read_text(encoding="utf-8"))
     except (OSError, UnicodeDecodeError) as exc:
         raise error(f"{path}: cannot read ({getattr(exc, 'strerror', None) or exc})") from None
-    except (json.JSONDecodeError, RecursionError) as exc:
+    except (ValueError, RecursionError) as exc:  # not JSON, or an integer past the parser's digit limit
         raise error(f"{path}: not valid JSON ({exc})") from None
     if not isinstance(data, dict):
         raise error(f"{path}: top level must be a JSON object, not {type(data).__name__}")

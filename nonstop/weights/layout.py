@@ -33,6 +33,9 @@ class TensorSpec:
     kind:     ``float`` (any float dtype, cast to the model dtype) | ``fp32`` (float, kept fp32) | ``u8``
     aliases:  other spellings of ``names`` found in the wild (tried in order when ``names`` are absent)
     init:     how synth fills it: normal | ones | zeros | bias | A_log | dt_bias | mxfp4_packed | mxfp4_scale
+    zero_padded: the checkpoint may store this vector longer, zeros past its ``numel`` live values, in any
+              shape with one dimension above 1 (K3's release pads A_log's 96 heads to 128): read as the
+              live prefix (``loader.check_tensor`` checks the padding is zeros)
     """
 
     param: str
@@ -42,6 +45,7 @@ class TensorSpec:
     kind: str = "float"
     aliases: tuple[tuple[str, ...], ...] = ()
     init: str = "normal"
+    zero_padded: bool = False
 
     @property
     def numel(self) -> int:
@@ -59,11 +63,10 @@ class _Builder:
     def __init__(self):
         self.specs: list[TensorSpec] = []
 
-    def add(self, param, shape, name, kind="float", init="normal", aliases=(), hf_shape=None):
+    def add(self, param, shape, name, kind="float", init="normal", aliases=(), hf_shape=None, zero_padded=False):
         shape = tuple(shape)
-        self.specs.append(
-            TensorSpec(param, shape, (name,), tuple(hf_shape or shape), kind, tuple((a,) for a in aliases), init)
-        )
+        aliases = tuple((a,) for a in aliases)
+        self.specs.append(TensorSpec(param, shape, (name,), tuple(hf_shape or shape), kind, aliases, init, zero_padded))
 
     def add_stacked(self, param, count, shape, names, kind="float", init="normal", aliases=()):
         self.specs.append(TensorSpec(param, (count, *shape), tuple(names), tuple(shape), kind, tuple(aliases), init))
@@ -115,7 +118,7 @@ def _kda(b, cfg, p, n):
     _linear(b, f"{p}.f_b_proj", f"{n}.f_b_proj", C, D)
     _linear(b, f"{p}.b_proj", f"{n}.b_proj", H, d)
     a_log_disk = (H,) if cfg.family == "kimi_k3" else (1, 1, H, 1)
-    b.add(f"{p}.A_log", (H,), f"{n}.A_log", kind="fp32", init="A_log", hf_shape=a_log_disk)
+    b.add(f"{p}.A_log", (H,), f"{n}.A_log", kind="fp32", init="A_log", hf_shape=a_log_disk, zero_padded=True)
     b.add(f"{p}.dt_bias", (C,), f"{n}.dt_bias", kind="fp32", init="dt_bias")
     if k.full_rank_output_gate:
         _linear(b, f"{p}.g_proj", f"{n}.g_proj", C, d)

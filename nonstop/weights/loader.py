@@ -261,7 +261,7 @@ def check_tensor(name: str, spec: TensorSpec, located: dict, fp8_block: tuple[in
     ``fp8_block`` block."""
     f = located[name]
     dtype, shape = f.meta(name)
-    if shape != spec.hf_shape:
+    if shape != spec.hf_shape and not _zero_padded(name, spec, f, shape):
         raise CheckpointError(
             f"tensor {name!r} in {f.path.name} has shape {list(shape)}, expected {list(spec.hf_shape)} (parameter "
             f"{spec.param})"
@@ -285,9 +285,27 @@ def check_tensor(name: str, spec: TensorSpec, located: dict, fp8_block: tuple[in
     return dtype
 
 
+def _zero_padded(name: str, spec: TensorSpec, f, shape: tuple[int, ...]) -> bool:
+    """Whether ``shape`` stores ``spec`` (``zero_padded``) with padding: one dimension above 1, longer than
+    ``spec.numel``; CheckpointError when an entry past the live values is not zero."""
+    long = [s for s in shape if s != 1]
+    if not spec.zero_padded or len(long) != 1 or long[0] <= spec.numel:
+        return False
+    tail = f.tensor(name).reshape(-1)[spec.numel :]
+    if bool(tail.ne(0).any()):
+        raise CheckpointError(
+            f"tensor {name!r} in {f.path.name} has {long[0]} entries for the {spec.numel} of parameter {spec.param}, "
+            f"and {int(tail.ne(0).sum())} of the {len(tail)} past them are not zero: not padding (does config.json "
+            "give the checkpoint's head count?)"
+        )
+    return True
+
+
 def _read(name: str, spec: TensorSpec, located: dict, consumed: set, fp8_block) -> torch.Tensor:
     dtype = check_tensor(name, spec, located, fp8_block)
     t = located[name].tensor(name)
+    if spec.zero_padded and t.numel() > spec.numel:  # the live values (the padding was checked to be zeros)
+        t = t.reshape(-1)[: spec.numel]
     if dtype in FP8 and spec.kind != "u8":
         scale_name = _fp8_scale_name(name)
         consumed.add(scale_name)

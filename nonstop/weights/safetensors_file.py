@@ -20,6 +20,8 @@ import torch
 
 from nonstop.weights.errors import CheckpointError
 
+MAX_HEADER_BYTES = 100_000_000  # the safetensors format's own limit on the JSON header
+
 DTYPES = {
     "F64": torch.float64,
     "F32": torch.float32,
@@ -93,6 +95,11 @@ class SafetensorsFile:
                         f"{self.path}: truncated or corrupt safetensors file ({size} bytes, no header)"
                     )
                 (n,) = struct.unpack("<Q", head)
+                if n > MAX_HEADER_BYTES:  # before reading it: a corrupt length would read a shard into memory
+                    raise CheckpointError(
+                        f"{self.path}: corrupt safetensors file (a header of {n} bytes; safetensors allows at most "
+                        f"{MAX_HEADER_BYTES})"
+                    )
                 if n > size - 8:
                     raise CheckpointError(
                         f"{self.path}: truncated or corrupt safetensors file (header of {n} bytes in a {size}-byte "
@@ -103,7 +110,7 @@ class SafetensorsFile:
             raise CheckpointError(f"{self.path}: cannot read ({exc.strerror})") from None
         try:
             header = json.loads(raw)
-        except (json.JSONDecodeError, UnicodeDecodeError, RecursionError):
+        except (ValueError, RecursionError):  # not JSON, not UTF-8, an integer past the parser's digit limit
             raise CheckpointError(f"{self.path}: corrupt safetensors header (not JSON)") from None
         if not isinstance(header, dict):
             raise CheckpointError(

@@ -2,8 +2,9 @@
 its bytes, counting them (a rank of a multi-process layout reads only its share of a checkpoint).
 
 A tensor of shape S (row-major; any reshape of its on-disk shape with the same element order, e.g.
-K3's A_log [H] from [1, 1, H, 1]) sliced to [a, b) along dim d is ``prod(S[:d])`` contiguous runs of
-``(b - a) · prod(S[d+1:])`` elements: one read for rows, one per row for columns.
+Kimi Linear's A_log [H] from [1, 1, H, 1], or of a prefix of it, e.g. the live heads of a zero-padded
+A_log) sliced to [a, b) along dim d is ``prod(S[:d])`` contiguous runs of ``(b - a) · prod(S[d+1:])``
+elements: one read for rows, one per row for columns.
 """
 
 from __future__ import annotations
