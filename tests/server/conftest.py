@@ -52,6 +52,17 @@ class RunningServer:
             active = self.metric("nonstop_active_sequences")
         return active
 
+    def wait_metric(self, name: str, want: float, timeout: float = 10.0) -> float:
+        """Poll until metric ``name`` reaches ``want``; returns the last reading. (The engine frees a slot,
+        then tells the request's sink, which counts the finish: a poll right after ``wait_idle`` may fall
+        between the two.)"""
+        deadline = time.monotonic() + timeout
+        value = self.metric(name)
+        while value < want and time.monotonic() < deadline:
+            time.sleep(0.05)
+            value = self.metric(name)
+        return value
+
     def healthy(self) -> bool:
         return httpx.get(self.url + "/health", timeout=10).status_code == 200
 
