@@ -148,8 +148,13 @@ class KDAState:
         self.history_rows = torch.zeros(2, num_slots, dtype=torch.long, device=device)
 
     def _history(self, current: torch.Tensor, held: torch.Tensor | None, T: int) -> torch.Tensor:
+        """A history with room for T tokens: ``held``, or a larger one holding ``held``'s tokens (another
+        slot's history not yet committed is kept)."""
         if held is None or held.shape[1] < T:
-            return torch.zeros(current.shape[0], T, *current.shape[1:], dtype=current.dtype, device=current.device)
+            grown = torch.zeros(current.shape[0], T, *current.shape[1:], dtype=current.dtype, device=current.device)
+            if held is not None:
+                grown[:, : held.shape[1]] = held
+            return grown
         return held
 
     def keep_recurrent(self, slots: torch.Tensor, states: torch.Tensor) -> None:
@@ -232,6 +237,10 @@ class ModelCache:
         sequence of ints, says fewer)."""
         if counts is not None:
             counts = torch.as_tensor(counts, dtype=torch.long, device=self.lengths.device)
+            if counts.shape != batch.slots.shape or bool((counts < 0).any()) or bool((counts > batch.T).any()):
+                raise ValueError(
+                    f"advance needs one count in 0..{batch.T} per row ({batch.slots.shape[0]}), got {counts.tolist()}"
+                )
         self.lengths[batch.slots] = batch.start + (batch.T if counts is None else counts)
 
     def commit(self, batch: StepBatch, counts) -> None:
@@ -243,6 +252,8 @@ class ModelCache:
         counts = torch.as_tensor(counts, dtype=torch.long, device=self.lengths.device)
         if not batch.keep_states:
             raise ValueError("commit needs a batch made with keep_states=True")
+        if counts.shape != batch.slots.shape:
+            raise ValueError(f"commit needs one count per row ({batch.slots.shape[0]}), got {counts.tolist()}")
         if bool((counts < 1).any()) or bool((counts > batch.T).any()):
             raise ValueError(f"commit counts must be in 1..{batch.T}, got {counts.tolist()}")
         for layer in self.layers:
@@ -261,7 +272,8 @@ class ModelCache:
                 layer.history_rows[:, slot] = 0
 
     def bytes_per_token(self) -> int:
-        """Attention-cache bytes added per token (all layers); KDA state is per sequence, see state_bytes."""
+        """Attention-cache bytes added per token (all layers); KDA state is per sequence
+        (``program/cost.state_bytes_per_sequence``)."""
         total = 0
         for layer in self.layers:
             if isinstance(layer, _TokenCache):
