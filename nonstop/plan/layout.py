@@ -174,6 +174,8 @@ class Collective:
 
 
 def check_layout(workload: Workload, layout: Layout) -> None:
+    if layout.pp < 1:  # before ``stage`` (pp 1): a pipeline of 0 or -1 stages is no layout
+        raise PlanError(f"--pp must be >= 1, got {layout.pp}")
     if layout.pp > workload.cfg.num_hidden_layers:
         raise PlanError(f"--pp {layout.pp} exceeds the {workload.cfg.num_hidden_layers} layers of {workload.name}")
     layout = layout.stage

@@ -12,3 +12,15 @@ def post_chat(client, **fields):
     return client.post(
         "/v1/chat/completions", json={"model": "m", "messages": [{"role": "user", "content": "hi"}], **fields}
     )
+
+
+def ok_body(response) -> dict:
+    """The JSON body of a 200 response (the response text shown when it is not one)."""
+    assert response.status_code == 200, response.text
+    return response.json()
+
+
+def error_body(response, status: int = 400) -> dict:
+    """The OpenAI-style ``error`` object of a ``status`` response."""
+    assert response.status_code == status, response.text
+    return response.json()["error"]

@@ -21,7 +21,7 @@ from nonstop.engine.requests import Request
 from nonstop.engine.tokenizer import ByteTokenizer
 from nonstop.server.app import ServingContext, create_app
 from nonstop.server.translate import Limits
-from tests.server.app_client import post_chat, post_completion
+from tests.server.app_client import error_body, ok_body, post_chat, post_completion
 
 CONCAT = "{% for m in messages %}{{ m['content'] }}{% endfor %}"
 
@@ -87,14 +87,7 @@ def _raw(client, path: str, raw: str):
     return client.post(path, content=raw.encode(), headers={"content-type": "application/json"})
 
 
-def _ok(response) -> dict:
-    assert response.status_code == 200, response.text
-    return response.json()
-
-
-def _error(response, status: int = 400) -> dict:
-    assert response.status_code == status, response.text
-    return response.json()["error"]
+_ok, _error = ok_body, error_body
 
 
 def _events(response) -> list:
