@@ -11,6 +11,10 @@ from nonstop.program.ir import MAX_STEP_ROWS
 METHODS = ("ngram", "dspark")
 
 
+def _ngram_option_error(name: str, method) -> ValueError:
+    return ValueError(f"speculative {name} is an ngram option; method {method!r} does not match n-grams")
+
+
 @dataclass
 class SpeculativeConfig:
     """method: ``ngram`` (prompt lookup) or ``dspark`` (the block drafter shipped with the model).
@@ -45,9 +49,7 @@ class SpeculativeConfig:
         defaults = {f.name: f.default for f in fields(self)}
         given = [name for name in ("ngram_max", "ngram_min") if getattr(self, name) != defaults[name]]
         if given and self.method != "ngram":
-            raise ValueError(
-                f"speculative {given[0]} is an ngram option; method {self.method!r} does not match n-grams"
-            )
+            raise _ngram_option_error(given[0], self.method)
         if self.drafter is not None and self.method != "dspark":
             raise ValueError(f"speculative drafter is a dspark option; method {self.method!r} drafts without one")
         if self.drafter is not None and not isinstance(self.drafter, (str, os.PathLike)):
@@ -73,7 +75,7 @@ class SpeculativeConfig:
             raise ValueError("speculative needs a 'method' (ngram or dspark)")
         ngram = sorted(name for name in ("ngram_max", "ngram_min") if name in value)
         if ngram and value["method"] == "dspark":  # asked for, even at its default: it would do nothing
-            raise ValueError(f"speculative {ngram[0]} is an ngram option; method 'dspark' does not match n-grams")
+            raise _ngram_option_error(ngram[0], value["method"])
         return cls(**value)
 
 
