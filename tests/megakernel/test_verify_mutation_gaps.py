@@ -177,9 +177,11 @@ def test_a_counter_whose_recorded_growth_is_not_its_task_count_is_refused():
 def test_the_write_audit_allows_exactly_the_declared_modifications():
     """The audit's mask is the union of a task's WRITE and ACCUMULATE boxes of the named buffer (not its reads,
     not other buffers' boxes), and an element that holds NaN before and after did not change."""
+    import types
+
     import torch
 
-    from nonstop.runtime.megakernel.verify.audit import _changed, allowed_mask
+    from nonstop.runtime.megakernel.verify.audit import _changed, allowed
 
     x, y = BufferInfo("x", 2, 4), BufferInfo("y", 2, 4)
     task = _task(
@@ -196,7 +198,10 @@ def test_the_write_audit_allows_exactly_the_declared_modifications():
     want = torch.zeros(2, 4, dtype=torch.bool)
     want[0, 1:3] = True
     want[1, 3] = True
-    assert torch.equal(allowed_mask(s, task, "x", (2, 4)), want)
+    views = {"buf.x": torch.zeros(2, 4), "buf.y": torch.zeros(2, 4), "buf.z": torch.zeros(2, 4)}
+    masks = allowed(s, task, types.SimpleNamespace(batch=None), views)
+    assert torch.equal(masks["buf.x"], want)
+    assert masks["buf.y"].all() and "buf.z" not in masks  # z: no declared write, no change allowed
     nan = float("nan")
     before, after = torch.tensor([nan, 1.0, 2.0, nan]), torch.tensor([nan, 1.0, 3.0, 0.0])
     assert _changed(before, after).tolist() == [False, False, True, True]
