@@ -226,21 +226,23 @@ def staged_checkpoint(
         with _sigterm_held():
             try:
                 _put_in_place(stage, out_dir, replaces, removed if removed is not None else [])
-            except OSError as exc:  # after the check in _put_in_place: a failing disk, a vanished directory
+            except BaseException as exc:  # its refusal of a folder in the way, a failing disk, a vanished directory
                 shutil.rmtree(stage, ignore_errors=True)
-                raise CheckpointWriteError(
-                    f"could not move the checkpoint into {out_dir}: {exc}; its files there may be incomplete"
-                ) from exc
+                if isinstance(exc, OSError):
+                    raise CheckpointWriteError(
+                        f"could not move the checkpoint into {out_dir}: {exc}; its files there may be incomplete"
+                    ) from exc
+                raise
 
 
 def _put_in_place(stage: Path, out_dir: Path, replaces: tuple[str, ...], removed: list[str]) -> None:
     """Remove ``out_dir``'s old weights and its ``replaces`` files, noting in ``removed`` those ``stage``
     has none of, then move every staged file there (as the umask allows) and remove ``stage``. A folder
-    where a staged file goes (which no file can replace) is refused first, with ``out_dir`` untouched."""
+    where a staged file goes (which no file can replace) is refused first, with ``out_dir`` untouched (the
+    caller removes ``stage``)."""
     for f in sorted(stage.iterdir()):
         target = out_dir / f.name
         if target.is_dir() and not target.is_symlink():
-            shutil.rmtree(stage, ignore_errors=True)
             raise CheckpointWriteError(
                 f"could not write the checkpoint to {out_dir}: {target} is a folder where the checkpoint's file "
                 f"{f.name} goes; move it away and write again ({out_dir} was left as it was)"
