@@ -33,6 +33,7 @@ import torch
 from nonstop.cache.state import KDAState
 from nonstop.kernels import launch
 from nonstop.runtime.megakernel.tasks import Access
+from nonstop.runtime.megakernel.verify.sim_program import layer_rows
 
 WRITES = (Access.WRITE, Access.ACCUMULATE)
 
@@ -109,7 +110,7 @@ def allowed(schedule, task, env, views: dict[str, torch.Tensor]) -> dict[str, to
         elif info.kind == "step":
             mark("start", slice(r.r0, r.r1), r.c0, r.c1)
         elif info.kind == "state":
-            slots = batch.slots[r.r0 : r.r1].cpu()
+            slots = layer_rows(info, None, batch, r.r0, r.r1).cpu()
             mark(f"L{info.layer}.{info.tensor}", slots, r.c0, r.c1)
             history = f"L{info.layer}.history_{info.tensor}"
             if batch.keep_states and history in views:  # [S, T * cols]: token t of the slot at t*cols + c
@@ -117,8 +118,7 @@ def allowed(schedule, task, env, views: dict[str, torch.Tensor]) -> dict[str, to
                 for t in range(views[history].shape[1] // cols):
                     mark(history, slots, t * cols + r.c0, t * cols + r.c1)
         elif info.kind == "cache":
-            layer = env.cache.layers[info.layer]
-            rows = layer.pages.rows(batch.slots, batch.positions).reshape(-1)[r.r0 : r.r1].cpu()
+            rows = layer_rows(info, env.cache.layers[info.layer], batch, r.r0, r.r1).cpu()
             mark(f"L{info.layer}.{info.tensor}", rows, r.c0, r.c1)
         elif info.kind == "scratch" and info.name in PARTS:
             for part in PARTS[info.name]:

@@ -28,6 +28,15 @@ from nonstop.runtime.megakernel.verify.twins import stage_twin
 MODEL_DTYPE_WORKSPACES = ("mlp.h", "moe_experts.act")  # workspaces the kernels keep in the model dtype
 
 
+def layer_rows(info, layer, batch, r0: int, r1: int) -> torch.Tensor:
+    """Rows of a cache layer's storage holding rows [r0, r1) of its schedule buffer ``info`` in a step of
+    ``batch``: KDA state (``info.kind`` state) row b -> slot ``slots[b]``; an attention cache row r (token t of
+    sequence b) -> its pool row ``pages.rows(slots[b], start[b] + t)``."""
+    if info.kind == "state":
+        return batch.slots[r0:r1]
+    return layer.pages.rows(batch.slots, batch.positions).reshape(-1)[r0:r1]
+
+
 class ProgramActions:
     """Actions over the step state of ``program`` (the executor's, with the sampling buffers) running
     ``ops`` (the schedule's, ``sample`` and ``advance`` included): ``cache`` (prefilled), one ``StepBatch``
@@ -65,16 +74,13 @@ class ProgramActions:
         if info.kind == "step":
             return batch.start.view(-1, 1), slice(r0, r1)
         layer = env.cache.layers[info.layer]
-        if info.kind == "state":
-            t = getattr(layer, info.tensor)
-            return t.view(t.shape[0], -1), batch.slots[r0:r1]
-        t = layer.tensors[info.tensor]
+        t = getattr(layer, info.tensor) if info.kind == "state" else layer.tensors[info.tensor]
         if past:  # every earlier token of the region's sequence
             seq = r0 // self.s.T
             positions = torch.arange(int(batch.start[seq]))
             rows = layer.pages.rows(batch.slots[seq : seq + 1], positions[None])[0]
         else:
-            rows = layer.pages.rows(batch.slots, batch.positions).reshape(-1)[r0:r1]
+            rows = layer_rows(info, layer, batch, r0, r1)
         return t.view(t.shape[0], -1), rows
 
     def view(self, env: StepEnv, region, epoch: int) -> torch.Tensor:
