@@ -105,22 +105,31 @@ def parse_body(raw: bytes, model: type[BaseModel], limits: Limits) -> BaseModel:
 _TYPE_TAGS = frozenset({"str", "int", "float", "bool", "dict", "list", "none"})
 
 
-def field_path(loc) -> str:
-    """A validation error's location as the client's field path (``messages.0.content``), without the
-    union member pydantic tried (``stop.str``, ``prompt.list[int]``, ``content.list[TextPart]``)."""
+def _client_parts(loc) -> list:
+    """A validation error's location without the union member pydantic tried (``stop.str``,
+    ``prompt.list[int]``, ``content.list[TextPart]``): the keys and indices the client wrote."""
 
     def is_tag(p) -> bool:
         return isinstance(p, str) and (p in _TYPE_TAGS or "[" in p or p[:1].isupper() or "-" in p)
 
-    return ".".join(str(p) for p in loc if not is_tag(p))
+    return [p for p in loc if not is_tag(p)]
+
+
+def field_path(loc) -> str:
+    """A validation error's location as the client's field path, spelled as OpenAI and the tree check
+    spell it: keys joined by dots, list indices in brackets (``messages[0].content[1].text``)."""
+    path = ""
+    for part in _client_parts(loc):
+        path += f"[{part}]" if isinstance(part, int) else (f".{part}" if path else str(part))
+    return path
 
 
 def most_specific(errors: list[dict]) -> dict:
     """The validation error to report: the one deepest in the body (the first of those). A value that
     matches no member of a union gets an error per member; the deepest names what is wrong inside the
-    member the client meant (``messages.0.content.0.text: Field required``, not "Input should be a valid
+    member the client meant (``messages[0].content[0].text: Field required``, not "Input should be a valid
     string" from the ``str`` member of ``str | list[TextPart]``)."""
-    return max(errors, key=lambda e: len(field_path(e["loc"]).split(".")))
+    return max(errors, key=lambda e: len(_client_parts(e["loc"])))
 
 
 def check_model(name: str, served: list[str]) -> None:

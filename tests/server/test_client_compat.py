@@ -142,13 +142,13 @@ def test_errors_name_the_clients_parameter(server):
     image = [{"type": "image_url", "image_url": {"url": "http://x/y.png"}}]
     err = _error(
         _post(server, "/chat/completions", {"model": MODEL_NAME, "messages": [{"role": "user", "content": image}]}),
-        "messages.0.content",
+        "messages[0].content",
     )
     assert "'image_url'" in err["message"] and "not supported" in err["message"]
     untyped = [{"text": "hi"}]  # the message was "Input should be a valid string"
     err = _error(
         _post(server, "/chat/completions", {"model": MODEL_NAME, "messages": [{"role": "user", "content": untyped}]}),
-        "messages.0.content",
+        "messages[0].content",
     )
     assert 'needs a "type"' in err["message"]
 

@@ -289,7 +289,7 @@ def test_a_validator_message_reaches_the_client_without_pydantics_prefix():
     assert (error["param"], error["code"]) == ("prompt", "invalid_value")
     content = [{"type": "image_url", "image_url": {"url": "x"}}]
     error = _error(_chat(client, messages=[{"role": "user", "content": content}]))
-    assert error["message"].startswith("messages.0.content: content parts of type 'image_url' are not supported")
+    assert error["message"].startswith("messages[0].content: content parts of type 'image_url' are not supported")
 
 
 # ------------------------------------------------------------------ errors and /metrics
@@ -372,13 +372,13 @@ def test_a_request_that_ends_before_its_first_token_has_no_time_to_first_token()
 @pytest.mark.parametrize(
     ("messages", "param", "message"),
     [
-        ([{"role": "user", "content": [{"type": "text"}]}], "messages.0.content.0.text", "Field required"),
-        ([{"role": "user", "content": [{"type": "text", "text": 5}]}], "messages.0.content.0.text", "valid string"),
-        ([{"role": "user", "content": 5}], "messages.0.content", "valid string"),  # no member closer: the first
+        ([{"role": "user", "content": [{"type": "text"}]}], "messages[0].content[0].text", "Field required"),
+        ([{"role": "user", "content": [{"type": "text", "text": 5}]}], "messages[0].content[0].text", "valid string"),
+        ([{"role": "user", "content": 5}], "messages[0].content", "valid string"),  # no member closer: the first
     ],
 )
 def test_a_union_field_reports_the_error_inside_the_member_meant(messages, param, message):
-    """A content part without "text" was reported as "messages.0.content: Input should be a valid string" (the
+    """A content part without "text" was reported as "messages[0].content: Input should be a valid string" (the
     ``str`` member of ``str | list[TextPart]``); the deepest error names the part's missing field."""
     error = _chat(_client(), messages=messages).json()["error"]
     assert error["param"] == param and error["message"].startswith(f"{param}: ") and message in error["message"]
@@ -386,4 +386,18 @@ def test_a_union_field_reports_the_error_inside_the_member_meant(messages, param
 
 def test_a_stop_list_with_a_number_names_the_item():
     error = _complete(_client(), stop=["a", 5]).json()["error"]
-    assert error["param"] == "stop.1" and "valid string" in error["message"]
+    assert error["param"] == "stop[1]" and "valid string" in error["message"]
+
+
+def test_the_tree_check_and_validation_spell_a_path_alike():
+    """The surrogate check named ``messages[0].content`` and pydantic's errors ``messages.0.content``: the
+    same field was spelled two ways depending on which check refused it. Both now write list indices in
+    brackets, as OpenAI does."""
+    client = _client()
+    surrogate = _raw(
+        client, "/v1/chat/completions", '{"model": "m", "messages": [{"role": "user", "content": "\\ud800"}]}'
+    )
+    invalid = _chat(client, messages=[{"role": "user", "content": 5}])
+    assert _error(surrogate)["param"] == _error(invalid)["param"] == "messages[0].content"
+    nested = _chat(client, messages=[{"role": "user", "content": "a"}, {"role": "user", "content": [{"type": "text"}]}])
+    assert _error(nested)["param"] == "messages[1].content[0].text"
