@@ -54,13 +54,21 @@ class SliceReader:
         """Tensor ``name`` of ``f`` viewed as ``shape`` (default: its own), elements [start, stop) of ``dim``
         (default: all of it). Returns a new tensor of the file's dtype."""
         dtype, disk_shape, begin, _ = f.entries[name]
-        shape = tuple(shape or disk_shape)
+        shape = tuple(disk_shape if shape is None else shape)
+        if math.prod(shape) > math.prod(disk_shape):
+            raise ValueError(f"{name}: cannot view {list(disk_shape)} as the larger {list(shape)}")
         item = torch.empty(0, dtype=dtype).element_size()
         fd = self._fd(f)
         base = f.data_start + begin
+        if not shape:  # a 0-d tensor: its one element, which has no dimension to slice
+            if dim is not None:
+                raise ValueError(f"{name}: a 0-d tensor has no dim {dim} to slice")
+            return torch.frombuffer(bytearray(self._pread(fd, base, item, f.path)), dtype=dtype).view(())
         if dim is None:
-            dim, start, stop = 0, 0, shape[0] if shape else 1
+            dim, start, stop = 0, 0, shape[0]
         stop = shape[dim] if stop is None else stop
+        if not 0 <= start <= stop <= shape[dim]:
+            raise ValueError(f"{name}: [{start}, {stop}) is not within dim {dim} of {list(shape)}")
         outer, inner = math.prod(shape[:dim]), math.prod(shape[dim + 1 :])
         run = (stop - start) * inner * item
         stride = shape[dim] * inner * item
@@ -74,9 +82,8 @@ class SliceReader:
             chunks = b"".join(
                 self._pread(fd, base + o * stride + start * inner * item, run, f.path) for o in range(outer)
             )
-        out_shape = list(shape) if shape else []
-        if out_shape:
-            out_shape[dim] = stop - start
+        out_shape = list(shape)
+        out_shape[dim] = stop - start
         if not chunks:
             return torch.empty(out_shape, dtype=dtype)
         return torch.frombuffer(bytearray(chunks), dtype=dtype).view(out_shape)

@@ -56,3 +56,33 @@ def test_the_whole_tensor_without_a_dimension_and_uneven_column_splits(tmp_path)
         assert whole.flatten().tolist() == values and r.bytes_read - before == 120
     finally:
         r.close()
+
+
+def test_a_0d_tensor_is_read_as_its_one_element(tmp_path):
+    """A scalar tensor (shape []) failed with an IndexError on ``shape[0]``; it reads as a 0-d tensor."""
+    f = _int32_file(tmp_path / "s.safetensors", (), [-7])
+    r = SliceReader()
+    try:
+        t = r.read(f, "t")
+        assert t.shape == () and int(t) == -7 and r.bytes_read == 4
+    finally:
+        r.close()
+
+
+def test_a_slice_outside_the_tensor_or_a_larger_view_is_refused(tmp_path):
+    """Bounds were not checked: a stop past the dimension read the next tensor's bytes (or raised a bare
+    torch view error), a start after the stop gave an empty tensor, and a view larger than the tensor read
+    past its end. Each is now a ValueError naming the tensor."""
+    f = _int32_file(tmp_path / "b.safetensors", (3, 4), list(range(12)))
+    r = SliceReader()
+    try:
+        assert r.read(f, "t", dim=1, start=1, stop=3).tolist() == [[1, 2], [5, 6], [9, 10]]
+        assert r.read(f, "t", (12,), 0, 10, 12).tolist() == [10, 11]
+        assert r.read(f, "t", (2, 4)).tolist() == [[0, 1, 2, 3], [4, 5, 6, 7]]  # a prefix view is allowed
+        for dim, start, stop in ((1, 2, 5), (0, 2, 1), (0, -1, 2)):
+            with pytest.raises(ValueError, match=r"^t: \[.*\) is not within dim"):
+                r.read(f, "t", None, dim, start, stop)
+        with pytest.raises(ValueError, match=r"cannot view \[3, 4\] as the larger \[4, 4\]"):
+            r.read(f, "t", (4, 4))
+    finally:
+        r.close()
