@@ -98,7 +98,8 @@ class StepTime:
         )
 
     def bound(self) -> str:
-        """What limits the step: the largest of memory bandwidth, compute, collectives, launch/sync latency."""
+        """What limits the step: the largest of memory bandwidth, compute, collectives, launch/sync latency
+        and the speculative drafter's own step."""
         latency = sum(c.latency_ms for c in self.collectives)
         groups = {
             f"{self.memory} bandwidth (weights)"
@@ -109,6 +110,7 @@ class StepTime:
             if latency >= self.collectives_ms - latency
             else "collective bandwidth": self.collectives_ms,
             "launch/sync overhead": self.launch_ms + self.host_ms + self.expert_fetch_ms,
+            "speculative draft": self.draft_ms,
         }
         return max(groups, key=groups.get)
 

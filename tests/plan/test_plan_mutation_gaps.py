@@ -543,3 +543,12 @@ def test_list_chips_prints_the_drivers_capacity(capsys):
     assert main(["plan", "--list-chips"]) == 0
     (row,) = [line for line in capsys.readouterr().out.splitlines() if line.startswith("h200 ")]
     assert f" {visible:.1f} " in row and " 141.0 " not in row
+
+
+def test_a_step_the_drafter_dominates_is_called_draft_bound():
+    """``bound()`` left the draft time out: a step whose largest part is the speculative drafter's own
+    forward was labelled by the next largest part (here bandwidth), which sends a user to tune the wrong thing."""
+    from nonstop.plan.timing import StepTime
+
+    assert StepTime(weights_ms=2.0, compute_ms=0.5, draft_ms=3.0).bound() == "speculative draft"
+    assert StepTime(weights_ms=2.0, compute_ms=0.5, draft_ms=1.0).bound() == "HBM bandwidth (weights)"
