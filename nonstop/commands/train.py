@@ -8,7 +8,14 @@ import sys
 import time
 from pathlib import Path
 
-from nonstop.commands.common import non_negative_float, positive_float, positive_int, seed_int, thread_count
+from nonstop.commands.common import (
+    non_negative_float,
+    non_negative_int,
+    positive_float,
+    positive_int,
+    seed_int,
+    thread_count,
+)
 
 MAX_MINUTES = 60 * 24 * 366  # a year: a longer budget is a typo (1e307 overflowed the clock arithmetic)
 MAX_COUNT = 10**9  # steps or sequences: more is a typo (huge ones overflowed float arithmetic or numpy)
@@ -29,6 +36,7 @@ def _at_most(parse, limit: int, what: str):
 
 minutes_float = _at_most(positive_float, MAX_MINUTES, f"{MAX_MINUTES:,} minutes (a year)")
 count_int = _at_most(positive_int, MAX_COUNT, f"{MAX_COUNT:,}")
+steps_int = _at_most(non_negative_int, MAX_COUNT, f"{MAX_COUNT:,}")
 bias_rate_float = _at_most(non_negative_float, MAX_BIAS_RATE, f"{MAX_BIAS_RATE:g} (the scale of the router's scores)")
 
 
@@ -77,7 +85,9 @@ def add_parser(sub) -> None:
     p.add_argument(
         "--min-lr", type=non_negative_float, default=2e-4, help="learning rate at the end of the budget (default 2e-4)"
     )
-    p.add_argument("--warmup-steps", type=count_int, default=30, help="linear warmup steps (default 30)")
+    p.add_argument(
+        "--warmup-steps", type=steps_int, default=30, help="linear warmup steps (default 30; 0: start at the peak)"
+    )
     p.add_argument(
         "--weight-decay", type=non_negative_float, default=0.1, help="AdamW weight decay on matrices (default 0.1)"
     )

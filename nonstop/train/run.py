@@ -31,7 +31,7 @@ from nonstop.program.preflight import PreflightError, available_memory, size_tex
 from nonstop.train.export import save_checkpoint
 from nonstop.train.plot import plot_loss_curve
 from nonstop.train.tokens import DEFAULT_CACHE_DIR, cached_token_ids
-from nonstop.train.trainer import TrainConfig, init_model, train
+from nonstop.train.trainer import TrainConfig, check_trainable, init_model, train
 from nonstop.weights.write import write_atomically
 
 SAMPLE_PROMPTS = ("The", "The Python interpreter", "A list is", "To open a file,", "This module provides")
@@ -63,6 +63,7 @@ def run_training(
 
     wall0 = time.monotonic()
     corpus_dir, tokenizer_dir, out_dir = Path(corpus_dir), Path(tokenizer_dir), Path(out_dir)
+    check_trainable(cfg)
     if tc.seq_len > cfg.max_position_embeddings:
         raise ValueError(
             f"--seq-len {tc.seq_len} exceeds the model's {cfg.max_position_embeddings} positions "

@@ -1,6 +1,6 @@
 """Learning rate over a wall-clock budget: linear warmup by steps, cosine decay by elapsed time.
 
-  lr(step, p) = peak · step / warmup                                   while step < warmup
+  lr(step, p) = peak · (step + 1) / warmup                             while step < warmup
               = min + (peak − min) · ½ (1 + cos(π · min(p, 1)))        afterwards
 with p = elapsed / budget measured from the end of warmup (so the decay always spans the rest of
 the budget, however long warmup took on a busy machine).

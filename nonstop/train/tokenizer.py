@@ -36,6 +36,7 @@ PAD_TOKEN = "<|pad|>"
 SPECIAL_TOKENS = (BOS_TOKEN, EOS_TOKEN, PAD_TOKEN)  # ids 0, 1, 2
 DEFAULT_VOCAB_SIZE = 6144
 MIN_VOCAB_SIZE = len(SPECIAL_TOKENS) + 256  # every byte value plus the special tokens
+MAX_VOCAB_SIZE = 2**16  # ids 0..65535: the uint16 token streams of nonstop.train.tokens
 DEFAULT_MODEL_MAX_LENGTH = 1024
 
 assert EOS_TOKEN == DOC_SEPARATOR  # the corpus marks document ends with the EOS token
@@ -143,8 +144,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--min-frequency", type=int, default=2, help="minimum pair count for a merge")
     parser.add_argument("--model-max-length", type=int, default=DEFAULT_MODEL_MAX_LENGTH)
     args = parser.parse_args(argv)
-    if args.vocab_size < MIN_VOCAB_SIZE:
-        parser.error(f"--vocab-size must be at least {MIN_VOCAB_SIZE} (256 bytes and the special tokens)")
+    if not MIN_VOCAB_SIZE <= args.vocab_size <= MAX_VOCAB_SIZE:
+        parser.error(
+            f"--vocab-size must be in {MIN_VOCAB_SIZE}..{MAX_VOCAB_SIZE} (256 bytes and the special tokens at "
+            f"least; training stores ids as uint16), got {args.vocab_size}"
+        )
+    if args.min_frequency < 0:
+        parser.error(f"--min-frequency must be a non-negative integer, got {args.min_frequency}")
+    if args.model_max_length < 1:
+        parser.error(f"--model-max-length must be a positive integer, got {args.model_max_length}")
 
     train_path = args.corpus / "train.txt"
     if not train_path.is_file():

@@ -18,7 +18,7 @@ from pathlib import Path
 import numpy as np
 
 from nonstop.train.corpus import iter_documents
-from nonstop.train.tokenizer import EOS_TOKEN
+from nonstop.train.tokenizer import EOS_TOKEN, MAX_VOCAB_SIZE
 from nonstop.weights.write import write_atomically
 
 DEFAULT_CACHE_DIR = Path("build/tokens")
@@ -51,8 +51,11 @@ def encode_documents(text_path: Path, tokenizer) -> np.ndarray:
     eos = tokenizer.token_to_id(EOS_TOKEN)
     if eos is None:
         raise ValueError(f"tokenizer has no {EOS_TOKEN} token")
-    if tokenizer.get_vocab_size() > np.iinfo(np.uint16).max:
-        raise ValueError("vocabulary too large for uint16 token ids")
+    if tokenizer.get_vocab_size() > MAX_VOCAB_SIZE:
+        raise ValueError(
+            f"a vocabulary of {tokenizer.get_vocab_size()} tokens is too large for uint16 token ids "
+            f"(at most {MAX_VOCAB_SIZE})"
+        )
     documents = list(iter_documents(Path(text_path)))
     encoded = tokenizer.encode_batch(documents, add_special_tokens=False)
     pieces = [np.asarray(e.ids + [eos], dtype=np.uint16) for e in encoded]

@@ -78,9 +78,21 @@ class TrainResult:
         return asdict(self)
 
 
+def check_trainable(cfg: ModelConfig) -> None:
+    """Refuse a config whose routed experts are stored packed (MXFP4 / int4 buffers, not parameters):
+    they would get no gradient, and the run would export its random initial experts as trained."""
+    fmt = cfg.moe.expert_format if cfg.moe is not None else "dense"
+    if fmt != "dense":
+        raise ValueError(
+            f"the config's quantization_config stores the routed experts as {fmt} (packed, not trainable); "
+            "training needs dense experts: remove quantization_config from config.json"
+        )
+
+
 def init_model(cfg: ModelConfig, seed: int = 0) -> CausalLM:
     """A trainable fp32 model: the random weights ``nonstop synth`` writes for ``seed`` (normal std 0.02,
     ones for norms, FLA's A_log/dt_bias), with the expert-correction biases started at zero."""
+    check_trainable(cfg)
     model = random_model(cfg, torch.float32, "cpu", seed).requires_grad_(True).train()
     with torch.no_grad():
         for name, p in model.named_parameters():

@@ -76,3 +76,21 @@ def test_the_tokenizer_command_refuses_a_vocabulary_without_every_byte(tmp_path:
         tokenizer.main(["--corpus", str(tmp_path), "--vocab-size", "258"])
     assert exc.value.code == 2
     assert "--vocab-size must be at least 259" in capsys.readouterr().err
+
+
+def test_a_config_with_packed_experts_is_refused_before_any_tokenizing(tmp_path: Path):
+    """A config whose quantization_config makes the routed experts MXFP4 trained every parameter but the
+    experts (packed uint8 buffers get no gradient) and exported the random initial experts as trained, with
+    rc 0. It is now refused, by ``init_model`` and by ``run_training`` before the corpus is read."""
+    from nonstop.config import ModelConfig
+    from nonstop.train.run import run_training
+    from nonstop.train.trainer import TrainConfig, init_model
+    from tests.tiny_configs import KIMI_K3, KIMI_K3_MXFP4
+
+    cfg = ModelConfig.from_hf_dict(KIMI_K3_MXFP4)
+    with pytest.raises(ValueError, match=r"routed experts as mxfp4 \(packed, not trainable\)"):
+        init_model(cfg)
+    with pytest.raises(ValueError, match="remove quantization_config"):  # no corpus here: refused before it
+        run_training(tmp_path / "no-corpus", tmp_path / "no-tokenizer", cfg, TrainConfig(), tmp_path / "out")
+    dense = init_model(ModelConfig.from_hf_dict(KIMI_K3))
+    assert any("experts" in n for n, _ in dense.named_parameters())  # dense experts: trainable parameters

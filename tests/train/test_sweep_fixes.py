@@ -243,3 +243,17 @@ def test_the_final_held_out_score_is_the_bf16_checkpoints_as_the_model_card_says
     card = " ".join((ASSETS / "k3-nano" / "README.md").read_text().split())
     about_the_log = card[card.index("`result.heldout_perplexity`") :].split(";")[0]
     assert "bf16 checkpoint" in about_the_log and "as trained" not in about_the_log
+
+
+def test_zero_warmup_steps_are_accepted_and_start_at_the_peak():
+    """``--warmup-steps 0`` was refused as not positive, though the schedule needs no warmup: step 0 is then
+    past warmup at decay progress 0, so its rate is the peak (cos 0 = 1). A negative count is still refused."""
+    from nonstop.cli import build_parser
+    from nonstop.train.schedule import learning_rate
+
+    parser = build_parser()
+    assert parser.parse_args(["train", "--out", "o", "--warmup-steps", "0"]).warmup_steps == 0
+    with pytest.raises(SystemExit):
+        parser.parse_args(["train", "--out", "o", "--warmup-steps", "-1"])
+    assert learning_rate(0, 0.0, 3e-3, 3e-4, 0) == 3e-3
+    assert learning_rate(0, 0.0, 3e-3, 3e-4, 4) == 3e-3 / 4  # with warmup: (step + 1) / warmup of the peak

@@ -103,3 +103,53 @@ def test_trains_on_heldout_sample_and_compresses_english():
     tokenizer = train_tokenizer([sample], vocab_size=1024)
     assert tokenizer.decode(tokenizer.encode(sample).ids) == sample
     assert bytes_per_token(tokenizer, [sample]) > 2.5
+
+
+@pytest.mark.parametrize(
+    ("flags", "message"),
+    [
+        (["--min-frequency", "-1"], "--min-frequency must be a non-negative integer, got -1"),
+        (["--model-max-length", "0"], "--model-max-length must be a positive integer, got 0"),
+        (["--model-max-length", "-5"], "--model-max-length must be a positive integer, got -5"),
+        (["--vocab-size", "65537"], "--vocab-size must be in"),
+        (["--vocab-size", "10"], "--vocab-size must be in"),
+    ],
+)
+def test_the_tokenizer_command_refuses_impossible_flags(tmp_path: Path, capsys, flags, message):
+    """A negative --min-frequency ended in an OverflowError traceback from the trainer; a --model-max-length
+    of 0 or below was written into tokenizer_config.json; a vocabulary past uint16 was accepted here and
+    refused only by `nonstop train` later. Each is now argparse's one-line error, before any file is read."""
+    from nonstop.train.tokenizer import main
+
+    with pytest.raises(SystemExit) as stop:
+        main(["--corpus", str(tmp_path / "none"), "--out", str(tmp_path / "out"), *flags])
+    assert stop.value.code == 2 and message in capsys.readouterr().err
+    assert not (tmp_path / "out").exists()
+
+
+def test_a_vocabulary_of_exactly_65536_fits_uint16_ids(tmp_path: Path):
+    """Ids of a 65,536-token vocabulary are 0..65535, which uint16 holds; the check refused it (``> 65535``)
+    while accepting the ids themselves. One more token is refused, naming the size."""
+    import numpy as np
+
+    from nonstop.train.tokens import encode_documents
+
+    (tmp_path / "t.txt").write_text("alpha beta\n")
+
+    class Sized:
+        def __init__(self, n):
+            self.n = n
+
+        def get_vocab_size(self):
+            return self.n
+
+        def token_to_id(self, token):
+            return 65535
+
+        def encode_batch(self, docs, add_special_tokens=False):
+            return [type("E", (), {"ids": [7, 65534]})() for _ in docs]
+
+    assert encode_documents(tmp_path / "t.txt", Sized(65536)).tolist() == [7, 65534, 65535]
+    assert encode_documents(tmp_path / "t.txt", Sized(65536)).dtype == np.uint16
+    with pytest.raises(ValueError, match="vocabulary of 65537 tokens is too large for uint16"):
+        encode_documents(tmp_path / "t.txt", Sized(65537))
