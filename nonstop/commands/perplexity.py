@@ -63,25 +63,29 @@ def run(args) -> int:
 
     path = Path(args.file)
     text = read_text(path)
-    context = None
-
-    def before_load(llm) -> None:  # config and tokenizer known, weights not loaded yet: refuse early
-        nonlocal context
-        if not llm.tokenizer.accepts_text:
-            raise ValueError(no_tokenizer_message(llm.model_dir, llm.cfg.vocab_size))
-        context = scoring_context(args.context, llm.cfg.max_position_embeddings)
-
-    # Scoring calls llm.model directly (plain torch, no cache) and samples nothing: the reference backend builds
-    # no kernels, and the checkpoint's sampling defaults (generation_config.json) are not read.
-    llm = llm_from_args(args, max_batch=1, backend="reference", generation_config=False, before_load=before_load)
-    configure_threads(args.threads, announce=True)  # a thread per physical core less those other processes keep busy
+    context = ids = whole = None
 
     def announce(chars: int, total: int) -> None:
         if chars >= LONG_TEXT_CHARS:
             print(f"  tokenizing {chars:,} of {total:,} characters", file=sys.stderr, flush=True)
 
-    wanted = None if args.max_tokens is None else args.max_tokens + 1  # the first id is context only
-    ids, whole = leading_token_ids(llm.tokenizer.encode, text, wanted, announce)
+    def before_load(llm) -> None:  # config and tokenizer known, weights not loaded yet: refuse early
+        nonlocal context, ids, whole
+        if not llm.tokenizer.accepts_text:
+            raise ValueError(no_tokenizer_message(llm.model_dir, llm.cfg.vocab_size))
+        context = scoring_context(args.context, llm.cfg.max_position_embeddings)
+        wanted = None if args.max_tokens is None else args.max_tokens + 1  # the first id is context only
+        ids, whole = leading_token_ids(llm.tokenizer.encode, text, wanted, announce)
+        if len(ids) < 2:
+            raise ValueError(
+                f"{path}: {len(ids)} token(s) under this tokenizer; perplexity needs at least 2 (the first is "
+                "context only)"
+            )
+
+    # Scoring calls llm.model directly (plain torch, no cache) and samples nothing: the reference backend builds
+    # no kernels, and the checkpoint's sampling defaults (generation_config.json) are not read.
+    llm = llm_from_args(args, max_batch=1, backend="reference", generation_config=False, before_load=before_load)
+    configure_threads(args.threads, announce=True)  # a thread per physical core less those other processes keep busy
     t0 = time.perf_counter()
     tty = sys.stderr.isatty()
     shown = [t0, 0]  # when and at how many tokens the last progress line was printed

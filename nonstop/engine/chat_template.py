@@ -76,7 +76,9 @@ def render_chat(messages: list[dict], template: str | None, special_tokens: dict
     except ModuleNotFoundError:
         raise ChatTemplateError("chat templates need jinja2: pip install jinja2") from None
     try:
-        return compiled.render(messages=messages, tools=None, add_generation_prompt=True, **(special_tokens or {}))
+        return compiled.render(
+            messages=messages, tools=None, documents=None, add_generation_prompt=True, **(special_tokens or {})
+        )
     except ChatTemplateError:
         raise
     except Exception as exc:  # jinja raises many types: a template the request cannot satisfy

@@ -5,10 +5,12 @@ Two offsets into the ids: ``prefix`` (where the decode window starts) and ``read
 has been turned into text). Each new token decodes the window ids[prefix:] and the already-read part
 ids[prefix:read]; the new text is the difference. When the window ends in an incomplete UTF-8
 sequence (decoded as U+FFFD) nothing is emitted and the window grows until the character completes;
-otherwise both offsets move forward. Starting both decodes at the same token keeps decoders that
-treat the first token of a call specially (SentencePiece's leading space) consistent, so the pieces
-add up to ``tokenizer.decode(ids)`` for byte-level BPE, tiktoken and byte tokenizers, minus a trailing
-incomplete character (held back, as the whole-sequence decode would show it as U+FFFD).
+otherwise both offsets move forward (``prefix`` to the old ``read``, or kept where it is while the
+tokens since are special tokens ``decode`` leaves out: ``_window_start``). Starting both decodes at
+the same token keeps decoders that treat the first token of a call specially (SentencePiece's leading
+space) consistent, so the pieces add up to ``tokenizer.decode(ids)`` for byte-level BPE, tiktoken,
+SentencePiece and byte tokenizers, minus a trailing incomplete character (held back, as the
+whole-sequence decode would show it as U+FFFD).
 
 Windows span a few tokens (one character's worth), so each step decodes O(1) tokens.
 """
@@ -35,6 +37,17 @@ class IncrementalDecoder:
         if window.endswith(INCOMPLETE) and len(self.ids) - self.read < MAX_PENDING:
             return ""
         new = window[len(self._read_text) :]
-        self.prefix, self.read = self.read, len(self.ids)
+        self.prefix, self.read = self._window_start(self.read), len(self.ids)
         self._read_text = self.tokenizer.decode(self.ids[self.prefix :])
         return new
+
+    def _window_start(self, at: int) -> int:
+        """Where the next window starts: ``at`` (the old ``read``), unless ids[at:] so far are special tokens
+        ``decode`` leaves out; then the current start is kept (up to MAX_PENDING tokens back). A window whose
+        read part holds no real token makes the next real token the first one decoded in the window but not
+        in the read part, and a SentencePiece decoder strips only that one's leading space ("x<tool>y"
+        streamed as "xy" where the whole decode is "x y")."""
+        special = self.tokenizer.special_name
+        if at - self.prefix < MAX_PENDING and all(special(t) is not None for t in self.ids[at:]):
+            return self.prefix
+        return at

@@ -35,9 +35,15 @@ def check_prefill_chunk(value) -> int | None:
 
 def check_flag(value, name: str) -> bool:
     """``value`` as a bool: True or False (numpy's too), never a truthy string such as "no"."""
-    if isinstance(value, bool) or type(value).__name__ == "bool_":
+    if isinstance(value, bool) or _is_numpy_bool(value):
         return bool(value)
     raise TypeError(f"{name} must be True or False, got {type(value).__name__} {value!r}")
+
+
+def _is_numpy_bool(value) -> bool:
+    """numpy's bool scalar (``np.bool_``; numpy 2 names its type ``bool``), without importing numpy."""
+    kind = type(value)
+    return kind.__module__ == "numpy" and kind.__name__ in ("bool", "bool_")
 
 
 def _is_index(value) -> bool:

@@ -63,7 +63,11 @@ class PerplexityResult:
 
     @property
     def perplexity(self) -> float:
-        return math.exp(self.mean_nll)
+        """exp(mean NLL); inf past what a float holds (a mean above ~709.78 nats, a broken checkpoint)."""
+        try:
+            return math.exp(self.mean_nll)
+        except OverflowError:
+            return math.inf
 
 
 def _windows(ids: torch.Tensor, context: int) -> tuple[torch.Tensor, torch.Tensor | None]:

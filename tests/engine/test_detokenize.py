@@ -37,6 +37,9 @@ class CountingTokenizer:
         self.largest = max(self.largest, len(ids))
         return self.inner.decode(ids)
 
+    def __getattr__(self, name):  # everything else (special_name) from the wrapped tokenizer
+        return getattr(self.inner, name)
+
 
 def _reference_stream(ids: list[int], tok, stops: list[str], eos: int | None = None):
     """The rule before incremental decoding: decode every visible id again after each token; hold back
