@@ -53,7 +53,7 @@ def add_model_args(p: argparse.ArgumentParser, backend: bool = True, text: bool 
         "--no-preflight",
         dest="preflight",
         action="store_false",
-        help="skip the check that the model fits in free memory before loading it",
+        help="skip the checks that the model fits in free memory before it loads (perplexity: and its logits)",
     )
     add_threads_arg(p)
 
