@@ -32,8 +32,10 @@ def prefix_function(s: str) -> tuple[int, ...]:
 class StopStrings:
     """The stop strings of one request, fed the text as it is decoded.
 
-    ``feed(new)`` returns where in the whole text the first stop string to appear starts (the least start
-    of a stop string that ends inside ``new``; an earlier match would have ended the request), or None;
+    ``feed(new)`` returns where in the whole text the first stop string to appear starts, or None: of the
+    stop strings that end inside ``new``, the one that ends first (the least start among those ending
+    there), as if ``new`` had come a character at a time, so the cut does not depend on how the text was
+    split into tokens (an earlier match would have ended the request);
     ``held`` is the length of the longest end of the text that is a proper prefix of a stop string.
     """
 
@@ -44,7 +46,7 @@ class StopStrings:
         self._length = 0  # characters fed so far
 
     def feed(self, new: str) -> int | None:
-        first = None
+        first = None  # (end, start) of the match that completes first
         for j, s in enumerate(self.stops):
             fail, q, n = self._fail[j], self._state[j], len(s)
             for i, c in enumerate(new):
@@ -53,13 +55,13 @@ class StopStrings:
                 if s[q] == c:
                     q += 1
                 if q == n:  # s ends at new[i]
-                    start = self._length + i + 1 - n
-                    first = start if first is None else min(first, start)
+                    match = (i, self._length + i + 1 - n)
+                    first = match if first is None else min(first, match)
                     q = fail[q - 1]
                     break  # this string's first match: the request ends here
             self._state[j] = q
         self._length += len(new)
-        return first
+        return None if first is None else first[1]
 
     @property
     def held(self) -> int:

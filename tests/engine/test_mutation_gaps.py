@@ -166,3 +166,24 @@ def test_top_logprobs_beyond_the_vocabulary_returns_every_token():
     got = top_logprobs(logprobs, 20, 3)
     assert sorted(got) == list(range(8))
     assert got[7] == pytest.approx(float(logprobs[7]))
+
+
+def test_overlapping_stop_strings_cut_where_the_first_one_completes_however_the_text_is_split():
+    """With stops "bc" and "abcd", the text "abcd" fed a character at a time ends at "bc" (cut at 1: "a"),
+    but fed as one token the least start won ("abcd" at 0: ""). The cut depended on the tokenization; it is
+    now where the first stop string completes, for every split of the text into pieces."""
+    assert StopStrings(["bc", "abcd"]).feed("abcd") == 1
+    stops = ["aab", "abab", "bb", "abb", "ba"]
+    for n in range(1, 8):
+        for chars in itertools.product("ab", repeat=n):
+            text = "".join(chars)
+            expected = _first_stop(text, stops)
+            for cuts in itertools.product((False, True), repeat=n - 1):
+                matcher, piece, got = StopStrings(stops), text[0], None
+                for c, cut in zip(text[1:], cuts):
+                    if cut:
+                        got = matcher.feed(piece) if got is None else got
+                        piece = ""
+                    piece += c
+                got = matcher.feed(piece) if got is None else got
+                assert got == (expected[1] if expected else None), (text, cuts)
