@@ -150,6 +150,11 @@ def judge_executor_run(planned: dict, builtin: dict | None, got: dict | None, to
         return [f"{where}: replaced {got.get('patched')} / started {got.get('new_threads')} thread(s)"]
     if got["tuned_calls"] < job["tuned_calls"]:
         return [f"{where}: the executor ran the stored candidate {got['tuned_calls']} of {job['tuned_calls']} times"]
+    steps = len(planned["reference"])
+    if len(builtin["logits"]) != steps:
+        raise RuntimeError(f"verifier: the built-in executor run gave {len(builtin['logits'])} of {steps} steps")
+    if len(got["logits"]) != steps:
+        return [f"{where}: gave logits for {len(got['logits'])} of {steps} steps"]
     rtol, atol = tol
     for i, (ref, b, c) in enumerate(zip(planned["reference"], builtin["logits"], got["logits"])):
         scale = float(ref.abs().max())

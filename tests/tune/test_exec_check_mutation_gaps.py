@@ -4,6 +4,7 @@ run at every decode step, and a run that never happened are rejected."""
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 from nonstop.tune.exec_check import judge_executor_run
@@ -45,3 +46,14 @@ def test_the_stored_candidate_must_run_at_every_decode_step():
 def test_a_run_that_did_not_happen_is_rejected():
     (msg,) = judge_executor_run(PLANNED, builtin(), None, TOL)
     assert "did not run" in msg
+
+
+def test_a_run_with_fewer_steps_of_logits_is_rejected():
+    """``zip`` stopped at the shorter list: a run that returned no logits, or one step's of two, was judged on
+    what it gave and accepted. The child always returns one per step; the judge no longer relies on it."""
+    for logits in ([], [REF[0]]):
+        (msg,) = judge_executor_run(PLANNED, builtin(), {"tuned_calls": 6, "logits": logits}, TOL)
+        assert f"gave logits for {len(logits)} of 2 steps" in msg, msg
+    short = {"fingerprint": "f", "logits": REF[:1]}
+    with pytest.raises(RuntimeError, match="built-in executor run gave 1 of 2 steps"):
+        judge_executor_run(PLANNED, short, {"tuned_calls": 6, "logits": REF}, TOL)
