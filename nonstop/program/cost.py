@@ -56,6 +56,16 @@ def sequence_keys(rows: int, seqs: int, context: int) -> int:
     return seqs * context + rows
 
 
+def attended_keys(rows: int, seqs: int, context: int) -> int:
+    """(row, key) pairs attention scores in a step: row t (0-based) of a sequence sees its ``context`` cached
+    keys and its first t + 1 new tokens, so a sequence of n rows scores n·(context + 1) + n(n-1)/2 pairs.
+    The ``rows`` are split over ``seqs`` sequences as evenly as the step splits them (rows·(context + 1) at
+    one token a sequence)."""
+    each, extra = divmod(rows, seqs)
+    causal = (seqs - extra) * each * (each - 1) // 2 + extra * (each + 1) * each // 2
+    return rows * (context + 1) + causal
+
+
 def kda_state_bytes(cfg: ModelConfig) -> int:
     """One KDA layer's recurrent state per sequence: [H, D, D] fp32."""
     k = cfg.kda
@@ -125,14 +135,12 @@ def make_cost(op: SuperOp, program: Program):
             flops = 2 * elements
         elif op.kind == "mla_attn":
             m = cfg.mla
-            keys = context + 1
             extra_read = sequence_keys(rows, seqs, context) * cache_token_bytes(cfg, "mla", mdt)
-            flops += 2 * rows * keys * m.num_heads * (m.cache_dim + m.kv_lora_rank)
+            flops += 2 * attended_keys(rows, seqs, context) * m.num_heads * (m.cache_dim + m.kv_lora_rank)
         elif op.kind == "gqa_attn":
             g = cfg.gqa
-            keys = context + 1
             extra_read = sequence_keys(rows, seqs, context) * cache_token_bytes(cfg, "gqa", mdt)
-            flops += 4 * rows * keys * g.num_heads * g.head_dim
+            flops += 4 * attended_keys(rows, seqs, context) * g.num_heads * g.head_dim
         elif op.kind in ("mla_q_up", "gqa_qkv_rope"):
             extra_write = rows * cache_token_bytes(cfg, "mla" if op.kind == "mla_q_up" else "gqa", mdt)
         elif op.kind == "kda_core":

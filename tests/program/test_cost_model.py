@@ -254,3 +254,27 @@ def test_tiles_equal_a_count_from_the_shapes(preset):
         for op in program.ops:
             got = op.tiles(rows, context, seqs)
             assert got == expected_tiles(op.kind, c, rows, seqs, context), (op.name, rows, seqs, context)
+
+
+def test_attention_flops_count_each_verified_row_causally():
+    """A sequence's rows in one step (speculative verification) see their cached keys and the new tokens up
+    to their own: row t scores context + t + 1 keys. Every row was counted at context + 1, so 4 rows of one
+    sequence after 6 cached tokens were 28 (row, key) pairs instead of 7 + 8 + 9 + 10 = 34. torch's counter
+    sees the dense masked matrix (40 pairs), so the check is by hand: one sequence of 4 rows against 4 of one
+    row, which differ only in those 6 pairs per attention layer."""
+    from nonstop.program.cost import attended_keys
+
+    assert attended_keys(4, 1, 6) == 7 + 8 + 9 + 10
+    assert attended_keys(4, 4, 6) == 4 * 7
+    assert attended_keys(5, 2, 0) == (1 + 2 + 3) + (1 + 2)  # rows split 3 + 2
+    for name in ("llama", "deepseek_v3"):
+        cfg = ModelConfig.from_hf_dict(TINY_CONFIGS[name])
+        program = lower(random_model(cfg, torch.float32, seed=3))
+        if name == "llama":
+            per_pair = 4 * cfg.gqa.num_heads * cfg.gqa.head_dim
+        else:
+            per_pair = 2 * cfg.mla.num_heads * (cfg.mla.cache_dim + cfg.mla.kv_lora_rank)
+        layers = len(cfg.attn_types)
+        one_sequence = program.total_cost(rows=4, context=6, sequences=1).flops
+        four_sequences = program.total_cost(rows=4, context=6, sequences=4).flops
+        assert one_sequence - four_sequences == 6 * layers * per_pair, name
