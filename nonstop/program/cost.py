@@ -60,7 +60,9 @@ def attended_keys(rows: int, seqs: int, context: int) -> int:
     """(row, key) pairs attention scores in a step: row t (0-based) of a sequence sees its ``context`` cached
     keys and its first t + 1 new tokens, so a sequence of n rows scores n·(context + 1) + n(n-1)/2 pairs.
     The ``rows`` are split over ``seqs`` sequences as evenly as the step splits them (rows·(context + 1) at
-    one token a sequence)."""
+    one token a sequence; also at ``seqs`` 0, the planner's probe of a row's own cost)."""
+    if seqs < 1:
+        return rows * (context + 1)
     each, extra = divmod(rows, seqs)
     causal = (seqs - extra) * each * (each - 1) // 2 + extra * (each + 1) * each // 2
     return rows * (context + 1) + causal

@@ -267,6 +267,7 @@ def test_attention_flops_count_each_verified_row_causally():
     assert attended_keys(4, 1, 6) == 7 + 8 + 9 + 10
     assert attended_keys(4, 4, 6) == 4 * 7
     assert attended_keys(5, 2, 0) == (1 + 2 + 3) + (1 + 2)  # rows split 3 + 2
+    assert attended_keys(3, 0, 4) == 3 * 5  # no sequence: each row on its own (the planner's per-row probe)
     for name in ("llama", "deepseek_v3"):
         cfg = ModelConfig.from_hf_dict(TINY_CONFIGS[name])
         program = lower(random_model(cfg, torch.float32, seed=3))
