@@ -68,14 +68,14 @@ def link_for(device_type: str, ranks: int) -> LinkModel:
 
 
 def _group_bytes(op, group_rows: tuple[int, ...], width_bytes: int) -> tuple[float, float]:
-    """(dynamic, static) bytes the ranks of ``op``'s expert group send in one step of this op, in all:
-    dynamic the expected remote pairs (uniform routing) each way plus the split sizes, static the buffers."""
+    """(dynamic, static) payload bytes the ranks of ``op``'s expert group send in one step of this op, in
+    all: dynamic the expected remote pairs (uniform routing) each way, static the buffers. The dynamic mode's
+    split sizes travel in an all-to-all of their own, which ``choose_exchange`` costs on its own side."""
     a = op.attrs
     E, k, C, placement = a["ep_ranks"], a["top_k"], a["chunks"], a["placement"]
     routed = routed_rows(group_rows, a["tp_ranks"], E, a["rank"])
     held = [len(set(s)) for s in placement.slots]
     dynamic = sum(n * k * (1 - placement.local_fraction(s)) for s, n in enumerate(routed)) * 2 * width_bytes
-    dynamic += E * (E - 1) * C * max(1, a["max_local"]) * 4
     static = 0
     for s, n in enumerate(routed):
         other = [static_capacity(n, k, C, held[d]) for d in range(E) if d != s]

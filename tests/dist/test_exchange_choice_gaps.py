@@ -23,8 +23,8 @@ def test_header_bytes_and_duplicate_copies_in_the_padding():
     an expert counted as another expert it holds. Experts 0, 0, 1 on rank 0 and 2 on rank 1, top-3, one
     chunk, 10^6 rows per rank, 4-byte rows. Static: rank 0 sends rank 1 (one distinct expert) 10^6 rows,
     rank 1 sends rank 0 (two distinct experts) 2·10^6, each row 2·4 + 4 bytes: 3.6e7 bytes. Dynamic: 10^6·3·1/3
-    + 10^6·3·2/3 = 3·10^6 remote pairs, 8 bytes each way, plus 2 split-size messages of 1·3 int32: 2.4e7 + 24.
-    Padding per rank: (1.2e7 - 24) / 2 / 0.85e9 s = 7059 us; saved: 300 us + 12 bytes = 300 us."""
+    + 10^6·3·2/3 = 3·10^6 remote pairs, 8 bytes each way: 2.4e7. Padding per rank: 1.2e7 / 2 / 0.85e9 s =
+    7059 us; saved: the split-size all-to-all, 300 us + 1·3 int32 (12 bytes) = 300 us."""
     op = _op(ExpertPlacement(3, ((0, 0, 1), (2,))), k=3, chunks=1)
     mode, reason = choose_exchange("auto", [op], (10**6, 10**6), 10**7, "cpu", False, 4)
     assert mode == "dynamic"
@@ -35,12 +35,12 @@ def test_every_chunk_sends_its_buffers_and_sizes_go_to_the_other_ranks():
     """Catches the static bytes counted for one chunk only, and the split sizes counted for E peers instead
     of E - 1. Two experts, one per rank, top-1, 1000 chunks, one row per rank, 4-byte rows. Static: each
     rank sends its peer a 1-row buffer per chunk: 2 · 1000 · 12 = 24000 bytes. Dynamic: 2 · 1/2 pairs of 8
-    bytes, plus 2 · 1 · 1000 · 1 · 4 = 8000 bytes of split sizes: 8008. Padding per rank: 15992 / 2 / 0.85e9 s
-    = 9 us; saved: 300 us + 4000 bytes (4.7 us) = 305 us."""
+    bytes = 8. Padding per rank: 23992 / 2 / 0.85e9 s = 14 us; saved: the split-size all-to-all to the one
+    peer, 300 us + 1 · 1000 · 1 · 4 bytes (4.7 us) = 305 us."""
     op = _op(ExpertPlacement.even(2, 2), k=1, chunks=1000)
     mode, reason = choose_exchange("auto", [op], (1, 1), 16, "cpu", False, 4)
     assert mode == "static"
-    assert reason.startswith("static padding 9 us < dynamic split-size exchanges and host reads 305 us per step")
+    assert reason.startswith("static padding 14 us < dynamic split-size exchanges and host reads 305 us per step")
 
 
 def test_a_layout_without_expert_parallelism_has_no_exchange_to_choose_on_cuda():
