@@ -122,15 +122,17 @@ class EngineCore:
         return text
 
     @torch.inference_mode()
-    def step(self) -> list[tuple[Request, str]]:
+    def step(self, out: list[tuple[Request, str]] | None = None) -> list[tuple[Request, str]]:
         """Decode one token for every running request, then prefill the next prompt chunk(s).
 
         Returns (request, new text) for every request that produced a token or ended (an errored
-        request comes back with finish_reason ``error`` and empty text).
+        request comes back with finish_reason ``error`` and empty text). The pairs are appended to ``out``
+        (a new list by default) as they are produced, so a caller whose step raises part-way (an error not
+        isolated) still holds the text of the requests served before it.
         """
-        out = []
+        out = [] if out is None else out
         if self.running:
-            out += self._decode(list(self.running))
+            self._decode(list(self.running), out)
         for req in self._plan_prefill():
             text = self._prefill_chunk(req)
             if req.output_ids or req.finished:
@@ -174,10 +176,10 @@ class EngineCore:
     def _forward(self, reqs: list[Request], ids: list[list[int]], last_only: bool) -> torch.Tensor | None:
         """One cached forward of ``ids`` [B][T] for the requests' slots; logits, or None if it failed
         and the requests were ended (``isolate_errors``)."""
-        batch = self.cache.batch([r.slot for r in reqs], len(ids[0]))
         decoder = self.speculative_decoder
         taps = decoder.taps if decoder is not None else ()
         try:
+            batch = self.cache.batch([r.slot for r in reqs], len(ids[0]))  # may grow the page pool: may fail
             input_ids = torch.tensor(ids, dtype=torch.long, device=self.device)
             if taps:  # the drafter reads the target's hidden states of every cached position
                 logits, hidden = self.executor.forward_hidden(input_ids, self.cache, batch, taps)
@@ -192,18 +194,19 @@ class EngineCore:
         self.cache.advance(batch)
         return logits
 
-    def _decode(self, reqs: list[Request]) -> list[tuple[Request, str]]:
+    def _decode(self, reqs: list[Request], out: list[tuple[Request, str]]) -> None:
+        """Decode the next token(s) of ``reqs``, appending (request, new text) to ``out`` group by group."""
         if self.speculative_decoder is not None:
-            return self.speculative_decoder.decode(self, reqs)
+            out += self.speculative_decoder.decode(self, reqs)
+            return
         on_device = device_decode.decode(self, reqs)  # kernel backends: sampled on the device, n steps a launch
         if on_device is not None:
-            return on_device
-        out = []
+            out += on_device
+            return
         for group in self.row_groups(reqs):
             logits = self._forward(group, [[r.output_ids[-1]] for r in group], last_only=True)
             for i, r in enumerate(group):
                 out.append((r, "" if logits is None else self._emit(r, logits[i])))
-        return out
 
     def _prefill_chunk(self, req: Request) -> str:
         """Run the next chunk of ``req``'s prompt; after the last chunk sample its first token."""

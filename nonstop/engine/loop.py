@@ -157,8 +157,12 @@ class EngineLoop:
                 self.core.abort(req, "abort")
                 self._send(req, "")
         if self.core.active:
-            for req, text in self.core.step():
-                self._send(req, text)
+            produced = []
+            try:
+                self.core.step(produced)
+            finally:  # a step that fails part-way still delivers what it produced before the failure
+                for req, text in produced:
+                    self._send(req, text)
             self.steps += 1
         return True
 

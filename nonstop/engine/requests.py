@@ -161,9 +161,11 @@ class Request:
         self.finished_at = now
 
     def stop(self, reason: str, error: str | None = None) -> None:
-        """End the request from outside (``abort`` for a cancelled one, ``error`` with a message)."""
-        if self.finish_reason is None:
-            self._finish(reason, time.perf_counter())
+        """End the request from outside (``abort`` for a cancelled one, ``error`` with a message); a request
+        that has already ended keeps its reason and gets no error."""
+        if self.finish_reason is not None:
+            return
+        self._finish(reason, time.perf_counter())
         if error is not None:
             self.error = error
 

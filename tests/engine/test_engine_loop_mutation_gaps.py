@@ -22,49 +22,11 @@ from nonstop.engine.requests import Request
 from nonstop.engine.sampling import InvalidSamplingParam, SamplingParams, sample
 from nonstop.engine.tokenizer import ByteTokenizer
 from nonstop.engine.warmup import warm_up
-from nonstop.runtime.interface import Executor
+from tests.engine.scripted_executor import LEAD, Scripted, V
 from tests.engine.tiny_models import TINY_MODELS, synth_checkpoint
 
-V = 128  # ASCII: every token is one character
-LEAD = 3.0
 LOGPROB_NEXT = LEAD - math.log(math.exp(LEAD) + V - 1)  # log softmax of the leading token
 LOGPROB_OTHER = -math.log(math.exp(LEAD) + V - 1)
-
-
-class _Cache:
-    """Per-slot token counts (what the engine's cache calls touch)."""
-
-    def __init__(self, num_slots: int):
-        self.lengths = [0] * num_slots
-
-    def batch(self, slots, T):
-        return list(slots), T
-
-    def advance(self, batch):
-        slots, T = batch
-        for s in slots:
-            self.lengths[s] += T
-
-    def reset(self, slot):
-        self.lengths[slot] = 0
-
-
-class Scripted(Executor):
-    """Next token (last + 1) % V; records the input ids of every forward."""
-
-    name, stats, batch_invariant, max_rows, samples_on_device = "scripted", {}, False, None, False
-
-    def __init__(self):
-        self.calls: list[list[list[int]]] = []
-
-    def new_cache(self, cfg, num_slots, dtype, device, page_size):
-        return _Cache(num_slots)
-
-    def forward(self, ids, cache, batch, last_only=False):
-        self.calls.append(ids.tolist())
-        logits = torch.zeros(*ids.shape, V)
-        logits.scatter_(-1, ((ids + 1) % V).unsqueeze(-1), LEAD)
-        return logits[:, -1] if last_only else logits
 
 
 def _core(num_slots=2, prefill_chunk=None, max_len=None, **kw) -> EngineCore:

@@ -14,6 +14,7 @@ import torch.nn.functional as F
 
 from nonstop.cli import main
 from nonstop.engine.perplexity import score_token_ids
+from tests.engine.hf_llama import untied_llama
 from tests.test_cli_outputs import _refused
 
 TEXT = bytes(range(32, 127)) * 2  # 190 byte ids: 189 to score
@@ -21,32 +22,9 @@ TEXT = bytes(range(32, 127)) * 2  # 190 byte ids: 189 to score
 
 @pytest.fixture(scope="module")
 def hf(tmp_path_factory):
-    """(transformers model, checkpoint dir): a 2-layer GQA Llama of 260 ids (every byte value) and 64 positions."""
-    transformers = pytest.importorskip("transformers")
-    torch.manual_seed(0)
-    cfg = transformers.LlamaConfig(
-        vocab_size=260,
-        hidden_size=32,
-        intermediate_size=48,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        head_dim=8,
-        max_position_embeddings=64,
-        rms_norm_eps=1e-5,
-        tie_word_embeddings=False,
-        rope_theta=10000.0,
-        bos_token_id=1,
-        eos_token_id=2,
-    )
-    model = transformers.LlamaForCausalLM(cfg).eval()
-    with torch.no_grad():
-        for p in model.parameters():
-            if p.dim() > 1:
-                p.normal_(std=0.3)  # logits far from uniform, so a misplaced target shows
-    out = tmp_path_factory.mktemp("hf") / "llama"
-    model.save_pretrained(out, safe_serialization=True)
-    return model, out
+    """(transformers model, checkpoint dir): a tiny untied Llama of 260 ids (every byte value)."""
+    pytest.importorskip("transformers")
+    return untied_llama(tmp_path_factory.mktemp("hf"), 260)
 
 
 def _reference_nll(model, ids: list[int], context: int) -> tuple[float, int]:
