@@ -127,10 +127,13 @@ def _require(cond: bool, message: str) -> None:
 
 def _parse_rope(f: ConfigFields, dim: int, interleaved: bool, default_theta: float) -> RopeConfig:
     merged: dict = {}
-    for key in ("rope_scaling", "rope_parameters"):  # rope_parameters (transformers >= 4.56) wins
+    for key in ("rope_scaling", "rope_parameters"):  # the older and newer (transformers >= 4.56) spellings
         value = f.raw.get(key)
         if value is not None and not isinstance(value, dict):
             raise ConfigError(f"field {key!r} must be an object (or null), got {value!r}")
+        clash = sorted(k for k, v in (value or {}).items() if k in merged and merged[k] != v)
+        if clash:
+            raise ConfigError(f"contradictory fields: 'rope_scaling' and 'rope_parameters' differ in {clash}")
         merged.update(value or {})
     theta = merged.get("rope_theta", f.raw.get("rope_theta", default_theta))
     if isinstance(theta, bool) or not isinstance(theta, (int, float)) or not 0 < theta < math.inf:
@@ -206,6 +209,13 @@ def _eos_ids(f: ConfigFields) -> tuple[int, ...]:
     raise ConfigError(f"field 'eos_token_id' must be a token id (>= 0) or a list of them, got {eos!r}")
 
 
+def _pad_id(f: ConfigFields) -> int | None:
+    """``pad_token_id``, None when absent or negative: early Llama conversions write -1 for "no pad token", as
+    transformers accepts; nothing here pads with it (it is kept for the checkpoint writer)."""
+    pad = f.get("pad_token_id", None, int)
+    return None if pad is None or pad < 0 else pad
+
+
 def _mla(f: ConfigFields, family: str, rope: RopeConfig | None) -> MLAConfig:
     heads = f.positive("num_attention_heads")  # num_key_value_heads is meaningless for MLA: one shared latent
     nope = f.positive("qk_nope_head_dim")
@@ -214,7 +224,7 @@ def _mla(f: ConfigFields, family: str, rope: RopeConfig | None) -> MLAConfig:
     q_lora = f.get("q_lora_rank", None, int)
     _require(q_lora is None or q_lora > 0, "field 'q_lora_rank' must be positive or null")
     scale = (nope + rope_dim) ** -0.5
-    if rope is not None and rope.kind == "yarn" and rope.mscale_all_dim:
+    if rope is not None and rope.kind != "default" and rope.mscale_all_dim:  # as DeepSeek's reference and transformers
         m = yarn_mscale(rope.factor, rope.mscale_all_dim)
         scale *= m * m
     return MLAConfig(
@@ -258,6 +268,7 @@ def _moe(f: ConfigFields, family: str) -> MoEConfig | None:
         f"field 'moe_router_activation_func' must be sigmoid or softmax, got {scoring!r}",
     )
     latent = f.get("routed_expert_hidden_size", None, int)
+    _require(latent is None or latent > 0, "field 'routed_expert_hidden_size' must be positive")
     return MoEConfig(
         num_experts=num_experts,
         top_k=top_k,
@@ -286,7 +297,7 @@ def _mlp_types(f: ConfigFields, n: int, moe: MoEConfig | None) -> tuple[str, ...
         return derived
     _require(isinstance(raw_types, list) and len(raw_types) == n, f"field 'mlp_layer_types' must list {n} entries")
     mapping = {"dense": "dense", "sparse": "moe"}
-    bad = [t for t in raw_types if t not in mapping]
+    bad = [t for t in raw_types if not isinstance(t, str) or t not in mapping]
     _require(not bad, f"field 'mlp_layer_types' has unknown entries {bad}")
     listed = tuple(mapping[t] for t in raw_types)
     if "first_k_dense_replace" in f.raw and listed != derived:
@@ -312,7 +323,7 @@ def _kimi_attn_types(f: ConfigFields, n: int) -> tuple[str, ...]:
         for name, layers, kind in (("kda_layers", kda, "kda"), ("full_attn_layers", full, "mla")):
             for layer in layers:
                 _require(
-                    isinstance(layer, int) and 1 <= layer <= n,
+                    isinstance(layer, int) and not isinstance(layer, bool) and 1 <= layer <= n,
                     f"linear_attn_config.{name}: layer {layer!r} outside 1..{n} (1-based)",
                 )
                 _require(
@@ -331,7 +342,7 @@ def _kimi_attn_types(f: ConfigFields, n: int) -> tuple[str, ...]:
             f"field 'layer_types' must list {n} entries, got {raw_types!r}",
         )
         mapping = {"linear_attention": "kda", "full_attention": "mla"}
-        bad = [t for t in raw_types if t not in mapping]
+        bad = [t for t in raw_types if not isinstance(t, str) or t not in mapping]
         _require(not bad, f"field 'layer_types' has unknown entries {bad}")
         from_types = tuple(mapping[t] for t in raw_types)
     if from_lists and from_types and from_lists != from_types:
@@ -395,7 +406,7 @@ def _common(f: ConfigFields, family: str, n: int, attn_types, mlp_types, **extra
         max_position_embeddings=f.positive("max_position_embeddings", 4096),
         bos_token_id=f.at_least("bos_token_id", 0, None, int),
         eos_token_ids=_eos_ids(f),
-        pad_token_id=f.at_least("pad_token_id", 0, None, int),
+        pad_token_id=_pad_id(f),
         **extra,
     )
 
@@ -473,15 +484,14 @@ def _parse_kimi(raw: dict, text: dict, family: str) -> dict:
     common = _common(f, family, n, attn_types, _mlp_types(f, n, moe))
     if family == "kimi_k3":
         outer = ConfigFields(raw)
-        for key in ("bos_token_id", "pad_token_id"):
-            if outer.has(key):
-                common[key] = outer.at_least(key, 0, kind=int)
+        if outer.has("bos_token_id"):
+            common["bos_token_id"] = outer.at_least("bos_token_id", 0, kind=int)
+        if outer.has("pad_token_id"):
+            common["pad_token_id"] = _pad_id(outer)
         if "eos_token_id" in raw:
             common["eos_token_ids"] = _eos_ids(outer)
         if "tie_word_embeddings" in raw:
             common["tie_word_embeddings"] = outer.get("tie_word_embeddings", kind=bool)
-    if moe is not None and moe.latent_size is not None:
-        _require(moe.latent_size > 0, "field 'routed_expert_hidden_size' must be positive")
     return dict(
         **common,
         **_act(f),
