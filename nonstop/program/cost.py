@@ -169,10 +169,17 @@ def _blocks(n: int) -> int:
 
 
 def _mla_attn_tiles(op: SuperOp, rows: int, seqs: int, context: int) -> int:
+    """Split-KV tiles of a step: a sequence of n new tokens has ceil(n·heads / ATTN_BLOCK_M) query blocks,
+    each over ceil((context + n) / ATTN_SPLIT_KEYS) key splits; plus one combine tile per head. The rows
+    split over ``seqs`` sequences as evenly as the step splits them (``seqs`` 0: each row on its own)."""
     heads = op.attrs["heads"]
-    tokens = rows // seqs
-    splits = math.ceil((context + tokens) / ATTN_SPLIT_KEYS)
-    return seqs * math.ceil(tokens * heads / ATTN_BLOCK_M) * splits + heads
+    seqs = seqs if seqs >= 1 else rows
+    each, extra = divmod(rows, seqs)
+
+    def one(tokens: int) -> int:
+        return math.ceil(tokens * heads / ATTN_BLOCK_M) * math.ceil((context + tokens) / ATTN_SPLIT_KEYS)
+
+    return (seqs - extra) * one(each) + extra * one(each + 1) + heads
 
 
 def _moe_front_tiles(op: SuperOp, cfg: ModelConfig) -> int:
