@@ -445,6 +445,23 @@ def gemv_blocks(R: int, N: int, K: int, device) -> dict:
     )
 
 
+def _check_gemv_operands(x, w, out, bias, norm) -> None:
+    """ValueError unless x [R <= 16, K], w [N, K], out [R, N], bias [N] and norm [K] fit together with unit
+    column strides (the kernel reads and writes by these shapes: a narrower w or out is read past / written
+    past, not refused)."""
+    R, K = x.shape
+    N = w.shape[0]
+    shapes = f"x {list(x.shape)}, w {list(w.shape)}, out {list(out.shape)}"
+    if w.dim() != 2 or w.shape[1] != K or tuple(out.shape) != (R, N):
+        raise ValueError(f"gemv needs x [R, K], w [N, K], out [R, N]; got {shapes}")
+    if bias is not None and tuple(bias.shape) != (N,) or norm is not None and tuple(norm.shape) != (K,):
+        raise ValueError(f"gemv needs bias [N] and norm [K]; got {shapes}")
+    if not (x.stride(-1) == 1 and w.stride(-1) == 1 and out.stride(-1) == 1):
+        raise ValueError("gemv needs unit column strides in x, w and out")
+    if R > 16:
+        raise ValueError(f"gemv takes at most 16 rows, got {R}")
+
+
 def launch_gemv(
     x: torch.Tensor,
     w: torch.Tensor,
@@ -461,7 +478,7 @@ def launch_gemv(
     """out (by ``epilogue``) W x̂ (+ bias) for x [R, K], w [N, K], out [R, N] - one launch of ``gemv_tile``."""
     R, K = x.shape
     N = w.shape[0]
-    assert x.stride(-1) == 1 and w.stride(-1) == 1 and out.stride(-1) == 1 and R <= 16
+    _check_gemv_operands(x, w, out, bias, norm)
     cfg = gemv_blocks(R, N, K, x.device) | blocks
     grid = (triton.cdiv(N, cfg["BLOCK_N"]),)
     gemv_kernel[grid](

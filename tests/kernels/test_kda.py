@@ -36,12 +36,14 @@ def _one_torch_thread():
     torch.set_num_threads(threads)
 
 
-def _check(kind, config, dtype, B, T, seed=0):
+def _check(kind, config, dtype, B, T, seed=0, prompt_lens=(5, 3, 7)):
     with warnings.catch_warnings():
         warnings.simplefilter(
             "ignore", RuntimeWarning
         )  # the interpreter's exp overflows to inf inside sigmoid (harmless)
-        return check_kernel(kind, TINY_CONFIGS[config], kda.KERNELS[kind], dtype, B=B, T=T, seed=seed)
+        return check_kernel(
+            kind, TINY_CONFIGS[config], kda.KERNELS[kind], dtype, B=B, T=T, seed=seed, prompt_lens=prompt_lens
+        )
 
 
 @pytest.mark.parametrize("kind", KINDS)
@@ -115,3 +117,17 @@ def test_softplus_matches_torch():
     out = torch.empty_like(z)
     _softplus_kernel[(1,)](z, out, z.numel(), BLOCK=16)
     torch.testing.assert_close(out, F.softplus(z), rtol=1e-6, atol=0)
+
+
+def test_kda_in_proj_conv_windows_of_more_sequences_than_one_block():
+    """6 sequences (5 with history, 1 fresh) of one token at conv width 4 keep 6 x 3 = 18 window rows, more
+    than one 16-row block: window entry 1 of the sixth sequence (row 16) shifts to entry 0; a window block
+    sized for one sequence's 3 rows (16) never moved it, leaving that sequence's window stale."""
+    assert _check("kda_in_proj", "kimi_linear", torch.float32, 6, 1, seed=4, prompt_lens=(5, 3, 7, 2, 6)) > 0
+
+
+def test_kda_in_proj_refuses_a_step_without_a_convolution_window():
+    """Conv size 1 keeps no previous token (the kernel's window of K - 1 rows would be empty): refused with a
+    reason naming the size; 2 (one previous token) is the smallest it runs."""
+    assert "short_conv_kernel_size 1" in kda.kda_in_proj_refusal({"conv_size": 1})
+    assert kda.kda_in_proj_refusal({"conv_size": 2}) is None

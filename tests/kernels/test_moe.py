@@ -133,3 +133,12 @@ def test_selection_matches_select_experts(cfg, rows):
         r, k = torch.nonzero(ids == e, as_tuple=True)
         want_p[s, r] = weights[r, k]
     torch.testing.assert_close(got_p[: len(distinct)], want_p, rtol=1e-6, atol=1e-7)
+
+
+def test_experts_without_renormalisation_in_two_groups_match_twin():
+    """DeepSeek-style routing with ``norm_topk_prob`` false (the selected weights are not divided by their sum)
+    and exactly 2 expert groups (top-1 group: the group limit still applies at 2): the kernel must take both
+    from the config (a launch hard-wiring renormalisation, or grouping only above 2 groups, routes and weights
+    the rows differently from the twin)."""
+    raw = dict(TINY_CONFIGS["deepseek_v3"], norm_topk_prob=False, n_group=2, topk_group=1)
+    assert check_kernel("moe_experts", raw, moe.KERNELS["moe_experts"], F32, B=2, T=3, seed=12) > 0
