@@ -122,6 +122,11 @@ def run(args) -> int:
         raise ValueError(f"--port must be in 1..65535, got {args.port}")
     if args.api_key is not None and not args.api_key.strip():
         raise ValueError("--api-key (or $NONSTOP_API_KEY) must not be empty")
+    if args.api_key is not None and args.api_key != args.api_key.strip():
+        raise ValueError(
+            "--api-key (or $NONSTOP_API_KEY) must not start or end with a space: HTTP drops the spaces around a "
+            "header value, so no client could send that key"
+        )
     if args.api_key is not None and not (args.api_key.isascii() and args.api_key.isprintable()):
         raise ValueError(
             "--api-key (or $NONSTOP_API_KEY) must be printable ASCII: clients send it in an HTTP header, which "
