@@ -76,6 +76,7 @@ HOST_METHODS = {
 HOST_UPLOADS = {torch.tensor: "tensor", torch.as_tensor: "as_tensor", torch.from_numpy: "from_numpy"}
 
 _patch_lock = threading.Lock()
+_patch_owner: int | None = None  # the thread holding _patch_lock
 
 
 def _tensors(tree) -> list[torch.Tensor]:
@@ -113,20 +114,28 @@ class TritonRunPatch:
         self._restore: list = []
 
     def __enter__(self):
+        global _patch_owner
+        if _patch_owner == threading.get_ident():  # the lock is not reentrant: waiting would wait forever
+            raise RuntimeError("a Triton launch patch (LaunchCounter) is already active in this thread: not nestable")
         _patch_lock.acquire()
+        _patch_owner = threading.get_ident()
         try:
             for cls in _triton_launch_classes():
                 original = cls.run
                 cls.run = self.make_run(original)
                 self._restore.append((cls, original))
         except BaseException:
-            self._unpatch()
-            _patch_lock.release()
+            self._release()
             raise
         return self
 
     def __exit__(self, *exc):
+        self._release()
+
+    def _release(self):
+        global _patch_owner
         self._unpatch()
+        _patch_owner = None
         _patch_lock.release()
 
     def _unpatch(self):

@@ -7,7 +7,7 @@ another, ``off`` disables it) written by ``nonstop/tune/store.py``::
                                                        "sha256": ..., "proposer": ..., ...}}}}}
 
 DEVICE is ``device_name`` (the CUDA device name, or "cpu" for the Triton interpreter), SHAPE is
-``shape_key(op, B, T)``: the step shape and the op's weight shapes and dtype. A kernel file is a
+``shape_key(op, B, T, act_dtype)``: the step shape, the op's weight shapes and the dtypes. A kernel file is a
 candidate that passed ``nonstop tune verify`` at that shape on that device; its SHA-256 is checked
 again before it is imported, and a file that is missing, altered or fails to import is skipped with
 a warning (the built-in kernel runs). A store file that cannot be used (unreadable, not JSON, not a
@@ -63,20 +63,35 @@ def device_name(device) -> str:
     return device.type
 
 
+def _dtype_name(dtype) -> str:
+    return str(dtype).removeprefix("torch.")
+
+
 def shape_key(op, B: int, T: int, act_dtype=None) -> str:
-    """ "B1xT1 w=2048x2048 b=2048 bfloat16": the step shape, the op's weight shapes (by role, sorted) -
-    or, for an op without weights (attention), its integer attributes - and the dtype of its first
-    floating-point weight (else ``act_dtype``, the dtype of its activations)."""
+    """ "B1xT1 A_log=4:float32 w=2048x2048 bfloat16": the step shape, the op's weight shapes (by role,
+    sorted) - or, for an op without weights (attention), its integer attributes - and the dtype of its
+    activations ``act_dtype`` (None: of its first floating-point weight); a weight of another dtype than
+    that one names its own (a bf16 model's fp32 ``A_log``, router bias or ``inv_freq``, packed uint8
+    experts), so a winner verified at one model dtype never runs at another."""
+    dtype = act_dtype or next((t.dtype for _, t in sorted(op.weights.items()) if t.is_floating_point()), None)
     if op.weights:
-        what = " ".join(f"{n}={'x'.join(map(str, t.shape))}" for n, t in sorted(op.weights.items()))
+        what = " ".join(
+            f"{n}={'x'.join(map(str, t.shape))}" + ("" if t.dtype == dtype else f":{_dtype_name(t.dtype)}")
+            for n, t in sorted(op.weights.items())
+        )
     else:
         what = " ".join(
             f"{k}={v}"
             for k, v in sorted(op.attrs.items())
             if isinstance(v, int) and not isinstance(v, bool) and k != "cache_layer"
         )
-    dtype = next((t.dtype for _, t in sorted(op.weights.items()) if t.is_floating_point()), act_dtype)
-    return f"B{B}xT{T} {what} {str(dtype).removeprefix('torch.')}"
+    return f"B{B}xT{T} {what} {_dtype_name(dtype)}"
+
+
+def program_shape_key(program, op, B: int, T: int) -> str:
+    """``shape_key`` of ``op`` in ``program`` (a lowered Program): its activations' dtype is its first input
+    buffer's, as the executor finds it at run time."""
+    return shape_key(op, B, T, program.buffers[op.reads[0]].torch_dtype(program.dtype))
 
 
 def _empty() -> dict:

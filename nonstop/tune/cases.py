@@ -32,7 +32,7 @@ import torch
 
 from nonstop.cache.state import ModelCache, StepBatch, _TokenCache
 from nonstop.config import ModelConfig
-from nonstop.model.build import random_model
+from nonstop.model.build import meta_model, random_model
 from nonstop.program.ir import SuperOp
 from nonstop.program.lower import lower
 from nonstop.program.reference import REFERENCE, StepEnv
@@ -90,21 +90,13 @@ class State:
 def layers_for(cfg: ModelConfig, kind: str) -> int:
     """The fewest leading layers whose Program holds every variant of ``kind`` the model has, capped at
     what keeps one state small: all layers of a small model, else up to the kind's first layer + 1."""
-    with torch.device("meta"):
-        program = lower(random_model_meta(cfg))
+    program = lower(meta_model(cfg))
     layers = [op.layer for op in program.ops if op.kind == kind]
     if not layers:
         raise ValueError(f"model has no {kind!r} op; its kinds: {', '.join(sorted({op.kind for op in program.ops}))}")
     if any(layer is None for layer in layers) or cfg.num_hidden_layers <= 8:
         return cfg.num_hidden_layers if cfg.num_hidden_layers <= 8 else 1
     return min(layers) + 1
-
-
-def random_model_meta(cfg: ModelConfig):
-    from nonstop.model.stack import CausalLM
-
-    with torch.device("meta"):
-        return CausalLM(cfg)
 
 
 def variants(program, kind: str) -> list[SuperOp]:

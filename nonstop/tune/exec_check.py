@@ -70,7 +70,7 @@ def plan_executor_run(target, source: str, jobdir: Path, rng: random.Random, hid
     from nonstop.model.build import random_model
     from nonstop.program.lower import lower
     from nonstop.runtime.executors import ReferenceExecutor
-    from nonstop.runtime.tuned import device_name, shape_key
+    from nonstop.runtime.tuned import device_name, program_shape_key
     from nonstop.tune import store
 
     shape = target.shapes[0] if target.shapes else None
@@ -95,7 +95,7 @@ def plan_executor_run(target, source: str, jobdir: Path, rng: random.Random, hid
     }
     program = lower(model)
     ops = [op for op in program.ops if op.kind == target.kind]
-    keys = {shape_key(op, B, T, program.buffers[op.reads[0]].torch_dtype(program.dtype)) for op in ops}
+    keys = {program_shape_key(program, op, B, T) for op in ops}
     for key in sorted(keys):  # the keys runtime/tuned.TunedKind looks up
         store.record(Path(plan["store"]), device_name(target.device), target.kind, key, source, {"proposer": "verify"})
     plan["tuned_calls"] = len(ops) * DECODE_STEPS

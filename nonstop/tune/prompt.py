@@ -13,12 +13,11 @@ import ast
 import inspect
 import textwrap
 
-import torch
-
+from nonstop.model.build import meta_model
 from nonstop.program.lower import lower
 from nonstop.tune.allowed import MODULES, TORCH_ALLOCATORS, TORCH_FACTS
 from nonstop.tune.candidate import RoundContext
-from nonstop.tune.cases import random_model_meta, variants
+from nonstop.tune.cases import variants
 from nonstop.tune.timing import peak_bandwidth
 
 MAX_KERNEL_SOURCE = 24_000
@@ -124,8 +123,7 @@ def _subscripted(fn) -> set[str]:
 def contract_text(context: RoundContext) -> str:
     """What ``launch(op, env)`` receives at the target's first tuned shape."""
     t = context.target
-    with torch.device("meta"):
-        program = lower(random_model_meta(t.cfg).to(t.dtype))
+    program = lower(meta_model(t.cfg, t.dtype))
     ops = variants(program, t.kind)
     op = ops[0]
     B = t.shapes[0].B if t.shapes else 1

@@ -41,13 +41,24 @@ PASS_THROUGH = (
 
 @dataclass
 class ChildRun:
-    """How the child ended: ``result`` (its result.pt, loaded as plain data) or why there is none."""
+    """How the child ended: ``result`` (its result.pt, loaded as plain data) or why there is none;
+    ``problem``: what was wrong with the result file of a child that exited 0 (None when it was read)."""
 
     result: dict | None
     returncode: int | None
     timed_out: bool
     stderr: str
     network_namespace: bool
+    problem: str | None = None
+
+    def ending(self) -> str:
+        """How the child ended, for a verdict: "exit status 3" or "killed by signal SIGSEGV"."""
+        if self.returncode is not None and self.returncode < 0:
+            try:
+                return f"killed by signal {signal.Signals(-self.returncode).name}"
+            except ValueError:
+                return f"killed by signal {-self.returncode}"
+        return f"exit status {self.returncode}"
 
 
 def _unshare_network() -> bool:
@@ -124,12 +135,15 @@ def run_child(jobdir: Path, device: torch.device, timeout_s: float, memory_bytes
         _kill_group(proc)
         proc.wait()
         raise
-    result = None
+    result = problem = None
     path = jobdir / "result.pt"
     if not timed_out and proc.returncode == 0 and path.exists():
         try:
             result = torch.load(path, weights_only=True)  # plain data only: nothing of the child's runs here
         except Exception as exc:  # noqa: BLE001 - a malformed result is the candidate's failure
-            err = (err or b"") + f"\nresult unreadable: {exc}".encode()
+            first = next(iter(str(exc).strip().splitlines()), "")  # torch.load's advice runs for lines
+            problem = f"its result file is unreadable ({type(exc).__name__}: {first[:200]})"
+        if result is not None and not (isinstance(result, dict) and ("calls" in result or "import_error" in result)):
+            result, problem = None, f"its result file holds no verification result (a {type(result).__name__})"
     text = (err or b"").decode(errors="replace")
-    return ChildRun(result, proc.returncode, timed_out, text[-4000:], flag.exists())
+    return ChildRun(result, proc.returncode, timed_out, text[-4000:], flag.exists(), problem)

@@ -18,10 +18,11 @@ from dataclasses import dataclass, field
 import torch
 
 from nonstop.config import ModelConfig
+from nonstop.model.build import meta_model
 from nonstop.program.ir import SuperOp
 from nonstop.program.lower import lower
-from nonstop.runtime.tuned import shape_key
-from nonstop.tune.cases import layers_for, random_model_meta, variants
+from nonstop.runtime.tuned import program_shape_key
+from nonstop.tune.cases import layers_for, variants
 
 CPU_WEIGHT_LIMIT = 64 << 20  # bytes of one op's weights up to which the interpreter verifies real widths
 
@@ -70,8 +71,7 @@ def make_target(
     cfg = cfg.with_num_layers(layers_for(cfg, kind))
     device = torch.device(device)
     target = Target(kind, model, cfg, dtype, device, context)
-    with torch.device("meta"):
-        program = lower(random_model_meta(cfg).to(dtype))
+    program = lower(meta_model(cfg, dtype))  # each weight in the dtype a loaded model gives it (fp32 A_log...)
     ops = variants(program, kind)
     groups: dict[tuple, list[int]] = {}  # weight shapes -> the variants that have them, in order
     for index, op in enumerate(ops):
@@ -85,7 +85,7 @@ def make_target(
                 first,
                 B,
                 tokens,
-                shape_key(op, B, tokens, dtype),
+                program_shape_key(program, op, B, tokens),
                 weight_bytes,
                 cost.bytes_read + cost.bytes_written,
                 tuple(others),

@@ -247,10 +247,10 @@ def verify(
         if os.environ.get("NONSTOP_TUNE_KEEP") != "1":  # keep the job directory to rerun a child by hand
             shutil.rmtree(jobdir, ignore_errors=True)
     if run.result is None:
+        if run.problem is not None:
+            return Verdict(False, [f"the verification process exited, but {run.problem}"], {**record, "stage": "run"})
         why = (
-            f"timed out after {timeout_s:.0f} s"
-            if run.timed_out
-            else f"the verification process died (exit status {run.returncode})"
+            f"timed out after {timeout_s:.0f} s" if run.timed_out else f"the verification process died ({run.ending()})"
         )
         tail = run.stderr.strip().splitlines()[-1:] if run.stderr.strip() else []
         return Verdict(False, [why + (f": {tail[0][:300]}" if tail else "")], {**record, "stage": "run"})

@@ -8,7 +8,7 @@ import pytest
 
 from nonstop.runtime.executors import ReferenceExecutor
 from nonstop.runtime.superop import SuperOpExecutor
-from nonstop.runtime.tuned import shape_key
+from nonstop.runtime.tuned import program_shape_key
 from nonstop.tune import store
 from tests.runtime.helpers import MAX_TOKENS_SHORT, PROMPTS, greedy_tokens, tiny_model
 from tests.tune.helpers import HERE
@@ -18,10 +18,11 @@ WINNER = (HERE / "kernels" / "linear_residual_rowloop.py").read_text()
 
 def _store_winner(path, model, device="cpu", source=WINNER):
     """The winner for every (B, T) a short greedy run can step with, as `nonstop tune` would record it."""
-    ops = [op for op in SuperOpExecutor(model, use_kernels=False).program.ops if op.kind == "linear_residual"]
+    program = SuperOpExecutor(model, use_kernels=False).program
+    ops = [op for op in program.ops if op.kind == "linear_residual"]
     for B in range(1, 4):
         for T in range(1, 5):
-            for key in {shape_key(op, B, T) for op in ops}:
+            for key in {program_shape_key(program, op, B, T) for op in ops}:
                 store.record(
                     path,
                     device,

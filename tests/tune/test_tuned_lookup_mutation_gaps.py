@@ -51,10 +51,17 @@ def test_attention_ops_of_every_layer_share_one_shape_key(program):
     assert key == "B1xT1 head_dim=10 heads=5 kv_heads=1 float32"
 
 
-def test_the_key_dtype_is_the_weights_dtype():
+def test_the_key_dtype_is_the_activations_and_other_weight_dtypes_are_named():
+    """An fp16 model's linear_residual: keyed at fp16 activations, its weights fp16 too (no weight names a
+    dtype); without an activation dtype the first floating weight's; at fp32 activations each fp16 weight
+    names its dtype."""
     model_program = lower(tiny_model("llama", dtype=torch.float16))
     op = _ops(model_program, "linear_residual")[0]
-    assert shape_key(op, 2, 3, torch.float32).endswith(" float16") and shape_key(op, 2, 3).startswith("B2xT3 ")
+    at16 = shape_key(op, 2, 3, torch.float16)
+    assert at16.startswith("B2xT3 ") and at16.endswith(" float16") and ":" not in at16
+    assert shape_key(op, 2, 3) == at16
+    at32 = shape_key(op, 2, 3, torch.float32)
+    assert at32.endswith(" float32") and at32.count(":float16") == len(op.weights)
 
 
 @pytest.mark.parametrize(

@@ -8,8 +8,9 @@ import random
 import pytest
 import torch
 
+from nonstop.model.build import meta_model
 from nonstop.program.lower import lower
-from nonstop.tune.cases import random_model_meta, variants
+from nonstop.tune.cases import variants
 from nonstop.tune.verify import plan, verify
 from tests.tune.helpers import tiny_target
 
@@ -40,7 +41,7 @@ def launch(op, env):
 
 def _variant_count(target) -> int:
     with torch.device("meta"):
-        return len(variants(lower(random_model_meta(target.cfg)), target.kind))
+        return len(variants(lower(meta_model(target.cfg)), target.kind))
 
 
 @pytest.mark.parametrize("kind", ["attnres_mix_norm", "linear_residual"])
