@@ -27,7 +27,7 @@ from nonstop.cache.state import ModelCache
 from nonstop.kernels import gemv, platform
 from nonstop.runtime.executors import ReferenceExecutor
 from nonstop.runtime.superop import SuperOpExecutor
-from tests.runtime.helpers import kernel_skip_reason, tiny_model
+from tests.runtime.helpers import skip_unless_kernels, tiny_model
 from tests.tiny_configs import TINY_CONFIGS
 
 
@@ -128,9 +128,7 @@ def _logits(executor, model, dtype, tokens=PROMPT) -> torch.Tensor:
 @pytest.mark.parametrize("name", list(TINY_CONFIGS))
 def test_bf16_step_is_as_accurate_as_torch(name):
     model = tiny_model(name, dtype=torch.bfloat16)
-    reason = kernel_skip_reason(model)
-    if reason:
-        pytest.skip(reason)
+    skip_unless_kernels(model)
     exact = _logits(ReferenceExecutor(copy.deepcopy(model).to(torch.float64)), model, torch.float64)
     torch_bf16 = _logits(ReferenceExecutor(model), model, torch.bfloat16)
     with platform.gpu_numerics_mode():
@@ -166,9 +164,7 @@ def test_same_step_twice_gives_identical_logits(backend):
     from nonstop.runtime.megakernel.executor import MegakernelExecutor
 
     model = tiny_model("kimi_k3")
-    reason = kernel_skip_reason(model)
-    if reason:
-        pytest.skip(reason)
+    skip_unless_kernels(model)
     executor = SuperOpExecutor(model) if backend == "superop" else MegakernelExecutor(model, graphs=False)
     a, b, c, d, e = [5, 6, 7], [40, 2, 17], [61, 62, 3], [1, 99, 250], [33, 8, 120]
     three = _batch_logits(executor, model, [b, a, c])

@@ -21,7 +21,7 @@ from nonstop.runtime.device_sampling import SampleRow
 from nonstop.runtime.executors import ReferenceExecutor
 from nonstop.runtime.megakernel import MegakernelExecutor
 from nonstop.runtime.superop import SuperOpExecutor
-from tests.runtime.helpers import kernel_skip_reason, tiny_model
+from tests.runtime.helpers import skip_unless_kernels, tiny_model
 
 PROMPTS = [[3, 4, 5, 6], [7, 8, 9], [20, 21]]
 
@@ -60,11 +60,7 @@ LAUNCHES = {"superop": "sampling_calls", "megakernel": "sampling_launches"}  # e
 
 @pytest.fixture(scope="module")
 def llama():
-    model = tiny_model("llama")
-    reason = kernel_skip_reason(model)
-    if reason:
-        pytest.skip(reason)
-    return model
+    return skip_unless_kernels(tiny_model("llama"))
 
 
 @pytest.mark.parametrize("backend", list(BACKENDS))
@@ -195,8 +191,7 @@ def _sampled_llm(model_dir, backend):
     from nonstop.engine.llm import LLM
 
     llm = LLM(model_dir, dtype="float32", backend=backend, max_batch=3, tokenizer="bytes")
-    if kernel_skip_reason(llm.model):
-        pytest.skip(kernel_skip_reason(llm.model))
+    skip_unless_kernels(llm.model)
     return llm
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import math
 
+import pytest
 import torch
 import torch.nn.functional as F
 
@@ -71,6 +72,15 @@ def kernel_skip_reason(model) -> str | None:
     missing = missing_kernels(lower(model), kernel_table())
     assert not missing, f"no Triton kernel for: {', '.join(missing)}"
     return None
+
+
+def skip_unless_kernels(model):
+    """``model``, once its kernel path can run here: the test is skipped when Triton is not installed, and
+    fails when a kind has no kernel (``kernel_skip_reason``)."""
+    reason = kernel_skip_reason(model)
+    if reason:
+        pytest.skip(reason)
+    return model
 
 
 @torch.inference_mode()

@@ -12,7 +12,7 @@ import torch
 
 from nonstop.engine.perplexity import score_token_ids
 from nonstop.runtime.superop import SuperOpExecutor
-from tests.runtime.helpers import decode_nll, kernel_skip_reason, perplexity, tiny_model
+from tests.runtime.helpers import decode_nll, perplexity, skip_unless_kernels, tiny_model
 
 ASSETS = Path(__file__).resolve().parents[2] / "nonstop" / "assets"
 SAMPLE = ASSETS / "heldout_sample.txt"
@@ -36,8 +36,8 @@ def _byte_ids(n: int, vocab: int) -> torch.Tensor:
 @pytest.mark.parametrize("use_kernels", [False, True], ids=["twins", "kernels"])
 def test_program_perplexity_on_a_tiny_k3(use_kernels):
     model = tiny_model("kimi_k3")
-    if use_kernels and (reason := kernel_skip_reason(model)):
-        pytest.skip(reason)
+    if use_kernels:
+        skip_unless_kernels(model)
     got, want, _ = _compare(
         model, _byte_ids(96 if not use_kernels else 24, model.cfg.vocab_size), use_kernels, chunk=16
     )
@@ -49,8 +49,8 @@ def test_program_perplexity_on_k3_nano(use_kernels, tokens):
     from nonstop.engine.llm import LLM
 
     llm = LLM("k3-nano", dtype="float32")
-    if use_kernels and (reason := kernel_skip_reason(llm.model)):
-        pytest.skip(reason)
+    if use_kernels:
+        skip_unless_kernels(llm.model)
     ids = torch.tensor(llm.tokenizer.encode(SAMPLE.read_text(encoding="utf-8"))[: tokens + 1])
     got, want, _ = _compare(llm.model, ids, use_kernels, chunk=16)
     assert abs(got / want - 1) < 0.005, (got, want)

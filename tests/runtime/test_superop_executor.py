@@ -17,7 +17,7 @@ from nonstop.program.reference import REFERENCE
 from nonstop.runtime.cuda_graph import fit_pools, pdl_support, storage_signature
 from nonstop.runtime.executors import ReferenceExecutor
 from nonstop.runtime.superop import ExecEnv, SuperOpExecutor
-from tests.runtime.helpers import greedy_tokens, kernel_skip_reason, tiny_model
+from tests.runtime.helpers import greedy_tokens, skip_unless_kernels, tiny_model
 from tests.tiny_configs import TINY_CONFIGS
 
 triton = pytest.importorskip("triton")
@@ -207,9 +207,7 @@ def test_twins_are_never_captured_by_default(llama):
 @pytest.mark.parametrize("name", ["llama", "kimi_k3"])
 def test_cuda_graph_replay_gives_the_reference_tokens(name):
     model = tiny_model(name).cuda()
-    reason = kernel_skip_reason(model)
-    if reason:
-        pytest.skip(reason)
+    skip_unless_kernels(model)
     ex = SuperOpExecutor(model)
     assert ex.graphs
     assert greedy_tokens(model, ex) == greedy_tokens(model, ReferenceExecutor(model))

@@ -13,16 +13,12 @@ import torch
 from nonstop.cache.state import ModelCache
 from nonstop.runtime.device_sampling import SampleRow
 from nonstop.runtime.superop import SuperOpExecutor
-from tests.runtime.helpers import kernel_skip_reason, tiny_model
+from tests.runtime.helpers import skip_unless_kernels, tiny_model
 
 
 @pytest.fixture(scope="module")
 def llama():
-    model = tiny_model("llama")
-    reason = kernel_skip_reason(model)
-    if reason:
-        pytest.skip(reason)
-    return model
+    return skip_unless_kernels(tiny_model("llama"))
 
 
 def test_greedy_sample_tokens_advances_the_cache_as_reference_steps_do(llama):

@@ -10,7 +10,14 @@ import pytest
 
 from nonstop.runtime.executors import ReferenceExecutor
 from nonstop.runtime.superop import SuperOpExecutor
-from tests.runtime.helpers import MAX_TOKENS_SHORT, PROMPTS, greedy_tokens, kernel_skip_reason, tiny_model
+from tests.runtime.helpers import (
+    MAX_TOKENS_SHORT,
+    PROMPTS,
+    greedy_tokens,
+    kernel_skip_reason,
+    skip_unless_kernels,
+    tiny_model,
+)
 from tests.tiny_configs import TINY_CONFIGS
 
 
@@ -37,9 +44,7 @@ def test_twins_give_the_reference_tokens_on_k3_nano():
 @pytest.mark.parametrize("name", list(TINY_CONFIGS))
 def test_kernels_give_the_reference_tokens(name):
     model = tiny_model(name)
-    reason = kernel_skip_reason(model)
-    if reason:
-        pytest.skip(reason)
+    skip_unless_kernels(model)
     ex = SuperOpExecutor(model)
     assert greedy_tokens(model, ex, PROMPTS, MAX_TOKENS_SHORT) == greedy_tokens(
         model, ReferenceExecutor(model), PROMPTS, MAX_TOKENS_SHORT
@@ -52,9 +57,7 @@ def test_kernels_give_the_reference_tokens(name):
 def test_kernel_steps_are_capturable(name):
     """A CUDA graph cannot hold a host synchronisation: the kernel path must not sync (per op kind)."""
     model = tiny_model(name)
-    reason = kernel_skip_reason(model)
-    if reason:
-        pytest.skip(reason)
+    skip_unless_kernels(model)
     ex = SuperOpExecutor(model)
     greedy_tokens(model, ex, prompts=[[3, 4], [5]], max_tokens=[2, 2])
     syncs = {shape: s["host_syncs_by_kind"] for shape, s in ex.stats["launches"].items() if s["host_syncs"]}
