@@ -227,7 +227,13 @@ class ModelCache:
                 self.layers.append(KDAState(num_slots, k.num_heads, k.head_dim, k.conv_size, dtype, device))
 
     def batch(self, slots, T: int, keep_states: bool = False) -> StepBatch:
+        """The step of T tokens for each of ``slots`` (distinct slot ids in 0..num_slots-1): reserves the pages
+        those tokens will write. A negative or repeated slot is refused: it would index another sequence's
+        length and pages, or let two rows write the same positions of one sequence."""
         slots = torch.as_tensor(slots, dtype=torch.long, device=self.lengths.device)
+        ids = slots.tolist()
+        if slots.dim() != 1 or any(not 0 <= s < self.num_slots for s in ids) or len(set(ids)) != len(ids):
+            raise ValueError(f"a step needs distinct cache slots in 0..{self.num_slots - 1}, got {ids}")
         batch = StepBatch(slots=slots, start=self.lengths[slots].clone(), T=T, keep_states=keep_states)
         self.pages.reserve_rows(batch.slots, batch.end)
         return batch
