@@ -32,15 +32,20 @@ class SliceReader:
             self._fds[key] = os.open(key, os.O_RDONLY)
         return self._fds[key]
 
-    def _pread(self, fd: int, offset: int, length: int, path) -> bytes:
-        data = os.pread(fd, length, offset)
-        if len(data) != length:
-            from nonstop.weights.errors import CheckpointError
+    def _read_into(self, fd: int, offset: int, out: memoryview, path) -> None:
+        """Fill ``out`` with the file's bytes from ``offset``. One ``preadv`` may return fewer bytes than asked
+        (Linux caps a call at 2 GiB - 4 KiB, a K3 embedding at tp 1 is 2.35 GB): it is called again for the
+        rest, and only a read that returns nothing means the file ends early."""
+        got = 0
+        while got < len(out):
+            n = os.preadv(fd, [out[got:]], offset + got)
+            if n == 0:
+                from nonstop.weights.errors import CheckpointError
 
-            raise CheckpointError(f"{path}: truncated file (wanted {length} bytes at offset {offset}, got {len(data)})")
+                raise CheckpointError(f"{path}: truncated file (wanted {len(out)} bytes at offset {offset}, got {got})")
+            got += n
         with self._lock:
-            self.bytes_read += length
-        return data
+            self.bytes_read += got
 
     def read(
         self,
@@ -60,10 +65,11 @@ class SliceReader:
         item = torch.empty(0, dtype=dtype).element_size()
         fd = self._fd(f)
         base = f.data_start + begin
-        if not shape:  # a 0-d tensor: its one element, which has no dimension to slice
+        scalar = not shape
+        if scalar:  # a 0-d tensor: its one element, which has no dimension to slice
             if dim is not None:
                 raise ValueError(f"{name}: a 0-d tensor has no dim {dim} to slice")
-            return torch.frombuffer(bytearray(self._pread(fd, base, item, f.path)), dtype=dtype).view(())
+            shape = (1,)
         if dim is None:
             dim, start, stop = 0, 0, shape[0]
         stop = shape[dim] if stop is None else stop
@@ -72,21 +78,18 @@ class SliceReader:
         outer, inner = math.prod(shape[:dim]), math.prod(shape[dim + 1 :])
         run = (stop - start) * inner * item
         stride = shape[dim] * inner * item
-        if run == 0 or outer == 0:
-            chunks = b""
-        elif outer == 1 or stop - start == shape[dim]:  # one contiguous run
-            chunks = self._pread(
-                fd, base + start * inner * item, outer * run if stop - start == shape[dim] else run, f.path
-            )
-        else:
-            chunks = b"".join(
-                self._pread(fd, base + o * stride + start * inner * item, run, f.path) for o in range(outer)
-            )
         out_shape = list(shape)
         out_shape[dim] = stop - start
-        if not chunks:
+        buf = bytearray(outer * run)
+        if not buf:
             return torch.empty(out_shape, dtype=dtype)
-        return torch.frombuffer(bytearray(chunks), dtype=dtype).view(out_shape)
+        view = memoryview(buf)
+        if outer == 1 or stop - start == shape[dim]:  # one contiguous run
+            self._read_into(fd, base + start * inner * item, view, f.path)
+        else:
+            for o in range(outer):
+                self._read_into(fd, base + o * stride + start * inner * item, view[o * run : (o + 1) * run], f.path)
+        return torch.frombuffer(buf, dtype=dtype).view(() if scalar else out_shape)
 
     def close(self) -> None:
         for fd in self._fds.values():
