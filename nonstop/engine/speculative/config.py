@@ -57,6 +57,8 @@ class SpeculativeConfig:
                 f"speculative drafter must be a directory (a str or path) or None, got {type(self.drafter).__name__} "
                 f"{self.drafter!r}"
             )
+        if self.drafter is not None and not os.fspath(self.drafter).strip():
+            raise ValueError("speculative drafter is an empty path; leave it out to use the model's dspark/ directory")
 
     @classmethod
     def parse(cls, value) -> SpeculativeConfig | None:
@@ -68,7 +70,7 @@ class SpeculativeConfig:
                 f"speculative must be a dict like {{'method': 'ngram', 'num_tokens': 4}}, got {type(value).__name__}"
             )
         known = {f.name for f in fields(cls)}
-        unknown = sorted(set(value) - known)
+        unknown = sorted(k if isinstance(k, str) else repr(k) for k in set(value) - known)  # keys of any type
         if unknown:
             raise ValueError(f"unknown speculative option(s) {', '.join(unknown)}; known: {', '.join(sorted(known))}")
         if "method" not in value:
@@ -97,7 +99,7 @@ def drafter_dir(config: SpeculativeConfig, model_dir: Path | None) -> Path:
 
 
 def _find_drafter(config: SpeculativeConfig, model_dir: Path | None) -> Path:
-    if config.drafter:
+    if config.drafter is not None:
         path = Path(config.drafter)
         if not (path / "config.json").exists():
             raise ValueError(f"dspark drafting needs a trained drafter: no config.json in the drafter directory {path}")
