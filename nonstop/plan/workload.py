@@ -168,7 +168,6 @@ class ExpertShape:
     top_k: int
     bytes_each: float  # one expert's weights in the serving format
     params_each: int
-    width: int  # dispatched activation width (K3: the latent; others: hidden)
 
 
 @dataclass(frozen=True)
@@ -257,15 +256,14 @@ def _weight_bytes(op, precision: Precision, held_before: set[int]) -> tuple[floa
     return sum(sizes.values()), split, held
 
 
-def _expert_shape(op, precision: Precision, cfg: ModelConfig) -> ExpertShape:
+def _expert_shape(op, precision: Precision) -> ExpertShape:
     mc = op.attrs["moe"]
     local = op.attrs.get("local_experts", mc.num_experts)
     tensors = {n: t for n, t in op.weights.items() if n != "bias"}
     params = sum(
         2 * t.numel() if n.endswith("_packed") else t.numel() for n, t in tensors.items() if not n.endswith("_scale")
     ) // max(local, 1)
-    width = mc.latent_size or cfg.hidden_size
-    return ExpertShape(mc.num_experts, local, mc.top_k, params * FORMAT_BYTES[precision.experts], params, width)
+    return ExpertShape(mc.num_experts, local, mc.top_k, params * FORMAT_BYTES[precision.experts], params)
 
 
 def _coefficients(op, program, precision: Precision) -> dict:
@@ -340,7 +338,7 @@ def build_workload(cfg: ModelConfig, name: str, precision: Precision | None = No
     for op in program.ops:
         coeff = _coefficients(op, program, precision)
         if op.kind in EXPERT_KINDS:
-            ex = _expert_shape(op, precision, cfg)
+            ex = _expert_shape(op, precision)
             bias = _nbytes(op.weights["bias"])
             ops.append(
                 OpShape(
