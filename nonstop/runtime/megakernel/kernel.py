@@ -154,11 +154,10 @@ class StepKernel:
 
     def refresh(self, env) -> bool:
         """Re-record the arguments (cache storage moved: new addresses). False when the launches now
-        tile differently (e.g. a wider page table changed the split-KV count): build a new kernel."""
+        tile differently (e.g. a wider page table changed the split-KV count) or are grouped into other task
+        classes or instances (the task table holds both per task): build a new kernel."""
         plan = build_plan(record_ops(self.ops, self.kernels, env), self.device)
-        if [[(r.name, r.ntiles) for r in runs] for runs in plan.stages] != [
-            [(r.name, r.ntiles) for r in runs] for runs in self.plan.stages
-        ]:
+        if _task_layout(plan) != _task_layout(self.plan):
             return False
         recompile = plan.signature() != self.plan.signature()
         self.plan = plan
@@ -194,3 +193,8 @@ class StepKernel:
 
     def launch(self, num_steps: int = 1) -> None:
         self.kernel[(self.grid,)](**self.arguments(num_steps), **self.options)
+
+
+def _task_layout(plan) -> list[list[tuple]]:
+    """What a plan's task table encodes per op: each stage's name, task class (opcode), instance and tiles."""
+    return [[(r.name, r.opcode, r.instance, r.ntiles) for r in runs] for runs in plan.stages]
