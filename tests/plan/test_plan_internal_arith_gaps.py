@@ -14,10 +14,10 @@ import math
 import pytest
 
 from nonstop.config import ModelConfig
-from nonstop.plan.chips import Chip
 from nonstop.plan.layout import Collective, Layout, expected_max_binomial, resident_bytes, stage_sends
 from nonstop.plan.timing import Constants, StepTime, collective_time
 from nonstop.plan.workload import Precision, build_workload
+from tests.plan.made_up_chip import made_up_chip
 
 pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
 
@@ -132,30 +132,13 @@ def test_a_single_stage_sends_nothing():
 # ----------------------------------------------------------------------------- timing
 
 
-def _chip(devices: int = 1) -> Chip:
-    return Chip(
-        key="t",
-        name="t",
-        hbm_gb=100,
-        hbm_gbps=4000,
-        tflops={"bf16": 1000},
-        devices_per_chip=devices,
-        up_domain=8,
-        up_gbps=900,
-        up_latency_us=2.0,
-        out_gbps=50,
-        out_latency_us=10.0,
-        launch_us=3.0,
-    )
-
-
 @pytest.mark.parametrize("devices", [1, 2])
 def test_a_send_between_domains_is_one_scale_out_hop(devices):
     """A crossing send: count x hop_factor x out latency, and its bytes at the scale-out bandwidth a rank
     gets (out_gbps / devices per chip): catches the scale-up latency or the whole chip's bandwidth used."""
     consts = Constants(1.0, 1.0, 1.0, 0.0, 1.5, 0.0)
     c = Collective("send", 2, 6e6, 3, "x", crosses=True)
-    t = collective_time(c, _chip(devices), consts)
+    t = collective_time(c, made_up_chip(devices_per_chip=devices), consts)
     assert t.latency_ms == pytest.approx(3 * 1.5 * 10.0 * 1e-3)
     assert t.bandwidth_ms == pytest.approx(6e6 / (50e9 / devices) * 1e3)
     assert t.crosses_scale_out
@@ -165,7 +148,7 @@ def test_a_group_inside_one_domain_is_scale_up_only():
     """4 contiguous ranks in a domain of 8: latency hop_factor x up latency x log2 4, bytes at the scale-up
     bandwidth, not marked as crossing: catches the scale-out share or the crossing flag computed wrongly."""
     consts = Constants(1.0, 1.0, 1.0, 0.0, 1.5, 0.0)
-    t = collective_time(Collective("all_reduce", 4, 9e6, 2, "x"), _chip(), consts)
+    t = collective_time(Collective("all_reduce", 4, 9e6, 2, "x"), made_up_chip(), consts)
     assert t.latency_ms == pytest.approx(2 * 1.5 * 2.0 * 2 * 1e-3)
     assert t.bandwidth_ms == pytest.approx(9e6 / 900e9 * 1e3)
     assert not t.crosses_scale_out
@@ -175,7 +158,7 @@ def test_a_group_over_two_domains_is_bound_by_its_scale_out_share():
     """16 contiguous ranks over two domains of 8: half the bytes leave the domain, at 50 GB/s, which is
     slower than the other half at 900 GB/s; latency log2 8 up hops + log2 2 out hops."""
     consts = Constants(1.0, 1.0, 1.0, 0.0, 1.0, 0.0)
-    t = collective_time(Collective("all_reduce", 16, 8e6, 1, "x"), _chip(), consts)
+    t = collective_time(Collective("all_reduce", 16, 8e6, 1, "x"), made_up_chip(), consts)
     assert t.bandwidth_ms == pytest.approx(0.5 * 8e6 / 50e9 * 1e3)
     assert t.latency_ms == pytest.approx((2.0 * 3 + 10.0 * 1) * 1e-3)
     assert t.crosses_scale_out

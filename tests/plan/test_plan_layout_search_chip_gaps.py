@@ -13,11 +13,12 @@ import pytest
 from nonstop.cli import main
 from nonstop.commands.plan import _spec
 from nonstop.config import ModelConfig
-from nonstop.plan.chips import Chip, ChipError, chip_from_entry, get_chip, load_catalogue
+from nonstop.plan.chips import ChipError, chip_from_entry, get_chip, load_catalogue
 from nonstop.plan.layout import Collective, Layout, RankOp, check_layout, rank_ops
 from nonstop.plan.predict import Spec
 from nonstop.plan.timing import Constants, collective_time, group_span, step_time
 from nonstop.plan.workload import PlanError, build_workload
+from tests.plan.made_up_chip import made_up_chip
 
 pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
 
@@ -58,25 +59,6 @@ def test_a_moe_ops_own_weights_are_streamed_with_its_experts(k3):
     assert moe.weight_bytes == pytest.approx(K3_TOP_K * bytes_each + K3_EXPERTS * 4, rel=0, abs=1e-3)
 
 
-def _chip(**changes) -> Chip:
-    """A made-up chip: 8 chips a scale-up domain of 900 GB/s and 2 us, scale-out of 50 GB/s and 10 us."""
-    figures = dict(
-        key="t",
-        name="t",
-        hbm_gb=100,
-        hbm_gbps=4000,
-        tflops={"bf16": 1000},
-        devices_per_chip=1,
-        up_domain=8,
-        up_gbps=900,
-        up_latency_us=2.0,
-        out_gbps=50,
-        out_latency_us=10.0,
-        launch_us=3.0,
-    )
-    return Chip(**{**figures, **changes})
-
-
 def test_a_group_that_spills_part_of_a_domain_spans_the_next_one():
     """A dp group of 3 ranks tp = 4 apart (TP4 DP3 on 12 ranks) on domains of 8 ranks: a domain holds
     8 // 4 = 2 of them, so the group spans ceil(3 / 2) = 2 domains: one scale-up and one scale-out hop,
@@ -84,7 +66,7 @@ def test_a_group_that_spills_part_of_a_domain_spans_the_next_one():
     assert group_span(3, 4, 8) == (2, 2)
     assert group_span(5, 1, 4) == (4, 2)
     consts = Constants(1.0, 1.0, 1.0, 0.0, 1.0, 0.0)
-    t = collective_time(Collective("all_gather", 3, 6e6, 1, "x", stride=4), _chip(), consts)
+    t = collective_time(Collective("all_gather", 3, 6e6, 1, "x", stride=4), made_up_chip(), consts)
     assert t.latency_ms == pytest.approx((2.0 * 1 + 10.0 * 1) * 1e-3)
     assert t.bandwidth_ms == pytest.approx(6e6 / 3 / 50e9 * 1e3)
     assert t.crosses_scale_out
@@ -101,7 +83,7 @@ def test_every_collective_call_is_a_kernel_launch(executor, eager_ops, kernels):
     ops = [RankOp("a", "linear", 1e6, 0.0, 1.0, "bf16"), RankOp("b", "linear", 1e6, 0.0, 1.0, "bf16")]
     colls = [Collective("all_reduce", 4, 1e3, 2, "x"), Collective("all_gather", 4, 1e3, 3, "y")]
     consts = Constants(1.0, 1.0, 1.0, 0.0, 1.0, 0.0)
-    t = step_time(ops, colls, _chip(), consts, executor=executor, eager_ops=eager_ops)
+    t = step_time(ops, colls, made_up_chip(), consts, executor=executor, eager_ops=eager_ops)
     assert t.kernels == kernels
     assert t.launch_ms == pytest.approx(kernels * 3.0 * 1e-3)
 
