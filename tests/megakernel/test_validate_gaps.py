@@ -7,40 +7,11 @@ from __future__ import annotations
 import pytest
 
 from nonstop.runtime.megakernel import ScheduleError, simulate, validate
-from nonstop.runtime.megakernel.tasks import (
-    Access,
-    BufferInfo,
-    Counter,
-    OpTiles,
-    Region,
-    Schedule,
-    StageSpec,
-    Task,
-    TileSpec,
-    Wait,
-)
-
-X, Y, Z = BufferInfo("x", 1, 4), BufferInfo("y", 1, 4), BufferInfo("z", 1, 4)
-
-
-def _sched(buffers, tasks, counters, persistent=False) -> Schedule:
-    """One op per distinct ``Task.op`` (named op<i>), its tiles the tasks of that op."""
-    nops = 1 + max(t.op for t in tasks)
-    ops = [
-        OpTiles(
-            f"op{i}", f"op{i}", None, [StageSpec("main", [TileSpec(t.tile, t.regions) for t in tasks if t.op == i])]
-        )
-        for i in range(nops)
-    ]
-    return Schedule(buffers, ops, [Counter(f"c{k}", n) for k, n in enumerate(counters)], tasks, persistent)
-
-
-def _w(b, access, c0=0, c1=4):
-    return Region(b, 0, 1, c0, c1, access)
-
-
-def _t(op, regions, counter, waits=(), tile=0):
-    return Task(op, 0, tile, op, tuple(regions), counter, tuple(Wait(*w) for w in waits))
+from nonstop.runtime.megakernel.tasks import Access, BufferInfo, Schedule
+from tests.megakernel.hand_schedule import X, Y, Z
+from tests.megakernel.hand_schedule import region as _w
+from tests.megakernel.hand_schedule import sched as _sched
+from tests.megakernel.hand_schedule import task as _t
 
 
 # x = f(); y = g(x): the smallest producer / consumer pair, one launch per step
