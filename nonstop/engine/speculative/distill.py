@@ -116,10 +116,12 @@ def build_set(
     batch: int,
     deadline: float,
 ) -> dict[str, torch.Tensor]:
-    """Generate and teacher-label up to n sequences (stops early at ``deadline``)."""
+    """Generate and teacher-label up to n sequences (n >= 1), stopping early at ``deadline`` - but never before
+    the first batch: a set must hold something to train or evaluate on (a budget spent loading the model, or
+    spent on the held-out set, still leaves one batch of training sequences)."""
     parts: list[dict] = []
     done = 0
-    while done < n and time.perf_counter() < deadline:
+    while done < n and (not parts or time.perf_counter() < deadline):
         b = min(batch, n - done)
         temperature = 0.8 if rng.random() < sampled_share else 0.0
         seqs = generate(model, sample_prompts(stream, b, prompt_len, rng), new_tokens, temperature, gen)
@@ -204,6 +206,20 @@ def evaluate(drafter: DSparkModel, data: dict, min_anchor: int, embed, head, n: 
     return report
 
 
+def check_args(p: argparse.ArgumentParser, args) -> None:
+    """Refuse sizes that cannot make a drafter, with the options named (``p.error``: usage and exit 2)."""
+    for flag in ("sequences", "heldout_sequences", "prompt_len", "new_tokens", "block_size", "batch"):
+        if getattr(args, flag) < 1:
+            p.error(f"--{flag.replace('_', '-')} must be >= 1, got {getattr(args, flag)}")
+    if args.block_size > args.new_tokens:  # held-out blocks start after the prompt and must end inside the text
+        p.error(
+            f"--block-size {args.block_size} exceeds --new-tokens {args.new_tokens}: a drafted block is checked "
+            "against the generated continuation, so it can be at most that long"
+        )
+    if args.minutes <= 0 or not 0 < args.data_share < 1:
+        p.error(f"--minutes must be > 0 and --data-share in (0, 1), got {args.minutes} and {args.data_share}")
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(
         description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
@@ -240,6 +256,7 @@ def main(argv=None) -> int:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--log-every", type=float, default=30.0, help="seconds between progress lines")
     args = p.parse_args(argv)
+    check_args(p, args)
 
     from nonstop.config import ModelConfig
     from nonstop.engine.tokenizer import Tokenizer
