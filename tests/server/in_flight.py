@@ -1,5 +1,6 @@
 """A served model with a long request in flight, for the tests that stop a server under it
-(``tests/server/test_shutdown.py``, ``tests/dist/test_launch_stops.py``)."""
+(``tests/server/test_shutdown.py``, ``tests/dist/test_launch_stops.py``), and an engine that never answers, for
+the tests of a submission's cancellation."""
 
 from __future__ import annotations
 
@@ -55,3 +56,18 @@ def long_request(url: str, max_tokens: int, deadline: float) -> tuple[threading.
         assert time.monotonic() < deadline, "the request never started"
         time.sleep(0.1)
     return client, reply
+
+
+class SilentEngine:
+    """An engine that accepts requests and never produces an event; records the ids it is asked to cancel."""
+
+    max_waiting = 8
+
+    def __init__(self):
+        self.cancelled: list[str] = []
+
+    def submit(self, req, sink) -> None:
+        pass
+
+    def cancel(self, request_id: str) -> None:
+        self.cancelled.append(request_id)

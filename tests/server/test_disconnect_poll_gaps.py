@@ -10,21 +10,7 @@ from types import SimpleNamespace
 
 from nonstop.server import submission
 from nonstop.server.submission import Submission
-
-
-class _SilentEngine:
-    """An engine that accepts requests and never produces an event; records cancellations."""
-
-    max_waiting = 8
-
-    def __init__(self):
-        self.cancelled: list[str] = []
-
-    def submit(self, req, sink) -> None:
-        pass
-
-    def cancel(self, request_id: str) -> None:
-        self.cancelled.append(request_id)
+from tests.server.in_flight import SilentEngine
 
 
 def test_a_client_leaving_after_the_first_poll_is_noticed_at_the_next_polls(monkeypatch):
@@ -32,7 +18,7 @@ def test_a_client_leaving_after_the_first_poll_is_noticed_at_the_next_polls(monk
     about three poll intervals in (a next-poll time computed from anything but the poll interval would
     wait far longer), having polled exactly three times, and both unfinished requests are cancelled."""
     monkeypatch.setattr(submission, "DISCONNECT_POLL_S", 0.02)
-    engine = _SilentEngine()
+    engine = SilentEngine()
     polls: list[float] = []
 
     async def is_disconnected() -> bool:

@@ -16,26 +16,13 @@ import httpx
 
 from nonstop.server.submission import Submission
 from tests.dist.procs import launched
-from tests.server.in_flight import long_request, wait_until_up
-
-
-class _Engine:
-    max_waiting = 8
-
-    def __init__(self):
-        self.cancelled: list[str] = []
-
-    def submit(self, req, sink) -> None:
-        pass
-
-    def cancel(self, request_id: str) -> None:
-        self.cancelled.append(request_id)
+from tests.server.in_flight import SilentEngine, long_request, wait_until_up
 
 
 def test_a_cancelled_listener_cancels_its_unfinished_requests():
     """uvicorn cancels a handler's task past its shutdown grace, anyio a stream's when its client leaves:
     the requests must not keep their slots (the handler's own cleanup may never run)."""
-    engine = _Engine()
+    engine = SilentEngine()
     requests = [SimpleNamespace(request_id="a"), SimpleNamespace(request_id="b")]
 
     async def main() -> None:
