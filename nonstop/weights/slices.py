@@ -19,7 +19,8 @@ from nonstop.weights.safetensors_file import SafetensorsFile
 
 
 class SliceReader:
-    """Positioned reads (``os.pread``) from safetensors files; ``bytes_read`` counts every byte read."""
+    """Positioned reads (``os.preadv``, straight into the tensor's buffer) from safetensors files; ``bytes_read``
+    counts every byte read."""
 
     def __init__(self):
         self.bytes_read = 0
