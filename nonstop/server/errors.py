@@ -18,15 +18,17 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 log = logging.getLogger("nonstop.server")
 
+# OpenAI's ``type`` for each status: a wrong key (401) and a missing model or route (404) are
+# ``invalid_request_error`` there too (their ``code`` says which), a failure of ours is ``server_error``.
 ERROR_TYPES = {
     400: "invalid_request_error",
-    401: "authentication_error",
-    404: "not_found_error",
+    401: "invalid_request_error",
+    404: "invalid_request_error",
     405: "invalid_request_error",
     413: "invalid_request_error",
     422: "invalid_request_error",
     429: "rate_limit_error",
-    500: "internal_error",
+    500: "server_error",
     503: "service_unavailable",
 }
 

@@ -124,7 +124,7 @@ def test_an_unhandled_error_is_a_counted_500_with_an_openai_body():
     count."""
     client = _client(llm=FailingLLM(), raise_server_exceptions=False)
     err = error_body(post_completion(client), 500)
-    assert err == {"message": "internal error: RuntimeError", "type": "internal_error", "param": None,
+    assert err == {"message": "internal error: RuntimeError", "type": "server_error", "param": None,
                    "code": "internal_error"}  # fmt: skip
     assert 'nonstop_requests_total{endpoint="/v1/completions",status="500"} 1' in client.get("/metrics").text
 

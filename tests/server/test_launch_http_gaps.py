@@ -183,7 +183,7 @@ def test_the_key_opens_every_v1_route_and_nothing_else_does(header):
     for bad in ("Bearer kk", "Basic k", "k", ""):
         r = client.get("/v1/models", headers={"Authorization": bad})
         assert r.status_code == 401 and r.headers["www-authenticate"] == "Bearer"
-        assert r.json()["error"]["type"] == "authentication_error"
+        assert r.json()["error"]["type"] == "invalid_request_error"
     assert client.get("/health").status_code == 200  # probes need no key
 
 
@@ -192,15 +192,15 @@ def test_the_key_opens_every_v1_route_and_nothing_else_does(header):
 
 def test_error_types_follow_openais_for_each_status():
     """Catches a status mapped to the wrong error type (clients branch on ``error.type``): a malformed body
-    is OpenAI's invalid_request_error with all four error fields, an unknown route the server's
-    not_found_error, a wrong method invalid_request_error with an Allow header."""
+    is OpenAI's invalid_request_error with all four error fields, and so (as on OpenAI's API) are an
+    unknown route and a wrong method, the latter with an Allow header."""
     client = TestClient(create_app(_ctx(), manage_engine=False))
     r = client.post("/v1/completions", content=b"{not json")
     assert r.status_code == 400
     assert set(r.json()["error"]) == {"message", "type", "param", "code"}
     assert r.json()["error"]["type"] == "invalid_request_error"
     r = client.get("/v1/nothing")
-    assert (r.status_code, r.json()["error"]["type"]) == (404, "not_found_error")
+    assert (r.status_code, r.json()["error"]["type"]) == (404, "invalid_request_error")
     r = client.delete("/v1/models")
     assert (r.status_code, r.json()["error"]["type"]) == (405, "invalid_request_error")
     assert "GET" in r.headers["allow"]

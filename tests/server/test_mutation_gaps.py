@@ -202,7 +202,7 @@ def test_the_bearer_scheme_is_case_insensitive(header):
     check = _api_key_check(SimpleNamespace(api_key="k3y"))
     asyncio.run(check(SimpleNamespace(headers={"authorization": header})))  # RFC 7235: schemes ignore case
     error = _refused(asyncio.run, check(SimpleNamespace(headers={"authorization": "Bearer nope"})))
-    assert (error.status, error.type, error.code) == (401, "authentication_error", "invalid_api_key")
+    assert (error.status, error.type, error.code) == (401, "invalid_request_error", "invalid_api_key")
 
 
 def test_model_routes_count_under_one_label():

@@ -318,14 +318,15 @@ def test_metrics_count_calls_by_route_and_status_and_requests_by_finish_reason()
     assert series['nonstop_time_to_first_token_seconds_bucket{le="+Inf"}'] == 2
 
 
-def test_unknown_routes_and_models_are_not_found_errors():
-    """Catches a 404 typed as an invalid request, or without its message naming the route: OpenAI's error
-    body for a missing route or model is ``not_found_error``."""
+def test_unknown_routes_and_models_are_openai_404s():
+    """Catches a 404 with a type OpenAI's API does not use, or without its message naming the route: a
+    missing route or model is an ``invalid_request_error`` there, the code ``model_not_found`` for a
+    model."""
     client = _client()
     error = _error(client.get("/v1/nope"), 404)
-    assert error == {"message": "no route GET /v1/nope", "type": "not_found_error", "param": None, "code": None}
+    assert error == {"message": "no route GET /v1/nope", "type": "invalid_request_error", "param": None, "code": None}
     error = _error(_complete(client, model="other"), 404)
-    assert (error["type"], error["param"], error["code"]) == ("not_found_error", "model", "model_not_found")
+    assert (error["type"], error["param"], error["code"]) == ("invalid_request_error", "model", "model_not_found")
 
 
 def test_a_chat_max_completion_tokens_of_0_is_refused_naming_that_field():

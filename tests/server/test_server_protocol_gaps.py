@@ -293,7 +293,8 @@ def test_error_types_follow_the_status():
     dashboards key on the type."""
     assert APIError(429, "x").type == "rate_limit_error"
     assert APIError(503, "x").type == "service_unavailable"
-    assert APIError(500, "x").type == "internal_error"
+    assert APIError(500, "x").type == "server_error"
+    assert APIError(401, "x").type == APIError(404, "x").type == "invalid_request_error"
     assert APIError(400, "x", type="custom").type == "custom"
 
 
