@@ -57,7 +57,8 @@ def test_token_stream_falls_back_to_the_whole_corpus_without_special_tokens(tmp_
 
 
 def test_sample_prompts_are_contiguous_windows_covering_every_start():
-    """Each prompt is stream[s : s + length]; the starts reach 0 and len - length - 1 (all in range)."""
+    """Each prompt is stream[s : s + length], every start 0..len - length drawn (the last full window was
+    never picked, and a stream exactly one window long raised ValueError)."""
     stream = np.arange(100, 120)
     prompts = distill.sample_prompts(stream, 600, 5, np.random.default_rng(0))
     assert prompts.shape == (600, 5) and prompts.dtype == torch.int64
@@ -66,7 +67,8 @@ def test_sample_prompts_are_contiguous_windows_covering_every_start():
         s = row[0] - 100
         assert row == list(range(100 + s, 105 + s))
         starts.add(s)
-    assert set(range(0, 15)) <= starts <= set(range(0, 16))
+    assert starts == set(range(0, 16))
+    assert distill.sample_prompts(np.arange(7, 12), 2, 5, np.random.default_rng(1)).tolist() == [[7, 8, 9, 10, 11]] * 2
 
 
 # ----------------------------------------------------------------------------- generation
@@ -216,6 +218,47 @@ def test_sizes_that_cannot_make_a_drafter_are_refused_before_the_model_loads(fla
         distill.main(["--model", "/nonexistent/model", *flags])
     assert exit_info.value.code == 2
     assert re.search(message, capsys.readouterr().err)
+
+
+def _nano_dir():
+    from pathlib import Path
+
+    import nonstop
+
+    return Path(nonstop.__file__).parent / "assets" / "k3-nano"
+
+
+@pytest.mark.parametrize(
+    "flags,corpus_chars,message",
+    [
+        (["--model", "/nonexistent/model"], None, "config.json not found"),
+        (["--taps", "a"], None, "--taps: expected comma-separated layer indices >= 0, got 'a'"),
+        (["--taps", "3,-1"], None, "--taps: expected comma-separated layer indices >= 0, got '3,-1'"),
+        (["--taps", "3,9"], None, r"--taps 3,9: the target's layers are 0\.\.8"),
+        ([], None, "no train token stream under .*python -m nonstop.train.corpus"),
+        (["--prompt-len", "4000"], 2000, "--prompt-len 4000 is longer than the shortest token stream"),
+    ],
+)
+def test_bad_inputs_are_one_line_errors_not_tracebacks(flags, corpus_chars, message, tmp_path, capsys):
+    """A missing model, a malformed or out-of-range ``--taps`` (layer 9 of 8 was a KeyError in the teacher
+    pass), a root without a corpus and a prompt longer than the token stream (a ValueError from numpy) were
+    tracebacks; each is now an exit-2 error naming the cause."""
+    root = tmp_path / "root"
+    if corpus_chars is not None:
+        (root / "build" / "corpus").mkdir(parents=True)
+        for split in ("train", "heldout"):
+            (root / "build" / "corpus" / f"{split}.txt").write_text("the quick brown fox " * (corpus_chars // 20))
+    argv = ["--model", str(_nano_dir()), "--root", str(root), "--out", str(tmp_path / "out"), *flags]
+    threads = torch.get_num_threads()
+    try:
+        with pytest.raises(SystemExit) as exit_info:
+            distill.main(argv)
+    finally:
+        torch.set_num_threads(threads)
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err
+    assert re.search(message, err) and "Traceback" not in err
+    assert not (tmp_path / "out").exists()
 
 
 # ----------------------------------------------------------------------------- the training run

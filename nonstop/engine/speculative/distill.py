@@ -52,12 +52,19 @@ def token_stream(split: str, tokenizer, vocab: int, root: Path) -> np.ndarray:
         ids = np.load(path, mmap_mode="r")
         if int(ids.max()) < vocab:
             return ids
-    text = (root / "build" / "corpus" / f"{split}.txt").read_text()
+    text_path = root / "build" / "corpus" / f"{split}.txt"
+    if not text_path.is_file():
+        raise FileNotFoundError(
+            f"no {split} token stream under {root / 'build'}: build the corpus with `python -m nonstop.train.corpus` "
+            "or point --root at the directory holding build/"
+        )
+    text = text_path.read_text()
     return np.asarray(tokenizer.encode(text[:4_000_000], add_special_tokens=False), dtype=np.int64)
 
 
 def sample_prompts(stream: np.ndarray, n: int, length: int, rng: np.random.Generator) -> torch.Tensor:
-    starts = rng.integers(0, len(stream) - length, n)
+    """n windows stream[s : s + length] -> [n, length] int64, s uniform over every start that fits."""
+    starts = rng.integers(0, len(stream) - length + 1, n)
     return torch.tensor(np.stack([np.asarray(stream[s : s + length], dtype=np.int64) for s in starts]))
 
 
@@ -206,6 +213,17 @@ def evaluate(drafter: DSparkModel, data: dict, min_anchor: int, embed, head, n: 
     return report
 
 
+def layer_list(text: str) -> tuple[int, ...]:
+    """``--taps``: comma-separated layer indices >= 0 (argparse type)."""
+    try:
+        taps = tuple(int(t) for t in text.split(","))
+    except ValueError:
+        taps = ()
+    if not taps or min(taps) < 0:
+        raise argparse.ArgumentTypeError(f"expected comma-separated layer indices >= 0, got {text!r}")
+    return taps
+
+
 def check_args(p: argparse.ArgumentParser, args) -> None:
     """Refuse sizes that cannot make a drafter, with the options named (``p.error``: usage and exit 2)."""
     for flag in ("sequences", "heldout_sequences", "prompt_len", "new_tokens", "block_size", "batch"):
@@ -222,7 +240,9 @@ def check_args(p: argparse.ArgumentParser, args) -> None:
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(
-        description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
+        prog="python -m nonstop.engine.speculative.distill",
+        description=__doc__.split("\n\n")[0],
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     p.add_argument("--model", default="nonstop/assets/k3-nano", help="target checkpoint directory")
     p.add_argument("--out", default=None, help="output directory (default: MODEL/dspark)")
@@ -240,6 +260,7 @@ def main(argv=None) -> int:
     )
     p.add_argument(
         "--taps",
+        type=layer_list,
         default=None,
         help="target layers to read, e.g. '3,6,8' (default: block boundaries + the final residual)",
     )
@@ -258,21 +279,27 @@ def main(argv=None) -> int:
     args = p.parse_args(argv)
     check_args(p, args)
 
-    from nonstop.config import ModelConfig
+    from nonstop.config import ConfigError, ModelConfig
     from nonstop.engine.tokenizer import Tokenizer
     from nonstop.model.build import load_model
+    from nonstop.weights.errors import CheckpointError
 
     torch.set_num_threads(args.threads)
     torch.manual_seed(args.seed)
     t0 = time.perf_counter()
     budget = args.minutes * 60
     model_dir = Path(args.model)
-    cfg = ModelConfig.from_file(model_dir)
-    target = load_model(cfg, model_dir, torch.float32)
-    tokenizer = Tokenizer.load(model_dir, cfg.vocab_size)
+    try:
+        cfg = ModelConfig.from_file(model_dir)
+        target = load_model(cfg, model_dir, torch.float32)
+        tokenizer = Tokenizer.load(model_dir, cfg.vocab_size)
+    except (ConfigError, CheckpointError, OSError, ValueError) as exc:
+        p.exit(2, f"{p.prog}: error: {args.model}: {exc}\n")
     L = cfg.num_hidden_layers
     if args.taps:
-        taps = tuple(int(t) for t in args.taps.split(","))
+        taps = args.taps
+        if max(taps) > L:
+            p.error(f"--taps {','.join(map(str, taps))}: the target's layers are 0..{L}")
     elif cfg.uses_attn_res:
         taps = tuple(range(cfg.attn_res_block_size, L, cfg.attn_res_block_size)) + (L,)
     else:
@@ -298,8 +325,14 @@ def main(argv=None) -> int:
     rng = np.random.default_rng(args.seed)
     gen = torch.Generator().manual_seed(args.seed)
     root = Path(args.root)
-    train_stream = token_stream("train", tokenizer, cfg.vocab_size, root)
-    held_stream = token_stream("heldout", tokenizer, cfg.vocab_size, root)
+    try:
+        train_stream = token_stream("train", tokenizer, cfg.vocab_size, root)
+        held_stream = token_stream("heldout", tokenizer, cfg.vocab_size, root)
+    except OSError as exc:
+        p.exit(2, f"{p.prog}: error: {exc}\n")
+    shortest = min(len(train_stream), len(held_stream))
+    if args.prompt_len > shortest:
+        p.error(f"--prompt-len {args.prompt_len} is longer than the shortest token stream ({shortest} tokens)")
     log(f"token streams: train {len(train_stream)}, held-out {len(held_stream)}")
     data_deadline = t0 + args.data_share * budget
     held = build_set(
