@@ -606,6 +606,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--sample", type=Path, help="also write a held-out prose sample to this file")
     parser.add_argument("--sample-bytes", type=int, default=32_000, help="size limit of --sample")
     args = parser.parse_args(argv)
+    if not 0 < args.heldout_permille < 1000:  # both splits must get documents
+        parser.error(f"--heldout-permille must be in 1..999, got {args.heldout_permille}")
+    if args.sample_bytes < 1:
+        parser.error(f"--sample-bytes must be >= 1, got {args.sample_bytes}")
     try:
         build_corpus(
             args.out,

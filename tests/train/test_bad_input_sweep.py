@@ -94,3 +94,21 @@ def test_a_config_with_packed_experts_is_refused_before_any_tokenizing(tmp_path:
         run_training(tmp_path / "no-corpus", tmp_path / "no-tokenizer", cfg, TrainConfig(), tmp_path / "out")
     dense = init_model(ModelConfig.from_hf_dict(KIMI_K3))
     assert any("experts" in n for n, _ in dense.named_parameters())  # dense experts: trainable parameters
+
+
+@pytest.mark.parametrize(
+    "flags,message",
+    [
+        (["--heldout-permille", "1000"], "--heldout-permille must be in 1..999, got 1000"),
+        (["--heldout-permille", "0"], "--heldout-permille must be in 1..999, got 0"),
+        (["--sample-bytes", "0"], "--sample-bytes must be >= 1, got 0"),
+    ],
+)
+def test_the_corpus_command_refuses_a_split_with_an_empty_side(flags, message, tmp_path: Path, capsys):
+    """A held-out share of 1000/1000 (or more) built a corpus with no training text, 0 one with no held-out
+    text, and said nothing; each is now a usage error before anything is read."""
+    with pytest.raises(SystemExit) as exc:
+        corpus.main(["--deb", str(tmp_path / "none.deb"), "--out", str(tmp_path / "out"), *flags])
+    assert exc.value.code == 2
+    assert message in capsys.readouterr().err
+    assert not (tmp_path / "out").exists()
