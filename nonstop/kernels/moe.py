@@ -740,6 +740,14 @@ def _check_rows(*tensors: torch.Tensor) -> None:
         assert t.stride(-1) == 1, "kernels need unit column stride"
 
 
+def _check_packed(kind: str, **weights: torch.Tensor) -> None:
+    """The front and tail kernels index weight [N, K] row n at n·K (no stride argument): refuse a view with
+    padded rows or sliced columns (a tensor-parallel column shard) instead of reading the wrong rows."""
+    for role, t in weights.items():
+        if not t.is_contiguous():
+            raise ValueError(f"{kind}: weight {role!r} must be contiguous, got a view with strides {tuple(t.stride())}")
+
+
 # ----------------------------------------------------------------------------- launches
 
 
@@ -759,6 +767,7 @@ def launch_moe_front(op, env) -> None:
     gate_up = w["shared_gate_up"] if shared else router
     norm = w.get("norm", router)
     _check_rows(x, router, down, gate_up, logits, moe_in, moe_out, act)
+    _check_packed("moe_front", router=router, latent_down=down, shared_gate_up=gate_up, norm=norm)
     BR, dot = row_block(R)
     BN = INTERPRET_BLOCKS["n"] if interpreting() else 32
     BNR = BN if interpreting() else BN // 2  # fp32 router rows: half as many per tile, same bytes
@@ -911,6 +920,7 @@ def launch_moe_tail(op, env) -> None:
     down = w["shared_down"] if shared else u
     norm = w.get("latent_norm", u)
     _check_rows(u, tgt, act, up, down)
+    _check_packed("moe_tail", latent_up=up, shared_down=down, latent_norm=norm)
     BR, dot = row_block(R)
     BN = INTERPRET_BLOCKS["n"] if interpreting() else pick_block_n(D, num_sms(u.device), (32, 16))
     BK = k_block(BR, BN, max(L, act.shape[1]), dot)
