@@ -433,7 +433,7 @@ LIST_CHIPS_IGNORES = (
 def _refuse_ignored(args, flags, mode: str, what: str) -> None:
     """``mode`` (``--measured``, ``--list-chips``) does ``what`` and uses none of ``flags`` ((flag, args attribute)
     pairs): refuse, in one line, those given on the command line."""
-    given = [flag for flag, attr in flags if getattr(args, attr) not in (None, False)]
+    given = [flag for flag, attr in flags if (value := getattr(args, attr)) is not None and value is not False]
     if given:
         raise ValueError(f"{mode} {what} and ignores {', '.join(given)}: drop them, or plan without {mode}")
 
