@@ -7,10 +7,12 @@ from collections import defaultdict
 from nonstop.runtime.megakernel.tasks import Schedule
 
 
-def _percentile(sorted_values: list[int], q: float) -> int:
+def _percentile(sorted_values: list[int], q: int) -> int:
+    """Nearest rank: the ceil(q·n / 100)-th smallest of n values (the least, for q = 0)."""
     if not sorted_values:
         return 0
-    return sorted_values[min(len(sorted_values) - 1, int(q / 100 * len(sorted_values)))]
+    rank = -(-q * len(sorted_values) // 100)
+    return sorted_values[max(rank, 1) - 1]
 
 
 def schedule_stats(s: Schedule) -> dict:

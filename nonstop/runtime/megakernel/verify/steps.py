@@ -29,6 +29,10 @@ class Steps:
 
 
 def prepare_steps(model, B: int, T: int, steps: int, prompt_lens=(5, 3, 7), seed: int = 0) -> Steps:
+    """B sequences: the first B - 1 prefilled with ``prompt_lens`` tokens each, the last fresh; T tokens
+    each per step."""
+    if not 1 <= B <= len(prompt_lens) + 1:
+        raise ValueError(f"B={B}: prepare_steps makes 1..{len(prompt_lens) + 1} sequences (one per prompt length + 1)")
     cfg = model.cfg
     gen = torch.Generator().manual_seed(seed)
     dtype = model.embed_tokens.weight.dtype
@@ -39,7 +43,7 @@ def prepare_steps(model, B: int, T: int, steps: int, prompt_lens=(5, 3, 7), seed
         model(ids, cache, batch)
         cache.advance(batch)
     fresh = copy.deepcopy(cache)
-    slots = list(range(min(B - 1, len(prompt_lens)))) + [len(prompt_lens)]
+    slots = list(range(B - 1)) + [len(prompt_lens)]
     batches = []
     for _ in range(steps):
         batch = cache.batch(slots, T)
