@@ -40,7 +40,15 @@ from nonstop.kernels.gemv import (
     pick_block_n,
     row_inv_rms,
 )
-from nonstop.kernels.launch import launcher, pdl_launch_args, phase_counters, phase_done, phase_ticket, workspace
+from nonstop.kernels.launch import (
+    launcher,
+    pdl_launch_args,
+    phase_counters,
+    phase_done,
+    phase_ticket,
+    require_unit_columns,
+    workspace,
+)
 from nonstop.kernels.platform import num_sms, pipeline_stages, pow2, row_block, upcast_dots
 
 # ----------------------------------------------------------------------------- embed
@@ -61,6 +69,7 @@ embed_kernel = launcher(embed_tile)
 
 def embed(op, env):
     ids, table, out = env.buf[op.reads[0]], op.weights["embed"], env.buf[op.writes[0]]
+    require_unit_columns("embed", embed=table, out=out)
     D = table.shape[1]
     BLOCK_D = min(2048, pow2(D))
     # warps whose threads each read 16 bytes of a BLOCK_D block (one ld.global.v4), at most 4: a narrow row
@@ -316,7 +325,8 @@ def mlp(op, env, **blocks):
     wg, wu, wd = w["gate"], w["up"], w["down"]
     R, D = x.shape
     I = wg.shape[0]
-    assert R <= 16 and wg.stride() == wu.stride() and wd.stride(1) == 1
+    assert R <= 16 and wg.stride() == wu.stride()
+    require_unit_columns("mlp", x=x, out=target, gate=wg, up=wu, down=wd)
     cfg = mlp_blocks(R, D, I, x.device) | blocks
     chunks, down_tiles = triton.cdiv(I, cfg["BLOCK_I"]), triton.cdiv(D, cfg["BLOCK_N"])
     h = workspace("mlp.h", R * I, x.dtype, x.device)

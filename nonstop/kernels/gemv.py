@@ -42,7 +42,7 @@ import torch
 import triton
 import triton.language as tl
 
-from nonstop.kernels.launch import launcher, pdl_launch_args
+from nonstop.kernels.launch import launcher, pdl_launch_args, require_unit_columns
 from nonstop.kernels.platform import num_sms, pipeline_stages, pow2, row_block, upcast_dots
 
 STORE: tl.constexpr = tl.constexpr(0)
@@ -456,8 +456,7 @@ def _check_gemv_operands(x, w, out, bias, norm) -> None:
         raise ValueError(f"gemv needs x [R, K], w [N, K], out [R, N]; got {shapes}")
     if bias is not None and tuple(bias.shape) != (N,) or norm is not None and tuple(norm.shape) != (K,):
         raise ValueError(f"gemv needs bias [N] and norm [K]; got {shapes}")
-    if not (x.stride(-1) == 1 and w.stride(-1) == 1 and out.stride(-1) == 1):
-        raise ValueError("gemv needs unit column strides in x, w and out")
+    require_unit_columns("gemv", x=x, w=w, out=out, bias=bias, norm=norm)
     if R > 16:
         raise ValueError(f"gemv takes at most 16 rows, got {R}")
 

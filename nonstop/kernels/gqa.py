@@ -29,7 +29,15 @@ from nonstop.kernels.attn_tiles import (
     store_partial,
 )
 from nonstop.kernels.gemv import gemv_rows, mm, row_inv_rms
-from nonstop.kernels.launch import launcher, pdl_launch_args, phase_counters, phase_done, phase_ticket, workspace
+from nonstop.kernels.launch import (
+    launcher,
+    pdl_launch_args,
+    phase_counters,
+    phase_done,
+    phase_ticket,
+    require_unit_columns,
+    workspace,
+)
 from nonstop.kernels.platform import dot_mode, on_gpu, pow2, row_block
 
 # GPU block sizes, checked by compiling for sm_90 at Llama-3-8B shapes (D = 128):
@@ -167,6 +175,7 @@ def gqa_qkv_rope(op, env) -> None:
     layer.fit_pool()
     k_pool, v_pool = layer.tensors["k"], layer.tensors["v"]
     pages = layer.pages
+    require_unit_columns("gqa_qkv_rope", x=x, w_qkv=w, norm=norm, b_qkv=bias, q=q)
     R, K = x.shape
     block_p = min(PAIRS_PER_TILE, pow2(D // 2, 16))
     block_k = min(ON_GPU_BLOCK_K, pow2(K, 16)) if on_gpu(x.device) else pow2(K, 16)

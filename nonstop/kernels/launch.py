@@ -142,6 +142,18 @@ def phase_done(count_ptr, phase, n_last, LAST: tl.constexpr = 2):
                 tl.atomic_xchg(count_ptr + i, 0, sem="relaxed")
 
 
+# ----------------------------------------------------------------------------- host-side checks
+
+
+def require_unit_columns(kind: str, **tensors: torch.Tensor | None) -> None:
+    """The kernels address element k of a row at row_start + k: refuse (ValueError naming the tensor) any
+    given tensor whose last dimension is strided (a transposed or column-major view), which would otherwise
+    be read as garbage. Row strides are the launch's to pass; ``None`` entries (absent options) are skipped."""
+    for role, t in tensors.items():
+        if t is not None and t.dim() and t.stride(-1) != 1:
+            raise ValueError(f"{kind}: {role} needs unit column strides, got strides {tuple(t.stride())}")
+
+
 # ----------------------------------------------------------------------------- workspaces
 
 _WORKSPACES: dict = {}

@@ -32,7 +32,15 @@ from nonstop.kernels.attn_tiles import (
     store_partial,
 )
 from nonstop.kernels.gemv import gemv_rows, mm, rms_apply, row_inv_rms
-from nonstop.kernels.launch import launcher, pdl_launch_args, phase_counters, phase_done, phase_ticket, workspace
+from nonstop.kernels.launch import (
+    launcher,
+    pdl_launch_args,
+    phase_counters,
+    phase_done,
+    phase_ticket,
+    require_unit_columns,
+    workspace,
+)
 from nonstop.kernels.platform import dot_mode, on_gpu, pow2, row_block, wide_load_k
 
 # GPU block sizes, checked by compiling for sm_90 at K3 shapes (``nonstop gpucheck``):
@@ -134,6 +142,7 @@ def mla_in_proj(op, env) -> None:
     sizes = list(op.attrs["in_sizes"]) + [0] * (3 - len(op.writes))
     outs = outs + [outs[0]] * (3 - len(outs))  # no gate: a never-written stand-in
     norm = op.weights.get("norm")
+    require_unit_columns("mla_in_proj", x=x, w_in=w, norm=norm, **dict(zip(op.writes, outs)))
     R, K = x.shape
     gpu = on_gpu(x.device)
     block_n = ON_GPU_BLOCK_N if gpu else pow2(min(sum(sizes), 32), 16)
@@ -373,9 +382,9 @@ def mla_q_up(op, env) -> None:
     latent = layer.tensors["latent"]
     pages = layer.pages
     w_uk = op.weights["w_uk"]  # [N, P, L] view of kv_b_proj
-    assert w_uk.stride(2) == 1
     q_lora = "q_b" in op.weights
     q_b = op.weights.get("q_b", w_uk)
+    require_unit_columns("mla_q_up", q_in=q_in, kv=kv, q_lat=q_lat, q_pe=q_pe, w_uk=w_uk, q_b=q_b)
     inv_freq = op.weights.get("inv_freq")
     R = q_in.shape[0]
     Q = q_in.shape[1] if q_lora else 0
@@ -697,7 +706,7 @@ def mla_attn(op, env, split_tokens: int | None = None) -> None:
     latent = layer.tensors["latent"]
     pages = layer.pages
     w_uv = op.weights["w_uv"]  # [N, V, L] view of kv_b_proj
-    assert w_uv.stride(2) == 1
+    require_unit_columns("mla_attn", q_lat=q_lat, q_pe=q_pe, out=out, gate=gate, w_uv=w_uv)
     R, T, B = q_lat.shape[0], env.T, env.B
     block_m = min(ATTN_BLOCK_M, pow2(T * N, 16))
     block_s = ATTN_BLOCK_S if on_gpu(q_lat.device) else 16

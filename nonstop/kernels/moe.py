@@ -34,7 +34,15 @@ import triton.language as tl
 
 from nonstop.kernels.activations import act_code, glu_tile
 from nonstop.kernels.gemv import gemv_rows, pick_block_n, rms_apply, row_inv_rms
-from nonstop.kernels.launch import launcher, pdl_launch_args, phase_counters, phase_done, phase_ticket, workspace
+from nonstop.kernels.launch import (
+    launcher,
+    pdl_launch_args,
+    phase_counters,
+    phase_done,
+    phase_ticket,
+    require_unit_columns,
+    workspace,
+)
 from nonstop.kernels.moe_routing import route_summary, routing_blocks, slot_expert
 from nonstop.kernels.platform import (
     MAX_REGISTERS,
@@ -735,11 +743,6 @@ def expert_programs(work_items: int, device) -> int:
     return max(1, min(work_items, 2 * num_sms(device)))
 
 
-def _check_rows(*tensors: torch.Tensor) -> None:
-    for t in tensors:
-        assert t.stride(-1) == 1, "kernels need unit column stride"
-
-
 def _check_packed(kind: str, **weights: torch.Tensor) -> None:
     """The front and tail kernels index weight [N, K] row n at n·K (no stride argument): refuse a view with
     padded rows or sliced columns (a tensor-parallel column shard) instead of reading the wrong rows."""
@@ -766,7 +769,8 @@ def launch_moe_front(op, env) -> None:
     down = w["latent_down"] if latent else router
     gate_up = w["shared_gate_up"] if shared else router
     norm = w.get("norm", router)
-    _check_rows(x, router, down, gate_up, logits, moe_in, moe_out, act)
+    outputs = dict(moe_logits=logits, moe_in=moe_in, moe_out=moe_out, moe_shared_act=act)
+    require_unit_columns("moe_front", x=x, router=router, latent_down=down, shared_gate_up=gate_up, **outputs)
     _check_packed("moe_front", router=router, latent_down=down, shared_gate_up=gate_up, norm=norm)
     BR, dot = row_block(R)
     BN = INTERPRET_BLOCKS["n"] if interpreting() else 32
@@ -838,8 +842,10 @@ def launch_moe_experts(op, env) -> None:
         w1, w3, w2 = w["w1"], w["w3"], w["w2"]
         s1 = s3 = s2 = w1
     assert w1.stride() == w3.stride() and s1.stride() == s3.stride()
-    _check_rows(logits, x, out, w1, w3, w2, s1, s2)
     bias = w.get("bias")
+    require_unit_columns(
+        "moe_experts", moe_logits=logits, moe_in=x, out=out, w1=w1, w3=w3, w2=w2, s1=s1, s2=s2, bias=bias
+    )
     BR, dot = row_block(R)
     blocks = expert_blocks(R, K, I, mxfp4, dot)
     route = routing_blocks(R, E, mc.num_groups, mc.top_k)
@@ -919,7 +925,7 @@ def launch_moe_tail(op, env) -> None:
     up = w["latent_up"] if latent else u
     down = w["shared_down"] if shared else u
     norm = w.get("latent_norm", u)
-    _check_rows(u, tgt, act, up, down)
+    require_unit_columns("moe_tail", moe_out=u, out=tgt, moe_shared_act=act, latent_up=up, shared_down=down)
     _check_packed("moe_tail", latent_up=up, shared_down=down, latent_norm=norm)
     BR, dot = row_block(R)
     BN = INTERPRET_BLOCKS["n"] if interpreting() else pick_block_n(D, num_sms(u.device), (32, 16))

@@ -1,5 +1,5 @@
 """Routed-expert weights that are views with padded rows (``launch_moe_experts`` passes each tensor's own
-expert and row strides; ``_check_rows`` only requires unit column stride): the kernel must index expert e,
+expert and row strides; ``require_unit_columns`` only requires unit column strides): the kernel must index expert e,
 row n at e·stride(0) + n·stride(1), not at the contiguous e·N·K + n·K. The twin computes from the model's
 own contiguous parameters, so a kernel that assumed contiguity reads shifted, partly padding rows.
 """
@@ -73,7 +73,7 @@ def test_front_rejects_a_weight_without_unit_column_stride(monkeypatch):
     """A router stored column-major (stride(-1) != 1) is read by the kernel as rows of unit stride: the launch
     must refuse it ("unit column stride") rather than compute logits from transposed memory."""
     monkeypatch.setattr(harness, "lower", _lower_with_transposed_router)
-    with pytest.raises(AssertionError, match="unit column stride"):
+    with pytest.raises(ValueError, match="moe_front: router needs unit column strides"):
         check_kernel("moe_front", {**DEEPSEEK, "num_hidden_layers": 2}, moe.KERNELS["moe_front"], torch.float32)
 
 
