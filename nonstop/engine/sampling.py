@@ -216,8 +216,11 @@ def sample(
     logits = apply_penalties(logits, params, history)
     if params.greedy:
         return int(logits.argmax())
+    row = SampleRow.of(params, generator)
+    if row.temperature == 0:  # a temperature below GREEDY_BELOW_TEMPERATURE: greedy, as on the device
+        return int(logits.argmax())
     x = filter_logits(logits.float(), params.temperature, params.top_k, params.top_p, params.min_p)
-    return gumbel_max(x, SampleRow.of(params, generator).seed, position)
+    return gumbel_max(x, row.seed, position)
 
 
 def top_logprobs(logprobs: torch.Tensor, k: int, actual: int) -> dict[int, float]:

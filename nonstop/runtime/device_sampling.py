@@ -29,6 +29,14 @@ def philox_key(seed: int) -> int:
 
 
 TOP_K_BEYOND_ANY_VOCAB = 2**31  # a top_k this large (SamplingParams takes any int) keeps every id: off
+# The device divides float32 logits by the temperature: below this, logit / T overflows (two logits > 3.4e8·T
+# both +inf, all-negative ones all -inf) while every gap between float32 logits is already worth far more
+# than the Gumbel noise, so such a row samples as greedy (the host's float64, max-shifted draw gives the
+# same token barring an exact tie).
+GREEDY_BELOW_TEMPERATURE = 1e-30
+# A top_p under float32's smallest normal rounds to 0 in the buffer and kept no token at all (the device
+# returned id 2**31 - 1); any top_p below the top token's probability keeps that token alone, as this does.
+TOP_P_FLOOR = torch.finfo(torch.float32).tiny
 
 
 @dataclass(frozen=True)
@@ -53,7 +61,10 @@ class SampleRow:
         top_k = int(params.top_k)
         if top_k >= TOP_K_BEYOND_ANY_VOCAB:  # keeps every id, as the host sampler does; fits the int64 buffer
             top_k = -1
-        return SampleRow(float(params.temperature), top_k, float(params.top_p), philox_key(seed))
+        temperature = float(params.temperature)
+        if temperature < GREEDY_BELOW_TEMPERATURE:
+            temperature = 0.0
+        return SampleRow(temperature, top_k, max(float(params.top_p), TOP_P_FLOOR), philox_key(seed))
 
 
 def fill_sample_rows(buf: dict, rows: list[SampleRow], positions: torch.Tensor) -> None:
