@@ -59,11 +59,14 @@ def _merge_probe(ml_ptr, acc_ptr, n_valid_ptr, out_ptr, I, NS, D, BLOCK_I: tl.co
     tl.store(out_ptr + items[:, None] * D + d[None, :], o, mask=(items < I)[:, None] & (d < D)[None, :])
 
 
-def test_merge_splits_equals_one_softmax_over_all_keys():
-    """Partials of a softmax over keys cut into splits merge to the softmax over the valid splits' keys."""
+@pytest.mark.parametrize("shift", [0.0, -300.0])
+def test_merge_splits_equals_one_softmax_over_all_keys(shift):
+    """Partials of a softmax over keys cut into splits merge to the softmax over the valid splits' keys; also
+    with every score far below zero (``shift``), where a merge max started at 0 underflows the denominator
+    and the output becomes 0."""
     gen = torch.Generator().manual_seed(5)
     I, NS, S, D = 5, 4, 6, 9  # items, splits, keys per split, value dim
-    scores = torch.randn(I, NS, S, generator=gen) * 4
+    scores = torch.randn(I, NS, S, generator=gen) * 4 + shift
     values = torch.randn(I, NS, S, D, generator=gen)
     n_valid = torch.tensor([1, 4, 2, 3, 0])
     mx = scores.amax(-1)
