@@ -12,11 +12,13 @@ from __future__ import annotations
 
 import torch
 
+from nonstop.cache.pages import PAGE_SIZE
 from nonstop.cache.state import ModelCache
 from nonstop.config import ModelConfig
 from nonstop.model.build import random_model
 from nonstop.program.lower import lower
 from nonstop.program.reference import REFERENCE, StepEnv
+from nonstop.runtime.cuda_graph import fit_pools
 from nonstop.runtime.twin_check import outputs, run_both, state_tensors
 
 
@@ -33,25 +35,32 @@ def check_kernel(
     atol=None,
     device="cpu",
     keep_states: bool = False,
+    slots: list[int] | None = None,
+    page_size: int = PAGE_SIZE,
 ) -> int:
     """Run the comparison; returns how many ops of ``kind`` were checked (asserts on mismatch).
-    keep_states: a speculative-verification step (KDA per-token histories compared too, poisoned first)."""
+    keep_states: a speculative-verification step (KDA per-token histories compared too, poisoned first).
+    slots: the step's slots in row order (default 0..B-2 and the fresh slot len(prompt_lens); B follows them);
+    page_size: tokens per attention-cache page."""
     cfg = ModelConfig.from_hf_dict(raw_config)
     model = random_model(cfg, dtype, device=device, seed=seed)
     program = lower(model)
     gen = torch.Generator().manual_seed(seed + 1)
-    cache = ModelCache(cfg, num_slots=len(prompt_lens) + 1, capacity=4, dtype=dtype, device=device)
+    cache = ModelCache(cfg, num_slots=len(prompt_lens) + 1, capacity=4, dtype=dtype, device=device, page_size=page_size)
     for slot, n in enumerate(prompt_lens):  # realistic caches and states, via the reference model
         ids = torch.randint(0, cfg.vocab_size, (1, n), generator=gen).to(device)
         batch = cache.batch([slot], n)
         model(ids, cache, batch)
         cache.advance(batch)
-    slots = list(range(B - 1)) + [len(prompt_lens)]  # the last row starts a fresh sequence (start == 0)
+    if slots is None:
+        slots = list(range(B - 1)) + [len(prompt_lens)]  # the last row starts a fresh sequence (start == 0)
+    B = len(slots)
     for layer in cache.layers:  # ... in a slot holding junk state: kernels must start it from zeros
         if not hasattr(layer, "tensors"):
             layer.recurrent[len(prompt_lens)].normal_(generator=gen)
             layer.conv[len(prompt_lens)].normal_(generator=gen)
     batch = cache.batch(slots, T, keep_states=keep_states)
+    fit_pools(cache)  # as the executors do before a step (state_tensors reads the pools before the kernel runs)
     env = StepEnv(program.allocate(B * T, device), cache, batch)
     env.buf["ids"].copy_(torch.randint(0, cfg.vocab_size, (B * T,), generator=gen))
     tol = (

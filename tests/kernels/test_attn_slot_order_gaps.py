@@ -1,12 +1,12 @@
 """Paged attention kernels on a step whose slots are out of order, whose rows cross page boundaries inside the
 step, and whose pages are smaller and oddly sized.
 
-``tests/kernels/harness.check_kernel`` always steps slots 0..B-2 plus the fresh last slot (ascending), with
+``tests/kernels/harness.check_kernel`` by default steps slots 0..B-2 plus the fresh last slot (ascending), with
 16-token pages; the rows of a T = 3 step never cross a page there. Here the step's slots are [3, 0, 2] (row b
 is not slot b, and a later row has a lower slot) with 5-token pages, T = 3 rows per sequence (the causal mask
 inside the new tokens of speculative verification), and prompts of 12, 4 and 14 tokens: row 0 (slot 3,
 fresh) writes positions 0..2, row 1 (slot 0) 12..14, row 2 (slot 2) 14..16 (16 starts a new page). The
-kernel's outputs and cache writes are compared with the plain-torch twins (``program/reference.py``).
+kernel's outputs and cache writes are compared with the plain-torch twins (``check_kernel`` with ``slots``).
 """
 
 from __future__ import annotations
@@ -14,55 +14,17 @@ from __future__ import annotations
 import functools
 
 import pytest
-import torch
 
-from nonstop.cache.state import ModelCache
-from nonstop.config import ModelConfig
 from nonstop.kernels import gqa, mla
-from nonstop.model.build import random_model
-from nonstop.program.lower import lower
-from nonstop.program.reference import REFERENCE, StepEnv
-from nonstop.runtime.twin_check import outputs, run_both, state_tensors
+from tests.kernels.harness import check_kernel
 from tests.tiny_configs import LLAMA_GQA, TINY_CONFIGS
 
 PROMPTS = (12, 9, 14)  # slots 0, 1, 2; slot 3 is fresh
 SLOTS = [3, 0, 2]
 
 
-def _check(kind, raw, kernel, T=3, page_size=5, slots=SLOTS, prompts=PROMPTS, seed=11):
-    cfg = ModelConfig.from_hf_dict(raw)
-    model = random_model(cfg, torch.float32, device="cpu", seed=seed)
-    program = lower(model)
-    gen = torch.Generator().manual_seed(seed + 1)
-    cache = ModelCache(cfg, num_slots=len(prompts) + 1, capacity=4, dtype=torch.float32, page_size=page_size)
-    for slot, n in enumerate(prompts):
-        ids = torch.randint(0, cfg.vocab_size, (1, n), generator=gen)
-        batch = cache.batch([slot], n)
-        model(ids, cache, batch)
-        cache.advance(batch)
-    batch = cache.batch(slots, T)
-    for layer in cache.layers:  # pools sized for the pages the step reserved (state_tensors reads them)
-        if hasattr(layer, "tensors"):
-            layer.fit_pool()
-    env = StepEnv(program.allocate(len(slots) * T, "cpu"), cache, batch)
-    env.buf["ids"].copy_(torch.randint(0, cfg.vocab_size, (len(slots) * T,), generator=gen))
-    checked = 0
-    for op in program.ops:
-        if op.kind == kind:
-            run = run_both(op, env, kernel, gen)
-            for name, (got, want) in outputs(op, run).items():
-                torch.testing.assert_close(
-                    got.float(), want.float(), rtol=2e-4, atol=2e-5, msg=lambda m, name=name: f"{name}: {m}"
-                )
-            got_state = state_tensors(run.got)
-            for name, t in state_tensors(run.want).items():
-                torch.testing.assert_close(
-                    got_state[name], t, rtol=2e-4, atol=2e-5, msg=lambda m, name=name: f"{name}: {m}"
-                )
-            checked += 1
-        REFERENCE[op.kind](op, env)
-    assert checked > 0
-    return checked
+def _check(kind, raw, kernel):
+    return check_kernel(kind, raw, kernel, T=3, prompt_lens=PROMPTS, seed=11, slots=SLOTS, page_size=5)
 
 
 CASES = [("qkv", None), ("attn", 4), ("attn", None)]  # split 4 rounds up to the 16-key tile
