@@ -20,13 +20,14 @@ X, Y, Z, W = (BufferInfo(n, 1, 4) for n in "xyzw")
 CACHE = BufferInfo("cache", 1, 4, kind="cache", append_only=True)
 
 
-def sched(buffers, tasks, counters, persistent=False) -> Schedule:
-    """One op per distinct ``Task.op`` (named op<i>), its tiles the tasks of that op; counter k expects
-    ``counters[k]`` increments a step."""
+def sched(buffers, tasks, counters, persistent=False, kinds=None) -> Schedule:
+    """One op per distinct ``Task.op`` (named op<i>, of kind ``kinds[i]``, default op<i> too), its tiles the
+    tasks of that op; counter k expects ``counters[k]`` increments a step."""
     nops = 1 + max(t.op for t in tasks)
+    kinds = kinds or [f"op{i}" for i in range(nops)]
     ops = [
         OpTiles(
-            f"op{i}", f"op{i}", None, [StageSpec("main", [TileSpec(t.tile, t.regions) for t in tasks if t.op == i])]
+            f"op{i}", kinds[i], None, [StageSpec("main", [TileSpec(t.tile, t.regions) for t in tasks if t.op == i])]
         )
         for i in range(nops)
     ]

@@ -15,31 +15,23 @@ from nonstop.runtime.megakernel import validate
 from nonstop.runtime.megakernel.tasks import (
     Access,
     BufferInfo,
-    Counter,
-    OpTiles,
     Region,
     Schedule,
-    StageSpec,
     Task,
-    TileSpec,
     Wait,
     WeightSlice,
 )
 from nonstop.runtime.megakernel.verify.checksum import ChecksumActions
 from nonstop.runtime.megakernel.verify.simulate import run_sequential
 from nonstop.runtime.megakernel.verify.stats import format_stats, schedule_stats
+from tests.megakernel.hand_schedule import X, Y, region, sched, task
 
 # ----------------------------------------------------------------------------- checksum actions
 
 
 def _two_writers() -> Schedule:
-    """Task 0 writes x, task 1 writes y ([1, 2] each), neither reads: their values are their seeds."""
-    bufs = [BufferInfo("x", 1, 2), BufferInfo("y", 1, 2)]
-    tasks = [Task(i, 0, 0, i, (Region(i, 0, 1, 0, 2, Access.WRITE),), i, ()) for i in range(2)]
-    ops = [
-        OpTiles(f"op{i}", f"op{i}", None, [StageSpec("main", [TileSpec(0, t.regions)])]) for i, t in enumerate(tasks)
-    ]
-    return Schedule(bufs, ops, [Counter("c0", 1), Counter("c1", 1)], tasks, persistent=False)
+    """Task 0 writes x, task 1 writes y ([1, 4] each), neither reads: their values are their seeds."""
+    return sched([X, Y], [task(i, [region(i, Access.WRITE)], i) for i in range(2)], [1, 1])
 
 
 def test_checksum_values_differ_between_steps():
@@ -87,18 +79,7 @@ def _stats_schedule() -> Schedule:
         Task(2, 0, 0, 2, (reg(1, 0, 4, R), reg(2, 0, 4, W)), 2, (Wait(1, 2, 2),), w(5000)),
         Task(3, 0, 0, 3, (reg(1, 0, 4, R), reg(3, 0, 4, W)), 0, (Wait(1, 2, 2),), w(2000)),
     ]
-    kinds = [("a", "gemv"), ("b", "rows"), ("c", "gemv"), ("d", "norm")]
-    ops = [
-        OpTiles(
-            name,
-            kind,
-            None,
-            [StageSpec("main", [TileSpec(t.tile, t.regions) for t in tasks if t.op == i])],
-        )
-        for i, (name, kind) in enumerate(kinds)
-    ]
-    counters = [Counter("d", 1), Counter("b", 2), Counter("c", 1), Counter("a", 1)]
-    return Schedule(bufs, ops, counters, tasks, persistent=False)
+    return sched(bufs, tasks, [1, 2, 1, 1], kinds=["gemv", "rows", "gemv", "norm"])
 
 
 def test_schedule_stats_percentiles_and_depth_by_hand():
@@ -170,15 +151,7 @@ def test_format_stats_shows_p90_and_p99_under_their_own_labels():
         )
         for k, n in enumerate(sizes)
     ]
-    ops = [
-        OpTiles(
-            "a",
-            "gemv",
-            None,
-            [StageSpec("main", [TileSpec(t.tile, t.regions) for t in tasks])],
-        )
-    ]
-    text = format_stats(Schedule(bufs, ops, [Counter("a", 20)], tasks, persistent=False))
+    text = format_stats(sched(bufs, tasks, [20], kinds=["gemv"]))
     assert (
         "weight bytes 30,000; per task p0 1,000 p10 1,000 p50 1,000 p90 2,000 p99 9,000 max 9,000; "
         "0 tasks stream none" in text
