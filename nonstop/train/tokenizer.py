@@ -29,6 +29,7 @@ from pathlib import Path
 from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers, trainers
 
 from nonstop.train.corpus import DOC_SEPARATOR, iter_documents
+from nonstop.weights.write import check_output_dir
 
 BOS_TOKEN = "<|bos|>"
 EOS_TOKEN = "<|eos|>"
@@ -134,7 +135,7 @@ def main(argv: list[str] | None = None) -> int:
         description="Train a byte-level BPE tokenizer on the corpus written by nonstop.train.corpus.",
     )
     parser.add_argument("--corpus", type=Path, default=Path("build/corpus"), help="corpus directory (train.txt)")
-    parser.add_argument("--out", type=Path, default=Path("build/tokenizer"), help="output directory")
+    parser.add_argument("--out", default="build/tokenizer", help="output directory (created if missing)")
     parser.add_argument(
         "--vocab-size",
         type=int,
@@ -153,13 +154,26 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"--min-frequency must be a non-negative integer, got {args.min_frequency}")
     if args.model_max_length < 1:
         parser.error(f"--model-max-length must be a positive integer, got {args.model_max_length}")
+    try:
+        args.out = check_output_dir(args.out, "--out", "the tokenizer")
+    except ValueError as exc:
+        parser.error(str(exc))
 
     train_path = args.corpus / "train.txt"
     if not train_path.is_file():
         hint = f"run `python -m nonstop.train.corpus --out {args.corpus}` first"
         print(f"error: {train_path} not found; {hint}", file=sys.stderr)
         return 1
-    documents = list(iter_documents(train_path))
+    try:
+        documents = list(iter_documents(train_path))
+        heldout_path = args.corpus / "heldout.txt"
+        heldout = list(iter_documents(heldout_path)) if heldout_path.exists() else []
+    except ValueError as exc:  # not UTF-8, or not a regular file
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    if not documents:
+        print(f"error: {train_path} holds no text to train on; rebuild the corpus", file=sys.stderr)
+        return 1
     log(f"training on {len(documents)} documents from {train_path} (vocab {args.vocab_size}) ...")
     start = time.perf_counter()
     tokenizer = train_tokenizer(documents, args.vocab_size, min_frequency=args.min_frequency)
@@ -167,9 +181,7 @@ def main(argv: list[str] | None = None) -> int:
     save_tokenizer(tokenizer, args.out, args.model_max_length)
     log(f"wrote {args.out}/tokenizer.json and tokenizer_config.json")
 
-    heldout_path = args.corpus / "heldout.txt"
-    if heldout_path.is_file():
-        heldout = list(iter_documents(heldout_path))
+    if heldout:
         for text in heldout:
             if tokenizer.decode(tokenizer.encode(text).ids, skip_special_tokens=False) != text:
                 print("error: tokenizer does not round-trip held-out text", file=sys.stderr)

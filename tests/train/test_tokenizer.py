@@ -153,3 +153,51 @@ def test_a_vocabulary_of_exactly_65536_fits_uint16_ids(tmp_path: Path):
     assert encode_documents(tmp_path / "t.txt", Sized(65536)).dtype == np.uint16
     with pytest.raises(ValueError, match="vocabulary of 65537 tokens is too large for uint16"):
         encode_documents(tmp_path / "t.txt", Sized(65537))
+
+
+@pytest.mark.parametrize(
+    ("out", "message"),
+    [
+        ("file", "is an existing file, not a directory"),
+        ("file/sub", "which is a file"),
+        ("", "--out is empty"),
+    ],
+)
+def test_the_tokenizer_command_refuses_an_output_it_cannot_write_before_training(tmp_path: Path, capsys, out, message):
+    """An --out naming a file (or a path under one) trained the whole tokenizer and then ended in a
+    FileExistsError traceback; an empty --out wrote into the working directory. Each is now argparse's one-line
+    error, before the corpus is read."""
+    from nonstop.train.tokenizer import main
+
+    (tmp_path / "c").mkdir()
+    (tmp_path / "c" / "train.txt").write_text("alpha beta gamma\n")
+    (tmp_path / "file").write_text("keep me")
+    with pytest.raises(SystemExit) as stop:
+        main(["--corpus", str(tmp_path / "c"), "--out", str(tmp_path / out) if out else ""])
+    err = capsys.readouterr().err
+    assert stop.value.code == 2 and message in err and "Traceback" not in err
+    assert (tmp_path / "file").read_text() == "keep me"
+
+
+@pytest.mark.parametrize(
+    ("train", "heldout", "message"),
+    [
+        (b"", None, "holds no text to train on"),
+        (b"\n\n  \n", None, "holds no text to train on"),
+        (b"\xff\xfe caf\xe9\n", None, "not UTF-8 text"),
+        (b"alpha beta\n", b"\xffbad\n", "not UTF-8 text"),
+    ],
+)
+def test_the_tokenizer_command_refuses_a_corpus_with_nothing_to_learn(tmp_path: Path, capsys, train, heldout, message):
+    """An empty train.txt trained a 259-token tokenizer (bytes and specials only, whatever --vocab-size asked) and
+    wrote it as if all went well; a train.txt or heldout.txt that is not UTF-8 ended in a ValueError traceback.
+    Each is now one `error:` line and exit status 1, with nothing written."""
+    from nonstop.train.tokenizer import main
+
+    (tmp_path / "train.txt").write_bytes(train)
+    if heldout is not None:
+        (tmp_path / "heldout.txt").write_bytes(heldout)
+    assert main(["--corpus", str(tmp_path), "--out", str(tmp_path / "out")]) == 1
+    err = capsys.readouterr().err
+    assert message in err and "Traceback" not in err
+    assert not (tmp_path / "out").exists()
