@@ -352,4 +352,6 @@ def _main(request: str) -> None:
 
 
 if __name__ == "__main__":
+    if len(sys.argv) != 2 or not sys.argv[1].startswith("{"):
+        raise SystemExit("this is the child process of `nonstop gpucheck`; run `nonstop gpucheck --help`")
     _main(sys.argv[1])

@@ -497,3 +497,16 @@ def test_the_width_a_narrow_embedding_row_allows_is_a_load_width():
 
     assert [wanted(h) for h in (8, 48, 128, 200, 256, 4096)] == [1, 2, 8, 8, 16, 16]
     assert _min_load_bytes(SimpleNamespace(kind="mlp", weights={})) == 16
+
+
+@pytest.mark.parametrize("argv", [[], ["--help"], ["a", "b"]])
+def test_the_check_child_run_by_hand_says_what_to_run_instead(argv):
+    """``python -m nonstop.runtime.gpucheck`` is the child ``nonstop gpucheck`` starts with a JSON request; run by
+    hand (no argument, ``--help``) it ended in an IndexError or JSONDecodeError traceback. It now names the
+    command to run, exit status 1."""
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    done = subprocess.run(
+        [sys.executable, "-m", "nonstop.runtime.gpucheck", *argv], capture_output=True, text=True, env=env, timeout=120
+    )
+    assert done.returncode == 1
+    assert "run `nonstop gpucheck --help`" in done.stderr and "Traceback" not in done.stderr
