@@ -12,6 +12,7 @@ import dataclasses
 import functools
 import json
 import os
+import re
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -48,9 +49,11 @@ def load_results(results_dir: Path | None = None) -> list[tuple[str, dict]]:
         return out
     for path in sorted(results_dir.glob("*.json")):
         try:
-            out.append((path.name, json.loads(path.read_text())))
-        except (OSError, json.JSONDecodeError):
+            data = json.loads(path.read_text(encoding="utf-8"))
+        except (OSError, ValueError):  # unreadable, not UTF-8, not JSON: no result of ours
             continue
+        if isinstance(data, dict):
+            out.append((path.name, data))
     return out
 
 
@@ -304,15 +307,27 @@ def _gpu_rows(name: str, data: dict) -> list[Measurement]:
     return rows
 
 
+def names_chip(gpu: str, chip_key: str) -> bool:
+    """Whether the GPU name a result records (``environment.gpu``, e.g. "NVIDIA H100 80GB HBM3") is the catalogue
+    chip ``chip_key``: some run of its words (split at spaces and dashes) spells the key without its dashes.
+    "NVIDIA A 100-SXM4" is an a100 and "TPU v7" a tpu-v7, but "NVIDIA H200" is no h20 and "NVIDIA GB200" no b200."""
+    words = [w for w in re.split(r"[\s\-_]+", gpu.lower()) if w]
+    key = chip_key.lower().replace("-", "")
+    return any("".join(words[i:j]) == key for i in range(len(words)) for j in range(i + 1, len(words) + 1))
+
+
 def all_measurements(chip_key: str, results_dir: Path | None = None) -> list[Measurement]:
     """Every nonstop decode measurement in ``bench/results`` taken on this chip."""
     rows: list[Measurement] = []
     for name, data in load_results(results_dir):
-        gpu = (data.get("environment") or {}).get("gpu")
-        if chip_key == "cpu" and not gpu:
-            rows += _cpu_rows(name, data)
-        elif gpu and chip_key.replace("-", "") in gpu.lower().replace(" ", "").replace("-", ""):
-            rows += _gpu_rows(name, data)
+        gpu = (data.get("environment") or {}).get("gpu") if isinstance(data.get("environment"), dict) else None
+        try:
+            if chip_key == "cpu" and not gpu:
+                rows += _cpu_rows(name, data)
+            elif isinstance(gpu, str) and names_chip(gpu, chip_key):
+                rows += _gpu_rows(name, data)
+        except (KeyError, TypeError, ValueError, AttributeError, ZeroDivisionError):  # another format: skip the file
+            continue
     if chip_key == "cpu":  # runs of this machine's CPU first: the cpu chip's figures are measured here
         here = this_cpu()
         rows.sort(key=lambda m: m.cpu != here)

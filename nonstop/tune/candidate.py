@@ -53,15 +53,16 @@ class RoundContext:
     best: dict  # shape key -> (Outcome, timing entry) so far
 
 
-CODE_BLOCK = re.compile(r"```(?:python|py)?[ \t]*\n(.*?)```", re.DOTALL)
+CODE_BLOCK = re.compile(r"```[^\S\n]*(?:[\w+.-]+[^\S\n]*)?\n(.*?)```", re.DOTALL)  # any info string: python3, Python
+DEFINES_LAUNCH = re.compile(r"^def launch\(", re.MULTILINE)
 
 
 def extract_code(reply: str) -> str:
-    """The Python file in a model's reply: the longest fenced block (```python ... ```) that defines
-    ``launch``, else the longest block, else the reply itself."""
+    """The Python file in a model's reply: the longest fenced block (```python ... ```, whatever its info
+    string) that defines ``launch`` (a top-level ``def launch(``), else the longest block, else the reply."""
     blocks = CODE_BLOCK.findall(reply)
     if not blocks:
-        open_block = re.search(r"```(?:python|py)?[ \t]*\n(.*)$", reply, re.DOTALL)  # an answer cut off by max_tokens
+        open_block = re.search(r"```[^\S\n]*(?:[\w+.-]+[^\S\n]*)?\n(.*)$", reply, re.DOTALL)  # cut off by max_tokens
         return (open_block.group(1) if open_block else reply).strip() + "\n"
-    with_launch = [b for b in blocks if "def launch" in b or "launch" in b]
+    with_launch = [b for b in blocks if DEFINES_LAUNCH.search(b)]
     return max(with_launch or blocks, key=len).strip() + "\n"

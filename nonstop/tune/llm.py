@@ -19,6 +19,7 @@ import http.client
 import json
 import os
 import urllib.error
+import urllib.parse
 import urllib.request
 
 from nonstop.tune.candidate import Candidate, RoundContext, extract_code
@@ -31,6 +32,15 @@ class EndpointError(ValueError):
 
 class ContextTooLong(RuntimeError):
     """The endpoint refused the prompt as longer than its context (HTTP 400)."""
+
+
+def _is_http_url(url: str) -> bool:
+    """Whether ``url`` is an http(s) URL with a host (and, if it names one, a port in 0..65535)."""
+    try:
+        parts = urllib.parse.urlsplit(url)
+        return parts.scheme in ("http", "https") and bool(parts.hostname) and (parts.port or 0) >= 0
+    except ValueError:  # "http://[::1" (unclosed IPv6 host), "http://h:x" (a port that is no number)
+        return False
 
 
 class LLMProposer:
@@ -46,6 +56,10 @@ class LLMProposer:
         if not base_url:
             raise ValueError(
                 "--llm-base-url is required with --proposer llm (an OpenAI-compatible endpoint, e.g. http://127.0.0.1:8000/v1)"
+            )
+        if not _is_http_url(base_url):
+            raise ValueError(
+                f"--llm-base-url {base_url!r} is no http(s) URL with a host (e.g. http://127.0.0.1:8000/v1)"
             )
         if not model:
             raise ValueError("--llm-model is required with --proposer llm")
