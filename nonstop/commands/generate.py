@@ -74,7 +74,7 @@ def run(args) -> int:
         print(text, end="", flush=True)
 
     compiling = _compiling_s(llm)
-    out = llm.stream(prompt, params, prompt_ids=ids, on_text=show)
+    out = llm.stream(None, params, prompt_ids=ids, on_text=show)  # the ids checked and echoed above
     compiling = _compiling_s(llm) - compiling
     print(flush=True)
     if args.ids or not llm.tokenizer.accepts_text:

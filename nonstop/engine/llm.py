@@ -328,7 +328,10 @@ class LLM:
         prompt_ids: list[int] | None = None,
         on_text=None,
     ) -> RequestOutput:
-        """Generate one completion, calling ``on_text(new text)`` as each piece becomes visible."""
+        """Generate one completion of ``prompt`` (text) or ``prompt_ids`` (token ids; exactly one of them),
+        calling ``on_text(new text)`` as each piece becomes visible."""
+        if (prompt is None) == (prompt_ids is None):
+            raise ValueError("give exactly one of prompt or prompt_ids")
         params = self._sampling(sampling)
         if params.n != 1:
             raise ValueError(f"stream gives one completion: n must be 1, got {params.n} (generate gives n of them)")

@@ -23,6 +23,7 @@ from nonstop.weights.resolve import DTYPE_NAMES
 
 CACHE_TOKENS_PER_SLOT = 1024  # attention cache counted per slot (it grows by pages as sequences grow)
 OVERRIDE_HINT = "pass --no-preflight to try anyway"
+LOAD_OVERRIDE_HINT = f"{OVERRIDE_HINT}; from Python, LLM(..., preflight=False)"  # a model's load: CLI or API
 
 
 class PreflightError(ValueError):
@@ -114,7 +115,7 @@ def refuse_if_short(what: str, weights: int, cache: int, dtype: torch.dtype, slo
         raise PreflightError(
             f"{what} needs {size_text(weights + cache)} at {DTYPE_NAMES.get(dtype, dtype)} "
             f"({size_text(weights)} of weights, {size_text(cache)} of cache for {slots} "
-            f"sequence(s)); {where} has {size_text(free)} free ({OVERRIDE_HINT})"
+            f"sequence(s)); {where} has {size_text(free)} free ({LOAD_OVERRIDE_HINT})"
         )
 
 
