@@ -17,6 +17,7 @@ print and exit) runs when rank 0 learns of a failure; a follower that fails exit
 from __future__ import annotations
 
 import itertools
+import operator
 import sys
 import threading
 import time
@@ -369,6 +370,9 @@ class ClusterExecutor(Executor):
         if self.cfg.moe is None:
             raise ValueError(f"{self.cfg.family} model without routed experts: nothing to rebalance")
         most = self.cfg.moe.num_experts * (self.layout.ep - 1)
+        if isinstance(redundant, bool) or not hasattr(type(redundant), "__index__"):  # every rank would fail on it
+            raise TypeError(f"redundant experts must be an integer, got {type(redundant).__name__} {redundant!r}")
+        redundant = operator.index(redundant)
         if not 0 <= redundant <= most:
             raise ValueError(
                 f"redundant experts must be in 0..{most} (at most one replica of an expert per rank of the "
@@ -396,6 +400,18 @@ class ClusterExecutor(Executor):
 # ----------------------------------------------------------------------------- building a rank
 
 
+def check_rank_options(chunks, overlap, graphs) -> tuple[int | None, bool | None]:
+    """(chunks, overlap) checked, before any weight loads: ``chunks`` an int >= 1 or None (the device's default),
+    ``overlap`` a bool or None, ``graphs`` True, False, "auto" or "emulate" (a ValueError or TypeError
+    otherwise: -1 chunks failed at the first MoE step, and a truthy "no" switched overlap or capture on)."""
+    from nonstop.engine.inputs import check_flag, check_optional_count
+    from nonstop.runtime.cuda_graph import check_graphs
+
+    check_graphs(graphs)
+    chunks = check_optional_count(chunks, "chunks", "the device's default")
+    return chunks, None if overlap is None else check_flag(overlap, "overlap")
+
+
 def build_worker(
     comm: Comm,
     cfg: ModelConfig,
@@ -419,6 +435,7 @@ def build_worker(
     layout, rank, device = comm.layout, comm.rank, comm.device
     check_backend(backend, device, layout.world)
     check_exchange(exchange)
+    chunks, overlap = check_rank_options(chunks, overlap, graphs)
     if model_dir is None and layout.world > 1:  # a follower given another seed drew other weights, silently
         seed = comm.broadcast_object(seed, "agreeing on the random weights' seed" + (" with rank 0" if rank else ""))
 

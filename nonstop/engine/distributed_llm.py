@@ -18,7 +18,7 @@ import sys
 import torch
 
 from nonstop.dist.comm import Comm
-from nonstop.engine.distributed import ClusterExecutor, build_worker
+from nonstop.engine.distributed import ClusterExecutor, build_worker, check_rank_options
 from nonstop.engine.layout_preflight import check_rank_memory
 from nonstop.engine.llm import LLM, checked_arguments
 from nonstop.engine.speculative.config import SpeculativeConfig, drafter_dir, make_drafter
@@ -88,6 +88,7 @@ class DistributedLLM(LLM):
             max_batch, prefill_chunk, seed, batch_invariant, generation_config, preflight, progress
         )
         check_device(device)
+        chunks, overlap = check_rank_options(chunks, overlap, graphs)  # before any rank loads its part
         self.device = comm.device
         self._resolve(model, dtype, device, tokenizer, chat_template, generation_config)
         self.speculative_config = SpeculativeConfig.parse(speculative)  # a bad option fails before the weights load

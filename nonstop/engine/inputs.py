@@ -30,7 +30,12 @@ def check_max_batch(value, name: str = "max_batch") -> int:
 
 def check_prefill_chunk(value) -> int | None:
     """``value`` as an int >= 1, or None (whole prompts in one forward)."""
-    return None if value is None else _positive_index(value, "prefill_chunk", " or None (whole prompts)")
+    return check_optional_count(value, "prefill_chunk", "whole prompts")
+
+
+def check_optional_count(value, name: str, none_means: str) -> int | None:
+    """``value`` as an int >= 1, or None (which means ``none_means``, for the message)."""
+    return None if value is None else _positive_index(value, name, f" or None ({none_means})")
 
 
 def check_flag(value, name: str) -> bool:

@@ -63,6 +63,15 @@ def pdl_support(device) -> tuple[bool, str]:
     return True, f"sm_{major}{minor}, Triton launch_pdl"
 
 
+GRAPHS_CHOICES = (True, False, "auto", "emulate")  # "emulate": replay re-runs the step (tests, off a GPU)
+
+
+def check_graphs(graphs) -> None:
+    """A ValueError unless ``graphs`` is True, False, "auto" or "emulate" (a truthy "no" would switch capture on)."""
+    if not (isinstance(graphs, bool) or (isinstance(graphs, str) and graphs in GRAPHS_CHOICES)):
+        raise ValueError(f"graphs must be True, False, 'auto' or 'emulate', got {graphs!r}")
+
+
 def graphs_wanted(device, use_kernels: bool, graphs) -> tuple[bool, str]:
     """(capture, reason) for the executor's ``graphs`` argument: True | False | "auto" (CUDA + kernels)."""
     if graphs is False:
