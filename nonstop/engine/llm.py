@@ -164,14 +164,14 @@ class LLM:
         ``overrides`` (not None) on top."""
         return SamplingParams(**{**self.sampling_defaults(), **{k: v for k, v in overrides.items() if v is not None}})
 
-    def _sampling(self, sampling) -> SamplingParams:
-        """``sampling`` (one SamplingParams), or None: ``default_sampling()``."""
+    def _sampling(self, sampling, also: str = "") -> SamplingParams:
+        """``sampling`` (one SamplingParams), or None: ``default_sampling()``; ``also`` names what else the caller
+        takes, for the message."""
         if sampling is None:
             return self.default_sampling()
         if not isinstance(sampling, SamplingParams):
             raise TypeError(
-                f"sampling must be a SamplingParams (or a list of them, one per prompt, or None for the defaults), "
-                f"got {type(sampling).__name__}"
+                f"sampling must be a SamplingParams{also} or None for the defaults, got {type(sampling).__name__}"
             )
         return sampling
 
@@ -276,7 +276,7 @@ class LLM:
                     )
             params = list(sampling)
         else:
-            params = [self._sampling(sampling)] * len(items)
+            params = [self._sampling(sampling, " (or a list of them, one per prompt)")] * len(items)
         if len(params) != len(items):
             raise ValueError(f"got {len(params)} SamplingParams for {len(items)} prompts")
         groups = []
