@@ -9,33 +9,21 @@ import io
 import pytest
 
 from nonstop.cli import main
-from nonstop.engine.llm import LLM
-from tests.engine.tiny_models import TEST_CHAT_TEMPLATE, synth_checkpoint
-
-ARGV = ["chat", "--backend", "reference", "-n", "2", "--temperature", "0", "--ignore-eos"]
-
-
-@pytest.fixture(scope="module")
-def tiny(tmp_path_factory):
-    """A tiny k3 checkpoint (byte tokenizer: token id = byte) with a chat template."""
-    return synth_checkpoint("k3", tmp_path_factory.mktemp("tiny") / "m", chat_template=TEST_CHAT_TEMPLATE)
+from tests.engine.test_chat_loop_mutation_gaps import ARGV, tiny, turns  # noqa: F401 - fixtures
 
 
 @pytest.fixture
-def prompts(monkeypatch):
-    """The prompt (as text) of every turn that reached the model."""
-    seen = []
-    real = LLM.stream
+def prompts(turns):  # noqa: F811 - the imported fixture
+    """The prompt (as text: the byte tokenizer's id = byte) of every turn that reached the model."""
 
-    def stream(self, prompt, params, prompt_ids=None, **kw):
-        seen.append(bytes(prompt_ids).decode("utf-8"))
-        return real(self, prompt, params, prompt_ids=prompt_ids, **kw)
+    class Texts:
+        def __eq__(self, other):
+            return [bytes(ids).decode("utf-8") for ids, _ in turns] == other
 
-    monkeypatch.setattr(LLM, "stream", stream)
-    return seen
+    return Texts()
 
 
-def test_whitespace_only_lines_are_not_sent(tiny, prompts, monkeypatch):
+def test_whitespace_only_lines_are_not_sent(tiny, prompts, monkeypatch):  # noqa: F811
     """Lines of spaces / a tab are skipped like empty lines (sending them would spend a turn on an empty
     message and put it in the history); the one real message is sent alone."""
     monkeypatch.setattr("sys.stdin", io.StringIO("   \n\t\n\nhi\n"))
@@ -43,7 +31,7 @@ def test_whitespace_only_lines_are_not_sent(tiny, prompts, monkeypatch):
     assert prompts == ["<|user|>hi\n<|assistant|>"]
 
 
-def test_commands_with_surrounding_spaces_still_work(tiny, prompts, monkeypatch, capsys):
+def test_commands_with_surrounding_spaces_still_work(tiny, prompts, monkeypatch, capsys):  # noqa: F811
     """'  /reset ' clears the conversation and ' /quit  ' ends the chat (the line after it is never sent)."""
     monkeypatch.setattr("sys.stdin", io.StringIO("a\n  /reset \nb\n /quit  \nc\n"))
     assert main([*ARGV, "--model", str(tiny)]) == 0
@@ -68,7 +56,7 @@ def _exit_code(argv) -> int:
         return exc.code
 
 
-def test_the_startup_room_check_counts_the_system_message(tiny, monkeypatch, capsys):
+def test_the_startup_room_check_counts_the_system_message(tiny, monkeypatch, capsys):  # noqa: F811
     """The shortest turn is the system message plus "Hi": with --system of 100 characters it takes
     len("<|system|>" + 100·"S" + "\\n<|user|>Hi\\n<|assistant|>") = 135 tokens, so --max-tokens 400 leaves no
     room in the 512-token context (135 + 400 > 512) and is refused at startup, naming 512 - 135 = 377; leaving
