@@ -320,7 +320,8 @@ def all_measurements(chip_key: str, results_dir: Path | None = None) -> list[Mea
     """Every nonstop decode measurement in ``bench/results`` taken on this chip."""
     rows: list[Measurement] = []
     for name, data in load_results(results_dir):
-        gpu = (data.get("environment") or {}).get("gpu") if isinstance(data.get("environment"), dict) else None
+        environment = data.get("environment")
+        gpu = environment.get("gpu") if isinstance(environment, dict) else None
         try:
             if chip_key == "cpu" and not gpu:
                 rows += _cpu_rows(name, data)

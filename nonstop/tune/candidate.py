@@ -53,7 +53,8 @@ class RoundContext:
     best: dict  # shape key -> (Outcome, timing entry) so far
 
 
-CODE_BLOCK = re.compile(r"```[^\S\n]*(?:[\w+.-]+[^\S\n]*)?\n(.*?)```", re.DOTALL)  # any info string: python3, Python
+FENCE = r"```[^\S\n]*(?:[\w+.-]+[^\S\n]*)?\n"  # a block's opening line, whatever its info string (python3, Python)
+CODE_BLOCK = re.compile(FENCE + r"(.*?)```", re.DOTALL)
 DEFINES_LAUNCH = re.compile(r"^def launch\(", re.MULTILINE)
 
 
@@ -62,7 +63,7 @@ def extract_code(reply: str) -> str:
     string) that defines ``launch`` (a top-level ``def launch(``), else the longest block, else the reply."""
     blocks = CODE_BLOCK.findall(reply)
     if not blocks:
-        open_block = re.search(r"```[^\S\n]*(?:[\w+.-]+[^\S\n]*)?\n(.*)$", reply, re.DOTALL)  # cut off by max_tokens
+        open_block = re.search(FENCE + r"(.*)$", reply, re.DOTALL)  # an answer cut off by max_tokens
         return (open_block.group(1) if open_block else reply).strip() + "\n"
     with_launch = [b for b in blocks if DEFINES_LAUNCH.search(b)]
     return max(with_launch or blocks, key=len).strip() + "\n"

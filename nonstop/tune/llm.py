@@ -38,9 +38,10 @@ def _is_http_url(url: str) -> bool:
     """Whether ``url`` is an http(s) URL with a host (and, if it names one, a port in 0..65535)."""
     try:
         parts = urllib.parse.urlsplit(url)
-        return parts.scheme in ("http", "https") and bool(parts.hostname) and (parts.port or 0) >= 0
-    except ValueError:  # "http://[::1" (unclosed IPv6 host), "http://h:x" (a port that is no number)
+        parts.port  # noqa: B018 - raises ValueError for a port that is no number or past 65535
+    except ValueError:  # also "http://[::1" (an unclosed IPv6 host)
         return False
+    return parts.scheme in ("http", "https") and bool(parts.hostname)
 
 
 class LLMProposer:
