@@ -122,9 +122,9 @@ def llm_class(args, slots: int = 1):
         return LLM
     layout = layout_from_args(args)
     # in the launcher, and in each rank before it joins: torchrun checks nothing
-    check_before_start(args, layout, slots)
+    cfg = check_before_start(args, layout, slots)
     if "RANK" not in os.environ:
-        raise SystemExit(start_ranks(args, layout))
+        raise SystemExit(start_ranks(args, layout, cfg.moe is not None))
     from nonstop.dist.comm import RankFailure, init, shutdown
     from nonstop.engine.distributed import print_failure_and_exit
     from nonstop.engine.distributed_llm import DistributedLLM
@@ -149,13 +149,13 @@ def llm_class(args, slots: int = 1):
     )
 
 
-def check_before_start(args, layout, slots: int = 1) -> None:
+def check_before_start(args, layout, slots: int = 1):
     """Refuse a layout the model or the backend cannot run before starting any rank (one clear error).
     The GPUs needed on this host: LOCAL_WORLD_SIZE in a rank (torchrun sets it), else the whole world.
     Where this host's ranks are checked (``host_ranks``), the checkpoint's files are too (their headers
     against the config: a truncated or broken file, a missing tensor), and unless --no-preflight, CPU
     ranks' memory: their processes' own (this process's, measured), their parts of the model and the
-    caches of ``slots`` sequences (``engine/layout_preflight.py``)."""
+    caches of ``slots`` sequences (``engine/layout_preflight.py``). Returns the model's config."""
     import os
 
     import torch
@@ -186,6 +186,7 @@ def check_before_start(args, layout, slots: int = 1) -> None:
 
         dtype = parse_dtype(args.dtype, args.device)
         check_host_memory(args.model, cfg, layout, ranks, dtype, slots, per_rank=process_bytes())
+    return cfg
 
 
 def _check_rank0_options(args, cfg, model_dir) -> None:
@@ -263,7 +264,7 @@ def _rank_main(args) -> None:
     os._exit(code)
 
 
-def start_ranks(args, layout) -> int:
+def start_ranks(args, layout, routed_experts: bool = True) -> int:
     """Run the command on ``layout.world`` local processes (``nonstop.dist.spawn``); rank 0's exit status
     (1 when rank 0 ended without one of its own: killed, or stopped after another rank failed). The first
     rank to fail is named when it cannot have said why itself (a signal killed it). The line saying so
@@ -277,7 +278,7 @@ def start_ranks(args, layout) -> int:
     threads = getattr(args, "threads", None)
     cores = os.cpu_count() or 1
     share = f"; {layout.world} ranks share {cores} CPU cores" if layout.world > cores else ""
-    print(f"nonstop: starting {layout.world} local ranks ({layout.describe()}){share}", file=sys.stderr)
+    print(f"nonstop: starting {layout.world} local ranks ({layout.describe(routed_experts)}){share}", file=sys.stderr)
     try:
         spawn(_rank_main, layout.world, (args,), threads=threads, relay=True)
     except RankExited as exc:

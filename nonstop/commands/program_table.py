@@ -71,7 +71,8 @@ def print_rank_program(args, cfg, layout, dtype) -> int:
     chunks = args.chunks or (2 if args.device == "cuda" else 1)  # the engine's default
     mode, reason = engine_exchange(cfg, layout, args.rows, chunks, dtype, args.device, args.exchange)
     step = rank_step(cfg, layout, args.rows, args.context, dtype, args.rank, chunks, mode)
-    print(f"decode program of {args.model} ({cfg.family}, {layer_count(cfg)}, {args.dtype}) under {layout.describe()}")
+    under = layout.describe(cfg.moe is not None)
+    print(f"decode program of {args.model} ({cfg.family}, {layer_count(cfg)}, {args.dtype}) under {under}")
     tokens = f"{step.tokens} token" + ("s" if step.tokens > 1 else "")
     print(
         f"rank {args.rank}, {args.rows} row(s) per attention group ({tokens} per step), context {args.context}; "

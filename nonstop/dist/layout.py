@@ -118,11 +118,15 @@ class Layout:
     def with_placement(self, placement) -> Layout:
         return Layout(self.tp, self.ep, self.world, placement)
 
-    def describe(self) -> str:
+    def describe(self, routed_experts: bool = True) -> str:
+        """One line: the attention groups and where the routed experts live (``routed_experts`` False: a model
+        without them, whose ep ranks split nothing)."""
         groups = f"{self.dp} attention group{'s' if self.dp > 1 else ''} of {self.tp} rank{'s' if self.tp > 1 else ''}"
         dp = " (data-parallel)" if self.dp > 1 else ""
         experts = f"experts split over {self.ep} rank{'s' if self.ep > 1 else ''}"
-        if self.expert_groups > 1:
+        if not routed_experts:
+            experts = "no routed experts to split"
+        elif self.expert_groups > 1:
             experts += f" ({self.expert_groups} expert groups, each holding every expert)"
         return (
             f"tp {self.tp} x ep {self.ep} on {self.world} rank{'s' if self.world > 1 else ''}: {groups}{dp}; {experts}"

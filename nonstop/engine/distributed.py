@@ -448,7 +448,7 @@ def build_worker(
     if progress and rank == 0 and model_dir is not None:
         from nonstop.engine.llm import _progress_printer
 
-        report = _progress_printer(f"loading rank 0's part of {model_dir} ({layout.describe()})")
+        report = _progress_printer(f"loading rank 0's part of {model_dir} ({layout.describe(cfg.moe is not None)})")
     model = build_rank_model(cfg, layout, rank, source(layout, progress=report))
     gpu = device.type == "cuda"
     chunks = chunks or (2 if gpu else 1)

@@ -51,3 +51,11 @@ def test_describe_names_the_groups():
         "(2 expert groups, each holding every expert)"
     )
     assert Layout.make(tp=1, ep=2, world=6).describe().endswith("(3 expert groups, each holding every expert)")
+
+
+def test_describe_of_a_model_without_routed_experts_splits_no_experts():
+    """``nonstop generate --model llama --ep 2`` said "experts split over 2 ranks" of a model that has none (its
+    ep ranks hold the same dense weights); the line now says there are no routed experts to split."""
+    line = Layout.make(tp=1, ep=2).describe(routed_experts=False)
+    assert line == "tp 1 x ep 2 on 2 ranks: 2 attention groups of 1 rank (data-parallel); no routed experts to split"
+    assert "expert groups" not in Layout.make(tp=4, ep=2).describe(routed_experts=False)
