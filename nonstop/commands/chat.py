@@ -122,10 +122,15 @@ def _check_setup(args, llm, start: list[dict]):
             source = "the checkpoint's generation_config.json max_new_tokens"
         else:
             source = "the default"
+        room = context - shortest
+        fix = (
+            f"give --max-tokens {room} or fewer"
+            if room >= 1
+            else "not even one token fits after it: shorten the system prompt (--system) or the chat template"
+        )
         raise ValueError(
             f"max_tokens {params.max_tokens} ({source}) leaves no room in the model's context of {context} tokens "
-            f"for a turn (the shortest takes {shortest} prompt tokens): give --max-tokens "
-            f"{max(context - shortest, 1)} or fewer"
+            f"for a turn (the shortest takes {shortest} prompt tokens): {fix}"
         )
     return params
 

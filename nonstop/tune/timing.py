@@ -33,7 +33,7 @@ WEIGHT_DRAWS, INPUT_DRAWS = 4, 16  # 64 pairings: launches of one timing, each p
 CHECKED = 8  # random timed launches whose outputs are checked (plus the last)
 WARMUP = 4
 
-# data-sheet HBM bandwidth, bytes/s, by a substring of torch.cuda.get_device_name
+# data-sheet HBM bandwidth, bytes/s, by a substring of torch.cuda.get_device_name (the longest that matches)
 DATASHEET = {
     "H200": 4.8e12,
     "H100 NVL": 3.9e12,
@@ -56,7 +56,7 @@ def peak_bandwidth(device) -> tuple[float, str]:
     if device.type != "cuda":
         return float("inf"), "cpu: untimed"
     name = torch.cuda.get_device_name(device)
-    sheet = next((bw for key, bw in DATASHEET.items() if key in name), 0.0)
+    sheet = datasheet_bandwidth(name)
     props = torch.cuda.get_device_properties(device)
     clock_khz = getattr(props, "memory_clock_rate", 0) or 0
     bus_bits = getattr(props, "memory_bus_width", 0) or 0
@@ -65,6 +65,14 @@ def peak_bandwidth(device) -> tuple[float, str]:
         return 20e12, f"{name}: unknown, assumed 20 TB/s (above any GPU made)"
     source = f"{name}: " + ("data sheet" if sheet >= computed else "2 x memory clock x bus width")
     return max(sheet, computed), source
+
+
+def datasheet_bandwidth(name: str) -> float:
+    """The data-sheet HBM bandwidth (bytes/s) of the GPU ``torch.cuda.get_device_name`` calls ``name``; 0.0 when
+    none is listed. The longest key found in the name wins: "NVIDIA GH200 480GB" is a GH200, not an H200, and
+    "NVIDIA H100 PCIe" is no SXM H100."""
+    found = [key for key in DATASHEET if key in name]
+    return DATASHEET[max(found, key=len)] if found else 0.0
 
 
 def floor_seconds(bytes_moved: int, peak: float) -> float:

@@ -67,3 +67,14 @@ def test_the_startup_room_check_counts_the_system_message(tiny, monkeypatch, cap
     err = capsys.readouterr().err
     assert "the shortest takes 135 prompt tokens" in err and "--max-tokens 377 or fewer" in err
     assert _exit_code([*argv[:-1], "377"]) == 0
+
+
+def test_a_system_message_that_fills_the_context_is_not_offered_a_max_tokens(tiny, monkeypatch, capsys):  # noqa: F811
+    """A --system of 600 characters alone takes more than the 512-token context: no --max-tokens fits, so the
+    refusal names the system prompt rather than offering '--max-tokens 1 or fewer', which fails too."""
+    monkeypatch.setattr("sys.stdin", io.StringIO(""))
+    argv = [*ARGV, "--model", str(tiny), "--system", "S" * 600, "--max-tokens", "1"]
+    assert _exit_code(argv) == 2
+    err = capsys.readouterr().err
+    assert "the shortest takes 635 prompt tokens" in err and "shorten the system prompt (--system)" in err, err
+    assert "or fewer" not in err

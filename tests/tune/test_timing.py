@@ -75,3 +75,15 @@ def test_a_wrong_timed_launch_is_rejected(plan):
 
 def test_peak_bandwidth_without_a_gpu_times_nothing():
     assert timing.peak_bandwidth("cpu") == (float("inf"), "cpu: untimed")
+
+
+def test_the_datasheet_takes_the_most_specific_name():
+    """Each listed GPU gets its own figure, whatever the table's order: a GH200's name also holds "H200", an
+    H100 NVL's "H100", an A100-SXM4-80GB's "A100"."""
+    assert timing.datasheet_bandwidth("NVIDIA GH200 480GB") == 4.9e12
+    assert timing.datasheet_bandwidth("NVIDIA H200") == 4.8e12
+    assert timing.datasheet_bandwidth("NVIDIA H100 NVL") == 3.9e12
+    assert timing.datasheet_bandwidth("NVIDIA H100 80GB HBM3") == 3.35e12
+    assert timing.datasheet_bandwidth("NVIDIA A100-SXM4-80GB") == 2.039e12
+    assert timing.datasheet_bandwidth("NVIDIA A100-PCIE-40GB") == 1.555e12
+    assert timing.datasheet_bandwidth("NVIDIA GeForce RTX 4090") == 0.0
