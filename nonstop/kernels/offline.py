@@ -206,7 +206,8 @@ def _functions(llir: str) -> dict[str, tuple[list[str], list[str]]]:
 
 
 def _load_width(text: str) -> int | None:
-    """Bytes one global load instruction moves, from its inline PTX or LLVM type; None if not a global load."""
+    """Bytes one global load instruction moves, from its inline PTX or LLVM type; None if not a global load.
+    ``text``: the instruction, with or without the ``%v =`` it defines (``weight_loop_loads`` passes it without)."""
     if "cp.async" in text:
         m = re.search(r"cp\.async\.\w+\.shared\.global[^,]*,[^,]*,\s*(?:0x)?([0-9a-f]+)", text)
         return int(m.group(1), 16) if m else 16
@@ -214,7 +215,7 @@ def _load_width(text: str) -> int | None:
     if m:
         lanes = int(m.group(1)[1:]) if m.group(1) else 1
         return lanes * int(m.group(3)) // 8
-    m = re.search(r"=\s*load\s+(?:volatile\s+)?(<(\d+) x (\w+)>|\w+),\s*ptr addrspace\(1\)", text)
+    m = re.search(r"(?:^|=)\s*load\s+(?:volatile\s+)?(<(\d+) x (\w+)>|\w+),\s*ptr addrspace\(1\)", text)
     if m:
         if m.group(2):
             return int(m.group(2)) * _bits(m.group(3)) // 8
