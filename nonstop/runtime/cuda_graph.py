@@ -73,7 +73,9 @@ def check_graphs(graphs) -> None:
 
 
 def graphs_wanted(device, use_kernels: bool, graphs) -> tuple[bool, str]:
-    """(capture, reason) for the executor's ``graphs`` argument: True | False | "auto" (CUDA + kernels)."""
+    """(capture, reason) for the executor's ``graphs`` argument: True | False | "auto" (CUDA + kernels); any
+    other value is refused (``check_graphs``) rather than read as truthy."""
+    check_graphs(graphs)
     if graphs is False:
         return False, "off (graphs=False)"
     if torch.device(device).type != "cuda":

@@ -17,15 +17,19 @@ def _step(weights: dict, x: torch.Tensor, acc: torch.Tensor, scale: int, taps: t
     return (y, taps)
 
 
-def _compiled():
-    backend = CapturingInductor({})
+def compile_direct(fn, backend, fullgraph: bool = True):
+    """(``fn`` under torch.compile with ``backend``, no guards on its ``weights``; the DirectStep over it)."""
     step = torch.compile(
-        _step,
+        fn,
         backend=backend,
-        fullgraph=True,
+        fullgraph=fullgraph,
         options={"guard_filter_fn": lambda entries: [not e.name.startswith("weights") for e in entries]},
     )
     return step, DirectStep(step, backend, ("weights",))
+
+
+def _compiled():
+    return compile_direct(_step, CapturingInductor({}))
 
 
 def _args(rows: int, dtype=torch.float32, seed: int = 0):
