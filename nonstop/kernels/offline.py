@@ -279,14 +279,15 @@ class _Function:
                 self.calls.append((call.group(1).strip('"'), operands))
         position = {b: i for i, b in enumerate(order)}
         self.order = order
-        self.loops = sorted(
-            {
-                (position[t], position[src])
-                for src, targets in branches
-                for t in targets
-                if t in position and position[t] <= position[src]
-            }
-        )
+        latches: dict[int, int] = {}  # a loop per header: several branches back to one header close one loop
+        for src, targets in branches:
+            for t in targets:
+                if t in position and position[t] <= position[src]:
+                    latches[position[t]] = max(latches.get(position[t], -1), position[src])
+        self.loops = sorted(latches.items())
+
+
+_ROOT_PASSES = 16  # passes to the roots' fixpoint; a pointer loaded from itself (a list walk) never settles
 
 
 def weight_loop_loads(llir: str, arg_names: list[str], weights: set[str], name: str | None = None) -> list[LoopLoads]:
@@ -303,6 +304,11 @@ def weight_loop_loads(llir: str, arg_names: list[str], weights: set[str], name: 
     for n, f in funcs.items():
         for callee, operands in f.calls:
             callers.setdefault(callee, []).append((n, operands))
+    # roots of each (function, value), grown pass by pass to a fixpoint: a value on a cycle (a pointer phi and
+    # the getelementptr that feeds it back) is met again while its own roots are still being found, and takes
+    # the last pass's answer for it then; one pass alone would keep what the cycle's other values got from
+    # that partial answer
+    known: dict[tuple[str, str], set[str]] = {}
     memo: dict[tuple[str, str], set[str]] = {}
 
     def roots(fn: str, v: str, depth: int = 0) -> set[str]:
@@ -314,8 +320,8 @@ def weight_loop_loads(llir: str, arg_names: list[str], weights: set[str], name: 
             return set().union(*[roots(c, ops[i], depth + 1) for c, ops in callers.get(fn, []) if i < len(ops)])
         key = (fn, v)
         if key in memo or depth > 400:
-            return memo.get(key, set())
-        memo[key] = set()
+            return memo.get(key, known.get(key, set()))
+        memo[key] = known.get(key, set())
         text = f.defs.get(v, "")
         out: set[str] = set()
         if "asm" in text and "ld.global" in text or (text.startswith("load") and "addrspace(1)" in text):
@@ -327,26 +333,30 @@ def weight_loop_loads(llir: str, arg_names: list[str], weights: set[str], name: 
         memo[key] = out
         return out
 
+    loads = []  # (function, loop head, load width, where, the pointer it loads through), of every loop's loads
     where = _locations(llir)
-    result = []
     for fn, f in funcs.items():
         for head, latch in f.loops:
             blocks = set(f.order[head : latch + 1])
-            loop = LoopLoads(f"{fn}:{f.order[head]}")
             for v, text in f.defs.items():
-                if f.block_of.get(v) not in blocks:
-                    continue
-                width = _load_width(text)
-                if width is None:
-                    continue
-                dbg = re.search(r"!dbg (![0-9]+)", text)
-                for p in re.findall(r"ptr addrspace\(1\) (%[\w.]+)", text):
-                    for r in roots(fn, p):
-                        if r in weights:
-                            loop.widths.setdefault(r, []).append((width, where(dbg.group(1)) if dbg else "?"))
-            if loop.widths:
-                result.append(loop)
-    return result
+                width = _load_width(text) if f.block_of.get(v) in blocks else None
+                if width is not None:
+                    dbg = re.search(r"!dbg (![0-9]+)", text)
+                    at = where(dbg.group(1)) if dbg else "?"
+                    loads += [
+                        (fn, f.order[head], width, at, p) for p in re.findall(r"ptr addrspace\(1\) (%[\w.]+)", text)
+                    ]
+    for _ in range(_ROOT_PASSES):
+        for fn, _head, _width, _at, p in loads:
+            roots(fn, p)
+        if memo == known:
+            break
+        known, memo = memo, {}
+    loops: dict[str, LoopLoads] = {}
+    for fn, head, width, at, p in loads:
+        for r in sorted(roots(fn, p) & weights):
+            loops.setdefault(f"{fn}:{head}", LoopLoads(f"{fn}:{head}")).widths.setdefault(r, []).append((width, at))
+    return list(loops.values())
 
 
 def _define_line(llir: str, name: str) -> str:

@@ -391,9 +391,11 @@ def test_a_triton_dir_that_does_not_import_is_refused_before_any_compile(tmp_pat
         assert wanted in err, err
 
 
-def test_a_check_that_fails_under_one_triton_keeps_the_others(tmp_path, capsys, monkeypatch):
-    """When the check cannot run under a second Triton, the results of the first are still printed (--json:
-    ``results`` and ``failures``) and the status is 1."""
+@pytest.mark.parametrize("mode", ["--json", "table"])
+def test_a_check_that_fails_under_one_triton_keeps_the_others(mode, tmp_path, capsys, monkeypatch):
+    """When the check cannot run under a second Triton, the results of the first are still printed and the
+    status is 1: under --json as ``results`` and ``failures``, in table mode as the table with a count of the
+    checks that failed to run under it."""
     from nonstop.cli import main
     from nonstop.runtime import gpucheck
 
@@ -410,10 +412,16 @@ def test_a_check_that_fails_under_one_triton_keeps_the_others(tmp_path, capsys, 
     monkeypatch.setattr(gpucheck, "run_check", check)
     monkeypatch.setattr(gpucheck, "triton_in", lambda path: "3.6.0")
     (tmp_path / "elsewhere" / "triton").mkdir(parents=True)
-    status = main(["gpucheck", "-m", "k3-nano", "--triton", str(tmp_path / "elsewhere"), "--json", "-q"])
-    out = json.loads(capsys.readouterr().out)
-    assert status == 1 and out["results"] == [{"triton": "9.9", "rows": [row]}]
-    assert len(out["failures"]) == 1 and "elsewhere" in out["failures"][0] and "ptxas fatal" in out["failures"][0]
+    argv = ["gpucheck", "-m", "k3-nano", "--triton", str(tmp_path / "elsewhere"), "-q"]
+    status = main([*argv, "--json"] if mode == "--json" else argv)
+    if mode == "--json":
+        out = json.loads(capsys.readouterr().out)
+        assert status == 1 and out["results"] == [{"triton": "9.9", "rows": [row]}]
+        assert len(out["failures"]) == 1 and "elsewhere" in out["failures"][0] and "ptxas fatal" in out["failures"][0]
+    else:
+        out = capsys.readouterr().out
+        assert status == 1 and "Triton 9.9" in out and "embed:embed_kernel" in out
+        assert "1 check(s) failed to run (see above)" in out
 
 
 def test_num_layers_without_a_model_cuts_each_preset_shape(monkeypatch, capsys):
