@@ -19,6 +19,7 @@ the request schemas of both POST endpoints.
 
 from __future__ import annotations
 
+import asyncio
 import gc
 import hmac
 import logging
@@ -111,10 +112,15 @@ class ErrorBoundary:
             await internal_error(exc).response()(scope, receive, counting_send)
 
 
-async def read_body(request: Request, limit: int) -> bytes:
+BODY_POLL_S = 0.25  # while a body arrives, how often ``read_body`` looks whether the server stopped
+
+
+async def read_body(request: Request, limit: int, stopped=None) -> bytes:
     """The request body, refused with 413 (and ``Connection: close``, as the rest is left unread) as soon
     as it exceeds ``limit`` bytes. A client that leaves before sending all of it gets the 499 of every
-    client that leaves (counted, not logged as an error)."""
+    client that leaves (counted, not logged as an error). ``stopped()``: whether the server has stopped
+    (the engine, ``launch.GRACE_S`` after a stop signal); a body still arriving then is answered with a 503
+    (and ``Connection: close``) rather than left for uvicorn to cancel (a traceback and a bare 500)."""
     too_large = APIError(
         413,
         f"request body exceeds the limit of {limit} bytes",
@@ -125,8 +131,12 @@ async def read_body(request: Request, limit: int) -> bytes:
     if length.isdigit() and int(length) > limit:
         raise too_large
     chunks, size = [], 0
+    stream = request.stream().__aiter__()
     try:
-        async for chunk in request.stream():
+        while True:
+            chunk = await _next_chunk(stream, stopped)
+            if chunk is None:
+                break
             size += len(chunk)
             if size > limit:
                 raise too_large
@@ -134,6 +144,27 @@ async def read_body(request: Request, limit: int) -> bytes:
     except ClientDisconnect:
         raise APIError(499, "the client disconnected while sending the body", code="client_disconnected") from None
     return b"".join(chunks)
+
+
+async def _next_chunk(stream, stopped) -> bytes | None:
+    """The body's next chunk (None at its end), or a 503 once ``stopped()`` while waiting for it."""
+    pending = asyncio.ensure_future(stream.__anext__())
+    while stopped is not None:
+        done, _ = await asyncio.wait({pending}, timeout=BODY_POLL_S)
+        if done:
+            break
+        if stopped():
+            pending.cancel()
+            raise APIError(
+                503,
+                "the server is shutting down: the request body did not arrive in time",
+                code="server_shutting_down",
+                headers={"Connection": "close"},
+            )
+    try:
+        return await pending
+    except StopAsyncIteration:
+        return None
 
 
 def _api_key_check(ctx: ServingContext):
@@ -220,7 +251,7 @@ def create_app(ctx: ServingContext, manage_engine: bool = True) -> FastAPI:
 
     @app.post("/v1/completions", dependencies=auth)
     async def completions(request: Request):
-        raw = await read_body(request, limits.max_body_bytes)
+        raw = await read_body(request, limits.max_body_bytes, lambda: ctx.engine.shutting_down)
         call_id = new_id("cmpl")
 
         def prepare():
@@ -235,7 +266,7 @@ def create_app(ctx: ServingContext, manage_engine: bool = True) -> FastAPI:
 
     @app.post("/v1/chat/completions", dependencies=auth)
     async def chat_completions(request: Request):
-        raw = await read_body(request, limits.max_body_bytes)
+        raw = await read_body(request, limits.max_body_bytes, lambda: ctx.engine.shutting_down)
         call_id = new_id("chatcmpl")
 
         def prepare():
