@@ -53,6 +53,7 @@ _DEEPSEEK_ALIASES = {
 _MISSING = object()
 MAX_LAYERS = 4096  # bounds on counts that size Python structures (a typo of 10**12 layers must not hang)
 MAX_EXPERTS = 1 << 16
+MAX_HEAD_DIM = 1 << 14  # a head's width: RoPE tables are built for it, KDA states are its square per head
 
 
 class ConfigFields:
@@ -120,6 +121,11 @@ class ConfigFields:
 def _require(cond: bool, message: str) -> None:
     if not cond:
         raise ConfigError(message)
+
+
+def _check_head_dim(name: str, value: int) -> None:
+    """Refuse a head width above ``MAX_HEAD_DIM`` (a typo of 10**12 would build a RoPE table of terabytes)."""
+    _require(value <= MAX_HEAD_DIM, f"field {name!r} is {value}: more than any model has (limit {MAX_HEAD_DIM})")
 
 
 # ----------------------------------------------------------------------------- rope
@@ -218,9 +224,10 @@ def _pad_id(f: ConfigFields) -> int | None:
 
 def _mla(f: ConfigFields, family: str, rope: RopeConfig | None) -> MLAConfig:
     heads = f.positive("num_attention_heads")  # num_key_value_heads is meaningless for MLA: one shared latent
-    nope = f.positive("qk_nope_head_dim")
+    nope = f.positive("qk_nope_head_dim", limit=MAX_HEAD_DIM)
     rope_dim = f.get("qk_rope_head_dim", 0, int)
     _require(rope_dim >= 0, "field 'qk_rope_head_dim' must be >= 0")
+    _check_head_dim(f._name("qk_rope_head_dim"), rope_dim)
     q_lora = f.get("q_lora_rank", None, int)
     _require(q_lora is None or q_lora > 0, "field 'q_lora_rank' must be positive or null")
     scale = (nope + rope_dim) ** -0.5
@@ -233,7 +240,7 @@ def _mla(f: ConfigFields, family: str, rope: RopeConfig | None) -> MLAConfig:
         kv_lora_rank=f.positive("kv_lora_rank"),
         qk_nope_head_dim=nope,
         qk_rope_head_dim=rope_dim,
-        v_head_dim=f.positive("v_head_dim"),
+        v_head_dim=f.positive("v_head_dim", limit=MAX_HEAD_DIM),
         use_rope=rope is not None,
         output_gate=f.get("mla_use_output_gate", False, bool),
         softmax_scale=scale,
@@ -361,15 +368,15 @@ def _kda(f: ConfigFields) -> KDAConfig:
         raise ConfigError(f"field 'linear_attn_config' must be an object, got {lac!r}")
     lf = ConfigFields(lac, "linear_attn_config.")
 
-    def pick(inner: str, flat: str, default=_MISSING):
+    def pick(inner: str, flat: str, default=_MISSING, limit: int | None = None):
         a = lac.get(inner)
         b = f.raw.get(flat)
         if a is not None and b is not None and a != b:
             raise ConfigError(f"contradictory fields: linear_attn_config.{inner}={a!r}, {flat}={b!r}")
         if a is not None:
-            return lf.positive(inner)
+            return lf.positive(inner, limit=limit)
         if b is not None:
-            return f.positive(flat)
+            return f.positive(flat, limit=limit)
         if default is _MISSING:
             raise ConfigError(f"missing required field 'linear_attn_config.{inner}'")
         return default
@@ -380,7 +387,7 @@ def _kda(f: ConfigFields) -> KDAConfig:
         _require(lower < 0, "field 'linear_attn_config.gate_lower_bound' must be negative")
     return KDAConfig(
         num_heads=pick("num_heads", "linear_num_heads"),
-        head_dim=pick("head_dim", "linear_head_dim"),
+        head_dim=pick("head_dim", "linear_head_dim", limit=MAX_HEAD_DIM),
         conv_size=pick("short_conv_kernel_size", "linear_conv_kernel_dim", 4),
         gate_lower_bound=lower,
         full_rank_output_gate=lf.get("use_full_rank_gate", False, bool),
@@ -439,6 +446,7 @@ def _parse_llama(raw: dict) -> dict:
         )
         head_dim = hidden // heads
     _require(head_dim > 0 and head_dim % 2 == 0, f"head_dim ({head_dim}) must be positive and even for RoPE")
+    _check_head_dim("head_dim", head_dim)  # given, or hidden_size / num_attention_heads
     bias = f.get("attention_bias", False, bool)
     gqa = GQAConfig(num_heads=heads, num_kv_heads=kv_heads, head_dim=head_dim, bias=bias, out_bias=bias)
     rope = _parse_rope(f, head_dim, interleaved=False, default_theta=10000.0)
@@ -457,6 +465,7 @@ def _parse_deepseek(raw: dict) -> dict:
     n = f.positive("num_hidden_layers", limit=MAX_LAYERS)
     rope_dim = f.get("qk_rope_head_dim", 0, int)
     _require(rope_dim > 0 and rope_dim % 2 == 0, f"field 'qk_rope_head_dim' must be positive and even, got {rope_dim}")
+    _check_head_dim("qk_rope_head_dim", rope_dim)
     rope = _parse_rope(f, rope_dim, interleaved=f.get("rope_interleave", True, bool), default_theta=10000.0)
     moe = _moe(f, "deepseek_v3")
     return dict(
@@ -476,7 +485,7 @@ def _parse_kimi(raw: dict, text: dict, family: str) -> dict:
     moe = _moe(f, family)
     rope = None
     if "mla" in attn_types and not f.get("mla_use_nope", True, bool):
-        rope_dim = f.positive("qk_rope_head_dim")
+        rope_dim = f.positive("qk_rope_head_dim", limit=MAX_HEAD_DIM)
         _require(rope_dim % 2 == 0, f"field 'qk_rope_head_dim' must be even (rotated in pairs), got {rope_dim}")
         rope = _parse_rope(f, rope_dim, interleaved=f.get("rope_interleave", True, bool), default_theta=10000.0)
     block = f.get("attn_res_block_size", None, int)

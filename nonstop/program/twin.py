@@ -30,11 +30,15 @@ def narrow_twin(cfg: ModelConfig) -> ModelConfig:
             v_head_dim=16,
         )
     if cfg.kda:
-        changes["kda"] = dataclasses.replace(cfg.kda, num_heads=2, head_dim=16)
+        changes["kda"] = dataclasses.replace(cfg.kda, num_heads=2, head_dim=16, conv_size=min(cfg.kda.conv_size, 4))
     if cfg.moe:
         m = cfg.moe
         per_group = max(2, -(-2 * m.top_k // m.num_groups))
         changes["moe"] = dataclasses.replace(
-            m, num_experts=per_group * m.num_groups, intermediate_size=32, latent_size=32 if m.latent_size else None
+            m,
+            num_experts=per_group * m.num_groups,
+            intermediate_size=32,
+            latent_size=32 if m.latent_size else None,
+            num_shared_experts=min(m.num_shared_experts, 1),  # the shared experts are one MLP, of any width
         )
     return dataclasses.replace(cfg, **changes)

@@ -250,9 +250,11 @@ def is_mxfp4_scale(spec: TensorSpec) -> bool:
 
 
 def _dequantize_fp8(w: torch.Tensor, scale_inv: torch.Tensor, block: tuple[int, int]) -> torch.Tensor:
-    """DeepSeek/Kimi K2 fp8: w ≈ w_fp8 · scale_inv[i // block0, j // block1]."""
-    rows = scale_inv.float().repeat_interleave(block[0], 0)[: w.shape[0]]
-    return w.float() * rows.repeat_interleave(block[1], 1)[:, : w.shape[1]]
+    """DeepSeek/Kimi K2 fp8: w ≈ w_fp8 · scale_inv[i // block0, j // block1]. The scales are gathered per row
+    and column, never expanded a whole block at a time: a block larger than the weight costs no memory."""
+    rows = torch.arange(w.shape[0], device=scale_inv.device) // min(block[0], w.shape[0])
+    cols = torch.arange(w.shape[1], device=scale_inv.device) // min(block[1], w.shape[1])
+    return w.float() * scale_inv.float()[rows][:, cols]
 
 
 def check_tensor(name: str, spec: TensorSpec, located: dict, fp8_block: tuple[int, int]) -> torch.dtype:
