@@ -305,3 +305,23 @@ def test_chip_file_with_a_nan_figure(tmp_path, capsys):
     assert rc == 2 and out == ""
     (line,) = _errors(err)
     assert "hbm_gbps" in line and "nan" in line
+
+
+@pytest.mark.parametrize("ids", ["1,,2", "1,2,", ",1"])
+def test_prompt_ids_with_an_empty_item_are_refused(good, capsys, ids):
+    """An empty item between commas is a missing id, not a separator to skip ("1,,2" was read as [1, 2]);
+    commas, spaces and both together still separate ids."""
+    rc, out, err = _run(["generate", "-m", str(good), "--backend", "reference", "--prompt-ids", ids], capsys)
+    assert rc == 2 and out == ""
+    assert f"--prompt-ids: token ids: an empty item between commas in '{ids}'" in err, err
+    argv = ["generate", "-m", str(good), "--backend", "reference", "-n", "1", "--prompt-ids", "1, 2"]
+    rc, out, err = _run(argv, capsys)
+    assert rc == 0 and "prompt 2 tokens" in err, err
+
+
+def test_perplexity_of_an_empty_path_says_so(good, capsys):
+    """``perplexity ''`` names the empty path (it read as the current directory: ".: not a regular file")."""
+    rc, _, err = _run(["perplexity", "-m", str(good), "", "--tokenizer", "bytes"], capsys)
+    assert rc == 2
+    (line,) = _errors(err)
+    assert line == "nonstop: error: the text file to score is an empty path: give a file name"

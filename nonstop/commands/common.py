@@ -203,14 +203,19 @@ def check_utf8_args(named: dict[str, str | list[str] | None]) -> None:
 
 
 def parse_token_ids(text: str) -> list[int]:
+    """Token ids separated by commas or spaces ("1,15,27", "1 15 27", "1, 15"); an empty item between two
+    commas ("1,,27") is refused rather than skipped (a missing id)."""
+    items = [item.split() for item in text.split(",")]
     try:
-        ids = [int(t) for t in text.replace(",", " ").split()]
+        ids = [int(t) for words in items for t in words]
     except ValueError:
         raise argparse.ArgumentTypeError(
             f"token ids must be integers separated by commas or spaces, got {text!r}"
         ) from None
     if not ids:
         raise argparse.ArgumentTypeError("give at least one token id")
+    if any(not words for words in items):
+        raise argparse.ArgumentTypeError(f"token ids: an empty item between commas in {text!r}")
     return ids
 
 

@@ -61,6 +61,8 @@ def run(args) -> int:
     from nonstop.engine.perplexity import leading_token_ids
     from nonstop.threads import configure_threads
 
+    if not args.file:
+        raise ValueError("the text file to score is an empty path: give a file name")
     path = Path(args.file)
     text = read_text(path)
     context = ids = whole = None
