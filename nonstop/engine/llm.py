@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -135,7 +136,9 @@ class LLM:
 
     def _resolve(self, model, dtype, device, tokenizer: str, chat_template, generation_config: bool) -> None:
         """What every rank-0 engine knows before it builds weights: dtype, config, checkpoint directory,
-        tokenizer (with its chat template), generation defaults and end-of-sequence ids."""
+        tokenizer (with its chat template), generation defaults and end-of-sequence ids; and the lock that runs
+        its calls one at a time (an executor's step buffers serve one call: threads sharing an LLM take turns)."""
+        self._calls = threading.RLock()  # re-entrant: a callback that generates again runs, rather than hangs
         self.dtype = parse_dtype(dtype, str(device))
         self.cfg, self.model_dir = resolve_model(model)
         self.name = str(model)
@@ -302,6 +305,10 @@ class LLM:
         """Run ``requests`` to the end; ``on_text(request, new text)`` as text arrives (streaming)."""
         if not requests:
             return
+        with self._calls:
+            self._run_locked(requests, on_text)
+
+    def _run_locked(self, requests: list[Request], on_text) -> None:
         core = self.new_core(min(self.max_batch, len(requests)))
         for req in requests:
             core.check_length(req)
@@ -332,6 +339,8 @@ class LLM:
         calling ``on_text(new text)`` as each piece becomes visible."""
         if (prompt is None) == (prompt_ids is None):
             raise ValueError("give exactly one of prompt or prompt_ids")
+        if on_text is not None and not callable(on_text):
+            raise TypeError(f"on_text must be a function of the new text (or None), got {type(on_text).__name__}")
         params = self._sampling(sampling)
         if params.n != 1:
             raise ValueError(f"stream gives one completion: n must be 1, got {params.n} (generate gives n of them)")
