@@ -64,6 +64,7 @@ from script_args import (  # noqa: E402
     choice_list,
     non_negative_float,
     non_negative_int,
+    out_file,
     positive_int,
     run,
     thread_count,
@@ -835,6 +836,7 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--seed", type=int, default=0, help="seed of the random weights and check inputs (default 0)")
     ap.add_argument(
         "--out",
+        type=out_file,
         default=None,
         help="JSON path (default bench/results/decode_<gpu>.json; a --tiny run writes only --out / $OUT)",
     )

@@ -32,7 +32,16 @@ import time
 from pathlib import Path
 
 import torch
-from script_args import choice_list, int_list, non_negative_int, positive_float, positive_int, results_path, run
+from script_args import (
+    choice_list,
+    int_list,
+    non_negative_int,
+    out_file,
+    positive_float,
+    positive_int,
+    results_path,
+    run,
+)
 
 from nonstop.dist.exchange import REQUESTS as EXCHANGES
 
@@ -40,8 +49,10 @@ HELDOUT = Path(__file__).resolve().parent.parent / "nonstop" / "assets" / "heldo
 
 
 def prompts(tokenizer, n: int, length: int) -> list[list[int]]:
+    """``n`` prompts of ``length`` tokens: the held-out paragraphs, taken again from the first when ``n`` is more
+    than there are (a batch B is always B requests)."""
     paragraphs = [p for p in HELDOUT.read_text().split("\n") if len(p) > 200]
-    return [tokenizer.encode(p, add_special_tokens=False)[:length] for p in paragraphs[:n]]
+    return [tokenizer.encode(paragraphs[i % len(paragraphs)], add_special_tokens=False)[:length] for i in range(n)]
 
 
 def drive(core, batch_prompts: list[list[int]], warmup: int, steps: int, device, on_window=None) -> dict:
@@ -220,7 +231,9 @@ def main() -> None:
         help=f"MoE exchange modes to compare, comma-separated from {', '.join(EXCHANGES)} (default auto)",
     )
     ap.add_argument("--timeout", type=positive_float, default=300.0, help="collective timeout, seconds (default 300)")
-    ap.add_argument("--out", default=None, help="JSON path (default bench/results/dist_decode_<device>_<model>.json)")
+    ap.add_argument(
+        "--out", type=out_file, default=None, help="JSON path (default bench/results/dist_decode_<device>_<model>.json)"
+    )
     args = ap.parse_args()
 
     from nonstop.dist import Layout

@@ -27,7 +27,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from script_args import int_list, positive_int, results_path, run
+from script_args import int_list, out_file, positive_int, results_path, run
 
 SIZES = [0, 256, 4096, 65536, 262144, 1048576]  # bytes to each other rank
 PEER = {  # what the copy bandwidth measured beside the ranks is, per device type
@@ -88,7 +88,9 @@ def main() -> None:
     ap.add_argument(
         "--trials", type=positive_int, default=5, help="timed trials per size, after one warm-up trial (default 5)"
     )
-    ap.add_argument("--out", default=None, help="JSON path (default bench/results/dist_link_<device>.json)")
+    ap.add_argument(
+        "--out", type=out_file, default=None, help="JSON path (default bench/results/dist_link_<device>.json)"
+    )
     args = ap.parse_args()
 
     from nonstop.dist.launch import spawn

@@ -33,7 +33,7 @@ for p in (ROOT, ROOT / "bench"):
     if str(p) not in sys.path:
         sys.path.insert(0, str(p))
 
-from script_args import choice_list, run  # noqa: E402
+from script_args import choice_list, non_negative_float, out_folder, positive_int, run  # noqa: E402
 
 
 def shape_list(text: str) -> list[str]:
@@ -51,13 +51,15 @@ def parse_args(argv=None):
         default="llama-3.2-1b,kimi-k3-slice",
         help="comma-separated bench/decode.py shapes (llama-3.2-1b, kimi-linear-48b-a3b, kimi-k3-slice)",
     )
-    ap.add_argument("--k3-layers", type=int, default=None, help="layers of the kimi-k3 slice (default 4)")
-    ap.add_argument("--llama-layers", type=int, default=None, help="layers of llama-3.2-1b (default all)")
-    ap.add_argument("--context", type=int, default=131, help="tokens prefilled before the step (default 131)")
-    ap.add_argument("--tol", type=float, default=2e-2, help="relative error of an op flagged (bf16 default 2e-2)")
+    ap.add_argument("--k3-layers", type=positive_int, default=None, help="layers of the kimi-k3 slice (default 4)")
+    ap.add_argument("--llama-layers", type=positive_int, default=None, help="layers of llama-3.2-1b (default all)")
+    ap.add_argument("--context", type=positive_int, default=131, help="tokens prefilled before the step (default 131)")
+    ap.add_argument(
+        "--tol", type=non_negative_float, default=2e-2, help="relative error of an op flagged (bf16 default 2e-2)"
+    )
     ap.add_argument(
         "--step-tol",
-        type=float,
+        type=non_negative_float,
         default=None,
         help="relative error of a whole step flagged (default: 1e-3 in a --dry-run's fp32; none in bf16, where "
         "the step is off the reference by bf16 rounding and the routing flips it causes, the ops by --tol)",
@@ -66,7 +68,7 @@ def parse_args(argv=None):
     ap.add_argument("--no-ops", dest="ops", action="store_false", help="skip the op-by-op comparison")
     ap.add_argument("--dry-run", action="store_true", help="narrow twins on the CPU under Triton's interpreter")
     ap.add_argument("--seed", type=int, default=0, help="seed of weights and inputs (default 0)")
-    ap.add_argument("--out-dir", default=None, help="where the JSON goes (default $OUT, else nowhere)")
+    ap.add_argument("--out-dir", type=out_folder, default=None, help="where the JSON goes (default $OUT, else nowhere)")
     args = ap.parse_args(argv)
     if args.dry_run:
         from decode import interpret_triton

@@ -9,6 +9,7 @@
   check_out(path)       ``path`` as a file a script can write its results to, checked before any work: its folder
                         is created and must take a new file; a ValueError naming ``flag`` and why otherwise
   out_file              an argument type: ``check_out`` of the value (argparse's one ``error:`` line)
+  out_folder            an argument type: a folder results are written into, checked the same way
   add_out_arg(ap, name) ``--out`` (an ``out_file``), by default ``results_path(name)``
   MODEL_HELP            the help of a script's ``--model``
   run(main)             ``main()`` under the CLI's ``user_errors``: an error the user can fix (a model that does not
@@ -47,6 +48,7 @@ __all__ = [
     "non_negative_float",
     "non_negative_int",
     "out_file",
+    "out_folder",
     "positive_float",
     "positive_int",
     "results_path",
@@ -132,6 +134,21 @@ def out_file(text: str) -> Path:
         return check_out(text, flag="")
     except ValueError as exc:
         raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def out_folder(text: str) -> Path:
+    """An argparse type: a folder the results can be written into, checked as ``check_out`` checks a file's
+    (created if missing; a file in the way, or one that takes no new file, is argparse's one ``error:`` line)."""
+    folder = Path(text)
+    if not text.strip():
+        raise argparse.ArgumentTypeError("the folder is empty: give the folder to write to")
+    if folder.exists() and not folder.is_dir():
+        raise argparse.ArgumentTypeError(f"{folder} is a file: give a folder")
+    try:
+        check_out(folder / "probe.json", flag="")
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+    return folder
 
 
 def add_out_arg(ap: argparse.ArgumentParser, name: str) -> None:

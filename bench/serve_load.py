@@ -32,14 +32,13 @@ import time
 from pathlib import Path
 
 import httpx
-from script_args import positive_float, positive_int, results_path, run, thread_count
+from script_args import out_file, positive_float, positive_int, results_path, run, thread_count
 
 from nonstop.hostinfo import command_line, copy_bandwidth, decode_floor, environment
 
 ROOT = Path(__file__).resolve().parents[1]
 PROMPT_SOURCE = ROOT / "nonstop" / "assets" / "heldout_sample.txt"
 PROGRESS_S = 10.0  # seconds between progress lines during the load
-CPU_WEIGHTS = {"cpu-bf16": "bfloat16", "cpu-int8": "int8"}  # the cpu backends that store the weights narrower
 
 
 # ----------------------------------------------------------------------------- server
@@ -231,23 +230,11 @@ def stream_floor(setup: argparse.Namespace | None) -> dict:
         return {"unknown": "a server given by --url: its dtype, backend and device are not known here (use --serve)"}
     if max(setup.tp, setup.ep, setup.world or 1) > 1:
         return {"unknown": "a server spread over ranks (--tp / --ep): the floor per rank is not measured here"}
-    import torch
-
-    from nonstop.program.footprint import model_footprint
-    from nonstop.runtime.cpu.executor import resolve_weights
-    from nonstop.runtime.cpu.pack import bytes_per_weight
-    from nonstop.runtime.executors import resolve_backend
+    from nonstop.runtime.executors import streamed_weight_bytes
     from nonstop.weights.resolve import parse_dtype
 
     dtype = parse_dtype(setup.dtype, setup.device)
-    name = str(dtype).removeprefix("torch.")
-    backend = resolve_backend(setup.backend, setup.device)
-    if backend.startswith("cpu"):  # packed weights, counted as bench/cpu_peers.py does: active weights x bytes each
-        fmt = CPU_WEIGHTS.get(backend) or resolve_weights("auto", dtype)
-        weights = model_footprint(setup.cfg, torch.float32).bytes_per_token / 4
-        nbytes, what = int(weights * bytes_per_weight(fmt)), f"{fmt} (backend {backend})"
-    else:
-        nbytes, what = model_footprint(setup.cfg, dtype).bytes_per_token, f"{name} (backend {backend})"
+    nbytes, what = streamed_weight_bytes(setup.cfg, dtype, setup.backend, setup.device)
     copy = copy_bandwidth(setup.device)["copy_GBps"]
     return {**decode_floor(nbytes, copy), "weights": what, "device": setup.device}
 
@@ -298,7 +285,12 @@ def main() -> None:
     )
     ap.add_argument("--chat", action="store_true", help="use /v1/chat/completions instead of /v1/completions")
     ap.add_argument("--note", default=None, help="free text stored with the results (e.g. how the checkpoint was made)")
-    ap.add_argument("--out", default=None, help="JSON path (default bench/results/serve_load_<model>_<clients>c.json)")
+    ap.add_argument(
+        "--out",
+        type=out_file,
+        default=None,
+        help="JSON path (default bench/results/serve_load_<model>_<clients>c.json)",
+    )
     args = ap.parse_args()
     setup = served_setup(args.serve)
 

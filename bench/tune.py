@@ -38,7 +38,7 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 import torch  # noqa: E402
-from script_args import choice_list, int_list, positive_float, positive_int, run  # noqa: E402
+from script_args import choice_list, int_list, out_file, positive_float, positive_int, run  # noqa: E402
 
 from nonstop.commands.tune import add_proposer_args  # noqa: E402
 from nonstop.config import ModelConfig  # noqa: E402
@@ -201,7 +201,7 @@ def parse_args(argv=None):
     ap.add_argument(
         "--store", type=Path, default=None, help="tuning store to write (default: one beside the results of this run)"
     )
-    ap.add_argument("--out", type=Path, default=None, help="results JSON (default bench/results/tune_<gpu>.json)")
+    ap.add_argument("--out", type=out_file, default=None, help="results JSON (default bench/results/tune_<gpu>.json)")
     ap.add_argument(
         "--dry-run",
         action="store_true",

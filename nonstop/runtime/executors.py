@@ -53,13 +53,12 @@ def _cpu(weights: str):
     return make
 
 
+CPU_WEIGHTS = {"cpu": "auto", "cpu-bf16": "bfloat16", "cpu-int8": "int8"}  # backend: the format it packs weights in
 BACKENDS = {
     "reference": ReferenceExecutor,
     "superop": _superop,
     "megakernel": _megakernel,
-    "cpu": _cpu("auto"),
-    "cpu-bf16": _cpu("bfloat16"),
-    "cpu-int8": _cpu("int8"),
+    **{name: _cpu(weights) for name, weights in CPU_WEIGHTS.items()},
 }
 
 
@@ -78,6 +77,23 @@ def resolve_backend(backend: str, device) -> str:
     if backend != "auto":
         return backend
     return "cpu" if torch.device(device).type == "cpu" else "reference"
+
+
+def streamed_weight_bytes(cfg, dtype: torch.dtype, backend: str, device) -> tuple[int, str]:
+    """(bytes of weights one decode token reads, in the format ``backend`` keeps them, what that format is): the
+    weights of ``dtype``, except on a ``cpu`` backend, which packs them (fp32, bf16 or int8 with its scales:
+    ``runtime/cpu/pack.bytes_per_weight``). The numerator of a bandwidth floor."""
+    from nonstop.program.footprint import model_footprint
+
+    backend = resolve_backend(backend, device)
+    if backend in CPU_WEIGHTS:
+        from nonstop.runtime.cpu.executor import resolve_weights
+        from nonstop.runtime.cpu.pack import bytes_per_weight
+
+        fmt = resolve_weights(CPU_WEIGHTS[backend], dtype)
+        weights = model_footprint(cfg, torch.float32).bytes_per_token / 4
+        return int(weights * bytes_per_weight(fmt)), f"{fmt} (backend {backend})"
+    return model_footprint(cfg, dtype).bytes_per_token, f"{str(dtype).removeprefix('torch.')} (backend {backend})"
 
 
 def make_executor(backend: str, model: CausalLM) -> Executor:

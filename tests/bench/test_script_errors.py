@@ -41,6 +41,15 @@ CASES = [  # (script, arguments, what the error line says)
     ("spec_decode.py", ["--num-tokens", "x"], "argument --num-tokens"),
     ("spec_decode.py", ["--methods", "bogus"], "argument --methods: unknown 'bogus'"),
     ("cpu_decode.py", ["--prompt-len", "0"], "argument --prompt-len"),
+    *[  # a results path that is a folder: refused before the run, not after it (the results were lost)
+        (script, ["--out", "."], "argument --out: . is a directory: give a file path")
+        for script in ("decode.py", "spec_decode.py", "serve_load.py", "dist_decode.py", "dist_link.py", "tune.py")
+    ],
+    ("op_check.py", ["--dry-run", "--out-dir", "/dev/null"], "argument --out-dir: /dev/null is a file: give a folder"),
+    ("op_check.py", ["--dry-run", "--context", "0"], "argument --context: expected a positive integer"),
+    ("op_check.py", ["--dry-run", "--llama-layers", "0"], "argument --llama-layers: expected a positive integer"),
+    ("op_check.py", ["--dry-run", "--k3-layers", "-1"], "argument --k3-layers: expected a positive integer"),
+    ("op_check.py", ["--dry-run", "--tol", "-1"], "argument --tol: expected a non-negative finite number"),
 ]
 
 
