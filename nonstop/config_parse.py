@@ -106,8 +106,8 @@ class ConfigFields:
         value = self.get(key, default, int)
         if value <= 0:
             raise ConfigError(f"field {self._name(key)!r} must be positive, got {value}")
-        if limit is not None and value > limit:
-            raise ConfigError(f"field {self._name(key)!r} is {value}: more than any model has (limit {limit})")
+        if limit is not None:
+            _at_most(self._name(key), value, limit)
         return value
 
     def at_least(self, key: str, low: float, default=_MISSING, kind=float, strict: bool = False):
@@ -123,9 +123,10 @@ def _require(cond: bool, message: str) -> None:
         raise ConfigError(message)
 
 
-def _check_head_dim(name: str, value: int) -> None:
-    """Refuse a head width above ``MAX_HEAD_DIM`` (a typo of 10**12 would build a RoPE table of terabytes)."""
-    _require(value <= MAX_HEAD_DIM, f"field {name!r} is {value}: more than any model has (limit {MAX_HEAD_DIM})")
+def _at_most(name: str, value: int, limit: int) -> None:
+    """Refuse field ``name`` above ``limit`` (``MAX_LAYERS``, ``MAX_EXPERTS``, ``MAX_HEAD_DIM``): a typo of 10**12
+    must not build a Python structure or a RoPE table of that size."""
+    _require(value <= limit, f"field {name!r} is {value}: more than any model has (limit {limit})")
 
 
 # ----------------------------------------------------------------------------- rope
@@ -227,7 +228,7 @@ def _mla(f: ConfigFields, family: str, rope: RopeConfig | None) -> MLAConfig:
     nope = f.positive("qk_nope_head_dim", limit=MAX_HEAD_DIM)
     rope_dim = f.get("qk_rope_head_dim", 0, int)
     _require(rope_dim >= 0, "field 'qk_rope_head_dim' must be >= 0")
-    _check_head_dim(f._name("qk_rope_head_dim"), rope_dim)
+    _at_most(f._name("qk_rope_head_dim"), rope_dim, MAX_HEAD_DIM)
     q_lora = f.get("q_lora_rank", None, int)
     _require(q_lora is None or q_lora > 0, "field 'q_lora_rank' must be positive or null")
     scale = (nope + rope_dim) ** -0.5
@@ -446,7 +447,7 @@ def _parse_llama(raw: dict) -> dict:
         )
         head_dim = hidden // heads
     _require(head_dim > 0 and head_dim % 2 == 0, f"head_dim ({head_dim}) must be positive and even for RoPE")
-    _check_head_dim("head_dim", head_dim)  # given, or hidden_size / num_attention_heads
+    _at_most("head_dim", head_dim, MAX_HEAD_DIM)  # given, or hidden_size / num_attention_heads
     bias = f.get("attention_bias", False, bool)
     gqa = GQAConfig(num_heads=heads, num_kv_heads=kv_heads, head_dim=head_dim, bias=bias, out_bias=bias)
     rope = _parse_rope(f, head_dim, interleaved=False, default_theta=10000.0)
@@ -465,7 +466,7 @@ def _parse_deepseek(raw: dict) -> dict:
     n = f.positive("num_hidden_layers", limit=MAX_LAYERS)
     rope_dim = f.get("qk_rope_head_dim", 0, int)
     _require(rope_dim > 0 and rope_dim % 2 == 0, f"field 'qk_rope_head_dim' must be positive and even, got {rope_dim}")
-    _check_head_dim("qk_rope_head_dim", rope_dim)
+    _at_most("qk_rope_head_dim", rope_dim, MAX_HEAD_DIM)
     rope = _parse_rope(f, rope_dim, interleaved=f.get("rope_interleave", True, bool), default_theta=10000.0)
     moe = _moe(f, "deepseek_v3")
     return dict(
