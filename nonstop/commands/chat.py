@@ -77,8 +77,9 @@ def run(args) -> int:
 
 
 def _turn_summary(m: dict) -> str:
-    """ "64 tokens, 450.2 tokens/s": a turn's tokens and decode speed; a turn whose decode compiled the step
-    (the cpu backend, the first turn of a shape) also says its speed without the compile, as generate does."""
+    """ "64 tokens, 450.2 tokens/s": a turn's tokens and decode speed; a turn whose decode prepared the step
+    (the cpu backend, the first turn of a shape: compiling it or loading it from the cache) also says its
+    speed without that, as generate does."""
     out = f"{m['generated_tokens']} tokens"
     if not m["decode_tokens_per_s"]:
         return out
@@ -86,7 +87,7 @@ def _turn_summary(m: dict) -> str:
     compiling = float(m.get("decode_compiling_s", 0.0))
     decoding = m["decode_time_s"] - compiling
     if compiling > 0.05 and decoding > 0:
-        out += f" ({(m['generated_tokens'] - 1) / decoding:.1f} without {compiling:.1f} s compiling the step)"
+        out += f" ({(m['generated_tokens'] - 1) / decoding:.1f} without {compiling:.1f} s preparing the step)"
     return out
 
 

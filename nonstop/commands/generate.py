@@ -73,15 +73,15 @@ def run(args) -> int:
     def show(text: str) -> None:
         print(text, end="", flush=True)
 
-    compiling = _compiling_s(llm)
+    before = _compiling_s(llm)
     out = llm.stream(None, params, prompt_ids=ids, on_text=show)  # the ids checked and echoed above
-    compiling = _compiling_s(llm) - compiling
+    compiling, anew = (now - then for now, then in zip(_compiling_s(llm), before))
     print(flush=True)
     if args.ids or not llm.tokenizer.accepts_text:
         print("token ids:", " ".join(map(str, out.token_ids)))
     print(
         f"[{llm.name} | {llm.backend} | {str(llm.dtype).replace('torch.', '')} | load {load_s:.1f}s] "
-        f"{_timing(out.metrics, compiling, args.speculative)} ({out.finish_reason})",
+        f"{_timing(out.metrics, compiling, args.speculative, from_cache=anew <= 0.05)} ({out.finish_reason})",
         file=sys.stderr,
     )
     return 0
@@ -101,23 +101,27 @@ def _checked_params(args, llm, prompt: str | None):
     return params
 
 
-def _timing(m: dict, compiling: float, speculative: str | None) -> str:
+def _timing(m: dict, compiling: float, speculative: str | None, from_cache: bool = False) -> str:
     """The metrics line: tokens, time to first token and decode speed. ``compiling``: seconds the executor
-    compiled during the request (a first run of the ``cpu`` backend); the part before the first token is
-    said with the time to first token, the part within the decode interval (``decode_compiling_s``) with
-    the decode speed, which is also given without it."""
+    spent preparing its step during the request (a first run of the ``cpu`` backend): compiling it, or with
+    ``from_cache`` only tracing it and loading its compiled code from the on-disk cache. The part before the
+    first token is said with the time to first token, the part within the decode interval
+    (``decode_compiling_s``) with the decode speed, which is also given without it."""
     in_decode = min(float(m.get("decode_compiling_s", 0.0)), compiling)
     before_first = compiling - in_decode
-    cached = "cached for later runs"
+    if from_cache:
+        said_first, said_decode = "loading the compiled step from the cache", "loading the compiled step"
+    else:
+        said_first, said_decode = "compiling the step, cached for later runs", "compiling, cached for later runs"
     first = f"{m['time_to_first_token_s'] * 1000:.0f} ms"
     if before_first > 0.05:
-        first += f" (incl. {before_first:.1f} s compiling the step, {cached})"
-        cached = "also cached"
+        first += f" (incl. {before_first:.1f} s {said_first})"
+        said_decode = said_decode.replace("cached for later runs", "also cached")
     speed = f"{m['decode_tokens_per_s']:.1f} tokens/s" if m["decode_tokens_per_s"] else "n/a tokens/s"
     if in_decode > 0.05 and m["decode_tokens_per_s"]:
         steps, decoding = m["generated_tokens"] - 1, m["decode_time_s"] - in_decode
         after = f"{steps / decoding:.1f} tokens/s without it" if decoding > 0 else "n/a without it"
-        speed += f" (incl. {in_decode:.1f} s compiling, {cached}; {after})"
+        speed += f" (incl. {in_decode:.1f} s {said_decode}; {after})"
     spec = ""
     if m.get("verify_steps"):
         spec = (
@@ -144,6 +148,10 @@ def _fit_default_max_tokens(params, prompt_tokens: int, context: int):
     return dataclasses.replace(params, max_tokens=room)
 
 
-def _compiling_s(llm) -> float:
-    """Seconds the executor has spent compiling so far (the ``cpu`` backend's torch.compile), else 0."""
-    return float(getattr(getattr(llm, "executor", None), "stats", {}).get("compiling_s", 0.0))
+def _compiling_s(llm) -> tuple[float, float]:
+    """(seconds the executor has spent preparing its step so far, the part that compiled rather than loaded
+    from the cache): the ``cpu`` backend's torch.compile; (0, 0) for other backends. An executor that does not
+    say what it loaded (no ``compiled_anew_s``) compiled all of it."""
+    stats = getattr(getattr(llm, "executor", None), "stats", {})
+    compiling = float(stats.get("compiling_s", 0.0))
+    return compiling, float(stats.get("compiled_anew_s", compiling))

@@ -116,7 +116,7 @@ def test_a_turns_speed_without_the_compile_counts_the_tokens_after_the_first():
     """The decode interval runs from the first token to the last: 6 tokens in it are 5 steps; 2.5 s with 0.5 s
     of compiling leave 2.0 s, 2.5 tokens/s."""
     m = {"generated_tokens": 6, "decode_time_s": 2.5, "decode_tokens_per_s": 2.0, "decode_compiling_s": 0.5}
-    assert _turn_summary(m) == "6 tokens, 2.0 tokens/s (2.5 without 0.5 s compiling the step)"
+    assert _turn_summary(m) == "6 tokens, 2.0 tokens/s (2.5 without 0.5 s preparing the step)"
     assert _turn_summary({**m, "decode_compiling_s": 0.0}) == "6 tokens, 2.0 tokens/s"
     one = _turn_summary({"generated_tokens": 1, "decode_time_s": 0.0, "decode_tokens_per_s": None})
     assert one.startswith("1 token") and "/s" not in one  # one token: no decode interval, no speed

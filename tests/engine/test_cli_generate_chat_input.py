@@ -349,7 +349,7 @@ def test_a_chat_turn_that_compiled_gives_its_speed_without_the_compile(monkeypat
     monkeypatch.setattr("sys.stdin", io.TextIOWrapper(io.BytesIO(b"hi\n")))
     assert main(["chat", "--backend", "reference", "--max-tokens", "6", "--temperature", "0"]) == 0
     turn = [line for line in capsys.readouterr().err.splitlines() if line.startswith("[")][-1]
-    assert "tokens/s (" in turn and "without 0.4 s compiling the step)" in turn, turn
+    assert "tokens/s (" in turn and "without 0.4 s preparing the step)" in turn, turn
 
 
 @pytest.mark.parametrize(

@@ -61,3 +61,12 @@ def test_speculative_drafts_are_reported():
     m = _metrics(verify_steps=2, accepted_tokens=3, drafted_tokens=4, mean_accepted_length=2.5)
     assert _timing(m, 0.0, "ngram").endswith("decode 2.0 tokens/s, ngram drafts: 3/4 accepted, 2.50 tokens/step")
     assert "drafts" not in _timing(_metrics(), 0.0, None)
+
+
+def test_a_step_loaded_from_the_cache_is_said_as_loading_not_compiling():
+    """A warm run spent its seconds tracing and loading: the line says so, and never "cached for later runs"
+    (which told users of every run that the cache had not worked). Split as for a compile."""
+    line = _timing(_metrics(decode_compiling_s=1.0), 1.5, None, from_cache=True)
+    assert "first token 250 ms (incl. 0.5 s loading the compiled step from the cache)" in line
+    assert "decode 2.0 tokens/s (incl. 1.0 s loading the compiled step; 4.0 tokens/s without it)" in line
+    assert "compiling" not in line and "cached" not in line.replace("from the cache", "")

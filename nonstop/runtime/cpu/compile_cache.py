@@ -4,7 +4,7 @@ Everything lives under ``cache_dirs.cache_root()`` = $NONSTOP_CACHE_DIR, else $X
 else ~/.cache/nonstop: ``inductor/`` (torch.compile's kernels and graphs, unless TORCHINDUCTOR_CACHE_DIR
 is already set) and ``ext/`` (the C++ GEMV kernels); both are ``cache_dirs.private_dir``s (only this user
 may write them: they hold code nonstop loads). A later process finds them there, so a step shape compiles
-once per machine and torch version; later runs only trace and load.
+once per machine and torch version; later runs only trace and load (``compiled_anew_since`` tells which).
 """
 
 from __future__ import annotations
@@ -34,10 +34,27 @@ def use_inductor_cache() -> Path:
     return path
 
 
+def compiled_anew_since(counts: tuple[int, int, int]) -> bool:
+    """Whether torch.compile compiled anything since ``counts`` (``fx_graph_cache_counts()`` taken before):
+    a graph missed or bypassed inductor's FX-graph cache, or none was looked up there (the cache is off).
+    False means every graph since came from the on-disk cache (traced, not compiled)."""
+    hits, misses, bypasses = (now - before for now, before in zip(fx_graph_cache_counts(), counts))
+    return misses > 0 or bypasses > 0 or hits == 0
+
+
+def fx_graph_cache_counts() -> tuple[int, int, int]:
+    """(hits, misses, bypasses) of inductor's FX-graph cache so far in this process."""
+    from torch._dynamo.utils import counters
+
+    inductor = counters["inductor"]
+    return inductor["fxgraph_cache_hit"], inductor["fxgraph_cache_miss"], inductor["fxgraph_cache_bypass"]
+
+
 @contextmanager
 def announced(what: str, enabled: bool = True, every_s: float = 10.0):
     """Print ``what`` on stderr before the block, a line every ``every_s`` seconds while it runs, and
-    the elapsed time after it. Yields a dict that receives ``seconds``."""
+    the elapsed time after it, followed by `` (note)`` when the block set ``result["note"]``. Yields
+    that dict ``result``, which receives ``seconds``."""
     result: dict = {}
     if not enabled:
         t0 = time.perf_counter()
@@ -60,4 +77,5 @@ def announced(what: str, enabled: bool = True, every_s: float = 10.0):
         done.set()
         thread.join()
         result["seconds"] = time.perf_counter() - t0
-        print(f"nonstop cpu: {what}: done in {result['seconds']:.1f} s", file=sys.stderr, flush=True)
+        note = f" ({result['note']})" if result.get("note") else ""
+        print(f"nonstop cpu: {what}: done in {result['seconds']:.1f} s{note}", file=sys.stderr, flush=True)

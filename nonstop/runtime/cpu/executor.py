@@ -42,7 +42,12 @@ from nonstop.model.stack import CausalLM
 from nonstop.program.lower import lower
 from nonstop.program.preflight import PreflightError, available_memory, size_text
 from nonstop.runtime.cpu.cache_view import cache_tensors, step_pages
-from nonstop.runtime.cpu.compile_cache import announced, use_inductor_cache
+from nonstop.runtime.cpu.compile_cache import (
+    announced,
+    compiled_anew_since,
+    fx_graph_cache_counts,
+    use_inductor_cache,
+)
 from nonstop.runtime.cpu.direct_call import CapturingInductor, DirectStep
 from nonstop.runtime.cpu.kernels import load_kernels
 from nonstop.runtime.cpu.ops import CPU_KERNEL_OPS, CPU_OPS
@@ -183,7 +188,8 @@ class CPUExecutor(Executor):
             "reference_steps": 0,
             "reference_reasons": {},
             "compile_seconds": {},
-            "compiling_s": 0.0,  # all compiling so far: first compiles and recompiles
+            "compiling_s": 0.0,  # all compiling so far: first compiles and recompiles, from the cache or not
+            "compiled_anew_s": 0.0,  # the part of it that compiled a graph (not all loaded from the cache)
             "recompiles": 0,
         }
 
@@ -242,14 +248,14 @@ class CPUExecutor(Executor):
             if logits is not None:
                 self.stats["direct_steps"] += 1
                 return logits
-            graphs = _compiled_graphs()
+            graphs, cache_counts = _compiled_graphs(), fx_graph_cache_counts()
             t0 = time.perf_counter()
             logits = self._step(*args)[0]
             if self._direct is not None:
                 self._direct.learn(*args)
             if _compiled_graphs() > graphs:  # torch.compile specialised the step again (e.g. a new input kind)
                 self.stats["recompiles"] += 1
-                self.stats["compiling_s"] += time.perf_counter() - t0
+                self._count_compiling(time.perf_counter() - t0, cache_counts)
                 if self.progress:
                     print(
                         f"nonstop cpu: the decode step for {shape} was compiled again "
@@ -258,16 +264,30 @@ class CPUExecutor(Executor):
                         flush=True,
                     )
             return logits
+        cache_counts = fx_graph_cache_counts()
         with announced(
-            f"compiling the decode step for {shape} (cached for later runs)", enabled=self.progress
+            f"preparing the decode step for {shape} (compiled on first use, then loaded from the cache)",
+            enabled=self.progress,
         ) as timing:
             logits = self._step(*args)[0]
+            loaded = not compiled_anew_since(cache_counts)
+            timing["note"] = (
+                "loaded from the cache: traced, not compiled" if loaded else "compiled, cached for later runs"
+            )
         if self._direct is not None:
             self._direct.learn(*args)
         self._shapes.add(shape)
         self.stats["compile_seconds"][shape] = round(timing["seconds"], 2)
-        self.stats["compiling_s"] += timing["seconds"]
+        self._count_compiling(timing["seconds"], cache_counts)
         return logits
+
+    def _count_compiling(self, seconds: float, cache_counts: tuple[int, int, int]) -> None:
+        """Add ``seconds`` spent preparing a step to ``compiling_s``, and to ``compiled_anew_s`` when inductor
+        compiled a graph since ``cache_counts`` (``fx_graph_cache_counts()`` before) rather than loading all
+        of them from its on-disk cache."""
+        self.stats["compiling_s"] += seconds
+        if compiled_anew_since(cache_counts):
+            self.stats["compiled_anew_s"] += seconds
 
     # ------------------------------------------------------------------ executor interface
     def forward(
