@@ -322,6 +322,27 @@ def _failures(report: dict) -> int:
     return n
 
 
+def _skipped(report: dict) -> tuple[int, int]:
+    """(shapes, timed rows) skipped for the time budget (``--budget-s``): such a run is partial, not failed."""
+    shapes = sum("skipped" in shape for shape in report["shapes"])
+    rows = sum(
+        "skipped" in r
+        for shape in report["shapes"]
+        for sl in shape.get("slices", [])
+        for t in sl.get("timings", [])
+        for r in t["rows"]
+    )
+    return shapes, rows
+
+
+def _status(report: dict) -> str:
+    """ "complete"; or "partial: ..." when the time budget skipped shapes or rows; either with the failures."""
+    shapes, rows = _skipped(report)
+    status = f"partial: {shapes} shape(s) and {rows} row(s) skipped (time budget)" if shapes or rows else "complete"
+    failed = _failures(report)
+    return f"{status}, {failed} failure(s): see the shapes' checks and rows" if failed else status
+
+
 def time_rows(
     model, executors: dict, program, cache, context: int, args, device, budget: Budget, label: str
 ) -> list[dict]:
@@ -941,7 +962,7 @@ def main(argv=None) -> dict:
         print(f"[{budget.elapsed:5.0f}s] waiting for the offline GPU check", flush=True)
         report["gpucheck"] = finish_gpucheck(started, timeout=max(60.0, min(budget.left(), 3600.0)))
     failed = _failures(report)
-    report["status"] = f"complete, {failed} failure(s): see the shapes' checks and rows" if failed else "complete"
+    report["status"] = _status(report)
     report["elapsed_s"] = round(budget.elapsed, 1)
     paths = write(report, args)
     print()
@@ -953,6 +974,8 @@ def main(argv=None) -> dict:
         print("(CPU run: timings say nothing about GPU speed)")
     for p in paths:
         print(f"wrote {p}")
+    if report["status"].startswith("partial"):
+        print(f"{report['status'].split(',')[0]}: raise --budget-s to time them", file=sys.stderr)
     if failed:
         print(f"{failed} failure(s): see the table's notes and the report's checks (exit status 1)", file=sys.stderr)
     return report

@@ -191,3 +191,28 @@ def test_a_check_with_no_room_beside_the_fp32_copy_is_made_without_it(monkeypatc
     assert entry["check"]["ok"] and "fp32_floor_rel_err" not in entry["check"], entry["check"]
     assert "no room for the fp32 copy" in entry["fp32_floor"]["error"]
     assert entry["timings"][0]["rows"][0]["ms_per_token"] > 0
+
+
+def test_a_run_cut_short_by_the_time_budget_is_partial_not_complete(tmp_path, monkeypatch, capsys):
+    """--budget-s 0 skips every shape: the report said "complete" (and nothing on stderr) with no number in it."""
+    monkeypatch.delenv("OUT", raising=False)
+    out = tmp_path / "decode.json"
+    argv = ["--dry-run", "--no-gpucheck", "--shapes", "llama-3.2-1b", "--rows", "eager", "--budget-s", "0"]
+    report = _bench().main([*argv, "--copy-bytes", str(1 << 20), "--out", str(out)])
+    assert (
+        json.loads(out.read_text())["status"]
+        == report["status"]
+        == "partial: 1 shape(s) and 0 row(s) skipped (time budget)"
+    )
+    assert "raise --budget-s" in capsys.readouterr().err
+
+
+def test_the_status_counts_skipped_rows_beside_failures():
+    """Rows skipped inside a timed shape make the run partial too; failures are still said after it."""
+    bench = _bench()
+    rows = [{"row": "superop", "ms_per_token": 1.0}, {"row": "eager", "skipped": "time budget"}]
+    report = {"shapes": [{"shape": "a", "slices": [{"timings": [{"rows": rows}, {"rows": rows[1:]}]}]}]}
+    assert bench._status(report) == "partial: 0 shape(s) and 2 row(s) skipped (time budget)"
+    report["shapes"].append({"shape": "b", "error": "OutOfMemoryError"})
+    assert bench._status(report).endswith("skipped (time budget), 1 failure(s): see the shapes' checks and rows")
+    assert bench._status({"shapes": [{"shape": "a", "slices": [{"timings": [{"rows": rows[:1]}]}]}]}) == "complete"
