@@ -229,11 +229,13 @@ def copy_bandwidth(device="cpu", nbytes: int | None = None, reps: int = 10) -> d
 
 def decode_floor(bytes_per_token: int, copy_gbps: float) -> dict:
     """The bandwidth floor of batch-1 decoding: every active weight byte read once per token at the
-    copy bandwidth, as {copy_GBps, bytes_per_token, floor_ms_per_token, floor_tokens_per_s}."""
+    copy bandwidth, as {copy_GBps, bytes_per_token, floor_ms_per_token, floor_tokens_per_s}; the milliseconds
+    to 3 decimals, under 1 ms to 4 significant digits (a small model on a fast device floors under 1 us)."""
     seconds = bytes_per_token / (copy_gbps * 1e9)
+    ms = seconds * 1e3
     return {
         "copy_GBps": round(copy_gbps, 2),
         "bytes_per_token": bytes_per_token,
-        "floor_ms_per_token": round(seconds * 1e3, 3),
+        "floor_ms_per_token": round(ms, 3) if ms >= 1 else float(f"{ms:.4g}"),
         "floor_tokens_per_s": round(1 / seconds, 1),
     }

@@ -80,6 +80,15 @@ def test_copy_bandwidth_and_floor():
     }
 
 
+def test_a_floor_under_a_microsecond_keeps_its_digits():
+    """1.2 MB per token at 4,800 GB/s is 0.25 us: rounded to 3 decimals of a millisecond it read 0.0 ms (a
+    floor of zero beside a tokens/s floor of 4 million)."""
+    floor = decode_floor(1_200_000, 4800.0)
+    assert floor["floor_ms_per_token"] == 0.00025 and floor["floor_tokens_per_s"] == 4_000_000.0
+    assert decode_floor(123_456_789, 1000.0)["floor_ms_per_token"] == 0.1235  # 4 significant digits under 1 ms
+    assert decode_floor(23_312_800, 1.0)["floor_ms_per_token"] == 23.313  # 3 decimals from 1 ms up
+
+
 def test_results_json_leads_with_name_command_and_environment(tmp_path):
     out = tmp_path / "new" / "folder" / "r.json"
     fields = {"rows": [{"N": 3, "GBps": 1.5}], "threads": torch.get_num_threads()}
