@@ -40,14 +40,13 @@ if str(ROOT) not in sys.path:
 import torch  # noqa: E402
 from script_args import choice_list, int_list, out_file, positive_float, positive_int, run  # noqa: E402
 
-from nonstop.commands.tune import add_proposer_args  # noqa: E402
+from nonstop.commands.tune import add_proposer_args, llm_proposer  # noqa: E402
 from nonstop.config import ModelConfig  # noqa: E402
 from nonstop.hostinfo import environment  # noqa: E402
 from nonstop.kernels import KERNELS  # noqa: E402
 from nonstop.program.ir import MAX_STEP_ROWS  # noqa: E402
 from nonstop.program.twin import narrow_twin  # noqa: E402
 from nonstop.tune.cases import layers_for  # noqa: E402
-from nonstop.tune.llm import LLMProposer  # noqa: E402
 from nonstop.tune.loop import category, tune  # noqa: E402
 from nonstop.tune.search import SearchProposer  # noqa: E402
 from nonstop.tune.target import make_target  # noqa: E402
@@ -68,9 +67,7 @@ def kinds_of(cfg: ModelConfig) -> list[str]:
 
 def proposer_for(kind: str, args):
     if args.proposer == "llm":
-        return LLMProposer(
-            args.llm_base_url, args.llm_model, args.llm_api_key_env, args.llm_temperature, args.llm_max_tokens
-        )
+        return llm_proposer(args)
     return SearchProposer(kind)
 
 

@@ -116,6 +116,26 @@ def add_proposer_args(p: argparse.ArgumentParser, rounds: int) -> None:
         help="sampling temperature of the proposer (default 0.7)",
     )
     p.add_argument("--llm-max-tokens", type=positive_int, default=8192, help="max tokens per reply (default 8192)")
+    p.add_argument(
+        "--llm-timeout-s",
+        type=positive_float,
+        default=600.0,
+        help="seconds one whole reply may take (default 600); no reply to the first request in time ends the run",
+    )
+
+
+def llm_proposer(args):
+    """The ``llm`` proposer of the --llm-* flags (``add_proposer_args``), here and in bench/tune.py."""
+    from nonstop.tune.llm import LLMProposer
+
+    return LLMProposer(
+        args.llm_base_url,
+        args.llm_model,
+        args.llm_api_key_env,
+        args.llm_temperature,
+        args.llm_max_tokens,
+        args.llm_timeout_s,
+    )
 
 
 def add_parser(sub) -> None:
@@ -235,15 +255,12 @@ def run(args) -> int:
     if args.rounds < 1 or args.candidates < 1:
         raise ValueError("--rounds and --candidates must be at least 1")
     from nonstop.tune import store
-    from nonstop.tune.llm import LLMProposer
     from nonstop.tune.loop import tune
     from nonstop.tune.search import SearchProposer
 
     target = _target(args)
     if args.proposer == "llm":
-        proposer = LLMProposer(
-            args.llm_base_url, args.llm_model, args.llm_api_key_env, args.llm_temperature, args.llm_max_tokens
-        )
+        proposer = llm_proposer(args)
     else:
         proposer = SearchProposer(args.op)
     path = None if args.no_store else _store_path(args)

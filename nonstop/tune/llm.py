@@ -9,7 +9,9 @@ reply (``candidate.extract_code``). An endpoint that refuses the prompt as too l
 gets the compact prompt (without the current kernel's source) from then on. A reply that fails (an
 HTTP error, a body cut short, not UTF-8, not JSON, not a chat completion, a timeout) is one candidate "not
 produced"; an endpoint that stops answering after it has answered ends the rounds (``stopped``) and the loop
-keeps what was verified; one that never answers is an ``EndpointError``. Standard library only (``urllib``).
+keeps what was verified; one that never answers (unreachable, or no reply to the first request within the
+timeout) is an ``EndpointError``. The timeout (``--llm-timeout-s``) bounds a whole reply, not each read: an
+endpoint that trickles bytes is cut off too. Standard library only (``urllib``).
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ import functools
 import http.client
 import json
 import os
+import time
 import urllib.error
 import urllib.parse
 import urllib.request
@@ -91,11 +94,12 @@ class LLMProposer:
         if self.key:
             headers["Authorization"] = f"Bearer {self.key}"
         request = urllib.request.Request(self.url, data=body, headers=headers, method="POST")
+        deadline = time.monotonic() + self.timeout_s
         try:
             with urllib.request.urlopen(request, timeout=self.timeout_s) as response:
-                raw = response.read()
+                raw = _read_by(response, deadline, self.timeout_s)
         except urllib.error.HTTPError as exc:
-            detail = exc.read().decode(errors="replace")[:300]
+            detail = _error_detail(exc)
             if exc.code in (401, 403, 404):
                 raise EndpointError(f"{self.url} answered HTTP {exc.code}: {detail}") from None
             if exc.code == 400 and "context" in detail.lower():
@@ -123,7 +127,11 @@ class LLMProposer:
                 self.stopped = f"the endpoint stopped answering ({exc})"
                 out.append(Candidate(cid, "", self.name, error=self.stopped))
                 break
-            except (RuntimeError, OSError) as exc:  # OSError: timeouts, resets
+            except TimeoutError as exc:
+                if not self.answered:
+                    raise EndpointError(f"{self.url} sent no reply ({exc})") from None
+                out.append(Candidate(cid, "", self.name, error=f"the endpoint failed: {exc}"[:300]))
+            except (RuntimeError, OSError) as exc:  # OSError: resets
                 out.append(Candidate(cid, "", self.name, error=f"the endpoint failed: {exc}"[:300]))
                 continue
             self.answered += 1
@@ -144,6 +152,32 @@ class LLMProposer:
         system, user = prompt(True)
         self.prompts[-1] = user
         return self.ask(system, user)
+
+
+def _read_by(response, deadline: float, timeout_s: float) -> bytes:
+    """The body of ``response``, read as it arrives; ``TimeoutError`` once ``deadline`` (``time.monotonic``)
+    passes before it is complete (each wait for bytes is also bounded by the socket's timeout),
+    ``http.client.IncompleteRead`` when it ends short of its Content-Length."""
+    chunks = []
+    while True:
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"the reply was not complete within {timeout_s:g} s")
+        chunk = response.read1(1 << 16)
+        if not chunk:
+            body, left = b"".join(chunks), getattr(response, "length", None)
+            if left:  # read1 ends quietly where read raises
+                raise http.client.IncompleteRead(body, left)
+            return body
+        chunks.append(chunk)
+
+
+def _error_detail(exc: urllib.error.HTTPError) -> str:
+    """The start of an HTTP error's body (what the endpoint said), or what stopped it from being read (a body
+    cut short, a reset, a timeout)."""
+    try:
+        return exc.read().decode(errors="replace")[:300]
+    except (http.client.HTTPException, OSError) as err:
+        return f"(its body could not be read: {type(err).__name__})"
 
 
 def completion_content(raw: bytes) -> str:

@@ -29,10 +29,12 @@ class _Reply:
     def __exit__(self, *exc):
         return False
 
-    def read(self):
+    def read1(self, n: int) -> bytes:
+        """As http.client.HTTPResponse.read1: up to ``n`` bytes of what has arrived, b"" at the end."""
         if isinstance(self.body, Exception):
             raise self.body
-        return self.body
+        chunk, self.body = self.body[:n], self.body[n:]
+        return chunk
 
 
 def _http_error(code: int, detail: str) -> urllib.error.HTTPError:
