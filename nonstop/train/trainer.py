@@ -172,10 +172,7 @@ def train(
             inputs, targets = sampler.next_batch()
             loss = next_token_loss(model, inputs, targets)
             if not torch.isfinite(loss):
-                raise TrainingDiverged(
-                    f"training diverged: the loss became {loss.item()} at step {result.steps + 1} (learning rate "
-                    f"{lr:.3g}); lower --lr (now {tc.lr:g}) or lengthen --warmup-steps (now {tc.warmup_steps})"
-                )
+                raise TrainingDiverged(_diverged(f"the loss became {loss.item()} at step {result.steps + 1}", lr, tc))
             loss.backward()
             grad_norm = float(torch.nn.utils.clip_grad_norm_(model.parameters(), tc.grad_clip))
             opt.step()
@@ -237,4 +234,29 @@ def train(
     result.expert_load_spread = {k: round(v, 3) for k, v in balancer.spreads().items()}
     result.expert_load_spread_end = {k: round(v, 3) for k, v in balancer.recent_spreads().items()}
     model.eval()
+    if result.steps:
+        _check_last_update(model, inputs, targets, result.steps, lr, tc)
     return result
+
+
+def _diverged(what: str, lr: float, tc: TrainConfig) -> str:
+    return (
+        f"training diverged: {what} (learning rate {lr:.3g}); lower --lr (now {tc.lr:g}) or lengthen "
+        f"--warmup-steps (now {tc.warmup_steps})"
+    )
+
+
+def _check_last_update(
+    model, inputs: torch.Tensor, targets: torch.Tensor, steps: int, lr: float, tc: TrainConfig
+) -> None:
+    """``TrainingDiverged`` when the last update (step ``steps``, at learning rate ``lr``) left a weight that is
+    not finite, or weights whose loss on that step's batch (``inputs`` / ``targets`` [batch, seq]) is not:
+    each step checks its loss before its update, so the last update is checked here, before anything is
+    saved."""
+    bad = next((name for name, p in model.named_parameters() if not torch.isfinite(p).all()), None)
+    if bad is not None:
+        raise TrainingDiverged(_diverged(f"the update of step {steps} left {bad} not finite", lr, tc))
+    with torch.no_grad():
+        loss = next_token_loss(model, inputs, targets)
+    if not torch.isfinite(loss):
+        raise TrainingDiverged(_diverged(f"the loss became {loss.item()} after the update of step {steps}", lr, tc))
