@@ -195,8 +195,8 @@ def add_parser(sub) -> None:
     p.add_argument(
         "--json",
         action="store_true",
-        help="print one JSON object (ms_per_token, tokens_per_s_per_user, tokens_per_s_total, fits, "
-        "bytes_per_chip, bound, breakdown ...)",
+        help="print JSON: one object (ms_per_token, tokens_per_s_per_user, tokens_per_s_total, fits, "
+        "bytes_per_chip, bound, breakdown_ms ...); with --measured a list, one object per measurement",
     )
     p.set_defaults(run=run)
 
