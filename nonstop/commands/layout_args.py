@@ -214,10 +214,12 @@ def host_ranks(layout) -> range | None:
 
     if "RANK" not in os.environ:
         return range(layout.world)
-    if "TORCHELASTIC_RUN_ID" not in os.environ or int(os.environ.get("LOCAL_RANK", "0")) != 0:
+    from nonstop.dist.comm import env_int
+
+    if "TORCHELASTIC_RUN_ID" not in os.environ or env_int("LOCAL_RANK", 0) != 0:
         return None
-    first = int(os.environ["RANK"])
-    return range(first, first + int(os.environ.get("LOCAL_WORLD_SIZE", layout.world)))
+    first = env_int("RANK", 0)
+    return range(first, first + env_int("LOCAL_WORLD_SIZE", layout.world))
 
 
 def _rank_main(args) -> None:

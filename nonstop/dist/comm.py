@@ -181,6 +181,18 @@ def _backend(device: torch.device, backend: str) -> str:
     return "nccl" if device.type == "cuda" else "gloo"
 
 
+def env_int(name: str, default: int) -> int:
+    """The whole number in environment variable ``name`` (as torchrun and ``nonstop.dist.spawn`` set RANK,
+    WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE), ``default`` when unset; a ValueError naming it otherwise."""
+    raw = os.environ.get(name)
+    if raw is None:
+        return default
+    try:
+        return int(raw)
+    except ValueError:
+        raise ValueError(f"the environment variable {name}={raw!r} is not a whole number") from None
+
+
 def init(
     layout: Layout, device="cpu", timeout: float = 120.0, backend: str = "auto", rendezvous: float | None = None
 ) -> Comm:
@@ -188,16 +200,18 @@ def init(
     and build the layout's groups. ``device`` cpu or cuda (a CUDA rank uses cuda:LOCAL_RANK).
     ``timeout``: seconds a collective may wait for another rank; ``rendezvous``: seconds the ranks get to
     meet (default max(timeout, ``RENDEZVOUS_S``)); ``RankFailure`` naming the rendezvous when they do not."""
-    rank, world = int(os.environ.get("RANK", "0")), int(os.environ.get("WORLD_SIZE", "1"))
+    rank, world = env_int("RANK", 0), env_int("WORLD_SIZE", 1)
     if world != layout.world:
         raise ValueError(f"the layout needs {layout.world} ranks ({layout.describe()}) but WORLD_SIZE is {world}")
+    if not 0 <= rank < world:  # such a rank could only wait out the rendezvous
+        raise ValueError(f"RANK {rank} is outside the {world} ranks of WORLD_SIZE (0 .. {world - 1})")
     meet = max(timeout, RENDEZVOUS_S) if rendezvous is None else rendezvous
     for name, seconds in (("timeout", timeout), ("rendezvous", meet)):
         if not 0 < seconds <= threading.TIMEOUT_MAX:  # also False for nan
             raise ValueError(f"{name} must be a number of seconds in (0, {threading.TIMEOUT_MAX:g}], got {seconds!r}")
     dev = torch.device(device)
     if dev.type == "cuda":
-        dev = torch.device("cuda", int(os.environ.get("LOCAL_RANK", rank)))
+        dev = torch.device("cuda", env_int("LOCAL_RANK", rank))
         torch.cuda.set_device(dev)
     comm = Comm(layout, rank, dev, timeout)
     try:

@@ -102,11 +102,17 @@ def check_host_memory(
     ``per_rank`` bytes of its own before it loads (``process_bytes()``), need more than the host's free
     memory (``free``: that figure, for tests)."""
     ranks = list(ranks)
-    parts = rank_bytes(cfg, layout, ranks, dtype, slots).values()
-    weights, cache = sum(w for w, _ in parts), sum(c for _, c in parts)
     free = available_memory(torch.device("cpu")) if free is None else free
     what = f"{name} on {len(ranks)} local rank{'s' if len(ranks) > 1 else ''} (tp {layout.tp} x ep {layout.ep})"
     processes = per_rank * len(ranks)
+    if processes > free:  # said before costing each rank's part (a million ranks took minutes to cost)
+        raise PreflightError(
+            f"{what} needs more than {size_text(processes)} for the rank processes alone ({size_text(per_rank)} "
+            f"each before loading, before any weight or cache); this machine has {size_text(free)} free "
+            f"({OVERRIDE_HINT})"
+        )
+    parts = rank_bytes(cfg, layout, ranks, dtype, slots).values()
+    weights, cache = sum(w for w, _ in parts), sum(c for _, c in parts)
     if processes and processes + weights + cache > free:
         raise PreflightError(
             f"{what} needs {size_text(processes + weights + cache)} at {DTYPE_NAMES.get(dtype, dtype)} "
