@@ -27,6 +27,7 @@ import os
 import pickle
 import re
 import threading
+import time
 from collections import defaultdict
 from dataclasses import dataclass, field
 
@@ -214,12 +215,15 @@ def init(
         dev = torch.device("cuda", env_int("LOCAL_RANK", rank))
         torch.cuda.set_device(dev)
     comm = Comm(layout, rank, dev, timeout)
+    started = time.monotonic()
     try:
         _join(comm, world, _backend(dev, backend), datetime.timedelta(seconds=meet))
     except (RuntimeError, ConnectionError, OSError) as exc:  # c10d's DistNetworkError / DistStoreError among them
         where = f"{os.environ.get('MASTER_ADDR', '?')}:{os.environ.get('MASTER_PORT', '?')}"
+        took = time.monotonic() - started
+        when = f"within {meet:g} s" if took >= 0.9 * meet else f"after {took:.1f} s (of the {meet:g} s allowed)"
         raise RankFailure(
-            f"rank {rank}: the rendezvous with the other ranks at {where} failed within {meet:g} s ({_reason(exc)})"
+            f"rank {rank}: the rendezvous with the other ranks at {where} failed {when} ({_reason(exc)})"
         ) from None
     for group in {dist.group.WORLD, comm.control, comm.tp, comm.ep} - {None}:
         dist.distributed_c10d._set_pg_timeout(datetime.timedelta(seconds=timeout), group)

@@ -45,5 +45,8 @@ def test_a_world_too_large_for_the_hosts_memory_is_refused_before_any_rank_start
     layout = layout_from_args(args)
     parts = _parts(layout)  # 256 copies of k3-nano: about 9 GB
     monkeypatch.setattr(layout_preflight, "available_memory", lambda device: parts + 10**9)
-    with pytest.raises(PreflightError, match=r"k3-nano on 256 local ranks .* for the rank processes (themselves|alone)",):
+    with pytest.raises(
+        PreflightError,
+        match=r"k3-nano on 256 local ranks .* for the rank processes (themselves|alone)",
+    ):
         check_before_start(args, layout)

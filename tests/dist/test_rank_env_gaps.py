@@ -48,3 +48,19 @@ def test_init_lets_a_rank_inside_the_world_join(monkeypatch, rank):
     monkeypatch.setenv("WORLD_SIZE", "2")
     comm_mod.init(Layout.make(2, 1), "cpu", 10.0, rendezvous=5.0)
     assert joined == [(int(rank), 2)]
+
+
+def test_a_rendezvous_that_fails_early_says_when(monkeypatch):
+    """A rendezvous refused at once (a bad MASTER_ADDR, an address in use) said "failed within 60 s" as if it
+    had waited the whole time; it says how long it took, and the time it was allowed."""
+
+    def refused(*args):
+        raise RuntimeError("[c10d] address already in use")
+
+    monkeypatch.setattr(comm_mod, "_join", refused)
+    monkeypatch.setenv("RANK", "0")
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    with pytest.raises(comm_mod.RankFailure) as e:
+        comm_mod.init(Layout.make(2, 1), "cpu", 10.0, rendezvous=60.0)
+    said = str(e.value)
+    assert "failed after 0.0 s (of the 60 s allowed) (address already in use)" in said, said
