@@ -22,6 +22,7 @@ from nonstop.weights.loader import (
     check_fp8_dequantized,
     check_mxfp4_scale,
     check_tensor,
+    check_tied_head,
     is_mxfp4_scale,
     resolve_checkpoint,
 )
@@ -121,6 +122,8 @@ def load_rank_state(
     finally:
         if own:
             reader.close()
+    if only is None:  # as the single process: a tied checkpoint's own LM head must be the embedding's copy
+        check_tied_head(cfg, located, resolved, values=True)
     return state
 
 

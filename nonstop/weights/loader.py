@@ -288,10 +288,12 @@ def check_tensor(name: str, spec: TensorSpec, located: dict, fp8_block: tuple[in
 
 
 def _zero_padded(name: str, spec: TensorSpec, f, shape: tuple[int, ...]) -> bool:
-    """Whether ``shape`` stores ``spec`` (``zero_padded``) with padding: one dimension above 1, longer than
-    ``spec.numel``; CheckpointError when an entry past the live values is not zero."""
+    """Whether ``shape`` stores ``spec`` (``zero_padded``) in another shape: one dimension above 1, at least
+    ``spec.numel`` long (zero-padded, or exact in another arrangement of ones: K3's [1, 1, H, 1] A_log and
+    Kimi Linear's [H] are both accepted for either); CheckpointError when an entry past the live values is
+    not zero."""
     long = [s for s in shape if s != 1]
-    if not spec.zero_padded or len(long) != 1 or long[0] <= spec.numel:
+    if not spec.zero_padded or len(long) != 1 or long[0] < spec.numel:
         return False
     tail = f.tensor(name).reshape(-1)[spec.numel :]
     if bool(tail.ne(0).any()):
