@@ -3,7 +3,8 @@
 As vLLM does, the sampling fields become the defaults of requests that do not set them:
 ``temperature``, ``top_p``, ``top_k``, ``min_p``, ``repetition_penalty`` and ``max_new_tokens``
 (-> ``max_tokens``). As transformers reads it, ``do_sample: false`` without a temperature means greedy
-(temperature 0). Other fields are ignored. A field of the wrong type or range, or a file that is not a
+(temperature 0); with a temperature the temperature wins and requests sample, as in vLLM (transformers would
+decode greedily). Other fields are ignored. A field of the wrong type or range, or a file that is not a
 JSON object, is a ``CheckpointError`` naming the file and the field; so are, against the model's config,
 a bos / eos id outside its vocabulary (such an eos is never sampled) and a ``max_new_tokens`` that leaves
 no room for a prompt in its context. That default is refused, not clipped: vLLM clips a default to the
