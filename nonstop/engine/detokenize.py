@@ -10,12 +10,16 @@ tokens since are special tokens ``decode`` leaves out: ``_window_start``). Start
 the same token keeps decoders that treat the first token of a call specially (SentencePiece's leading
 space) consistent, so the pieces add up to ``tokenizer.decode(ids)`` for byte-level BPE, tiktoken,
 SentencePiece and byte tokenizers, minus a trailing incomplete character (held back, as the
-whole-sequence decode would show it as U+FFFD).
+whole-sequence decode would show it as U+FFFD). A U+FFFD the model wrote itself (the bytes EF BF BD, whole,
+after bytes that leave no character open: ``wrote_replacement``, where the tokenizer says its tokens'
+bytes) is no incomplete character: it is emitted at once.
 
 Windows span a few tokens (one character's worth), so each step decodes O(1) tokens.
 """
 
 from __future__ import annotations
+
+import codecs
 
 INCOMPLETE = "\ufffd"
 MAX_PENDING = 16  # tokens a window may wait for a character to complete; beyond: invalid bytes, emitted
@@ -34,7 +38,11 @@ class IncrementalDecoder:
     def push(self, token: int) -> str:
         self.ids.append(token)
         window = self.tokenizer.decode(self.ids[self.prefix :])
-        if window.endswith(INCOMPLETE) and len(self.ids) - self.read < MAX_PENDING:
+        if (
+            window.endswith(INCOMPLETE)
+            and len(self.ids) - self.read < MAX_PENDING
+            and not wrote_replacement(self.tokenizer, self.ids[self.prefix :])
+        ):
             return ""
         new = window[len(self._read_text) :]
         self.prefix, self.read = self._window_start(self.read), len(self.ids)
@@ -51,3 +59,24 @@ class IncrementalDecoder:
         if at - self.prefix < MAX_PENDING and all(special(t) is not None for t in self.ids[at:]):
             return self.prefix
         return at
+
+
+REPLACEMENT_BYTES = INCOMPLETE.encode()  # EF BF BD
+
+
+def wrote_replacement(tokenizer, ids: list[int]) -> bool:
+    """Whether the bytes of ``ids`` (special tokens left out) end with a U+FFFD written whole: EF BF BD after
+    bytes that leave no character open. False where a token's bytes are unknown (``token_bytes`` None)."""
+    parts = []
+    for t in ids:
+        if tokenizer.special_name(t) is None:
+            b = tokenizer.token_bytes(t)
+            if b is None:
+                return False
+            parts.append(b)
+    data = b"".join(parts)
+    if not data.endswith(REPLACEMENT_BYTES):
+        return False
+    before = codecs.getincrementaldecoder("utf-8")("replace")
+    before.decode(data[: -len(REPLACEMENT_BYTES)], final=False)
+    return before.getstate()[0] == b""  # no character left open to swallow the EF

@@ -193,6 +193,21 @@ def find_chat_template(model_dir: Path | None, config: dict, override: str | Pat
     return t if isinstance(t, str) and t else None
 
 
+def declared_special(config: dict, added: dict) -> set[int]:
+    """Ids of the added tokens (``added``: {id: AddedToken} of tokenizer.json) that tokenizer_config.json
+    declares special although tokenizer.json may not: an ``added_tokens_decoder`` entry with
+    ``special: true``, or a named special token (``NAMED_SPECIAL_TOKENS``: its eos_token ...). transformers
+    merges both files, so such a token is left out of decoded text there too."""
+    entries = config.get("added_tokens_decoder")
+    ids = set()
+    if isinstance(entries, dict):
+        for key, entry in entries.items():
+            if isinstance(entry, dict) and entry.get("special") is True and str(key).isdigit() and int(key) in added:
+                ids.add(int(key))
+    named = {_special_text(config.get(k)) for k in NAMED_SPECIAL_TOKENS} - {""}
+    return ids | {i for i, t in added.items() if t.content in named}
+
+
 class HFTokenizer(Tokenizer):
     name = "tokenizer.json"
 
@@ -205,7 +220,7 @@ class HFTokenizer(Tokenizer):
         except Exception as exc:  # tokenizers raises its own Exception type
             raise TokenizerError(f"{model_dir / 'tokenizer.json'}: cannot load tokenizer ({exc})") from None
         added = self.tok.get_added_tokens_decoder()
-        self.special_ids = {i for i, t in added.items() if t.special}
+        self.special_ids = {i for i, t in added.items() if t.special} | declared_special(self.config, added)
         self._added_ids = set(added)
         self._byte_level, self._byte_fallback = _decoder_kinds(self.tok)
 
@@ -235,7 +250,9 @@ class HFTokenizer(Tokenizer):
         return self.tok.encode_batch([text], add_special_tokens=add_special_tokens)[0].ids
 
     def decode(self, ids: list[int]) -> str:
-        return self.tok.decode(list(ids), skip_special_tokens=True)
+        """The text of ``ids`` without the special tokens (``special_ids``: those tokenizer_config.json declares
+        too, which tokenizers' own ``skip_special_tokens`` would keep)."""
+        return self.tok.decode([i for i in ids if i not in self.special_ids], skip_special_tokens=True)
 
     def token_id(self, text: str) -> int | None:
         return self.tok.token_to_id(text)

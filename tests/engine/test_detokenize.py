@@ -122,6 +122,16 @@ def test_a_character_split_across_tokens_appears_once_complete():
     assert [dec.push(b) for b in b"a" + emoji + b"b"] == ["a", "", "", "", "🙂", "b"]
 
 
+def test_a_replacement_character_written_whole_is_not_held_back():
+    """EF BF BD is U+FFFD itself, complete: it was held back as an incomplete character (and lost when it
+    ended the output). After a lead byte still waiting for its continuation it is held as before."""
+    tok = ByteTokenizer(256)
+    dec = IncrementalDecoder(tok)
+    assert [dec.push(b) for b in b"a\xef\xbf\xbdb"] == ["a", "", "", "\ufffd", "b"]
+    dec = IncrementalDecoder(tok)
+    assert [dec.push(b) for b in b"a\xe4\xef\xbf\xbd"] == ["a", "", "", "", ""]
+
+
 @pytest.mark.parametrize("name", ["bytes", "k3-nano BPE"])
 def test_cost_per_token_does_not_grow_with_the_output(name):
     """Ids decoded per token: the same bound for a 100-token and a 2000-token output (the old rule
