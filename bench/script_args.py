@@ -162,8 +162,15 @@ def add_out_arg(ap: argparse.ArgumentParser, name: str) -> None:
 def run(main) -> None:
     """Call ``main()`` as ``nonstop``'s commands run: ``nonstop.commands.errors.user_errors`` turns a user's error
     into one ``nonstop: error:`` line (exit 2) and anything else into one line saying it is a bug (exit 1;
-    ``NONSTOP_DEBUG=1`` shows the traceback)."""
+    ``NONSTOP_DEBUG=1`` shows the traceback). A rank of a spawned launch that ended badly (``RankExited``: one
+    killed as it started, out of memory ...) is no bug of nonstop's: one ``nonstop: error:`` line naming it
+    (exit 3, as a failed rank's)."""
     from nonstop.commands.errors import user_errors
+    from nonstop.dist.launch import RankExited
 
     with user_errors():
-        main()
+        try:
+            main()
+        except RankExited as exc:
+            print(f"nonstop: error: {exc}; the other ranks were stopped", file=sys.stderr)
+            raise SystemExit(3) from None

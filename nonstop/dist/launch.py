@@ -7,12 +7,14 @@ end by themselves (a rank that has died closes its connections: the others notic
 then the launcher stops them (SIGTERM and SIGCONT, ``grace`` seconds more, SIGKILL: a stopped rank
 ends too) and ``RankExited`` names the first rank that failed. With ``relay`` rank 0 gets
 ``LAUNCHER_STOP`` (SIGUSR1) instead of SIGTERM, which it would take for a stop of the user's: it ends at
-once, quietly, with status 1 (the failing rank has said why, or the launcher names it).
+once, quietly, with status 1 (the failing rank has said why, or the launcher names it); the other ranks get
+it too (its default action ends them), as they take SIGTERM for word that a stop is coming.
 
 Stopping (``relay=True``, the CLI's launcher): SIGINT or SIGTERM to the launcher goes to rank 0 alone,
 which stops as a single process would (a server drains its requests) and tells the other ranks to stop;
-the others are only told that a stop is coming (SIGINT: ``stopping()``), so that a rank 0 leaving
-mid-step is no error to them. Rank 0 gets ``stop_wait`` seconds to stop, and after rank 0 has ended well
+the others are only told that a stop is coming (SIGINT or SIGTERM: ``stopping()``), so that a rank 0
+leaving mid-step is no error to them, and a SIGTERM to the whole process group (a service manager's stop)
+leaves them serving rank 0 while it drains. Rank 0 gets ``stop_wait`` seconds to stop, and after rank 0 has ended well
 the others get as long; a second signal to the launcher stops every rank at once. Ctrl-C in a terminal
 reaches every rank as well as the launcher: rank 0 takes a stop signal repeated within ``REPEAT_S`` for
 the same one. In rank 0 SIGTERM raises ``Terminated``. Without ``relay`` a stop signal stops every rank at once.
@@ -157,7 +159,9 @@ def _entry(index: int, fn, world: int, port: int, threads: int, env: dict, args:
             signal.signal(LAUNCHER_STOP, _stopped_by_launcher)
         else:  # the others wait for rank 0's word (relayed), or stop at once
             signal.signal(signal.SIGINT, mark_stopping if relay else signal.default_int_handler)
-            signal.signal(signal.SIGTERM, signal.SIG_DFL)
+            # relayed, a SIGTERM to the whole group (a service manager's stop) must not end them under rank 0
+            # still draining its requests: the launcher stops them with LAUNCHER_STOP (default action: end)
+            signal.signal(signal.SIGTERM, mark_stopping if relay else signal.SIG_DFL)
         # a stop that came while this rank started (blocked by ``_children_start_blocked``) arrives here: in
         # rank 0 it raises, and the rank ends before it began
         signal.pthread_sigmask(signal.SIG_UNBLOCK, STOP_SIGNALS)
@@ -253,7 +257,7 @@ def spawn(
             launch.start(ctx)
             launch.watch(timeout)
         finally:
-            _stop(launch.procs, grace)
+            _stop(launch.procs, grace, others=_follower_stop(relay))
             for sig, handler in previous.items():
                 signal.signal(sig, handler)
 
@@ -316,7 +320,7 @@ class _Launch:
                     self.due.append(time.monotonic() + self.stop_wait)
         # after a failure (no stop signal) rank 0 must not take the launcher's stop for the user's
         rank0 = LAUNCHER_STOP if self.relay and self.signal is None else signal.SIGTERM
-        _stop(self.procs, 0.0 if self.forced else self.grace, rank0)
+        _stop(self.procs, 0.0 if self.forced else self.grace, rank0, _follower_stop(self.relay))
         codes = [c if c is not None else p.exitcode for c, p in zip(self.codes, self.procs)]
         if self.failed is not None and not self.forced:
             raise RankExited(self.failed, codes[self.failed], self._message(self.failed), codes)
@@ -344,12 +348,20 @@ class _Launch:
         return f"rank {index} {exit_description(self.codes[index])}"
 
 
-def _stop(processes, grace: float, first: int = signal.SIGTERM) -> None:
-    """SIGTERM (``first`` to the first process) and SIGCONT, so a stopped process ends too, to every live
-    process, then SIGKILL those still alive ``grace`` seconds later (at once with grace 0)."""
+def _follower_stop(relay: bool) -> int:
+    """The signal the launcher ends a rank other than 0 with: LAUNCHER_STOP when stops are relayed (such a
+    rank takes SIGTERM as word that a stop is coming, from a SIGTERM to the whole process group), else
+    SIGTERM."""
+    return LAUNCHER_STOP if relay else signal.SIGTERM
+
+
+def _stop(processes, grace: float, first: int = signal.SIGTERM, others: int = signal.SIGTERM) -> None:
+    """``first`` to the first process and ``others`` to the rest (SIGTERM, or LAUNCHER_STOP for relayed
+    followers), and SIGCONT, so a stopped process ends too, to every live process, then SIGKILL those still
+    alive ``grace`` seconds later (at once with grace 0)."""
     live = [p for p in processes if p.exitcode is None]
     for p in live:
-        sig = first if p is processes[0] else signal.SIGTERM
+        sig = first if p is processes[0] else others
         with contextlib.suppress(OSError):
             os.kill(p.pid, sig if grace > 0 else signal.SIGKILL)
             os.kill(p.pid, signal.SIGCONT)
