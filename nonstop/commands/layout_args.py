@@ -156,10 +156,10 @@ def check_before_start(args, layout, slots: int = 1):
     against the config: a truncated or broken file, a missing tensor), and unless --no-preflight, CPU
     ranks' memory: their processes' own (this process's, measured), their parts of the model and the
     caches of ``slots`` sequences (``engine/layout_preflight.py``). Returns the model's config."""
-    import os
 
     import torch
 
+    from nonstop.dist.comm import env_int
     from nonstop.dist.shard import check_layout
     from nonstop.runtime.distributed import check_backend
     from nonstop.weights.resolve import check_device, resolve_model
@@ -167,7 +167,7 @@ def check_before_start(args, layout, slots: int = 1):
     cfg, model_dir = resolve_model(args.model)
     check_layout(cfg, layout)
     check_backend(args.backend, torch.device(check_device(args.device).type), layout.world)
-    local = int(os.environ.get("LOCAL_WORLD_SIZE", layout.world))
+    local = env_int("LOCAL_WORLD_SIZE", layout.world)
     if check_device(args.device).type == "cuda" and torch.cuda.device_count() < local:
         where = "" if local == layout.world else f" ({local} on this host)"
         raise ValueError(

@@ -61,7 +61,6 @@ def _moe_ep(op: SuperOp, layout: Layout, rank: int, chunks: int, overlap: bool, 
     attrs.update(
         placement=placement,
         ep_ranks=layout.ep,
-        ep_rank=ep_rank,
         tp_ranks=layout.tp,
         tp_rank=layout.tp_rank(rank),
         rank=rank,
@@ -70,10 +69,9 @@ def _moe_ep(op: SuperOp, layout: Layout, rank: int, chunks: int, overlap: bool, 
         chunks=chunks,
         overlap=overlap,
         top_k=mc.top_k,
-        local_experts=len(placement.local(ep_rank)),
         physical_experts=placement.physical,
         max_local=placement.max_local,
-        local_fraction=placement.local_fraction(ep_rank),
+        **_expert_share(placement, ep_rank),
     )
     return SuperOp(f"L{op.layer}.moe_ep", "moe_ep", op.layer, op.reads, op.writes, dict(op.weights), attrs)
 
@@ -280,10 +278,19 @@ def collectives_as(program: Program, rows: int, tp_rank: int) -> list[Collective
     for op in program.ops:
         if op.kind in ("moe_ep", "vocab_gather"):
             rank = op.attrs.get("rank", 0) - op.attrs["tp_rank"] + tp_rank
-            place = {"ep_rank": rank % op.attrs["ep_ranks"]} if op.kind == "moe_ep" else {}
+            place = _expert_share(op.attrs["placement"], rank % op.attrs["ep_ranks"]) if op.kind == "moe_ep" else {}
             op = dataclasses.replace(op, attrs={**op.attrs, "tp_rank": tp_rank, "rank": rank, **place})
         out += op_collectives(op, program, rows)
     return out
+
+
+def _expert_share(placement, ep_rank: int) -> dict:
+    """The attrs of a ``moe_ep`` op that say which experts expert rank ``ep_rank`` holds (``_moe_ep``'s)."""
+    return {
+        "ep_rank": ep_rank,
+        "local_experts": len(placement.local(ep_rank)),
+        "local_fraction": placement.local_fraction(ep_rank),
+    }
 
 
 def merged(collectives: list[Collective]) -> list[Collective]:

@@ -64,3 +64,15 @@ def test_a_rendezvous_that_fails_early_says_when(monkeypatch):
         comm_mod.init(Layout.make(2, 1), "cpu", 10.0, rendezvous=60.0)
     said = str(e.value)
     assert "failed after 0.0 s (of the 60 s allowed) (address already in use)" in said, said
+
+
+def test_a_local_world_size_that_is_not_a_number_is_named(monkeypatch):
+    """``check_before_start`` read LOCAL_WORLD_SIZE with a bare int(): "invalid literal for int() with base
+    10: 'two'", without the variable's name."""
+    from nonstop.cli import build_parser
+    from nonstop.commands.layout_args import check_before_start, layout_from_args
+
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "two")
+    args = build_parser().parse_args(["generate", "--ep", "2", "--no-preflight", "hi"])
+    with pytest.raises(ValueError, match="LOCAL_WORLD_SIZE='two' is not a whole number"):
+        check_before_start(args, layout_from_args(args))
