@@ -127,11 +127,9 @@ class LLMProposer:
                 self.stopped = f"the endpoint stopped answering ({exc})"
                 out.append(Candidate(cid, "", self.name, error=self.stopped))
                 break
-            except TimeoutError as exc:
-                if not self.answered:
+            except (RuntimeError, OSError) as exc:  # OSError: timeouts, resets
+                if isinstance(exc, TimeoutError) and not self.answered:  # it has never answered in time
                     raise EndpointError(f"{self.url} sent no reply ({exc})") from None
-                out.append(Candidate(cid, "", self.name, error=f"the endpoint failed: {exc}"[:300]))
-            except (RuntimeError, OSError) as exc:  # OSError: resets
                 out.append(Candidate(cid, "", self.name, error=f"the endpoint failed: {exc}"[:300]))
                 continue
             self.answered += 1

@@ -228,3 +228,21 @@ def test_an_http_url_with_an_ipv6_host_and_port_is_taken():
     """The check refuses no real endpoint: an IPv6 host with a port, https, a trailing slash."""
     for url in ("http://[::1]:8000/v1", "https://api.example.com/v1/", "http://localhost:30000"):
         assert llm.LLMProposer(url, "m").url.endswith("/chat/completions")
+
+
+def test_a_timeout_after_an_answer_is_one_candidate_not_produced(endpoint):
+    """A timeout after the endpoint has answered costs that one candidate and the round goes on: the
+    timeout branch once fell through to the success path (the previous reply counted again, or a crash on
+    the first). Before any answer it ends the run (EndpointError)."""
+    endpoint["replies"] = [
+        _completion("```python\nA\n```"),
+        TimeoutError("timed out"),
+        _completion("```python\nC\n```"),
+    ]
+    p = llm.LLMProposer("http://h/v1", "m")
+    first, second, third = p.propose(_context(), 3)
+    assert first.source == "A\n" and third.source == "C\n" and p.answered == 2
+    assert second.source == "" and second.error and "timed out" in second.error
+    endpoint["replies"] = [TimeoutError("timed out")]
+    with pytest.raises(llm.EndpointError, match="sent no reply"):
+        llm.LLMProposer("http://h/v1", "m").propose(_context(), 1)
