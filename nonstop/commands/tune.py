@@ -280,6 +280,14 @@ def run(args) -> int:
         target, proposer, args.rounds, args.candidates, path, args.timeout, say=lambda m: print(m, flush=True)
     )
     print("\n".join(report.lines()))
+    if report.outcomes and all(o.candidate.error for o in report.outcomes):
+        # every request failed (an endpoint answering 500 to each, say): the run tried nothing, and says so
+        print(
+            f"nonstop: error: no candidate was produced in {len(report.outcomes)} attempt(s); the last: "
+            f"{report.outcomes[-1].candidate.error}",
+            file=sys.stderr,
+        )
+        return 1
     return 0
 
 

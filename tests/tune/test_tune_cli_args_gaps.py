@@ -121,7 +121,7 @@ def test_no_store_writes_no_store(monkeypatch, tmp_path):
 
     def fake_tune(target, proposer, rounds, candidates, path, timeout, say):
         seen["path"] = path
-        return SimpleNamespace(lines=lambda: [])
+        return SimpleNamespace(lines=lambda: [], outcomes=[])
 
     monkeypatch.setattr(nonstop.tune.loop, "tune", fake_tune)
     store = tmp_path / "t.json"
