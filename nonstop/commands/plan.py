@@ -118,7 +118,8 @@ def add_parser(sub) -> None:
         "--input-len",
         type=positive_int,
         help="prompt tokens per request, as a serving benchmark states them: with --output-len the mean context "
-        "while decoding is input + output / 2 (instead of --context), and the plan adds the prefill of one prompt, "
+        "while decoding is input + output / 2 (instead of --context), memory must hold the cache of input + output "
+        "tokens (the requests' last step), and the plan adds the prefill of one prompt, "
         "the mean time to first token of --concurrency requests started together and what their prefills add per "
         "token in an aggregated server",
     )
@@ -531,7 +532,7 @@ def run(args) -> int:
         )
     requests = _requests(args)
     context = requests.context if requests else (default_context(cfg) if args.context is None else args.context)
-    check_positions(workload, requests.input_len + requests.output_len if requests else context)  # before a search
+    check_positions(workload, requests.peak if requests else context)  # before a search
     request = {
         "batch": args.batch,
         "context": context,

@@ -96,8 +96,14 @@ class Requests:
 
     @property
     def context(self) -> int:
-        """Mean cached tokens over a request's decode steps."""
+        """Mean cached tokens over a request's decode steps (what the step time is costed at)."""
         return self.input_len + self.output_len // 2
+
+    @property
+    def peak(self) -> int:
+        """Cached tokens at a request's last step: what its cache must hold (the requests of a batch start and
+        end together, so every sequence reaches it at once)."""
+        return self.input_len + self.output_len
 
 
 @dataclass
@@ -292,7 +298,8 @@ def predict(
         raise PlanError(f"unknown executor {executor!r}; choose one of: {', '.join(EXECUTORS)}")
     if context is None:
         context = requests.context if requests else default_context(workload.cfg)
-    check_positions(workload, requests.input_len + requests.output_len if requests else context)
+    held = requests.peak if requests else context  # the cached tokens memory must hold
+    check_positions(workload, held)
     if batch < 1 or context < 0:
         raise PlanError(f"--batch must be >= 1 and --context >= 0, got {batch} and {context}")
     check_layout(workload, layout)
@@ -319,10 +326,10 @@ def predict(
     draft_cache = group_seqs * draft.context_bytes(context) / layout.tp if draft is not None else 0.0
     t = step_time(ops, colls, chip, consts, executor, eager, draft, layout, slots, draft_cache)
     busiest = layout.fullest_stage_share(workload.cfg.num_hidden_layers)
-    resident = {k: v * busiest for k, v in resident_bytes(rank, stage, batch, context).items()}
+    resident = {k: v * busiest for k, v in resident_bytes(rank, stage, batch, held).items()}
     if draft is not None:  # the drafter's weights and its cache of every sequence, split like the target's heads
         seqs = math.ceil(batch / layout.dp)
-        resident["draft"] = (draft.params * FORMAT_BYTES["bf16"] + seqs * draft.context_bytes(context)) / layout.tp
+        resident["draft"] = (draft.params * FORMAT_BYTES["bf16"] + seqs * draft.context_bytes(held)) / layout.tp
     prefill = None
     if requests is not None:  # one sequence of I rows at its mean causal context I / 2, logits of its last row
         n = requests.input_len

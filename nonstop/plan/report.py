@@ -77,7 +77,8 @@ def describe(p: Prediction) -> str:
             f" -> {'fits' if p.fits else 'DOES NOT FIT'}"
         ),
     ]
-    lines.append(f"  {p.resident_parts(', ')} per rank")
+    held = f" (the cache at {p.requests.peak} tokens a sequence: the requests' last step)" if p.requests else ""
+    lines.append(f"  {p.resident_parts(', ')} per rank{held}")
     if not p.fits:
         lines.append(f"  {p.why_not()}")
     parts = [
