@@ -10,6 +10,7 @@ from nonstop.commands.common import (
     check_utf8_args,
     llm_from_args,
     sampling_from_args,
+    stream_text,
 )
 
 COMMANDS_HELP = "/reset clears the conversation, /exit or /quit (or end of input) quits"
@@ -146,7 +147,7 @@ def _reply(llm, messages: list[dict], params, start: list[dict]):
         llm.check_length(len(ids), params.max_tokens)
     except ValueError as exc:
         raise _too_long(llm, messages, params, start, exc) from None
-    out = llm.stream(None, params, prompt_ids=ids, on_text=lambda piece: print(piece, end="", flush=True))
+    out = stream_text(llm, params, ids)
     print(flush=True)
     return out
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import math
 
 from nonstop.program.ir import MAX_STEP_ROWS
@@ -182,6 +183,17 @@ def llm_from_args(args, cls=None, **kw):
         **extra,
         **kw,
     )
+
+
+def stream_text(llm, params, ids: list[int]):
+    """``llm.stream`` of ``ids`` with its text printed as it comes; whatever ends the stream early (an error, a
+    rank that died, Ctrl-C) ends the streamed line first, so its own line on stderr starts a line of its own."""
+    try:
+        return llm.stream(None, params, prompt_ids=ids, on_text=lambda piece: print(piece, end="", flush=True))
+    except BaseException:
+        with contextlib.suppress(OSError, ValueError):  # stdout closed or a broken pipe: nothing to end
+            print(flush=True)
+        raise
 
 
 def check_utf8_args(named: dict[str, str | list[str] | None]) -> None:

@@ -15,6 +15,7 @@ from nonstop.commands.common import (
     parse_token_ids,
     sampling_from_args,
     spec_from_args,
+    stream_text,
 )
 from nonstop.commands.layout_args import add_layout_args, llm_class
 
@@ -70,11 +71,8 @@ def run(args) -> int:
     ids = request.prompt_ids
     print(llm.tokenizer.decode(ids) if args.prompt_ids else prompt, end="", flush=True)
 
-    def show(text: str) -> None:
-        print(text, end="", flush=True)
-
     before = _compiling_s(llm)
-    out = llm.stream(None, params, prompt_ids=ids, on_text=show)  # the ids checked and echoed above
+    out = stream_text(llm, params, ids)  # the ids checked and echoed above
     compiling, anew = (now - then for now, then in zip(_compiling_s(llm), before))
     print(flush=True)
     if args.ids or not llm.tokenizer.accepts_text:
