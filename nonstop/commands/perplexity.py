@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import sys
 import time
 from pathlib import Path
@@ -133,7 +134,7 @@ def score(args, llm, ids: list[int], context: int, progress):
         check_logits_memory(args.batch_size, context, windows, window, llm.cfg.vocab_size, llm.device)
     try:
         with torch.inference_mode():
-            return score_token_ids(
+            result = score_token_ids(
                 llm.model,
                 ids,
                 context=context,
@@ -149,6 +150,13 @@ def score(args, llm, ids: list[int], context: int, progress):
             f"out of memory scoring {windows} window(s) of {window} tokens a forward: "
             f"{lower_hint(args.batch_size, context)}"
         ) from None
+    if math.isnan(result.total_nll):  # an overflow to +inf is a result (perplexity inf); a NaN is none
+        dtype = str(llm.dtype).replace("torch.", "")
+        raise ValueError(
+            f"the model's logits are not finite in {dtype} (the negative log-likelihood is NaN): "
+            + ("try --dtype bfloat16 or float32" if dtype == "float16" else "the checkpoint's weights may be broken")
+        )
+    return result
 
 
 def read_text(path: Path) -> str:
