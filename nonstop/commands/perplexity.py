@@ -8,6 +8,7 @@ import time
 from pathlib import Path
 
 from nonstop.commands.common import add_model_args, positive_int
+from nonstop.program.preflight import size_text
 
 DEFAULT_CONTEXT = 512  # tokens per window when --context is not given (fewer where the model has fewer positions)
 LONG_TEXT_CHARS = 1_000_000  # tokenizing more characters than this is announced on stderr (seconds of work)
@@ -22,7 +23,7 @@ def add_parser(sub) -> None:
         "no cache; consecutive windows share one token so every token after the first is predicted once). Prints the "
         "token "
         "count, the mean negative log-likelihood in nats and a last line 'perplexity: X'. With --max-tokens only as "
-        "much of the file is tokenized as those tokens need.",
+        "much of the file is read and tokenized as those tokens need.",
     )
     p.add_argument(
         "file", help="UTF-8 text file to score as written (line ends too; a leading byte-order mark is not scored)"
@@ -65,12 +66,14 @@ def run(args) -> int:
     if not args.file:
         raise ValueError("the text file to score is an empty path: give a file name")
     path = Path(args.file)
-    text = read_text(path)
+    text = read_text(path) if args.max_tokens is None else FilePrefixes(path)  # a prefix is all --max-tokens reads
     context = ids = whole = None
 
-    def announce(chars: int, total: int) -> None:
+    def announce(chars: int, total: int | None) -> None:
         if chars >= LONG_TEXT_CHARS:
-            print(f"  tokenizing {chars:,} of {total:,} characters", file=sys.stderr, flush=True)
+            what = f"{chars:,} of {total:,} characters" if total is not None else f"the first {chars:,} characters"
+            size = "" if total is not None else f" (a file of {size_text(text.size)})"
+            print(f"  tokenizing {what}{size}", file=sys.stderr, flush=True)
 
     def before_load(llm) -> None:  # config and tokenizer known, weights not loaded yet: refuse early
         nonlocal context, ids, whole
@@ -159,15 +162,71 @@ def score(args, llm, ids: list[int], context: int, progress):
     return result
 
 
+UTF8_BOM = b"\xef\xbb\xbf"
+PREFIX_CHUNK_BYTES = 1 << 20  # a file read by prefixes (--max-tokens) is read at least this much at a time
+
+
+def _regular_file(path: Path) -> None:
+    if not path.is_file():
+        raise FileNotFoundError(f"{path}: no such file" if not path.exists() else f"{path}: not a regular file")
+
+
+def _not_utf8(path: Path, exc: UnicodeDecodeError, at: int) -> ValueError:
+    """The error for bytes that are not UTF-8 at byte ``at`` of the file (counting a byte-order mark)."""
+    return ValueError(f"{path}: not UTF-8 text ({exc.reason} at byte {at})")
+
+
 def read_text(path: Path) -> str:
     """The text of ``path`` as UTF-8, byte for byte: line ends kept as written (``\\r\\n`` is two characters to
     score, not one), a leading byte-order mark dropped (it marks the encoding; it is not text)."""
-    if not path.is_file():
-        raise FileNotFoundError(f"{path}: no such file" if not path.exists() else f"{path}: not a regular file")
+    _regular_file(path)
+    data = path.read_bytes()
+    bom = len(UTF8_BOM) if data.startswith(UTF8_BOM) else 0
     try:
-        return path.read_bytes().decode("utf-8-sig")
+        return data[bom:].decode("utf-8")
     except UnicodeDecodeError as exc:
-        raise ValueError(f"{path}: not UTF-8 text ({exc.reason} at byte {exc.start})") from None
+        raise _not_utf8(path, exc, bom + exc.start) from None
+
+
+class FilePrefixes:
+    """``read(n)`` -> (the first ``n`` characters of a UTF-8 file, whether they are all of it), as ``read_text``
+    decodes it, reading no more of the file than that (and a chunk): ``leading_token_ids`` reads a large file
+    by prefixes with --max-tokens, so a few tokens of a corpus of gigabytes cost megabytes."""
+
+    def __init__(self, path: Path):
+        import codecs
+
+        _regular_file(path)
+        self.path = path
+        self.size = path.stat().st_size
+        self.decoder = codecs.getincrementaldecoder("utf-8")()
+        self.parts: list[str] = []
+        self.chars = 0
+        self.offset = 0  # bytes read
+        self.ended = False
+
+    def __call__(self, n: int | None) -> tuple[str, bool]:
+        while not self.ended and (n is None or self.chars <= n):  # one character past n: is there more?
+            self._read(PREFIX_CHUNK_BYTES if n is None else max(PREFIX_CHUNK_BYTES, n + 1 - self.chars))
+        text = "".join(self.parts)
+        self.parts = [text]
+        return (text if n is None else text[:n]), self.ended and (n is None or n >= len(text))
+
+    def _read(self, size: int) -> None:
+        with self.path.open("rb") as f:
+            f.seek(self.offset)
+            chunk = f.read(max(size, len(UTF8_BOM)) if self.offset == 0 else size)  # a BOM is read whole
+        self.ended = not chunk
+        if self.offset == 0 and chunk.startswith(UTF8_BOM):
+            chunk, self.offset = chunk[len(UTF8_BOM) :], len(UTF8_BOM)
+        pending = len(self.decoder.getstate()[0])  # bytes of a character cut by the last chunk
+        try:
+            piece = self.decoder.decode(chunk, final=self.ended)
+        except UnicodeDecodeError as exc:
+            raise _not_utf8(self.path, exc, self.offset - pending + exc.start) from None
+        self.offset += len(chunk)
+        self.parts.append(piece)
+        self.chars += len(piece)
 
 
 def no_tokenizer_message(model_dir, vocab_size: int) -> str:

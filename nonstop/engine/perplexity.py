@@ -8,8 +8,8 @@ Full windows run ``batch_size`` at a time; the shorter last window runs alone. A
 of C tokens holds B·C·V fp32 logits twice (the logits and their log-softmax): ``largest_forward`` and
 ``logits_bytes`` say how much the largest one needs, for a check before scoring starts.
 
-``leading_token_ids`` finds the first ids of a long text by tokenizing only a prefix of it, so that
-scoring a few tokens of a large file does not wait for the whole file to be tokenized.
+``leading_token_ids`` finds the first ids of a long text by reading and tokenizing only a prefix of it, so
+that scoring a few tokens of a large file neither waits for the whole file to be tokenized nor holds it all.
 """
 
 from __future__ import annotations
@@ -28,28 +28,41 @@ MIN_PREFIX_CHARS = 4096
 
 def leading_token_ids(
     encode: Callable[[str], list[int]],
-    text: str,
+    text: str | Callable[[int | None], tuple[str, bool]],
     count: int | None = None,
-    announce: Callable[[int, int], None] | None = None,
+    announce: Callable[[int, int | None], None] | None = None,
 ) -> tuple[list[int], bool]:
     """(ids, whole). whole True: ids is ``encode(text)``, the text encoded whole (``count`` None, or the
     prefixes below reached its end). whole False: ids are the first ``count`` ids of ``encode(text)``, found
     by encoding prefixes of ``text`` only. The ids near the end of a prefix may differ from the whole text's
     (a word cut in two), the ids well before it do not: the prefix doubles until two successive prefixes agree
-    on their first ``count`` ids. ``announce(chars, total)`` is called before each encoding of ``chars`` of
-    the text's ``total`` characters."""
-    size = len(text) if count is None else max(MIN_PREFIX_CHARS, FIRST_PREFIX_CHARS_PER_ID * count)
-    before: list[int] | None = None
-    while size < len(text):
-        if announce is not None:
-            announce(size, len(text))
-        ids = encode(text[:size])
-        if before is not None and len(before) >= count and before[:count] == ids[:count]:
-            return ids[:count], False
-        before, size = ids, 2 * size
+    on their first ``count`` ids. ``text`` is the text, or ``read(n)`` -> (its first ``n`` characters, all
+    of them when ``n`` is None; whether that is the whole text), so that a file is read no further than the
+    prefixes need. ``announce(chars, total)`` is called before each encoding of ``chars`` characters of the
+    text's ``total`` (None where the text is read by prefixes and not read to its end)."""
+    if isinstance(text, str):
+        total: int | None = len(text)
+        read = lambda n: (text[:n], n is None or n >= len(text))  # noqa: E731 - the text as a reader
+    else:
+        total, read = None, text
+    if count is not None:
+        size = max(MIN_PREFIX_CHARS, FIRST_PREFIX_CHARS_PER_ID * count)
+        before: list[int] | None = None
+        while True:
+            prefix, whole = read(size)
+            if whole:
+                break
+            if announce is not None:
+                announce(size, total)
+            ids = encode(prefix)
+            if before is not None and len(before) >= count and before[:count] == ids[:count]:
+                return ids[:count], False
+            before, size = ids, 2 * size
+    else:
+        prefix, _ = read(None)
     if announce is not None:
-        announce(len(text), len(text))
-    return encode(text), True
+        announce(len(prefix), len(prefix))
+    return encode(prefix), True
 
 
 @dataclass(frozen=True)
