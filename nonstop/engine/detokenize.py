@@ -55,8 +55,8 @@ class IncrementalDecoder:
         read part holds no real token makes the next real token the first one decoded in the window but not
         in the read part, and a SentencePiece decoder strips only that one's leading space ("x<tool>y"
         streamed as "xy" where the whole decode is "x y")."""
-        special = self.tokenizer.special_name
-        if at - self.prefix < MAX_PENDING and all(special(t) is not None for t in self.ids[at:]):
+        left_out = self.tokenizer.left_out
+        if at - self.prefix < MAX_PENDING and all(left_out(t) for t in self.ids[at:]):
             return self.prefix
         return at
 
@@ -65,11 +65,11 @@ REPLACEMENT_BYTES = INCOMPLETE.encode()  # EF BF BD
 
 
 def wrote_replacement(tokenizer, ids: list[int]) -> bool:
-    """Whether the bytes of ``ids`` (special tokens left out) end with a U+FFFD written whole: EF BF BD after
-    bytes that leave no character open. False where a token's bytes are unknown (``token_bytes`` None)."""
+    """Whether the bytes ``decode`` writes for ``ids`` end with a U+FFFD written whole: EF BF BD after bytes that
+    leave no character open. False where a token's bytes are unknown (``token_bytes`` None)."""
     parts = []
     for t in ids:
-        if tokenizer.special_name(t) is None:
+        if not tokenizer.left_out(t):
             b = tokenizer.token_bytes(t)
             if b is None:
                 return False

@@ -3,9 +3,11 @@
 * ``tokenizer.json`` (HF ``tokenizers``): Llama, DeepSeek, k3-nano, synthetic checkpoints.
 * ``tiktoken.model`` (the ``tiktoken`` package): Kimi K2 / Kimi Linear / Kimi K3. The file holds one
   ``<base64 token bytes> <rank>`` line per base token; the special tokens take the 256 + 2 ids after
-  the base vocabulary, named by ``added_tokens_decoder`` in ``tokenizer_config.json`` (unnamed ones
-  ``<|reserved_token_{id}|>``), and the pre-tokeniser is Kimi's regex (Han runs apart from other
-  letters). Special tokens written in the text (as chat templates write them) encode as themselves.
+  the base vocabulary (no more than the model's vocabulary holds: K3's has 256), named by
+  ``added_tokens_decoder`` in ``tokenizer_config.json`` (unnamed ones ``<|reserved_token_{id}|>``), and
+  the pre-tokeniser is Kimi's regex (Han runs apart from other letters). Special tokens written in the
+  text (as chat templates write them) encode as themselves; decoding leaves out only those transformers
+  skips (``TiktokenTokenizer``), so ``<think>`` and the tool-call markers stay in the text.
 * neither: ``IdTokenizer``, which refuses text (give token ids) and decodes to nothing, so nothing
   is silently read as bytes. ``ByteTokenizer`` (token id = UTF-8 byte) serves presets with random
   weights and is chosen explicitly with ``tokenizer="bytes"``.
@@ -141,6 +143,10 @@ class Tokenizer:
 
     def special_name(self, token_id: int) -> str | None:
         return None
+
+    def left_out(self, token_id: int) -> bool:
+        """Whether ``decode`` leaves the token out of the text (a special token it skips)."""
+        return self.special_name(token_id) is not None
 
     def token_bytes(self, token_id: int) -> bytes | None:
         """The token's own bytes, where the tokenizer is byte-level and says them (else None)."""
@@ -302,7 +308,19 @@ KIMI_PATTERN = "|".join(
         r"\s+",
     ]
 )
-KIMI_SPECIAL_IDS = 256 + 2  # special-token ids after the base vocabulary
+KIMI_SPECIAL_IDS = 256 + 2  # special-token ids after the base vocabulary (K3's tokenizer: 256), up to the model's
+# the chat markers Moonshot's tokenizer class skips in decode when tokenizer_config.json lists no
+# additional_special_tokens (with bos / eos / unk / pad: transformers' all_special_ids)
+KIMI_DEFAULT_ADDITIONAL = (
+    "<|im_end|>",
+    "<|im_user|>",
+    "<|im_assistant|>",
+    "<|start_header_id|>",
+    "<|end_header_id|>",
+    "[EOT]",
+    "<|im_system|>",
+    "<|im_middle|>",
+)
 MAX_ENCODE_CHARS = 400_000  # tiktoken is fed slices of at most this many characters ...
 MAX_RUN_CHARS = 25_000  # ... each without longer runs of whitespace or of non-whitespace
 
@@ -349,6 +367,12 @@ def _slices(text: str):
 
 
 class TiktokenTokenizer(Tokenizer):
+    """Kimi's tokenizer. ``decode`` follows Moonshot's class under transformers' ``skip_special_tokens=True``
+    (what servers decode with): it leaves out transformers' ``all_special_ids`` only, the named special tokens
+    (bos, eos, unk, pad ...) and ``additional_special_tokens`` (``KIMI_DEFAULT_ADDITIONAL`` where the config lists
+    none); every other special id (``<think>``, the tool-call markers a tool parser reads, reserved ids) is
+    written as its name. Ids the tokenizer does not know (a model vocabulary padded past it) have no text."""
+
     name = "tiktoken.model"
 
     def __init__(self, model_dir: Path, vocab_size: int, config: dict | None = None):
@@ -359,8 +383,9 @@ class TiktokenTokenizer(Tokenizer):
         ranks = read_tiktoken_ranks(path)
         base = len(ranks)
         named = self._named_specials(model_dir)
-        specials = {named.get(i, f"<|reserved_token_{i}|>"): i for i in range(base, base + KIMI_SPECIAL_IDS)}
-        specials.update({text: i for i, text in named.items() if i >= base + KIMI_SPECIAL_IDS})
+        block = base + max(0, min(KIMI_SPECIAL_IDS, vocab_size - base))  # no reserved id past the model's ids
+        specials = {named.get(i, f"<|reserved_token_{i}|>"): i for i in range(base, block)}
+        specials.update({text: i for i, text in named.items() if i >= block})
         try:
             self.enc = tiktoken.Encoding(
                 path.name, pat_str=KIMI_PATTERN, mergeable_ranks=ranks, special_tokens=specials
@@ -370,6 +395,7 @@ class TiktokenTokenizer(Tokenizer):
         self.base = base
         self.special_ids = set(specials.values())
         self.special_names = {i: text for text, i in specials.items()}
+        self.skipped_ids = {specials[t] for t in self._skipped_names() if t in specials}
 
     def _named_specials(self, model_dir: Path) -> dict[int, str]:
         """{id: text} of ``added_tokens_decoder`` in tokenizer_config.json."""
@@ -385,15 +411,35 @@ class TiktokenTokenizer(Tokenizer):
             out[int(key)] = text
         return out
 
+    def _skipped_names(self) -> list[str]:
+        """The texts of transformers' ``all_special_tokens`` for this config: the named special tokens and
+        ``additional_special_tokens`` (transformers 5 may write it ``extra_special_tokens``), else the class's."""
+        names = [_special_text(self.config.get(k)) for k in NAMED_SPECIAL_TOKENS]
+        extra = self.config.get("additional_special_tokens", self.config.get("extra_special_tokens"))
+        listed = extra if isinstance(extra, list) and extra else KIMI_DEFAULT_ADDITIONAL
+        return [t for t in names + [_special_text(v) for v in listed] if t]
+
     def _encode(self, text: str, add_special_tokens: bool) -> list[int]:
         ids: list[int] = []
         for piece in _slices(text):
             ids += self.enc.encode(piece, allowed_special="all")
         return ids
 
+    def _known(self, token_id: int) -> bool:
+        return 0 <= token_id < self.base or token_id in self.special_names
+
     def decode(self, ids: list[int]) -> str:
-        """Text of the base-vocabulary ids (special tokens left out, as HF's skip_special_tokens)."""
-        return self.enc.decode([i for i in ids if 0 <= i < self.base])
+        """Text of ``ids`` without those transformers skips (``skipped_ids``) and those it has no text for; the
+        other special tokens by their names (see the class)."""
+        return self.enc.decode([i for i in ids if self._known(i) and i not in self.skipped_ids])
+
+    def left_out(self, token_id: int) -> bool:
+        return token_id in self.skipped_ids or not self._known(token_id)
+
+    def token_text(self, token_id: int) -> str:
+        """``Tokenizer.token_text``; an id the tokenizer does not know as ``<|id|>`` (as ``ByteTokenizer`` writes
+        its ids past the bytes), so that distinct ids never share the empty text."""
+        return super().token_text(token_id) if self._known(token_id) else f"<|{token_id}|>"
 
     def token_id(self, text: str) -> int | None:
         try:
@@ -405,7 +451,8 @@ class TiktokenTokenizer(Tokenizer):
         return self.special_names.get(token_id)
 
     def token_bytes(self, token_id: int) -> bytes | None:
-        return self.enc.decode_single_token_bytes(token_id) if 0 <= token_id < self.base else None
+        """The bytes ``decode`` writes for the token: a base token's, or a special token's name."""
+        return self.enc.decode_single_token_bytes(token_id) if self._known(token_id) else None
 
 
 class ByteTokenizer(Tokenizer):

@@ -20,6 +20,9 @@ class SentencePieceLike:
     def special_name(self, token_id):
         return SPECIAL.get(token_id)
 
+    def left_out(self, token_id):
+        return token_id in SPECIAL
+
 
 def _stream(ids):
     dec = IncrementalDecoder(SentencePieceLike())
