@@ -214,6 +214,9 @@ class ModelCache:
         self.cfg = cfg
         self.num_slots = num_slots
         self.lengths = torch.zeros(num_slots, dtype=torch.long, device=device)
+        # per slot, on the host: steps made (``batch``) and resets; an executor that continues a slot from its own
+        # device state (the megakernel's ``decode_next``) checks that no other step or reset touched it since
+        self.touches = [0] * num_slots
         self.pages = PageTable(num_slots, page_size, num_slots * -(-capacity // page_size), device)
         self.layers: list = []
         for kind in cfg.attn_types:
@@ -236,6 +239,8 @@ class ModelCache:
             raise ValueError(f"a step needs distinct cache slots in 0..{self.num_slots - 1}, got {ids}")
         batch = StepBatch(slots=slots, start=self.lengths[slots].clone(), T=T, keep_states=keep_states)
         self.pages.reserve_rows(batch.slots, batch.end)
+        for s in ids:
+            self.touches[s] += 1
         return batch
 
     def advance(self, batch: StepBatch, counts=None) -> None:
@@ -269,6 +274,7 @@ class ModelCache:
 
     def reset(self, slot: int) -> None:
         """Free a slot: its length returns to 0, its pages to the pool and its recurrent state to zeros."""
+        self.touches[slot] += 1
         self.lengths[slot] = 0
         self.pages.release(slot)
         for layer in self.layers:

@@ -79,6 +79,8 @@ class MegakernelExecutor(SuperOpExecutor):
         self.impl = dict(self.impl, advance=advance.launch)
         self.grid = grid
         self._kernels: dict[int, StepKernel] = {}  # id(step) -> its megakernel
+        # id(step) -> (id(cache), cache.touches when the step's launch was made): what a continuation checks
+        self._launched_at: dict[int, tuple[int, list[int]]] = {}
         self._steps_by_buf: dict[int, StaticStep] = {}
         self.stats["schedule"] = {}
 
@@ -147,6 +149,7 @@ class MegakernelExecutor(SuperOpExecutor):
         step.slots.copy_(batch.slots)
         step.start.copy_(batch.start)
         self._run_step(cache, step)
+        self._note_launch(step, cache)
         return step.buf["logits"].view(B, T, -1)
 
     def _run_step(self, cache: ModelCache, step: StaticStep) -> None:
@@ -165,9 +168,10 @@ class MegakernelExecutor(SuperOpExecutor):
         otherwise). The caller keeps ``cache.advance(batch)`` as usual."""
         B = batch.slots.shape[0]
         step = self.static_step(B, 1, batch.keep_states)
-        self._require_launched(step, batch.slots)
+        self._require_launched(step, batch.slots, cache, made=1)
         self.stats["program_steps"] += 1
         self._run_step(cache, step)
+        self._note_launch(step, cache)
         return step.buf["next_ids"].view(B, 1)
 
     def decode_steps(self, cache: ModelCache, slots: list[int], n: int) -> torch.Tensor:
@@ -178,7 +182,7 @@ class MegakernelExecutor(SuperOpExecutor):
         if not 1 <= n <= advance.LOG:
             raise ValueError(f"decode_steps: 1..{advance.LOG} steps per launch")
         step = self.static_step(len(slots), 1)
-        self._require_launched(step, torch.as_tensor(slots, dtype=torch.long, device=step.slots.device))
+        self._require_launched(step, torch.as_tensor(slots, dtype=torch.long, device=step.slots.device), cache)
         batch = cache.batch(slots, n)  # page reservation for positions start .. start + n - 1
         fit_pools(cache)
         env = ExecEnv(step.buf, cache, step.batch)
@@ -186,6 +190,7 @@ class MegakernelExecutor(SuperOpExecutor):
         counter = LaunchCounter(self.device)
         with counter:
             mk.launch(num_steps=n)
+        self._note_launch(step, cache)
         self.stats["program_steps"] += n
         self.stats["launches_per_multi_step"] = counter.total
         cache.advance(batch)
@@ -221,6 +226,7 @@ class MegakernelExecutor(SuperOpExecutor):
         else:
             fit_pools(cache)
             self.step_kernel(ExecEnv(step.buf, cache, step.batch)).launch(num_steps=n)
+        self._note_launch(step, cache)
         self.stats["program_steps"] += n
         self.stats["sampling_launches"] = self.stats.get("sampling_launches", 0) + 1
         self.stats["device_sampled_steps"] = self.stats.get("device_sampled_steps", 0) + n
@@ -229,11 +235,16 @@ class MegakernelExecutor(SuperOpExecutor):
         cols = (first[:, None] + torch.arange(n)[None, :]) % advance.LOG
         return step.buf["token_log"].to("cpu").gather(1, cols)
 
-    def _require_launched(self, step: StaticStep, slots: torch.Tensor) -> None:
+    def _note_launch(self, step: StaticStep, cache: ModelCache) -> None:
+        self._launched_at[id(step)] = (id(cache), list(cache.touches))
+
+    def _require_launched(self, step: StaticStep, slots: torch.Tensor, cache: ModelCache, made: int = 0) -> None:
         """A step from the device continues the shape's previous step: its kernel ran, on these ``slots``
         (the kernel reads the shape's static slots; others would advance one sequence's cache on the host
-        while the kernel writes another's)."""
-        if id(step) not in self._kernels:
+        while the kernel writes another's), and nothing else touched them since (``ModelCache.touches``:
+        ``made`` steps made for this one): a step of another shape (a prefill chunk, a verification) or a
+        reset moves a sequence on where the shape's device ids and positions do not follow."""
+        if id(step) not in self._kernels or id(step) not in self._launched_at:
             raise ValueError(
                 f"no step of shape {step.name} ran yet: the first step of a shape takes its inputs from forward()"
             )
@@ -241,6 +252,13 @@ class MegakernelExecutor(SuperOpExecutor):
             raise ValueError(
                 f"a decode step from the device continues the sequences of the previous step of shape {step.name}"
                 f" (slots {step.slots.tolist()}), not slots {slots.tolist()}: run forward() for other sequences"
+            )
+        cache_id, touches = self._launched_at[id(step)]
+        moved = [s for s in slots.tolist() if cache_id != id(cache) or cache.touches[s] != touches[s] + made]
+        if moved:
+            raise ValueError(
+                f"slot(s) {moved} moved on since the previous step of shape {step.name} (another step or a reset "
+                "ran on them, or another cache): run forward() to continue them from the host"
             )
 
     def next_ids(self, B: int, T: int = 1, keep_states: bool = False) -> torch.Tensor:
