@@ -64,6 +64,7 @@ class EngineLoop:
         self._waiting: collections.deque[tuple[Request, Sink]] = collections.deque()
         self._cancelled: set[str] = set()
         self._sinks: dict[str, tuple[Request, Sink, int]] = {}  # admitted: id -> (request, sink, tokens sent)
+        self._admitting = 0  # taken off the queue for a free slot, not admitted yet (their slots still look free)
         self._thread: threading.Thread | None = None
         self._stopping = False
         self.fatal_error: str | None = None
@@ -88,6 +89,11 @@ class EngineLoop:
         """Requests holding a cache slot."""
         return len(self.core.prefilling) + len(self.core.running)
 
+    @property
+    def num_slots(self) -> int:
+        """Requests that can hold a cache slot at once (``--max-batch``)."""
+        return self.core.cache.num_slots
+
     def start(self) -> EngineLoop:
         self._thread = threading.Thread(target=self._run, name="nonstop-engine", daemon=True)
         self._thread.start()
@@ -102,13 +108,17 @@ class EngineLoop:
             self._thread.join(timeout)
 
     def submit(self, req: Request, sink: Sink) -> None:
-        """Queue ``req``; its events go to ``sink``. Raises EngineOverloaded / EngineStopped."""
+        """Queue ``req``; its events go to ``sink``. Raises EngineOverloaded when ``max_waiting`` requests already
+        wait for a slot: those queued that the free slots take at the next step boundary do not (the queue is
+        only read between steps, so a burst on an idle engine is all queued first), EngineStopped."""
         with self._cond:
             if not self.running:
                 raise EngineStopped(self.fatal_error or "the engine is not running")
-            if len(self._waiting) >= self.max_waiting:
+            unclaimed = max(0, len(self.core.free_slots) - self._admitting)
+            waiting = len(self._waiting) - unclaimed
+            if waiting >= self.max_waiting:
                 raise EngineOverloaded(
-                    f"{len(self._waiting)} requests are already waiting (limit {self.max_waiting}); retry later"
+                    f"{waiting} requests are already waiting for a slot (limit {self.max_waiting}); retry later"
                 )
             self._waiting.append((req, sink))
             self._cond.notify()
@@ -150,8 +160,11 @@ class EngineLoop:
                 req, sink = self._waiting.popleft()
                 self._sinks[req.request_id] = (req, sink, 0)
                 admitted.append(req)
+            self._admitting = len(admitted)
         for req in admitted:
             self._admit(req)
+            with self._cond:
+                self._admitting -= 1
         for req in list(self.core.active):
             if req.request_id in cancelled:
                 self.core.abort(req, "abort")

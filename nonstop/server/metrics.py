@@ -98,7 +98,10 @@ class ServerMetrics:
             "nonstop_request_finish_total",
             "Generation requests that ended, by finish reason (stop, length, abort, error).",
         )
-        self.prompt_tokens = Counter("nonstop_prompt_tokens_total", "Prompt tokens of requests that ended.")
+        self.prompt_tokens = Counter(
+            "nonstop_prompt_tokens_total",
+            "Prompt tokens of requests that ended (one request per completion: n=2 counts its prompt twice).",
+        )
         self.generation_tokens = Counter("nonstop_generation_tokens_total", "Tokens generated.")
         self.ttft = Histogram(
             "nonstop_time_to_first_token_seconds",

@@ -28,15 +28,18 @@ class Submission:
         self.queue: asyncio.Queue[tuple[int, StreamEvent]] = asyncio.Queue()
         self.unfinished = {r.request_id for r in requests}
         self._submitted: list[Request] = []
+        self._refused = False  # refused part way (the client is told 429 / 503): what it queued ends unrecorded
 
     def start(self) -> None:
         """Submit every request; on overload cancel those already queued and raise 429 (503 if stopped)."""
         loop = asyncio.get_running_loop()
-        if len(self.requests) > self.engine.max_waiting:  # a 429 would never clear: say so
+        held = self.engine.num_slots + self.engine.max_waiting
+        if len(self.requests) > held:  # a 429 would never clear: say so
             raise APIError(
                 400,
-                f"this call asks for {len(self.requests)} completions (prompts x n) but the server queues at most "
-                f"{self.engine.max_waiting} (--max-waiting): send fewer at once",
+                f"this call asks for {len(self.requests)} completions (prompts x n) but the server holds at most "
+                f"{held} at once ({self.engine.num_slots} in slots, --max-batch, and {self.engine.max_waiting} "
+                "waiting, --max-waiting): send fewer at once",
                 param="n",
                 code="too_many_completions",
             )
@@ -45,6 +48,7 @@ class Submission:
                 self.engine.submit(req, self._sink(loop, index))
                 self._submitted.append(req)
         except (EngineOverloaded, EngineStopped) as exc:
+            self._refused = True
             self.cancel()
             if isinstance(exc, EngineOverloaded):
                 raise APIError(
@@ -59,7 +63,7 @@ class Submission:
 
     def _sink(self, loop: asyncio.AbstractEventLoop, index: int) -> Callable[[StreamEvent], None]:
         def sink(event: StreamEvent) -> None:
-            if event.finished:
+            if event.finished and not self._refused:
                 req = event.request
                 self.metrics.record_finished(
                     event.finish_reason, len(req.prompt_ids), len(req.output_ids), req.output().metrics

@@ -62,6 +62,7 @@ class SilentEngine:
     """An engine that accepts requests and never produces an event; records the ids it is asked to cancel."""
 
     max_waiting = 8
+    num_slots = 0
 
     def __init__(self):
         self.cancelled: list[str] = []

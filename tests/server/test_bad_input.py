@@ -135,8 +135,8 @@ def test_overload_gets_429_and_the_server_recovers(model_dir, tmp_path):
         assert small.wait_idle() == 0 and small.healthy()
         ok = httpx.post(small.api + "/completions", json={**body, "max_tokens": 2}, timeout=30)
         assert ok.status_code == 200
-        # more completions in one call than the queue holds: a 400 (a 429 would never clear), not queued
-        for many in ({**body, "n": 2}, {**body, "prompt": ["a", "b"]}):
+        # more completions in one call than its slot and the queue hold: a 400 (a 429 would never clear), not queued
+        for many in ({**body, "n": 3}, {**body, "prompt": ["a", "b", "c"]}):
             r = httpx.post(small.api + "/completions", json=many, timeout=30)
             assert r.status_code == 400 and r.json()["error"]["code"] == "too_many_completions", r.text
         assert small.metric("nonstop_queue_depth") == 0

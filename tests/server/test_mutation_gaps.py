@@ -164,6 +164,7 @@ class _Engine:
 
     def __init__(self, max_waiting: int, full: bool = False):
         self.max_waiting, self.full, self.submitted, self.cancelled = max_waiting, full, [], []
+        self.num_slots = 0  # every request waits: the call holds max_waiting at most
 
     def submit(self, request, sink) -> None:
         if self.full:

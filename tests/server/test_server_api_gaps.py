@@ -52,6 +52,7 @@ class ScriptedEngine:
         self.reply, self.running, self.fatal_error, self.shutting_down = reply, True, None, False
         self.num_active = self.num_waiting = 0
         self.max_waiting = 256
+        self.num_slots = 0
 
     def submit(self, req: Request, sink) -> None:
         decoder = IncrementalDecoder(ByteTokenizer(320))

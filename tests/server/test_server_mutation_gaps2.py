@@ -58,6 +58,7 @@ class ScriptedEngine:
         self.reply, self.running, self.fatal_error, self.shutting_down = reply, running, None, False
         self.refuse = refuse  # an exception every submission raises
         self.num_active, self.num_waiting, self.max_waiting = active, waiting, 256
+        self.num_slots = 0
         self.ids: list[str] = []
 
     def submit(self, req: Request, sink) -> None:

@@ -151,6 +151,7 @@ class _HeldEngine:
 
     def __init__(self, max_waiting: int = 8):
         self.max_waiting, self.sinks, self.cancelled = max_waiting, [], []
+        self.num_slots = 0
 
     def submit(self, request, sink) -> None:
         self.sinks.append((request, sink))
