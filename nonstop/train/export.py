@@ -49,7 +49,9 @@ def save_checkpoint(
     cfg: ModelConfig = model.cfg
     out_dir = Path(out_dir)
     with staged_checkpoint(out_dir, replaces=SIDE_FILES) as stage:
-        greedy = {"do_sample": False, "max_new_tokens": max_new_tokens}
+        # a default that fits the context (the loader refuses max_new_tokens >= max_position_embeddings)
+        room = max(1, min(max_new_tokens, cfg.max_position_embeddings - 1))
+        greedy = {"do_sample": False, "max_new_tokens": room}
         write_side_files(stage, cfg, dtype, greedy, Path(tokenizer_dir) if tokenizer_dir is not None else None)
         tensors = hf_tensors(cfg, model.state_dict(), dtype)
         save_file(tensors, str(stage / "model.safetensors"), metadata={"format": "pt"})

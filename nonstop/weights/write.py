@@ -80,14 +80,19 @@ SIDE_FILES = ("config.json", "generation_config.json", *TOKENIZER_FILES)  # what
 def write_side_files(
     stage: Path, cfg: ModelConfig, dtype: torch.dtype, generation: dict, tokenizer_dir: Path | None
 ) -> None:
-    """config.json (``torch_dtype`` named), generation_config.json (the config's bos / pad / eos ids, then
+    """config.json (``torch_dtype``, and ``dtype`` where the config spells it so, naming ``dtype``),
+    generation_config.json (the config's bos / pad / eos ids, then
     ``generation``) and the ``TOKENIZER_FILES`` that ``tokenizer_dir`` has, into ``stage``. The weights
     written beside it are ``dtype`` floats (fp8 ones dequantised) and, for MXFP4 experts, packed MXFP4: the
     ``quantization_config`` is kept only for the latter (an fp8 one would announce scales that are not there)."""
     hf = cfg.to_hf_dict()
     if not (cfg.moe and cfg.moe.expert_format == "mxfp4"):
         hf = without_quantization(hf)
-    hf["torch_dtype"] = DTYPE_NAMES.get(dtype, str(dtype))
+    name = DTYPE_NAMES.get(dtype, str(dtype))
+    hf["torch_dtype"] = name
+    for level in (hf, hf.get("text_config")):  # transformers 5 reads "dtype" before "torch_dtype": the same name
+        if isinstance(level, dict):
+            level.update({k: name for k in ("dtype", "torch_dtype") if k in level})
     (stage / "config.json").write_text(json.dumps(hf, indent=2) + "\n")
     gen = {k: v for k, v in (("bos_token_id", cfg.bos_token_id), ("pad_token_id", cfg.pad_token_id)) if v is not None}
     if cfg.eos_token_ids:
