@@ -23,7 +23,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from script_args import MODEL_HELP, add_out_arg, positive_int, run
+from script_args import MODEL_HELP, add_out_arg, decode_tokens, positive_int, run
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -67,11 +67,11 @@ def main() -> None:
         "--rounds", type=positive_int, default=3, help="rounds of every configuration beside the busy ones (default 3)"
     )
     ap.add_argument("--runs", type=positive_int, default=3, help="timed generations per worker (default 3)")
-    ap.add_argument("--tokens", type=int, default=64, help="new tokens per timed generation, >= 2 (default 64)")
+    ap.add_argument(
+        "--tokens", type=decode_tokens, default=64, help="new tokens per timed generation, >= 2 (default 64)"
+    )
     add_out_arg(ap, "cpu_busy.json")
     args = ap.parse_args()
-    if args.tokens < 2:
-        ap.error("--tokens must be >= 2")
     sys.path.insert(0, str(ROOT))
     import torch
 

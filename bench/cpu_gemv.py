@@ -1,10 +1,10 @@
 """One-row weight products on the CPU: the ``cpu`` executor's tiled GEMV kernels against torch's.
 
-For each weight shape [N, K] (by default the shapes of k3-nano's and a 246M Llama's decode steps), a set
-of distinct fp32 weights (--working-set MB: by default 96 MB or twice the last-level cache, the larger) is
-cycled so every product reads its weight from memory, as a decode step does; a smaller --working-set is
-warned about (its products may read the cache instead). The bf16 and int8 formats pack the same weights
-into a half and about a quarter of those bytes. Timed per product, x [1, K] fp32:
+For each weight shape [N, K] (by default the shapes of k3-nano's and a 246M Llama's decode steps), each
+format cycles distinct weights that fill --working-set MB in its own bytes (by default 96 MB or twice the
+last-level cache, the larger; so int8 cycles about four times as many matrices as fp32), so every product
+reads its weight from memory, as a decode step does; a smaller --working-set is warned about (its products
+may read the cache instead). Timed per product, x [1, K] fp32:
   torch fp32            ``x @ Wᵀ`` on the plain matrix (BLAS)
   tiled fp32 4K pages   ``linear_f32`` on the row tiles (``runtime/cpu/packed.F32Weight``), ordinary pages
   tiled fp32            the same tiles on huge pages, as the executor places them (``pack.place_on_huge_pages``)
@@ -75,8 +75,8 @@ def main() -> None:
         "--working-set",
         type=positive_float,
         default=None,
-        help="MB of fp32 weights cycled per shape (default: 96 MB or twice the last-level cache, the larger; "
-        "less than twice the cache is warned about)",
+        help="MB (1e6 bytes) of weights each format cycles per shape, in its own bytes (default: 96 MB or twice the "
+        "last-level cache, the larger; less than twice the cache is warned about)",
     )
     ap.add_argument(
         "--reps", type=positive_int, default=5, help="timed passes over the weights, after one warm-up (default 5)"
@@ -96,7 +96,7 @@ def main() -> None:
     set_threads(args.threads)
 
     if args.working_set is None:
-        args.working_set = memory_sized_bytes(96 << 20) / 1e6
+        args.working_set = memory_sized_bytes(96 * 10**6) / 1e6
     elif warning := cache_warning(args.working_set, last_level_cache_bytes()):
         print(warning, file=sys.stderr, flush=True)
     missing = load_kernels(progress=True)
@@ -106,11 +106,9 @@ def main() -> None:
     copy = copy_bandwidth()["copy_GBps"]
     rows = []
     for N, K in args.shapes:
-        count = max(1, int(args.working_set * 1e6 // (N * K * 4)))
         g = torch.Generator().manual_seed(N * K)
-        plain = [torch.randn(N, K, generator=g) for _ in range(count)]
         x = torch.randn(1, K, generator=g)
-        row = {"N": N, "K": K, "weights_cycled": count}
+        row = {"N": N, "K": K}
         group = group_size(K)
         formats = {  # name -> (bytes per weight, the weight as its product takes it, on huge pages)
             "torch fp32": (4.0, lambda w: w.t(), False),
@@ -120,12 +118,13 @@ def main() -> None:
             "tiled int8": (bytes_per_weight("int8", group), partial(Int8Weight, kernels=True, group=group), True),
         }
         for name, (weight_bytes, pack, huge) in formats.items():
-            weights = [pack(w) for w in plain]
+            count = max(1, int(args.working_set * 1e6 // (N * K * weight_bytes)))  # the working set in its bytes
+            weights = [pack(torch.randn(N, K, generator=g)) for _ in range(count)]  # one fp32 source at a time
             if huge:  # as the cpu executor places them (runtime/cpu/pack.py)
                 place_on_huge_pages(weights)
             calls = [partial(torch.matmul if name == "torch fp32" else _packed_linear, x, w) for w in weights]
             us = time_products(calls, args.reps)
-            row[name] = {"us": round(us, 2), "GBps": round(N * K * weight_bytes / us / 1e3, 2)}
+            row[name] = {"us": round(us, 2), "GBps": round(N * K * weight_bytes / us / 1e3, 2), "weights_cycled": count}
             del weights, calls  # free this format's copies before the next
         rows.append(row)
         print(

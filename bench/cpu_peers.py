@@ -266,6 +266,7 @@ class Worker:
 
 SHAPE_DEFAULTS = {"hidden": 1024, "layers": 16, "intermediate": 2816, "heads": 16, "kv_heads": 4, "vocab": 32000}
 PEERS = ("transformers", "llama.cpp", "vllm")  # what --skip may name
+GGUF_TYPES = ("f32", "f16", "q8_0")  # the llama.cpp rows: the checkpoint converted to each
 NO_PEER = "no peer left to measure beside nonstop: every speed figure needs one measured in the same run"
 
 
@@ -342,6 +343,25 @@ def choose_peers(args, peers: Path) -> set[str]:
         why += [f"{' and '.join(absent)} not installed"] if absent else []
         raise ValueError(f"{NO_PEER} ({'; '.join(why)})")
     return skip
+
+
+def peer_status(skip: set[str], args, systems: dict, workers: dict) -> dict[str, str]:
+    """{peer: what became of it}: "ran", "skipped (--skip)", "not installed" (no environment), or "partial: ..."
+    naming its systems that did not run (a GGUF conversion that failed, a worker that did not start), so that a
+    result without a peer's rows says why."""
+    installed = {"transformers": True, "llama.cpp": bool(args.llama_python), "vllm": bool(args.vllm_python)}
+    expected = {"llama.cpp": [f"llama.cpp {t}" for t in GGUF_TYPES]}  # a failed conversion leaves no system
+    out = {}
+    for peer in PEERS:
+        if peer in skip:
+            out[peer] = "skipped (--skip)"
+        elif not installed[peer]:
+            out[peer] = "not installed"
+        else:
+            mine = [name for name, system in systems.items() if system[2]["system"] == peer]
+            missing = [n for n in expected.get(peer, mine) if n not in workers or not workers[n].ready.get("ready")]
+            out[peer] = f"partial: {', '.join(missing)} did not run" if missing else "ran"
+    return out
 
 
 def default_checkpoint(args) -> Path:
@@ -482,6 +502,7 @@ def main() -> None:
     from script_args import (  # the driver's (see the file's end)
         add_out_arg,
         choice_list,
+        decode_tokens,
         out_file,
         positive_int,
         results_path,
@@ -489,7 +510,9 @@ def main() -> None:
     )
 
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--tokens", type=positive_int, default=64, help="new tokens per timed generation (default 64)")
+    ap.add_argument(
+        "--tokens", type=decode_tokens, default=64, help="new tokens per timed generation, >= 2 (default 64)"
+    )
     ap.add_argument("--prompt-len", type=positive_int, default=32, help="prompt tokens (random ids; default 32)")
     ap.add_argument(
         "--rounds", type=positive_int, default=3, help="rounds of every system; its best counts (default 3)"
@@ -593,7 +616,7 @@ def main() -> None:
         spec = {"system": "transformers", "model": str(ckpt), "dtype": "float32"}
         systems["transformers fp32"] = ("llama", here, spec, 4.0, peer_env)
     if "llama.cpp" not in skip and args.llama_python:
-        for outtype in ("f32", "f16", "q8_0"):
+        for outtype in GGUF_TYPES:
             try:
                 gguf = convert_gguf(args, ckpt, outtype)
             except (subprocess.CalledProcessError, OSError) as exc:
@@ -714,6 +737,8 @@ def main() -> None:
                 "per_round": [round(r, 3) for r in per_round],
                 "median": round(statistics.median(per_round), 3),
             }
+    result["peers"] = peer_status(skip, args, systems, workers)
+    result["status"] = "complete" if all(v == "ran" for v in result["peers"].values()) else "partial"
     result["nonstop_over_llama_cpp"] = ratio
     result["nonstop_over_llama_cpp_paired"] = paired
     result["compile"] = compile_times

@@ -44,6 +44,7 @@ __all__ = [
     "add_out_arg",
     "check_out",
     "choice_list",
+    "decode_tokens",
     "int_list",
     "non_negative_float",
     "non_negative_int",
@@ -58,6 +59,17 @@ __all__ = [
 
 RESULTS = ROOT / "bench" / "results"
 MODEL_HELP = "checkpoint directory, bundled model or preset name (default %(default)s)"
+
+
+def decode_tokens(text: str) -> int:
+    """An argparse type: new tokens a timed generation decodes, at least 2 (a decode rate is (N - 1) tokens over
+    the time from the first to the N-th: one token has none)."""
+    n = positive_int(text)
+    if n < 2:
+        raise argparse.ArgumentTypeError(
+            f"expected at least 2 (the decode rate leaves out the first new token), got {n}"
+        )
+    return n
 
 
 def int_list(lo: int = 1, hi: int | None = None):

@@ -28,7 +28,17 @@ from pathlib import Path
 
 import torch
 from decode import use_device
-from script_args import MODEL_HELP, choice_list, int_list, out_file, positive_int, results_path, run, thread_count
+from script_args import (
+    MODEL_HELP,
+    choice_list,
+    decode_tokens,
+    int_list,
+    out_file,
+    positive_int,
+    results_path,
+    run,
+    thread_count,
+)
 
 from nonstop.engine.speculative.config import METHODS
 from nonstop.hostinfo import command_line, copy_bandwidth, decode_floor, environment
@@ -65,7 +75,7 @@ def summarize(outs: list, times: list[float]) -> dict:
         accepted = sum(o.metrics["accepted_tokens"] for o in outs)
         row.update(
             mean_accepted_length=round(decoded / steps, 3),
-            draft_acceptance=round(accepted / max(drafted, 1), 3),
+            draft_acceptance=round(accepted / drafted, 3) if drafted else None,  # nothing drafted: undefined
             drafted_tokens=drafted,
             accepted_tokens=accepted,
             verify_steps=steps,
@@ -92,7 +102,7 @@ def main() -> None:
     )
     ap.add_argument("--prompts", type=positive_int, default=8, help="prompts per set (default 8)")
     ap.add_argument("--prompt-tokens", type=positive_int, default=48, help="tokens of a held-out prompt (default 48)")
-    ap.add_argument("--max-tokens", type=positive_int, default=64, help="new tokens per run, >= 2 (default 64)")
+    ap.add_argument("--max-tokens", type=decode_tokens, default=64, help="new tokens per run, >= 2 (default 64)")
     ap.add_argument("--threads", type=thread_count, default=1, help="torch threads (default 1)")
     ap.add_argument(
         "--repeats",
@@ -114,8 +124,6 @@ def main() -> None:
         help="JSON path (default bench/results/spec_decode_<cpu or cuda>_<model>.json)",
     )
     args = ap.parse_args()
-    if args.max_tokens < 2:
-        ap.error("--max-tokens must be >= 2 (decode speed is timed after the first token)")
     set_threads(args.threads)  # an explicit choice: the cpu executor keeps it (torch.set_num_threads alone it resets)
     device = use_device(args.device)  # a ValueError (one error line) when this machine has no such device
 
@@ -205,7 +213,8 @@ def main() -> None:
     for set_name, r in results.items():
         for name, row in r["modes"].items():
             tau = row.get("mean_accepted_length", 1.0)
-            accept, speedup = row.get("draft_acceptance", float("nan")), row.get("speedup_over_plain", 1.0)
+            accept, speedup = row.get("draft_acceptance"), row.get("speedup_over_plain", 1.0)
+            accept = float("nan") if accept is None else accept  # plain decoding, or nothing drafted
             identical = row.get("greedy_identical_to_plain", "")
             print(
                 f"{set_name:<11} {name:<10} {tau:>6.2f} {accept:>7.2f} {row['decode_tokens_per_s']:>7.1f} "

@@ -196,7 +196,10 @@ def parse_args(argv=None):
         "--timeout", type=positive_float, default=600.0, help="seconds per candidate's verification (default 600)"
     )
     ap.add_argument(
-        "--store", type=Path, default=None, help="tuning store to write (default: one beside the results of this run)"
+        "--store",
+        type=out_file,
+        default=None,
+        help="tuning store to write (default: one beside the results of this run)",
     )
     ap.add_argument("--out", type=out_file, default=None, help="results JSON (default bench/results/tune_<gpu>.json)")
     ap.add_argument(

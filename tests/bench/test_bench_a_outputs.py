@@ -118,7 +118,7 @@ def test_routing_refuses_bad_values_in_its_parser(argv, message, tmp_path, capsy
 
 
 def test_attention_ab_refuses_one_token_and_a_model_without_gqa(tmp_path):
-    _one_error(_script("cpu_attention_ab.py", "--tokens", "1", cwd=tmp_path), "--tokens must be >= 2")
+    _one_error(_script("cpu_attention_ab.py", "--tokens", "1", cwd=tmp_path), "--tokens: expected at least 2")
     run = _script("cpu_attention_ab.py", "--checkpoint", "k3-nano", cwd=tmp_path)
     _one_error(run, "GQA")
     assert run.stderr.splitlines()[-1].startswith("nonstop: error: k3-nano has kda and mla attention layers")
