@@ -10,9 +10,11 @@ tokens since are special tokens ``decode`` leaves out: ``_window_start``). Start
 the same token keeps decoders that treat the first token of a call specially (SentencePiece's leading
 space) consistent, so the pieces add up to ``tokenizer.decode(ids)`` for byte-level BPE, tiktoken,
 SentencePiece and byte tokenizers, minus a trailing incomplete character (held back, as the
-whole-sequence decode would show it as U+FFFD). A U+FFFD the model wrote itself (the bytes EF BF BD, whole,
-after bytes that leave no character open: ``wrote_replacement``, where the tokenizer says its tokens'
-bytes) is no incomplete character: it is emitted at once.
+whole-sequence decode would show it as U+FFFD). Where the tokenizer says its tokens' bytes, only a character
+later bytes can still complete is held (``ends_open``): a U+FFFD for bytes that can never be valid (a lone
+continuation byte, 0xFF) or one the model wrote itself (EF BF BD, whole) is text, emitted at once, as
+Python's incremental UTF-8 decoder (errors="replace") emits it; where it does not, every trailing U+FFFD
+is held (up to MAX_PENDING tokens).
 
 Windows span a few tokens (one character's worth), so each step decodes O(1) tokens.
 """
@@ -38,15 +40,28 @@ class IncrementalDecoder:
     def push(self, token: int) -> str:
         self.ids.append(token)
         window = self.tokenizer.decode(self.ids[self.prefix :])
-        if (
-            window.endswith(INCOMPLETE)
-            and len(self.ids) - self.read < MAX_PENDING
-            and not wrote_replacement(self.tokenizer, self.ids[self.prefix :])
-        ):
-            return ""
+        if window.endswith(INCOMPLETE) and len(self.ids) - self.read < MAX_PENDING:
+            if ends_open(self.tokenizer, self.ids[self.prefix :]) is not False:  # unknown bytes: maybe open
+                return ""
         new = window[len(self._read_text) :]
         self.prefix, self.read = self._window_start(self.read), len(self.ids)
         self._read_text = self.tokenizer.decode(self.ids[self.prefix :])
+        return new
+
+    def flush(self) -> str:
+        """The text still held back when the sequence ends: ``decode(ids)`` past what was emitted, less only a
+        last character later bytes could have completed (one U+FFFD; where the bytes are unknown, every trailing
+        U+FFFD, as ``push`` holds them)."""
+        if self.read == len(self.ids):
+            return ""
+        new = self.tokenizer.decode(self.ids[self.prefix :])[len(self._read_text) :]
+        still_open = ends_open(self.tokenizer, self.ids[self.prefix :])
+        if still_open is None:
+            new = new.rstrip(INCOMPLETE)
+        elif still_open and new.endswith(INCOMPLETE):
+            new = new[:-1]
+        self.prefix = self.read = len(self.ids)
+        self._read_text = ""
         return new
 
     def _window_start(self, at: int) -> int:
@@ -61,22 +76,18 @@ class IncrementalDecoder:
         return at
 
 
-REPLACEMENT_BYTES = INCOMPLETE.encode()  # EF BF BD
-
-
-def wrote_replacement(tokenizer, ids: list[int]) -> bool:
-    """Whether the bytes ``decode`` writes for ``ids`` end with a U+FFFD written whole: EF BF BD after bytes that
-    leave no character open. False where a token's bytes are unknown (``token_bytes`` None)."""
+def ends_open(tokenizer, ids: list[int]) -> bool | None:
+    """Whether the bytes ``decode`` writes for ``ids`` end inside a character later bytes can still complete (a
+    lead byte with fewer continuation bytes than it announces): only such a U+FFFD is held back. A U+FFFD for
+    bytes no later byte can make valid (a lone continuation byte, 0xFF) or one the model wrote whole (EF BF BD)
+    is text. None where a token's bytes are unknown (``token_bytes`` None)."""
     parts = []
     for t in ids:
         if not tokenizer.left_out(t):
             b = tokenizer.token_bytes(t)
             if b is None:
-                return False
+                return None
             parts.append(b)
-    data = b"".join(parts)
-    if not data.endswith(REPLACEMENT_BYTES):
-        return False
-    before = codecs.getincrementaldecoder("utf-8")("replace")
-    before.decode(data[: -len(REPLACEMENT_BYTES)], final=False)
-    return before.getstate()[0] == b""  # no character left open to swallow the EF
+    decoder = codecs.getincrementaldecoder("utf-8")("replace")
+    decoder.decode(b"".join(parts), final=False)
+    return decoder.getstate()[0] != b""

@@ -126,6 +126,8 @@ class Request:
         if self._decoder is None:
             self._decoder = IncrementalDecoder(tokenizer)
         new = "" if ends else self._decoder.push(token)
+        if ends or len(self.output_ids) >= p.max_tokens:  # the last token: what the decoder holds that can never
+            new += self._decoder.flush()  # complete is text too (invalid bytes as U+FFFD)
         stop_at = self._add_text(new)
         if stop_at is not None:
             self._cut_text(stop_at)

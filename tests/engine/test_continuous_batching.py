@@ -137,15 +137,17 @@ def test_a_failing_request_errors_alone(k3_dir):
 
 
 def test_full_waiting_queue_refuses_new_requests(k3_dir):
+    """One free slot and two waiting places: the first request queued takes the slot at the next step boundary
+    (it does not wait for one), the next two wait, the fourth is refused."""
     llm = LLM(k3_dir, max_batch=1)
     loop = EngineLoop(llm.new_core(1, isolate_errors=True), max_waiting=2).start()
     try:
-        reqs = [llm.make_request("hello", None, GREEDY, request_id=f"r{i}") for i in range(3)]
+        reqs = [llm.make_request("hello", None, GREEDY, request_id=f"r{i}") for i in range(4)]
         with loop._cond:  # hold the engine thread off the queue while we fill it
-            loop.submit(reqs[0], lambda ev: None)
-            loop.submit(reqs[1], lambda ev: None)
-            with pytest.raises(EngineOverloaded):
-                loop.submit(reqs[2], lambda ev: None)
+            for req in reqs[:3]:
+                loop.submit(req, lambda ev: None)
+            with pytest.raises(EngineOverloaded, match="2 requests are already waiting for a slot"):
+                loop.submit(reqs[3], lambda ev: None)
     finally:
         loop.stop()
 

@@ -4,6 +4,7 @@ a bounded number of decoded ids whatever the output length."""
 
 from __future__ import annotations
 
+import codecs
 import random
 
 import pytest
@@ -41,15 +42,29 @@ class CountingTokenizer:
         return getattr(self.inner, name)
 
 
+def _open(tok, ids: list[int]) -> bool:
+    """Whether the ids' bytes end in a character later bytes can still complete: Python's incremental UTF-8
+    decoder (errors="replace", not final) keeps bytes pending."""
+    decoder = codecs.getincrementaldecoder("utf-8")("replace")
+    kept = [i for i in ids if not tok.left_out(i)]  # special tokens decode leaves out write no bytes
+    decoder.decode(b"".join(tok.token_bytes(i) for i in kept), final=False)
+    return decoder.getstate()[0] != b""
+
+
 def _reference_stream(ids: list[int], tok, stops: list[str], eos: int | None = None):
-    """The rule before incremental decoding: decode every visible id again after each token; hold back
-    a text end that may start a stop string; stop at the first stop string."""
+    """The rule before incremental decoding: decode every visible id again after each token, unless the bytes
+    end in a character still open (``_open``); at the last token the whole decode less that open character
+    (bytes that can never be valid are text, U+FFFD, as Python's decoder shows them); hold back a text end
+    that may start a stop string; stop at the first stop string."""
     text, sent, pieces = "", 0, []
     for n in range(1, len(ids) + 1):
         ends = ids[n - 1] == eos
-        full = tok.decode(ids[: n - 1] if ends else ids[:n])
-        if not full.endswith("\ufffd"):
-            text = full
+        seen = ids[: n - 1] if ends else ids[:n]
+        if ends or n == len(ids):
+            full = tok.decode(seen)
+            text = full[:-1] if _open(tok, seen) else full
+        elif not _open(tok, seen):
+            text = tok.decode(seen)
         hits = [at for at in (text.find(s) for s in stops) if at >= 0]
         done = bool(hits) or ends or n == len(ids)
         if hits:
@@ -124,12 +139,17 @@ def test_a_character_split_across_tokens_appears_once_complete():
 
 def test_a_replacement_character_written_whole_is_not_held_back():
     """EF BF BD is U+FFFD itself, complete: it was held back as an incomplete character (and lost when it
-    ended the output). After a lead byte still waiting for its continuation it is held as before."""
+    ended the output). A lead byte (E4) that the next byte (EF) leaves unfinished is a U+FFFD of its own, shown
+    once the U+FFFD after it is complete, as Python's incremental decoder shows the bytes."""
     tok = ByteTokenizer(256)
     dec = IncrementalDecoder(tok)
     assert [dec.push(b) for b in b"a\xef\xbf\xbdb"] == ["a", "", "", "\ufffd", "b"]
     dec = IncrementalDecoder(tok)
-    assert [dec.push(b) for b in b"a\xe4\xef\xbf\xbd"] == ["a", "", "", "", ""]
+    assert (
+        "".join(dec.push(b) for b in b"a\xe4\xef\xbf\xbd")
+        == "a\ufffd\ufffd"
+        == b"a\xe4\xef\xbf\xbd".decode(errors="replace")
+    )
 
 
 @pytest.mark.parametrize("name", ["bytes", "k3-nano BPE"])
