@@ -7,7 +7,7 @@ least ``SMALL_MODEL_BYTES`` of weights per token gets one thread per physical co
 on (hyper-threads share a core's load/store units: a second thread per core adds synchronisation, not
 bandwidth). A tinier one (the test suite's configs: 0.2-0.5 MB) gets one thread: its products are
 smaller than the GEMV kernels' 64 KB task grain, so a second thread only adds a handshake to each
-parallel region. Measured on 2 cores, interleaved, ``cpu`` backend, batch 1: k3-nano (29 MB per token)
+parallel region. Measured on 2 cores, interleaved, ``cpu`` backend, batch 1: k3-nano (21.7 MB of fp32 weights per token)
 decodes 16-19% faster at 2 threads than at 1 (Xeon with AVX-512: 728 vs 625 tok/s median; EPYC: 794 vs
 721 best round), the tiny kimi_k3 config (0.5 MB) 2% slower (2,060 vs 2,161).
 

@@ -150,7 +150,8 @@ def add_parser(sub) -> None:
         "--store",
         type=_store_arg,
         default=None,
-        help="tuning store JSON (default $NONSTOP_TUNING_STORE or ~/.cache/nonstop/tuning.json)",
+        help="tuning store JSON (default $NONSTOP_TUNING_STORE, else tuning.json in the cache root: "
+        "$NONSTOP_CACHE_DIR, else $XDG_CACHE_HOME/nonstop, default ~/.cache/nonstop)",
     )
     p.add_argument("--list", action="store_true", help="list the tuning store's entries and exit")
     add_proposer_args(p, rounds=3)

@@ -46,13 +46,15 @@ class StoreError(ValueError):
 
 
 def store_path() -> Path | None:
-    """The store file: ``$NONSTOP_TUNING_STORE``, else ``$XDG_CACHE_HOME/nonstop/tuning.json`` (default
-    ``~/.cache``); None when the variable is "off", "0" or empty."""
+    """The store file: ``$NONSTOP_TUNING_STORE``, else ``tuning.json`` in the cache root (``cache_dirs.cache_root``:
+    ``$NONSTOP_CACHE_DIR``, else ``$XDG_CACHE_HOME/nonstop``, default ``~/.cache/nonstop``), as the other cached
+    files; None when the variable is "off", "0" or empty."""
+    from nonstop.cache_dirs import cache_root
+
     value = os.environ.get(STORE_ENV)
     if value is not None:
         return None if value.strip().lower() in ("", "0", "off", "none") else Path(value).expanduser()
-    cache = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
-    return Path(cache) / "nonstop" / "tuning.json"
+    return cache_root() / "tuning.json"
 
 
 def device_name(device) -> str:

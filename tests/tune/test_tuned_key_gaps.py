@@ -89,6 +89,7 @@ def test_weight_names_are_sorted_in_the_key():
 def test_store_path_default_uses_home_cache_without_xdg(monkeypatch, tmp_path):
     """Without ``XDG_CACHE_HOME`` the store is ``~/.cache/nonstop/tuning.json``."""
     monkeypatch.delenv(tuned.STORE_ENV, raising=False)
+    monkeypatch.delenv("NONSTOP_CACHE_DIR", raising=False)
     monkeypatch.delenv("XDG_CACHE_HOME", raising=False)
     monkeypatch.setenv("HOME", str(tmp_path))
     assert tuned.store_path() == Path(tmp_path) / ".cache" / "nonstop" / "tuning.json"

@@ -37,10 +37,20 @@ def test_the_store_can_be_turned_off(monkeypatch, value):
 
 def test_the_default_store_is_under_the_cache_home(monkeypatch, tmp_path):
     monkeypatch.delenv(tuned.STORE_ENV, raising=False)
+    monkeypatch.delenv("NONSTOP_CACHE_DIR", raising=False)
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
     assert tuned.store_path() == tmp_path / "nonstop" / "tuning.json"
     monkeypatch.setenv(tuned.STORE_ENV, str(tmp_path / "elsewhere.json"))
     assert tuned.store_path() == tmp_path / "elsewhere.json"
+
+
+def test_the_default_store_follows_the_cache_root(monkeypatch, tmp_path):
+    """$NONSTOP_CACHE_DIR moves the compiled kernels and the megakernel source: the tuning store (and its
+    kernels beside it) moved with it too, not staying under ~/.cache/nonstop."""
+    monkeypatch.delenv(tuned.STORE_ENV, raising=False)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    monkeypatch.setenv("NONSTOP_CACHE_DIR", str(tmp_path / "mine"))
+    assert tuned.store_path() == tmp_path / "mine" / "tuning.json"
 
 
 def test_attention_ops_of_every_layer_share_one_shape_key(program):
