@@ -80,14 +80,20 @@ def ends_open(tokenizer, ids: list[int]) -> bool | None:
     """Whether the bytes ``decode`` writes for ``ids`` end inside a character later bytes can still complete (a
     lead byte with fewer continuation bytes than it announces): only such a U+FFFD is held back. A U+FFFD for
     bytes no later byte can make valid (a lone continuation byte, 0xFF) or one the model wrote whole (EF BF BD)
-    is text. None where a token's bytes are unknown (``token_bytes`` None)."""
-    parts = []
+    is text. A token whose bytes are unknown (``token_bytes`` None: a ``ByteTokenizer`` id past the bytes, an
+    added token) writes whole text, which closes whatever bytes came before it; None where it is the last."""
+    tail: list[bytes] | None = []  # the bytes after the last token of unknown bytes
     for t in ids:
         if not tokenizer.left_out(t):
             b = tokenizer.token_bytes(t)
             if b is None:
-                return None
-            parts.append(b)
+                tail = None
+            elif tail is None:
+                tail = [b]
+            else:
+                tail.append(b)
+    if tail is None:
+        return None
     decoder = codecs.getincrementaldecoder("utf-8")("replace")
-    decoder.decode(b"".join(parts), final=False)
+    decoder.decode(b"".join(tail), final=False)
     return decoder.getstate()[0] != b""
