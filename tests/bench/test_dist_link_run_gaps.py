@@ -106,7 +106,7 @@ def test_a_small_run_writes_json_that_matches_what_it_prints(tmp_path):
 
 @pytest.mark.timeout(150)
 def test_a_rank_killed_as_it_starts_is_a_named_error_not_a_bug_report(tmp_path):
-    """Rank 1 is killed by SIGKILL as it starts (the OOM killer, an operator). The script said "nonstop:
+    """A rank is killed by SIGKILL as it starts (the OOM killer, an operator). The script said "nonstop:
     internal error: RankExited: rank 1 was killed by SIGKILL (a bug: please report it; ...)": the user is
     told to report a bug in nonstop for their host's doing (``script_args.run`` treats ``RankExited`` as an
     internal error; the CLI's launcher says "nonstop: error: rank 1 was killed by SIGKILL ...")."""
@@ -125,6 +125,7 @@ def test_a_rank_killed_as_it_starts_is_a_named_error_not_a_bug_report(tmp_path):
     )
     assert run.returncode != 0 and not out_json.exists(), run.stderr[-3000:]
     said = [line for line in run.stderr.splitlines() if line.startswith("nonstop:")]
-    assert len(said) == 1 and "rank 1" in said[0] and "SIGKILL" in said[0], run.stderr[-3000:]
+    # the second rank process to start is the one killed: rank 1 mostly, rank 0 when it starts later (a busy host)
+    assert len(said) == 1 and re.search(r"rank [01] was killed by SIGKILL", said[0]), run.stderr[-3000:]
     assert "Traceback" not in run.stderr, run.stderr[-3000:]
     assert said[0].startswith("nonstop: error:"), said  # not "internal error ... a bug: please report it"
