@@ -26,6 +26,14 @@ USER_ERRORS = (
 )
 
 
+def print_error_line(line: str) -> None:
+    """``line`` on stderr in one write, flushed: the ranks of a launch share stderr, and ``print`` writes
+    the text and its newline apart (two ranks' lines were seen run together on one line)."""
+    with contextlib.suppress(OSError, ValueError):
+        sys.stderr.write(line + "\n")
+        sys.stderr.flush()
+
+
 def _stopped(stop: BaseException) -> SystemExit:
     word, code = stop_status(stop)
     print(f"nonstop: {word}", file=sys.stderr)
@@ -45,7 +53,7 @@ def user_errors():
         if stop is not None:
             raise _stopped(stop) from None
         if isinstance(exc, USER_ERRORS):
-            print(f"nonstop: error: {exc}", file=sys.stderr)
+            print_error_line(f"nonstop: error: {exc}")
             raise SystemExit(2) from None
         if isinstance(exc, BrokenPipeError):  # output piped into `head` and the like
             sys.stderr.close()

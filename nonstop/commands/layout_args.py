@@ -287,6 +287,8 @@ def start_ranks(args, layout, routed_experts: bool = True) -> int:
         if exc.code is None or exc.code < 0 or "\n" in str(exc):  # a rank that printed nothing, or a traceback
             first = " (the first rank to end)" if exc.code is not None and "\n" not in str(exc) else ""
             print(f"nonstop: error: {exc}{first}; the other ranks were stopped", file=sys.stderr)
+        elif exc.left is not None:  # a collective failed (a rank hung, or failed without saying why)
+            print(exc.left, file=sys.stderr)
         rank0 = exc.codes[0] if exc.codes else None
         return rank0 if rank0 is not None and rank0 > 0 else 1
     except (KeyboardInterrupt, Terminated) as exc:  # every rank had to be stopped
@@ -335,13 +337,13 @@ def follow_rank(args, comm, slots: int = 1) -> int:
 
 
 def _rank_failed(exc) -> int:
-    """A rank's ``RankFailure``: its one line, unless a rank of this launch has printed an error (rank 0
-    saying why it ended: a refused option, a missing file; this failure is its consequence); status 3."""
-    import sys
-
-    from nonstop.dist.launch import error_reported, first_report
+    """A rank's ``RankFailure``: status 3 and its one line, printed here outside a launch of ours (torchrun)
+    and left to the launcher in one (``leave_failure``: the launcher prints it unless a rank printed why it
+    ended, a refused option, a missing file, or a signal killed one, which the launcher names)."""
+    from nonstop.commands.errors import print_error_line
+    from nonstop.dist.launch import leave_failure
 
     line = f"nonstop: error: {exc}"
-    if not error_reported() and first_report(line):
-        print(line, file=sys.stderr, flush=True)
+    if not leave_failure(line):
+        print_error_line(line)
     return 3

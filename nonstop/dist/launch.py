@@ -45,6 +45,7 @@ import sys
 import tempfile
 import threading
 import time
+from pathlib import Path
 
 import torch.multiprocessing as mp
 
@@ -55,6 +56,7 @@ STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
 LAUNCHER_STOP = signal.SIGUSR1  # the launcher stopping rank 0 itself, after another rank failed: no stop of the user's
 REPEAT_S = 1.0  # a stop signal rank 0 gets again within this many seconds is the same stop (terminal + launcher)
 REPORTS_ENV = "NONSTOP_RANK_REPORTS"  # the file where the ranks of one launch note the errors they printed
+_LEFT = "left for the launcher\t"  # marks a line a rank did not print (``leave_failure``)
 _stopping = threading.Event()
 _last_stop = [float("-inf")]
 
@@ -65,6 +67,7 @@ class RankExited(RuntimeError):
 
     def __init__(self, rank: int, code: int | None, message: str = "", codes: list | None = None):
         self.rank, self.code, self.codes = rank, code, list(codes or [])
+        self.left: str | None = None  # a rank's failure line for the launcher to print (``left_failure``)
         super().__init__(message or f"rank {rank} {exit_description(code)}")
 
 
@@ -139,15 +142,38 @@ def first_report(line: str) -> bool:
         return True
 
 
-def error_reported() -> bool:
-    """In a rank of a launch: whether a rank of it has printed an error (``first_report``); a rank failing
-    after that (its connection to the rank that ended closed) meets a consequence, not a cause. False
-    outside a launch."""
+def leave_failure(line: str) -> bool:
+    """In a rank of a launch: leave ``line`` (a collective that failed: the other side ended, hung or
+    failed) for the launcher to print once the launch has ended, instead of printing it. Ranks failing
+    together would each print one, and a rank killed by a signal is named only by the launcher, which sees
+    every rank's end (``RankExited.left``). Noted only when no rank has noted anything yet: a failure after
+    a printed error is its consequence. True in a launch; False outside one (the caller prints it)."""
     path = os.environ.get(REPORTS_ENV)
+    if not path:
+        return False
+    import fcntl
+
     try:
-        return bool(path) and os.path.getsize(path) > 0
+        with open(path, "a+") as fh:
+            fcntl.flock(fh, fcntl.LOCK_EX)
+            fh.seek(0)
+            if not fh.read(1):
+                fh.write(_LEFT + line + "\n")
+        return True
     except OSError:
         return False
+
+
+def left_failure(path: str) -> str | None:
+    """The line a rank left in the reports file ``path`` (``leave_failure``), unless a rank printed an
+    error of its own (the cause, already on stderr)."""
+    try:
+        lines = Path(path).read_text().splitlines()
+    except OSError:
+        return None
+    if lines and all(line.startswith(_LEFT) for line in lines):
+        return lines[0].removeprefix(_LEFT)
+    return None
 
 
 def _entry(index: int, fn, world: int, port: int, threads: int, env: dict, args: tuple, launcher: int, relay: bool):
@@ -255,7 +281,11 @@ def spawn(
                 _stop([p for p in multiprocessing.active_children() if p not in before], 0.0)
                 raise
             launch.start(ctx)
-            launch.watch(timeout)
+            try:
+                launch.watch(timeout)
+            except RankExited as exc:
+                exc.left = left_failure(reports.name)
+                raise
         finally:
             _stop(launch.procs, grace, others=_follower_stop(relay))
             for sig, handler in previous.items():

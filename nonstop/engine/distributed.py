@@ -16,6 +16,7 @@ print and exit) runs when rank 0 learns of a failure; a follower that fails exit
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import operator
 import sys
@@ -457,8 +458,15 @@ def build_worker(
 
 
 def print_failure_and_exit(message: str) -> None:
-    """The CLI's ``on_failure``: one line on stderr, then exit at once (a broken group cannot be left cleanly)."""
+    """The CLI's ``on_failure``: its one line (on stderr, or left to the launcher of a launch:
+    ``leave_failure``), then exit at once with status 3 (a broken group cannot be left cleanly)."""
     import os
 
-    print(f"nonstop: error: {message}", file=sys.stderr, flush=True)
+    from nonstop.dist.launch import leave_failure
+
+    line = f"nonstop: error: {message}"
+    if not leave_failure(line):
+        with contextlib.suppress(OSError, ValueError):
+            sys.stderr.write(line + "\n")  # one write: the ranks of a launch share stderr
+            sys.stderr.flush()
     os._exit(3)

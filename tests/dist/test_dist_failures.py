@@ -47,16 +47,44 @@ def test_cli_generate_under_a_layout_prints_the_single_process_tokens():
 LONG = ["-m", "nonstop", "generate", "--prompt-ids", "5,6,7", "-n", "2000", "--ignore-eos", "--ep", "2"]
 
 
-def test_cli_killed_rank_ends_the_run_with_a_clear_error():
-    with launched([*LONG, "--dist-timeout", "10"]) as proc:
-        ranks = wait_started(proc, 2)
+def _error_lines(err: str) -> list[str]:
+    return [line for line in err.splitlines() if "nonstop: error" in line]
+
+
+@pytest.mark.parametrize("world", [2, 3])
+def test_cli_killed_rank_ends_the_run_with_one_line_naming_it(world):
+    """README: "a rank that dies or hangs stops every rank with a one-line error". The ranks whose
+    collectives failed each printed a line ("another rank has died, hung ... or failed") before the
+    launcher's, the only one naming the cause: 2 lines at world 2, 3 at world 3 (sometimes two run together
+    on one line)."""
+    with launched([*LONG[:-1], str(world), "--dist-timeout", "10"]) as proc:
+        ranks = wait_started(proc, world)
         os.kill(ranks[-1], signal.SIGKILL)
         t0 = time.monotonic()
         _, err = proc.communicate(timeout=60)
         assert time.monotonic() - t0 < 30
         assert proc.returncode not in (0, None)
-        assert "nonstop: error:" in err and "rank" in err
         assert not gone_within(ranks, 5)
+    assert _error_lines(err) == [
+        f"nonstop: error: rank {world - 1} was killed by SIGKILL (the first rank to end); the other ranks were stopped"
+    ], err
+    assert "Traceback" not in err
+
+
+def test_cli_hung_rank_ends_the_run_with_one_line():
+    """A rank that hangs (stopped, not dead): no rank ends by a signal, so the line is a failed collective's,
+    left by the first rank to meet it and printed once by the launcher."""
+    with launched([*LONG, "--dist-timeout", "5"]) as proc:
+        ranks = wait_started(proc, 2)
+        os.kill(ranks[-1], signal.SIGSTOP)
+        t0 = time.monotonic()
+        _, err = proc.communicate(timeout=90)
+        assert time.monotonic() - t0 < 60
+        assert proc.returncode == 3, err
+        assert not gone_within(ranks, 5)
+    lines = _error_lines(err)
+    assert len(lines) == 1 and lines[0].startswith("nonstop: error: rank 0: "), err
+    assert "hung past the 5 s collective timeout" in lines[0], err
 
 
 def test_ctrl_c_stops_every_rank():

@@ -231,19 +231,28 @@ def test_a_stop_signal_while_the_launcher_starts_the_ranks_is_not_lost(tmp_path,
     assert seconds < 30, f"the launch ended {seconds:.1f} s after it started"
 
 
-def test_a_rank_knows_when_another_has_reported_an_error(tmp_path, monkeypatch):
+def test_a_collective_failure_is_left_to_the_launcher_unless_an_error_was_printed(tmp_path, monkeypatch):
     """A follower whose connection to rank 0 closed after rank 0 printed why it ended (an error it met
-    once loaded) stays quiet: it printed a second, wrong line ("receiving the next step failed")."""
-    from nonstop.dist.launch import REPORTS_ENV, error_reported, first_report
+    once loaded) stays quiet: it printed a second, wrong line ("receiving the next step failed"). Ranks
+    failing together each printed their line, before the launcher's naming a killed rank."""
+    from nonstop.dist.launch import REPORTS_ENV, first_report, leave_failure, left_failure
 
     monkeypatch.delenv(REPORTS_ENV, raising=False)
-    assert not error_reported()  # outside a launch
+    assert not leave_failure("nonstop: error: rank 1: gone")  # outside a launch: the caller prints it
     reports = tmp_path / "reports"
     reports.write_text("")
     monkeypatch.setenv(REPORTS_ENV, str(reports))
-    assert not error_reported()
+    assert left_failure(str(reports)) is None
+    assert leave_failure("nonstop: error: rank 1: gone") and leave_failure("nonstop: error: rank 2: gone")
+    assert left_failure(str(reports)) == "nonstop: error: rank 1: gone"  # the first only
     assert first_report("ValueError: speculative num_tokens must be an integer in 0..15")
-    assert error_reported()
+    assert left_failure(str(reports)) is None  # a rank printed its cause
+    printed = tmp_path / "printed"
+    printed.write_text("")
+    monkeypatch.setenv(REPORTS_ENV, str(printed))
+    assert first_report("ValueError: x") and leave_failure("nonstop: error: rank 1: gone")
+    assert left_failure(str(printed)) is None  # a failure after a printed error is its consequence
+    assert left_failure(str(tmp_path / "missing")) is None
 
 
 def test_a_rank_that_cannot_start_stops_those_already_started(tmp_path):

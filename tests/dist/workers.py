@@ -60,7 +60,7 @@ def _reference(sc: dict, cache: dict):
 
     key = (sc["model"], repr(sc["prompts"]), sc.get("max_tokens", 6), sc.get("logprobs"), sc.get("prompt_logprobs"))
     if key not in cache:
-        llm = LLM(sc["model"], dtype="float32", max_batch=len(sc["prompts"]))
+        llm = LLM(sc["model"], dtype="float32", backend="reference", max_batch=len(sc["prompts"]))
         cache[key] = _outputs(llm.generate(prompt_token_ids=sc["prompts"], sampling=_params(sc)))
     return cache[key]
 
