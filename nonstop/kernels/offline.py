@@ -208,10 +208,11 @@ def _functions(llir: str) -> dict[str, tuple[list[str], list[str]]]:
 def _load_width(text: str) -> int | None:
     """Bytes one global load instruction moves, from its inline PTX or LLVM type; None if not a global load.
     ``text``: the instruction, with or without the ``%v =`` it defines (``weight_loop_loads`` passes it without)."""
-    if "cp.async" in text:
-        m = re.search(r"cp\.async\.\w+\.shared\.global[^,]*,[^,]*,\s*(?:0x)?([0-9a-f]+)", text)
-        return int(m.group(1), 16) if m else 16
-    m = re.search(r"ld\.global(?:\.[\w]+)*?\.(v\d)?\.?([bfsu])(\d+)", text)
+    if "cp.async" in text:  # the copy size operand, hex or decimal (PTX ISA: cp.async cp-size 4, 8 or 16)
+        m = re.search(r"cp\.async\.\w+\.shared\.global[^,]*,[^,]*,\s*(0x[0-9a-fA-F]+|\d+)\b", text)
+        return int(m.group(1), 0) if m else 16
+    # qualifiers before the type may carry ``::`` (cache hints: ``.L1::evict_first``, ``.L2::128B``)
+    m = re.search(r"ld\.global(?:\.[\w:]+)*?\.(v\d)?\.?([bfsu])(\d+)\b", text)
     if m:
         lanes = int(m.group(1)[1:]) if m.group(1) else 1
         return lanes * int(m.group(3)) // 8
@@ -254,11 +255,15 @@ _FOLLOW = (
 
 
 class _Function:
-    """One function of the LLVM IR: its definitions, blocks, loops (a block range closed by a branch back)."""
+    """One function of the LLVM IR: its definitions, instructions, blocks, loops (a block range closed by a branch
+    back)."""
 
     def __init__(self, args: list[str], body: list[str]):
         self.args = args
-        self.defs, self.block_of, order, branches = {}, {}, ["entry"], []
+        self.defs, order, branches = {}, ["entry"], []
+        # (block, instruction without the ``%v =`` it defines) of every instruction: a load that defines no value
+        # (the inline-asm ``cp.async`` of a pipelined loop returns void) is a load all the same
+        self.instructions: list[tuple[str, str]] = []
         self.calls: list[tuple[str, list[str]]] = []  # (callee, operand SSA names)
         block = "entry"
         for line in body:
@@ -270,7 +275,8 @@ class _Function:
             d = _DEF.match(line)
             if d:
                 self.defs[d.group(1)] = d.group(2)
-                self.block_of[d.group(1)] = block
+            if line.strip():
+                self.instructions.append((block, d.group(2) if d else line.strip()))
             if re.match(r"\s*br\b", line):
                 branches.append((block, re.findall(r"label %([\w.]+)", line)))
             call = re.search(r'call [^@]*@("[^"]+"|[\w.$]+)\((.*)\)', line)
@@ -338,8 +344,8 @@ def weight_loop_loads(llir: str, arg_names: list[str], weights: set[str], name: 
     for fn, f in funcs.items():
         for head, latch in f.loops:
             blocks = set(f.order[head : latch + 1])
-            for v, text in f.defs.items():
-                width = _load_width(text) if f.block_of.get(v) in blocks else None
+            for block, text in f.instructions:
+                width = _load_width(text) if block in blocks else None
                 if width is not None:
                     dbg = re.search(r"!dbg (![0-9]+)", text)
                     at = where(dbg.group(1)) if dbg else "?"
@@ -367,39 +373,83 @@ def _define_line(llir: str, name: str) -> str:
 # ----------------------------------------------------------------------------- PTX: acquire after every spin
 
 
+_PTX_LABEL = re.compile(r"^([A-Za-z_$%][\w$]*):")  # PTX identifiers: [a-zA-Z][a-zA-Z0-9_$]* or [_$%][a-zA-Z0-9_$]+
+
+
+def _ptx_qualifiers(line: str) -> list[str]:
+    """The opcode of a PTX line split at its dots (``ld.global.v4.b32`` -> ld, global, v4, b32), without a guard
+    predicate or the brace of an inline-asm block; [] for what is no instruction (label, directive, comment)."""
+    text = re.sub(r"^@!?%\w+\s+", "", line.strip().lstrip("{").strip())
+    if not text or text.startswith((".", "//", "}")) or _PTX_LABEL.match(text):
+        return []
+    return text.split()[0].rstrip(";").split(".")
+
+
+def _may_be_global(q: list[str]) -> bool:
+    """The access may be to global memory: ``.global``, or generic addressing (no state space)."""
+    return not any(x.split("::")[0] in ("shared", "local", "param", "const") for x in q[1:])
+
+
+def _polls(q: list[str]) -> bool:
+    """An atomic, or a volatile / relaxed / acquire load (a read no compiler may hoist out of a loop)."""
+    return _may_be_global(q) and (q[0] == "atom" or q[0] == "ld" and bool({"volatile", "relaxed", "acquire"} & set(q)))
+
+
+def _reads_global(q: list[str]) -> bool:
+    return (q[0] in ("ld", "ldu", "atom") and _may_be_global(q)) or (q[:2] == ["cp", "async"] and "global" in q)
+
+
+def _orders_other_ctas(q: list[str]) -> bool:
+    """An acquire (or fence) that orders what follows after a wait on another CTA's release. PTX ISA memory
+    model: the two must be morally strong, so the scope must hold both threads (``.gpu`` / ``.sys``; ``atom``'s
+    scope is ``.gpu`` when none is written); a fence must be ``fence.sc`` / ``fence.acq_rel`` (not
+    ``fence.proxy.*``); ``membar.gl`` / ``membar.sys`` are ``fence.sc.gpu`` / ``fence.sc.sys``."""
+    if q[0] == "membar":
+        return q[1:] in (["gl"], ["sys"])
+    if q[0] == "fence":
+        return set(q[1:]) <= {"sc", "acq_rel", "gpu", "sys"} and bool({"gpu", "sys"} & set(q))
+    return q[0] in ("ld", "atom") and bool({"acquire", "acq_rel"} & set(q)) and not {"cta", "cluster"} & set(q)
+
+
 def spin_waits(ptx: str, max_body: int = 60) -> list[dict]:
-    """Per PTX spin loop - a loop of at most ``max_body`` instructions that polls global memory (an atomic,
-    or a volatile / relaxed / acquire load, and no global store): {"label", "acquire": bool, "how"}. It is
-    ordered when the poll is an acquire itself (``.acquire`` / ``.acq_rel``), or an acquire (or a fence)
-    follows the loop before the next global load."""
+    """Per PTX spin loop - a loop of at most ``max_body`` instructions (not counting labels, directives such as
+    ``.loc``, comments) that polls memory that may be global (an atomic, or a volatile / relaxed / acquire load;
+    generic addressing included) and stores none: {"label", "acquire": bool, "how"}. It is ordered when the poll
+    is an acquire at ``.gpu`` / ``.sys`` scope itself, or such an acquire or fence follows the loop before any
+    other read of global memory (``ld``, ``atom``, ``cp.async``) and before the function ends (``ret`` /
+    ``exit`` / the next function); see ``_orders_other_ctas``."""
     lines = [ln.strip() for ln in ptx.splitlines()]
-    labels = {}
+    labels: dict[str, list[int]] = {}  # a label may repeat in the blocks of inline asm inlined twice
     for i, ln in enumerate(lines):
-        m = re.match(r"^(\$[\w]+):", ln)
+        m = _PTX_LABEL.match(ln)
         if m:
-            labels[m.group(1)] = i
-    poll = re.compile(r"(@!?%p\d+\s+)?(atom\.|ld\.(global\.)?(volatile|relaxed|acquire)|ld\.global\.[\w.]*acquire)")
+            labels.setdefault(m.group(1), []).append(i)
     out, seen = [], set()
     for i, ln in enumerate(lines):
-        m = re.search(r"\bbra(?:\.uni)?\s+(\$[\w]+);", ln)
-        if not m or m.group(1) not in labels or labels[m.group(1)] > i or m.group(1) in seen:
+        m = re.search(r"\bbra(?:\.uni)?\s+([\w$%]+)\s*;", ln)
+        start = max((j for j in labels.get(m.group(1), []) if j <= i), default=None) if m else None
+        if start is None or start in seen:
             continue
-        body = lines[labels[m.group(1)] : i + 1]
+        body = [q for q in map(_ptx_qualifiers, lines[start : i + 1]) if q]
         if len(body) > max_body:
             continue
-        polls = [b for b in body if poll.match(b) and "global" in b]
-        if not polls or any(re.match(r"(@!?%p\d+\s+)?(st|red)\.", b) and "global" in b for b in body):
+        polls = [q for q in body if _polls(q)]
+        if not polls or any(q[0] in ("st", "red") and _may_be_global(q) for q in body):
             continue
-        seen.add(m.group(1))
-        if any(".acquire" in b or ".acq_rel" in b for b in polls):
+        seen.add(start)
+        if any(_orders_other_ctas(q) for q in polls):
             out.append({"label": m.group(1), "acquire": True, "how": "the poll is an acquire"})
             continue
         after = "none"
         for b in lines[i + 1 :]:
-            if ".acquire" in b or ".acq_rel" in b or b.startswith("fence."):
+            q = _ptx_qualifiers(b)
+            ends = q[:1] in (["ret"], ["exit"]) and not b.startswith("@")
+            if ends or re.search(r"(^|\s)\.(entry|func)\b", b):  # the function's end, or the next function
+                break
+            if q and _orders_other_ctas(q):
                 after = "acquire after the loop"
                 break
-            if re.match(r"(@!?%p\d+\s+)?ld\.global", b):
+            if q and _reads_global(q):
                 break
         out.append({"label": m.group(1), "acquire": after != "none", "how": after})
     return out

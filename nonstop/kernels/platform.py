@@ -62,22 +62,32 @@ class Target:
     regs_per_sm: int = 65536
     regs_per_thread: int = 255
     reg_alloc_unit: int = 256  # registers are given to a warp in units of 256
+    sub_partitions: int = 4  # the register file is split among 4 SM sub-partitions; a warp lives in one
     smem_per_sm: int = 233472  # 228 KiB
     smem_per_block: int = 232448  # 227 KiB (opt-in maximum)
     smem_reserved_per_block: int = 1024  # the driver keeps 1 KiB of every CTA's shared memory
+    smem_alloc_unit: int = 128  # a CTA's shared memory (reserve included) is given in units of 128 B (sm_8x / 9x)
     threads_per_sm: int = 2048
     ctas_per_sm: int = 32
 
     def occupancy(self, registers: int, shared_bytes: int, num_warps: int) -> int:
         """CTAs of a kernel (``registers`` per thread, ``shared_bytes`` per CTA, ``num_warps``) that fit on
-        one SM at once (0: it cannot run here)."""
+        one SM at once (0: it cannot run here). The rules of NVIDIA's occupancy calculator (``cuda_occupancy.h``):
+        a warp's registers (``registers`` x 32 rounded up to ``reg_alloc_unit``) come from one sub-partition, so an
+        SM holds ``sub_partitions`` x (registers of a sub-partition // a warp's) warps; a CTA's shared memory plus
+        the reserve is rounded up to ``smem_alloc_unit``."""
         if registers > self.regs_per_thread or shared_bytes > self.smem_per_block:
             return 0
-        per_warp = -(-max(registers, 1) * 32 // self.reg_alloc_unit) * self.reg_alloc_unit
-        by_regs = (self.regs_per_sm // per_warp) // num_warps
-        by_smem = self.smem_per_sm // (shared_bytes + self.smem_reserved_per_block)
+        per_warp = _round_up(max(registers, 1) * 32, self.reg_alloc_unit)
+        warps = self.regs_per_sm // self.sub_partitions // per_warp * self.sub_partitions
+        by_regs = warps // num_warps
+        by_smem = self.smem_per_sm // _round_up(shared_bytes + self.smem_reserved_per_block, self.smem_alloc_unit)
         by_threads = self.threads_per_sm // (32 * num_warps)
         return max(0, min(by_regs, by_smem, by_threads, self.ctas_per_sm))
+
+
+def _round_up(n: int, unit: int) -> int:
+    return -(-n // unit) * unit
 
 
 H100 = Target("H100 SXM (sm_90a)", gpu=True, sms=132)

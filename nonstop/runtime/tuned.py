@@ -7,7 +7,11 @@ another, ``off`` disables it) written by ``nonstop/tune/store.py``::
                                                        "sha256": ..., "proposer": ..., ...}}}}}
 
 DEVICE is ``device_name`` (the CUDA device name, or "cpu" for the Triton interpreter), SHAPE is
-``shape_key(op, B, T, act_dtype)``: the step shape, the op's weight shapes and the dtypes. A kernel file is a
+``shape_key(op, B, T, act_dtype)``: the step shape, the op's weight shapes, the dtypes and a fingerprint of
+what else the op computes with (activation, eps, softmax scale, routing: a winner verified on one model never
+runs on another that computes otherwise). Ops of one model differing only in ``VARIANT_ATTRS`` share a key;
+an entry's ``variants`` lists those its verification covered (``op_variant``), and the others run the built-in
+kernel (a deep model's later variants, which the verification's cut model does not hold). A kernel file is a
 candidate that passed ``nonstop tune verify`` at that shape on that device; its SHA-256 is checked
 again before it is imported, and a file that is missing, altered or fails to import is skipped with
 a warning (the built-in kernel runs). A store file that cannot be used (unreadable, not JSON, not a
@@ -69,25 +73,57 @@ def _dtype_name(dtype) -> str:
     return str(dtype).removeprefix("torch.")
 
 
+# attributes that tell apart ops of one kind in one model with the same weight shapes (attention residuals'
+# block counts, a projection that starts a block or adds to it): they share a store key, and an entry lists the
+# ones its verification covered (``op_variant``)
+VARIANT_ATTRS = ("accumulate", "n_blocks", "store_block")
+_PLAIN = (int, float, bool, str, type(None), tuple, list)
+
+
+def op_variant(op) -> str:
+    """ "accumulate=True", "n_blocks=2 store_block=None", "" : the op's ``VARIANT_ATTRS``."""
+    return " ".join(f"{k}={op.attrs[k]!r}" for k in VARIANT_ATTRS if k in op.attrs)
+
+
+def _semantics(op, keyed: set) -> str:
+    """ " attrs=1a2b3c4d5e": a hash of the op's other static attributes (activation, betas, eps, softmax scale,
+    RoPE magnitude and layout, the MoE routing config; not ``keyed``, already in the key, nor its cache layer),
+    "" when it has none."""
+    import dataclasses
+
+    items = []
+    for k, v in sorted(op.attrs.items()):
+        if k in keyed or k in VARIANT_ATTRS or k == "cache_layer":
+            continue
+        if dataclasses.is_dataclass(v) and not isinstance(v, type):
+            items.append((k, repr(v)))
+        elif isinstance(v, _PLAIN):
+            items.append((k, repr(v)))
+    return " attrs=" + hashlib.sha256(repr(items).encode()).hexdigest()[:10] if items else ""
+
+
 def shape_key(op, B: int, T: int, act_dtype=None) -> str:
-    """ "B1xT1 A_log=4:float32 w=2048x2048 bfloat16": the step shape, the op's weight shapes (by role,
-    sorted) - or, for an op without weights (attention), its integer attributes - and the dtype of its
-    activations ``act_dtype`` (None: of its first floating-point weight); a weight of another dtype than
-    that one names its own (a bf16 model's fp32 ``A_log``, router bias or ``inv_freq``, packed uint8
-    experts), so a winner verified at one model dtype never runs at another."""
+    """ "B1xT1 A_log=4:float32 w=2048x2048 bfloat16 attrs=1a2b3c4d5e": the step shape, the op's weight shapes
+    (by role, sorted) - or, for an op without weights (attention), its integer attributes - the dtype of its
+    activations ``act_dtype`` (None: of its first floating-point weight), and a hash of its other attributes
+    (``_semantics``); a weight of another dtype than that one names its own (a bf16 model's fp32 ``A_log``,
+    router bias or ``inv_freq``, packed uint8 experts), so a winner verified at one model dtype never runs at
+    another."""
     dtype = act_dtype or next((t.dtype for _, t in sorted(op.weights.items()) if t.is_floating_point()), None)
+    keyed: set = set()
     if op.weights:
         what = " ".join(
             f"{n}={'x'.join(map(str, t.shape))}" + ("" if t.dtype == dtype else f":{_dtype_name(t.dtype)}")
             for n, t in sorted(op.weights.items())
         )
     else:
-        what = " ".join(
-            f"{k}={v}"
-            for k, v in sorted(op.attrs.items())
-            if isinstance(v, int) and not isinstance(v, bool) and k != "cache_layer"
-        )
-    return f"B{B}xT{T} {what} {_dtype_name(dtype)}"
+        keyed = {
+            k
+            for k, v in op.attrs.items()
+            if isinstance(v, int) and not isinstance(v, bool) and k != "cache_layer" and k not in VARIANT_ATTRS
+        }
+        what = " ".join(f"{k}={op.attrs[k]}" for k in sorted(keyed))
+    return f"B{B}xT{T} {what} {_dtype_name(dtype)}{_semantics(op, keyed)}"
 
 
 def program_shape_key(program, op, B: int, T: int) -> str:
@@ -133,6 +169,7 @@ ENTRY_FIELDS = {
     "time_ms": (*_NUMBER_OR_NULL, False),
     "builtin_ms": (*_NUMBER_OR_NULL, False),
     "floor_ms": (*_NUMBER_OR_NULL, False),
+    "variants": (list, "a list", False),
 }
 
 
@@ -201,9 +238,10 @@ def load_store(path: Path | None) -> dict:
 # the candidate rules (tune/static_check.py) a stored kernel was checked under; 2 closed attribute chains off
 # imported names and kernels, match statements' class patterns and builtins unlocked by binding their names
 # (ways to run any code or keep state); 3 closed kernels called from host code, torch.Tensor through another
-# name, printed tensors and value reads inside nonstop.kernels helpers; a kernel checked under older rules is
-# not run
-CANDIDATE_RULES = 3
+# name, printed tensors and value reads inside nonstop.kernels helpers; 4: the verification also covers a
+# speculative step at every tuned T > 1, a cached context past several pages and KV splits, RoPE frequencies
+# of its own, and the entry lists the variants it covered; a kernel checked under older rules is not run
+CANDIDATE_RULES = 4
 
 
 def rules_problem(entry: dict) -> str | None:
@@ -327,6 +365,7 @@ class TunedKind:
         self.keys: dict[tuple, str] = {}  # (id(op), B, T) -> shape key (the program's ops live as long as the executor)
         self.used: dict[str, int] = {}
         self.refused: dict[str, str] = {}
+        self.unverified: dict[str, list[str]] = {}  # key -> variants its winner was not verified on (built-in ran)
 
     def key(self, op, env) -> str:
         at = (id(op), env.B, env.T)
@@ -352,9 +391,20 @@ class TunedKind:
             self.loaded[key] = load_kernel(self.root, entry) if entry else None
         return self.loaded[key]
 
+    def covers(self, op, key: str) -> bool:
+        """Whether the winner at ``key`` was verified on ``op``'s variant (``op_variant``); notes it when not."""
+        variant = op_variant(op)
+        if variant in self.entries[key].get("variants", ()):
+            return True
+        seen = self.unverified.setdefault(key, [])
+        if variant not in seen:
+            seen.append(variant)
+        return False
+
     def __call__(self, op, env, **kwargs):
         key = self.key(op, env)
-        launch = self.launch_for(key) if key in self.entries and key not in self.refused else None
+        usable = key in self.entries and key not in self.refused and self.covers(op, key)
+        launch = self.launch_for(key) if usable else None
         if launch is None or kwargs:
             return self.fallback(op, env, **kwargs)
         self.used[key] = self.used.get(key, 0) + 1
@@ -364,7 +414,7 @@ class TunedKind:
 def use_tuned(table: dict, program, device, stats: dict | None = None) -> dict:
     """``table`` with the kinds of ``program`` that have stored winners for ``device`` dispatched through
     ``TunedKind``; ``stats["tuned"]`` (when given) lists them: {kind: {"shapes": n, "used": {key: calls},
-    "refused": {key: why}}}."""
+    "refused": {key: why}, "unverified": {key: [variants its winner was not verified on]}}}."""
     path = store_path()
     entries = load_store(path)["entries"].get(device_name(device), {})
     kinds = {op.kind for op in program.ops} & set(entries) & set(table)
@@ -375,6 +425,12 @@ def use_tuned(table: dict, program, device, stats: dict | None = None) -> dict:
         out[kind] = TunedKind(kind, table[kind], entries[kind], path.parent)
     if stats is not None:
         stats["tuned"] = {
-            k: {"shapes": len(entries[k]), "used": out[k].used, "refused": out[k].refused} for k in sorted(kinds)
+            k: {
+                "shapes": len(entries[k]),
+                "used": out[k].used,
+                "refused": out[k].refused,
+                "unverified": out[k].unverified,
+            }
+            for k in sorted(kinds)
         }
     return out

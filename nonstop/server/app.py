@@ -41,7 +41,7 @@ from nonstop.server.errors import APIError, install_error_handlers, internal_err
 from nonstop.server.metrics import TEXT_CONTENT_TYPE, ServerMetrics
 from nonstop.server.protocol import ChatCompletionBody, CompletionBody
 from nonstop.server.responses import Choice, ResponseBuilder, TextOffsets, sse, usage
-from nonstop.server.submission import Submission
+from nonstop.server.submission import RETRY_AFTER_S, Submission
 from nonstop.server.translate import (
     Limits,
     chat_requests,
@@ -361,7 +361,10 @@ def _generation_failed(engine: EngineLoop, error: str | None) -> APIError:
     else 500."""
     if engine.shutting_down:
         return APIError(
-            503, f"generation stopped: {error or 'the server is shutting down'}", code="server_shutting_down"
+            503,
+            f"generation stopped: {error or 'the server is shutting down'}",
+            code="server_shutting_down",
+            headers={"Retry-After": str(RETRY_AFTER_S)},
         )
     return APIError(500, f"generation failed: {error or 'request aborted'}", code="generation_failed")
 

@@ -32,7 +32,10 @@ class TextOffsets:
     """A completion's ``text_offset``: where each token's text starts in the returned text. The tokens are
     decoded as the text was (``IncrementalDecoder``): a token inside a UTF-8 character adds nothing until
     the character completes, a special token adds nothing. ``start``: where the first token's text
-    starts (after an echoed prompt's text). A stream keeps one per choice across its chunks."""
+    starts (after an echoed prompt's text). A stream keeps one per choice across its chunks. A stop string
+    cuts the text, not the tokens (as vLLM): the logprobs still list every token generated (as
+    ``completion_tokens`` counts them), so the offsets of the tokens holding the stop string reach the end
+    of the returned text or past it."""
 
     def __init__(self, tokenizer: Tokenizer, start: int = 0):
         self.decoder = IncrementalDecoder(tokenizer)

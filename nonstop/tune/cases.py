@@ -37,6 +37,7 @@ from nonstop.program.ir import SuperOp
 from nonstop.program.lower import lower
 from nonstop.program.reference import REFERENCE, StepEnv
 from nonstop.program.twin import narrow_twin
+from nonstop.runtime.tuned import op_variant
 
 MAX_PREFIX = 40  # tokens already cached per sequence in verification states (crosses 16-token pages)
 
@@ -87,16 +88,27 @@ class State:
 # ----------------------------------------------------------------------------- configs and ops
 
 
+SMALL_MODEL_LAYERS = 8  # a model of at most this many layers is verified whole
+
+
 def layers_for(cfg: ModelConfig, kind: str) -> int:
-    """The fewest leading layers whose Program holds every variant of ``kind`` the model has, capped at
-    what keeps one state small: all layers of a small model, else up to the kind's first layer + 1."""
+    """The leading layers a verification of ``kind`` builds: all of a small model; else the fewest that
+    hold the first op of each variant of the kind (``op_variant``) among the first ``SMALL_MODEL_LAYERS``
+    (at least the kind's first layer). A variant first met deeper (K3's attention residuals with more
+    blocks) is not verified, and a stored winner does not run on it (``runtime/tuned.TunedKind.covers``)."""
     program = lower(meta_model(cfg))
-    layers = [op.layer for op in program.ops if op.kind == kind]
-    if not layers:
+    ops = [op for op in program.ops if op.kind == kind]
+    if not ops:
         raise ValueError(f"model has no {kind!r} op; its kinds: {', '.join(sorted({op.kind for op in program.ops}))}")
-    if any(layer is None for layer in layers) or cfg.num_hidden_layers <= 8:
-        return cfg.num_hidden_layers if cfg.num_hidden_layers <= 8 else 1
-    return min(layers) + 1
+    if cfg.num_hidden_layers <= SMALL_MODEL_LAYERS:
+        return cfg.num_hidden_layers
+    if any(op.layer is None for op in ops):
+        return 1
+    first: dict[str, int] = {}
+    for op in ops:
+        first.setdefault(op_variant(op), op.layer)
+    near = [layer for layer in first.values() if layer < SMALL_MODEL_LAYERS] or [min(first.values())]
+    return max(near) + 1
 
 
 def variants(program, kind: str) -> list[SuperOp]:
@@ -162,9 +174,13 @@ def hidden_config(cfg: ModelConfig, rng: random.Random) -> ModelConfig:
 
 
 def _noise_constants(op: SuperOp, gen: torch.Generator) -> None:
-    """Weights initialised to one value (RMSNorm γ = 1, zero biases) get noise, in place (views stay views)."""
-    for t in op.weights.values():
-        if t.is_floating_point() and t.numel() > 1 and bool((t == t.reshape(-1)[0]).all()):
+    """Weights initialised to one value (RMSNorm γ = 1, zero biases) get noise, in place (views stay views);
+    RoPE frequencies each get a random factor in [0.5, 2), so a kernel computing its own (from a base
+    frequency it assumes, ignoring ``inv_freq``) is wrong."""
+    for name, t in op.weights.items():
+        if name == "inv_freq":
+            t.mul_((torch.rand(t.shape, generator=gen) * 1.5 + 0.5).to(t.device, t.dtype))
+        elif t.is_floating_point() and t.numel() > 1 and bool((t == t.reshape(-1)[0]).all()):
             t.add_((torch.randn(t.shape, generator=gen) * 0.25).to(t.device, t.dtype))
 
 

@@ -70,7 +70,7 @@ def plan_executor_run(target, source: str, jobdir: Path, rng: random.Random, hid
     from nonstop.model.build import random_model
     from nonstop.program.lower import lower
     from nonstop.runtime.executors import ReferenceExecutor
-    from nonstop.runtime.tuned import device_name, program_shape_key
+    from nonstop.runtime.tuned import device_name, op_variant, program_shape_key
     from nonstop.tune import store
 
     shape = target.shapes[0] if target.shapes else None
@@ -95,9 +95,14 @@ def plan_executor_run(target, source: str, jobdir: Path, rng: random.Random, hid
     }
     program = lower(model)
     ops = [op for op in program.ops if op.kind == target.kind]
-    keys = {program_shape_key(program, op, B, T) for op in ops}
-    for key in sorted(keys):  # the keys runtime/tuned.TunedKind looks up
-        store.record(Path(plan["store"]), device_name(target.device), target.kind, key, source, {"proposer": "verify"})
+    keys: dict[str, list[str]] = {}  # the keys runtime/tuned.TunedKind looks up -> the variants run there
+    for op in ops:
+        variants = keys.setdefault(program_shape_key(program, op, B, T), [])
+        if op_variant(op) not in variants:
+            variants.append(op_variant(op))
+    for key, variants in sorted(keys.items()):
+        entry = {"proposer": "verify", "variants": variants}
+        store.record(Path(plan["store"]), device_name(target.device), target.kind, key, source, entry)
     plan["tuned_calls"] = len(ops) * DECODE_STEPS
     with torch.inference_mode():
         reference = _decode(ReferenceExecutor(model), cfg, target.dtype, target.device, plan)

@@ -185,6 +185,7 @@ def tune(
 def _store(report: Report, path: Path, target: Target, keys: list[str]) -> None:
     """Record the best of each shape in ``keys`` in the store at ``path`` (``store.record`` keeps what is better)."""
     device = device_name(target.device)
+    covered = {s.key: list(s.variants) for s in target.shapes}
     for key in keys:
         outcome, timed = report.best[key]
         base = report.baseline.get(key)
@@ -199,6 +200,7 @@ def _store(report: Report, path: Path, target: Target, keys: list[str]) -> None:
             "builtin_ms": base["median_ms"] if base else None,
             "floor_ms": base["floor_ms"] if base else None,
             "verification": outcome.record,
+            "variants": covered.get(key, []),
         }
         if store.record(path, device, target.kind, key, outcome.candidate.source, entry) and key not in report.stored:
             report.stored.append(key)

@@ -6,9 +6,10 @@ proposer is shown and what the tuning store is keyed by (``runtime/tuned.shape_k
 kind with the same weight shapes but other attributes (``attnres_mix_norm``'s ``n_blocks`` /
 ``store_block``, ``linear_residual``'s ``accumulate``) share a store key: a tuned shape lists them
 (``others``), and the verification gives each one a case of its own (one per variant, at the first B:
-at most one per op of the kind in the cut model). On a CPU the Triton interpreter is slow: tuned shapes
-whose weights exceed ``CPU_WEIGHT_LIMIT`` are not verified there (and cannot be stored); the hidden
-shapes always are.
+at most one per op of the kind in the cut model). A stored entry lists the variants it covered
+(``variants``); a deeper layer's variant that the cut model does not hold runs the built-in kernel. On a
+CPU the Triton interpreter is slow: tuned shapes whose weights exceed ``CPU_WEIGHT_LIMIT`` are not verified
+there (and cannot be stored); the hidden shapes always are.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from nonstop.config import ModelConfig
 from nonstop.model.build import meta_model
 from nonstop.program.ir import SuperOp
 from nonstop.program.lower import lower
-from nonstop.runtime.tuned import program_shape_key
+from nonstop.runtime.tuned import op_variant, program_shape_key
 from nonstop.tune.cases import layers_for, variants
 
 CPU_WEIGHT_LIMIT = 64 << 20  # bytes of one op's weights up to which the interpreter verifies real widths
@@ -36,6 +37,7 @@ class TunedShape:
     weight_bytes: int
     bytes_moved: int  # the op's bytes read + written at this shape (cost model, at ``context``)
     others: tuple[int, ...] = ()  # the other variants with these weight shapes (other attrs, same store key)
+    variants: tuple[str, ...] = ()  # ``op_variant`` of the variant and of the others: what a stored entry covers
 
 
 @dataclass
@@ -89,6 +91,7 @@ def make_target(
                 weight_bytes,
                 cost.bytes_read + cost.bytes_written,
                 tuple(others),
+                tuple(dict.fromkeys(op_variant(ops[i]) for i in (first, *others))),
             )
             if device.type != "cuda" and weight_bytes > CPU_WEIGHT_LIMIT:
                 target.skipped.append(

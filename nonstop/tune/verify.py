@@ -20,6 +20,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import random
 import shutil
@@ -42,6 +43,7 @@ from nonstop.tune.timing import TimingPlan, judge_timing, plan_timing
 MIN_CASES = 5
 HIDDEN_CASES = 3
 MIXED_CASES = 2  # cases that also swap weights between A and B (see ``call_plan``)
+LONG_CONTEXT = 300  # tokens cached in one hidden case: > 2 KV splits of the built-in min_split (128)
 
 
 @dataclass
@@ -87,8 +89,11 @@ def plan(target: Target, rng: random.Random, hidden: int = HIDDEN_CASES) -> list
     specs = [
         CaseSpec("tuned", target.cfg, target.dtype, s.B, s.T, False, v, spare_slots=rng.randint(2, 9)) for s, v in tuned
     ]
+    # a step of T > 1 tokens has the same key whether it is a speculative step or not: verify both
+    specs += [dataclasses.replace(c, keep_states=True) for c in specs if c.T > 1]
     n_hidden = max(hidden, MIN_CASES - len(specs))
-    shapes = [(1, 1), (3, 1), (2, 3)] + [(rng.randint(1, 4), rng.randint(1, 4)) for _ in range(n_hidden)]
+    spec_step = (rng.randint(1, 4), rng.randint(2, 4))  # the speculative step's shape is drawn, not fixed
+    shapes = [(1, 1), (3, 1), spec_step] + [(rng.randint(1, 4), rng.randint(1, 4)) for _ in range(n_hidden)]
     for i in range(n_hidden):
         B, T = shapes[i]
         specs.append(
@@ -98,7 +103,9 @@ def plan(target: Target, rng: random.Random, hidden: int = HIDDEN_CASES) -> list
                 target.dtype,
                 B,
                 T,
-                keep_states=(B, T) == (2, 3),
+                keep_states=i == 2,
+                # one case past several pages and more than one KV split (attention that stops early shows)
+                context=rng.randint(LONG_CONTEXT, 2 * LONG_CONTEXT) if i == 1 else None,
                 variant=i,
                 spare_slots=rng.randint(2, 9),
             )

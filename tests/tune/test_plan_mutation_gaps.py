@@ -13,11 +13,37 @@ from tests.tune.helpers import tiny_target
 
 
 def test_every_plan_has_a_hidden_speculative_keep_states_case():
-    """A speculative step (``keep_states``: the KDA histories are written) is always among the hidden cases."""
-    for seed in range(3):
+    """A speculative step (``keep_states``: the KDA histories are written) is always among the hidden cases,
+    of several tokens, its shape drawn (a fixed (2, 3) never covered a one-sequence speculative step); a
+    decode target (T = 1) has no tuned one."""
+    shapes = set()
+    for seed in range(12):
         specs = plan(tiny_target("linear_residual"), random.Random(seed))
         ks = [s for s in specs if s.keep_states]
-        assert ks and all(s.label == "hidden" and (s.B, s.T) == (2, 3) for s in ks), [s.describe() for s in specs]
+        assert len(ks) == 1 and ks[0].label == "hidden" and ks[0].T > 1, [s.describe() for s in specs]
+        shapes.add((ks[0].B, ks[0].T))
+    assert len(shapes) > 3 and 1 in {B for B, _ in shapes}
+
+
+def test_a_tuned_shape_of_several_tokens_is_also_verified_as_a_speculative_step():
+    """The store key does not tell a speculative step from a plain one of the same B x T: both are verified."""
+    from nonstop.config import ModelConfig
+    from nonstop.tune.target import make_target
+    from tests.tiny_configs import TINY_CONFIGS
+
+    cfg = ModelConfig.from_hf_dict(TINY_CONFIGS["kimi_linear"])
+    target = make_target("kda_core", "tiny-kimi-linear", cfg, torch.float32, "cpu", [1, 2], tokens=3)
+    tuned = [(s.B, s.T, s.keep_states) for s in plan(target, random.Random(0)) if s.label == "tuned"]
+    assert sorted(tuned) == [(1, 3, False), (1, 3, True), (2, 3, False), (2, 3, True)]
+
+
+def test_one_hidden_case_caches_hundreds_of_tokens():
+    """Attention that reads only the first keys (a fixed 64-key split) must meet a context past it: one
+    hidden case caches 300 to 600 tokens per sequence (the others at most ``MAX_PREFIX``)."""
+    for seed in range(5):
+        specs = plan(tiny_target("gqa_attn"), random.Random(seed))
+        long = [s.context for s in specs if s.context is not None]
+        assert len(long) == 1 and 300 <= long[0] <= 600, [s.describe() for s in specs]
 
 
 def test_the_call_sequence_runs_a_twice_then_b_with_swapped_weights_in_the_first_cases():

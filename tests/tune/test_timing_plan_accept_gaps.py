@@ -90,7 +90,8 @@ def test_a_measurement_that_did_not_come_back_is_rejected(timed):
 @pytest.mark.parametrize("rows", [(1,), (1, 3), (1, 2, 3, 4, 5, 6)])
 def test_every_plan_has_five_cases_three_of_them_hidden(rows):
     """Whatever the number of tuned shapes: at least 5 cases, at least 3 hidden ones with odd widths and a
-    (1, 1), (3, 1) and (2, 3) step among them. Catches dropped hidden cases or a smaller minimum."""
+    (1, 1) and (3, 1) step and a speculative one of several tokens among them. Catches dropped hidden cases or a
+    smaller minimum."""
     from nonstop.config import ModelConfig
     from nonstop.tune.target import make_target
     from tests.tiny_configs import TINY_CONFIGS
@@ -101,7 +102,8 @@ def test_every_plan_has_five_cases_three_of_them_hidden(rows):
         specs = plan(target, random.Random(seed))
         hidden = [s for s in specs if s.label == "hidden"]
         assert len(specs) >= 5 and len(hidden) >= 3, [s.describe() for s in specs]
-        assert {(s.B, s.T) for s in hidden} >= {(1, 1), (3, 1), (2, 3)}
+        assert {(s.B, s.T) for s in hidden} >= {(1, 1), (3, 1)}
+        assert any(s.keep_states and s.T > 1 for s in hidden)
         assert all(s.cfg.hidden_size % 2 == 1 for s in hidden)
 
 

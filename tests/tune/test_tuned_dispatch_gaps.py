@@ -20,7 +20,8 @@ def launch(op, env):
 
 def _entry(root: Path) -> dict:
     (root / "k.py").write_text(WINNER)
-    return {"kernel": "k.py", "sha256": hashlib.sha256(WINNER.encode()).hexdigest(), "rules": CANDIDATE_RULES}
+    digest = hashlib.sha256(WINNER.encode()).hexdigest()
+    return {"kernel": "k.py", "sha256": digest, "rules": CANDIDATE_RULES, "variants": [""]}  # ops without variants
 
 
 def _op(name: str, weights: dict, attrs: dict | None = None):
@@ -90,4 +91,4 @@ def test_stats_count_the_stored_shapes_of_each_kind(tmp_path, monkeypatch):
     stats: dict = {}
     out = tuned.use_tuned({"k": _fallback, "j": _fallback}, program, "cpu", stats)
     assert isinstance(out["k"], TunedKind) and out["j"] is _fallback
-    assert stats["tuned"] == {"k": {"shapes": 2, "used": {}, "refused": {}}}
+    assert stats["tuned"] == {"k": {"shapes": 2, "used": {}, "refused": {}, "unverified": {}}}

@@ -8,7 +8,7 @@ import pytest
 
 from nonstop.runtime.executors import ReferenceExecutor
 from nonstop.runtime.superop import SuperOpExecutor
-from nonstop.runtime.tuned import program_shape_key
+from nonstop.runtime.tuned import op_variant, program_shape_key
 from nonstop.tune import store
 from tests.runtime.helpers import MAX_TOKENS_SHORT, PROMPTS, greedy_tokens, tiny_model
 from tests.tune.helpers import HERE
@@ -29,7 +29,14 @@ def _store_winner(path, model, device="cpu", source=WINNER):
                     "linear_residual",
                     key,
                     source,
-                    {"proposer": "test", "round": 1, "candidate": "r1c1", "timed": False, "time_ms": None},
+                    {
+                        "proposer": "test",
+                        "round": 1,
+                        "candidate": "r1c1",
+                        "timed": False,
+                        "time_ms": None,
+                        "variants": sorted({op_variant(op) for op in ops}),
+                    },
                 )
 
 

@@ -71,11 +71,15 @@ def test_a_winner_is_keyed_at_the_model_dtype_it_was_tuned_at(config, kind):
     assert not keys[torch.float32] & keys[torch.bfloat16]
 
 
-def test_flag_attributes_of_a_weightless_op_are_not_in_its_key():
-    """A weightless op's key holds its integer attributes only: True / False flags (bools are ints in Python)
-    and the per-layer ``cache_layer`` are left out, floats and strings too."""
-    op = _op({}, {"heads": 4, "causal": True, "window": 0, "cache_layer": 3, "scale": 0.5, "name": "x"})
-    assert shape_key(op, 3, 2, torch.bfloat16) == "B3xT2 heads=4 window=0 bfloat16"
+def test_flag_attributes_of_a_weightless_op_are_in_its_key_as_a_hash():
+    """A weightless op's key names its integer attributes; its flags (bools are ints in Python), floats and
+    strings enter the ``attrs=`` hash; the per-layer ``cache_layer`` is left out."""
+    attrs = {"heads": 4, "causal": True, "window": 0, "cache_layer": 3, "scale": 0.5, "name": "x"}
+    key = shape_key(_op({}, attrs), 3, 2, torch.bfloat16)
+    assert key.startswith("B3xT2 heads=4 window=0 bfloat16 attrs=")
+    assert shape_key(_op({}, {**attrs, "cache_layer": 7}), 3, 2, torch.bfloat16) == key
+    for change in ({"causal": False}, {"scale": 0.25}, {"name": "y"}):
+        assert shape_key(_op({}, {**attrs, **change}), 3, 2, torch.bfloat16) != key, change
 
 
 def test_weight_names_are_sorted_in_the_key():

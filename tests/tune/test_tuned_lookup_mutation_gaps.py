@@ -16,7 +16,15 @@ import torch
 
 from nonstop.program.lower import lower
 from nonstop.runtime import tuned
-from nonstop.runtime.tuned import CANDIDATE_RULES, TunedKind, entry_problem, rules_problem, shape_key, use_tuned
+from nonstop.runtime.tuned import (
+    CANDIDATE_RULES,
+    TunedKind,
+    entry_problem,
+    op_variant,
+    rules_problem,
+    shape_key,
+    use_tuned,
+)
 from tests.runtime.helpers import tiny_model
 
 
@@ -100,7 +108,7 @@ def test_a_winner_runs_only_at_the_step_shape_it_was_stored_for(program):
     ran = []
     kind = TunedKind("linear_residual", lambda op, env: ran.append(("builtin", env.B)), {}, Path("."))
     key = shape_key(op, 1, 1, torch.float32)
-    kind.entries = {key: {}}
+    kind.entries = {key: {"variants": [op_variant(op)]}}
     kind.loaded[key] = lambda op, env: ran.append(("stored", env.B))
     kind(op, _env(program, op, 1, 1))
     kind(op, _env(program, op, 2, 1))  # same op, another step shape: no stored winner there
@@ -113,7 +121,8 @@ def test_a_refused_shape_runs_the_builtin_from_then_on_with_one_warning(program)
     op = _ops(program, "linear_residual")[0]
     ran = []
     key = shape_key(op, 1, 1, torch.float32)
-    kind = TunedKind("linear_residual", lambda op, env: ran.append("builtin"), {key: {}}, Path("."))
+    entries = {key: {"variants": [op_variant(op)]}}
+    kind = TunedKind("linear_residual", lambda op, env: ran.append("builtin"), entries, Path("."))
     kind.loaded[key] = lambda op, env: ran.append("stored")
     env = _env(program, op, 1, 1)
     kind(op, env)
@@ -146,7 +155,11 @@ def _store(tmp_path, program, source=LAUNCH, rules=CANDIDATE_RULES, edit=None) -
     (tmp_path / "kernels").mkdir()
     kernel = tmp_path / "kernels" / "linear_residual-x.py"
     kernel.write_text(source)
-    entry = {"kernel": "kernels/linear_residual-x.py", "sha256": hashlib.sha256(source.encode()).hexdigest()}
+    entry = {
+        "kernel": "kernels/linear_residual-x.py",
+        "sha256": hashlib.sha256(source.encode()).hexdigest(),
+        "variants": ["accumulate=False", "accumulate=True"],
+    }
     if rules is not None:
         entry["rules"] = rules
     if edit is not None:
@@ -169,7 +182,7 @@ def test_use_tuned_runs_the_stored_launch_and_counts_it(tmp_path, monkeypatch, p
     table = use_tuned({"linear_residual": lambda op, env: env.buf["seen"].append("builtin")}, program, "cpu", stats)
     op = _ops(program, "linear_residual")[0]
     assert _run(program, table, op) == [op.name]
-    assert stats["tuned"] == {"linear_residual": {"shapes": 1, "used": {key: 1}, "refused": {}}}
+    assert stats["tuned"] == {"linear_residual": {"shapes": 1, "used": {key: 1}, "refused": {}, "unverified": {}}}
 
 
 @pytest.mark.parametrize(
