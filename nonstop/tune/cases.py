@@ -102,11 +102,12 @@ def layers_for(cfg: ModelConfig, kind: str) -> int:
         raise ValueError(f"model has no {kind!r} op; its kinds: {', '.join(sorted({op.kind for op in program.ops}))}")
     if cfg.num_hidden_layers <= SMALL_MODEL_LAYERS:
         return cfg.num_hidden_layers
-    if any(op.layer is None for op in ops):
-        return 1
     first: dict[str, int] = {}
     for op in ops:
-        first.setdefault(op_variant(op), op.layer)
+        if op.layer is not None:  # not the op after the last layer (lm_head, attention residuals' final mix)
+            first.setdefault(op_variant(op), op.layer)
+    if not first:
+        return 1
     near = [layer for layer in first.values() if layer < SMALL_MODEL_LAYERS] or [min(first.values())]
     return max(near) + 1
 
