@@ -4,6 +4,9 @@ and exit status each ends with."""
 
 from __future__ import annotations
 
+import contextlib
+import sys
+
 
 class Terminated(BaseException):
     """SIGTERM, raised as Ctrl-C raises KeyboardInterrupt: the process says "terminated" and exits 143 (in a
@@ -29,3 +32,11 @@ def stop_behind(exc: BaseException) -> BaseException | None:
         seen.add(id(exc))
         exc = exc.__context__
     return None
+
+
+def print_line(line: str) -> None:
+    """``line`` on stderr in one write, flushed: the ranks of a launch share stderr, and ``print`` writes
+    the text and its newline apart (two ranks' lines were seen run together on one line)."""
+    with contextlib.suppress(OSError, ValueError):
+        sys.stderr.write(line + "\n")
+        sys.stderr.flush()

@@ -10,7 +10,7 @@ import os
 import sys
 
 from nonstop.config import ConfigError
-from nonstop.stops import Terminated, stop_behind, stop_status
+from nonstop.stops import Terminated, print_line, stop_behind, stop_status
 from nonstop.weights.errors import CheckpointError
 
 USER_ERRORS = (
@@ -24,14 +24,6 @@ USER_ERRORS = (
     NotADirectoryError,
     FileExistsError,
 )
-
-
-def print_error_line(line: str) -> None:
-    """``line`` on stderr in one write, flushed: the ranks of a launch share stderr, and ``print`` writes
-    the text and its newline apart (two ranks' lines were seen run together on one line)."""
-    with contextlib.suppress(OSError, ValueError):
-        sys.stderr.write(line + "\n")
-        sys.stderr.flush()
 
 
 def _stopped(stop: BaseException) -> SystemExit:
@@ -53,7 +45,7 @@ def user_errors():
         if stop is not None:
             raise _stopped(stop) from None
         if isinstance(exc, USER_ERRORS):
-            print_error_line(f"nonstop: error: {exc}")
+            print_line(f"nonstop: error: {exc}")
             raise SystemExit(2) from None
         if isinstance(exc, BrokenPipeError):  # output piped into `head` and the like
             sys.stderr.close()

@@ -340,10 +340,7 @@ def _rank_failed(exc) -> int:
     """A rank's ``RankFailure``: status 3 and its one line, printed here outside a launch of ours (torchrun)
     and left to the launcher in one (``leave_failure``: the launcher prints it unless a rank printed why it
     ended, a refused option, a missing file, or a signal killed one, which the launcher names)."""
-    from nonstop.commands.errors import print_error_line
-    from nonstop.dist.launch import leave_failure
+    from nonstop.dist.launch import report_failure
 
-    line = f"nonstop: error: {exc}"
-    if not leave_failure(line):
-        print_error_line(line)
+    report_failure(f"nonstop: error: {exc}")
     return 3

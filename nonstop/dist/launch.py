@@ -50,7 +50,7 @@ from pathlib import Path
 import torch.multiprocessing as mp
 
 from nonstop.dist.parent_watch import die_with_parent
-from nonstop.stops import Terminated, stop_status
+from nonstop.stops import Terminated, print_line, stop_status
 
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
 LAUNCHER_STOP = signal.SIGUSR1  # the launcher stopping rank 0 itself, after another rank failed: no stop of the user's
@@ -162,6 +162,13 @@ def leave_failure(line: str) -> bool:
         return True
     except OSError:
         return False
+
+
+def report_failure(line: str) -> None:
+    """A rank's failed-collective line: left to the launcher in a launch of ours (``leave_failure``), else
+    (torchrun) printed."""
+    if not leave_failure(line):
+        print_line(line)
 
 
 def left_failure(path: str) -> str | None:

@@ -16,10 +16,8 @@ print and exit) runs when rank 0 learns of a failure; a follower that fails exit
 
 from __future__ import annotations
 
-import contextlib
 import itertools
 import operator
-import sys
 import threading
 import time
 import weakref
@@ -462,11 +460,7 @@ def print_failure_and_exit(message: str) -> None:
     ``leave_failure``), then exit at once with status 3 (a broken group cannot be left cleanly)."""
     import os
 
-    from nonstop.dist.launch import leave_failure
+    from nonstop.dist.launch import report_failure
 
-    line = f"nonstop: error: {message}"
-    if not leave_failure(line):
-        with contextlib.suppress(OSError, ValueError):
-            sys.stderr.write(line + "\n")  # one write: the ranks of a launch share stderr
-            sys.stderr.flush()
+    report_failure(f"nonstop: error: {message}")
     os._exit(3)
