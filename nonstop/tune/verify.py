@@ -79,8 +79,9 @@ def builtin_source(kind: str) -> str:
 
 def plan(target: Target, rng: random.Random, hidden: int = HIDDEN_CASES) -> list[CaseSpec]:
     """The tuned shapes; then, at the first step shape of each, the other variants sharing its store key
-    (``TunedShape.others``: the executor runs them too); then hidden shapes (at least ``MIN_CASES`` cases
-    in all)."""
+    (``TunedShape.others``: the executor runs them too); each of these of T > 1 again as a speculative step
+    (``keep_states``); then hidden shapes (at least ``MIN_CASES`` cases in all): one sequence, three with
+    ``LONG_CONTEXT`` to twice that cached, a speculative step of drawn B and T > 1, then drawn ones."""
     tuned = [(s, s.variant) for s in target.shapes]
     first_of: dict[int, TunedShape] = {}  # variant -> its first tuned shape
     for s in target.shapes:
