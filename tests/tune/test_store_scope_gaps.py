@@ -7,7 +7,7 @@
   larger ``n_blocks``) are never verified, yet the winner runs on them.
 
 Candidates: ``wrong_kernels/mlp_silu_only.py`` (the built-in mlp launch with SwiGLU hard-coded) and
-``wrong_kernels/lr_store_only.py`` (the row-loop linear_residual test kernel with ``ACCUMULATE=False`` hard-coded).
+``STORE_ONLY`` (the row-loop linear_residual test kernel with ``ACCUMULATE=False`` hard-coded).
 The oracle is the plain-torch ``ReferenceExecutor`` / the full model's own Program, never the code under test."""
 
 from __future__ import annotations
@@ -33,6 +33,9 @@ from tests.tiny_configs import TINY_CONFIGS
 from tests.tune.helpers import tiny_target
 
 HERE = Path(__file__).resolve().parent / "wrong_kernels"
+ROWLOOP = (Path(__file__).resolve().parent / "kernels" / "linear_residual_rowloop.py").read_text()
+STORE_ONLY = ROWLOOP.replace('ACCUMULATE=op.attrs.get("accumulate", False)', "ACCUMULATE=False")
+assert STORE_ONLY != ROWLOOP
 ENTRY = {"proposer": "llm:x", "round": 1, "candidate": "r1c1", "timed": False, "time_ms": None}
 
 
@@ -91,7 +94,7 @@ def test_store_only_linear_residual_is_not_accepted_for_a_deep_k3_model():
 
     cfg = narrow_twin(ModelConfig.preset("kimi-k3")).with_num_layers(12)
     target = make_target("linear_residual", "k3-12", cfg, torch.float32, "cpu", [1])
-    verdict = verify((HERE / "lr_store_only.py").read_text(), target, seed=2)
+    verdict = verify(STORE_ONLY, target, seed=2)
     assert not verdict.accepted
 
 
@@ -129,7 +132,7 @@ def _one_variant_store(tmp_path, monkeypatch, cfg, variants: list[str]) -> None:
     keys = {program_shape_key(program, op, 1, 1) for op in program.ops if op.kind == "linear_residual"}
     for key in keys:
         entry = {**ENTRY, "variants": variants}
-        store.record(path, "cpu", "linear_residual", key, (HERE / "lr_store_only.py").read_text(), entry)
+        store.record(path, "cpu", "linear_residual", key, STORE_ONLY, entry)
 
 
 @pytest.mark.timeout(120)
