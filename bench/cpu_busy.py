@@ -76,7 +76,7 @@ def main() -> None:
     import torch
 
     from nonstop.hostinfo import copy_bandwidth, decode_floor, write_result
-    from nonstop.program.footprint import model_footprint
+    from nonstop.runtime.executors import streamed_weight_bytes
     from nonstop.threads import physical_cores
     from nonstop.weights.resolve import resolve_model
 
@@ -85,7 +85,7 @@ def main() -> None:
     configs = {"default": None, "all cores": cores, "one thread": 1}
     torch.set_num_threads(cores)
     copy = copy_bandwidth()["copy_GBps"]
-    floor = decode_floor(model_footprint(cfg, torch.float32).bytes_per_token, copy)
+    floor = decode_floor(streamed_weight_bytes(cfg, torch.float32, "cpu", "cpu")[0], copy)  # the worker's LLM
     rows: dict[str, dict] = {name: {"quiet": [], "busy": [], "threads": {}} for name in configs}
     for name, threads in configs.items():
         got = run_worker(args.model, args.tokens, args.runs, threads)

@@ -39,8 +39,8 @@ def main() -> None:
 
     from nonstop import LLM, SamplingParams
     from nonstop.hostinfo import copy_bandwidth, decode_floor, write_result
-    from nonstop.program.footprint import model_footprint
     from nonstop.runtime.cpu.cache_view import cache_tensors, step_pages
+    from nonstop.runtime.executors import streamed_weight_bytes
     from nonstop.threads import set_threads
 
     set_threads(args.threads)  # before the executor, which keeps an explicit choice
@@ -83,7 +83,7 @@ def main() -> None:
         name: {"min_us": round(min(v), 1), "median_us": round(statistics.median(v), 1)} for name, v in times.items()
     }
     saved = {k: round(rows["through torch.compile"][k] - rows["direct"][k], 1) for k in ("min_us", "median_us")}
-    bytes_per_token = int(model_footprint(llm.cfg, torch.float32).bytes_per_token)
+    bytes_per_token = streamed_weight_bytes(llm.cfg, torch.float32, "cpu", "cpu")[0]  # as the LLM packs them
     result = write_result(
         args.out,
         "cpu_direct_call",

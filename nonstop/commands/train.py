@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import contextlib
 import sys
 import time
 from pathlib import Path
@@ -127,7 +126,6 @@ def run(args) -> int:
     outputs = (("--out", args.out, "the checkpoint"), ("--cache-dir", args.cache_dir, "the token cache"))
     for flag, path, what in outputs:  # before the tokenizing and training
         check_output_dir(path, flag, what)
-        _check_creatable(Path(path), flag)
     if args.min_lr > args.lr:
         raise ValueError(f"--min-lr {args.min_lr:g} is above the peak --lr {args.lr:g}")
     cfg = ModelConfig.from_file(args.config) if args.config else ModelConfig.preset(args.preset)
@@ -163,16 +161,3 @@ def run(args) -> int:
     )
     note_kept_files(Path(args.out), "train")
     return 0
-
-
-def _check_creatable(out: Path, flag: str = "--out") -> None:
-    """Make ``out`` and its missing parents, then remove what was made: a directory that cannot be created
-    (``/proc/x``, a read-only file system) is refused now, naming ``flag``, not after the training."""
-    missing = [d for d in (out, *out.parents) if not d.exists()]  # deepest first
-    try:
-        out.mkdir(parents=True, exist_ok=True)
-    except OSError as exc:
-        raise ValueError(f"{flag} {out}: cannot create the directory ({exc.strerror or exc})") from None
-    for d in missing:
-        with contextlib.suppress(OSError):  # something else wrote there meanwhile: leave it
-            d.rmdir()

@@ -209,10 +209,15 @@ def _load_width(text: str) -> int | None:
     """Bytes one global load instruction moves, from its inline PTX or LLVM type; None if not a global load.
     ``text``: the instruction, with or without the ``%v =`` it defines (``weight_loop_loads`` passes it without)."""
     if "cp.async" in text:  # the copy size operand, hex or decimal (PTX ISA: cp.async cp-size 4, 8 or 16)
-        m = re.search(r"cp\.async\.\w+\.shared\.global[^,]*,[^,]*,\s*(0x[0-9a-fA-F]+|\d+)\b", text)
+        m = re.search(r"cp\.async\.\w+\.shared(?:::cta)?\.global[^,]*,[^,]*,\s*(0x[0-9a-fA-F]+|\d+)\b", text)
         return int(m.group(1), 0) if m else 16
     # qualifiers before the type may carry ``::`` (cache hints: ``.L1::evict_first``, ``.L2::128B``)
-    m = re.search(r"ld\.global(?:\.[\w:]+)*?\.(v\d)?\.?([bfsu])(\d+)\b", text)
+    # the state space follows ``.volatile`` / ``.relaxed.<scope>`` / ``.acquire.<scope>`` (PTX ISA ``ld``); the
+    # opcode may follow a digit: LLVM IR writes the asm string's newline and tab as ``\0A\09``
+    m = re.search(
+        r"(?<![A-Za-z_.])ld(?:\.(?:weak|volatile|mmio|relaxed|acquire)(?:\.(?:cta|cluster|gpu|sys))?)?\.global(?:\.[\w:]+)*?\.(v\d)?\.?([bfsu])(\d+)\b",
+        text,
+    )
     if m:
         lanes = int(m.group(1)[1:]) if m.group(1) else 1
         return lanes * int(m.group(3)) // 8
@@ -330,7 +335,11 @@ def weight_loop_loads(llir: str, arg_names: list[str], weights: set[str], name: 
         memo[key] = known.get(key, set())
         text = f.defs.get(v, "")
         out: set[str] = set()
-        if "asm" in text and "ld.global" in text or (text.startswith("load") and "addrspace(1)" in text):
+        if (
+            "asm" in text
+            and re.search(r"(?<![A-Za-z_.])ld(\.\w+)*\.global", text)
+            or (text.startswith("load") and "addrspace(1)" in text)
+        ):
             for p in re.findall(r"ptr addrspace\(1\) (%[\w.]+)", text):  # loaded from memory: where from
                 out |= {f"*{r}" for r in roots(fn, p, depth + 1)}
         elif text.startswith(_FOLLOW) or "asm" in text:
@@ -378,9 +387,11 @@ _PTX_LABEL = re.compile(r"^([A-Za-z_$%][\w$]*):")  # PTX identifiers: [a-zA-Z][a
 
 def _ptx_qualifiers(line: str) -> list[str]:
     """The opcode of a PTX line split at its dots (``ld.global.v4.b32`` -> ld, global, v4, b32), without a guard
-    predicate or the brace of an inline-asm block; [] for what is no instruction (label, directive, comment)."""
-    text = re.sub(r"^@!?%\w+\s+", "", line.strip().lstrip("{").strip())
-    if not text or text.startswith((".", "//", "}")) or _PTX_LABEL.match(text):
+    predicate, a label sharing its line (``$L__BB0_1: ld...``, which ptxas accepts) or the brace of an inline-asm
+    block; [] for what is no instruction (a label alone, directive, comment)."""
+    text = _PTX_LABEL.sub("", line.strip().lstrip("{").strip(), count=1).strip()
+    text = re.sub(r"^@!?%\w+\s+", "", text)
+    if not text or text.startswith((".", "//", "}")):
         return []
     return text.split()[0].rstrip(";").split(".")
 

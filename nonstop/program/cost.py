@@ -94,6 +94,13 @@ def state_bytes_per_sequence(cfg: ModelConfig, elt: int) -> int:
 
 
 def _nbytes(t) -> int:
+    """Bytes a weight streams: a tensor's; a packed weight's (the CPU executor's ``runtime/cpu/packed``) the
+    tensors its kernel reads (``streamed``: row tiles and their padding, int8 scales); an int8 (Q, scales) pair's."""
+    if isinstance(t, tuple):
+        return sum(_nbytes(x) for x in t)
+    streamed = getattr(t, "streamed", None)
+    if streamed is not None:
+        return sum(_nbytes(getattr(t, name)) for name in streamed)
     return t.numel() * t.element_size()
 
 
@@ -105,10 +112,12 @@ def weight_elements(role: str, t) -> int:
 
 
 def _expert_bytes(op: SuperOp, rows: int) -> tuple[int, int]:
-    """(bytes, matmul elements) of the experts that ``rows`` rows can touch."""
+    """(bytes, matmul elements) of the experts that ``rows`` rows can touch. A packed Program's experts stream
+    the stacks the CPU executor gathers from (``op.attrs["dense_experts"]``: MXFP4 widened, bf16 / int8 copies)."""
     mc = op.attrs["moe"]
     experts = {n: t for n, t in op.weights.items() if n != "bias"}
-    per_expert = sum(_nbytes(t) for t in experts.values()) // mc.num_experts
+    streamed = op.attrs.get("dense_experts") or experts
+    per_expert = sum(_nbytes(t) for t in streamed.values()) // mc.num_experts
     elements = sum(weight_elements(n, t) for n, t in experts.items()) // mc.num_experts
     distinct = min(mc.num_experts, rows * mc.top_k)
     return per_expert * distinct + _nbytes(op.weights["bias"]), elements * rows * mc.top_k

@@ -81,18 +81,18 @@ def resolve_backend(backend: str, device) -> str:
 
 def streamed_weight_bytes(cfg, dtype: torch.dtype, backend: str, device) -> tuple[int, str]:
     """(bytes of weights one decode token reads, in the format ``backend`` keeps them, what that format is): the
-    weights of ``dtype``, except on a ``cpu`` backend, which packs them (fp32, bf16 or int8 with its scales:
-    ``runtime/cpu/pack.bytes_per_weight``). The numerator of a bandwidth floor."""
-    from nonstop.program.footprint import model_footprint
-
+    weights of ``dtype`` (``program.footprint``), except on a ``cpu`` backend, which packs them (fp32, bf16 or
+    int8 with its scales; router, norms and embedding as loaded; MXFP4 experts widened to fp32): what its packed
+    Program streams (``runtime/cpu/pack.streamed_bytes_per_token``). The numerator of a bandwidth floor."""
     backend = resolve_backend(backend, device)
     if backend in CPU_WEIGHTS:
         from nonstop.runtime.cpu.executor import resolve_weights
-        from nonstop.runtime.cpu.pack import bytes_per_weight
+        from nonstop.runtime.cpu.pack import streamed_bytes_per_token
 
         fmt = resolve_weights(CPU_WEIGHTS[backend], dtype)
-        weights = model_footprint(cfg, torch.float32).bytes_per_token / 4
-        return int(weights * bytes_per_weight(fmt)), f"{fmt} (backend {backend})"
+        return streamed_bytes_per_token(cfg, dtype, fmt), f"{fmt} (backend {backend})"
+    from nonstop.program.footprint import model_footprint
+
     return model_footprint(cfg, dtype).bytes_per_token, f"{str(dtype).removeprefix('torch.')} (backend {backend})"
 
 

@@ -1,17 +1,17 @@
 """Writing a checkpoint directory safely: checked before the work, staged, then put in place at once.
 
-``check_output_dir(path)`` refuses, before any work is done, an output path a checkpoint cannot be
-written to (empty, an existing file, under a file, not writable). ``staged_checkpoint(out_dir)`` yields
-a fresh staging directory inside ``out_dir``; when the block ends normally the files of a checkpoint
-already there that the new one replaces (its weights, ``old_weight_files``: ``model.safetensors``,
-``model-NNNNN-of-NNNNN.safetensors`` shards, the index and the files it names; and the other files its
-writer owns, ``replaces``) are removed and every staged file takes its place, readable as the user's
-umask allows (safetensors writes 0600). When the block fails, the staging directory is removed and
-``out_dir`` is as it was: never a new config.json beside old weights, never an index naming shards that
-are gone. SIGTERM (timeout, Slurm, docker stop) ends the write as a failure does, raising ``Terminated``
-(``nonstop.stops``), where it would otherwise kill the process. The staging directory is named
-after its process (``.nonstop-partial-PID-HOST-XXXXXXXX``): one whose process is gone (killed outright:
-SIGKILL, a crash) is removed by the next write to the same directory.
+``check_output_dir(path)`` refuses, before any work is done, an output path a checkpoint cannot be written to
+(empty, an existing file, under a file, not writable, a directory that cannot be created).
+``staged_checkpoint(out_dir)`` yields a fresh staging directory inside ``out_dir``; when the block ends
+normally the files of a checkpoint already there that the new one replaces (its weights, ``old_weight_files``:
+``model.safetensors``, ``model-NNNNN-of-NNNNN.safetensors`` shards, the index and the files it names; and the
+other files its writer owns, ``replaces``) are removed and every staged file takes its place, readable as the
+user's umask allows (safetensors writes 0600). When the block fails, the staging directory is removed and
+``out_dir`` is as it was: never a new config.json beside old weights, never an index naming shards that are
+gone. SIGTERM (timeout, Slurm, docker stop) ends the write as a failure does, raising ``Terminated``
+(``nonstop.stops``), where it would otherwise kill the process. The staging directory is named after its
+process (``.nonstop-partial-PID-HOST-XXXXXXXX``): one whose process is gone (killed outright: SIGKILL, a
+crash) is removed by the next write to the same directory.
 """
 
 from __future__ import annotations
@@ -62,7 +62,22 @@ def check_output_dir(path: str | Path, flag: str = "--out", what: str = "the che
         raise ValueError(f"{flag} {out} lies under {parent}, which is a file")
     if not os.access(parent, os.W_OK | os.X_OK):
         raise ValueError(f"{flag} {out}: cannot write in {parent} (permission denied)")
+    _check_creatable(out, flag)
     return out
+
+
+def _check_creatable(out: Path, flag: str) -> None:
+    """Make ``out`` and its missing parents, then remove what was made: a directory that cannot be created
+    (``/proc/x``, a read-only file system) is refused now, naming ``flag``, not after the work (nor blamed on
+    free disk space, which such a path's nearest existing parent may report as 0 B)."""
+    missing = [d for d in (out, *out.parents) if not d.exists()]  # deepest first
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise ValueError(f"{flag} {out}: cannot create the directory ({exc.strerror or exc})") from None
+    for d in missing:
+        with contextlib.suppress(OSError):  # something else wrote there meanwhile: leave it
+            d.rmdir()
 
 
 def file_mode() -> int:

@@ -27,6 +27,7 @@ from nonstop.hostinfo import cpu_vendor, last_level_cache_bytes
 from nonstop.program.ir import Program
 from nonstop.runtime.cpu.hugepages import hugepage_copies, release_free_memory
 from nonstop.runtime.cpu.packed import FORMATS
+from nonstop.weights import mxfp4
 from nonstop.weights.quant import DEFAULT_GROUP, dequantize_int8, group_size, quantize_int8
 
 PLACE_BATCH = 256 << 20  # packed bytes copied onto huge pages at a time (a few wasted KiB per batch)
@@ -54,8 +55,13 @@ def _pack_experts(experts, fmt: str) -> dict:
     stacks = {}
     for name in ("w1", "w3", "w2"):
         if experts.fmt != "dense":  # already 4-bit: keep its exact values, in fp32
-            E = getattr(experts, f"{name}_packed").shape[0]
-            stacks[name] = torch.stack([experts.weight(name, e, torch.float32) for e in range(E)])
+            packed = getattr(experts, f"{name}_packed")
+            if packed.is_meta:  # shapes only (``streamed_bytes_per_token``): the whole stack in one call
+                scale = getattr(experts, f"{name}_scale")
+                stacks[name] = mxfp4.dequantize(packed, scale, experts.shapes[name][1], torch.float32)
+            else:  # one expert's temporaries at a time
+                E = packed.shape[0]
+                stacks[name] = torch.stack([experts.weight(name, e, torch.float32) for e in range(E)])
             continue
         w = getattr(experts, name)
         if fmt == "bfloat16":
@@ -79,6 +85,20 @@ def packed_bytes(program: Program, fmt: str) -> int:
     """About the bytes of ``program``'s linear weights packed into ``fmt`` (what the step streams): its
     linear weights at ``fmt``'s bytes per weight (int8 at the default group)."""
     return int(sum(w.numel() for w in _linear_weights(program)) * bytes_per_weight(fmt))
+
+
+def streamed_bytes_per_token(cfg, dtype: torch.dtype, fmt: str, group: int = DEFAULT_GROUP) -> int:
+    """Weight bytes one batch-1 decode step of the ``cpu`` executor streams for ``cfg`` loaded in ``dtype``, its
+    weights packed into ``fmt`` (float32 | bfloat16 | int8) with the C++ kernels: the weightless (meta) model's
+    Program packed by ``pack_program`` and costed by the cost model (``program/cost.py``), so the router, norms
+    and embedding row count in the dtype they stay in, packed weights with their tiles' padding and int8
+    scales, and the top-k routed experts as the stacks the executor gathers from (MXFP4 widened to fp32)."""
+    from nonstop.model.build import meta_model
+    from nonstop.program.lower import lower
+
+    program = lower(meta_model(cfg, dtype))
+    pack_program(program, fmt, kernels=True, group=group)
+    return program.total_cost(rows=1).weight_bytes
 
 
 def _linear_weights(program: Program) -> list[torch.Tensor]:
@@ -194,6 +214,6 @@ def place_on_huge_pages(packed: list) -> None:
     """Move the tensors the kernels stream (each packed weight's ``streamed`` attributes) into one
     huge-page allocation, in the given order. ``pack_program`` moves them in batches of about
     ``PLACE_BATCH`` bytes, so that the copy never doubles the whole model."""
-    fields = [(p, name) for p in packed for name in p.streamed]
+    fields = [(p, name) for p in packed for name in p.streamed if getattr(p, name).device.type != "meta"]
     for (p, name), copy in zip(fields, hugepage_copies([getattr(p, name) for p, name in fields])):
         setattr(p, name, copy)
