@@ -422,13 +422,19 @@ def _orders_other_ctas(q: list[str]) -> bool:
     return q[0] in ("ld", "atom") and bool({"acquire", "acq_rel"} & set(q)) and not {"cta", "cluster"} & set(q)
 
 
+def _address(line: str) -> str:
+    """The ``[address]`` operand of a PTX instruction, spaces removed ("" when it has none)."""
+    m = re.search(r"\[([^\]]*)\]", line)
+    return re.sub(r"\s+", "", m.group(1)) if m else ""
+
+
 def spin_waits(ptx: str, max_body: int = 60) -> list[dict]:
     """Per PTX spin loop - a loop of at most ``max_body`` instructions (not counting labels, directives such as
     ``.loc``, comments) that polls memory that may be global (an atomic, or a volatile / relaxed / acquire load;
     generic addressing included) and stores none: {"label", "acquire": bool, "how"}. It is ordered when the poll
-    is an acquire at ``.gpu`` / ``.sys`` scope itself, or such an acquire or fence follows the loop before any
-    other read of global memory (``ld``, ``atom``, ``cp.async``) and before the function ends (``ret`` /
-    ``exit`` / the next function); see ``_orders_other_ctas``."""
+    is an acquire at ``.gpu`` / ``.sys`` scope itself, or such a fence (or an acquire re-read of a polled address)
+    follows the loop before any other read of global memory (``ld``, ``atom``, ``cp.async``) and before the
+    function ends (``ret`` / ``exit`` / the next function); see ``_orders_other_ctas``."""
     lines = [ln.strip() for ln in ptx.splitlines()]
     labels: dict[str, list[int]] = {}  # a label may repeat in the blocks of inline asm inlined twice
     for i, ln in enumerate(lines):
@@ -448,6 +454,7 @@ def spin_waits(ptx: str, max_body: int = 60) -> list[dict]:
         if not polls or any(q[0] in ("st", "red") and _may_be_global(q) for q in body):
             continue
         seen.add(start)
+        polled = {_address(b) for b in lines[start : i + 1] if (q := _ptx_qualifiers(b)) and _polls(q)}
         if any(_orders_other_ctas(q) for q in polls):
             out.append({"label": m.group(1), "acquire": True, "how": "the poll is an acquire"})
             continue
@@ -457,7 +464,9 @@ def spin_waits(ptx: str, max_body: int = 60) -> list[dict]:
             ends = q[:1] in (["ret"], ["exit"]) and not b.startswith("@")
             if ends or re.search(r"(^|\s)\.(entry|func)\b", b):  # the function's end, or the next function
                 break
-            if q and _orders_other_ctas(q):
+            # a fence orders the poll before it; an acquire read only if it re-reads a polled address (it then
+            # reads the release's value or a later one: PTX memory model, release sequence), not another address
+            if q and _orders_other_ctas(q) and (q[0] in ("fence", "membar") or _address(b) in polled):
                 after = "acquire after the loop"
                 break
             if q and _reads_global(q):

@@ -197,3 +197,20 @@ def test_a_poll_sharing_its_line_with_the_loop_label_is_checked(poll, want):
     # fails on base: a labelled poll line was read as a label alone, so the loop polled nothing and spin_waits gave []
     text = SPIN.replace("$L__BB0_1:\nPOLL", "$L__BB0_1:" + poll).replace("AFTER", "")
     assert [s["acquire"] for s in spin_waits(text)] == want
+
+
+@pytest.mark.parametrize(
+    ("after", "want"),
+    [
+        ("\tld.acquire.gpu.global.b32 \t%r8, [%rd9];", [False]),  # another address: no release is read there
+        ("\tatom.acquire.gpu.global.add.u32 \t%r8, [%rd9], 0;", [False]),
+        ("\tld.acquire.gpu.global.b32 \t%r8, [ %rd2 ];", [True]),  # the polled flag again: its release's value
+        ("\tld.acquire.gpu.shared.b32 \t%r8, [%r4];", [False]),  # shared memory holds no other CTA's release
+    ],
+)
+def test_an_acquire_after_the_loop_orders_only_a_re_read_of_the_polled_address(after, want):
+    """PTX memory model: an acquire synchronises with the release whose value (or a later one in its release
+    sequence) it reads, so only an acquire of the polled location orders what follows a relaxed poll; a fence is
+    the pattern that needs no address (``fence.acq_rel`` after the strong read)."""
+    # fails on base: any gpu-scope acquire after the loop, of any address or state space, was taken as the acquire
+    assert _spin(after=after) == want
