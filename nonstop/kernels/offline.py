@@ -423,9 +423,23 @@ def _orders_other_ctas(q: list[str]) -> bool:
 
 
 def _address(line: str) -> str:
-    """The ``[address]`` operand of a PTX instruction, spaces removed ("" when it has none)."""
+    """The ``[address]`` operand of a PTX instruction, spaces and a ``+0`` offset removed ("" when it has none)."""
     m = re.search(r"\[([^\]]*)\]", line)
-    return re.sub(r"\s+", "", m.group(1)) if m else ""
+    return re.sub(r"\+0$", "", re.sub(r"\s+", "", m.group(1))) if m else ""
+
+
+def _written(line: str, q: list[str]) -> set[str]:
+    """The registers a PTX instruction writes: its first operand (a register or a ``{...}`` vector of them), for
+    every opcode that has a destination (not ``st`` / ``red`` / branches / fences / barriers)."""
+    if not q or q[0] in ("st", "red", "bra", "ret", "exit", "fence", "membar", "bar", "barrier", "cp", "prefetch"):
+        return set()
+    ops = re.sub(r"^.*?\b" + re.escape(".".join(q)) + r"\S*", "", line, count=1)
+    first = re.match(r"\s*(\{[^}]*\}|[^,;]+)", ops)
+    return set(re.findall(r"%\w+", first.group(1))) if first else set()
+
+
+def _unwritten(addresses: set[str], written: set[str]) -> set[str]:
+    return {a for a in addresses if not set(re.findall(r"%\w+", a)) & written}
 
 
 def spin_waits(ptx: str, max_body: int = 60) -> list[dict]:
@@ -454,7 +468,13 @@ def spin_waits(ptx: str, max_body: int = 60) -> list[dict]:
         if not polls or any(q[0] in ("st", "red") and _may_be_global(q) for q in body):
             continue
         seen.add(start)
-        polled = {_address(b) for b in lines[start : i + 1] if (q := _ptx_qualifiers(b)) and _polls(q)}
+        # the addresses polled at the loop's exit: a register written after a poll names another location then
+        polled: set[str] = set()
+        for b in lines[start : i + 1]:
+            q = _ptx_qualifiers(b)
+            if q and _polls(q):
+                polled.add(_address(b))
+            polled = _unwritten(polled, _written(b, q))  # after the read: ``ld %rd2, [%rd2]`` moves on
         if any(_orders_other_ctas(q) for q in polls):
             out.append({"label": m.group(1), "acquire": True, "how": "the poll is an acquire"})
             continue
@@ -471,6 +491,7 @@ def spin_waits(ptx: str, max_body: int = 60) -> list[dict]:
                 break
             if q and _reads_global(q):
                 break
+            polled = _unwritten(polled, _written(b, q))
         out.append({"label": m.group(1), "acquire": after != "none", "how": after})
     return out
 
