@@ -215,7 +215,7 @@ def _load_width(text: str) -> int | None:
     # the state space follows ``.volatile`` / ``.relaxed.<scope>`` / ``.acquire.<scope>`` (PTX ISA ``ld``); the
     # opcode may follow a digit: LLVM IR writes the asm string's newline and tab as ``\0A\09``
     m = re.search(
-        r"(?<![A-Za-z_.])ld(?:\.(?:weak|volatile|mmio|relaxed|acquire)(?:\.(?:cta|cluster|gpu|sys))?)?\.global(?:\.[\w:]+)*?\.(v\d)?\.?([bfsu])(\d+)\b",
+        r"(?<![A-Za-z_.])ld(?:\.(?:weak|volatile|mmio\.relaxed|relaxed|acquire)(?:\.(?:cta|cluster|gpu|sys))?)?\.global(?:\.[\w:]+)*?\.(v\d)?\.?([bfsu])(\d+)\b",
         text,
     )
     if m:
@@ -423,9 +423,10 @@ def _orders_other_ctas(q: list[str]) -> bool:
 
 
 def _address(line: str) -> str:
-    """The ``[address]`` operand of a PTX instruction, spaces and a ``+0`` offset removed ("" when it has none)."""
+    """The ``[address]`` operand of a PTX instruction, spaces and a ``+0`` / ``+0x0`` offset removed ("" when it
+    has none)."""
     m = re.search(r"\[([^\]]*)\]", line)
-    return re.sub(r"\+0$", "", re.sub(r"\s+", "", m.group(1))) if m else ""
+    return re.sub(r"\+0(x0+)?$", "", re.sub(r"\s+", "", m.group(1))) if m else ""
 
 
 def _written(line: str, q: list[str]) -> set[str]:
@@ -486,7 +487,8 @@ def spin_waits(ptx: str, max_body: int = 60) -> list[dict]:
                 break
             # a fence orders the poll before it; an acquire read only if it re-reads a polled address (it then
             # reads the release's value or a later one: PTX memory model, release sequence), not another address
-            if q and _orders_other_ctas(q) and (q[0] in ("fence", "membar") or _address(b) in polled):
+            rereads = bool(q) and _may_be_global(q) and _address(b) in polled  # shared memory holds no release
+            if q and _orders_other_ctas(q) and (q[0] in ("fence", "membar") or rereads):
                 after = "acquire after the loop"
                 break
             if q and _reads_global(q):
