@@ -9,22 +9,6 @@ import pytest
 from nonstop.kernels.offline import _load_width
 
 
-@pytest.mark.parametrize(
-    ("text", "width"),
-    [
-        ("ld.weak.global.b32 \t%r5, [%rd2];", 4),  # ld{.weak}: the default semantics spelt out
-        ("ld.weak.global.v4.b32 \t{%r1, %r2, %r3, %r4}, [%rd2];", 16),
-        ("ld.relaxed.cta.global.b32 \t%r5, [%rd2];", 4),
-        ("ld.relaxed.cluster.global.b16 \t%rs5, [%rd2];", 2),
-        ("ld.relaxed.gpu.global.b64 \t%rd5, [%rd2];", 8),
-        ("ld.acquire.sys.global.b32 \t%r5, [%rd2];", 4),
-        ("ld.acquire.cluster.global.v2.b32 \t{%r1, %r2}, [%rd2];", 8),
-    ],
-)
-def test_load_width_of_every_semantics_and_scope(text, width):
-    assert _load_width(text) == width
-
-
 @pytest.mark.parametrize("ty, width", [("b32", 4), ("u64", 8), ("b8", 1)])
 def test_an_mmio_load_is_a_global_load(ty, width):
     """PTX ISA: ``ld.mmio.relaxed.sys{.global}.type d, [a];`` - the only spelling of an mmio load."""

@@ -29,6 +29,14 @@ def test_a_bulk_copy_without_a_literal_size_counts_as_a_wide_load():
         ("ld.volatile.global.b32 { $0 }, [ $1 + 0 ];", 4),
         ("ld.relaxed.gpu.global.v2.b32 { $0, $1 }, [ $2 + 0 ];", 8),
         ("ld.acquire.gpu.global.b16 $0, [ $1 + 0 ];", 2),
+        # every semantics and scope the PTX ISA's ``ld`` allows
+        ("ld.weak.global.b32 \t%r5, [%rd2];", 4),  # ld{.weak}: the default semantics spelt out
+        ("ld.weak.global.v4.b32 \t{%r1, %r2, %r3, %r4}, [%rd2];", 16),
+        ("ld.relaxed.cta.global.b32 \t%r5, [%rd2];", 4),
+        ("ld.relaxed.cluster.global.b16 \t%rs5, [%rd2];", 2),
+        ("ld.relaxed.gpu.global.b64 \t%rd5, [%rd2];", 8),
+        ("ld.acquire.sys.global.b32 \t%r5, [%rd2];", 4),
+        ("ld.acquire.cluster.global.v2.b32 \t{%r1, %r2}, [%rd2];", 8),
         # LLVM IR writes an inline-asm string's newline and tab as ``\0A\09``: the opcode then follows a digit
         ('asm sideeffect "mov.u32 $0, 0x0;\\0A\\09ld.global.v4.b32 { $0 }, [ $1 + 0 ];", "=r,l"', 16),
         ('asm sideeffect "mov.u32 $0, 0x0;\\0A\\09ld.volatile.global.b32 { $0 }, [ $1 + 0 ];", "=r,l"', 4),
