@@ -266,6 +266,14 @@ class HFTokenizer(Tokenizer):
     def special_name(self, token_id: int) -> str | None:
         return self.tok.id_to_token(token_id) if token_id in self.special_ids else None
 
+    def token_text(self, token_id: int) -> str:
+        """``Tokenizer.token_text``; an id past tokenizer.json's vocabulary (a padded model vocabulary) as
+        ``<|id|>``, as ``ByteTokenizer`` and ``TiktokenTokenizer`` write them, so distinct ids never share
+        the empty text."""
+        if self.tok.id_to_token(token_id) is None:
+            return f"<|{token_id}|>"
+        return super().token_text(token_id)
+
 
 def _decoder_kinds(tok) -> tuple[bool, bool]:
     """(byte-level, byte-fallback): whether the tokenizer's decoder, or one step of a Sequence of them, is

@@ -41,7 +41,7 @@ import torch
 import triton
 import triton.language as tl
 
-from nonstop.kernels.platform import interpreter_rounds_to_nearest, interpreting
+from nonstop.kernels.platform import interpreter_rounds_to_nearest, interpreter_skips_repeated_work, interpreting
 from nonstop.kernels.ptx_pass import install as install_ptx_pass
 
 ON_GPU: tl.constexpr = tl.constexpr(not interpreting())  # PTX helpers (nanosleep, L2 prefetch): not in the interpreter
@@ -49,6 +49,7 @@ if not interpreting():  # before any kernel compiles: the Triton cache key inclu
     install_ptx_pass()
 if interpreting():
     interpreter_rounds_to_nearest()  # bf16 casts round as on the GPU (the interpreter truncates)
+    interpreter_skips_repeated_work()  # same results, about 45% less time a step
 
 
 # ----------------------------------------------------------------------------- PDL

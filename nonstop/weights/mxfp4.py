@@ -47,7 +47,8 @@ def dequantize(packed: torch.Tensor, scale: torch.Tensor, k: int, dtype=torch.fl
 
 def quantize(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """Round-to-nearest MXFP4 of w [..., N, K]: per group of 32 the smallest power-of-two scale with
-    amax / scale <= 6, then the nearest E2M1 magnitude. Returns (packed, scale) uint8."""
+    amax / scale <= 6, then the nearest E2M1 magnitude, a tie going to the even code (mantissa bit 0, as IEEE
+    roundTiesToEven: 0.75 -> 1, 1.75 -> 2, 3.5 -> 4, 2.5 -> 2). Returns (packed, scale) uint8."""
     k = w.shape[-1]
     pad = (-k) % GROUP
     wf = torch.nn.functional.pad(w.float(), (0, pad))
@@ -56,7 +57,10 @@ def quantize(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     exponent = torch.ceil(torch.log2(amax.clamp_min(2.0**-126) / 6.0)).clamp(-127, 127)
     scaled = groups / torch.exp2(exponent)[..., None]
     mags = torch.tensor(E2M1_MAGNITUDES, device=w.device)
-    index = (scaled.abs()[..., None] - mags).abs().argmin(-1)
+    distance = (scaled.abs()[..., None] - mags).abs()
+    nearest = distance == distance.amin(-1, keepdim=True)  # one magnitude, or two neighbours at a tie
+    odd = torch.arange(len(E2M1_MAGNITUDES), device=w.device) % 2
+    index = ((~nearest) * 2 + odd).argmin(-1)  # the nearest; of two, the even code
     codes = (index + 8 * (scaled < 0).long()).view(*wf.shape[:-1], -1)[..., :k]
     if k % 2:
         codes = torch.nn.functional.pad(codes, (0, 1))

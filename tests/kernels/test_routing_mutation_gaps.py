@@ -2,8 +2,8 @@
 
 The reference is written from the router algorithm (docs: model-architecture §5.1, "noaux_tc"), not from
 ``select_experts``: s = σ(l) or softmax(l); c = s + bias; groups keep the ``topk_group`` best top-2 sums of
-c; top-k of c; weights = s at the picks, renormalised (+1e-20) and scaled. Ties go to the lower id (the
-kernel's documented rule: a deterministic choice where torch.topk's order is unspecified).
+c (an fp32 sum); top-k of c; weights = s at the picks, renormalised (+1e-20) and scaled. Ties go to the lower
+id (the kernel's documented rule: a deterministic choice where torch.topk's order is unspecified).
 """
 
 from __future__ import annotations
@@ -30,7 +30,11 @@ def _reference(logits: torch.Tensor, bias: torch.Tensor | None, cfg: MoEConfig) 
         s = torch.softmax(row, 0) if cfg.scoring == "softmax" else torch.sigmoid(row)
         c = (s + (bias.float() if bias is not None else 0.0)).tolist()
         if G > 1:
-            gscore = [sum(sorted(c[g * EG : (g + 1) * EG], reverse=True)[:2]) for g in range(G)]
+            # the top-2 sum in fp32, as the router adds them (in float64 two groups tied in fp32 can differ)
+            top2 = [sorted(c[g * EG : (g + 1) * EG], reverse=True)[:2] for g in range(G)]
+            gscore = [
+                float(torch.tensor(a, dtype=torch.float32) + torch.tensor(b, dtype=torch.float32)) for a, b in top2
+            ]
             kept = set(_lowest_first_top(gscore, cfg.topk_groups))
             c = [v if e // EG in kept else float("-inf") for e, v in enumerate(c)]
         ids = _lowest_first_top(c, cfg.top_k)
@@ -117,3 +121,47 @@ def test_the_twin_breaks_ties_as_the_kernel_does(groups):
     for r, (want_ids, want_w) in enumerate(_reference(logits, bias, cfg)):
         assert ids[r].tolist() == want_ids
         torch.testing.assert_close(weights[r], torch.tensor(want_w), rtol=1e-6, atol=1e-7)
+
+
+def test_groups_tied_only_in_fp32_keep_the_lowest_group():
+    """Row 1: group 0's top-2 is s+u, s and group 1's s+u, s+u (u = 2^-24, one ulp of s ≈ 0.69); in fp32 both
+    sums round to the same value (a half-ulp tie rounds to even), so the groups tie and group 0 wins; a float64
+    sum would keep group 1 (experts 3 and 5)."""
+    hi, lo = 0.8212022185325623, 0.38419434428215027
+    logits = torch.tensor(
+        [
+            [-1.4159868955612183, -1.4159868955612183, 0.7355029582977295] * 3,
+            [hi, hi, hi, hi, hi, hi, lo, hi, hi],
+            [0.05989212170243263, 1.3143653869628906, 1.3143653869628906] * 3,
+        ]
+    )
+    u = 2.0**-24
+    bias = torch.tensor([0.0, 0.0, u, u, 0.0, u, 0.0, u, 0.0])
+    s = torch.sigmoid(logits[1])
+    assert float((s[2] + bias[2]) + s[0]) == float((s[3] + bias[3]) + (s[5] + bias[5]))  # the fp32 tie is real
+    _check(logits, bias, _cfg(num_experts=9, num_groups=3, topk_groups=1, top_k=2, renormalize=False))
+
+
+@pytest.mark.parametrize(
+    "E, G, TG, k, scoring",
+    [
+        (7, 1, 1, 3, "sigmoid"),
+        (9, 3, 2, 3, "softmax"),
+        (15, 5, 2, 4, "sigmoid"),
+        (12, 4, 3, 5, "softmax"),
+        (10, 5, 4, 1, "sigmoid"),
+    ],
+)
+def test_exact_ties_and_one_ulp_bias_near_ties_at_odd_shapes(E, G, TG, k, scoring):
+    """Rows of two distinct logits (exact ties: equal logits give equal scores on every backend) and a bias of
+    0-2 fp32 ulps (near-ties: s + bias is one IEEE add, so the reference and the kernel see the same numbers)."""
+    gen = torch.Generator().manual_seed(E * 100 + k)
+    R = 3
+    vals = torch.randn(R, 2, generator=gen)
+    logits = torch.gather(vals, 1, torch.randint(0, 2, (R, E), generator=gen))
+    bias = torch.randint(0, 3, (E,), generator=gen).float() * 2.0**-24
+    # k = 1 with renormalisation is left out: the reference (§5.1 step 6) renormalises only for k > 1, the
+    # kernel and select_experts for every k (transformers' and vLLM's choice); no shipped config has k = 1
+    shape = dict(num_experts=E, num_groups=G, topk_groups=TG, top_k=k, scoring=scoring)
+    _check(logits, bias, _cfg(**shape, renormalize=k > 1, routed_scaling_factor=2.446))
+    _check(logits, None, _cfg(**shape, renormalize=False, routed_scaling_factor=1.0))
