@@ -266,13 +266,18 @@ class HFTokenizer(Tokenizer):
     def special_name(self, token_id: int) -> str | None:
         return self.tok.id_to_token(token_id) if token_id in self.special_ids else None
 
+    def _known(self, token_id: int) -> bool:
+        """Whether tokenizer.json has the id: a model's vocabulary may be padded past it (``decode`` skips
+        such ids, and joins the bytes on either side)."""
+        return self.tok.id_to_token(token_id) is not None
+
+    def left_out(self, token_id: int) -> bool:
+        return token_id in self.special_ids or not self._known(token_id)
+
     def token_text(self, token_id: int) -> str:
-        """``Tokenizer.token_text``; an id past tokenizer.json's vocabulary (a padded model vocabulary) as
-        ``<|id|>``, as ``ByteTokenizer`` and ``TiktokenTokenizer`` write them, so distinct ids never share
-        the empty text."""
-        if self.tok.id_to_token(token_id) is None:
-            return f"<|{token_id}|>"
-        return super().token_text(token_id)
+        """``Tokenizer.token_text``; an id tokenizer.json does not have as ``<|id|>`` (as
+        ``TiktokenTokenizer``), so that distinct ids never share the empty text."""
+        return super().token_text(token_id) if self._known(token_id) else f"<|{token_id}|>"
 
 
 def _decoder_kinds(tok) -> tuple[bool, bool]:

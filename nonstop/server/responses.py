@@ -120,8 +120,13 @@ class ResponseBuilder:
         return best
 
     def _bytes(self, token_id: int) -> list[int]:
-        raw = self.tokenizer.token_bytes(token_id)
-        return list(raw if raw is not None else self.tokenizer.token_text(token_id).encode())
+        """The token's bytes: its own where the tokenizer says them; none for an id the tokenizer has no text
+        for (``decode`` leaves it out and it has no special name); else its listed text's."""
+        tok = self.tokenizer
+        raw = tok.token_bytes(token_id)
+        if raw is None and tok.left_out(token_id) and tok.special_name(token_id) is None:
+            return []
+        return list(raw if raw is not None else tok.token_text(token_id).encode())
 
     def logprobs(
         self, token_ids: list[int], rows: list[dict[int, float] | None], offsets: TextOffsets | None = None

@@ -47,3 +47,15 @@ def test_chat_logprobs_name_padded_ids_apart(tokenizer):
     tokens = [t["token"] for t in content["top_logprobs"]]
     assert len(set(tokens)) == 2 and all(tokens)
     assert content["token"] == tokens[0]
+
+
+def test_a_padded_id_adds_no_bytes_and_is_left_out_of_the_text(tokenizer):
+    """decode skips an id tokenizer.json lacks and joins the bytes on either side, so its chat ``bytes`` are
+    empty (the entries' bytes still rebuild the content) and the tokenizer counts it as left out."""
+    builder = ResponseBuilder("chat", "m", tokenizer, 1, "chatcmpl-x")
+    ids = [97, 226, 300, 130, 172, 98]  # "a", then "€" (E2 82 AC) split by the padded id 300, then "b"
+    assert tokenizer.decode(ids) == "a€b"
+    content = builder.logprobs(ids, [{t: -0.5} for t in ids])["content"]
+    assert bytes(b for e in content for b in e["bytes"]).decode() == "a€b"
+    assert content[2]["bytes"] == [] and content[2]["token"] == "<|300|>"
+    assert tokenizer.left_out(300) and not tokenizer.left_out(97)
