@@ -305,14 +305,13 @@ def _zero_padded(name: str, spec: TensorSpec, f, shape: tuple[int, ...]) -> bool
     return True
 
 
-def _read(name: str, spec: TensorSpec, located: dict, consumed: set, fp8_block) -> torch.Tensor:
+def _read(name: str, spec: TensorSpec, located: dict, fp8_block) -> torch.Tensor:
     dtype = check_tensor(name, spec, located, fp8_block)
     t = located[name].tensor(name)
     if spec.zero_padded and t.numel() > spec.numel:  # the live values (the padding was checked to be zeros)
         t = t.reshape(-1)[: spec.numel]
     if dtype in FP8 and spec.kind != "u8":
         scale_name = _fp8_scale_name(name)
-        consumed.add(scale_name)
         scale = located[scale_name].tensor(scale_name)
         return check_fp8_dequantized(name, t, scale_name, scale, _dequantize_fp8(t, scale, fp8_block), located)
     if is_mxfp4_scale(spec):
@@ -380,10 +379,9 @@ def load_state_dict(
     MXFP4 experts stay uint8. ``progress(done, total)`` is called after each parameter.
     """
     located, resolved, fp8_block = resolve_checkpoint(cfg, model_dir)
-    consumed = {n for _, names in resolved for n in names}
     state = {}
     for i, (spec, names) in enumerate(resolved):
-        parts = [_read(n, spec, located, consumed, fp8_block) for n in names]
+        parts = [_read(n, spec, located, fp8_block) for n in names]
         t = torch.stack(parts) if len(names) > 1 or len(spec.names) > 1 else parts[0].reshape(spec.shape)
         state[spec.param] = t.to(device=device, dtype=spec.torch_dtype(dtype), copy=True)
         check_cast(names[0], t, state[spec.param], located[names[0]].path.name)
