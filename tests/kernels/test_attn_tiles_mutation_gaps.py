@@ -13,7 +13,8 @@ triton = pytest.importorskip("triton")
 import triton.language as tl  # noqa: E402
 
 from nonstop.kernels import attn_tiles  # noqa: E402
-from nonstop.kernels.attn_tiles import merge_splits, online_softmax_step, store_partial  # noqa: E402
+from nonstop.kernels.attn_tiles import online_softmax_step, store_partial  # noqa: E402
+from tests.kernels.test_attn_tiles import _merge_probe  # noqa: E402
 
 
 @pytest.mark.parametrize(
@@ -86,15 +87,6 @@ def _split_probe(
     store_partial(ml_ptr, acc_ptr, m, mmask, split, NS, D, mx, den, acc, BLOCK_D)
 
 
-@triton.jit
-def _merge_probe(ml_ptr, acc_ptr, n_valid_ptr, out_ptr, M, NS, D, BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr):
-    m = tl.arange(0, BLOCK_M)
-    n_valid = tl.load(n_valid_ptr + m, mask=m < M, other=0)
-    o = merge_splits(ml_ptr, acc_ptr, m, n_valid, NS, D, BLOCK_D)
-    d = tl.arange(0, BLOCK_D)
-    tl.store(out_ptr + m[:, None] * D + d[None, :], o, mask=(m < M)[:, None] & (d < D)[None, :])
-
-
 def test_split_softmax_ignores_invisible_keys_and_value_padding():
     """7 query items over 3 splits of 8 keys (tiles of 4), D = 9 values (a 16-wide value tile), driven through
     online_softmax_step, store_partial and merge_splits against torch's softmax over each item's visible keys.
@@ -118,7 +110,7 @@ def test_split_softmax_ignores_invisible_keys_and_value_padding():
     acc = torch.full((M * NS * D + 64,), float("nan"))  # NaN also past the last partial
     out = torch.full((M, D), float("nan"))
     _split_probe[(NS,)](scores, vis.to(torch.int32), v, ml, acc, M, NS, SPLIT, D, BLOCK_M=8, BLOCK_S=4, BLOCK_D=16)
-    _merge_probe[(1,)](ml, acc, n_valid.to(torch.int32), out, M, NS, D, BLOCK_M=8, BLOCK_D=16)
+    _merge_probe[(1,)](ml, acc, n_valid.to(torch.int32), out, M, NS, D, BLOCK_I=8, BLOCK_D=16)
     for i in range(M):
         if not vis[i].any():
             torch.testing.assert_close(out[i], torch.zeros(D))
